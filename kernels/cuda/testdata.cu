@@ -1,0 +1,92 @@
+// Deterministic test inputs generated on the device, and the poison checks of the self-test.
+// The CPU twin of every generator is in `src/testdata.rs`: the reference recomputes any input
+// element from (seed, index) without copying gigabytes back.
+
+static __device__ __forceinline__ u64 mix64(u64 x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+static __device__ __forceinline__ u64 hash2(u64 seed, u64 i) {
+    return mix64(seed * 0xD1B54A32D192ED03ull ^ i);
+}
+
+// Uniform in [-1, 1), exact in f32 (24 random bits).
+static __device__ __forceinline__ float uniform_pm1(u64 seed, u64 i) {
+    return (float)(hash2(seed, i) >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
+}
+
+extern "C" __global__ void fill_uniform_f32(float* out, u64 n, u64 seed, float scale) {
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        out[i] = uniform_pm1(seed, i) * scale;
+}
+
+// Weight blocks: d = f16(0.002 + 0.004 * u) with u in [0, 1); q8_0 quants in [-127, 127];
+// q4_0 bytes uniform.
+extern "C" __global__ void fill_weights(unsigned char* out, u64 nblocks, u64 seed, int wtype) {
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 b = (u64)blockIdx.x * blockDim.x + threadIdx.x; b < nblocks; b += stride) {
+        const float u = (uniform_pm1(seed, b * 33) + 1.0f) * 0.5f;
+        const u16 d = f32_to_f16(0.002f + 0.004f * u);
+        if (wtype == WTYPE_Q8_0) {
+            block_q8_0* w = (block_q8_0*)out + b;
+            w->d = d;
+            for (int j = 0; j < QK; ++j) w->qs[j] = (signed char)((int)(hash2(seed, b * 33 + 1 + j) % 255) - 127);
+        } else {
+            block_q4_0* w = (block_q4_0*)out + b;
+            w->d = d;
+            for (int j = 0; j < QK / 2; ++j) w->qs[j] = (unsigned char)(hash2(seed, b * 33 + 1 + j) & 0xff);
+        }
+    }
+}
+
+extern "C" __global__ void fill_u32(u32* out, u64 n, u32 value) {
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = value;
+}
+
+// Counts items i < n whose word at i * stride equals (`want_equal`) or differs from `value`.
+extern "C" __global__ void count_words(const u32* buf, u64 n, u64 stride, u32 value, int want_equal,
+                                       unsigned long long* count) {
+    const u64 step = (u64)gridDim.x * blockDim.x;
+    unsigned long long local = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
+        local += ((buf[i * stride] == value) == (want_equal != 0)) ? 1 : 0;
+    // Whole warp reaches the reduction: the loop above has no collective inside.
+    for (int o = 16; o > 0; o >>= 1) local += __shfl_xor_sync(FULL_MASK, local, o);
+    if ((threadIdx.x & 31) == 0 && local) atomicAdd(count, local);
+}
+
+// q8_1 activation rows from (seed, source row): block b of source row s has quants
+// hash(seed, (s * nb + b) * 33 + 1 + j) % 255 - 127, d = f16(0.001 + 0.01 * u), s = f16(d * Σq).
+// Row r of the output holds source row `row_ids[r]` (or r when row_ids is null); a source
+// outside [0, n_src) is a padding row and is written as zeros.
+extern "C" __global__ void fill_q8_1_rows(block_q8_1* out, u64 rows, int nb, u64 seed, const int* row_ids, u64 n_src) {
+    const u64 total = rows * (u64)nb;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        const u64 r = i / (u64)nb;
+        const int b = (int)(i - r * (u64)nb);
+        const i64 src = row_ids ? (i64)row_ids[r] : (i64)r;
+        block_q8_1* o = out + i;
+        if (src < 0 || (u64)src >= n_src) {
+            o->d = 0; o->s = 0;
+            for (int j = 0; j < QK; ++j) o->qs[j] = 0;
+            continue;
+        }
+        const u64 blk = (u64)src * (u64)nb + (u64)b;
+        int sum = 0;
+        for (int j = 0; j < QK; ++j) {
+            const int q = (int)(hash2(seed, blk * 33 + 1 + j) % 255) - 127;
+            o->qs[j] = (signed char)q;
+            sum += q;
+        }
+        const float u = (uniform_pm1(seed, blk * 33) + 1.0f) * 0.5f;
+        const u16 d = f32_to_f16(0.001f + 0.01f * u);
+        o->d = d;
+        o->s = f32_to_f16(f16_to_f32(d) * (float)sum);
+    }
+}

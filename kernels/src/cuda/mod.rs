@@ -1,0 +1,280 @@
+//! The I/O side of the kernels: the device, its modules, and the checked launch.
+//!
+//! Everything here goes through cudarc with dynamic loading, so building needs no CUDA. A
+//! missing `libcuda`/`libnvrtc` is detected before the first call (cudarc would panic).
+
+pub mod compile;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys::CUdevice_attribute as Attr;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, DriverError, LaunchArgs, LaunchConfig};
+use serde::{Deserialize, Serialize};
+
+use crate::launch::Launch;
+use crate::limits::DeviceLimits;
+use crate::sources::KernelSource;
+
+pub use compile::CompileError;
+
+#[derive(thiserror::Error, Debug)]
+pub enum GpuError {
+    #[error("no CUDA driver (libcuda.so) on this machine")]
+    NoDriver,
+    #[error("CUDA driver present but no usable GPU: {0}")]
+    NoDevice(String),
+    #[error("CUDA call {call} failed: {error}")]
+    Driver { call: String, error: String },
+    #[error(transparent)]
+    Compile(#[from] CompileError),
+    #[error(transparent)]
+    Launch(#[from] Box<LaunchError>),
+    #[error(transparent)]
+    Plan(#[from] crate::launch::PlanError),
+}
+
+/// A kernel launch the driver rejected, or a fault found by the synchronise that follows it in
+/// diagnostic mode. Names the kernel, its geometry and the problem shape, so the error is
+/// attributed to the launch that caused it, not to whatever CUDA call runs next.
+#[derive(thiserror::Error, Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[error("kernel {kernel} grid=({},{},{}) block=({},{},{}) smem={shared_mem} [{shape}]: {phase} failed: {error}", grid[0], grid[1], grid[2], block[0], block[1], block[2])]
+pub struct LaunchError {
+    pub kernel: String,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem: u32,
+    pub shape: String,
+    /// `launch` (rejected by the driver) or `execution` (found by the diagnostic synchronise).
+    pub phase: String,
+    /// The driver's error name, e.g. `CUDA_ERROR_INVALID_VALUE`.
+    pub error: String,
+    /// True when the error leaves the context unusable (illegal address, ...): the process
+    /// must exit and a fresh one take over.
+    pub sticky: bool,
+}
+
+fn driver_err(call: &str, e: DriverError) -> GpuError {
+    GpuError::Driver { call: call.into(), error: error_name(&e) }
+}
+
+pub fn error_name(e: &DriverError) -> String {
+    // The enum's name (CUDA_ERROR_INVALID_VALUE): needs no driver call, unlike cuGetErrorName.
+    format!("{:?}", e.0)
+}
+
+/// Errors after which the CUDA context cannot be used again.
+fn is_sticky(e: &DriverError) -> bool {
+    use cudarc::driver::sys::CUresult::*;
+    matches!(
+        e.0,
+        CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUDA_ERROR_INVALID_PC
+            | CUDA_ERROR_LAUNCH_FAILED
+            | CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUDA_ERROR_ASSERT
+            | CUDA_ERROR_LAUNCH_TIMEOUT
+    )
+}
+
+/// What the agent reports about the device beside its limits.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub name: String,
+    pub ordinal: usize,
+    /// `major * 1000 + minor * 10`, as `cuDriverGetVersion` returns it.
+    pub driver_cuda_version: i32,
+    pub nvrtc_version: (i32, i32),
+    pub free_mem_bytes: u64,
+}
+
+pub fn driver_present() -> bool {
+    // SAFETY: only probes whether the shared library can be opened.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// One GPU: context, one stream, the device's own limits, and the modules loaded so far.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    limits: DeviceLimits,
+    info: DeviceInfo,
+    cache_dir: Option<PathBuf>,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// Synchronise after every launch so that asynchronous faults name their kernel.
+    diagnostic: bool,
+}
+
+impl Gpu {
+    /// Opens device `ordinal`. Diagnostic mode is on when `BRINK_SYNC_LAUNCHES=1`.
+    pub fn open(ordinal: usize) -> Result<Gpu, GpuError> {
+        if !driver_present() {
+            return Err(GpuError::NoDriver);
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| GpuError::NoDevice(error_name(&e)))?;
+        let stream = ctx.default_stream();
+        let attr = |a: Attr| ctx.attribute(a).map(|v| v as u32).map_err(|e| driver_err(&format!("cuDeviceGetAttribute({a:?})"), e));
+        let (major, minor) = ctx.compute_capability().map_err(|e| driver_err("cuDeviceComputeCapability", e))?;
+        let name = ctx.name().map_err(|e| driver_err("cuDeviceGetName", e))?;
+        let limits = DeviceLimits {
+            name: name.clone(),
+            compute_capability: (major as u32, minor as u32),
+            sm_count: attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            warp_size: attr(Attr::CU_DEVICE_ATTRIBUTE_WARP_SIZE)?,
+            max_threads_per_block: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+            max_block_dim: [
+                attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)?,
+                attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,
+                attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?,
+            ],
+            max_grid_dim: [
+                attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
+                attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
+                attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
+            ],
+            max_shared_mem_per_block: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?,
+            max_shared_mem_per_block_optin: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+            max_threads_per_sm: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)?,
+            total_mem_bytes: ctx.total_mem().map_err(|e| driver_err("cuDeviceTotalMem", e))? as u64,
+        };
+        let mut driver_version = 0;
+        // SAFETY: valid out-pointer; the driver library is present (checked above).
+        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver_version) }
+            .result()
+            .map_err(|e| driver_err("cuDriverGetVersion", e))?;
+        let (free, _) = ctx.mem_get_info().map_err(|e| driver_err("cuMemGetInfo", e))?;
+        let info = DeviceInfo {
+            name,
+            ordinal,
+            driver_cuda_version: driver_version,
+            nvrtc_version: compile::nvrtc_version()?,
+            free_mem_bytes: free as u64,
+        };
+        let diagnostic = std::env::var("BRINK_SYNC_LAUNCHES").is_ok_and(|v| v == "1");
+        Ok(Gpu {
+            ctx,
+            stream,
+            limits,
+            info,
+            cache_dir: compile::default_cache_dir(),
+            modules: Mutex::new(HashMap::new()),
+            diagnostic,
+        })
+    }
+
+    pub fn limits(&self) -> &DeviceLimits {
+        &self.limits
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn set_diagnostic(&mut self, on: bool) {
+        self.diagnostic = on;
+    }
+
+    /// Free device memory now (for GB10 the agent combines this with the OS's view).
+    pub fn free_mem(&self) -> Result<u64, GpuError> {
+        self.ctx.mem_get_info().map(|(f, _)| f as u64).map_err(|e| driver_err("cuMemGetInfo", e))
+    }
+
+    /// Loads (compiling or taking from the cache) the module of `source`.
+    pub fn module(&self, source: &KernelSource) -> Result<Arc<CudaModule>, GpuError> {
+        let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = modules.get(source.file) {
+            return Ok(m.clone());
+        }
+        let cubin = compile::compile(source, &self.limits.arch(), self.cache_dir.as_deref())?;
+        let module = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin.bytes))
+            .map_err(|e| driver_err(&format!("cuModuleLoadData({})", source.file), e))?;
+        modules.insert(source.file, module.clone());
+        Ok(module)
+    }
+
+    pub fn function(&self, source: &KernelSource, name: &str) -> Result<CudaFunction, GpuError> {
+        self.module(source)?
+            .load_function(name)
+            .map_err(|e| driver_err(&format!("cuModuleGetFunction({}::{name})", source.file), e))
+    }
+
+    /// Launches `func` with the geometry of `plan`, arguments pushed by `args`. The launch's
+    /// own return code is checked; in diagnostic mode the stream is synchronised as well, so
+    /// an execution fault is attributed to this launch.
+    pub fn launch<'a>(
+        &'a self,
+        plan: &Launch,
+        func: &'a CudaFunction,
+        args: impl FnOnce(&mut LaunchArgs<'a>),
+    ) -> Result<(), Box<LaunchError>> {
+        let fail = |phase: &str, e: DriverError| {
+            Box::new(LaunchError {
+                kernel: plan.kernel.clone(),
+                grid: plan.grid,
+                block: plan.block,
+                shared_mem: plan.shared_mem,
+                shape: plan.shape.clone(),
+                phase: phase.into(),
+                error: error_name(&e),
+                sticky: is_sticky(&e),
+            })
+        };
+        if plan.shared_mem > self.limits.max_shared_mem_per_block {
+            func.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                plan.shared_mem as i32,
+            )
+            .map_err(|e| fail("set max dynamic shared memory", e))?;
+        }
+        let mut builder = self.stream.launch_builder(func);
+        args(&mut builder);
+        let cfg = LaunchConfig {
+            grid_dim: (plan.grid[0], plan.grid[1], plan.grid[2]),
+            block_dim: (plan.block[0], plan.block[1], plan.block[2]),
+            shared_mem_bytes: plan.shared_mem,
+        };
+        // SAFETY: every kernel's arguments are pushed by its own typed wrapper in `ops::*`,
+        // which matches the kernel's C signature; the plan has been checked against the limits.
+        unsafe { builder.launch(cfg) }.map_err(|e| fail("launch", e))?;
+        if self.diagnostic {
+            self.stream.synchronize().map_err(|e| fail("execution", e))?;
+        }
+        Ok(())
+    }
+
+    pub fn synchronize(&self) -> Result<(), GpuError> {
+        self.stream.synchronize().map_err(|e| driver_err("cuStreamSynchronize", e))
+    }
+
+    /// Uninitialised device buffer of `n` elements (callers poison or fill it).
+    pub fn alloc<T: DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>, GpuError> {
+        // SAFETY: the buffer is written (fill/poison kernels) before any read.
+        unsafe { self.stream.alloc::<T>(n.max(1)) }.map_err(|e| driver_err(&format!("cuMemAlloc({} x {})", n, std::mem::size_of::<T>()), e))
+    }
+
+    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>, GpuError> {
+        self.stream.clone_htod(host).map_err(|e| driver_err(&format!("cuMemcpyHtoD({} x {})", host.len(), std::mem::size_of::<T>()), e))
+    }
+
+    pub fn download<T: DeviceRepr + Default + Clone>(&self, dev: &CudaSlice<T>) -> Result<Vec<T>, GpuError> {
+        self.stream.clone_dtoh(dev).map_err(|e| driver_err("cuMemcpyDtoH", e))
+    }
+
+    /// Copies elements `[start, start + len)` of `dev` to the host.
+    pub fn download_range<T: DeviceRepr + Default + Clone>(&self, dev: &CudaSlice<T>, start: usize, len: usize) -> Result<Vec<T>, GpuError> {
+        let view = dev
+            .try_slice(start..start + len)
+            .ok_or_else(|| GpuError::Driver { call: "download_range".into(), error: format!("range {start}+{len} past {}", dev.len()) })?;
+        self.stream.clone_dtoh(&view).map_err(|e| driver_err("cuMemcpyDtoH", e))
+    }
+}

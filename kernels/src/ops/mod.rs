@@ -1,0 +1,15 @@
+//! One module per kernel family. Each carries, next to its CUDA source in `cuda/`: the launch
+//! plan (pure), the CPU twin, the checked GPU launch, its critical token counts and the
+//! self-test case that runs it against the twin.
+//!
+//! Common API of a family module: `plans(tokens, case, limits)`, `critical_counts(case,
+//! limits)`, `device_bytes(tokens, case)`, `run_case(gpu, tokens, case)`, `TOLERANCE`.
+
+pub mod latent_proj;
+pub mod moe_align;
+pub mod moe_combine;
+pub mod moe_gemm;
+pub mod moe_gemv;
+pub mod quantize;
+pub mod router;
+pub mod testdata;

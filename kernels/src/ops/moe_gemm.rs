@@ -1,0 +1,29 @@
+//! SCAFFOLD — being written by a helper; replaced before commit.
+#![allow(unused)]
+use serde::{Deserialize, Serialize};
+use crate::cuda::{Gpu, GpuError};
+use crate::launch::{Launch, PlanError};
+use crate::limits::DeviceLimits;
+use crate::quant::WeightType;
+use crate::routing::Routing;
+use crate::selftest::case::Outcome;
+use crate::thresholds::Critical;
+
+pub const KERNEL: &str = "moe_gemm";
+pub const TOLERANCE: f64 = 0.0;
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GemmCase {
+    pub experts: u32,
+    pub top_k: u32,
+    pub n: u32,
+    pub k: u32,
+    pub wtype: WeightType,
+    pub routing: Routing,
+}
+
+fn todo_err() -> PlanError { PlanError::Unsupported { kernel: KERNEL.into(), what: "scaffold".into(), shape: String::new() } }
+pub fn plans(tokens: u64, c: &GemmCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> { Err(todo_err()) }
+pub fn critical_counts(c: &GemmCase, limits: &DeviceLimits) -> Vec<Critical> { vec![] }
+pub fn device_bytes(tokens: u64, c: &GemmCase) -> u64 { 0 }
+pub fn run_case(gpu: &Gpu, tokens: u64, c: &GemmCase) -> Result<Outcome, GpuError> { Err(todo_err().into()) }

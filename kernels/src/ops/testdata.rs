@@ -1,0 +1,137 @@
+//! Device-side test data: fills from `(seed, index)` and the poison checks. The CPU twin of
+//! the generators is `crate::testdata`.
+
+use cudarc::driver::CudaSlice;
+
+use cudarc::driver::PushKernelArg;
+
+use crate::cuda::{Gpu, GpuError};
+use crate::launch::{Cover, Launch, PlanError, grid_stride_blocks};
+use crate::limits::DeviceLimits;
+use crate::quant::WeightType;
+use crate::sources::TESTDATA;
+use crate::testdata::POISON;
+
+const THREADS: u32 = 256;
+
+/// Grid-stride plan over `items` elements, one thread each.
+pub fn plan(kernel: &str, items: u64, limits: &DeviceLimits) -> Result<Launch, PlanError> {
+    let per_block = THREADS as u64;
+    Launch::checked(
+        kernel,
+        format_args!("items={items}"),
+        [grid_stride_blocks(items, per_block, limits), 1, 1],
+        [THREADS, 1, 1],
+        0,
+        vec![Cover::GridStride { items, per_block }],
+        limits,
+    )
+}
+
+pub fn fill_uniform(gpu: &Gpu, buf: &mut CudaSlice<f32>, n: usize, seed: u64, scale: f32) -> Result<(), GpuError> {
+    let f = gpu.function(&TESTDATA, "fill_uniform_f32")?;
+    let p = plan("fill_uniform_f32", n as u64, gpu.limits())?;
+    let n = n as u64;
+    gpu.launch(&p, &f, |b| {
+        b.arg(buf).arg(&n).arg(&seed).arg(&scale);
+    })?;
+    Ok(())
+}
+
+/// Fills `nblocks` weight blocks of `wtype` (buffer sized `nblocks * block_bytes`).
+pub fn fill_weights(gpu: &Gpu, buf: &mut CudaSlice<u8>, nblocks: usize, seed: u64, wtype: WeightType) -> Result<(), GpuError> {
+    let f = gpu.function(&TESTDATA, "fill_weights")?;
+    let p = plan("fill_weights", nblocks as u64, gpu.limits())?;
+    let (n, code) = (nblocks as u64, wtype.code());
+    gpu.launch(&p, &f, |b| {
+        b.arg(buf).arg(&n).arg(&seed).arg(&code);
+    })?;
+    Ok(())
+}
+
+/// Fills `rows` q8_1 rows of `nb` blocks: row r from source row `row_ids[r]` (`None`: r);
+/// sources outside `[0, n_src)` are zero padding rows. CPU twin: `testdata::q8_1_row`.
+pub fn fill_q8_1_rows(
+    gpu: &Gpu,
+    out: &mut CudaSlice<u8>,
+    rows: usize,
+    nb: usize,
+    seed: u64,
+    row_ids: Option<&CudaSlice<i32>>,
+    n_src: u64,
+) -> Result<(), GpuError> {
+    let f = gpu.function(&TESTDATA, "fill_q8_1_rows")?;
+    let p = plan("fill_q8_1_rows", (rows * nb) as u64, gpu.limits())?;
+    let (rows, nb) = (rows as u64, nb as i32);
+    let null: u64 = 0;
+    gpu.launch(&p, &f, |b| {
+        b.arg(out).arg(&rows).arg(&nb).arg(&seed);
+        match row_ids {
+            Some(ids) => b.arg(ids),
+            None => b.arg(&null),
+        };
+        b.arg(&n_src);
+    })?;
+    Ok(())
+}
+
+pub fn fill_words(gpu: &Gpu, buf: &mut CudaSlice<u32>, value: u32) -> Result<(), GpuError> {
+    let f = gpu.function(&TESTDATA, "fill_u32")?;
+    let n = buf.len() as u64;
+    let p = plan("fill_u32", n, gpu.limits())?;
+    gpu.launch(&p, &f, |b| {
+        b.arg(buf).arg(&n).arg(&value);
+    })?;
+    Ok(())
+}
+
+/// Counts items `i < n` whose word `start + i * stride` equals / differs from `value`.
+pub fn count_words(gpu: &Gpu, buf: &CudaSlice<u32>, start: usize, n: u64, stride: u64, value: u32, want_equal: bool) -> Result<u64, GpuError> {
+    if n == 0 {
+        return Ok(0);
+    }
+    let f = gpu.function(&TESTDATA, "count_words")?;
+    let p = plan("count_words", n, gpu.limits())?;
+    let mut count = gpu.upload(&[0u64])?;
+    let view = buf.slice(start..);
+    let eq = want_equal as i32;
+    gpu.launch(&p, &f, |b| {
+        b.arg(&view).arg(&n).arg(&stride).arg(&value).arg(&eq).arg(&mut count);
+    })?;
+    Ok(gpu.download(&count)?[0])
+}
+
+/// Guard words after every output: a kernel that writes past its end overwrites them.
+pub const GUARD_WORDS: usize = 1024;
+
+/// An output buffer of `words` 32-bit words plus a guard, all poisoned before the kernel runs.
+pub struct Guarded {
+    pub buf: CudaSlice<u32>,
+    pub words: usize,
+}
+
+impl Guarded {
+    pub fn new(gpu: &Gpu, words: usize) -> Result<Guarded, GpuError> {
+        let mut buf = gpu.alloc::<u32>(words + GUARD_WORDS)?;
+        fill_words(gpu, &mut buf, POISON)?;
+        Ok(Guarded { buf, words })
+    }
+
+    /// `(unwritten, past_end)`: items of `stride` words whose first word still holds the
+    /// poison, and guard words that do not.
+    pub fn check(&self, gpu: &Gpu, stride: usize) -> Result<(u64, u64), GpuError> {
+        let items = (self.words / stride) as u64;
+        let unwritten = count_words(gpu, &self.buf, 0, items, stride as u64, POISON, true)?;
+        let past_end = count_words(gpu, &self.buf, self.words, GUARD_WORDS as u64, 1, POISON, false)?;
+        Ok((unwritten, past_end))
+    }
+
+    /// Words `[start, start + len)` as f32.
+    pub fn read_f32(&self, gpu: &Gpu, start: usize, len: usize) -> Result<Vec<f32>, GpuError> {
+        Ok(gpu.download_range(&self.buf, start, len)?.into_iter().map(f32::from_bits).collect())
+    }
+
+    pub fn read_i32(&self, gpu: &Gpu, start: usize, len: usize) -> Result<Vec<i32>, GpuError> {
+        Ok(gpu.download_range(&self.buf, start, len)?.into_iter().map(|w| w as i32).collect())
+    }
+}

@@ -1,0 +1,222 @@
+//! The catalogue: every self-test case for a model shape class on a device, derived from the
+//! kernels' launch plans and the serving envelope (see `thresholds`), with the negative
+//! controls. A case that cannot run (memory budget) stays in the catalogue and is reported as
+//! skipped with its reason: derived vs. executed is part of the report.
+
+use serde::{Deserialize, Serialize};
+
+use super::case::{Case, Expect, OpCase};
+use crate::limits::DeviceLimits;
+use crate::ops::latent_proj::LatentCase;
+use crate::ops::moe_align::AlignCase;
+use crate::ops::moe_combine::CombineCase;
+use crate::ops::moe_gemm::GemmCase;
+use crate::ops::moe_gemv::GemvCase;
+use crate::ops::quantize::QuantizeCase;
+use crate::ops::router::{RouterCase, Scoring};
+use crate::ops::{latent_proj, moe_align, moe_combine, moe_gemm, moe_gemv, quantize, router};
+use crate::quant::WeightType;
+use crate::routing::Routing;
+use crate::thresholds::{self, Critical, ModelShape, Serving, compositions, envelope_counts, merge};
+
+/// Row tile the routed GEMM pads expert segments to.
+pub const GEMM_TILE_M: u32 = 64;
+
+/// Deadline of a hang negative control: a fixed case of that size finishes in milliseconds.
+pub const HANG_DEADLINE_MS: u64 = 2_000;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Options {
+    /// Device memory the cases may use; bigger cases are skipped with the reason.
+    pub memory_budget_bytes: u64,
+    /// Run the negative controls (only when no replica is resident: they hang the GPU).
+    pub negative_controls: bool,
+    /// Skip counts above this (a quick run); `None` runs everything the budget allows.
+    pub max_tokens: Option<u64>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Catalogue {
+    pub shape: ModelShape,
+    pub serving: Serving,
+    pub device: String,
+    /// Cases to run, in the order to run them (negative controls last).
+    pub cases: Vec<Case>,
+    /// Derived cases that will not run, and why.
+    pub skipped: Vec<(Case, String)>,
+}
+
+/// Deadline for a fixed case: generous against the work, tight against a hang.
+fn deadline_ms(device_bytes: u64) -> u64 {
+    15_000 + device_bytes / 1_000_000 // +1 s per GB touched
+}
+
+struct Builder<'a> {
+    opts: &'a Options,
+    cases: Vec<Case>,
+    skipped: Vec<(Case, String)>,
+}
+
+impl Builder<'_> {
+    fn push(&mut self, kernel: &str, tag: &str, tokens: u64, reasons: Vec<String>, params: OpCase, expect: Expect, device_bytes: u64) {
+        let hang = expect == Expect::Hang;
+        let case = Case {
+            id: format!("{kernel}/{tag}/t{tokens}"),
+            kernel: kernel.into(),
+            tokens,
+            batch: compositions(tokens).into_iter().next().unwrap_or_default(),
+            reasons,
+            params,
+            expect,
+            deadline_ms: if hang { HANG_DEADLINE_MS } else { deadline_ms(device_bytes) },
+            device_bytes,
+        };
+        if device_bytes > self.opts.memory_budget_bytes {
+            let why = format!("needs {:.1} GiB of device memory, budget {:.1} GiB", gib(device_bytes), gib(self.opts.memory_budget_bytes));
+            self.skipped.push((case, why));
+        } else if let Some(max) = self.opts.max_tokens.filter(|&m| tokens > m) {
+            self.skipped.push((case, format!("above --max-tokens {max}")));
+        } else {
+            self.cases.push(case);
+        }
+    }
+
+    /// One case per merged count, for a family whose `device_bytes` depends on tokens.
+    fn family(&mut self, kernel: &str, tag: &str, counts: Vec<Critical>, params: OpCase, bytes: impl Fn(u64) -> u64) {
+        for (tokens, reasons) in merge(counts) {
+            self.push(kernel, tag, tokens, reasons, params.clone(), Expect::Pass, bytes(tokens));
+        }
+    }
+}
+
+fn gib(b: u64) -> f64 {
+    b as f64 / (1u64 << 30) as f64
+}
+
+/// Derives every case for `shape` on a device with `limits`.
+pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts: &Options) -> Catalogue {
+    let mut b = Builder { opts, cases: Vec::new(), skipped: Vec::new() };
+    let common = envelope_counts(serving, shape);
+    let grid_counts = thresholds::routed_grid_counts(limits);
+    let own_k_grid: Vec<Critical> = grid_counts.iter().filter(|(k, _)| *k == shape.top_k).flat_map(|(_, v)| v.clone()).collect();
+    let tails = thresholds::tile_tails(GEMM_TILE_M as u64, false, &[1, 2, 128], "expert segment tile");
+    let (e, k) = (shape.experts, shape.top_k);
+    let with = |own: Vec<Critical>| -> Vec<Critical> {
+        let mut v = own;
+        v.extend(common.iter().cloned());
+        v.extend(own_k_grid.iter().cloned());
+        v
+    };
+
+    // Router: softmax with renormalisation (qwen3moe), sigmoid without (DeepSeek-style), and
+    // all-equal logits (ties: every token routes to the same experts).
+    for (scoring, renormalize, ties, tag) in [
+        (Scoring::Softmax, true, false, "softmax-renorm"),
+        (Scoring::Sigmoid, false, false, "sigmoid"),
+        (Scoring::Softmax, true, true, "softmax-ties"),
+    ] {
+        let c = RouterCase { experts: e, top_k: k, scoring, renormalize, ties };
+        let mut counts = with(router::critical_counts(&c, limits));
+        counts.extend(tails.iter().cloned());
+        b.family(router::KERNEL, &format!("k{k}/{tag}"), counts, OpCase::Router(c), |t| router::device_bytes(t, &c));
+    }
+
+    for routing in [Routing::Uniform, Routing::OneExpert, Routing::MaxPadding] {
+        let r = routing.name();
+        let c = AlignCase { experts: e, top_k: k, tile: GEMM_TILE_M, routing };
+        let mut counts = with(moe_align::critical_counts(&c, limits));
+        counts.extend(tails.iter().cloned());
+        b.family(moe_align::KERNEL, &format!("k{k}/{r}"), counts, OpCase::MoeAlign(c), |t| moe_align::device_bytes(t, &c));
+
+        let c = QuantizeCase { k: shape.hidden, experts: e, top_k: k, tile: GEMM_TILE_M, routing, gather: true };
+        let mut counts = with(quantize::critical_counts(&c, limits));
+        counts.extend(tails.iter().cloned());
+        b.family(quantize::KERNEL, &format!("gather/k{k}/{r}"), counts, OpCase::Quantize(c), |t| quantize::device_bytes(t, &c));
+
+        for wtype in WeightType::ALL {
+            // Gate/up (hidden -> expert width) and down (expert width -> hidden).
+            for (n, kk, proj) in [(shape.expert_ffn, shape.hidden, "up"), (shape.hidden, shape.expert_ffn, "down")] {
+                let c = GemmCase { experts: e, top_k: k, n, k: kk, wtype, routing };
+                let mut counts = with(moe_gemm::critical_counts(&c, limits));
+                counts.extend(tails.iter().cloned());
+                b.family(moe_gemm::KERNEL, &format!("{wtype}/{proj}/k{k}/{r}"), counts, OpCase::MoeGemm(c), |t| moe_gemm::device_bytes(t, &c));
+            }
+        }
+    }
+
+    // The dense (non-gathered) quantize feeding the latent projection.
+    if let Some(l) = shape.latent {
+        let c = QuantizeCase { k: l.k, experts: e, top_k: k, tile: GEMM_TILE_M, routing: Routing::Uniform, gather: false };
+        let mut counts = with(quantize::critical_counts(&c, limits));
+        counts.extend(thresholds::tile_tails(64, false, &[1, 2], "row tile"));
+        b.family(quantize::KERNEL, "dense", counts, OpCase::Quantize(c), |t| quantize::device_bytes(t, &c));
+    }
+
+    // Routed GEMV: decode sizes, plus every top_k's grid.z point at full shape (the fixed
+    // kernel must pass where the naive one fails).
+    for wtype in WeightType::ALL {
+        let c = GemvCase { experts: e, top_k: k, n: shape.expert_ffn, k: shape.hidden, wtype, routing: Routing::Uniform };
+        let mut counts = with(moe_gemv::critical_counts(&c, limits));
+        counts.extend((1..=16).map(|t| Critical::new(t, "decode batch")));
+        b.family(moe_gemv::KERNEL, &format!("{wtype}/k{k}"), counts, OpCase::MoeGemv(c), |t| moe_gemv::device_bytes(t, &c));
+    }
+    for (tk, counts) in &grid_counts {
+        if *tk == k || *tk > e {
+            continue;
+        }
+        let c = GemvCase { experts: e, top_k: *tk, n: shape.expert_ffn, k: shape.hidden, wtype: WeightType::Q4_0, routing: Routing::Uniform };
+        b.family(moe_gemv::KERNEL, &format!("q4_0/k{tk}"), counts.clone(), OpCase::MoeGemv(c), |t| moe_gemv::device_bytes(t, &c));
+    }
+
+    let c = CombineCase { top_k: k, n: shape.hidden };
+    let mut counts = with(moe_combine::critical_counts(&c, limits));
+    counts.extend(tails.iter().cloned());
+    b.family(moe_combine::KERNEL, &format!("k{k}"), counts, OpCase::MoeCombine(c), |t| moe_combine::device_bytes(t, &c));
+
+    // Latent projection: every tail of the first two 64-row tiles, and around larger ones.
+    if let Some(l) = shape.latent {
+        for wtype in WeightType::ALL {
+            let c = LatentCase { k: l.k, width: l.width, groups: l.groups, wtype };
+            let mut counts = with(latent_proj::critical_counts(&c, limits));
+            counts.extend(thresholds::tile_tails(64, wtype == WeightType::Q4_0, &[1, 2, 128], "latent row tile"));
+            b.family(latent_proj::KERNEL, &format!("{wtype}"), counts, OpCase::LatentProj(c), |t| latent_proj::device_bytes(t, &c));
+        }
+    }
+
+    if opts.negative_controls {
+        negative_controls(&mut b, shape, limits, &grid_counts);
+    }
+    let mut cases = b.cases;
+    // Small first (a broken kernel shows up early), negative controls last (they hang).
+    cases.sort_by_key(|c| (matches!(c.params, OpCase::NegGemvGridZ(_) | OpCase::NegLatentTailSkip(_)), c.device_bytes));
+    Catalogue { shape: shape.clone(), serving: *serving, device: limits.name.clone(), cases, skipped: b.skipped }
+}
+
+fn negative_controls(b: &mut Builder, shape: &ModelShape, limits: &DeviceLimits, grid_counts: &[(u32, Vec<Critical>)]) {
+    let z = limits.max_grid_dim[2] as u64;
+    // grid.z = tokens x top_k: passes at floor(65535 / top_k), rejected one token later.
+    for (tk, counts) in grid_counts {
+        if *tk > shape.experts {
+            continue;
+        }
+        let c = GemvCase { experts: shape.experts, top_k: *tk, n: shape.expert_ffn, k: shape.hidden, wtype: WeightType::Q4_0, routing: Routing::Uniform };
+        for cr in counts {
+            let expect = if cr.tokens * *tk as u64 > z { Expect::LaunchError { kernel: moe_gemv::NEG_GRIDZ_KERNEL.into() } } else { Expect::Pass };
+            let bytes = moe_gemv::device_bytes(cr.tokens, &c);
+            b.push("neg_gemv_gridz", &format!("q4_0/k{tk}"), cr.tokens, vec![cr.reason.clone()], OpCase::NegGemvGridZ(c), expect, bytes);
+        }
+    }
+    // Tail lanes skipping the shuffles: hangs whenever a warp holds both real and spare rows;
+    // a full tile has none and passes.
+    if let Some(l) = shape.latent {
+        let c = LatentCase { k: l.k, width: l.width, groups: l.groups, wtype: WeightType::Q8_0 };
+        for (tokens, expect, why) in [
+            (1, Expect::Hang, "1 real row in a 64-row tile"),
+            (63, Expect::Hang, "63 real rows in a 64-row tile"),
+            (64, Expect::Pass, "full tile: no tail lanes, so the broken epilogue is harmless"),
+        ] {
+            let bytes = latent_proj::device_bytes(tokens, &c);
+            b.push("neg_latent_tailskip", "q8_0", tokens, vec![why.into()], OpCase::NegLatentTailSkip(c), expect, bytes);
+        }
+    }
+}

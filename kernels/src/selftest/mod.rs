@@ -1,0 +1,59 @@
+//! The threshold self-test: derive the critical cases ([`catalogue`]), run each on the GPU
+//! against the CPU twin in a child process with a deadline ([`runner`], [`worker`]), and
+//! report derived vs. executed ([`report`]).
+
+pub mod case;
+pub mod catalogue;
+pub mod report;
+pub mod runner;
+pub mod verify;
+pub mod worker;
+
+use crate::cuda::{Gpu, GpuError};
+use crate::launch::{Launch, PlanError};
+use crate::limits::DeviceLimits;
+use crate::ops::{latent_proj, moe_align, moe_combine, moe_gemm, moe_gemv, quantize, router};
+use case::{Case, OpCase, Outcome};
+
+impl GpuError {
+    /// How a failed case reads in the report.
+    pub fn into_outcome(self) -> Outcome {
+        match self {
+            GpuError::Launch(e) => Outcome::LaunchError(*e),
+            GpuError::Plan(e) => Outcome::PlanRejected { error: e.to_string() },
+            other => Outcome::Error { error: other.to_string() },
+        }
+    }
+}
+
+/// Runs one case on the GPU (in the worker process).
+pub fn execute(gpu: &Gpu, case: &Case) -> Outcome {
+    let t = case.tokens;
+    let r = match &case.params {
+        OpCase::Router(c) => router::run_case(gpu, t, c),
+        OpCase::MoeAlign(c) => moe_align::run_case(gpu, t, c),
+        OpCase::Quantize(c) => quantize::run_case(gpu, t, c),
+        OpCase::MoeGemv(c) => moe_gemv::run_case(gpu, t, c),
+        OpCase::MoeGemm(c) => moe_gemm::run_case(gpu, t, c),
+        OpCase::MoeCombine(c) => moe_combine::run_case(gpu, t, c),
+        OpCase::LatentProj(c) => latent_proj::run_case(gpu, t, c),
+        OpCase::NegGemvGridZ(c) => moe_gemv::run_negative_gridz(gpu, t, c),
+        OpCase::NegLatentTailSkip(c) => latent_proj::run_negative_tailskip(gpu, t, c),
+    };
+    r.unwrap_or_else(GpuError::into_outcome)
+}
+
+/// The launches a case makes, planned against `limits` (no GPU needed). Negative controls
+/// return the plan of their fixed twin: their broken geometry is not a plan.
+pub fn plans(case: &Case, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+    let t = case.tokens;
+    match &case.params {
+        OpCase::Router(c) => router::plans(t, c, limits),
+        OpCase::MoeAlign(c) => moe_align::plans(t, c, limits),
+        OpCase::Quantize(c) => quantize::plans(t, c, limits),
+        OpCase::MoeGemv(c) | OpCase::NegGemvGridZ(c) => moe_gemv::plans(t, c, limits),
+        OpCase::MoeGemm(c) => moe_gemm::plans(t, c, limits),
+        OpCase::MoeCombine(c) => moe_combine::plans(t, c, limits),
+        OpCase::LatentProj(c) | OpCase::NegLatentTailSkip(c) => latent_proj::plans(t, c, limits),
+    }
+}

@@ -1,0 +1,236 @@
+//! Which token counts to test: derived from the model shape, the serving envelope and the
+//! device's limits, never chosen by hand.
+//!
+//! Each kernel module lists the counts its own launch plan makes critical (index overflow
+//! points of its flattened buffers, tile tails). This module adds what is common to all of
+//! them: where a *naive* launch would put a growing index on `grid.y/z` (the first failure of
+//! the design: `tokens x top_k` on `grid.z` dies at `floor(65535 / top_k) + 1`), the serving
+//! envelope and context `-1, 0, +1`, and the batch compositions (several sequences, prefill
+//! mixed with decode) whose totals hit each count.
+
+use serde::{Deserialize, Serialize};
+
+use crate::limits::DeviceLimits;
+
+/// The top_k values whose grid limits every report derives (the models brink serves use these).
+pub const TOP_K_SET: [u32; 7] = [1, 2, 4, 6, 8, 10, 16];
+
+/// The largest index a signed 32-bit integer holds.
+pub const I32_MAX: u64 = i32::MAX as u64;
+
+/// A token count that matters, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Critical {
+    pub tokens: u64,
+    pub reason: String,
+}
+
+impl Critical {
+    pub fn new(tokens: u64, reason: impl Into<String>) -> Self {
+        Critical { tokens, reason: reason.into() }
+    }
+}
+
+/// The shape class a self-test qualifies: what the kernels see of a model.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelShape {
+    /// Shape-class name, e.g. `qwen3moe-2048x128e-top8-ffn768`.
+    pub name: String,
+    pub hidden: u32,
+    pub experts: u32,
+    pub top_k: u32,
+    /// Width of one expert's FFN (gate/up output, down input).
+    pub expert_ffn: u32,
+    pub vocab: u32,
+    pub context: u32,
+    /// A latent dense projection (MLA-style), when the class has one.
+    pub latent: Option<LatentShape>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LatentShape {
+    /// Input width K.
+    pub k: u32,
+    /// Output (latent) width, split into `groups` groups normalised separately.
+    pub width: u32,
+    pub groups: u32,
+}
+
+impl ModelShape {
+    /// Qwen3-30B-A3B: hidden 2048, 128 experts, top-8, expert width 768, vocab 151,936,
+    /// context 40,960. The latent projection is the shape of the third failure in the design
+    /// (K 2560, 8 groups, width 1792), qualified alongside so that class of kernel is covered.
+    pub fn qwen3_30b_a3b() -> Self {
+        ModelShape {
+            name: "qwen3moe-h2048-e128-top8-ffn768".into(),
+            hidden: 2048,
+            experts: 128,
+            top_k: 8,
+            expert_ffn: 768,
+            vocab: 151_936,
+            context: 40_960,
+            latent: Some(LatentShape { k: 2560, width: 1792, groups: 8 }),
+        }
+    }
+}
+
+/// The serving parameters a node would run with; their edges are critical counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Serving {
+    pub max_batch_tokens: u64,
+    pub prefill_chunk: u64,
+}
+
+impl Default for Serving {
+    fn default() -> Self {
+        Serving { max_batch_tokens: 16_384, prefill_chunk: 4096 }
+    }
+}
+
+/// `floor(I32_MAX / width)` (the last count whose flattened index fits) and the next one,
+/// for a buffer with `width` elements per token.
+pub fn overflow_point(width: u64, what: &str) -> Vec<Critical> {
+    if width == 0 {
+        return vec![];
+    }
+    let last = I32_MAX / width;
+    vec![
+        Critical::new(last, format!("{what}: last count below 2^31 (width {width}/token)")),
+        Critical::new(last + 1, format!("{what}: first count past 2^31 (width {width}/token)")),
+    ]
+}
+
+/// Where `per_token × tokens` first exceeds a grid limit on y/z: `floor(limit / per_token)`
+/// passes, `+1` fails, if a launch put that product on a bounded axis.
+pub fn grid_limit_point(per_token: u64, limit: u64, what: &str) -> Vec<Critical> {
+    let last = limit / per_token;
+    vec![
+        Critical::new(last, format!("{what}: {last} x {per_token} = {} <= {limit} (last that fits)", last * per_token)),
+        Critical::new(last + 1, format!("{what}: {} x {per_token} = {} > {limit} (first past the limit)", last + 1, (last + 1) * per_token)),
+    ]
+}
+
+/// Counts `1 ..= 2·tile − 1` (every tail of the first two tiles) when `exhaustive`, and always
+/// `m·tile − 1, m·tile, m·tile + 1` for each multiplier in `multiples`.
+pub fn tile_tails(tile: u64, exhaustive: bool, multiples: &[u64], what: &str) -> Vec<Critical> {
+    let mut v = Vec::new();
+    if exhaustive {
+        v.extend((1..2 * tile).map(|t| Critical::new(t, format!("{what}: tail {} of tile {tile}", t % tile))));
+    }
+    for &m in multiples {
+        for t in [m * tile - 1, m * tile, m * tile + 1] {
+            if t > 0 {
+                v.push(Critical::new(t, format!("{what}: around {m} x tile {tile}")));
+            }
+        }
+    }
+    v
+}
+
+/// Counts common to every token-indexed kernel: the naive grid limits for the model's top_k
+/// (and the whole `TOP_K_SET` for the routed kernels), the serving envelope and the context.
+pub fn envelope_counts(serving: &Serving, shape: &ModelShape) -> Vec<Critical> {
+    let mut v = Vec::new();
+    for (n, what) in [(serving.max_batch_tokens, "max batch tokens"), (serving.prefill_chunk, "prefill chunk")] {
+        for t in [n.saturating_sub(1), n, n + 1] {
+            if t > 0 {
+                v.push(Critical::new(t, format!("{what} {n} -1/0/+1")));
+            }
+        }
+    }
+    v.push(Critical::new(shape.context as u64, format!("context length {}", shape.context)));
+    v
+}
+
+/// Naive `tokens x top_k` on `grid.y/z`: for every top_k in the set.
+pub fn routed_grid_counts(limits: &DeviceLimits) -> Vec<(u32, Vec<Critical>)> {
+    let limit = limits.max_grid_dim[2] as u64;
+    TOP_K_SET
+        .iter()
+        .map(|&k| (k, grid_limit_point(k as u64, limit, &format!("tokens x top_k {k} on grid.z"))))
+        .collect()
+}
+
+/// Batches whose total is `tokens`: one prompt; four sequences (as a scheduler packs medium
+/// prompts); a prefill chunk plus decode tokens of other sequences (prefill mixed with decode).
+pub fn compositions(tokens: u64) -> Vec<Vec<u64>> {
+    let mut v = vec![vec![tokens]];
+    if tokens >= 4 {
+        let q = tokens / 4;
+        v.push(vec![q, q, q, tokens - 3 * q]);
+    }
+    if tokens >= 9 {
+        let mut mixed = vec![tokens - 8];
+        mixed.extend(std::iter::repeat_n(1, 8));
+        v.push(mixed);
+    }
+    v
+}
+
+/// Merges counts: sorted by token count, reasons of equal counts joined, zero dropped.
+pub fn merge(counts: impl IntoIterator<Item = Critical>) -> Vec<(u64, Vec<String>)> {
+    let mut all: Vec<Critical> = counts.into_iter().filter(|c| c.tokens > 0).collect();
+    all.sort_by_key(|c| c.tokens);
+    let mut out: Vec<(u64, Vec<String>)> = Vec::new();
+    for c in all {
+        match out.last_mut() {
+            Some((t, reasons)) if *t == c.tokens => {
+                if !reasons.contains(&c.reason) {
+                    reasons.push(c.reason);
+                }
+            }
+            _ => out.push((c.tokens, vec![c.reason])),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(v: &[Critical]) -> Vec<u64> {
+        v.iter().map(|c| c.tokens).collect()
+    }
+
+    #[test]
+    fn seed_grid_limits() {
+        let l = DeviceLimits::gb10();
+        let by_k: std::collections::HashMap<u32, Vec<u64>> = routed_grid_counts(&l).into_iter().map(|(k, v)| (k, counts(&v))).collect();
+        assert_eq!(by_k[&8], vec![8191, 8192]);
+        assert_eq!(by_k[&10], vec![6553, 6554]);
+        assert_eq!(by_k[&1], vec![65535, 65536]);
+        assert_eq!(by_k[&16], vec![4095, 4096]);
+        assert_eq!(by_k[&6], vec![10922, 10923]);
+    }
+
+    #[test]
+    fn logits_overflow_at_vocab_151936() {
+        // Full logits [tokens, 151936] pass 2^31 elements at 14,135 tokens.
+        assert_eq!(counts(&overflow_point(151_936, "logits")), vec![14_134, 14_135]);
+    }
+
+    #[test]
+    fn tails_cover_every_residue_mod_64() {
+        let v = tile_tails(64, true, &[128], "t");
+        let residues: std::collections::BTreeSet<u64> = v.iter().map(|c| c.tokens % 64).collect();
+        assert_eq!(residues.len(), 64);
+        assert!(counts(&v).contains(&8191) && counts(&v).contains(&8193));
+    }
+
+    #[test]
+    fn compositions_sum_to_the_count() {
+        for t in [1, 5, 63, 8192, 8193] {
+            for c in compositions(t) {
+                assert_eq!(c.iter().sum::<u64>(), t, "{c:?}");
+            }
+        }
+        assert_eq!(compositions(8192).len(), 3);
+    }
+
+    #[test]
+    fn merge_joins_reasons() {
+        let m = merge(vec![Critical::new(5, "a"), Critical::new(3, "b"), Critical::new(5, "c"), Critical::new(0, "z")]);
+        assert_eq!(m, vec![(3, vec!["b".to_string()]), (5, vec!["a".to_string(), "c".to_string()])]);
+    }
+}
