@@ -1,1 +1,9 @@
-//! (being written)
+//! brink-api: the wire types shared by the node agent and the operator.
+//!
+//! One source of truth: the agent writes these (as JSON from `brink-agent selftest --json`, and
+//! later into `SparkNode` status), the operator reads them. Kubernetes resource types join them
+//! here with the fleet issues.
+
+pub mod selftest;
+
+pub use selftest::{CaseReport, CaseResult, DeviceSummary, NegativeControls, Phase, SelfTestReport, Verdict};

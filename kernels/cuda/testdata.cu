@@ -15,13 +15,13 @@ static __device__ __forceinline__ u64 hash2(u64 seed, u64 i) {
 
 // Uniform in [-1, 1), exact in f32 (24 random bits).
 static __device__ __forceinline__ float uniform_pm1(u64 seed, u64 i) {
-    return (float)(hash2(seed, i) >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
+    return __fadd_rn(__fmul_rn((float)(hash2(seed, i) >> 40), 1.0f / 8388608.0f), -1.0f);  // exact either way
 }
 
 extern "C" __global__ void fill_uniform_f32(float* out, u64 n, u64 seed, float scale) {
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        out[i] = uniform_pm1(seed, i) * scale;
+        out[i] = __fmul_rn(uniform_pm1(seed, i), scale);
 }
 
 // Weight blocks: d = f16(0.002 + 0.004 * u) with u in [0, 1); q8_0 quants in [-127, 127];
@@ -29,8 +29,8 @@ extern "C" __global__ void fill_uniform_f32(float* out, u64 n, u64 seed, float s
 extern "C" __global__ void fill_weights(unsigned char* out, u64 nblocks, u64 seed, int wtype) {
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 b = (u64)blockIdx.x * blockDim.x + threadIdx.x; b < nblocks; b += stride) {
-        const float u = (uniform_pm1(seed, b * 33) + 1.0f) * 0.5f;
-        const u16 d = f32_to_f16(0.002f + 0.004f * u);
+        const float u = __fmul_rn(__fadd_rn(uniform_pm1(seed, b * 33), 1.0f), 0.5f);
+        const u16 d = f32_to_f16(__fadd_rn(0.002f, __fmul_rn(0.004f, u)));  // no FMA: the CPU twin rounds twice
         if (wtype == WTYPE_Q8_0) {
             block_q8_0* w = (block_q8_0*)out + b;
             w->d = d;
@@ -84,9 +84,9 @@ extern "C" __global__ void fill_q8_1_rows(block_q8_1* out, u64 rows, int nb, u64
             o->qs[j] = (signed char)q;
             sum += q;
         }
-        const float u = (uniform_pm1(seed, blk * 33) + 1.0f) * 0.5f;
-        const u16 d = f32_to_f16(0.001f + 0.01f * u);
+        const float u = __fmul_rn(__fadd_rn(uniform_pm1(seed, blk * 33), 1.0f), 0.5f);
+        const u16 d = f32_to_f16(__fadd_rn(0.001f, __fmul_rn(0.01f, u)));  // no FMA: the CPU twin rounds twice
         o->d = d;
-        o->s = f32_to_f16(f16_to_f32(d) * (float)sum);
+        o->s = f32_to_f16(__fmul_rn(f16_to_f32(d), (float)sum));
     }
 }

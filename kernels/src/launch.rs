@@ -82,9 +82,7 @@ impl Launch {
             }
         }
         let threads: u64 = block.iter().map(|&b| b as u64).product();
-        if block.iter().zip(&limits.max_block_dim).any(|(&b, &l)| b == 0 || b > l)
-            || threads > limits.max_threads_per_block as u64
-        {
+        if block.iter().zip(&limits.max_block_dim).any(|(&b, &l)| b == 0 || b > l) || threads > limits.max_threads_per_block as u64 {
             return Err(PlanError::BlockDim {
                 kernel: kernel.into(),
                 block,
@@ -101,14 +99,7 @@ impl Launch {
                 shape,
             });
         }
-        Ok(Launch {
-            kernel: kernel.into(),
-            grid: grid.map(|g| g as u32),
-            block,
-            shared_mem: shared_mem as u32,
-            shape,
-            cover,
-        })
+        Ok(Launch { kernel: kernel.into(), grid: grid.map(|g| g as u32), block, shared_mem: shared_mem as u32, shape, cover })
     }
 
     pub fn threads_per_block(&self) -> u64 {
@@ -193,15 +184,7 @@ impl fmt::Display for Launch {
         write!(
             f,
             "{} grid=({},{},{}) block=({},{},{}) smem={} [{}]",
-            self.kernel,
-            self.grid[0],
-            self.grid[1],
-            self.grid[2],
-            self.block[0],
-            self.block[1],
-            self.block[2],
-            self.shared_mem,
-            self.shape
+            self.kernel, self.grid[0], self.grid[1], self.grid[2], self.block[0], self.block[1], self.block[2], self.shared_mem, self.shape
         )
     }
 }
@@ -237,10 +220,7 @@ mod tests {
     #[test]
     fn rejects_oversized_block_and_empty_grid() {
         let l = DeviceLimits::gb10();
-        assert!(matches!(
-            Launch::checked("k", "t", [1, 1, 1], [1024, 2, 1], 0, vec![], &l),
-            Err(PlanError::BlockDim { .. })
-        ));
+        assert!(matches!(Launch::checked("k", "t", [1, 1, 1], [1024, 2, 1], 0, vec![], &l), Err(PlanError::BlockDim { .. })));
         assert!(matches!(Launch::checked("k", "t", [0, 1, 1], [32, 1, 1], 0, vec![], &l), Err(PlanError::GridDim { .. })));
     }
 
@@ -260,10 +240,12 @@ mod tests {
         .unwrap();
         launch.check_cover().unwrap();
         assert!(launch.simulate_cover(0).iter().all(|&h| h == 1));
-        let tiles = Launch::checked("k", "t", [16, 1, 1], [64, 1, 1], 0, vec![Cover::Tiles { axis: 0, items: 1000, per_block: 64 }], &l).unwrap();
+        let tiles =
+            Launch::checked("k", "t", [16, 1, 1], [64, 1, 1], 0, vec![Cover::Tiles { axis: 0, items: 1000, per_block: 64 }], &l).unwrap();
         tiles.check_cover().unwrap();
         assert!(tiles.simulate_cover(0).iter().all(|&h| h == 1));
-        let wrong = Launch::checked("k", "t", [17, 1, 1], [64, 1, 1], 0, vec![Cover::Tiles { axis: 0, items: 1000, per_block: 64 }], &l).unwrap();
+        let wrong =
+            Launch::checked("k", "t", [17, 1, 1], [64, 1, 1], 0, vec![Cover::Tiles { axis: 0, items: 1000, per_block: 64 }], &l).unwrap();
         assert!(wrong.check_cover().is_err());
     }
 }

@@ -10,13 +10,19 @@ pub struct KernelSource {
     /// File name under `kernels/cuda/`, also the module's name.
     pub file: &'static str,
     pub code: &'static str,
+    /// A negative control's fixed twin, compiled in front of it so the broken kernel reuses the
+    /// twin's device functions and differs only where the bug is.
+    pub prelude: Option<&'static KernelSource>,
 }
 
 const COMMON: &str = include_str!("../cuda/common.cuh");
 
 macro_rules! source {
     ($file:literal) => {
-        KernelSource { file: $file, code: include_str!(concat!("../cuda/", $file)) }
+        KernelSource { file: $file, code: include_str!(concat!("../cuda/", $file)), prelude: None }
+    };
+    ($file:literal, twin: $twin:expr) => {
+        KernelSource { file: $file, code: include_str!(concat!("../cuda/", $file)), prelude: Some(&$twin) }
     };
 }
 
@@ -30,27 +36,18 @@ pub const MOE_COMBINE: KernelSource = source!("moe_combine.cu");
 pub const LATENT_PROJ: KernelSource = source!("latent_proj.cu");
 /// Deliberately broken kernels, loaded only by the self-test's negative controls: the routed
 /// GEMV with tokens x top_k on grid.z, and the latent epilogue whose tail lanes skip shuffles.
-pub const NEG_GEMV_GRIDZ: KernelSource = source!("neg_gemv_gridz.cu");
-pub const NEG_LATENT_TAILSKIP: KernelSource = source!("neg_latent_tailskip.cu");
+pub const NEG_GEMV_GRIDZ: KernelSource = source!("neg_gemv_gridz.cu", twin: MOE_GEMV);
+pub const NEG_LATENT_TAILSKIP: KernelSource = source!("neg_latent_tailskip.cu", twin: LATENT_PROJ);
 
-pub const ALL: &[KernelSource] = &[
-    TESTDATA,
-    ROUTER,
-    MOE_ALIGN,
-    QUANTIZE,
-    MOE_GEMV,
-    MOE_GEMM,
-    MOE_COMBINE,
-    LATENT_PROJ,
-    NEG_GEMV_GRIDZ,
-    NEG_LATENT_TAILSKIP,
-];
+pub const ALL: &[KernelSource] =
+    &[TESTDATA, ROUTER, MOE_ALIGN, QUANTIZE, MOE_GEMV, MOE_GEMM, MOE_COMBINE, LATENT_PROJ, NEG_GEMV_GRIDZ, NEG_LATENT_TAILSKIP];
 
 impl KernelSource {
     /// What NVRTC compiles: the common header, then the file, with `#line` so compile errors
     /// name the right file and line.
     pub fn full_source(&self) -> String {
-        format!("#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"{}\"\n{}", self.file, self.code)
+        let twin = self.prelude.map(|t| format!("#line 1 \"{}\"\n{}\n", t.file, t.code)).unwrap_or_default();
+        format!("#line 1 \"common.cuh\"\n{COMMON}\n{twin}#line 1 \"{}\"\n{}", self.file, self.code)
     }
 
     pub fn sha256(&self) -> String {

@@ -26,7 +26,7 @@ pub fn hash2(seed: u64, i: u64) -> u64 {
 
 /// Uniform in [-1, 1), exact in f32.
 pub fn uniform_pm1(seed: u64, i: u64) -> f32 {
-    (hash2(seed, i) >> 40) as f32 * (1.0 / 16_777_216.0) * 2.0 - 1.0
+    (hash2(seed, i) >> 40) as f32 * (1.0 / 8_388_608.0) - 1.0
 }
 
 /// Element `i` of a `fill_uniform_f32(seed, scale)` buffer.

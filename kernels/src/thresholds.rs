@@ -106,7 +106,10 @@ pub fn grid_limit_point(per_token: u64, limit: u64, what: &str) -> Vec<Critical>
     let last = limit / per_token;
     vec![
         Critical::new(last, format!("{what}: {last} x {per_token} = {} <= {limit} (last that fits)", last * per_token)),
-        Critical::new(last + 1, format!("{what}: {} x {per_token} = {} > {limit} (first past the limit)", last + 1, (last + 1) * per_token)),
+        Critical::new(
+            last + 1,
+            format!("{what}: {} x {per_token} = {} > {limit} (first past the limit)", last + 1, (last + 1) * per_token),
+        ),
     ]
 }
 
@@ -145,10 +148,7 @@ pub fn envelope_counts(serving: &Serving, shape: &ModelShape) -> Vec<Critical> {
 /// Naive `tokens x top_k` on `grid.y/z`: for every top_k in the set.
 pub fn routed_grid_counts(limits: &DeviceLimits) -> Vec<(u32, Vec<Critical>)> {
     let limit = limits.max_grid_dim[2] as u64;
-    TOP_K_SET
-        .iter()
-        .map(|&k| (k, grid_limit_point(k as u64, limit, &format!("tokens x top_k {k} on grid.z"))))
-        .collect()
+    TOP_K_SET.iter().map(|&k| (k, grid_limit_point(k as u64, limit, &format!("tokens x top_k {k} on grid.z")))).collect()
 }
 
 /// Batches whose total is `tokens`: one prompt; four sequences (as a scheduler packs medium

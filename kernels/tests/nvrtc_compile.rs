@@ -31,7 +31,10 @@ fn every_kernel_compiles_for_sm90_and_sm121() {
                     for r in parse_resources(&cubin.log) {
                         eprintln!("{arch} {:<28} regs {:>3} smem {:>6} spills {}", r.kernel, r.registers, r.shared_bytes, r.spill_stores);
                         if r.shared_bytes > limits.max_shared_mem_per_block {
-                            failures.push(format!("{arch} {}: {} B static shared memory > {}", r.kernel, r.shared_bytes, limits.max_shared_mem_per_block));
+                            failures.push(format!(
+                                "{arch} {}: {} B static shared memory > {}",
+                                r.kernel, r.shared_bytes, limits.max_shared_mem_per_block
+                            ));
                         }
                         if r.spill_stores > 0 {
                             failures.push(format!("{arch} {}: {} B register spills", r.kernel, r.spill_stores));

@@ -13,7 +13,9 @@ use crate::sources::KernelSource;
 
 #[derive(thiserror::Error, Debug)]
 pub enum CompileError {
-    #[error("NVRTC (libnvrtc.so) was not found: install the CUDA toolkit's NVRTC or `pip install nvidia-cuda-nvrtc` and add its lib folder to LD_LIBRARY_PATH")]
+    #[error(
+        "NVRTC (libnvrtc.so) was not found: install the CUDA toolkit's NVRTC or `pip install nvidia-cuda-nvrtc` and add its lib folder to LD_LIBRARY_PATH"
+    )]
     NvrtcMissing,
     #[error("NVRTC call failed: {0}")]
     Nvrtc(String),
@@ -44,9 +46,7 @@ pub fn nvrtc_version() -> Result<(i32, i32), CompileError> {
     }
     let (mut major, mut minor) = (0, 0);
     // SAFETY: two valid out-pointers.
-    unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) }
-        .result()
-        .map_err(|e| CompileError::Nvrtc(format!("nvrtcVersion: {e:?}")))?;
+    unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) }.result().map_err(|e| CompileError::Nvrtc(format!("nvrtcVersion: {e:?}")))?;
     Ok((major, minor))
 }
 
@@ -95,12 +95,7 @@ fn compile_uncached(source: &KernelSource, arch: &str) -> Result<Cubin, CompileE
     let src = CString::new(source.full_source()).map_err(|e| CompileError::Nvrtc(e.to_string()))?;
     let name = CString::new(source.file).map_err(|e| CompileError::Nvrtc(e.to_string()))?;
     let prog = nvrtc::create_program(&src, Some(&name)).map_err(|e| CompileError::Nvrtc(format!("create_program: {e:?}")))?;
-    let opts = [
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".to_string(),
-        "--ptxas-options=-v".to_string(),
-        "-lineinfo".to_string(),
-    ];
+    let opts = [format!("--gpu-architecture={arch}"), "--std=c++17".to_string(), "--ptxas-options=-v".to_string(), "-lineinfo".to_string()];
     // SAFETY: `prog` is a live program until destroy_program below; `src`/`name` outlive it.
     let compiled = unsafe { nvrtc::compile_program(prog, &opts) };
     let log = unsafe { nvrtc::get_program_log(prog) }

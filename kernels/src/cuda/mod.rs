@@ -155,15 +155,7 @@ impl Gpu {
             free_mem_bytes: free as u64,
         };
         let diagnostic = std::env::var("BRINK_SYNC_LAUNCHES").is_ok_and(|v| v == "1");
-        Ok(Gpu {
-            ctx,
-            stream,
-            limits,
-            info,
-            cache_dir: compile::default_cache_dir(),
-            modules: Mutex::new(HashMap::new()),
-            diagnostic,
-        })
+        Ok(Gpu { ctx, stream, limits, info, cache_dir: compile::default_cache_dir(), modules: Mutex::new(HashMap::new()), diagnostic })
     }
 
     pub fn limits(&self) -> &DeviceLimits {
@@ -203,9 +195,7 @@ impl Gpu {
     }
 
     pub fn function(&self, source: &KernelSource, name: &str) -> Result<CudaFunction, GpuError> {
-        self.module(source)?
-            .load_function(name)
-            .map_err(|e| driver_err(&format!("cuModuleGetFunction({}::{name})", source.file), e))
+        self.module(source)?.load_function(name).map_err(|e| driver_err(&format!("cuModuleGetFunction({}::{name})", source.file), e))
     }
 
     /// Launches `func` with the geometry of `plan`, arguments pushed by `args`. The launch's
@@ -271,7 +261,12 @@ impl Gpu {
     }
 
     /// Copies elements `[start, start + len)` of `dev` to the host.
-    pub fn download_range<T: DeviceRepr + Default + Clone>(&self, dev: &CudaSlice<T>, start: usize, len: usize) -> Result<Vec<T>, GpuError> {
+    pub fn download_range<T: DeviceRepr + Default + Clone>(
+        &self,
+        dev: &CudaSlice<T>,
+        start: usize,
+        len: usize,
+    ) -> Result<Vec<T>, GpuError> {
         let view = dev
             .try_slice(start..start + len)
             .ok_or_else(|| GpuError::Driver { call: "download_range".into(), error: format!("range {start}+{len} past {}", dev.len()) })?;

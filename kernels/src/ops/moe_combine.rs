@@ -72,7 +72,14 @@ fn combine_row<'a>(out: &mut [f32], y: impl Fn(usize) -> &'a [f32], w: impl Fn(u
     }
 }
 
-pub fn launch(gpu: &Gpu, tokens: u64, c: &CombineCase, y: &cudarc::driver::CudaSlice<f32>, w: &cudarc::driver::CudaSlice<f32>, out: &mut cudarc::driver::CudaSlice<u32>) -> Result<(), GpuError> {
+pub fn launch(
+    gpu: &Gpu,
+    tokens: u64,
+    c: &CombineCase,
+    y: &cudarc::driver::CudaSlice<f32>,
+    w: &cudarc::driver::CudaSlice<f32>,
+    out: &mut cudarc::driver::CudaSlice<u32>,
+) -> Result<(), GpuError> {
     let p = plan(tokens, c, gpu.limits())?;
     let f = gpu.function(&MOE_COMBINE, KERNEL)?;
     let (k, n) = (c.top_k as i32, c.n as i32);

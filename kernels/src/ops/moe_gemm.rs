@@ -1,29 +1,521 @@
-//! SCAFFOLD — being written by a helper; replaced before commit.
-#![allow(unused)]
-use serde::{Deserialize, Serialize};
-use crate::cuda::{Gpu, GpuError};
-use crate::launch::{Launch, PlanError};
-use crate::limits::DeviceLimits;
-use crate::quant::WeightType;
-use crate::routing::Routing;
-use crate::selftest::case::Outcome;
-use crate::thresholds::Critical;
+//! Routed-expert GEMM for prefill: `y[sorted_ids[r], n] = dot(W[tile_expert[r / 64]][n, :], A[r, :])`.
+//!
+//! Inputs come from the alignment ([`moe_align::Aligned`]): activations gathered in sorted row
+//! order as q8_1 (`A [max_padded_rows, K/32]`, padding rows zero), expert weights `W [E, N, K]`
+//! in q8_0 or q4_0. The output `y [tokens·top_k, N]` f32 is indexed by (token, slot) pair;
+//! padding rows are computed but never stored. Row tiles (64 rows, one expert each) go on
+//! `grid.x`, column tiles of N on `grid.y`; the tile shapes are data ([`TILES`]).
 
+use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::cuda::{Gpu, GpuError};
+use crate::launch::{Cover, Launch, PlanError};
+use crate::limits::DeviceLimits;
+use crate::ops::moe_align::{self, Aligned};
+use crate::ops::testdata::{Guarded, fill_q8_1_rows, fill_weights, fill_words};
+use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType};
+use crate::routing::{Routing, route};
+use crate::selftest::case::{Check, Outcome};
+use crate::selftest::catalogue::GEMM_TILE_M;
+use crate::selftest::verify::{RelErr, sample_rows};
+use crate::sources::MOE_GEMM;
+use crate::testdata::{POISON, q8_1_row, weight_row};
+use crate::thresholds::{Critical, I32_MAX, overflow_point, tile_tails};
+
+/// The kernel family (each tile shape has its own entry point, [`GemmTile::kernel`]).
 pub const KERNEL: &str = "moe_gemm";
-pub const TOLERANCE: f64 = 0.0;
+/// Same integer block sums and f32 block formulas as the twin, blocks accumulated in the same
+/// order: only FMA contraction differs (measured on the H200: ~1e-6 of max |ref|). A wrong
+/// block, scale or nibble moves the result by more than 1e-3.
+pub const TOLERANCE: f64 = 1e-4;
+/// Most experts the plan accepts: a bound on the shapes qualified (current MoE models have at
+/// most a few hundred), so a corrupt shape is rejected rather than launched.
+pub const MAX_EXPERTS: u32 = 1024;
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GemmCase {
     pub experts: u32,
     pub top_k: u32,
+    /// Output width (columns of y, rows of each expert's weight matrix).
     pub n: u32,
+    /// Input width (a multiple of 32).
     pub k: u32,
     pub wtype: WeightType,
     pub routing: Routing,
 }
 
-fn todo_err() -> PlanError { PlanError::Unsupported { kernel: KERNEL.into(), what: "scaffold".into(), shape: String::new() } }
-pub fn plans(tokens: u64, c: &GemmCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> { Err(todo_err()) }
-pub fn critical_counts(c: &GemmCase, limits: &DeviceLimits) -> Vec<Critical> { vec![] }
-pub fn device_bytes(tokens: u64, c: &GemmCase) -> u64 { 0 }
-pub fn run_case(gpu: &Gpu, tokens: u64, c: &GemmCase) -> Result<Outcome, GpuError> { Err(todo_err().into()) }
+/// A block tile of the kernel: `m` sorted rows x `n` columns, `k_blocks` 32-wide K blocks
+/// staged in shared memory per step, `threads` threads each computing a 4 x 4 sub-tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmTile {
+    /// Entry point in `moe_gemm.cu` instantiated for this shape.
+    pub kernel: &'static str,
+    pub m: u32,
+    pub n: u32,
+    pub k_blocks: u32,
+    pub threads: u32,
+}
+
+/// Ints per staged block in shared memory: 8 quant ints and one pad (conflict-free columns).
+const STAGED_INTS: u64 = 9;
+
+impl GemmTile {
+    /// Dynamic shared memory of one block: staged quants of A and W, A's d and s, W's d.
+    pub const fn shared_bytes(&self) -> u64 {
+        let (m, n, kb) = (self.m as u64, self.n as u64, self.k_blocks as u64);
+        4 * (kb * (m + n) * STAGED_INTS + kb * (2 * m + n))
+    }
+}
+
+/// The default: 21,504 B of shared memory, within every card's 48 KiB without opting in.
+pub const DEFAULT_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n64k4", m: 64, n: 64, k_blocks: 4, threads: 256 };
+/// 126,976 B of shared memory: fits the H200's 227 KiB opt-in, not GB10's 99 KiB.
+pub const LARGE_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n128k16", m: 64, n: 128, k_blocks: 16, threads: 512 };
+/// Every tile shape `moe_gemm.cu` instantiates.
+pub const TILES: [GemmTile; 2] = [DEFAULT_TILE, LARGE_TILE];
+
+fn shape(tokens: u64, c: &GemmCase) -> String {
+    format!("tokens={tokens} experts={} top_k={} n={} k={} {}", c.experts, c.top_k, c.n, c.k, c.wtype)
+}
+
+fn unsupported(kernel: &str, what: impl Into<String>, tokens: u64, c: &GemmCase) -> PlanError {
+    PlanError::Unsupported { kernel: kernel.into(), what: what.into(), shape: shape(tokens, c) }
+}
+
+/// Rows the launch covers: every expert segment padded to the row tile, worst case.
+pub fn max_padded_rows(tokens: u64, c: &GemmCase) -> u64 {
+    moe_align::max_padded_rows(tokens, c.top_k, c.experts, GEMM_TILE_M)
+}
+
+/// Every launch a routed GEMM of `tokens` makes (one, with the default tile).
+pub fn plans(tokens: u64, c: &GemmCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+    Ok(vec![plan(tokens, c, &DEFAULT_TILE, limits)?])
+}
+
+/// The launch of one routed GEMM with `tile`: grid (row tiles of the worst-case padded rows,
+/// column tiles of N, 1), one block of `tile.threads`, `tile.shared_bytes()` dynamic.
+pub fn plan(tokens: u64, c: &GemmCase, tile: &GemmTile, limits: &DeviceLimits) -> Result<Launch, PlanError> {
+    let bad = |what: &str| Err(unsupported(tile.kernel, what, tokens, c));
+    if tokens == 0 {
+        return bad("0 tokens");
+    }
+    if c.k == 0 || !c.k.is_multiple_of(QK as u32) {
+        return bad("k must be a positive multiple of 32");
+    }
+    if c.n == 0 || c.n as u64 > I32_MAX || c.k as u64 > I32_MAX {
+        return bad("n and k must be in 1 ..= 2^31 - 1");
+    }
+    if c.experts == 0 || c.experts > MAX_EXPERTS {
+        return bad(&format!("experts must be in 1 ..= {MAX_EXPERTS}"));
+    }
+    if c.top_k == 0 || c.top_k > c.experts {
+        return bad("top_k must be in 1 ..= experts");
+    }
+    if tile.m != GEMM_TILE_M {
+        return bad(&format!("tile rows {} differ from the alignment's row tile {GEMM_TILE_M}", tile.m));
+    }
+    let rows = max_padded_rows(tokens, c);
+    // Pair ids, the sentinel and segment offsets are i32 in the alignment layout.
+    if rows > I32_MAX {
+        return bad("padded rows pass 2^31 - 1 (pair ids are i32)");
+    }
+    let (m, n) = (tile.m as u64, tile.n as u64);
+    Launch::checked(
+        tile.kernel,
+        shape(tokens, c),
+        [rows / m, (c.n as u64).div_ceil(n), 1],
+        [tile.threads, 1, 1],
+        tile.shared_bytes(),
+        vec![Cover::Tiles { axis: 0, items: rows, per_block: m }, Cover::Tiles { axis: 1, items: c.n as u64, per_block: n }],
+        limits,
+    )
+}
+
+/// `out[col] = dot(W_e[col, :], a)` for one sorted row: the per-row formula of the kernel.
+fn gemm_row<'a>(out: &mut [f32], w_row: impl Fn(usize) -> &'a [u8], a: &[BlockQ8_1], wtype: WeightType) {
+    for (col, o) in out.iter_mut().enumerate() {
+        *o = wtype.dot_q8_1(w_row(col), a);
+    }
+}
+
+/// CPU twin over plain slices. `a_rows`: `sorted_ids.len()` rows of `k / 32` blocks in sorted
+/// order; `weights`: `[experts · n]` rows of `k` weights of `wtype`. Returns `y [pairs, n]`;
+/// rows of padding (ids outside `0..pairs`) and of tiles without an expert are not stored.
+pub fn gemm_cpu(aligned: &Aligned, a_rows: &[BlockQ8_1], weights: &[u8], pairs: usize, n: usize, k: usize, wtype: WeightType) -> Vec<f32> {
+    let (nb, rb, tile) = (k / QK, wtype.row_bytes(k), GEMM_TILE_M as usize);
+    let mut row_of = vec![None; pairs];
+    for (r, &p) in aligned.sorted_ids.iter().enumerate() {
+        if aligned.tile_expert[r / tile] >= 0 && (0..pairs as i64).contains(&(p as i64)) {
+            row_of[p as usize] = Some(r);
+        }
+    }
+    let mut y = vec![0.0f32; pairs * n];
+    y.par_chunks_mut(n.max(1)).zip(&row_of).for_each(|(out, row)| {
+        if let Some(r) = *row {
+            let e = aligned.tile_expert[r / tile] as usize;
+            gemm_row(out, |col| &weights[(e * n + col) * rb..][..rb], &a_rows[r * nb..][..nb], wtype);
+        }
+    });
+    y
+}
+
+/// Output words of y: f32 for the engine, u32 for the self-test's poisoned buffers.
+pub trait OutputWord: DeviceRepr {}
+impl OutputWord for f32 {}
+impl OutputWord for u32 {}
+
+/// Device buffers of one routed GEMM, as the alignment and the gather leave them.
+pub struct GemmBuffers<'a, Y: OutputWord> {
+    /// `[max_padded_rows]` i32.
+    pub sorted_ids: &'a CudaSlice<i32>,
+    /// `[max_padded_rows / 64]` i32.
+    pub tile_expert: &'a CudaSlice<i32>,
+    /// `[max_padded_rows, k / 32]` q8_1 blocks.
+    pub a: &'a CudaSlice<u8>,
+    /// `[experts · n]` rows of `k` weights of `wtype`.
+    pub w: &'a CudaSlice<u8>,
+    /// `[tokens · top_k, n]` f32.
+    pub y: &'a mut CudaSlice<Y>,
+}
+
+/// Rejects buffers smaller than the plan reads or writes (a short buffer would fault).
+fn check_sizes<Y: OutputWord>(tokens: u64, c: &GemmCase, tile: &GemmTile, b: &GemmBuffers<Y>) -> Result<(), PlanError> {
+    let rows = max_padded_rows(tokens, c);
+    let (nb, n) = (c.k as u64 / QK as u64, c.n as u64);
+    let need = [
+        ("sorted_ids", b.sorted_ids.len() as u64, rows),
+        ("tile_expert", b.tile_expert.len() as u64, rows / GEMM_TILE_M as u64),
+        ("a", b.a.len() as u64, rows * nb * BLOCK_Q8_1_BYTES as u64),
+        ("w", b.w.len() as u64, c.experts as u64 * n * c.wtype.row_bytes(c.k as usize) as u64),
+        ("y", b.y.len() as u64, tokens * c.top_k as u64 * n),
+    ];
+    match need.iter().find(|(_, have, want)| have < want) {
+        Some((name, have, want)) => {
+            Err(unsupported(tile.kernel, format!("buffer {name} holds {have} elements, the launch needs {want}"), tokens, c))
+        }
+        None => Ok(()),
+    }
+}
+
+/// Launches the routed GEMM of `tokens` with `tile` (checked plan, checked buffer sizes).
+pub fn launch<Y: OutputWord>(gpu: &Gpu, tokens: u64, c: &GemmCase, tile: &GemmTile, b: GemmBuffers<Y>) -> Result<(), GpuError> {
+    let p = plan(tokens, c, tile, gpu.limits())?;
+    check_sizes(tokens, c, tile, &b)?;
+    let f = gpu.function(&MOE_GEMM, tile.kernel)?;
+    let pairs = tokens * c.top_k as u64;
+    let (n, nb, experts, wtype) = (c.n as i32, (c.k / QK as u32) as i32, c.experts as i32, c.wtype.code());
+    gpu.launch(&p, &f, |a| {
+        a.arg(b.sorted_ids).arg(b.tile_expert).arg(b.a).arg(b.w).arg(b.y).arg(&pairs).arg(&n).arg(&nb).arg(&experts).arg(&wtype);
+    })?;
+    Ok(())
+}
+
+/// Token counts this kernel's plan makes critical.
+pub fn critical_counts(c: &GemmCase, limits: &DeviceLimits) -> Vec<Critical> {
+    let (k, n, nb, e, m) = (c.top_k as u64, c.n as u64, c.k as u64 / QK as u64, c.experts as u64, GEMM_TILE_M as u64);
+    let mut v = vec![Critical::new(1, "moe_gemm: single token (top_k one-row tiles)")];
+    if k == 0 {
+        return v;
+    }
+    // Row tiles = ceil((t·k + E·(m − 1)) / m) with worst-case padding: where they pass what a
+    // grid.y could hold (they are on grid.x).
+    let y_max = limits.max_grid_dim[1] as u64;
+    if let Some(room) = (y_max * m).checked_sub(e * (m - 1)) {
+        let last = room / k;
+        v.push(Critical::new(last, format!("moe_gemm: {y_max} row tiles of {m} (worst-case padding), the last count a grid.y could hold")));
+        v.push(Critical::new(last + 1, format!("moe_gemm: {y_max} + 1 row tiles (worst-case padding): past grid.y, must pass on grid.x")));
+    }
+    v.extend(overflow_point(k * n, "moe_gemm: y[pair·N + n] passes 2^31 − 1"));
+    v.extend(overflow_point(k * nb, "moe_gemm: A block index row·(K/32) + kb passes 2^31 − 1 (padding ignored)"));
+    v.extend(overflow_point(k * nb * 9, "moe_gemm: A u32 word index (row·(K/32) + kb)·9 passes 2^31 − 1 (padding ignored)"));
+    // Uniform routing: an average expert segment of one row tile.
+    let t = e * m / k;
+    v.extend(
+        [t.saturating_sub(1), t, t + 1]
+            .into_iter()
+            .filter(|&t| t > 0)
+            .map(|t| Critical::new(t, "moe_gemm: average expert segment around one row tile")),
+    );
+    v.extend(tile_tails(m, false, &[1, 2], "moe_gemm row tile"));
+    v
+}
+
+/// Device memory of a self-test case: alignment tables, A, W, y with its guard.
+pub fn device_bytes(tokens: u64, c: &GemmCase) -> u64 {
+    let rows = max_padded_rows(tokens, c);
+    let nb = c.k as u64 / QK as u64;
+    let ids = 4 * (rows + rows / GEMM_TILE_M as u64);
+    let a = rows * nb * BLOCK_Q8_1_BYTES as u64;
+    let w = c.experts as u64 * c.n as u64 * c.wtype.row_bytes(c.k as usize) as u64;
+    let y = 4 * (tokens * c.top_k as u64 * c.n as u64 + crate::ops::testdata::GUARD_WORDS as u64);
+    ids + a + w + y
+}
+
+const SEED_ROUTE: u64 = 0x30;
+const SEED_A: u64 = 0x31;
+const SEED_W: u64 = 0x32;
+/// Cases up to this many pairs also run the other tiles the device takes. Their index
+/// arithmetic is the default's template (only tile sizes differ), so the large counts would
+/// add self-test time, not coverage.
+const OTHER_TILES_MAX_PAIRS: u64 = 1 << 16;
+/// Pairs compared with the twin beyond the tails: each sampled pair costs the CPU N·K
+/// multiply-adds, and each distinct expert N weight rows to regenerate.
+const SAMPLE_PAIRS: usize = 64;
+
+/// Reference rows of the sampled pairs, weights regenerated once per expert they route to.
+fn reference(c: &GemmCase, ids: &[i32], pairs: &[u64]) -> Vec<(u64, Vec<f32>)> {
+    let (n, k, nb) = (c.n as usize, c.k as usize, c.k as usize / QK);
+    let mut used = vec![false; c.experts as usize];
+    pairs.iter().for_each(|&p| used[ids[p as usize] as usize] = true);
+    // Indexed by expert; experts no sampled pair routes to stay empty.
+    let weights: Vec<Vec<Vec<u8>>> = (0..c.experts as u64)
+        .into_par_iter()
+        .map(|e| {
+            if used[e as usize] {
+                (0..n as u64).into_par_iter().map(|col| weight_row(SEED_W, e * n as u64 + col, k, c.wtype)).collect()
+            } else {
+                Vec::new()
+            }
+        })
+        .collect();
+    pairs
+        .par_iter()
+        .map(|&p| {
+            let w = &weights[ids[p as usize] as usize];
+            let mut out = vec![0.0f32; n];
+            gemm_row(&mut out, |col| &w[col], &q8_1_row(SEED_A, p, nb), c.wtype);
+            (p, out)
+        })
+        .collect()
+}
+
+/// The self-test's device inputs.
+struct Inputs {
+    sorted_ids: CudaSlice<i32>,
+    tile_expert: CudaSlice<i32>,
+    a: CudaSlice<u8>,
+    w: CudaSlice<u8>,
+}
+
+/// One tile's run: poison y, launch, time it, then count unwritten / past-end words and
+/// compare the sampled pairs. Returns (kernel ms, error, unwritten, past end).
+fn run_tile(
+    gpu: &Gpu,
+    tokens: u64,
+    c: &GemmCase,
+    tile: &GemmTile,
+    ins: &Inputs,
+    y: &mut Guarded,
+    want: &[(u64, Vec<f32>)],
+) -> Result<(f64, RelErr, u64, u64), GpuError> {
+    fill_words(gpu, &mut y.buf, POISON)?;
+    gpu.synchronize()?;
+    let start = std::time::Instant::now();
+    let bufs = GemmBuffers { sorted_ids: &ins.sorted_ids, tile_expert: &ins.tile_expert, a: &ins.a, w: &ins.w, y: &mut y.buf };
+    launch(gpu, tokens, c, tile, bufs)?;
+    gpu.synchronize()?;
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    let (unwritten, past_end) = y.check(gpu, 1)?;
+    let mut err = RelErr::default();
+    for (p, w) in want {
+        let at = *p as usize * c.n as usize;
+        err.add_slice(at as u64, &y.read_f32(gpu, at, c.n as usize)?, w);
+    }
+    Ok((ms, err, unwritten, past_end))
+}
+
+/// Self-test: route, align on the CPU, gather A and fill W on the device from seeds, run the
+/// default tile (its time is reported), then on small cases every other tile the device takes,
+/// and compare sampled pairs.
+pub fn run_case(gpu: &Gpu, tokens: u64, c: &GemmCase) -> Result<Outcome, GpuError> {
+    plan(tokens, c, &DEFAULT_TILE, gpu.limits())?;
+    let (e, k, n, nb) = (c.experts as usize, c.top_k as usize, c.n as usize, c.k as usize / QK);
+    let pairs = tokens as usize * k;
+    let ids = route(c.routing, tokens as usize, e, k, GEMM_TILE_M as usize, SEED_ROUTE);
+    let aligned = moe_align::align_cpu(&ids, tokens, c.top_k, c.experts, GEMM_TILE_M);
+    let rows = aligned.sorted_ids.len();
+    let sorted_ids = gpu.upload(&aligned.sorted_ids)?;
+    let mut a = gpu.alloc::<u8>(rows * nb * BLOCK_Q8_1_BYTES)?;
+    fill_q8_1_rows(gpu, &mut a, rows, nb, SEED_A, Some(&sorted_ids), pairs as u64)?;
+    let mut w = gpu.alloc::<u8>(e * n * c.wtype.row_bytes(c.k as usize))?;
+    fill_weights(gpu, &mut w, e * n * nb, SEED_W, c.wtype)?;
+    let ins = Inputs { sorted_ids, tile_expert: gpu.upload(&aligned.tile_expert)?, a, w };
+    let mut y = Guarded::new(gpu, pairs * n)?;
+    // Computed while the device fills the inputs.
+    let want = reference(c, &ids, &sample_rows(pairs as u64, k as u64, SAMPLE_PAIRS, tokens));
+
+    let mut check = Check {
+        max_rel_err: 0.0,
+        tolerance: TOLERANCE,
+        compared: 0,
+        unwritten: 0,
+        past_end: 0,
+        int_mismatches: 0,
+        kernel_ms: 0.0,
+        note: String::new(),
+    };
+    let mut notes = Vec::new();
+    let runs = TILES.iter().filter(|t| **t == DEFAULT_TILE || pairs as u64 <= OTHER_TILES_MAX_PAIRS);
+    for tile in runs.filter(|t| plan(tokens, c, t, gpu.limits()).is_ok()) {
+        let (ms, err, unwritten, past_end) = run_tile(gpu, tokens, c, tile, &ins, &mut y, &want)?;
+        if *tile == DEFAULT_TILE {
+            check.kernel_ms = ms;
+        }
+        check.max_rel_err = check.max_rel_err.max(err.value());
+        check.compared += err.compared;
+        check.unwritten += unwritten;
+        check.past_end += past_end;
+        notes.push(format!("{}: {}", tile.kernel, err.describe()));
+    }
+    check.note = notes.join("; ");
+    Ok(Outcome::Ran(check))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::dequantize_q8_1;
+    use crate::thresholds::TOP_K_SET;
+
+    fn case(top_k: u32, n: u32, k: u32, wtype: WeightType, routing: Routing) -> GemmCase {
+        GemmCase { experts: 128, top_k, n, k, wtype, routing }
+    }
+
+    /// Twin vs. dequantize-then-f64 dot, looked up by each pair's routed expert (not the tiles).
+    #[test]
+    fn cpu_twin_matches_dequantized_f64() {
+        let (experts, top_k, n, k) = (8u32, 2u32, 40usize, 96usize);
+        let nb = k / QK;
+        for wtype in WeightType::ALL {
+            let weights: Vec<u8> = (0..experts as u64 * n as u64).flat_map(|r| weight_row(SEED_W, r, k, wtype)).collect();
+            for routing in [Routing::Uniform, Routing::OneExpert, Routing::MaxPadding] {
+                for tokens in [1u64, 5, 33, 70] {
+                    let pairs = (tokens * top_k as u64) as usize;
+                    let ids = route(routing, tokens as usize, experts as usize, top_k as usize, GEMM_TILE_M as usize, 1);
+                    let al = moe_align::align_cpu(&ids, tokens, top_k, experts, GEMM_TILE_M);
+                    let zero = BlockQ8_1 { d: half::f16::ZERO, s: half::f16::ZERO, qs: [0; QK] };
+                    let a_rows: Vec<BlockQ8_1> = al
+                        .sorted_ids
+                        .iter()
+                        .flat_map(|&p| if (p as usize) < pairs { q8_1_row(SEED_A, p as u64, nb) } else { vec![zero; nb] })
+                        .collect();
+                    let y = gemm_cpu(&al, &a_rows, &weights, pairs, n, k, wtype);
+                    let mut worst = 0.0f64;
+                    let mut scale = 0.0f64;
+                    for p in 0..pairs {
+                        let x = dequantize_q8_1(&q8_1_row(SEED_A, p as u64, nb));
+                        for col in 0..n {
+                            let rb = wtype.row_bytes(k);
+                            let row = ids[p] as usize * n + col;
+                            let wd = wtype.dequantize_row(&weights[row * rb..][..rb]);
+                            let want: f64 = wd.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+                            worst = worst.max((want - y[p * n + col] as f64).abs());
+                            scale = scale.max(want.abs());
+                        }
+                    }
+                    // q4_0 goes through the f16 s = d·Σq of each activation block.
+                    assert!(worst <= 2e-3 * scale.max(1e-3), "{wtype} {routing:?} t={tokens}: {worst} vs scale {scale}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn plans_cover_every_tile_on_both_devices() {
+        let counts = (1..=200u64).chain([8191, 8192, 8193, 600_000, 1 << 20]);
+        for limits in DeviceLimits::recorded() {
+            for t in counts.clone() {
+                for &tk in &TOP_K_SET {
+                    for (n, k) in [(768, 2048), (2048, 768)] {
+                        let c = case(tk, n, k, WeightType::Q4_0, Routing::Uniform);
+                        let p = plans(t, &c, &limits).unwrap_or_else(|e| panic!("t={t} k={tk}: {e}"));
+                        assert_eq!(p.len(), 1);
+                        p[0].check_cover().unwrap();
+                        assert_eq!(p[0].grid[0] as u64 * 64, max_padded_rows(t, &c));
+                        assert_eq!(p[0].grid[1], n.div_ceil(64));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn row_tiles_past_65535_stay_on_grid_x() {
+        let c = case(8, 768, 2048, WeightType::Q8_0, Routing::MaxPadding);
+        let p = &plans(600_000, &c, &DeviceLimits::gb10()).unwrap()[0];
+        assert!(p.grid[0] > 65_535 && p.grid[1] == 12 && p.grid[2] == 1, "{p}");
+    }
+
+    #[test]
+    fn large_tile_fits_h200_not_gb10() {
+        let c = case(8, 768, 2048, WeightType::Q4_0, Routing::Uniform);
+        let shared = LARGE_TILE.shared_bytes();
+        assert!(shared > 99 * 1024 && shared <= 227 * 1024, "{shared}");
+        assert!(plan(4096, &c, &LARGE_TILE, &DeviceLimits::h200()).is_ok());
+        let e = plan(4096, &c, &LARGE_TILE, &DeviceLimits::gb10()).unwrap_err();
+        assert!(matches!(e, PlanError::SharedMem { .. }), "{e}");
+        assert!(DEFAULT_TILE.shared_bytes() <= 48 * 1024);
+    }
+
+    /// The table matches the entry points `moe_gemm.cu` instantiates (a block of other than
+    /// `threads` threads would leave staged blocks unloaded).
+    #[test]
+    fn tiles_match_the_cuda_instantiations() {
+        let inst: Vec<Vec<&str>> = MOE_GEMM
+            .code
+            .lines()
+            .filter_map(|l| l.strip_prefix("MOE_GEMM_KERNEL(")?.strip_suffix(')'))
+            .map(|args| args.split(',').map(str::trim).collect())
+            .collect();
+        assert_eq!(inst.len(), TILES.len());
+        for t in TILES {
+            let args = inst.iter().find(|a| a[0] == t.kernel).unwrap_or_else(|| panic!("{} not instantiated", t.kernel));
+            let num: Vec<u32> = args[1..].iter().map(|a| a.parse().unwrap()).collect();
+            assert_eq!((num[0], num[1], num[2]), (t.m, t.n, t.k_blocks), "{t:?}");
+            assert_eq!(t.threads, num[0] / num[3] * (num[1] / num[4]), "{t:?}");
+        }
+    }
+
+    #[test]
+    fn bad_shapes_are_unsupported() {
+        let l = DeviceLimits::gb10();
+        let ok = case(8, 768, 2048, WeightType::Q8_0, Routing::Uniform);
+        for (t, c) in [
+            (0, ok),
+            (1, GemmCase { k: 100, ..ok }),
+            (1, GemmCase { k: 0, ..ok }),
+            (1, GemmCase { n: 0, ..ok }),
+            (1, GemmCase { top_k: 0, ..ok }),
+            (1, GemmCase { experts: 4, ..ok }),
+            (1, GemmCase { experts: MAX_EXPERTS + 1, ..ok }),
+            (1 << 29, ok),
+        ] {
+            assert!(matches!(plans(t, &c, &l), Err(PlanError::Unsupported { .. })), "t={t} {c:?}");
+        }
+        let wide = GemmCase { n: 65_536 * 64, ..ok };
+        assert!(matches!(plans(1, &wide, &l), Err(PlanError::GridDim { axis: 'y', .. })));
+    }
+
+    #[test]
+    fn critical_counts_bracket_65535_row_tiles() {
+        for limits in DeviceLimits::recorded() {
+            for &tk in &TOP_K_SET {
+                let c = case(tk, 768, 2048, WeightType::Q4_0, Routing::MaxPadding);
+                let tiles = |t: u64| max_padded_rows(t, &c) / 64;
+                let counts: Vec<u64> = critical_counts(&c, &limits).iter().map(|c| c.tokens).collect();
+                let last = counts.iter().copied().find(|&t| tiles(t) == 65_535 || (tiles(t) <= 65_535 && tiles(t + 1) > 65_535));
+                let last = last.unwrap_or_else(|| panic!("top_k {tk}: no 65535-tile count in {counts:?}"));
+                assert!(tiles(last) <= 65_535 && tiles(last + 1) > 65_535 && counts.contains(&(last + 1)));
+                assert!(plans(last + 1, &c, &limits).is_ok());
+            }
+        }
+        // Qwen3-30B-A3B, top-8: (65535·64 − 128·63) / 8 = 523,272 tokens still fit 65535 tiles.
+        let c = case(8, 768, 2048, WeightType::Q4_0, Routing::MaxPadding);
+        let counts: Vec<u64> = critical_counts(&c, &DeviceLimits::h200()).iter().map(|c| c.tokens).collect();
+        assert!(counts.contains(&523_272) && counts.contains(&523_273), "{counts:?}");
+        // y width 8·768: 349,525 fits, 349,526 passes 2^31 − 1.
+        assert!(counts.contains(&349_525) && counts.contains(&349_526));
+    }
+}

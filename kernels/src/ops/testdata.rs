@@ -86,7 +86,15 @@ pub fn fill_words(gpu: &Gpu, buf: &mut CudaSlice<u32>, value: u32) -> Result<(),
 }
 
 /// Counts items `i < n` whose word `start + i * stride` equals / differs from `value`.
-pub fn count_words(gpu: &Gpu, buf: &CudaSlice<u32>, start: usize, n: u64, stride: u64, value: u32, want_equal: bool) -> Result<u64, GpuError> {
+pub fn count_words(
+    gpu: &Gpu,
+    buf: &CudaSlice<u32>,
+    start: usize,
+    n: u64,
+    stride: u64,
+    value: u32,
+    want_equal: bool,
+) -> Result<u64, GpuError> {
     if n == 0 {
         return Ok(0);
     }

@@ -88,6 +88,10 @@ pub struct Check {
 
 impl Check {
     pub fn passed(&self) -> bool {
-        self.max_rel_err <= self.tolerance && self.max_rel_err.is_finite() && self.unwritten == 0 && self.past_end == 0 && self.int_mismatches == 0
+        self.max_rel_err <= self.tolerance
+            && self.max_rel_err.is_finite()
+            && self.unwritten == 0
+            && self.past_end == 0
+            && self.int_mismatches == 0
     }
 }

@@ -22,6 +22,12 @@ use crate::thresholds::{self, Critical, ModelShape, Serving, compositions, envel
 /// Row tile the routed GEMM pads expert segments to.
 pub const GEMM_TILE_M: u32 = 64;
 
+/// Above this count the routed families run fewer variants (see `BIG_COUNT_SKIP_*`): the
+/// counts up to it run every routing and weight type.
+pub const BIG_COUNT: u64 = 1 << 16;
+const BIG_ROUTING_SKIP: &str = "above 65,536 tokens only uniform and max-padding routings run (one-expert runs at every smaller count)";
+const BIG_WTYPE_SKIP: &str = "above 65,536 tokens only q4_0 runs (q8_0 shares the kernel template and its index arithmetic)";
+
 /// Deadline of a hang negative control: a fixed case of that size finishes in milliseconds.
 pub const HANG_DEADLINE_MS: u64 = 2_000;
 
@@ -58,9 +64,10 @@ struct Builder<'a> {
 }
 
 impl Builder<'_> {
-    fn push(&mut self, kernel: &str, tag: &str, tokens: u64, reasons: Vec<String>, params: OpCase, expect: Expect, device_bytes: u64) {
+    #[allow(clippy::too_many_arguments)]
+    fn case(&self, kernel: &str, tag: &str, tokens: u64, reasons: Vec<String>, params: OpCase, expect: Expect, device_bytes: u64) -> Case {
         let hang = expect == Expect::Hang;
-        let case = Case {
+        Case {
             id: format!("{kernel}/{tag}/t{tokens}"),
             kernel: kernel.into(),
             tokens,
@@ -70,7 +77,12 @@ impl Builder<'_> {
             expect,
             deadline_ms: if hang { HANG_DEADLINE_MS } else { deadline_ms(device_bytes) },
             device_bytes,
-        };
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn push(&mut self, kernel: &str, tag: &str, tokens: u64, reasons: Vec<String>, params: OpCase, expect: Expect, device_bytes: u64) {
+        let case = self.case(kernel, tag, tokens, reasons, params, expect, device_bytes);
         if device_bytes > self.opts.memory_budget_bytes {
             let why = format!("needs {:.1} GiB of device memory, budget {:.1} GiB", gib(device_bytes), gib(self.opts.memory_budget_bytes));
             self.skipped.push((case, why));
@@ -83,8 +95,27 @@ impl Builder<'_> {
 
     /// One case per merged count, for a family whose `device_bytes` depends on tokens.
     fn family(&mut self, kernel: &str, tag: &str, counts: Vec<Critical>, params: OpCase, bytes: impl Fn(u64) -> u64) {
+        self.family_thinned(kernel, tag, counts, params, bytes, None);
+    }
+
+    /// As `family`, but counts above [`BIG_COUNT`] are listed as skipped with `big_skip`.
+    fn family_thinned(
+        &mut self,
+        kernel: &str,
+        tag: &str,
+        counts: Vec<Critical>,
+        params: OpCase,
+        bytes: impl Fn(u64) -> u64,
+        big_skip: Option<&str>,
+    ) {
         for (tokens, reasons) in merge(counts) {
-            self.push(kernel, tag, tokens, reasons, params.clone(), Expect::Pass, bytes(tokens));
+            match big_skip {
+                Some(why) if tokens > BIG_COUNT => {
+                    let case = self.case(kernel, tag, tokens, reasons, params.clone(), Expect::Pass, bytes(tokens));
+                    self.skipped.push((case, why.into()));
+                }
+                _ => self.push(kernel, tag, tokens, reasons, params.clone(), Expect::Pass, bytes(tokens)),
+            }
         }
     }
 }
@@ -123,15 +154,30 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
 
     for routing in [Routing::Uniform, Routing::OneExpert, Routing::MaxPadding] {
         let r = routing.name();
+        let thin_routing = (routing == Routing::OneExpert).then_some(BIG_ROUTING_SKIP);
         let c = AlignCase { experts: e, top_k: k, tile: GEMM_TILE_M, routing };
         let mut counts = with(moe_align::critical_counts(&c, limits));
         counts.extend(tails.iter().cloned());
-        b.family(moe_align::KERNEL, &format!("k{k}/{r}"), counts, OpCase::MoeAlign(c), |t| moe_align::device_bytes(t, &c));
+        b.family_thinned(
+            moe_align::KERNEL,
+            &format!("k{k}/{r}"),
+            counts,
+            OpCase::MoeAlign(c),
+            |t| moe_align::device_bytes(t, &c),
+            thin_routing,
+        );
 
         let c = QuantizeCase { k: shape.hidden, experts: e, top_k: k, tile: GEMM_TILE_M, routing, gather: true };
         let mut counts = with(quantize::critical_counts(&c, limits));
         counts.extend(tails.iter().cloned());
-        b.family(quantize::KERNEL, &format!("gather/k{k}/{r}"), counts, OpCase::Quantize(c), |t| quantize::device_bytes(t, &c));
+        b.family_thinned(
+            quantize::KERNEL,
+            &format!("gather/k{k}/{r}"),
+            counts,
+            OpCase::Quantize(c),
+            |t| quantize::device_bytes(t, &c),
+            thin_routing,
+        );
 
         for wtype in WeightType::ALL {
             // Gate/up (hidden -> expert width) and down (expert width -> hidden).
@@ -139,7 +185,15 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
                 let c = GemmCase { experts: e, top_k: k, n, k: kk, wtype, routing };
                 let mut counts = with(moe_gemm::critical_counts(&c, limits));
                 counts.extend(tails.iter().cloned());
-                b.family(moe_gemm::KERNEL, &format!("{wtype}/{proj}/k{k}/{r}"), counts, OpCase::MoeGemm(c), |t| moe_gemm::device_bytes(t, &c));
+                let thin = thin_routing.or((wtype == WeightType::Q8_0).then_some(BIG_WTYPE_SKIP));
+                b.family_thinned(
+                    moe_gemm::KERNEL,
+                    &format!("{wtype}/{proj}/k{k}/{r}"),
+                    counts,
+                    OpCase::MoeGemm(c),
+                    |t| moe_gemm::device_bytes(t, &c),
+                    thin,
+                );
             }
         }
     }
@@ -164,7 +218,8 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
         if *tk == k || *tk > e {
             continue;
         }
-        let c = GemvCase { experts: e, top_k: *tk, n: shape.expert_ffn, k: shape.hidden, wtype: WeightType::Q4_0, routing: Routing::Uniform };
+        let c =
+            GemvCase { experts: e, top_k: *tk, n: shape.expert_ffn, k: shape.hidden, wtype: WeightType::Q4_0, routing: Routing::Uniform };
         b.family(moe_gemv::KERNEL, &format!("q4_0/k{tk}"), counts.clone(), OpCase::MoeGemv(c), |t| moe_gemv::device_bytes(t, &c));
     }
 
@@ -199,9 +254,17 @@ fn negative_controls(b: &mut Builder, shape: &ModelShape, limits: &DeviceLimits,
         if *tk > shape.experts {
             continue;
         }
-        let c = GemvCase { experts: shape.experts, top_k: *tk, n: shape.expert_ffn, k: shape.hidden, wtype: WeightType::Q4_0, routing: Routing::Uniform };
+        let c = GemvCase {
+            experts: shape.experts,
+            top_k: *tk,
+            n: shape.expert_ffn,
+            k: shape.hidden,
+            wtype: WeightType::Q4_0,
+            routing: Routing::Uniform,
+        };
         for cr in counts {
-            let expect = if cr.tokens * *tk as u64 > z { Expect::LaunchError { kernel: moe_gemv::NEG_GRIDZ_KERNEL.into() } } else { Expect::Pass };
+            let expect =
+                if cr.tokens * *tk as u64 > z { Expect::LaunchError { kernel: moe_gemv::NEG_GRIDZ_KERNEL.into() } } else { Expect::Pass };
             let bytes = moe_gemv::device_bytes(cr.tokens, &c);
             b.push("neg_gemv_gridz", &format!("q4_0/k{tk}"), cr.tokens, vec![cr.reason.clone()], OpCase::NegGemvGridZ(c), expect, bytes);
         }

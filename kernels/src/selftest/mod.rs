@@ -6,6 +6,7 @@ pub mod case;
 pub mod catalogue;
 pub mod report;
 pub mod runner;
+pub mod session;
 pub mod verify;
 pub mod worker;
 

@@ -1,1 +1,326 @@
-//! (being written)
+//! Judging results against expectations, the verdict for the shape class, and the report a
+//! person reads at a glance. All pure: tested without a GPU.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use brink_api::selftest::{CaseReport, CaseResult, NegativeControls, SelfTestReport, Verdict};
+
+use super::case::{Case, Expect, OpCase, Outcome};
+use super::runner::Returned;
+
+pub fn is_negative_control(case: &Case) -> bool {
+    matches!(case.params, OpCase::NegGemvGridZ(_) | OpCase::NegLatentTailSkip(_))
+}
+
+fn expect_name(e: &Expect) -> String {
+    match e {
+        Expect::Pass => "pass".into(),
+        Expect::LaunchError { kernel } => format!("launch_error({kernel})"),
+        Expect::Hang => "hang".into(),
+    }
+}
+
+/// Turns what came back for a case into its report line.
+pub fn judge(case: &Case, returned: &Returned) -> CaseReport {
+    let negative = is_negative_control(case);
+    let mut r = CaseReport {
+        id: case.id.clone(),
+        kernel: case.kernel.clone(),
+        tokens: case.tokens,
+        batch: case.batch.clone(),
+        reasons: case.reasons.clone(),
+        expect: expect_name(&case.expect),
+        result: CaseResult::Failed,
+        detail: String::new(),
+        max_rel_err: None,
+        tolerance: None,
+        compared: 0,
+        kernel_ms: None,
+        wall_ms: 0.0,
+    };
+    let (caught, detail) = match returned {
+        Returned::Hung { wall_ms } => {
+            r.wall_ms = *wall_ms;
+            (case.expect == Expect::Hang, format!("hung: {} at {} tokens killed after {} ms", case.kernel, case.tokens, case.deadline_ms))
+        }
+        Returned::WorkerDied { detail, wall_ms } => {
+            r.wall_ms = *wall_ms;
+            (false, format!("worker died: {detail}"))
+        }
+        Returned::Outcome { outcome, wall_ms } => {
+            r.wall_ms = *wall_ms;
+            match outcome {
+                Outcome::Ran(check) => {
+                    r.max_rel_err = Some(check.max_rel_err);
+                    r.tolerance = Some(check.tolerance);
+                    r.compared = check.compared;
+                    r.kernel_ms = Some(check.kernel_ms);
+                    let ok = check.passed();
+                    let detail = if ok {
+                        format!("max rel err {:.2e} <= {:.0e} over {} values", check.max_rel_err, check.tolerance, check.compared)
+                    } else {
+                        format!(
+                            "max rel err {:.2e} (tolerance {:.0e}), {} unwritten, {} written past the end, {} integer mismatches; {}",
+                            check.max_rel_err, check.tolerance, check.unwritten, check.past_end, check.int_mismatches, check.note
+                        )
+                    };
+                    (case.expect == Expect::Pass && ok, detail)
+                }
+                Outcome::LaunchError(e) => {
+                    let expected = matches!(&case.expect, Expect::LaunchError { kernel } if *kernel == e.kernel && e.phase == "launch");
+                    (expected, format!("launch error: {e}"))
+                }
+                Outcome::PlanRejected { error } => (false, format!("plan rejected: {error}")),
+                Outcome::Error { error } => (false, format!("CUDA error: {error}")),
+            }
+        }
+    };
+    r.detail = detail;
+    r.result = match (negative && case.expect != Expect::Pass, caught) {
+        (true, true) => CaseResult::Flagged,
+        (true, false) => CaseResult::Missed,
+        (false, true) => CaseResult::Passed,
+        (false, false) if matches!(returned, Returned::Hung { .. }) => CaseResult::Hung,
+        (false, false) => CaseResult::Failed,
+    };
+    r
+}
+
+pub fn skipped(case: &Case, why: &str) -> CaseReport {
+    let mut r = judge(case, &Returned::WorkerDied { detail: String::new(), wall_ms: 0.0 });
+    r.result = CaseResult::Skipped;
+    r.detail = why.to_string();
+    r
+}
+
+/// The verdict of the design: qualified when everything passed; clamped under the first
+/// failure when every failure lies above every pass; disqualified when a failure lies below a
+/// passing count (chunking cannot avoid it) or a negative control was missed.
+pub fn verdict(cases: &[CaseReport], executed_any: bool, negative: &NegativeControls) -> Verdict {
+    if !executed_any {
+        return Verdict::NotQualified { reason: "no case was executed on a GPU".into() };
+    }
+    if negative.missed > 0 {
+        let ids: Vec<&str> = cases.iter().filter(|c| c.result == CaseResult::Missed).map(|c| c.id.as_str()).collect();
+        return Verdict::Disqualified { reason: format!("the self-test cannot fail: negative control(s) not flagged: {}", ids.join(", ")) };
+    }
+    let fixed = || cases.iter().filter(|c| !c.kernel.starts_with("neg_"));
+    let max_pass = fixed().filter(|c| c.result == CaseResult::Passed).map(|c| c.tokens).max();
+    let first_fail = fixed().filter(|c| matches!(c.result, CaseResult::Failed | CaseResult::Hung)).min_by_key(|c| c.tokens);
+    match (first_fail, max_pass) {
+        (None, max) => Verdict::Qualified { max_tokens: max.unwrap_or(0) },
+        (Some(f), Some(p)) if p > f.tokens => Verdict::Disqualified {
+            reason: format!("{} fails at {} tokens but {} tokens pass: chunking cannot avoid it ({})", f.kernel, f.tokens, p, f.detail),
+        },
+        (Some(f), _) if f.tokens <= 1 => {
+            Verdict::Disqualified { reason: format!("{} fails at {} tokens ({})", f.kernel, f.tokens, f.detail) }
+        }
+        (Some(f), _) => Verdict::Clamped { max_tokens: f.tokens - 1, first_failure: f.tokens },
+    }
+}
+
+pub fn count_negative(cases: &[CaseReport]) -> NegativeControls {
+    let expected = cases.iter().filter(|c| matches!(c.result, CaseResult::Flagged | CaseResult::Missed)).count() as u64;
+    let flagged = cases.iter().filter(|c| c.result == CaseResult::Flagged).count() as u64;
+    NegativeControls { expected, flagged, missed: expected - flagged, not_run_reason: None }
+}
+
+/// Fills the counters and the verdict of a report from its cases.
+pub fn summarise(report: &mut SelfTestReport) {
+    let count = |r: CaseResult| report.cases.iter().filter(|c| c.result == r).count() as u64;
+    report.derived = report.cases.len() as u64;
+    report.skipped = count(CaseResult::Skipped) + count(CaseResult::Planned);
+    report.executed = report.derived - report.skipped;
+    report.passed = count(CaseResult::Passed);
+    report.failed = count(CaseResult::Failed);
+    report.hung = count(CaseResult::Hung);
+    let not_run = report.negative_controls.not_run_reason.take();
+    report.negative_controls = count_negative(&report.cases);
+    report.negative_controls.not_run_reason = not_run;
+    report.verdict = verdict(&report.cases, report.executed > 0 && report.device.gpu, &report.negative_controls);
+}
+
+/// The table a person reads: one row per kernel, then anything that failed, the negative
+/// controls, the phases and the verdict.
+pub fn render(report: &SelfTestReport) -> String {
+    let mut s = String::new();
+    let d = &report.device;
+    if d.gpu {
+        let _ = writeln!(
+            s,
+            "device   {} (sm_{}, {} SMs, {:.1} GiB), CUDA driver {}, NVRTC {}",
+            d.name,
+            d.compute_capability.replace('.', ""),
+            d.sm_count,
+            d.total_mem_bytes as f64 / (1u64 << 30) as f64,
+            d.driver_cuda_version.as_deref().unwrap_or("?"),
+            d.nvrtc_version.as_deref().unwrap_or("?")
+        );
+    } else {
+        let _ = writeln!(s, "device   NO GPU: {}", d.no_gpu_reason.as_deref().unwrap_or("none found"));
+        let _ = writeln!(s, "         kernels were not run; launch plans and thresholds were checked on the CPU against {}", d.name);
+    }
+    let _ = writeln!(
+        s,
+        "class    {}   kernels {}",
+        report.shape_class,
+        &report.kernel_sources_hash[..12.min(report.kernel_sources_hash.len())]
+    );
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "{:<22} {:>7} {:>8} {:>6} {:>6} {:>5} {:>7} {:>8} {:>10} {:>10}",
+        "kernel", "derived", "executed", "passed", "failed", "hung", "skipped", "flagged", "max err", "max ms"
+    );
+    let mut by_kernel: BTreeMap<&str, Vec<&CaseReport>> = BTreeMap::new();
+    for c in &report.cases {
+        by_kernel.entry(c.kernel.as_str()).or_default().push(c);
+    }
+    for (kernel, cases) in &by_kernel {
+        let n = |r: CaseResult| cases.iter().filter(|c| c.result == r).count();
+        let skipped = n(CaseResult::Skipped) + n(CaseResult::Planned);
+        let err = cases.iter().filter_map(|c| c.max_rel_err).fold(None, |m: Option<f64>, e| Some(m.map_or(e, |m| m.max(e))));
+        let ms = cases.iter().filter_map(|c| c.kernel_ms).fold(None, |m: Option<f64>, e| Some(m.map_or(e, |m| m.max(e))));
+        let _ = writeln!(
+            s,
+            "{:<22} {:>7} {:>8} {:>6} {:>6} {:>5} {:>7} {:>8} {:>10} {:>10}",
+            kernel,
+            cases.len(),
+            cases.len() - skipped,
+            n(CaseResult::Passed),
+            n(CaseResult::Failed),
+            n(CaseResult::Hung),
+            skipped,
+            format!("{}/{}", n(CaseResult::Flagged), n(CaseResult::Flagged) + n(CaseResult::Missed)),
+            err.map_or("-".into(), |e| format!("{e:.1e}")),
+            ms.map_or("-".into(), |m| format!("{m:.2}")),
+        );
+    }
+    let _ = writeln!(
+        s,
+        "{:<22} {:>7} {:>8} {:>6} {:>6} {:>5} {:>7} {:>8}",
+        "total",
+        report.derived,
+        report.executed,
+        report.passed,
+        report.failed,
+        report.hung,
+        report.skipped,
+        format!("{}/{}", report.negative_controls.flagged, report.negative_controls.expected)
+    );
+    let problems: Vec<&CaseReport> =
+        report.cases.iter().filter(|c| matches!(c.result, CaseResult::Failed | CaseResult::Hung | CaseResult::Missed)).collect();
+    if !problems.is_empty() {
+        let _ = writeln!(s, "\nproblems:");
+        for c in problems.iter().take(30) {
+            let _ = writeln!(s, "  {:?} {}: {}", c.result, c.id, c.detail);
+        }
+        if problems.len() > 30 {
+            let _ = writeln!(s, "  ... and {} more (see --json)", problems.len() - 30);
+        }
+    }
+    let negatives: Vec<&CaseReport> = report.cases.iter().filter(|c| c.kernel.starts_with("neg_")).collect();
+    if !negatives.is_empty() {
+        let _ = writeln!(s, "\nnegative controls (deliberately broken kernels):");
+        for c in negatives {
+            let _ = writeln!(s, "  {:<8} {:<34} expect {:<40} {}", format!("{:?}", c.result), c.id, c.expect, c.detail);
+        }
+    } else if let Some(why) = &report.negative_controls.not_run_reason {
+        let _ = writeln!(s, "\nnegative controls not run: {why}");
+    }
+    let skipped: Vec<&CaseReport> = report.cases.iter().filter(|c| c.result == CaseResult::Skipped).collect();
+    if !skipped.is_empty() {
+        let _ = writeln!(s, "\nskipped ({}), first ones:", skipped.len());
+        for c in skipped.iter().take(8) {
+            let _ = writeln!(s, "  {}: {}", c.id, c.detail);
+        }
+    }
+    let _ =
+        writeln!(s, "\nphases:  {}", report.phases.iter().map(|p| format!("{} {:.2}s", p.name, p.seconds)).collect::<Vec<_>>().join(", "));
+    let _ = writeln!(
+        s,
+        "verdict: {}",
+        match &report.verdict {
+            brink_api::Verdict::Qualified { max_tokens } => format!("QUALIFIED (every executed case passed, up to {max_tokens} tokens)"),
+            brink_api::Verdict::Clamped { max_tokens, first_failure } => {
+                format!("CLAMPED: serve with batch and chunk <= {max_tokens} tokens (first failure at {first_failure})")
+            }
+            brink_api::Verdict::Disqualified { reason } => format!("DISQUALIFIED: {reason}"),
+            brink_api::Verdict::NotQualified { reason } => format!("NOT QUALIFIED: {reason}"),
+        }
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case(kernel: &str, tokens: u64, result: CaseResult) -> CaseReport {
+        CaseReport {
+            id: format!("{kernel}/t{tokens}"),
+            kernel: kernel.into(),
+            tokens,
+            batch: vec![tokens],
+            reasons: vec![],
+            expect: "pass".into(),
+            result,
+            detail: "x".into(),
+            max_rel_err: None,
+            tolerance: None,
+            compared: 0,
+            kernel_ms: None,
+            wall_ms: 0.0,
+        }
+    }
+
+    fn none() -> NegativeControls {
+        NegativeControls::default()
+    }
+
+    #[test]
+    fn all_pass_qualifies() {
+        let v = verdict(&[case("a", 1, CaseResult::Passed), case("a", 8192, CaseResult::Passed)], true, &none());
+        assert_eq!(v, Verdict::Qualified { max_tokens: 8192 });
+    }
+
+    #[test]
+    fn failures_above_every_pass_clamp() {
+        let cases = [
+            case("a", 1, CaseResult::Passed),
+            case("a", 8191, CaseResult::Passed),
+            case("a", 8192, CaseResult::Failed),
+            case("b", 9000, CaseResult::Hung),
+        ];
+        assert_eq!(verdict(&cases, true, &none()), Verdict::Clamped { max_tokens: 8191, first_failure: 8192 });
+    }
+
+    #[test]
+    fn failure_below_a_pass_disqualifies() {
+        let cases = [case("a", 5, CaseResult::Failed), case("a", 8192, CaseResult::Passed)];
+        assert!(matches!(verdict(&cases, true, &none()), Verdict::Disqualified { .. }));
+        // A hang at 63 with passes above is a tail bug, not an envelope.
+        let cases = [case("a", 63, CaseResult::Hung), case("a", 64, CaseResult::Passed)];
+        assert!(matches!(verdict(&cases, true, &none()), Verdict::Disqualified { .. }));
+    }
+
+    #[test]
+    fn missed_negative_control_disqualifies_and_no_gpu_never_qualifies() {
+        let cases = [case("a", 1, CaseResult::Passed), case("neg_x", 8192, CaseResult::Missed)];
+        let neg = count_negative(&cases);
+        assert_eq!(neg.missed, 1);
+        assert!(matches!(verdict(&cases, true, &neg), Verdict::Disqualified { .. }));
+        assert!(matches!(verdict(&[case("a", 1, CaseResult::Planned)], false, &none()), Verdict::NotQualified { .. }));
+    }
+
+    #[test]
+    fn negative_controls_do_not_count_as_fixed_failures() {
+        let cases = [
+            case("a", 8192, CaseResult::Passed),
+            case("neg_gemv_gridz", 8192, CaseResult::Flagged),
+            case("neg_gemv_gridz", 8191, CaseResult::Passed),
+        ];
+        assert_eq!(verdict(&cases, true, &count_negative(&cases)), Verdict::Qualified { max_tokens: 8192 });
+    }
+}

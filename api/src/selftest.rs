@@ -1,0 +1,130 @@
+//! The kernel self-test report: derived vs. executed cases, their results, the negative
+//! controls, the verdict for the shape class, and the wall time of each phase.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Bumped when a field changes meaning; readers refuse reports of another schema.
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SelfTestReport {
+    pub schema: u32,
+    /// `brink-agent` version that produced the report.
+    pub agent_version: String,
+    /// SHA-256 over every kernel source: part of the qualification fingerprint.
+    pub kernel_sources_hash: String,
+    pub device: DeviceSummary,
+    /// The model shape class qualified (e.g. `qwen3moe-h2048-e128-top8-ffn768`).
+    pub shape_class: String,
+    /// Cases derived from the launch plans and the serving envelope (negative controls included).
+    pub derived: u64,
+    /// Cases actually run on the GPU.
+    pub executed: u64,
+    pub passed: u64,
+    pub failed: u64,
+    pub hung: u64,
+    pub skipped: u64,
+    pub negative_controls: NegativeControls,
+    pub verdict: Verdict,
+    pub phases: Vec<Phase>,
+    pub cases: Vec<CaseReport>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceSummary {
+    /// False when no CUDA device was usable: plans and thresholds were checked on the CPU only.
+    pub gpu: bool,
+    pub name: String,
+    /// e.g. `9.0`, `12.1`.
+    pub compute_capability: String,
+    pub sm_count: u32,
+    pub total_mem_bytes: u64,
+    pub free_mem_bytes: u64,
+    /// e.g. `13.0` (the driver's CUDA version).
+    pub driver_cuda_version: Option<String>,
+    pub nvrtc_version: Option<String>,
+    pub max_grid_dim: [u32; 3],
+    pub max_shared_mem_per_block_optin: u32,
+    /// Why there is no GPU, when `gpu` is false.
+    pub no_gpu_reason: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NegativeControls {
+    /// Cases of deliberately broken kernels that must be flagged.
+    pub expected: u64,
+    pub flagged: u64,
+    /// Broken kernels the self-test did not catch: the self-test itself is not trustworthy.
+    pub missed: u64,
+    /// Why they did not run (e.g. a replica is resident), if they did not.
+    pub not_run_reason: Option<String>,
+}
+
+/// What the self-test says about serving this shape class on this node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "state", rename_all = "camelCase")]
+pub enum Verdict {
+    /// Every executed case passed; `maxTokens` is the largest count executed.
+    Qualified { max_tokens: u64 },
+    /// Every failure lies above every pass: serve with batch and chunk clamped to `maxTokens`.
+    Clamped { max_tokens: u64, first_failure: u64 },
+    /// A failure below a passing count (a tail bug) or a self-test that cannot fail.
+    Disqualified { reason: String },
+    /// Nothing was executed (no GPU): plans and thresholds were checked on the CPU.
+    NotQualified { reason: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Phase {
+    pub name: String,
+    pub seconds: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum CaseResult {
+    Passed,
+    Failed,
+    /// Killed at its deadline.
+    Hung,
+    Skipped,
+    /// Plans checked against device limits on the CPU (no GPU to run it).
+    Planned,
+    /// A negative control caught as expected.
+    Flagged,
+    /// A negative control that was not caught.
+    Missed,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CaseReport {
+    pub id: String,
+    pub kernel: String,
+    pub tokens: u64,
+    /// Sequences making up the batch.
+    pub batch: Vec<u64>,
+    pub reasons: Vec<String>,
+    /// `pass`, `launch_error`, `hang`.
+    pub expect: String,
+    pub result: CaseResult,
+    /// What happened, in a line: the error, the mismatch, the skip reason.
+    pub detail: String,
+    pub max_rel_err: Option<f64>,
+    pub tolerance: Option<f64>,
+    pub compared: u64,
+    pub kernel_ms: Option<f64>,
+    /// Wall time from sending the case to its result (or the kill).
+    pub wall_ms: f64,
+}
+
+impl SelfTestReport {
+    pub fn ok(&self) -> bool {
+        matches!(self.verdict, Verdict::Qualified { .. } | Verdict::Clamped { .. })
+    }
+}

@@ -1,0 +1,90 @@
+//! Property: for every token count 1..=2^20 and every top_k in the set, every launch plan of
+//! every kernel family stays within the H200's and GB10's recorded limits, and its covers are
+//! consistent (each work item owned exactly once, no idle block); for small counts the mapping
+//! is simulated block by block and each item is visited exactly once.
+//!
+//! Configurations come from the self-test catalogue for the Qwen3-30B-A3B class, with top_k
+//! varied over the whole set (routing and weight type do not change geometry, so one of each
+//! distinct plan-relevant configuration is kept).
+
+use std::collections::BTreeMap;
+
+use brink_kernels::limits::DeviceLimits;
+use brink_kernels::selftest::case::{Case, OpCase};
+use brink_kernels::selftest::catalogue::{Options, derive};
+use brink_kernels::selftest::plans;
+use brink_kernels::thresholds::{ModelShape, Serving, TOP_K_SET};
+use rayon::prelude::*;
+
+const MAX_TOKENS: u64 = 1 << 20;
+/// Counts up to which the mapping is simulated item by item.
+const SIMULATE_UP_TO: u64 = 48;
+
+/// One case per distinct plan-relevant configuration, for each top_k of the set.
+fn configurations() -> Vec<Case> {
+    let mut by_key: BTreeMap<String, Case> = BTreeMap::new();
+    for &k in &TOP_K_SET {
+        let mut shape = ModelShape::qwen3_30b_a3b();
+        shape.top_k = k;
+        let opts = Options { memory_budget_bytes: u64::MAX, negative_controls: false, max_tokens: None };
+        for case in derive(&shape, &Serving::default(), &DeviceLimits::gb10(), &opts).cases {
+            let key = plan_key(&case.params);
+            by_key.entry(key).or_insert(case);
+        }
+    }
+    by_key.into_values().collect()
+}
+
+/// The parameters that can change a launch (not routing, not the data).
+fn plan_key(p: &OpCase) -> String {
+    match p {
+        OpCase::Router(c) => format!("router e{} k{}", c.experts, c.top_k),
+        OpCase::MoeAlign(c) => format!("align e{} k{} t{}", c.experts, c.top_k, c.tile),
+        OpCase::Quantize(c) => format!("quantize k{} e{} top{} t{} g{}", c.k, c.experts, c.top_k, c.tile, c.gather),
+        OpCase::MoeGemv(c) | OpCase::NegGemvGridZ(c) => format!("gemv e{} k{} n{} kk{} {}", c.experts, c.top_k, c.n, c.k, c.wtype),
+        OpCase::MoeGemm(c) => format!("gemm e{} k{} n{} kk{} {}", c.experts, c.top_k, c.n, c.k, c.wtype),
+        OpCase::MoeCombine(c) => format!("combine k{} n{}", c.top_k, c.n),
+        OpCase::LatentProj(c) | OpCase::NegLatentTailSkip(c) => format!("latent k{} w{} g{} {}", c.k, c.width, c.groups, c.wtype),
+    }
+}
+
+fn check(case: &Case, tokens: u64, limits: &DeviceLimits) -> Result<(), String> {
+    let mut c = case.clone();
+    c.tokens = tokens;
+    let launches = plans(&c, limits).map_err(|e| format!("{} at {tokens} on {}: {e}", case.id, limits.name))?;
+    if launches.is_empty() {
+        return Err(format!("{} at {tokens}: no launch", case.id));
+    }
+    for l in &launches {
+        l.check_cover().map_err(|e| format!("{} at {tokens} on {}: {e}", case.id, limits.name))?;
+        if tokens <= SIMULATE_UP_TO {
+            for i in 0..l.cover.len() {
+                let hits = l.simulate_cover(i);
+                if let Some(bad) = hits.iter().position(|&h| h != 1) {
+                    return Err(format!("{} at {tokens}: {} item {bad} visited {} times", case.id, l.kernel, hits[bad]));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn every_plan_fits_h200_and_gb10_for_every_count_to_2_pow_20() {
+    let configs = configurations();
+    assert!(configs.len() >= 7 * 5, "expected every family for every top_k, got {}", configs.len());
+    let limits = DeviceLimits::recorded();
+    let failures: Vec<String> = configs
+        .par_iter()
+        .flat_map_iter(|case| {
+            let limits = &limits;
+            (1..=MAX_TOKENS).filter_map(move |t| limits.iter().find_map(|l| check(case, t, l).err())).take(3)
+        })
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} failures, first ones:\n{}",
+        failures.len(),
+        failures.iter().take(20).cloned().collect::<Vec<_>>().join("\n")
+    );
+}

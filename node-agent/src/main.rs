@@ -1,0 +1,42 @@
+//! `brink-agent`: the one binary for every brink process on a node.
+//!
+//! Today: `selftest` (qualify this machine's GPU for a model shape class with the threshold
+//! self-test) and `kernels` (compile every kernel for given archs). `up`, `serve`, `bench` and
+//! the cluster mode `run` arrive with their issues.
+
+mod kernels_cmd;
+mod selftest_cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "brink-agent", version, about = "brink node agent: qualifies the node's GPU for MoE serving")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the kernel threshold self-test (derived critical token counts, negative controls).
+    Selftest(selftest_cmd::Args),
+    /// Compile every kernel with NVRTC for the given archs and print ptxas's resource report.
+    Kernels(kernels_cmd::Args),
+    /// Internal: the self-test's child process (reads cases on stdin, answers on stdout).
+    #[command(name = "__selftest-worker", hide = true)]
+    SelftestWorker,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Cmd::Selftest(args) => selftest_cmd::run(args),
+        Cmd::Kernels(args) => kernels_cmd::run(args),
+        Cmd::SelftestWorker => {
+            let code = brink_kernels::selftest::worker::serve(std::io::stdin().lock(), std::io::stdout().lock());
+            ExitCode::from(code as u8)
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! `brink-agent selftest`: derive the critical cases, run them in a child process with
+//! deadlines, print the report (table, or JSON with `--json`), exit non-zero unless qualified.
+
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+use brink_api::selftest::{CaseResult, Verdict};
+use brink_kernels::selftest::report::render;
+use brink_kernels::selftest::runner::Runner;
+use brink_kernels::selftest::session::{self, Options, Progress};
+use brink_kernels::thresholds::ModelShape;
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Print the report as JSON on stdout (the table goes to stderr).
+    #[arg(long)]
+    json: bool,
+    /// Also write the JSON report to this file.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Do not run the deliberately broken kernels (they hang the GPU until killed: never run
+    /// them while a replica is serving on it).
+    #[arg(long)]
+    no_negative_controls: bool,
+    /// Run token counts up to N; larger derived counts are listed as skipped (a nightly sweep
+    /// raises it to run the 2^31 overflow points of the narrow buffers too).
+    #[arg(long, value_name = "N", default_value_t = session::DEFAULT_MAX_TOKENS, value_parser = clap::value_parser!(u64).range(1..))]
+    max_tokens: u64,
+    /// Run only the cases whose id contains TEXT (e.g. `moe_gemm/q4_0`).
+    #[arg(long, value_name = "TEXT")]
+    only: Option<String>,
+    /// The serving envelope whose edges are tested: max tokens in one batch.
+    #[arg(long, value_name = "N", default_value_t = 16_384, value_parser = clap::value_parser!(u64).range(1..))]
+    max_batch_tokens: u64,
+    /// The serving envelope: prefill chunk size.
+    #[arg(long, value_name = "N", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+    prefill_chunk: u64,
+    /// Device memory the cases may use in GiB (default: free memory minus a 4 GiB reserve).
+    #[arg(long, value_name = "GIB", allow_negative_numbers = true)]
+    memory_budget_gib: Option<f64>,
+}
+
+pub fn run(args: Args) -> ExitCode {
+    let mut opts = Options::new(ModelShape::qwen3_30b_a3b(), env!("CARGO_PKG_VERSION"));
+    opts.serving.max_batch_tokens = args.max_batch_tokens;
+    opts.serving.prefill_chunk = args.prefill_chunk;
+    opts.max_tokens = Some(args.max_tokens);
+    opts.only = args.only;
+    if args.no_negative_controls {
+        opts.negative_controls = false;
+        opts.negative_controls_off_reason = Some("--no-negative-controls".into());
+    }
+    if let Some(g) = args.memory_budget_gib {
+        if !(g.is_finite() && g > 0.0) {
+            eprintln!("error: --memory-budget-gib {g}: expected a positive number of GiB");
+            return ExitCode::from(2);
+        }
+        opts.memory_budget_bytes = Some((g * (1u64 << 30) as f64) as u64);
+    }
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("error: cannot find this executable to start the self-test worker: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut runner = Runner::new(move || {
+        let mut c = Command::new(&exe);
+        c.arg("__selftest-worker");
+        c
+    });
+    let bar = ProgressBar::hidden();
+    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} self-test {pos}/{len} [{elapsed}] {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_message("opening the GPU and compiling kernels");
+    let report = session::run(&mut runner, &opts, &mut |p| match p {
+        Progress::Derived { cases, .. } => bar.set_length(cases as u64),
+        Progress::Case { index, report, .. } => {
+            bar.set_position(index as u64 + 1);
+            bar.set_message(report.id.clone());
+            if matches!(report.result, CaseResult::Failed | CaseResult::Hung | CaseResult::Missed) {
+                bar.println(format!("{:?} {}: {}", report.result, report.id, report.detail));
+            }
+        }
+    });
+    bar.finish_and_clear();
+    let table = render(&report);
+    let json = match serde_json::to_string_pretty(&report) {
+        Ok(j) => j,
+        Err(e) => {
+            eprintln!("error: cannot serialise the report: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(path) = &args.out
+        && let Err(e) = std::fs::write(path, &json)
+    {
+        eprintln!("error: cannot write {}: {e}", path.display());
+        return ExitCode::FAILURE;
+    }
+    if args.json {
+        eprint!("{table}");
+        println!("{json}");
+    } else {
+        print!("{table}");
+    }
+    match report.verdict {
+        Verdict::Qualified { .. } | Verdict::Clamped { .. } => ExitCode::SUCCESS,
+        // No GPU: the plans were checked and all fit; say so and succeed.
+        Verdict::NotQualified { .. } if report.failed == 0 => ExitCode::SUCCESS,
+        _ => ExitCode::FAILURE,
+    }
+}
