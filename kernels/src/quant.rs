@@ -171,9 +171,9 @@ pub fn dot_q4_0_q8_1(w_row: &[u8], x: &[BlockQ8_1]) -> f32 {
     for (b, xb) in w_row.chunks_exact(BLOCK_Q4_0_BYTES).zip(x) {
         let qs = &b[2..];
         let mut isum = 0i32;
-        for j in 0..QK / 2 {
-            isum += (qs[j] & 0x0f) as i32 * xb.qs[j] as i32;
-            isum += (qs[j] >> 4) as i32 * xb.qs[j + QK / 2] as i32;
+        for (j, &q) in qs.iter().enumerate() {
+            isum += (q & 0x0f) as i32 * xb.qs[j] as i32;
+            isum += (q >> 4) as i32 * xb.qs[j + QK / 2] as i32;
         }
         acc += f16_at(b, 0) * (xb.d.to_f32() * isum as f32 - 8.0 * xb.s.to_f32());
     }

@@ -14,7 +14,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> ExitCode {
-    if let Some(bad) = args.archs.iter().find(|a| !a.strip_prefix("sm_").is_some_and(|n| n.parse::<u32>().is_ok())) {
+    if let Some(bad) = args.archs.iter().find(|a| a.strip_prefix("sm_").is_none_or(|n| n.parse::<u32>().is_err())) {
         eprintln!("error: --arch {bad}: expected a real arch sm_<number> (a CUBIN, not PTX), e.g. sm_121");
         return ExitCode::from(2);
     }

@@ -30,6 +30,9 @@ pub struct Args {
     /// Run only the cases whose id contains TEXT (e.g. `moe_gemm/q4_0`).
     #[arg(long, value_name = "TEXT")]
     only: Option<String>,
+    /// Multiply every case's deadline (for runs under compute-sanitizer, which slows kernels down).
+    #[arg(long, value_name = "X", default_value_t = 1.0)]
+    deadline_scale: f64,
     /// The serving envelope whose edges are tested: max tokens in one batch.
     #[arg(long, value_name = "N", default_value_t = 16_384, value_parser = clap::value_parser!(u64).range(1..))]
     max_batch_tokens: u64,
@@ -47,6 +50,11 @@ pub fn run(args: Args) -> ExitCode {
     opts.serving.prefill_chunk = args.prefill_chunk;
     opts.max_tokens = Some(args.max_tokens);
     opts.only = args.only;
+    if !(args.deadline_scale.is_finite() && args.deadline_scale >= 1.0) {
+        eprintln!("error: --deadline-scale {}: expected a number >= 1", args.deadline_scale);
+        return ExitCode::from(2);
+    }
+    opts.deadline_scale = args.deadline_scale;
     if args.no_negative_controls {
         opts.negative_controls = false;
         opts.negative_controls_off_reason = Some("--no-negative-controls".into());

@@ -240,16 +240,7 @@ fn run_variant(gpu: &Gpu, variant: Variant, tokens: u64, c: &LatentCase) -> Resu
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
     let (unwritten, past_end) = y.check(gpu, 1)?;
     let err = compare(gpu, &y, tokens, c)?;
-    Ok(Outcome::Ran(Check {
-        max_rel_err: err.value(),
-        tolerance: TOLERANCE,
-        compared: err.compared,
-        unwritten,
-        past_end,
-        int_mismatches: 0,
-        kernel_ms,
-        note: err.describe(),
-    }))
+    Ok(Outcome::Ran(Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms)))
 }
 
 /// The twin's rows (computed in parallel from the seeds) against the GPU's.

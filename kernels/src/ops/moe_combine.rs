@@ -130,16 +130,7 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &CombineCase) -> Result<Outcome, GpuE
         combine_row(&mut want, |j| &ys[j], |j| ws[j], k);
         err.add_slice((t * n) as u64, &out.read_f32(gpu, t * n, n)?, &want);
     }
-    Ok(Outcome::Ran(Check {
-        max_rel_err: err.value(),
-        tolerance: TOLERANCE,
-        compared: err.compared,
-        unwritten,
-        past_end,
-        int_mismatches: 0,
-        kernel_ms,
-        note: err.describe(),
-    }))
+    Ok(Outcome::Ran(Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms)))
 }
 
 #[cfg(test)]

@@ -278,16 +278,7 @@ fn run(gpu: &Gpu, tokens: u64, c: &GemvCase, plan: &Launch, source: &KernelSourc
         let at = p as usize * n;
         err.add_slice(at as u64, &y.read_f32(gpu, at, n)?, want);
     }
-    Ok(Outcome::Ran(Check {
-        max_rel_err: err.value(),
-        tolerance: TOLERANCE,
-        compared: err.compared,
-        unwritten,
-        past_end,
-        int_mismatches: 0,
-        kernel_ms,
-        note: err.describe(),
-    }))
+    Ok(Outcome::Ran(Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms)))
 }
 
 #[cfg(test)]

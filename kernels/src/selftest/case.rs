@@ -87,6 +87,21 @@ pub struct Check {
 }
 
 impl Check {
+    /// The check of a float output compared through `err`, with the poison scan's
+    /// `(unwritten, past_end)`.
+    pub fn of_floats(err: &crate::selftest::verify::RelErr, tolerance: f64, (unwritten, past_end): (u64, u64), kernel_ms: f64) -> Check {
+        Check {
+            max_rel_err: err.value(),
+            tolerance,
+            compared: err.compared,
+            unwritten,
+            past_end,
+            int_mismatches: 0,
+            kernel_ms,
+            note: err.describe(),
+        }
+    }
+
     pub fn passed(&self) -> bool {
         self.max_rel_err <= self.tolerance
             && self.max_rel_err.is_finite()

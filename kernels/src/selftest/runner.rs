@@ -107,6 +107,7 @@ impl Runner {
         }
     }
 
+    #[allow(clippy::result_large_err)] // built once per worker start, never on a hot path
     fn spawn_ready(&mut self) -> Result<(Worker, Start), Start> {
         let mut w = Worker::spawn(&mut (self.make_command)())
             .map_err(|e| Start::Failed { error: format!("cannot start the self-test worker: {e}") })?;

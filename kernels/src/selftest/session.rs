@@ -34,6 +34,8 @@ pub struct Options {
     pub max_tokens: Option<u64>,
     /// Keep only cases whose id contains this (debugging one kernel).
     pub only: Option<String>,
+    /// Multiplies every deadline (under compute-sanitizer kernels run tens of times slower).
+    pub deadline_scale: f64,
     /// Device memory kept free for everything else; the cases get the rest.
     pub memory_reserve_bytes: u64,
     /// Overrides the budget derived from the device's free memory (e.g. GB10's OS view).
@@ -50,6 +52,7 @@ impl Options {
             negative_controls_off_reason: None,
             max_tokens: Some(DEFAULT_MAX_TOKENS),
             only: None,
+            deadline_scale: 1.0,
             memory_reserve_bytes: 4 << 30,
             memory_budget_bytes: None,
             agent_version: agent_version.into(),
@@ -119,6 +122,9 @@ fn derive(opts: &Options, limits: &DeviceLimits, budget: u64) -> Catalogue {
     if let Some(only) = &opts.only {
         cat.cases.retain(|c| c.id.contains(only.as_str()));
         cat.skipped.retain(|(c, _)| c.id.contains(only.as_str()));
+    }
+    for c in &mut cat.cases {
+        c.deadline_ms = (c.deadline_ms as f64 * opts.deadline_scale) as u64;
     }
     cat
 }
