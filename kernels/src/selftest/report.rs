@@ -170,8 +170,8 @@ pub fn render(report: &SelfTestReport) -> String {
     let _ = writeln!(s);
     let _ = writeln!(
         s,
-        "{:<22} {:>7} {:>8} {:>6} {:>6} {:>5} {:>7} {:>8} {:>10} {:>10}",
-        "kernel", "derived", "executed", "passed", "failed", "hung", "skipped", "flagged", "max err", "max ms"
+        "{:<22} {:>7} {:>8} {:>6} {:>6} {:>5} {:>7} {:>7} {:>8} {:>10} {:>10}",
+        "kernel", "derived", "executed", "passed", "failed", "hung", "planned", "skipped", "flagged", "max err", "max ms"
     );
     let mut by_kernel: BTreeMap<&str, Vec<&CaseReport>> = BTreeMap::new();
     for c in &report.cases {
@@ -179,34 +179,37 @@ pub fn render(report: &SelfTestReport) -> String {
     }
     for (kernel, cases) in &by_kernel {
         let n = |r: CaseResult| cases.iter().filter(|c| c.result == r).count();
-        let skipped = n(CaseResult::Skipped) + n(CaseResult::Planned);
+        let (planned, skipped) = (n(CaseResult::Planned), n(CaseResult::Skipped));
         let err = cases.iter().filter_map(|c| c.max_rel_err).fold(None, |m: Option<f64>, e| Some(m.map_or(e, |m| m.max(e))));
         let ms = cases.iter().filter_map(|c| c.kernel_ms).fold(None, |m: Option<f64>, e| Some(m.map_or(e, |m| m.max(e))));
         let _ = writeln!(
             s,
-            "{:<22} {:>7} {:>8} {:>6} {:>6} {:>5} {:>7} {:>8} {:>10} {:>10}",
+            "{:<22} {:>7} {:>8} {:>6} {:>6} {:>5} {:>7} {:>7} {:>8} {:>10} {:>10}",
             kernel,
             cases.len(),
-            cases.len() - skipped,
+            cases.len() - skipped - planned,
             n(CaseResult::Passed),
             n(CaseResult::Failed),
             n(CaseResult::Hung),
+            planned,
             skipped,
             format!("{}/{}", n(CaseResult::Flagged), n(CaseResult::Flagged) + n(CaseResult::Missed)),
             err.map_or("-".into(), |e| format!("{e:.1e}")),
             ms.map_or("-".into(), |m| format!("{m:.2}")),
         );
     }
+    let planned = report.cases.iter().filter(|c| c.result == CaseResult::Planned).count() as u64;
     let _ = writeln!(
         s,
-        "{:<22} {:>7} {:>8} {:>6} {:>6} {:>5} {:>7} {:>8}",
+        "{:<22} {:>7} {:>8} {:>6} {:>6} {:>5} {:>7} {:>7} {:>8}",
         "total",
         report.derived,
         report.executed,
         report.passed,
         report.failed,
         report.hung,
-        report.skipped,
+        planned,
+        report.skipped - planned,
         format!("{}/{}", report.negative_controls.flagged, report.negative_controls.expected)
     );
     let problems: Vec<&CaseReport> =
