@@ -1,4 +1,7 @@
 //! brink-engine: the MoE inference engine every node hosts.
 //!
-//! Empty until the engine issue lands the GGUF reader, the qwen3moe graph and the CPU and CUDA
-//! backends; it builds on the kernels of `brink-kernels` (the routed MoE path is there today).
+//! Today: [`gguf`], our own GGUF reader and writer (v2/v3, split files, validated layouts,
+//! positioned reads that never hold the model twice). The qwen3moe graph, tokenizer and the CPU
+//! and CUDA backends follow; they build on the kernels of `brink-kernels`.
+
+pub mod gguf;

@@ -34,13 +34,33 @@ pub const MOE_GEMV: KernelSource = source!("moe_gemv.cu");
 pub const MOE_GEMM: KernelSource = source!("moe_gemm.cu");
 pub const MOE_COMBINE: KernelSource = source!("moe_combine.cu");
 pub const LATENT_PROJ: KernelSource = source!("latent_proj.cu");
+pub const EMBED: KernelSource = source!("embed.cu");
+pub const RMSNORM: KernelSource = source!("rmsnorm.cu");
+pub const ROPE: KernelSource = source!("rope.cu");
+pub const OUTPUT_HEAD: KernelSource = source!("output_head.cu");
+pub const SAMPLING: KernelSource = source!("sampling.cu");
 /// Deliberately broken kernels, loaded only by the self-test's negative controls: the routed
 /// GEMV with tokens x top_k on grid.z, and the latent epilogue whose tail lanes skip shuffles.
 pub const NEG_GEMV_GRIDZ: KernelSource = source!("neg_gemv_gridz.cu", twin: MOE_GEMV);
 pub const NEG_LATENT_TAILSKIP: KernelSource = source!("neg_latent_tailskip.cu", twin: LATENT_PROJ);
 
-pub const ALL: &[KernelSource] =
-    &[TESTDATA, ROUTER, MOE_ALIGN, QUANTIZE, MOE_GEMV, MOE_GEMM, MOE_COMBINE, LATENT_PROJ, NEG_GEMV_GRIDZ, NEG_LATENT_TAILSKIP];
+pub const ALL: &[KernelSource] = &[
+    TESTDATA,
+    ROUTER,
+    MOE_ALIGN,
+    QUANTIZE,
+    MOE_GEMV,
+    MOE_GEMM,
+    MOE_COMBINE,
+    LATENT_PROJ,
+    EMBED,
+    RMSNORM,
+    ROPE,
+    OUTPUT_HEAD,
+    SAMPLING,
+    NEG_GEMV_GRIDZ,
+    NEG_LATENT_TAILSKIP,
+];
 
 impl KernelSource {
     /// What NVRTC compiles: the common header, then the file, with `#line` so compile errors

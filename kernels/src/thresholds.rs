@@ -31,8 +31,20 @@ impl Critical {
     }
 }
 
+/// The attention half of a model class as the kernels see it, with its rope and norm constants.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttentionShape {
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    /// `rope.freq_base`.
+    pub rope_theta: f32,
+    /// `attention.layer_norm_rms_epsilon`.
+    pub norm_eps: f32,
+}
+
 /// The shape class a self-test qualifies: what the kernels see of a model.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelShape {
     /// Shape-class name, e.g. `qwen3moe-2048x128e-top8-ffn768`.
     pub name: String,
@@ -43,6 +55,7 @@ pub struct ModelShape {
     pub expert_ffn: u32,
     pub vocab: u32,
     pub context: u32,
+    pub attention: AttentionShape,
     /// A latent dense projection (MLA-style), when the class has one.
     pub latent: Option<LatentShape>,
 }
@@ -69,6 +82,7 @@ impl ModelShape {
             expert_ffn: 768,
             vocab: 151_936,
             context: 40_960,
+            attention: AttentionShape { heads: 32, kv_heads: 4, head_dim: 128, rope_theta: 1_000_000.0, norm_eps: 1e-6 },
             latent: Some(LatentShape { k: 2560, width: 1792, groups: 8 }),
         }
     }

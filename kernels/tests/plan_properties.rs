@@ -45,6 +45,9 @@ fn plan_key(p: &OpCase) -> String {
         OpCase::MoeGemm(c) => format!("gemm e{} k{} n{} kk{} {}", c.experts, c.top_k, c.n, c.k, c.wtype),
         OpCase::MoeCombine(c) => format!("combine k{} n{}", c.top_k, c.n),
         OpCase::LatentProj(c) | OpCase::NegLatentTailSkip(c) => format!("latent k{} w{} g{} {}", c.k, c.width, c.groups, c.wtype),
+        OpCase::Embed(c) => format!("embed v{} h{} {}", c.vocab, c.hidden, c.table),
+        OpCase::RmsNorm(c) => format!("rmsnorm w{} r{}", c.width, c.rows_per_token),
+        OpCase::Rope(c) => format!("rope h{} d{}", c.heads, c.head_dim),
     }
 }
 

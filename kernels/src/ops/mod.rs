@@ -5,11 +5,16 @@
 //! Common API of a family module: `plans(tokens, case, limits)`, `critical_counts(case,
 //! limits)`, `device_bytes(tokens, case)`, `run_case(gpu, tokens, case)`, `TOLERANCE`.
 
+pub mod embed;
 pub mod latent_proj;
 pub mod moe_align;
 pub mod moe_combine;
 pub mod moe_gemm;
 pub mod moe_gemv;
+pub mod output_head;
 pub mod quantize;
+pub mod rmsnorm;
+pub mod rope;
 pub mod router;
+pub mod sampling;
 pub mod testdata;

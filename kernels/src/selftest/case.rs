@@ -34,6 +34,9 @@ pub enum OpCase {
     MoeGemm(ops::moe_gemm::GemmCase),
     MoeCombine(ops::moe_combine::CombineCase),
     LatentProj(ops::latent_proj::LatentCase),
+    Embed(ops::embed::EmbedCase),
+    RmsNorm(ops::rmsnorm::RmsNormCase),
+    Rope(ops::rope::RopeCase),
     /// Negative control: the routed GEMV with tokens x top_k on grid.z.
     NegGemvGridZ(ops::moe_gemv::GemvCase),
     /// Negative control: the latent epilogue whose tail lanes `continue` past the shuffles.

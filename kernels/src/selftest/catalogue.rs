@@ -7,14 +7,17 @@ use serde::{Deserialize, Serialize};
 
 use super::case::{Case, Expect, OpCase};
 use crate::limits::DeviceLimits;
+use crate::ops::embed::{EmbedCase, TableType};
 use crate::ops::latent_proj::LatentCase;
 use crate::ops::moe_align::AlignCase;
 use crate::ops::moe_combine::CombineCase;
 use crate::ops::moe_gemm::GemmCase;
 use crate::ops::moe_gemv::GemvCase;
 use crate::ops::quantize::QuantizeCase;
+use crate::ops::rmsnorm::RmsNormCase;
+use crate::ops::rope::RopeCase;
 use crate::ops::router::{RouterCase, Scoring};
-use crate::ops::{latent_proj, moe_align, moe_combine, moe_gemm, moe_gemv, quantize, router};
+use crate::ops::{embed, latent_proj, moe_align, moe_combine, moe_gemm, moe_gemv, quantize, rmsnorm, rope, router};
 use crate::quant::WeightType;
 use crate::routing::Routing;
 use crate::thresholds::{self, Critical, ModelShape, Serving, compositions, envelope_counts, merge};
@@ -26,6 +29,7 @@ pub const GEMM_TILE_M: u32 = 64;
 /// counts up to it run every routing and weight type.
 pub const BIG_COUNT: u64 = 1 << 16;
 const BIG_ROUTING_SKIP: &str = "above 65,536 tokens only uniform and max-padding routings run (one-expert runs at every smaller count)";
+const BIG_TABLE_SKIP: &str = "above 65,536 tokens only the q4_0 embedding table runs (q8_0 and f32 share its row indexing)";
 const BIG_WTYPE_SKIP: &str = "above 65,536 tokens only q4_0 runs (q8_0 shares the kernel template and its index arithmetic)";
 
 /// Deadline of a hang negative control: a fixed case of that size finishes in milliseconds.
@@ -227,6 +231,24 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
     let mut counts = with(moe_combine::critical_counts(&c, limits));
     counts.extend(tails.iter().cloned());
     b.family(moe_combine::KERNEL, &format!("k{k}"), counts, OpCase::MoeCombine(c), |t| moe_combine::device_bytes(t, &c));
+
+    // The dense per-token kernels: embedding lookup per table type, the hidden RMS norm and the
+    // per-head Q/K norms, RoPE on Q and on K over a batch of 4 sequences (positions restart).
+    for table in TableType::ALL {
+        let c = EmbedCase { vocab: shape.vocab, hidden: shape.hidden, table };
+        let thin = (table != TableType::Q4_0).then_some(BIG_TABLE_SKIP);
+        let counts = with(embed::critical_counts(&c, limits));
+        b.family_thinned(embed::KERNEL, &format!("{table}"), counts, OpCase::Embed(c), |t| embed::device_bytes(t, &c), thin);
+    }
+    let a = shape.attention;
+    for (tag, width, rows_per_token) in [("hidden", shape.hidden, 1), ("q-heads", a.head_dim, a.heads), ("k-heads", a.head_dim, a.kv_heads)] {
+        let c = RmsNormCase { width, rows_per_token, eps: a.norm_eps };
+        b.family(rmsnorm::KERNEL, tag, with(rmsnorm::critical_counts(&c, limits)), OpCase::RmsNorm(c), |t| rmsnorm::device_bytes(t, &c));
+    }
+    for (tag, heads) in [("q", a.heads), ("k", a.kv_heads)] {
+        let c = RopeCase { heads, head_dim: a.head_dim, theta: a.rope_theta, sequences: 4 };
+        b.family(rope::KERNEL, &format!("{tag}/seq4"), with(rope::critical_counts(&c, limits)), OpCase::Rope(c), |t| rope::device_bytes(t, &c));
+    }
 
     // Latent projection: every tail of the first two 64-row tiles, and around larger ones.
     if let Some(l) = shape.latent {

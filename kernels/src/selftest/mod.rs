@@ -13,7 +13,7 @@ pub mod worker;
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Launch, PlanError};
 use crate::limits::DeviceLimits;
-use crate::ops::{latent_proj, moe_align, moe_combine, moe_gemm, moe_gemv, quantize, router};
+use crate::ops::{embed, latent_proj, moe_align, moe_combine, moe_gemm, moe_gemv, quantize, rmsnorm, rope, router};
 use case::{Case, OpCase, Outcome};
 
 impl GpuError {
@@ -38,6 +38,9 @@ pub fn execute(gpu: &Gpu, case: &Case) -> Outcome {
         OpCase::MoeGemm(c) => moe_gemm::run_case(gpu, t, c),
         OpCase::MoeCombine(c) => moe_combine::run_case(gpu, t, c),
         OpCase::LatentProj(c) => latent_proj::run_case(gpu, t, c),
+        OpCase::Embed(c) => embed::run_case(gpu, t, c),
+        OpCase::RmsNorm(c) => rmsnorm::run_case(gpu, t, c),
+        OpCase::Rope(c) => rope::run_case(gpu, t, c),
         OpCase::NegGemvGridZ(c) => moe_gemv::run_negative_gridz(gpu, t, c),
         OpCase::NegLatentTailSkip(c) => latent_proj::run_negative_tailskip(gpu, t, c),
     };
@@ -56,5 +59,8 @@ pub fn plans(case: &Case, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanErro
         OpCase::MoeGemm(c) => moe_gemm::plans(t, c, limits),
         OpCase::MoeCombine(c) => moe_combine::plans(t, c, limits),
         OpCase::LatentProj(c) | OpCase::NegLatentTailSkip(c) => latent_proj::plans(t, c, limits),
+        OpCase::Embed(c) => embed::plans(t, c, limits),
+        OpCase::RmsNorm(c) => rmsnorm::plans(t, c, limits),
+        OpCase::Rope(c) => rope::plans(t, c, limits),
     }
 }

@@ -1,0 +1,533 @@
+//! The LM head: `logits[r, v] = dot(W[v, :], x[src(r), :])` for the rows the engine samples.
+//!
+//! `x [x_rows, K/32]` q8_1 holds the final hidden states, `W [V, K]` is q8_0 or q4_0, the
+//! logits are f32 `[R, V]`. `src(r)` is `rows[r]` (prefill computes only the last position of
+//! each sequence) or `r` (full logits, for the parity tests). Full logits pass 2^31 elements at
+//! 14,135 tokens for the vocabulary of 151,936: every index is 64-bit on the device.
+//!
+//! Two kernels (`cuda/output_head.cu`), chosen by [`path`]: a tiled dp4a GEMM (row tiles on
+//! `grid.x`, they grow with tokens; vocab tiles on `grid.y`, bounded, refused past the device's
+//! limit) and, for at most [`GEMV_MAX_ROWS`] rows (decode), a GEMV that reads each weight row
+//! once for all rows (vocab tiles on `grid.x`, the rows in a loop).
+
+use std::time::Instant;
+
+use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::cuda::{Gpu, GpuError};
+use crate::launch::{Cover, Launch, PlanError};
+use crate::limits::DeviceLimits;
+use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_q8_1_rows, fill_weights};
+use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType};
+use crate::selftest::case::{Check, Outcome};
+use crate::selftest::verify::{RelErr, sample_rows};
+use crate::sources::OUTPUT_HEAD;
+use crate::testdata::{q8_1_row, weight_row};
+use crate::thresholds::{Critical, I32_MAX, overflow_point, tile_tails};
+
+/// The kernel family; its entry points are [`GEMM_KERNEL`] and [`GEMV_KERNEL`].
+pub const KERNEL: &str = "output_head";
+pub const GEMM_KERNEL: &str = "output_head_gemm";
+pub const GEMV_KERNEL: &str = "output_head_gemv";
+/// The same integer block sums and f32 block formulas as the twin: only the order of the f32
+/// block sums (the GEMV's lane partials and butterfly) and FMA contraction differ, ~1e-6 of
+/// the largest logit. A wrong block, scale or nibble moves a logit by more than 1e-3.
+pub const TOLERANCE: f64 = 1e-4;
+/// Rows of a GEMM tile (`HEAD_BM`): the row tiles on `grid.x`.
+pub const TILE_M: u64 = 64;
+/// Vocab columns of a GEMM tile (`HEAD_BN`): the vocab tiles on `grid.y`.
+pub const TILE_N: u64 = 64;
+/// 32-wide K blocks staged per step (`HEAD_KB`).
+const K_BLOCKS: u64 = 4;
+const GEMM_THREADS: u32 = 256;
+/// Ints per staged block in shared memory: 8 quant ints and one pad (`HEAD_QS`).
+const STAGED_INTS: u64 = 9;
+/// Dynamic shared memory of a GEMM block: staged quants of x and W, x's d and s, W's d
+/// (21,504 B: within every card's 48 KiB, no opt-in).
+pub const GEMM_SHARED_BYTES: u64 = 4 * (K_BLOCKS * (TILE_M + TILE_N) * STAGED_INTS + K_BLOCKS * (2 * TILE_M + TILE_N));
+/// Up to this many rows the GEMV runs (`HEAD_GEMV_MAX_ROWS`): decode of a few sequences.
+pub const GEMV_MAX_ROWS: u64 = 8;
+/// Weight rows per GEMV block, one warp each (`HEAD_GEMV_WARPS`).
+pub const GEMV_WARPS: u32 = 8;
+
+/// A self-test case of the head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeadCase {
+    /// Input width K (the model's hidden size, a multiple of 32).
+    pub hidden: u32,
+    pub vocab: u32,
+    pub wtype: WeightType,
+    /// `None`: the logits of every position (`[tokens, vocab]`, as the parity tests need).
+    /// `Some(s)`: the tokens are `s` sequences (split as [`last_positions`] does) and only the
+    /// last position of each is computed, as prefill does.
+    pub sequences: Option<u32>,
+}
+
+/// What the kernels need of the head's shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadDims {
+    pub hidden: u32,
+    pub vocab: u32,
+    pub wtype: WeightType,
+}
+
+impl HeadDims {
+    fn blocks_per_row(&self) -> usize {
+        self.hidden as usize / QK
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.wtype.row_bytes(self.hidden as usize)
+    }
+}
+
+impl HeadCase {
+    pub fn dims(&self) -> HeadDims {
+        HeadDims { hidden: self.hidden, vocab: self.vocab, wtype: self.wtype }
+    }
+
+    /// Output rows for a batch of `tokens`: every position, or the last of each sequence.
+    pub fn out_rows(&self, tokens: u64) -> u64 {
+        self.sequences.map_or(tokens, |s| tokens.min(s as u64))
+    }
+}
+
+/// The last position of each of `sequences` sequences that `tokens` positions are split into
+/// (sequence `i` ends at `(i + 1)·T / S − 1`; fewer sequences when there are fewer tokens).
+/// Callers keep `tokens` within i32 (the indexes the kernel takes).
+pub fn last_positions(tokens: u64, sequences: u32) -> Vec<i32> {
+    let s = tokens.min(sequences as u64);
+    (1..=s).map(|i| (i * tokens / s - 1) as i32).collect()
+}
+
+/// Which kernel computes `rows` output rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadPath {
+    /// At most [`GEMV_MAX_ROWS`] rows: each weight row is read once for all of them.
+    Gemv,
+    Gemm,
+}
+
+pub fn path(rows: u64) -> HeadPath {
+    if rows <= GEMV_MAX_ROWS { HeadPath::Gemv } else { HeadPath::Gemm }
+}
+
+fn describe(rows: u64, d: &HeadDims) -> String {
+    format!("rows={rows} hidden={} vocab={} {}", d.hidden, d.vocab, d.wtype)
+}
+
+fn unsupported(what: impl Into<String>, shape: String) -> PlanError {
+    PlanError::Unsupported { kernel: KERNEL.into(), what: what.into(), shape }
+}
+
+/// Every launch the head makes for a batch of `tokens` (one).
+pub fn plans(tokens: u64, c: &HeadCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+    if c.sequences.is_some() && tokens > I32_MAX + 1 {
+        return Err(unsupported("row indices are i32: at most 2^31 tokens", describe(tokens, &c.dims())));
+    }
+    Ok(vec![plan(c.out_rows(tokens), &c.dims(), limits)?])
+}
+
+/// The launch computing `rows` output rows: the GEMV (grid (vocab / 8 warps, 1, 1)) or the GEMM
+/// (grid (row tiles of 64, vocab tiles of 64, 1), 256 threads, [`GEMM_SHARED_BYTES`]).
+pub fn plan(rows: u64, d: &HeadDims, limits: &DeviceLimits) -> Result<Launch, PlanError> {
+    let shape = describe(rows, d);
+    if rows == 0 {
+        return Err(unsupported("no rows", shape));
+    }
+    if d.hidden == 0 || !(d.hidden as usize).is_multiple_of(QK) || d.hidden as u64 > I32_MAX {
+        return Err(unsupported(format!("hidden {} must be a positive multiple of {QK} below 2^31", d.hidden), shape));
+    }
+    if d.vocab == 0 || d.vocab as u64 > I32_MAX {
+        return Err(unsupported(format!("vocab {} must be in 1..2^31", d.vocab), shape));
+    }
+    let vocab = d.vocab as u64;
+    match path(rows) {
+        HeadPath::Gemv => {
+            let per_block = GEMV_WARPS as u64;
+            Launch::checked(
+                GEMV_KERNEL,
+                shape,
+                [vocab.div_ceil(per_block), 1, 1],
+                [GEMV_WARPS * 32, 1, 1],
+                0,
+                vec![Cover::Tiles { axis: 0, items: vocab, per_block }],
+                limits,
+            )
+        }
+        HeadPath::Gemm => Launch::checked(
+            GEMM_KERNEL,
+            shape,
+            [rows.div_ceil(TILE_M), vocab.div_ceil(TILE_N), 1],
+            [GEMM_THREADS, 1, 1],
+            GEMM_SHARED_BYTES,
+            vec![Cover::Tiles { axis: 0, items: rows, per_block: TILE_M }, Cover::Tiles { axis: 1, items: vocab, per_block: TILE_N }],
+            limits,
+        ),
+    }
+}
+
+/// One output row: `out[v] = dot(W[v], x_row)`, the kernels' block formulas in block order.
+fn head_row<R: AsRef<[u8]>>(out: &mut [f32], w_row: impl Fn(usize) -> R, x_row: &[BlockQ8_1], wtype: WeightType) {
+    for (v, o) in out.iter_mut().enumerate() {
+        *o = wtype.dot_q8_1(w_row(v).as_ref(), x_row);
+    }
+}
+
+/// CPU twin over plain slices: `w` holds `vocab` rows of `hidden` weights, `x` `[x_rows,
+/// hidden/32]` blocks, `rows` the x rows to compute (`None`: every x row). Returns the logits
+/// `[rows, vocab]`; an index outside x gives a row of NaN, as on the device.
+pub fn output_head_cpu(w: &[u8], x: &[BlockQ8_1], rows: Option<&[i32]>, d: &HeadDims) -> Vec<f32> {
+    let (nb, rb, vocab) = (d.blocks_per_row(), d.row_bytes(), d.vocab as usize);
+    let x_rows = x.len() / nb;
+    let src: Vec<Option<usize>> = match rows {
+        Some(r) => r.iter().map(|&s| usize::try_from(s).ok().filter(|&s| s < x_rows)).collect(),
+        None => (0..x_rows).map(Some).collect(),
+    };
+    let mut out = vec![0.0f32; src.len() * vocab];
+    out.par_chunks_mut(vocab).zip(&src).for_each(|(o, s)| match s {
+        Some(s) => head_row(o, |v| &w[v * rb..(v + 1) * rb], &x[s * nb..(s + 1) * nb], d.wtype),
+        None => o.fill(f32::NAN),
+    });
+    out
+}
+
+/// The device buffers of one head launch.
+pub struct HeadBuffers<'a, Y> {
+    /// `[x_rows, hidden/32]` q8_1 blocks.
+    pub x: &'a CudaSlice<u8>,
+    /// The x rows to compute (`None`: output row r is x row r).
+    pub rows: Option<&'a CudaSlice<i32>>,
+    /// `vocab` rows of `hidden` weights of `wtype`.
+    pub w: &'a CudaSlice<u8>,
+    /// `[out_rows, vocab]` f32 (any 4-byte element type holding f32 bits).
+    pub out: &'a mut CudaSlice<Y>,
+}
+
+/// Refuses buffers smaller than the launch reads or writes: a launch never goes out of bounds.
+fn check_buffers(p: &Launch, d: &HeadDims, x_rows: u64, out_rows: u64, have: [(&str, u64); 4]) -> Result<(), PlanError> {
+    let need = [
+        ("x", x_rows * (d.blocks_per_row() * BLOCK_Q8_1_BYTES) as u64),
+        ("rows", out_rows * 4),
+        ("w", d.vocab as u64 * d.row_bytes() as u64),
+        ("out", out_rows * d.vocab as u64 * 4),
+    ];
+    for ((name, have), (_, want)) in have.iter().zip(need) {
+        if *have < want {
+            return Err(PlanError::Unsupported {
+                kernel: p.kernel.clone(),
+                what: format!("buffer {name} holds {have} B, the launch needs {want} B"),
+                shape: p.shape.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Computes `out_rows` rows of logits from `x_rows` rows of x: row r from x row `rows[r]`, or
+/// from x row r without an index list (then `out_rows <= x_rows`).
+pub fn launch<Y: DeviceRepr>(gpu: &Gpu, d: &HeadDims, x_rows: u64, out_rows: u64, b: HeadBuffers<'_, Y>) -> Result<(), GpuError> {
+    let p = plan(out_rows, d, gpu.limits())?;
+    let refuse = |what: String| PlanError::Unsupported { kernel: p.kernel.clone(), what, shape: p.shape.clone() };
+    if b.rows.is_none() && out_rows > x_rows {
+        return Err(refuse(format!("{out_rows} output rows from {x_rows} rows of x without an index list")).into());
+    }
+    if size_of::<Y>() != 4 {
+        return Err(refuse(format!("output elements of {} B, the logits are 4-byte words", size_of::<Y>())).into());
+    }
+    let rows_bytes = b.rows.map_or(out_rows * 4, |r| r.len() as u64 * 4);
+    let have = [("x", b.x.len() as u64), ("rows", rows_bytes), ("w", b.w.len() as u64), ("out", b.out.len() as u64 * 4)];
+    check_buffers(&p, d, x_rows, out_rows, have)?;
+    let (wtype, vocab, nb) = (d.wtype.code(), d.vocab as i32, d.blocks_per_row() as i32);
+    let null: u64 = 0;
+    match path(out_rows) {
+        HeadPath::Gemv => {
+            let f = gpu.function(&OUTPUT_HEAD, GEMV_KERNEL)?;
+            let n = out_rows as i32;
+            gpu.launch(&p, &f, |a| {
+                a.arg(b.x);
+                match b.rows {
+                    Some(r) => a.arg(r),
+                    None => a.arg(&null),
+                };
+                a.arg(&n).arg(&x_rows).arg(b.w).arg(&wtype).arg(b.out).arg(&vocab).arg(&nb);
+            })?;
+        }
+        HeadPath::Gemm => {
+            let f = gpu.function(&OUTPUT_HEAD, GEMM_KERNEL)?;
+            gpu.launch(&p, &f, |a| {
+                a.arg(b.x);
+                match b.rows {
+                    Some(r) => a.arg(r),
+                    None => a.arg(&null),
+                };
+                a.arg(&out_rows).arg(&x_rows).arg(b.w).arg(&wtype).arg(b.out).arg(&vocab).arg(&nb);
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Token counts this plan makes critical: the 2^31 points of the logits and of x, the switch
+/// from the GEMV to the GEMM, the row-tile tails; with an index list, the sequence count.
+pub fn critical_counts(c: &HeadCase, _limits: &DeviceLimits) -> Vec<Critical> {
+    let nb = c.dims().blocks_per_row() as u64;
+    let mut v = vec![Critical::new(1, "output_head: single token (decode)")];
+    v.extend(overflow_point(nb, "output_head: x block index row·(K/32) + b passes 2^31 − 1"));
+    v.extend(overflow_point(nb * STAGED_INTS, "output_head: x word index (row·(K/32) + b)·9 passes 2^31 − 1"));
+    v.push(Critical::new(GEMV_MAX_ROWS, "output_head: most rows on the GEMV path"));
+    v.push(Critical::new(GEMV_MAX_ROWS + 1, "output_head: fewest rows on the GEMM path"));
+    match c.sequences {
+        None => {
+            v.extend(overflow_point(c.vocab as u64, "output_head: logits[r·V + v] passes 2^31 − 1"));
+            v.extend(tile_tails(TILE_M, false, &[1, 2], "output_head: 64-row tile"));
+        }
+        Some(s) => {
+            let s = s as u64;
+            v.extend(
+                [s.saturating_sub(1), s, s + 1]
+                    .into_iter()
+                    .filter(|&t| t > 0)
+                    .map(|t| Critical::new(t, format!("output_head: {s} sequences, one token each around this count"))),
+            );
+        }
+    }
+    v
+}
+
+/// x, W, the index list and the guarded logits of a self-test case.
+pub fn device_bytes(tokens: u64, c: &HeadCase) -> u64 {
+    let d = c.dims();
+    let rows = c.out_rows(tokens);
+    let x = tokens * (d.blocks_per_row() * BLOCK_Q8_1_BYTES) as u64;
+    let w = d.vocab as u64 * d.row_bytes() as u64;
+    x + w + 4 * rows + 4 * (rows * d.vocab as u64 + GUARD_WORDS as u64)
+}
+
+const SEED_X: u64 = 0x40;
+const SEED_W: u64 = 0x41;
+const SEED_COLS: u64 = 0x42;
+/// Rows compared with the twin beyond the first and last two tiles.
+const SAMPLE_ROWS: usize = 64;
+/// Vocab columns compared in each sampled row beyond the first and last two tiles: each costs
+/// the CPU a K-long dot per row (every logit is still checked as written, through the poison).
+const SAMPLE_COLS: usize = 384;
+
+/// Self-test: x and W from seeds, logits poisoned, one launch, every logit checked as written
+/// and sampled rows x sampled columns (both including the last two tiles) against the twin.
+pub fn run_case(gpu: &Gpu, tokens: u64, c: &HeadCase) -> Result<Outcome, GpuError> {
+    plans(tokens, c, gpu.limits())?; // refuse a bad shape before allocating for it
+    let d = c.dims();
+    let (nb, out_rows) = (d.blocks_per_row(), c.out_rows(tokens));
+    let mut x = gpu.alloc::<u8>(tokens as usize * nb * BLOCK_Q8_1_BYTES)?;
+    fill_q8_1_rows(gpu, &mut x, tokens as usize, nb, SEED_X, None, tokens)?;
+    let mut w = gpu.alloc::<u8>(d.vocab as usize * d.row_bytes())?;
+    fill_weights(gpu, &mut w, d.vocab as usize * nb, SEED_W, d.wtype)?;
+    let rows = c.sequences.map(|s| last_positions(tokens, s));
+    let rows_dev = rows.as_deref().map(|r| gpu.upload(r)).transpose()?;
+    let mut out = Guarded::new(gpu, (out_rows * d.vocab as u64) as usize)?;
+    gpu.synchronize()?;
+    let start = Instant::now();
+    launch(gpu, &d, tokens, out_rows, HeadBuffers { x: &x, rows: rows_dev.as_ref(), w: &w, out: &mut out.buf })?;
+    gpu.synchronize()?;
+    let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
+    let (unwritten, past_end) = out.check(gpu, 1)?;
+    let err = compare(gpu, &out, out_rows, rows.as_deref(), &d)?;
+    Ok(Outcome::Ran(Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms)))
+}
+
+/// The twin's logits at sampled rows and columns (weights regenerated per sampled column)
+/// against the device's.
+fn compare(gpu: &Gpu, out: &Guarded, out_rows: u64, rows: Option<&[i32]>, d: &HeadDims) -> Result<RelErr, GpuError> {
+    let (k, nb, vocab) = (d.hidden as usize, d.blocks_per_row(), d.vocab as u64);
+    let cols = sample_rows(vocab, TILE_N, SAMPLE_COLS, SEED_COLS);
+    let weights: Vec<Vec<u8>> = cols.par_iter().map(|&col| weight_row(SEED_W, col, k, d.wtype)).collect();
+    let sampled = sample_rows(out_rows, TILE_M, SAMPLE_ROWS, out_rows);
+    let want: Vec<Vec<f32>> = sampled
+        .par_iter()
+        .map(|&r| {
+            let src = rows.map_or(r, |rs| rs[r as usize] as u64);
+            let mut o = vec![0.0f32; cols.len()];
+            head_row(&mut o, |i| &weights[i], &q8_1_row(SEED_X, src, nb), d.wtype);
+            o
+        })
+        .collect();
+    let mut err = RelErr::default();
+    for (&r, want) in sampled.iter().zip(&want) {
+        let got = out.read_f32(gpu, (r * vocab) as usize, vocab as usize)?;
+        for (&col, &wv) in cols.iter().zip(want) {
+            err.add(r * vocab + col, got[col as usize], wv);
+        }
+    }
+    Ok(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::dequantize_q8_1;
+
+    const QWEN: HeadCase = HeadCase { hidden: 2048, vocab: 151_936, wtype: WeightType::Q4_0, sequences: None };
+
+    fn weights(d: &HeadDims) -> Vec<u8> {
+        (0..d.vocab as u64).flat_map(|v| weight_row(SEED_W, v, d.hidden as usize, d.wtype)).collect()
+    }
+
+    fn x_rows(n: u64, nb: usize) -> Vec<BlockQ8_1> {
+        (0..n).flat_map(|t| q8_1_row(SEED_X, t, nb)).collect()
+    }
+
+    /// Twin vs. dequantize-then-f64 dot, with and without an index list; a bad index gives NaN.
+    #[test]
+    fn twin_matches_dequantized_f64_dot() {
+        for wtype in WeightType::ALL {
+            let d = HeadDims { hidden: 96, vocab: 37, wtype };
+            let (w, x) = (weights(&d), x_rows(5, 3));
+            let rb = d.row_bytes();
+            for rows in [None, Some(vec![4, 0, 2])] {
+                let got = output_head_cpu(&w, &x, rows.as_deref(), &d);
+                let src: Vec<usize> = rows.clone().map_or((0..5).collect(), |r| r.iter().map(|&s| s as usize).collect());
+                assert_eq!(got.len(), src.len() * 37);
+                let (mut worst, mut scale) = (0f64, 0f64);
+                for (r, &s) in src.iter().enumerate() {
+                    let xd = dequantize_q8_1(&x[s * 3..(s + 1) * 3]);
+                    for v in 0..37 {
+                        let wd = wtype.dequantize_row(&w[v * rb..(v + 1) * rb]);
+                        let want: f64 = wd.iter().zip(&xd).map(|(a, b)| *a as f64 * *b as f64).sum();
+                        worst = worst.max((want - got[r * 37 + v] as f64).abs());
+                        scale = scale.max(want.abs());
+                    }
+                }
+                // q4_0 folds its −8 offset through the f16 s = d·Σq: allow that rounding.
+                assert!(worst <= 2e-3 * scale, "{wtype}: {worst} vs {scale}");
+            }
+            let bad = output_head_cpu(&w, &x, Some(&[1, -1, 5]), &d);
+            assert!(bad[..37].iter().all(|v| v.is_finite()) && bad[37..].iter().all(|v| v.is_nan()));
+        }
+    }
+
+    /// The GEMV's order: lane l sums blocks l, l + 32, ..., then the xor butterfly.
+    fn gemv_order_dot(wtype: WeightType, w_row: &[u8], x: &[BlockQ8_1]) -> f32 {
+        let bb = wtype.block_bytes();
+        let mut lanes = [0.0f32; 32];
+        for (b, xb) in x.iter().enumerate() {
+            let w = &w_row[b * bb..(b + 1) * bb];
+            lanes[b % 32] += wtype.dot_q8_1(w, std::slice::from_ref(xb));
+        }
+        for o in [16, 8, 4, 2, 1] {
+            lanes = std::array::from_fn(|l| lanes[l] + lanes[l ^ o]);
+        }
+        lanes[0]
+    }
+
+    /// At the model's K the summation order costs two orders of magnitude below the tolerance.
+    #[test]
+    fn tolerance_covers_summation_order_only() {
+        for wtype in WeightType::ALL {
+            let d = HeadDims { hidden: 2048, vocab: 64, wtype };
+            let (w, x) = (weights(&d), x_rows(2, 64));
+            let got = output_head_cpu(&w, &x, None, &d);
+            let rb = d.row_bytes();
+            let mut err = RelErr::default();
+            for r in 0..2 {
+                for v in 0..64 {
+                    err.add(0, gemv_order_dot(wtype, &w[v * rb..(v + 1) * rb], &x[r * 64..(r + 1) * 64]), got[r * 64 + v]);
+                }
+            }
+            assert!(err.value() < TOLERANCE / 100.0, "{wtype}: {}", err.value());
+        }
+    }
+
+    #[test]
+    fn plans_cover_every_row_and_vocab_entry_on_both_devices() {
+        let counts = (1..=256u64).chain([8191, 8192, 14_134, 14_135, 1 << 20]);
+        for limits in DeviceLimits::recorded() {
+            for t in counts.clone() {
+                for c in [QWEN, HeadCase { sequences: Some(4), ..QWEN }, HeadCase { sequences: Some(100), ..QWEN }] {
+                    let p = plans(t, &c, &limits).unwrap_or_else(|e| panic!("t={t}: {e}"));
+                    assert_eq!(p.len(), 1);
+                    let l = &p[0];
+                    l.check_cover().unwrap_or_else(|e| panic!("{e}"));
+                    for i in 0..l.cover.len() {
+                        assert!(l.simulate_cover(i).iter().all(|&h| h == 1), "{l} cover {i}");
+                    }
+                    let rows = c.out_rows(t);
+                    if rows <= GEMV_MAX_ROWS {
+                        assert_eq!((l.kernel.as_str(), l.grid), (GEMV_KERNEL, [18_992, 1, 1]), "{l}");
+                    } else {
+                        assert_eq!((l.kernel.as_str(), l.grid), (GEMM_KERNEL, [rows.div_ceil(64) as u32, 2374, 1]), "{l}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn full_logits_pass_2_pow_31_at_14135_tokens() {
+        let counts: Vec<u64> = critical_counts(&QWEN, &DeviceLimits::h200()).iter().map(|c| c.tokens).collect();
+        // (2^31 − 1) / 151,936 = 14,134.1; x blocks / 64 = 33,554,431.98; x words / 576 = 3,728,270.2.
+        for t in [1, 8, 9, 63, 64, 65, 127, 128, 129, 14_134, 14_135, 33_554_431, 33_554_432, 3_728_270, 3_728_271] {
+            assert!(counts.contains(&t), "{t} missing from {counts:?}");
+        }
+        assert_eq!(14_134 * 151_936 + 151_935, 2_147_615_359u64, "the last logit of 14,135 tokens is past 2^31");
+        let rows = HeadCase { sequences: Some(100), ..QWEN };
+        let counts: Vec<u64> = critical_counts(&rows, &DeviceLimits::h200()).iter().map(|c| c.tokens).collect();
+        assert!(counts.contains(&99) && counts.contains(&100) && counts.contains(&101) && !counts.contains(&14_135));
+    }
+
+    #[test]
+    fn last_positions_end_each_sequence() {
+        assert_eq!(last_positions(10, 4), vec![1, 4, 6, 9]);
+        assert_eq!(last_positions(3, 4), vec![0, 1, 2]);
+        assert_eq!(last_positions(8192, 1), vec![8191]);
+        let p = last_positions(14_135, 100);
+        assert_eq!(p.len(), 100);
+        assert!(p.windows(2).all(|w| w[0] < w[1]) && *p.last().unwrap() == 14_134);
+    }
+
+    #[test]
+    fn bad_shapes_are_typed_errors() {
+        let l = DeviceLimits::gb10();
+        for (t, c) in [
+            (0, QWEN),
+            (1, HeadCase { hidden: 2047, ..QWEN }),
+            (1, HeadCase { hidden: 0, ..QWEN }),
+            (1, HeadCase { vocab: 0, ..QWEN }),
+            ((1 << 31) + 1, HeadCase { sequences: Some(4), ..QWEN }),
+        ] {
+            assert!(matches!(plans(t, &c, &l), Err(PlanError::Unsupported { .. })), "t={t} {c:?}");
+        }
+        // The vocab tiles are on grid.y: past 65535 tiles of 64 the plan refuses, typed.
+        let wide = HeadCase { vocab: 65_535 * 64 + 1, ..QWEN };
+        assert!(matches!(plans(100, &wide, &l), Err(PlanError::GridDim { axis: 'y', .. })));
+        assert!(plans(100, &HeadCase { vocab: 65_535 * 64, ..QWEN }, &l).is_ok());
+    }
+
+    #[test]
+    fn buffers_too_small_are_refused() {
+        let d = HeadDims { hidden: 64, vocab: 10, wtype: WeightType::Q8_0 };
+        let p = plan(3, &d, &DeviceLimits::h200()).unwrap();
+        let ok = [("x", 3 * 72), ("rows", 12), ("w", 680), ("out", 120)];
+        assert!(check_buffers(&p, &d, 3, 3, ok).is_ok());
+        for i in 0..4 {
+            let mut short = ok;
+            short[i].1 -= 1;
+            assert!(check_buffers(&p, &d, 3, 3, short).is_err(), "{}", ok[i].0);
+        }
+    }
+
+    /// The Rust tile constants are the ones `output_head.cu` defines.
+    #[test]
+    fn constants_match_the_cuda_source() {
+        let define = |name: &str| -> u64 {
+            let line = OUTPUT_HEAD.code.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap();
+            line.split_whitespace().nth(2).unwrap().parse().unwrap()
+        };
+        assert_eq!([define("HEAD_BM"), define("HEAD_BN"), define("HEAD_KB"), define("HEAD_QS")], [TILE_M, TILE_N, K_BLOCKS, STAGED_INTS]);
+        assert_eq!(define("HEAD_TM") * define("HEAD_TN") * GEMM_THREADS as u64, TILE_M * TILE_N);
+        assert_eq!([define("HEAD_GEMV_WARPS"), define("HEAD_GEMV_MAX_ROWS")], [GEMV_WARPS as u64, GEMV_MAX_ROWS]);
+        assert!(GEMM_SHARED_BYTES <= 48 * 1024);
+    }
+}

@@ -1,0 +1,669 @@
+//! GGUF block formats used by the kernels, and their CPU twins.
+//!
+//! Layouts match ggml exactly (`block_q8_0`, `block_q4_0`, `block_q8_1`): 32 weights per block,
+//! an f16 scale first. The dot products below are the CPU references of the GPU dot products:
+//! the same integer sums, the same f16 scales, the same formula per block.
+//!
+//! [`TensorType`] covers every tensor type the engine computes: the float types ([`float`]),
+//! q4_0 and q8_0 (here), and the K-quant super-blocks ([`kquants`]), with length-checked
+//! dequantization (multi-threaded for whole tensors) and the dot products with q8_1 rows.
+
+pub mod float;
+pub mod kquants;
+
+use half::f16;
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// Weights per quantization block.
+pub const QK: usize = 32;
+
+/// Weight formats the routed path and the dense projections take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightType {
+    Q8_0,
+    Q4_0,
+}
+
+impl WeightType {
+    pub const ALL: [WeightType; 2] = [WeightType::Q8_0, WeightType::Q4_0];
+
+    pub fn block_bytes(self) -> usize {
+        match self {
+            WeightType::Q8_0 => BLOCK_Q8_0_BYTES,
+            WeightType::Q4_0 => BLOCK_Q4_0_BYTES,
+        }
+    }
+
+    /// The `WTYPE_*` constant the kernels take to select the weight format.
+    pub fn code(self) -> i32 {
+        match self {
+            WeightType::Q8_0 => 0,
+            WeightType::Q4_0 => 1,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightType::Q8_0 => "q8_0",
+            WeightType::Q4_0 => "q4_0",
+        }
+    }
+
+    /// Bytes of one row of `k` weights (`k` a multiple of [`QK`]).
+    pub fn row_bytes(self, k: usize) -> usize {
+        k / QK * self.block_bytes()
+    }
+
+    /// Dot product of one quantized weight row with one q8_1 activation row.
+    pub fn dot_q8_1(self, w_row: &[u8], x: &[BlockQ8_1]) -> f32 {
+        match self {
+            WeightType::Q8_0 => dot_q8_0_q8_1(w_row, x),
+            WeightType::Q4_0 => dot_q4_0_q8_1(w_row, x),
+        }
+    }
+
+    /// Dequantizes one row of weights to f32.
+    pub fn dequantize_row(self, w_row: &[u8]) -> Vec<f32> {
+        match self {
+            WeightType::Q8_0 => dequantize_q8_0(w_row),
+            WeightType::Q4_0 => dequantize_q4_0(w_row),
+        }
+    }
+}
+
+impl std::fmt::Display for WeightType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `block_q8_0`: f16 d, 32 x i8. x = d * q.
+pub const BLOCK_Q8_0_BYTES: usize = 2 + QK;
+/// `block_q4_0`: f16 d, 16 bytes of nibbles; element j < 16 is the low nibble of byte j,
+/// element j >= 16 the high nibble of byte j - 16. x = d * (q - 8).
+pub const BLOCK_Q4_0_BYTES: usize = 2 + QK / 2;
+/// `block_q8_1` (activations): f16 d, f16 s = d * sum(q), 32 x i8.
+pub const BLOCK_Q8_1_BYTES: usize = 4 + QK;
+
+/// One q8_1 block, as the CPU reference holds it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockQ8_1 {
+    pub d: f16,
+    pub s: f16,
+    pub qs: [i8; QK],
+}
+
+impl BlockQ8_1 {
+    pub fn to_bytes(&self, out: &mut [u8]) {
+        out[0..2].copy_from_slice(&self.d.to_le_bytes());
+        out[2..4].copy_from_slice(&self.s.to_le_bytes());
+        for (o, q) in out[4..4 + QK].iter_mut().zip(&self.qs) {
+            *o = *q as u8;
+        }
+    }
+
+    pub fn from_bytes(b: &[u8]) -> Self {
+        let mut qs = [0i8; QK];
+        for (q, &byte) in qs.iter_mut().zip(&b[4..4 + QK]) {
+            *q = byte as i8;
+        }
+        BlockQ8_1 { d: f16::from_le_bytes([b[0], b[1]]), s: f16::from_le_bytes([b[2], b[3]]), qs }
+    }
+}
+
+/// Quantizes 32 activations the way the `quantize_q8_1` kernel does: d = amax / 127,
+/// q = round(x / d) (half away from zero), s = d * sum(q).
+pub fn quantize_block_q8_1(x: &[f32]) -> BlockQ8_1 {
+    debug_assert_eq!(x.len(), QK);
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let mut qs = [0i8; QK];
+    let mut sum = 0i32;
+    for (q, &v) in qs.iter_mut().zip(x) {
+        let r = if amax == 0.0 { 0.0 } else { (v / d).round() };
+        *q = r as i8;
+        sum += *q as i32;
+    }
+    BlockQ8_1 { d: f16::from_f32(d), s: f16::from_f32(sum as f32 * d), qs }
+}
+
+pub fn quantize_row_q8_1(x: &[f32]) -> Vec<BlockQ8_1> {
+    assert_eq!(x.len() % QK, 0, "row length {} is not a multiple of {QK}", x.len());
+    x.chunks_exact(QK).map(quantize_block_q8_1).collect()
+}
+
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+pub fn dequantize_q8_0(row: &[u8]) -> Vec<f32> {
+    let mut out = vec![0.0; row.len() / BLOCK_Q8_0_BYTES * QK];
+    dequantize_q8_0_into(row, &mut out);
+    out
+}
+
+/// Dequantizes the whole blocks of `row` into `out` (as many as both hold).
+pub fn dequantize_q8_0_into(row: &[u8], out: &mut [f32]) {
+    for (b, y) in row.chunks_exact(BLOCK_Q8_0_BYTES).zip(out.chunks_exact_mut(QK)) {
+        let d = f16_at(b, 0);
+        for (y, &q) in y.iter_mut().zip(&b[2..]) {
+            *y = d * (q as i8) as f32;
+        }
+    }
+}
+
+pub fn dequantize_q4_0(row: &[u8]) -> Vec<f32> {
+    let mut out = vec![0.0; row.len() / BLOCK_Q4_0_BYTES * QK];
+    dequantize_q4_0_into(row, &mut out);
+    out
+}
+
+/// Dequantizes the whole blocks of `row` into `out` (as many as both hold).
+pub fn dequantize_q4_0_into(row: &[u8], out: &mut [f32]) {
+    for (b, y) in row.chunks_exact(BLOCK_Q4_0_BYTES).zip(out.chunks_exact_mut(QK)) {
+        let d = f16_at(b, 0);
+        let (lo, hi) = y.split_at_mut(QK / 2);
+        for ((lo, hi), &q) in lo.iter_mut().zip(hi).zip(&b[2..]) {
+            *lo = d * ((q & 0x0f) as i32 - 8) as f32;
+            *hi = d * ((q >> 4) as i32 - 8) as f32;
+        }
+    }
+}
+
+pub fn dequantize_q8_1(x: &[BlockQ8_1]) -> Vec<f32> {
+    x.iter().flat_map(|b| b.qs.iter().map(move |&q| b.d.to_f32() * q as f32)).collect()
+}
+
+/// Σ_blocks d_w · d_x · Σ q_w q_x, the formula of the `dot_q8_0_q8_1` device function.
+pub fn dot_q8_0_q8_1(w_row: &[u8], x: &[BlockQ8_1]) -> f32 {
+    let mut acc = 0.0f32;
+    for (b, xb) in w_row.chunks_exact(BLOCK_Q8_0_BYTES).zip(x) {
+        let isum: i32 = b[2..].iter().zip(&xb.qs).map(|(&w, &q)| (w as i8) as i32 * q as i32).sum();
+        acc += f16_at(b, 0) * xb.d.to_f32() * isum as f32;
+    }
+    acc
+}
+
+/// Σ_blocks d_w · (d_x · Σ q_w q_x − 8 s_x) with q_w in 0..15, the formula of the
+/// `dot_q4_0_q8_1` device function (the −8 offset folded into the activation sum).
+pub fn dot_q4_0_q8_1(w_row: &[u8], x: &[BlockQ8_1]) -> f32 {
+    let mut acc = 0.0f32;
+    for (b, xb) in w_row.chunks_exact(BLOCK_Q4_0_BYTES).zip(x) {
+        let qs = &b[2..];
+        let mut isum = 0i32;
+        for (j, &q) in qs.iter().enumerate() {
+            isum += (q & 0x0f) as i32 * xb.qs[j] as i32;
+            isum += (q >> 4) as i32 * xb.qs[j + QK / 2] as i32;
+        }
+        acc += f16_at(b, 0) * (xb.d.to_f32() * isum as f32 - 8.0 * xb.s.to_f32());
+    }
+    acc
+}
+
+/// Every tensor type the engine computes, as GGUF stores it (ggml's type ids and layouts).
+/// Variants keep ggml's spelling (`Q4_K`), the one every GGUF tool prints.
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TensorType {
+    #[serde(rename = "f32")]
+    F32,
+    #[serde(rename = "f16")]
+    F16,
+    #[serde(rename = "bf16")]
+    BF16,
+    #[serde(rename = "q4_0")]
+    Q4_0,
+    #[serde(rename = "q8_0")]
+    Q8_0,
+    #[serde(rename = "q4_K", alias = "q4_k")]
+    Q4_K,
+    #[serde(rename = "q5_K", alias = "q5_k")]
+    Q5_K,
+    #[serde(rename = "q6_K", alias = "q6_k")]
+    Q6_K,
+}
+
+/// ggml's names of its type ids (ggml.h `enum ggml_type`; gaps are retired ids), so an
+/// unsupported tensor is reported by name.
+const GGML_TYPE_NAMES: [(u32, &str); 34] = [
+    (0, "f32"),
+    (1, "f16"),
+    (2, "q4_0"),
+    (3, "q4_1"),
+    (6, "q5_0"),
+    (7, "q5_1"),
+    (8, "q8_0"),
+    (9, "q8_1"),
+    (10, "q2_K"),
+    (11, "q3_K"),
+    (12, "q4_K"),
+    (13, "q5_K"),
+    (14, "q6_K"),
+    (15, "q8_K"),
+    (16, "iq2_xxs"),
+    (17, "iq2_xs"),
+    (18, "iq3_xxs"),
+    (19, "iq1_s"),
+    (20, "iq4_nl"),
+    (21, "iq3_s"),
+    (22, "iq2_s"),
+    (23, "iq4_xs"),
+    (24, "i8"),
+    (25, "i16"),
+    (26, "i32"),
+    (27, "i64"),
+    (28, "f64"),
+    (29, "iq1_m"),
+    (30, "bf16"),
+    (34, "tq1_0"),
+    (35, "tq2_0"),
+    (39, "mxfp4"),
+    (40, "nvfp4"),
+    (41, "q1_0"),
+];
+
+/// Bad lengths or types given to the dequantizers and dot products: the bytes come from model
+/// files, so every mismatch is an error naming the type and the numbers, never a panic.
+#[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
+pub enum QuantError {
+    #[error("tensor type {name} (ggml type {id}) is not supported: brink computes f32, f16, bf16, q4_0, q8_0, q4_K, q5_K and q6_K")]
+    UnsupportedType { id: u32, name: &'static str },
+    #[error("unknown tensor type {0:?}: expected one of f32, f16, bf16, q4_0, q8_0, q4_K, q5_K, q6_K")]
+    UnknownName(String),
+    #[error("{ty}: {bytes} bytes are not a whole number of {block_bytes}-byte blocks")]
+    PartialBlock { ty: TensorType, bytes: usize, block_bytes: usize },
+    #[error("{ty}: {values} values are not a whole number of {block_size}-value blocks")]
+    PartialValues { ty: TensorType, values: u64, block_size: usize },
+    #[error("{ty}: {values} values do not make whole rows of {row_len}")]
+    PartialRow { ty: TensorType, values: usize, row_len: usize },
+    #[error("{ty}: {values} values take more than 2^64 bytes")]
+    TooLarge { ty: TensorType, values: u64 },
+    #[error("{ty}: the bytes hold {values} values but the output has room for {out}")]
+    OutputLength { ty: TensorType, values: usize, out: usize },
+    #[error("{0} weights have no q8_1 dot product: float weights multiply float activations")]
+    NoQ8_1Dot(TensorType),
+    #[error("{ty}: a weight row of {weights} values against {activations} q8_1 activation values")]
+    DotLength { ty: TensorType, weights: usize, activations: usize },
+}
+
+/// Below this many values a tensor is dequantized on the calling thread: splitting it would
+/// cost more than it saves.
+const PARALLEL_MIN_VALUES: usize = 1 << 16;
+
+impl TensorType {
+    pub const ALL: [TensorType; 8] = [
+        TensorType::F32,
+        TensorType::F16,
+        TensorType::BF16,
+        TensorType::Q4_0,
+        TensorType::Q8_0,
+        TensorType::Q4_K,
+        TensorType::Q5_K,
+        TensorType::Q6_K,
+    ];
+
+    /// The `ggml_type` id a GGUF tensor info carries.
+    pub fn ggml_id(self) -> u32 {
+        match self {
+            TensorType::F32 => 0,
+            TensorType::F16 => 1,
+            TensorType::Q4_0 => 2,
+            TensorType::Q8_0 => 8,
+            TensorType::Q4_K => 12,
+            TensorType::Q5_K => 13,
+            TensorType::Q6_K => 14,
+            TensorType::BF16 => 30,
+        }
+    }
+
+    pub fn from_ggml_id(id: u32) -> Result<TensorType, QuantError> {
+        Self::ALL.into_iter().find(|t| t.ggml_id() == id).ok_or_else(|| {
+            let name = GGML_TYPE_NAMES.iter().find(|(i, _)| *i == id).map_or("unknown", |(_, n)| n);
+            QuantError::UnsupportedType { id, name }
+        })
+    }
+
+    /// ggml's name of the type (`q4_K`, not `q4_k`).
+    pub fn name(self) -> &'static str {
+        match self {
+            TensorType::F32 => "f32",
+            TensorType::F16 => "f16",
+            TensorType::BF16 => "bf16",
+            TensorType::Q4_0 => "q4_0",
+            TensorType::Q8_0 => "q8_0",
+            TensorType::Q4_K => "q4_K",
+            TensorType::Q5_K => "q5_K",
+            TensorType::Q6_K => "q6_K",
+        }
+    }
+
+    /// Values per block (1 for the float types).
+    pub fn block_size(self) -> usize {
+        match self {
+            TensorType::F32 | TensorType::F16 | TensorType::BF16 => 1,
+            TensorType::Q4_0 | TensorType::Q8_0 => QK,
+            TensorType::Q4_K | TensorType::Q5_K | TensorType::Q6_K => kquants::QK_K,
+        }
+    }
+
+    pub fn block_bytes(self) -> usize {
+        match self {
+            TensorType::F32 => float::F32_BYTES,
+            TensorType::F16 => float::F16_BYTES,
+            TensorType::BF16 => float::BF16_BYTES,
+            TensorType::Q4_0 => BLOCK_Q4_0_BYTES,
+            TensorType::Q8_0 => BLOCK_Q8_0_BYTES,
+            TensorType::Q4_K => kquants::BLOCK_Q4_K_BYTES,
+            TensorType::Q5_K => kquants::BLOCK_Q5_K_BYTES,
+            TensorType::Q6_K => kquants::BLOCK_Q6_K_BYTES,
+        }
+    }
+
+    pub fn is_quantized(self) -> bool {
+        self.block_size() > 1
+    }
+
+    /// The kernels' weight format for this type, where the routed GEMV/GEMM take it.
+    pub fn weight_type(self) -> Option<WeightType> {
+        match self {
+            TensorType::Q8_0 => Some(WeightType::Q8_0),
+            TensorType::Q4_0 => Some(WeightType::Q4_0),
+            _ => None,
+        }
+    }
+
+    /// Bytes of `values` values (a whole number of blocks), without overflow: sizes come from
+    /// tensor shapes in model files.
+    pub fn byte_size(self, values: u64) -> Result<u64, QuantError> {
+        let block_size = self.block_size();
+        if !values.is_multiple_of(block_size as u64) {
+            return Err(QuantError::PartialValues { ty: self, values, block_size });
+        }
+        (values / block_size as u64).checked_mul(self.block_bytes() as u64).ok_or(QuantError::TooLarge { ty: self, values })
+    }
+
+    /// Values held by `bytes` (a whole number of blocks).
+    pub fn value_count(self, bytes: usize) -> Result<usize, QuantError> {
+        let block_bytes = self.block_bytes();
+        if !bytes.is_multiple_of(block_bytes) {
+            return Err(QuantError::PartialBlock { ty: self, bytes, block_bytes });
+        }
+        (bytes / block_bytes).checked_mul(self.block_size()).ok_or(QuantError::TooLarge { ty: self, values: u64::MAX })
+    }
+
+    pub fn dequantize_row(self, bytes: &[u8]) -> Result<Vec<f32>, QuantError> {
+        let mut out = vec![0.0; self.value_count(bytes.len())?];
+        self.dequantize_blocks(bytes, &mut out);
+        Ok(out)
+    }
+
+    /// Dequantizes `bytes` into `out`, which must hold exactly their values.
+    pub fn dequantize_into(self, bytes: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
+        self.check_output(bytes, out)?;
+        self.dequantize_blocks(bytes, out);
+        Ok(())
+    }
+
+    /// Dequantizes a tensor of rows of `row_len` values into `out`, on rayon's threads when it
+    /// is large (whole rows per task, so each task stays within its rows' blocks).
+    pub fn dequantize_rows(self, bytes: &[u8], row_len: usize, out: &mut [f32]) -> Result<(), QuantError> {
+        let values = self.check_output(bytes, out)?;
+        let block_size = self.block_size();
+        if row_len == 0 || !row_len.is_multiple_of(block_size) {
+            return Err(QuantError::PartialValues { ty: self, values: row_len as u64, block_size });
+        }
+        if !values.is_multiple_of(row_len) {
+            return Err(QuantError::PartialRow { ty: self, values, row_len });
+        }
+        if values <= PARALLEL_MIN_VALUES {
+            self.dequantize_blocks(bytes, out);
+            return Ok(());
+        }
+        let rows_per_task = (PARALLEL_MIN_VALUES / row_len).max(1);
+        let task_bytes = rows_per_task * (row_len / block_size) * self.block_bytes();
+        out.par_chunks_mut(rows_per_task * row_len).zip(bytes.par_chunks(task_bytes)).for_each(|(o, b)| self.dequantize_blocks(b, o));
+        Ok(())
+    }
+
+    /// Dot product of one weight row with one q8_1 activation row: the CPU twin of the GPU's
+    /// per-type block formula. Quantized types only.
+    pub fn dot_q8_1(self, w_row: &[u8], x: &[BlockQ8_1]) -> Result<f32, QuantError> {
+        let dot: fn(&[u8], &[BlockQ8_1]) -> f32 = match self {
+            TensorType::Q4_0 => dot_q4_0_q8_1,
+            TensorType::Q8_0 => dot_q8_0_q8_1,
+            TensorType::Q4_K => kquants::dot_q4_k_q8_1,
+            TensorType::Q5_K => kquants::dot_q5_k_q8_1,
+            TensorType::Q6_K => kquants::dot_q6_k_q8_1,
+            TensorType::F32 | TensorType::F16 | TensorType::BF16 => return Err(QuantError::NoQ8_1Dot(self)),
+        };
+        let weights = self.value_count(w_row.len())?;
+        if weights != x.len() * QK {
+            return Err(QuantError::DotLength { ty: self, weights, activations: x.len() * QK });
+        }
+        Ok(dot(w_row, x))
+    }
+
+    fn check_output(self, bytes: &[u8], out: &[f32]) -> Result<usize, QuantError> {
+        let values = self.value_count(bytes.len())?;
+        if values != out.len() {
+            return Err(QuantError::OutputLength { ty: self, values, out: out.len() });
+        }
+        Ok(values)
+    }
+
+    /// The whole blocks of `bytes` into `out` (lengths already checked).
+    fn dequantize_blocks(self, bytes: &[u8], out: &mut [f32]) {
+        match self {
+            TensorType::F32 => float::dequantize_f32_into(bytes, out),
+            TensorType::F16 => float::dequantize_f16_into(bytes, out),
+            TensorType::BF16 => float::dequantize_bf16_into(bytes, out),
+            TensorType::Q4_0 => dequantize_q4_0_into(bytes, out),
+            TensorType::Q8_0 => dequantize_q8_0_into(bytes, out),
+            TensorType::Q4_K => kquants::dequantize_row_q4_k(bytes, out),
+            TensorType::Q5_K => kquants::dequantize_row_q5_k(bytes, out),
+            TensorType::Q6_K => kquants::dequantize_row_q6_k(bytes, out),
+        }
+    }
+}
+
+impl From<WeightType> for TensorType {
+    fn from(w: WeightType) -> Self {
+        match w {
+            WeightType::Q8_0 => TensorType::Q8_0,
+            WeightType::Q4_0 => TensorType::Q4_0,
+        }
+    }
+}
+
+impl std::str::FromStr for TensorType {
+    type Err = QuantError;
+
+    /// ggml's names, in any case (`q4_K`, `Q4_K`, `q4_k`).
+    fn from_str(s: &str) -> Result<Self, QuantError> {
+        Self::ALL.into_iter().find(|t| t.name().eq_ignore_ascii_case(s)).ok_or_else(|| QuantError::UnknownName(s.to_string()))
+    }
+}
+
+impl std::fmt::Display for TensorType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q8_0_block(d: f32, qs: impl Fn(usize) -> i8) -> Vec<u8> {
+        let mut b = f16::from_f32(d).to_le_bytes().to_vec();
+        b.extend((0..QK).map(|j| qs(j) as u8));
+        b
+    }
+
+    #[test]
+    fn q8_0_known_block() {
+        // d = 0.5 (exact in f16), q_j = j - 16.
+        let b = q8_0_block(0.5, |j| j as i8 - 16);
+        let x = dequantize_q8_0(&b);
+        assert_eq!(x.len(), 32);
+        assert_eq!(x[0], -8.0);
+        assert_eq!(x[16], 0.0);
+        assert_eq!(x[31], 7.5);
+    }
+
+    #[test]
+    fn q4_0_known_block_nibble_order() {
+        // d = 0.25; byte j = (hi << 4) | lo with lo = j, hi = 15 - j.
+        let mut b = f16::from_f32(0.25).to_le_bytes().to_vec();
+        b.extend((0..16u8).map(|j| ((15 - j) << 4) | j));
+        let x = dequantize_q4_0(&b);
+        // element j < 16: (j - 8) * 0.25; element 16 + j: (15 - j - 8) * 0.25.
+        assert_eq!(x[0], -2.0);
+        assert_eq!(x[15], 1.75);
+        assert_eq!(x[16], 1.75);
+        assert_eq!(x[31], -2.0);
+    }
+
+    #[test]
+    fn q8_1_roundtrip_and_sum() {
+        let x: Vec<f32> = (0..32).map(|i| (i as f32 - 13.3) * 0.37).collect();
+        let b = quantize_block_q8_1(&x);
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert!(b.qs.iter().any(|&q| q == 127 || q == -127));
+        let back = dequantize_q8_1(&[b]);
+        for (a, r) in x.iter().zip(&back) {
+            assert!((a - r).abs() <= amax / 127.0 * 0.51 + 1e-3, "{a} vs {r}");
+        }
+        let sum: i32 = b.qs.iter().map(|&q| q as i32).sum();
+        assert!((b.s.to_f32() - b.d.to_f32() * sum as f32).abs() <= 1e-2 * b.s.to_f32().abs().max(1.0));
+        let mut bytes = [0u8; BLOCK_Q8_1_BYTES];
+        b.to_bytes(&mut bytes);
+        assert_eq!(BlockQ8_1::from_bytes(&bytes), b);
+    }
+
+    #[test]
+    fn zero_block_quantizes_to_zero() {
+        let b = quantize_block_q8_1(&[0.0; 32]);
+        assert!(b.qs.iter().all(|&q| q == 0));
+        assert_eq!(b.d.to_f32(), 0.0);
+    }
+
+    /// The block-formula dots equal the straightforward dequantize-then-multiply sums.
+    #[test]
+    fn dots_match_dequantized_scalar_formula() {
+        let x: Vec<f32> = (0..64).map(|i| ((i * 37 % 29) as f32 - 14.0) * 0.11).collect();
+        let xq = quantize_row_q8_1(&x);
+        let xd = dequantize_q8_1(&xq);
+        let mut w8 = q8_0_block(0.03, |j| ((j as i32 * 7) % 127 - 60) as i8);
+        w8.extend(q8_0_block(0.02, |j| (100 - j as i32 * 5) as i8));
+        let mut w4 = f16::from_f32(0.1).to_le_bytes().to_vec();
+        w4.extend((0..16u8).map(|j| (j * 7 % 16) | ((j * 3 % 16) << 4)));
+        w4.extend(f16::from_f32(0.05).to_le_bytes());
+        w4.extend((0..16u8).map(|j| (15 - j) | (j << 4)));
+        for (t, w) in [(WeightType::Q8_0, &w8), (WeightType::Q4_0, &w4)] {
+            let wd = t.dequantize_row(w);
+            let scalar: f64 = wd.iter().zip(&xd).map(|(a, b)| *a as f64 * *b as f64).sum();
+            let block = t.dot_q8_1(w, &xq) as f64;
+            // q4_0 goes through the f16 s = d * sum(q): allow its rounding.
+            assert!((scalar - block).abs() <= 2e-3 * scalar.abs().max(1.0), "{t}: {scalar} vs {block}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tensor_type_tests {
+    use super::*;
+    use crate::testdata::hash2;
+
+    #[test]
+    fn ids_and_sizes_are_ggmls() {
+        // (type, ggml id, values per block, bytes per block) from ggml.h and ggml-common.h.
+        let table = [
+            (TensorType::F32, 0, 1, 4),
+            (TensorType::F16, 1, 1, 2),
+            (TensorType::BF16, 30, 1, 2),
+            (TensorType::Q4_0, 2, 32, 18),
+            (TensorType::Q8_0, 8, 32, 34),
+            (TensorType::Q4_K, 12, 256, 144),
+            (TensorType::Q5_K, 13, 256, 176),
+            (TensorType::Q6_K, 14, 256, 210),
+        ];
+        for (t, id, block_size, block_bytes) in table {
+            assert_eq!((t.ggml_id(), t.block_size(), t.block_bytes()), (id, block_size, block_bytes), "{t}");
+            assert_eq!(TensorType::from_ggml_id(id), Ok(t));
+            assert_eq!(t.name().parse::<TensorType>(), Ok(t));
+            assert_eq!(t.name().to_uppercase().parse::<TensorType>(), Ok(t));
+            assert_eq!(serde_json::to_string(&t).unwrap(), format!("\"{}\"", t.name()));
+        }
+        assert_eq!(serde_json::from_str::<TensorType>("\"q6_k\"").unwrap(), TensorType::Q6_K);
+    }
+
+    #[test]
+    fn unsupported_types_are_named() {
+        let e = TensorType::from_ggml_id(3).unwrap_err();
+        assert_eq!(e, QuantError::UnsupportedType { id: 3, name: "q4_1" });
+        assert!(e.to_string().contains("q4_1 (ggml type 3) is not supported"), "{e}");
+        assert_eq!(TensorType::from_ggml_id(4), Err(QuantError::UnsupportedType { id: 4, name: "unknown" }));
+        assert!(matches!("q3_K".parse::<TensorType>(), Err(QuantError::UnknownName(n)) if n == "q3_K"));
+    }
+
+    #[test]
+    fn sizes_are_checked_not_overflowed() {
+        assert_eq!(TensorType::Q4_K.byte_size(512), Ok(288));
+        assert_eq!(TensorType::BF16.byte_size(3), Ok(6));
+        assert_eq!(TensorType::Q8_0.byte_size(48), Err(QuantError::PartialValues { ty: TensorType::Q8_0, values: 48, block_size: 32 }));
+        assert_eq!(TensorType::F32.byte_size(u64::MAX / 2), Err(QuantError::TooLarge { ty: TensorType::F32, values: u64::MAX / 2 }));
+        assert_eq!(TensorType::Q6_K.value_count(420), Ok(512));
+        assert_eq!(TensorType::Q6_K.value_count(421), Err(QuantError::PartialBlock { ty: TensorType::Q6_K, bytes: 421, block_bytes: 210 }));
+    }
+
+    #[test]
+    fn bad_lengths_are_errors() {
+        let t = TensorType::Q5_K;
+        assert_eq!(t.dequantize_row(&[0; 177]), Err(QuantError::PartialBlock { ty: t, bytes: 177, block_bytes: 176 }));
+        let mut out = vec![0.0; 255];
+        assert_eq!(t.dequantize_into(&[0; 176], &mut out), Err(QuantError::OutputLength { ty: t, values: 256, out: 255 }));
+        let mut out = vec![0.0; 768];
+        assert_eq!(t.dequantize_rows(&[0; 528], 128, &mut out), Err(QuantError::PartialValues { ty: t, values: 128, block_size: 256 }));
+        assert_eq!(t.dequantize_rows(&[0; 528], 512, &mut out), Err(QuantError::PartialRow { ty: t, values: 768, row_len: 512 }));
+        assert!(t.dequantize_rows(&[0; 528], 0, &mut out).is_err());
+        let x = vec![quantize_block_q8_1(&[0.5; QK]); 7];
+        assert_eq!(t.dot_q8_1(&[0; 176], &x), Err(QuantError::DotLength { ty: t, weights: 256, activations: 224 }));
+        assert_eq!(TensorType::F16.dot_q8_1(&[0; 64], &x[..1]), Err(QuantError::NoQ8_1Dot(TensorType::F16)));
+    }
+
+    fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
+        (0..n as u64).map(|i| hash2(seed, i) as u8).collect()
+    }
+
+    #[test]
+    fn q8_0_and_q4_0_go_through_the_existing_twins() {
+        let w8 = random_bytes(1, 4 * BLOCK_Q8_0_BYTES);
+        let w4 = random_bytes(2, 4 * BLOCK_Q4_0_BYTES);
+        assert_eq!(TensorType::Q8_0.dequantize_row(&w8).unwrap(), WeightType::Q8_0.dequantize_row(&w8));
+        assert_eq!(TensorType::Q4_0.dequantize_row(&w4).unwrap(), WeightType::Q4_0.dequantize_row(&w4));
+        let x = quantize_row_q8_1(&(0..128).map(|i| (i as f32 - 60.0) / 64.0).collect::<Vec<_>>());
+        assert_eq!(TensorType::Q8_0.dot_q8_1(&w8, &x), Ok(dot_q8_0_q8_1(&w8, &x)));
+        assert_eq!(TensorType::Q4_0.dot_q8_1(&w4, &x), Ok(dot_q4_0_q8_1(&w4, &x)));
+        assert_eq!(TensorType::from(WeightType::Q4_0).weight_type(), Some(WeightType::Q4_0));
+    }
+
+    /// A tensor big enough to be split between threads dequantizes to exactly what one pass
+    /// over all its bytes gives (the row split must not shift a block).
+    #[test]
+    fn parallel_rows_equal_one_serial_pass() {
+        for t in TensorType::ALL {
+            let row_len = 3 * 256;
+            let rows = 200; // 153,600 values: over the parallel threshold, rows not a power of two
+            let bytes = random_bytes(t.ggml_id() as u64, t.byte_size((rows * row_len) as u64).unwrap() as usize);
+            let serial = t.dequantize_row(&bytes).unwrap();
+            let mut parallel = vec![f32::NAN; rows * row_len];
+            t.dequantize_rows(&bytes, row_len, &mut parallel).unwrap();
+            // Bits, not values: random scales include NaNs, and NaN != NaN.
+            let same = serial.iter().zip(&parallel).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{t}: the parallel dequantization differs from the serial one");
+        }
+    }
+}
