@@ -189,6 +189,24 @@ impl fmt::Display for Launch {
     }
 }
 
+/// Bytes of `len` elements of `elem` bytes, for [`require_bytes`].
+pub fn bytes_of(len: usize, elem: usize) -> u64 {
+    len as u64 * elem as u64
+}
+
+/// Refuses a launch whose buffers are smaller than it reads or writes: `(name, have, need)` in
+/// bytes. A launch never goes out of bounds of what the caller handed in.
+pub fn require_bytes(p: &Launch, needs: &[(&str, u64, u64)]) -> Result<(), PlanError> {
+    match needs.iter().find(|(_, have, need)| have < need) {
+        Some((name, have, need)) => Err(PlanError::Unsupported {
+            kernel: p.kernel.clone(),
+            what: format!("buffer {name} holds {have} B, the launch needs {need} B"),
+            shape: p.shape.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Blocks for a grid-stride loop over `items` with `per_block` workers per block: enough to
 /// fill the device a few times over, never more than the items need, never past `grid.x`.
 pub fn grid_stride_blocks(items: u64, per_block: u64, limits: &DeviceLimits) -> u64 {

@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::cuda::{Gpu, GpuError, error_name};
-use crate::launch::{Cover, Launch, PlanError};
+use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
 use crate::limits::DeviceLimits;
 use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform, fill_weights};
 use crate::quant::{QK, WeightType};
@@ -205,23 +205,6 @@ pub fn launch<T: DeviceRepr, Y: DeviceRepr>(
         b.arg(ids).arg(table).arg(&ttype).arg(out).arg(&vocab).arg(&hidden).arg(&mut bad.0);
     })?;
     Ok(())
-}
-
-pub(crate) fn bytes_of(len: usize, elem: usize) -> u64 {
-    len as u64 * elem as u64
-}
-
-/// Refuses a launch whose buffers are smaller than it reads or writes: `(name, have, need)` in
-/// bytes. A launch never goes out of bounds of what the caller handed in.
-pub(crate) fn require_bytes(p: &Launch, needs: &[(&str, u64, u64)]) -> Result<(), PlanError> {
-    match needs.iter().find(|(_, have, need)| have < need) {
-        Some((name, have, need)) => Err(PlanError::Unsupported {
-            kernel: p.kernel.clone(),
-            what: format!("buffer {name} holds {have} B, the launch needs {need} B"),
-            shape: p.shape.clone(),
-        }),
-        None => Ok(()),
-    }
 }
 
 /// Counts this plan makes critical: where `out[t·hidden + col]` passes 2^31 − 1, and where the

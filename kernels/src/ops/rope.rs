@@ -21,12 +21,11 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::cuda::{Gpu, GpuError};
-use crate::launch::{Cover, Launch, PlanError, grid_stride_blocks};
+use crate::launch::{Cover, Launch, PlanError, bytes_of, grid_stride_blocks, require_bytes};
 use crate::limits::DeviceLimits;
-use crate::ops::embed::{bytes_of, require_bytes};
 use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform};
 use crate::selftest::case::{Check, Outcome};
-use crate::selftest::verify::{RelErr, sample_rows};
+use crate::selftest::verify::{RelErr, sample_rows, with_in_place_diff};
 use crate::sources::ROPE;
 use crate::testdata::{hash2, uniform_row};
 use crate::thresholds::{Critical, overflow_point, tile_tails};
@@ -303,18 +302,8 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &RopeCase) -> Result<Outcome, GpuErro
         err.add_slice(at as u64, &y.read_f32(gpu, at, row)?, want);
     }
     launch(gpu, tokens, c.heads, &table, &pos_dev.as_view(), &mut x.as_view_mut())?;
-    let mut in_place_diff = 0u64;
-    for &t in &sampled {
-        let at = t as usize * row;
-        let (a, b) = (gpu.download_range(&x, at, row)?, y.read_f32(gpu, at, row)?);
-        in_place_diff += a.iter().zip(&b).filter(|(a, b)| a.to_bits() != b.to_bits()).count() as u64;
-    }
-    let mut check = Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms);
-    check.int_mismatches = in_place_diff;
-    if in_place_diff > 0 {
-        check.note = format!("in place differs from out of place in {in_place_diff} sampled values; {}", check.note);
-    }
-    Ok(Outcome::Ran(check))
+    let check = Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms);
+    Ok(Outcome::Ran(with_in_place_diff(gpu, &sampled, row, &x, &y, check)?))
 }
 
 #[cfg(test)]
