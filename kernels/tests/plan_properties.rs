@@ -48,6 +48,8 @@ fn plan_key(p: &OpCase) -> String {
         OpCase::Embed(c) => format!("embed v{} h{} {}", c.vocab, c.hidden, c.table),
         OpCase::RmsNorm(c) => format!("rmsnorm w{} r{}", c.width, c.rows_per_token),
         OpCase::Rope(c) => format!("rope h{} d{}", c.heads, c.head_dim),
+        OpCase::OutputHead(c) => format!("head h{} v{} {} s{:?}", c.hidden, c.vocab, c.wtype, c.sequences),
+        OpCase::Sampling(c) => format!("sampling v{}", c.vocab),
     }
 }
 

@@ -17,7 +17,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::cuda::{Gpu, GpuError};
-use crate::launch::{Cover, Launch, PlanError};
+use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
 use crate::limits::DeviceLimits;
 use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_q8_1_rows, fill_weights};
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType};
@@ -47,6 +47,7 @@ const STAGED_INTS: u64 = 9;
 /// Dynamic shared memory of a GEMM block: staged quants of x and W, x's d and s, W's d
 /// (21,504 B: within every card's 48 KiB, no opt-in).
 pub const GEMM_SHARED_BYTES: u64 = 4 * (K_BLOCKS * (TILE_M + TILE_N) * STAGED_INTS + K_BLOCKS * (2 * TILE_M + TILE_N));
+const _: () = assert!(GEMM_SHARED_BYTES <= 48 * 1024, "the GEMM tile must fit every card without opting in");
 /// Up to this many rows the GEMV runs (`HEAD_GEMV_MAX_ROWS`): decode of a few sequences.
 pub const GEMV_MAX_ROWS: u64 = 8;
 /// Weight rows per GEMV block, one warp each (`HEAD_GEMV_WARPS`).
@@ -202,44 +203,32 @@ pub struct HeadBuffers<'a, Y> {
     pub rows: Option<&'a CudaSlice<i32>>,
     /// `vocab` rows of `hidden` weights of `wtype`.
     pub w: &'a CudaSlice<u8>,
-    /// `[out_rows, vocab]` f32 (any 4-byte element type holding f32 bits).
+    /// `[out_rows, vocab]` f32 (any element type: the kernel writes f32 words).
     pub out: &'a mut CudaSlice<Y>,
 }
 
-/// Refuses buffers smaller than the launch reads or writes: a launch never goes out of bounds.
-fn check_buffers(p: &Launch, d: &HeadDims, x_rows: u64, out_rows: u64, have: [(&str, u64); 4]) -> Result<(), PlanError> {
-    let need = [
-        ("x", x_rows * (d.blocks_per_row() * BLOCK_Q8_1_BYTES) as u64),
-        ("rows", out_rows * 4),
-        ("w", d.vocab as u64 * d.row_bytes() as u64),
-        ("out", out_rows * d.vocab as u64 * 4),
-    ];
-    for ((name, have), (_, want)) in have.iter().zip(need) {
-        if *have < want {
-            return Err(PlanError::Unsupported {
-                kernel: p.kernel.clone(),
-                what: format!("buffer {name} holds {have} B, the launch needs {want} B"),
-                shape: p.shape.clone(),
-            });
-        }
-    }
-    Ok(())
+/// `(name, have, need)` in bytes for [`require_bytes`], from the buffers' sizes in bytes `have`
+/// (x, rows, w, out): what one launch reads and writes.
+fn buffer_needs(d: &HeadDims, x_rows: u64, out_rows: u64, have: [u64; 4]) -> [(&'static str, u64, u64); 4] {
+    [
+        ("x", have[0], x_rows * (d.blocks_per_row() * BLOCK_Q8_1_BYTES) as u64),
+        ("rows", have[1], 4 * out_rows),
+        ("w", have[2], d.vocab as u64 * d.row_bytes() as u64),
+        ("out", have[3], 4 * out_rows * d.vocab as u64),
+    ]
 }
 
 /// Computes `out_rows` rows of logits from `x_rows` rows of x: row r from x row `rows[r]`, or
 /// from x row r without an index list (then `out_rows <= x_rows`).
 pub fn launch<Y: DeviceRepr>(gpu: &Gpu, d: &HeadDims, x_rows: u64, out_rows: u64, b: HeadBuffers<'_, Y>) -> Result<(), GpuError> {
     let p = plan(out_rows, d, gpu.limits())?;
-    let refuse = |what: String| PlanError::Unsupported { kernel: p.kernel.clone(), what, shape: p.shape.clone() };
     if b.rows.is_none() && out_rows > x_rows {
-        return Err(refuse(format!("{out_rows} output rows from {x_rows} rows of x without an index list")).into());
+        let what = format!("{out_rows} output rows from {x_rows} rows of x without an index list");
+        return Err(PlanError::Unsupported { kernel: p.kernel.clone(), what, shape: p.shape.clone() }.into());
     }
-    if size_of::<Y>() != 4 {
-        return Err(refuse(format!("output elements of {} B, the logits are 4-byte words", size_of::<Y>())).into());
-    }
-    let rows_bytes = b.rows.map_or(out_rows * 4, |r| r.len() as u64 * 4);
-    let have = [("x", b.x.len() as u64), ("rows", rows_bytes), ("w", b.w.len() as u64), ("out", b.out.len() as u64 * 4)];
-    check_buffers(&p, d, x_rows, out_rows, have)?;
+    let rows_bytes = b.rows.map_or(4 * out_rows, |r| bytes_of(r.len(), 4));
+    let have = [bytes_of(b.x.len(), 1), rows_bytes, bytes_of(b.w.len(), 1), bytes_of(b.out.len(), size_of::<Y>())];
+    require_bytes(&p, &buffer_needs(d, x_rows, out_rows, have))?;
     let (wtype, vocab, nb) = (d.wtype.code(), d.vocab as i32, d.blocks_per_row() as i32);
     let null: u64 = 0;
     match path(out_rows) {
@@ -509,12 +498,12 @@ mod tests {
     fn buffers_too_small_are_refused() {
         let d = HeadDims { hidden: 64, vocab: 10, wtype: WeightType::Q8_0 };
         let p = plan(3, &d, &DeviceLimits::h200()).unwrap();
-        let ok = [("x", 3 * 72), ("rows", 12), ("w", 680), ("out", 120)];
-        assert!(check_buffers(&p, &d, 3, 3, ok).is_ok());
+        let ok = [3 * 72, 12, 680, 120];
+        assert!(require_bytes(&p, &buffer_needs(&d, 3, 3, ok)).is_ok());
         for i in 0..4 {
             let mut short = ok;
-            short[i].1 -= 1;
-            assert!(check_buffers(&p, &d, 3, 3, short).is_err(), "{}", ok[i].0);
+            short[i] -= 1;
+            assert!(require_bytes(&p, &buffer_needs(&d, 3, 3, short)).is_err(), "buffer {i}");
         }
     }
 
@@ -528,6 +517,5 @@ mod tests {
         assert_eq!([define("HEAD_BM"), define("HEAD_BN"), define("HEAD_KB"), define("HEAD_QS")], [TILE_M, TILE_N, K_BLOCKS, STAGED_INTS]);
         assert_eq!(define("HEAD_TM") * define("HEAD_TN") * GEMM_THREADS as u64, TILE_M * TILE_N);
         assert_eq!([define("HEAD_GEMV_WARPS"), define("HEAD_GEMV_MAX_ROWS")], [GEMV_WARPS as u64, GEMV_MAX_ROWS]);
-        assert!(GEMM_SHARED_BYTES <= 48 * 1024);
     }
 }

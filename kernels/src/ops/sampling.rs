@@ -18,7 +18,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::cuda::{Gpu, GpuError};
-use crate::launch::{Cover, Launch, PlanError};
+use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
 use crate::limits::DeviceLimits;
 use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform};
 use crate::selftest::case::{Check, Outcome};
@@ -115,14 +115,14 @@ fn exp_twin(z: f32) -> f32 {
 
 /// `sample_mass`: the fixed-point mass of logit `x` (2^32 for the max `m`).
 fn mass(x: f32, m: f32, inv_t: f32) -> u64 {
-    if !(x > f32::NEG_INFINITY) {
+    if x.is_nan() || x == f32::NEG_INFINITY {
         return 0;
     }
     if x == m {
         return 1 << 32;
     }
     let z = (x - m) * inv_t;
-    if !(z >= MIN_Z) {
+    if z.is_nan() || z < MIN_Z {
         return 0;
     }
     (exp_twin(z) * ONE) as u64
@@ -160,7 +160,7 @@ pub fn sample_row(logits: &[f32], p: &SamplingParams) -> i32 {
     let mut keys: Vec<u64> = logits.iter().enumerate().map(|(i, &x)| key(x, i as u32)).collect();
     let best = keys.iter().copied().max().unwrap_or(0);
     let m = key_logit(best);
-    if !(p.temperature > 0.0) || m == f32::NEG_INFINITY {
+    if p.temperature.is_nan() || p.temperature <= 0.0 || m == f32::NEG_INFINITY {
         return key_id(best);
     }
     let inv_t = 1.0 / p.temperature;
@@ -188,8 +188,8 @@ pub fn sampling_cpu(logits: &[f32], vocab: usize, params: &[SamplingParams]) -> 
     logits.par_chunks(vocab).zip(params).map(|(l, p)| sample_row(l, p)).collect()
 }
 
-/// Samples `rows` rows of `logits` (`[rows, vocab]` f32) into `ids` (`[rows]`, any 4-byte
-/// element type holding i32 bits), one parameter set per row.
+/// Samples `rows` rows of `logits` (`[rows, vocab]` f32) into `ids` (`[rows]` i32; any element
+/// type: the kernel writes 4-byte words), one parameter set per row.
 pub fn launch<Y: DeviceRepr>(
     gpu: &Gpu,
     rows: u64,
@@ -199,16 +199,15 @@ pub fn launch<Y: DeviceRepr>(
     ids: &mut CudaSlice<Y>,
 ) -> Result<(), GpuError> {
     let p = plan(rows, vocab, gpu.limits())?;
-    let need =
-        [("logits", logits.len() as u64, rows * vocab as u64), ("params", params.len() as u64, rows), ("ids", ids.len() as u64, rows)];
-    if let Some((name, have, want)) = need.iter().find(|(_, have, want)| have < want) {
-        let what = format!("buffer {name} holds {have} elements, the launch needs {want}");
-        return Err(PlanError::Unsupported { kernel: KERNEL.into(), what, shape: p.shape }.into());
-    }
-    if size_of::<Y>() != 4 {
-        let what = format!("id elements of {} B, ids are 4-byte words", size_of::<Y>());
-        return Err(PlanError::Unsupported { kernel: KERNEL.into(), what, shape: p.shape }.into());
-    }
+    let param_bytes = size_of::<SamplingParams>();
+    require_bytes(
+        &p,
+        &[
+            ("logits", bytes_of(logits.len(), 4), 4 * rows * vocab as u64),
+            ("params", bytes_of(params.len(), param_bytes), rows * param_bytes as u64),
+            ("ids", bytes_of(ids.len(), size_of::<Y>()), 4 * rows),
+        ],
+    )?;
     let f = gpu.function(&SAMPLING, KERNEL_FN)?;
     let v = vocab as i32;
     gpu.launch(&p, &f, |b| {

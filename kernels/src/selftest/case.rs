@@ -37,6 +37,8 @@ pub enum OpCase {
     Embed(ops::embed::EmbedCase),
     RmsNorm(ops::rmsnorm::RmsNormCase),
     Rope(ops::rope::RopeCase),
+    OutputHead(ops::output_head::HeadCase),
+    Sampling(ops::sampling::SamplingCase),
     /// Negative control: the routed GEMV with tokens x top_k on grid.z.
     NegGemvGridZ(ops::moe_gemv::GemvCase),
     /// Negative control: the latent epilogue whose tail lanes `continue` past the shuffles.

@@ -13,11 +13,13 @@ use crate::ops::moe_align::AlignCase;
 use crate::ops::moe_combine::CombineCase;
 use crate::ops::moe_gemm::GemmCase;
 use crate::ops::moe_gemv::GemvCase;
+use crate::ops::output_head::HeadCase;
 use crate::ops::quantize::QuantizeCase;
 use crate::ops::rmsnorm::RmsNormCase;
 use crate::ops::rope::RopeCase;
 use crate::ops::router::{RouterCase, Scoring};
-use crate::ops::{embed, latent_proj, moe_align, moe_combine, moe_gemm, moe_gemv, quantize, rmsnorm, rope, router};
+use crate::ops::sampling::SamplingCase;
+use crate::ops::{embed, latent_proj, moe_align, moe_combine, moe_gemm, moe_gemv, output_head, quantize, rmsnorm, rope, router, sampling};
 use crate::quant::WeightType;
 use crate::routing::Routing;
 use crate::thresholds::{self, Critical, ModelShape, Serving, compositions, envelope_counts, merge};
@@ -248,6 +250,32 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
     for (tag, heads) in [("q", a.heads), ("k", a.kv_heads)] {
         let c = RopeCase { heads, head_dim: a.head_dim, theta: a.rope_theta, sequences: 4 };
         b.family(rope::KERNEL, &format!("{tag}/seq4"), with(rope::critical_counts(&c, limits)), OpCase::Rope(c), |t| rope::device_bytes(t, &c));
+    }
+
+    // Output head: full logits [T, vocab] (the parity tests; at vocab 151,936 they pass 2^31
+    // elements at 14,135 tokens) in both weight types, and the prefill mode that computes only
+    // the last position of each sequence: 4 sequences (the GEMV path, with an index list) and
+    // 100 (the GEMM path with an index list).
+    for (wtype, sequences, tag) in [
+        (WeightType::Q8_0, None, "q8_0/full"),
+        (WeightType::Q4_0, None, "q4_0/full"),
+        (WeightType::Q4_0, Some(4), "q4_0/last-of-4"),
+        (WeightType::Q8_0, Some(100), "q8_0/last-of-100"),
+    ] {
+        let c = HeadCase { hidden: shape.hidden, vocab: shape.vocab, wtype, sequences };
+        let mut counts = with(output_head::critical_counts(&c, limits));
+        counts.extend(thresholds::tile_tails(output_head::TILE_M, false, &[1, 2, 128], "output_head row tile"));
+        b.family(output_head::KERNEL, tag, counts, OpCase::OutputHead(c), |t| output_head::device_bytes(t, &c));
+    }
+
+    // Sampling: one row per sampled position over the parameter table of `sampling::row_params`
+    // (greedy, top-k, top-p). Spread 8: peaked and flat regions with natural ties; spread 0:
+    // every logit equal, every choice by id order.
+    for (spread, tag) in [(8.0, "spread8"), (0.0, "ties")] {
+        let c = SamplingCase { vocab: shape.vocab, spread };
+        let mut counts = with(sampling::critical_counts(&c, limits));
+        counts.extend((1..=16).map(|t| Critical::new(t, "decode batch")));
+        b.family(sampling::KERNEL, tag, counts, OpCase::Sampling(c), |t| sampling::device_bytes(t, &c));
     }
 
     // Latent projection: every tail of the first two 64-row tiles, and around larger ones.

@@ -13,7 +13,7 @@ pub mod worker;
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Launch, PlanError};
 use crate::limits::DeviceLimits;
-use crate::ops::{embed, latent_proj, moe_align, moe_combine, moe_gemm, moe_gemv, quantize, rmsnorm, rope, router};
+use crate::ops::{embed, latent_proj, moe_align, moe_combine, moe_gemm, moe_gemv, output_head, quantize, rmsnorm, rope, router, sampling};
 use case::{Case, OpCase, Outcome};
 
 impl GpuError {
@@ -41,6 +41,8 @@ pub fn execute(gpu: &Gpu, case: &Case) -> Outcome {
         OpCase::Embed(c) => embed::run_case(gpu, t, c),
         OpCase::RmsNorm(c) => rmsnorm::run_case(gpu, t, c),
         OpCase::Rope(c) => rope::run_case(gpu, t, c),
+        OpCase::OutputHead(c) => output_head::run_case(gpu, t, c),
+        OpCase::Sampling(c) => sampling::run_case(gpu, t, c),
         OpCase::NegGemvGridZ(c) => moe_gemv::run_negative_gridz(gpu, t, c),
         OpCase::NegLatentTailSkip(c) => latent_proj::run_negative_tailskip(gpu, t, c),
     };
@@ -62,5 +64,7 @@ pub fn plans(case: &Case, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanErro
         OpCase::Embed(c) => embed::plans(t, c, limits),
         OpCase::RmsNorm(c) => rmsnorm::plans(t, c, limits),
         OpCase::Rope(c) => rope::plans(t, c, limits),
+        OpCase::OutputHead(c) => output_head::plans(t, c, limits),
+        OpCase::Sampling(c) => sampling::plans(t, c, limits),
     }
 }
