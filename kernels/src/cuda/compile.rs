@@ -4,7 +4,7 @@
 //! and compiling to SASS also catches register and shared-memory overflows at build time.
 //! The cache key is (source hash, arch, NVRTC version): a node restart reuses its CUBINs.
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
@@ -176,14 +176,6 @@ fn number_before(line: &str, marker: &str) -> Option<u32> {
     let head = &line[..line.find(marker)?];
     head.rsplit(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
 }
-
-/// For a log check: the NVRTC log's text, or a placeholder when it is empty.
-pub fn log_text(c: &Cubin) -> &str {
-    if c.log.is_empty() { "(empty)" } else { &c.log }
-}
-
-#[allow(dead_code)]
-fn _assert_cstr(_: &CStr) {}
 
 #[cfg(test)]
 mod tests {

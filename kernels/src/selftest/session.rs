@@ -72,7 +72,6 @@ pub fn run(runner: &mut Runner, opts: &Options, progress: &mut dyn FnMut(Progres
     let mut phases = vec![Phase { name: "start worker (open GPU, compile kernels)".into(), seconds: t_start.elapsed().as_secs_f64() }];
     match start {
         Start::Ready { limits, info, compile_seconds } => {
-            phases[0].seconds = t_start.elapsed().as_secs_f64();
             phases.push(Phase { name: "  of which compile/load kernels".into(), seconds: compile_seconds });
             let budget = opts.memory_budget_bytes.unwrap_or(info.free_mem_bytes.saturating_sub(opts.memory_reserve_bytes));
             let t = Instant::now();
