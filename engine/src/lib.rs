@@ -1,7 +1,18 @@
 //! brink-engine: the MoE inference engine every node hosts.
 //!
-//! Today: [`gguf`], our own GGUF reader and writer (v2/v3, split files, validated layouts,
-//! positioned reads that never hold the model twice). The qwen3moe graph, tokenizer and the CPU
-//! and CUDA backends follow; they build on the kernels of `brink-kernels`.
+//! - [`gguf`]: our own GGUF reader and writer (v2/v3, split files, validated layouts,
+//!   positioned reads that never hold the model twice).
+//! - [`model`]: hyperparameters, host tensors, errors; [`arch`]: one file per architecture
+//!   (`qwen3moe`), registered by `general.architecture`, each a graph over [`backend::Backend`].
+//! - [`backend`]: the op interface and the backends (`cpu`, the reference; `cuda`).
+//! - [`engine`]: a loaded model with its KV cache: prefill, decode, generation;
+//!   [`sampler`]: greedy / temperature / top-k / top-p.
 
+pub mod arch;
+pub mod backend;
+pub mod engine;
 pub mod gguf;
+pub mod model;
+pub mod sampler;
+
+pub use engine::{AnyEngine, BackendKind, Engine, EngineOptions, GenerateParams, Generation, LoadReport, StepItem, StopReason};

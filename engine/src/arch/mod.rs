@@ -1,0 +1,78 @@
+//! Model architectures, registered by `general.architecture`: one file each. `qwen3moe` is
+//! the first; `gpt-oss`, `mixtral` and `deepseek2` follow the same pattern (a `config` reader,
+//! a `load` that shape-checks every tensor, and the graph as [`Loaded::forward`]).
+
+pub mod qwen3moe;
+
+use crate::backend::{Backend, Batch, WeightRole};
+use crate::gguf::GgufFile;
+use crate::model::{BackendError, HostTensor, ModelConfig, ModelError};
+
+/// A model loaded onto a backend.
+pub trait Loaded<B: Backend> {
+    fn config(&self) -> &ModelConfig;
+    /// Runs `batch` through the model, filling the KV cache at its positions; returns the
+    /// logits of `batch.logit_rows`, `[rows, vocab]`.
+    fn forward(&self, b: &mut B, batch: &Batch) -> Result<Vec<f32>, BackendError>;
+}
+
+/// Architectures brink can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Qwen3Moe,
+}
+
+impl Arch {
+    pub const ALL: [Arch; 1] = [Arch::Qwen3Moe];
+
+    /// The `general.architecture` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Qwen3Moe => qwen3moe::ARCH,
+        }
+    }
+
+    /// The architecture of the model in `file`, or an error naming what it is instead.
+    pub fn of(file: &GgufFile) -> Result<Arch, ModelError> {
+        let arch = file.architecture()?;
+        Arch::ALL.into_iter().find(|a| a.name() == arch).ok_or_else(|| ModelError::UnsupportedArchitecture {
+            path: file.path().to_path_buf(),
+            arch: arch.to_string(),
+            supported: Arch::ALL.iter().map(|a| a.name()).collect(),
+        })
+    }
+}
+
+/// The hyperparameters of the model in `file`, or a clear error for an unsupported
+/// architecture or a missing/inconsistent key.
+pub fn config(file: &GgufFile) -> Result<ModelConfig, ModelError> {
+    match Arch::of(file)? {
+        Arch::Qwen3Moe => qwen3moe::config(file),
+    }
+}
+
+/// Loads the model in `file` onto `backend`.
+pub fn load<B: Backend + 'static>(file: &GgufFile, backend: &mut B) -> Result<Box<dyn Loaded<B>>, ModelError> {
+    match Arch::of(file)? {
+        Arch::Qwen3Moe => {
+            let config = qwen3moe::config(file)?;
+            Ok(Box::new(qwen3moe::load(file, config, backend)?))
+        }
+    }
+}
+
+/// Refuses a tensor whose type the backend cannot compute with in `role`, naming both.
+pub(crate) fn check_type<B: Backend>(file: &GgufFile, b: &B, t: &HostTensor, role: WeightRole) -> Result<(), ModelError> {
+    let supported = b.supported_types(role);
+    if supported.contains(&t.ggml_type) {
+        return Ok(());
+    }
+    Err(ModelError::UnsupportedTensorType {
+        path: file.path().to_path_buf(),
+        tensor: t.name.clone(),
+        ty: t.ggml_type,
+        backend: b.name(),
+        role: role.name(),
+        supported: supported.iter().map(|t| t.name()).collect(),
+    })
+}

@@ -1,0 +1,125 @@
+//! The interface every backend implements, and the backends: `cpu` (the reference) and
+//! `cuda`.
+//!
+//! An architecture's graph (`crate::arch`) is written once against [`Backend`]; the ops are
+//! coarse (a whole MoE block is one call) so a backend is free to fuse and schedule inside
+//! them. Activations are `[rows, width]` f32 matrices that live wherever the backend keeps
+//! them; weights are loaded once from [`HostTensor`]s.
+
+pub mod batch;
+
+pub use batch::{Batch, Chunk, Logits};
+
+use crate::gguf::GgmlType;
+use crate::model::{BackendError, HostTensor};
+
+/// What a weight is used for, so a backend can say which tensor types it computes with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightRole {
+    /// Rows looked up by token id.
+    Embedding,
+    /// A matrix multiplied with activations (projections, experts, the LM head, the router).
+    Matrix,
+    /// A vector of per-channel scales (norm weights).
+    Scale,
+}
+
+impl WeightRole {
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightRole::Embedding => "an embedding table",
+            WeightRole::Matrix => "a matrix",
+            WeightRole::Scale => "a norm weight",
+        }
+    }
+}
+
+/// Shape of the KV cache a model needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvSpec {
+    pub layers: usize,
+    /// Sequences held at once.
+    pub slots: usize,
+    /// Positions per sequence.
+    pub context: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvSpec {
+    /// Bytes of K and V over all layers at f16.
+    pub fn bytes(&self) -> u64 {
+        2 * 2 * (self.layers * self.slots * self.context * self.kv_heads * self.head_dim) as u64
+    }
+}
+
+/// The attention of one layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionSpec {
+    pub layer: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+}
+
+/// The routed-expert block of one layer.
+pub struct MoeWeights<'a, W> {
+    /// `[experts, hidden]` router (`ffn_gate_inp`).
+    pub router: &'a W,
+    /// `[experts][expert_ffn, hidden]`.
+    pub gate: &'a W,
+    pub up: &'a W,
+    /// `[experts][hidden, expert_ffn]`.
+    pub down: &'a W,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeSpec {
+    pub experts: usize,
+    pub top_k: usize,
+    pub expert_ffn: usize,
+    pub norm_top_k: bool,
+    pub weights_scale: Option<f32>,
+}
+
+pub type Result<T> = std::result::Result<T, BackendError>;
+
+/// The ops a model graph is made of. Every op works on the rows of the current batch
+/// ([`Backend::begin_batch`]).
+pub trait Backend {
+    /// Activations: `[rows, width]` f32.
+    type Act;
+    /// A weight resident on the backend.
+    type Weight;
+
+    fn name(&self) -> &'static str;
+    /// Tensor types this backend computes with in `role`.
+    fn supported_types(&self, role: WeightRole) -> &'static [GgmlType];
+    fn load_weight(&mut self, t: HostTensor, role: WeightRole) -> Result<Self::Weight>;
+    /// Allocates the KV cache (once, before the first batch).
+    fn alloc_kv(&mut self, spec: KvSpec) -> Result<()>;
+    /// Makes `batch` current: its tokens, positions and chunks.
+    fn begin_batch(&mut self, batch: &Batch) -> Result<()>;
+
+    /// Rows of `table` for the batch's tokens.
+    fn embed(&mut self, table: &Self::Weight) -> Result<Self::Act>;
+    /// RMS norm of each `w.len()`-wide group of `x` (whole rows, or heads for Q/K norm),
+    /// scaled by `w`.
+    fn rms_norm(&mut self, x: &Self::Act, w: &Self::Weight, eps: f32) -> Result<Self::Act>;
+    /// `x · Wᵀ`.
+    fn linear(&mut self, x: &Self::Act, w: &Self::Weight) -> Result<Self::Act>;
+    /// NEOX rotary embedding of each `head_dim` group of `x` at the batch's positions.
+    fn rope(&mut self, x: &mut Self::Act, head_dim: usize, theta: f32) -> Result<()>;
+    /// Stores the batch's K and V at their slots and positions, then causal attention of Q
+    /// over each sequence's cache.
+    fn attention(&mut self, q: &Self::Act, k: &Self::Act, v: &Self::Act, spec: &AttentionSpec) -> Result<Self::Act>;
+    /// Routed experts: router softmax, top-k, SwiGLU experts, weighted combine.
+    fn moe(&mut self, x: &Self::Act, w: &MoeWeights<'_, Self::Weight>, spec: &MoeSpec) -> Result<Self::Act>;
+    /// `x += y`.
+    fn add(&mut self, x: &mut Self::Act, y: &Self::Act) -> Result<()>;
+    /// The batch's logit rows of `x` (`Batch::logit_rows`), in that order.
+    fn select_logit_rows(&mut self, x: &Self::Act) -> Result<Self::Act>;
+    /// `x · Wᵀ` copied to the host: `[rows, vocab]`.
+    fn logits(&mut self, x: &Self::Act, w: &Self::Weight) -> Result<Vec<f32>>;
+}

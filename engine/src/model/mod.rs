@@ -1,0 +1,9 @@
+//! What every architecture shares: hyperparameters, the weights as read from the file, errors.
+
+pub mod config;
+pub mod error;
+pub mod tensors;
+
+pub use config::{AttentionConfig, Hyper, ModelConfig, MoeConfig};
+pub use error::{BackendError, ModelError};
+pub use tensors::{HostTensor, TensorReader};
