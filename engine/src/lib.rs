@@ -13,6 +13,7 @@ pub mod backend;
 pub mod engine;
 pub mod gguf;
 pub mod model;
+pub mod parity;
 pub mod sampler;
 
 pub use engine::{AnyEngine, BackendKind, Engine, EngineOptions, GenerateParams, Generation, LoadReport, StepItem, StopReason};
