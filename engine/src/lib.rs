@@ -5,3 +5,4 @@
 //! and CUDA backends follow; they build on the kernels of `brink-kernels`.
 
 pub mod gguf;
+pub mod synth;
