@@ -5,6 +5,7 @@
 
 use std::io::Write;
 
+use brink_kernels::quant::TensorType;
 use rayon::prelude::*;
 
 use crate::gguf::TensorDataWriter;
@@ -28,13 +29,14 @@ pub fn fill_chunk(tensor: &TensorPlan, seed: u64, chunk: u64, out: &mut [u8]) {
             // Rows are whole blocks, so the first padding row starts on a block boundary; it
             // splits at most one chunk.
             let start = chunk * CHUNK_VALUES;
-            let live_values = (live_rows * tensor.dims[0]).saturating_sub(start);
+            let row_len = tensor.dims.first().copied().unwrap_or(1);
+            let live_values = live_rows.saturating_mul(row_len).saturating_sub(start);
             let live_bytes = (live_values / ty.block_size() as u64 * ty.block_bytes() as u64).min(out.len() as u64) as usize;
             let (live, pad) = out.split_at_mut(live_bytes);
             fill_weights(ty, std, &mut rng, live);
             fill_weights(ty, std * PAD_ROW_SCALE, &mut rng, pad);
         }
-        Init::Router { std } => fill_weights(brink_kernels::quant::TensorType::F32, std, &mut rng, out),
+        Init::Router { std } => fill_weights(TensorType::F32, std, &mut rng, out),
         Init::Norm => fill_around(1.0, NORM_SPREAD, &mut rng, out),
     }
 }

@@ -1,6 +1,6 @@
 //! The synthetic models' vocabulary: a real byte-level BPE ("gpt2" model, Qwen2 pre-tokenizer)
 //! laid out as Qwen's: byte tokens and merged tokens, then the special tokens, then `[PAD{id}]`
-//! tokens (type UNUSED, as `convert_hf_to_gguf.py` pads Qwen's 151,646 tokens to 151,936) up to
+//! tokens (type UNUSED, as `convert_hf_to_gguf.py` pads Qwen's 151,665 tokens to 151,936) up to
 //! the requested size.
 
 use crate::gguf::{GgufError, GgufWriter, Value};
