@@ -15,5 +15,6 @@ pub mod gguf;
 pub mod model;
 pub mod parity;
 pub mod sampler;
+pub mod synth;
 
 pub use engine::{AnyEngine, BackendKind, Engine, EngineOptions, GenerateParams, Generation, LoadReport, StepItem, StopReason};

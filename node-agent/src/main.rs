@@ -4,6 +4,7 @@
 //! self-test) and `kernels` (compile every kernel for given archs). `up`, `serve`, `bench` and
 //! the cluster mode `run` arrive with their issues.
 
+mod gen_model_cmd;
 mod kernels_cmd;
 mod selftest_cmd;
 
@@ -22,6 +23,8 @@ struct Cli {
 enum Cmd {
     /// Run the kernel threshold self-test (derived critical token counts, negative controls).
     Selftest(selftest_cmd::Args),
+    /// Write a synthetic model: deterministic random weights, a small real BPE vocabulary.
+    GenModel(gen_model_cmd::Args),
     /// Compile every kernel with NVRTC for the given archs and print ptxas's resource report.
     Kernels(kernels_cmd::Args),
     /// Internal: the self-test's child process (reads cases on stdin, answers on stdout).
@@ -34,6 +37,7 @@ fn main() -> ExitCode {
     match cli.command {
         Cmd::Selftest(args) => selftest_cmd::run(args),
         Cmd::Kernels(args) => kernels_cmd::run(args),
+        Cmd::GenModel(args) => gen_model_cmd::run(args),
         Cmd::SelftestWorker => {
             let code = brink_kernels::selftest::worker::serve(std::io::stdin().lock(), std::io::stdout().lock());
             ExitCode::from(code as u8)

@@ -1,0 +1,221 @@
+//! Synthetic models: valid `qwen3moe` GGUF files of any shape and tensor type, with deterministic
+//! random weights and a small real byte-level BPE vocabulary. Small ones serve the tests and the
+//! demo; a Qwen3-30B-A3B-shaped one serves the benchmarks.
+//!
+//! The same seed, shape and type always give the same bytes, whatever the number of threads.
+//! Tensor data is drawn directly in each type's block format and streamed to the file, so a
+//! 16 GiB model never sits in memory.
+//!
+//! - [`SynthSpec`]: what to generate (shape, type scheme, seed); [`SynthSpec::plan`] validates
+//!   it and lays out the file; [`generate`] writes it.
+//! - [`presets`]: named shapes (`tiny`, `tiny-top8`, `demo`, `qwen3-30b-a3b`).
+//! - [`vocab`] and [`bpe`]: the tokenizer; [`weights`]: the block generators.
+
+pub mod bpe;
+mod error;
+pub mod presets;
+pub mod qwen3moe;
+mod rng;
+pub mod scheme;
+mod stream;
+pub mod vocab;
+pub mod weights;
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use brink_kernels::quant::TensorType;
+
+use crate::gguf::{GgmlType, GgufWriter};
+
+pub use error::{ShapeField, SynthError};
+pub use presets::Preset;
+pub use qwen3moe::{Init, Qwen3MoeShape, TensorPlan};
+pub use rng::Rng;
+pub use scheme::{Matrix, QuantScheme};
+pub use stream::{CHUNK_VALUES, fill_chunk, tensor_bytes};
+pub use vocab::Vocab;
+
+/// Architectures the generator writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Arch {
+    Qwen3Moe,
+}
+
+impl std::str::FromStr for Arch {
+    type Err = SynthError;
+
+    fn from_str(s: &str) -> Result<Self, SynthError> {
+        match s {
+            qwen3moe::ARCH => Ok(Arch::Qwen3Moe),
+            _ => Err(SynthError::UnknownArch(s.to_string())),
+        }
+    }
+}
+
+/// Keys that mark a file as synthetic and say how to make it again.
+pub const SEED_KEY: &str = "brink.synthetic.seed";
+pub const PRESET_KEY: &str = "brink.synthetic.preset";
+
+/// What to generate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SynthSpec {
+    pub shape: Qwen3MoeShape,
+    pub scheme: QuantScheme,
+    pub seed: u64,
+    /// The preset the shape started from (recorded in the file; flags may have changed it).
+    pub preset: Preset,
+}
+
+/// A validated spec laid out as a GGUF file: metadata and tensor infos declared, data not yet
+/// generated.
+#[derive(Clone, Debug)]
+pub struct ModelPlan {
+    pub writer: GgufWriter,
+    pub tensors: Vec<TensorPlan>,
+    pub seed: u64,
+    pub vocab_tokens: usize,
+    /// Normal (byte and merged) tokens.
+    pub bpe_tokens: u32,
+    pub merges: usize,
+}
+
+impl ModelPlan {
+    pub fn params(&self) -> u64 {
+        self.tensors.iter().map(TensorPlan::elements).sum()
+    }
+
+    /// Bytes of tensor data (without padding).
+    pub fn data_bytes(&self) -> u64 {
+        self.writer.tensors().iter().map(|t| t.size).sum()
+    }
+}
+
+impl SynthSpec {
+    /// The preset's shape in its default type, seed 0.
+    pub fn from_preset(preset: Preset) -> Self {
+        SynthSpec { shape: preset.shape(), scheme: preset.default_scheme(), seed: 0, preset }
+    }
+
+    /// `general.name`: what the file is, readable in any GGUF viewer.
+    pub fn model_name(&self) -> String {
+        format!("brink synthetic qwen3moe ({} shape, {}, seed {})", self.preset, self.scheme, self.seed)
+    }
+
+    /// Validates the shape and the types, builds the vocabulary and declares every key and
+    /// tensor. A tensor whose rows cannot be cut into its type's blocks is an error naming it.
+    pub fn plan(&self) -> Result<ModelPlan, SynthError> {
+        self.shape.validate()?;
+        let tensors = self.shape.tensors(self.scheme);
+        for t in &tensors {
+            let ty = t.init.tensor_type();
+            if !t.dims[0].is_multiple_of(ty.block_size() as u64) {
+                return Err(SynthError::Unstorable {
+                    tensor: t.name.clone(),
+                    dims: t.dims.clone(),
+                    scheme: self.scheme,
+                    ty,
+                    row: t.dims[0],
+                    block: ty.block_size(),
+                    fields: Qwen3MoeShape::row_fields(&t.name).to_string(),
+                });
+            }
+        }
+        let vocab = Vocab::build(self.shape.vocab);
+        let mut writer = GgufWriter::new();
+        self.shape.write_metadata(&mut writer, self.scheme, &self.model_name())?;
+        writer.set(SEED_KEY, self.seed)?;
+        writer.set(PRESET_KEY, self.preset.name())?;
+        vocab.write_metadata(&mut writer)?;
+        for t in &tensors {
+            writer.add_tensor(&t.name, &t.dims, ggml_type(t.init.tensor_type()))?;
+        }
+        Ok(ModelPlan {
+            writer,
+            tensors,
+            seed: self.seed,
+            vocab_tokens: vocab.len(),
+            bpe_tokens: vocab.bpe_tokens,
+            merges: vocab.merges.len(),
+        })
+    }
+}
+
+fn ggml_type(ty: TensorType) -> GgmlType {
+    match ty {
+        TensorType::F32 => GgmlType::F32,
+        TensorType::F16 => GgmlType::F16,
+        TensorType::BF16 => GgmlType::BF16,
+        TensorType::Q4_0 => GgmlType::Q4_0,
+        TensorType::Q8_0 => GgmlType::Q8_0,
+        TensorType::Q4_K => GgmlType::Q4_K,
+        TensorType::Q5_K => GgmlType::Q5_K,
+        TensorType::Q6_K => GgmlType::Q6_K,
+    }
+}
+
+/// What [`generate`] wrote.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    pub path: PathBuf,
+    pub tensors: usize,
+    pub params: u64,
+    /// The file's length.
+    pub bytes: u64,
+    pub seconds: f64,
+    pub vocab_tokens: usize,
+    pub bpe_tokens: u32,
+    pub merges: usize,
+}
+
+impl Report {
+    /// File bytes per second, in MB (10^6).
+    pub fn mb_per_s(&self) -> f64 {
+        self.bytes as f64 / 1e6 / self.seconds.max(1e-9)
+    }
+}
+
+/// Writes the model to `path` (through `path.partial`, renamed when complete, so an interrupted
+/// run never leaves a file that looks finished). `progress(done, total)` gets tensor-data bytes.
+pub fn generate(spec: &SynthSpec, path: &Path, mut progress: impl FnMut(u64, u64)) -> Result<Report, SynthError> {
+    let start = Instant::now();
+    let plan = spec.plan()?;
+    let total = plan.data_bytes();
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    let io = |during, source| SynthError::Io { path: partial.clone(), during, source };
+
+    let file = File::create(&partial).map_err(|e| io("creating the file", e))?;
+    let written = (|| {
+        let mut data = plan.writer.begin(BufWriter::with_capacity(8 << 20, file), path)?;
+        stream::write_tensors(&mut data, &plan.tensors, plan.seed, &mut |done| progress(done, total))?;
+        let file = data.finish()?.into_inner().map_err(|e| io("flushing", e.into_error()))?;
+        file.metadata().map(|m| m.len()).map_err(|e| io("reading the length", e))
+    })();
+    let bytes = match written {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            // The partial file is useless; removing it is best effort, the error is the news.
+            let _ = std::fs::remove_file(&partial);
+            return Err(e);
+        }
+    };
+    std::fs::rename(&partial, path).map_err(|e| SynthError::Io {
+        path: path.to_path_buf(),
+        during: "renaming the finished file",
+        source: e,
+    })?;
+    Ok(Report {
+        path: path.to_path_buf(),
+        tensors: plan.tensors.len(),
+        params: plan.params(),
+        bytes,
+        seconds: start.elapsed().as_secs_f64(),
+        vocab_tokens: plan.vocab_tokens,
+        bpe_tokens: plan.bpe_tokens,
+        merges: plan.merges,
+    })
+}
