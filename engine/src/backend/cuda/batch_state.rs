@@ -1,6 +1,6 @@
 //! The current batch on the device: token ids, positions and slots uploaded once per batch
 //! (every layer's embed, RoPE and attention read them), the attention's chunk maps, and the
-//! host copies the ops need (logit rows, chunks).
+//! logit rows (host side: the row selection turns them into copies).
 //!
 //! A batch is checked before anything is uploaded: the device indexes the KV cache with its
 //! slots and positions, so a bad one would write out of bounds rather than fail.
@@ -11,14 +11,13 @@ use cudarc::driver::{CudaSlice, DeviceRepr};
 use super::attention::AttnMaps;
 use super::buffers::{AllocCounter, Grow};
 use super::fail;
-use crate::backend::{Batch, Chunk, KvSpec};
+use crate::backend::{Batch, KvSpec};
 use crate::model::BackendError;
 
 pub(crate) struct BatchState {
     /// Rows of the current batch (0 before the first).
     pub rows: usize,
     pub logit_rows: Vec<u32>,
-    pub chunks: Vec<Chunk>,
     pub tokens: Grow<i32>,
     pub positions: Grow<i32>,
     pub slots: Grow<i32>,
@@ -31,7 +30,6 @@ impl BatchState {
         Ok(BatchState {
             rows: 0,
             logit_rows: Vec::new(),
-            chunks: Vec::new(),
             tokens: grow()?,
             positions: grow()?,
             slots: grow()?,
@@ -48,7 +46,6 @@ impl BatchState {
         self.attn.prepare(gpu, &batch.chunks)?;
         self.rows = batch.rows();
         self.logit_rows.clone_from(&batch.logit_rows);
-        self.chunks.clone_from(&batch.chunks);
         Ok(())
     }
 
@@ -69,6 +66,9 @@ fn as_i32(v: &[u32]) -> Vec<i32> {
 pub(crate) fn upload<T: DeviceRepr>(gpu: &Gpu, host: &[T], dst: &mut Grow<T>, what: &str) -> Result<(), BackendError> {
     let failed = |e: String| fail(format!("uploading the batch's {what} ({} values): {e}", host.len()));
     dst.ensure(gpu, host.len()).map_err(|e| failed(e.to_string()))?;
+    if host.is_empty() {
+        return Ok(()); // a decode batch has no prefill tiles: nothing to copy
+    }
     let buf: &mut CudaSlice<T> = dst;
     let mut view = buf.slice_mut(0..host.len());
     gpu.stream().memcpy_htod(host, &mut view).map_err(|e| failed(error_name(&e)))

@@ -4,8 +4,10 @@
 //!
 //! Activations stay on the device (`[rows, width]` f32, [`CudaAct`]) in pooled buffers; scratch
 //! grows with the largest batch and is reused, so a steady stream of batches allocates nothing
-//! (`buffer_allocations`). Nothing synchronises with the host except `logits`, which copies
-//! its rows back and reads the embed kernel's count of out-of-vocabulary ids.
+//! (`buffer_allocations`). The host waits for the device only in `logits`, which copies its
+//! rows back and reads the embed kernel's count of out-of-vocabulary ids, and in
+//! `begin_batch`, whose uploads from pageable memory cudarc completes before returning (the
+//! stream is idle then: the previous step ended with its logits).
 //!
 //! AWAITING MERGE (each returns a `BackendError` "... not yet available" until then):
 //! - attention: `kv_store`, `attention_prefill`, `attention_decode` (h/attn) — `attention.rs`;
@@ -132,8 +134,8 @@ impl CudaBackend {
     }
 
     /// Copies `values` (`[rows, width]`) to the device: test inputs, debugging.
-    pub fn upload(&mut self, rows: usize, width: usize, values: &[f32]) -> Result<CudaAct> {
-        if values.len() != rows * width {
+    pub fn upload(&self, rows: usize, width: usize, values: &[f32]) -> Result<CudaAct> {
+        if rows.checked_mul(width) != Some(values.len()) {
             return Err(fail(format!("upload: {} values for [{rows}, {width}]", values.len())));
         }
         let mut a = self.act(rows, width)?;

@@ -216,13 +216,13 @@ fn experts_gemv(gpu: &Gpu, s: &mut MoeScratch, d: &Dims, [gate, up, down]: [&Exp
     };
     let t = d.tokens as u64;
     for (e, y) in [(gate, &mut s.gate), (up, &mut s.up)] {
-        let bufs = GemvBuffers { w: e.bytes, xq: &*s.xq, ids: &*s.ids, y: &mut **y };
+        let bufs = GemvBuffers { w: e.bytes, xq: &*s.xq, ids: &s.ids, y: &mut **y };
         moe_gemv::launch(gpu, t, &dims(e, d.top_k, d.ffn, d.hidden), bufs).map_err(e.failed("GEMV"))?;
     }
     swiglu(gpu, &s.gate, &s.up, &mut s.act, d.pairs() * d.ffn)?;
     quantize_rows(gpu, &s.act, d.pairs(), d.ffn, &mut s.act_q).map_err(down.failed("GEMV"))?;
     // The down projection's rows are pairs already: a GEMV over T·k "tokens" of one slot each.
-    let bufs = GemvBuffers { w: down.bytes, xq: &*s.act_q, ids: &*s.ids, y: &mut *s.down };
+    let bufs = GemvBuffers { w: down.bytes, xq: &*s.act_q, ids: &s.ids, y: &mut *s.down };
     moe_gemv::launch(gpu, d.pairs() as u64, &dims(down, 1, d.hidden, d.ffn), bufs).map_err(down.failed("GEMV"))
 }
 
