@@ -48,7 +48,7 @@ pub(crate) fn select_rows(gpu: &Gpu, x: &CudaAct, rows: &[u32], out: &mut CudaAc
         let mut to = out.buf.slice_mut(dst * w..(dst + n) * w);
         gpu.stream()
             .memcpy_dtod(&from, &mut to)
-            .map_err(|e| fail(format!("select_logit_rows: copying rows {src}..{} : {}", src + n, error_name(&e))))?;
+            .map_err(|e| fail(format!("select_logit_rows: copying rows {src}..{}: {}", src + n, error_name(&e))))?;
     }
     Ok(())
 }
