@@ -1,0 +1,193 @@
+//! Device buffers reused across ops, layers and batches, so that a steady stream of batches of
+//! one shape allocates nothing.
+//!
+//! - [`Pool`]: activations. An op takes a buffer ([`Lease`]); dropping the activation hands it
+//!   back. Every layer runs the same ops on the same shapes, so from the second layer on every
+//!   take is served from the pool. Reuse is safe without synchronisation: the backend has one
+//!   stream, so a later kernel writing a returned buffer is ordered after every earlier reader.
+//! - [`Grow`]: one scratch buffer per purpose (q8_1 inputs, router outputs, expert
+//!   intermediates), reallocated only when a batch needs more than it holds.
+//!
+//! Both count their allocations ([`AllocCounter`]): the tests check that a repeated batch
+//! makes none.
+
+use std::mem::ManuallyDrop;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use brink_kernels::cuda::{Gpu, GpuError};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DeviceRepr};
+
+/// Device allocations made by the backend's buffers since it was created.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct AllocCounter(Arc<AtomicU64>);
+
+impl AllocCounter {
+    pub(crate) fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn alloc<T: DeviceRepr>(&self, gpu: &Gpu, len: usize) -> Result<CudaSlice<T>, GpuError> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        gpu.alloc(len)
+    }
+}
+
+/// Index of the smallest capacity that holds `len` elements (best fit keeps the large buffers
+/// for the large requests).
+pub(crate) fn best_fit(capacities: impl IntoIterator<Item = usize>, len: usize) -> Option<usize> {
+    capacities.into_iter().enumerate().filter(|&(_, cap)| cap >= len).min_by_key(|&(_, cap)| cap).map(|(i, _)| i)
+}
+
+type FreeList<T> = Arc<Mutex<Vec<CudaSlice<T>>>>;
+
+fn lock<T>(free: &Mutex<Vec<T>>) -> std::sync::MutexGuard<'_, Vec<T>> {
+    // A panic while the list was held leaves it valid (a push or a remove): keep using it.
+    free.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Buffers handed out as [`Lease`]s and returned when the lease drops.
+pub(crate) struct Pool<T: DeviceRepr> {
+    free: FreeList<T>,
+    allocs: AllocCounter,
+}
+
+impl<T: DeviceRepr> Pool<T> {
+    pub(crate) fn new(allocs: AllocCounter) -> Self {
+        Pool { free: Arc::new(Mutex::new(Vec::new())), allocs }
+    }
+
+    /// A buffer of at least `len` elements (uninitialised: the op writes it).
+    pub(crate) fn take(&self, gpu: &Gpu, len: usize) -> Result<Lease<T>, GpuError> {
+        let len = len.max(1);
+        let reused = {
+            let mut free = lock(&self.free);
+            best_fit(free.iter().map(|b| b.len()), len).map(|i| free.swap_remove(i))
+        };
+        let buf = match reused {
+            Some(b) => b,
+            None => self.allocs.alloc(gpu, len)?,
+        };
+        Ok(Lease { buf: ManuallyDrop::new(buf), home: self.free.clone() })
+    }
+
+    /// Frees the buffers not in use: a larger batch needs larger ones, and keeping the small
+    /// ones would hold memory no later request of that size asks for.
+    pub(crate) fn trim(&self) {
+        lock(&self.free).clear();
+    }
+}
+
+/// A pooled buffer; it goes back to its pool when dropped.
+pub(crate) struct Lease<T: DeviceRepr> {
+    buf: ManuallyDrop<CudaSlice<T>>,
+    home: FreeList<T>,
+}
+
+impl<T: DeviceRepr> Deref for Lease<T> {
+    type Target = CudaSlice<T>;
+    fn deref(&self) -> &CudaSlice<T> {
+        &self.buf
+    }
+}
+
+impl<T: DeviceRepr> DerefMut for Lease<T> {
+    fn deref_mut(&mut self) -> &mut CudaSlice<T> {
+        &mut self.buf
+    }
+}
+
+impl<T: DeviceRepr> Drop for Lease<T> {
+    fn drop(&mut self) {
+        // SAFETY: `buf` is taken exactly once, here, and the lease is not used afterwards.
+        let buf = unsafe { ManuallyDrop::take(&mut self.buf) };
+        lock(&self.home).push(buf);
+    }
+}
+
+/// A scratch buffer that grows to the largest request it has seen.
+pub(crate) struct Grow<T: DeviceRepr> {
+    buf: CudaSlice<T>,
+    allocs: AllocCounter,
+}
+
+impl<T: DeviceRepr> Grow<T> {
+    pub(crate) fn new(gpu: &Gpu, allocs: &AllocCounter) -> Result<Self, GpuError> {
+        Ok(Grow { buf: allocs.alloc(gpu, 1)?, allocs: allocs.clone() })
+    }
+
+    /// Makes room for `len` elements; the contents are not kept (every user rewrites them).
+    pub(crate) fn ensure(&mut self, gpu: &Gpu, len: usize) -> Result<(), GpuError> {
+        if self.buf.len() < len {
+            self.buf = self.allocs.alloc(gpu, len)?;
+        }
+        Ok(())
+    }
+}
+
+impl<T: DeviceRepr> Deref for Grow<T> {
+    type Target = CudaSlice<T>;
+    fn deref(&self) -> &CudaSlice<T> {
+        &self.buf
+    }
+}
+
+impl<T: DeviceRepr> DerefMut for Grow<T> {
+    fn deref_mut(&mut self) -> &mut CudaSlice<T> {
+        &mut self.buf
+    }
+}
+
+/// Activations: `[rows, width]` f32 in a pooled buffer (which may be longer).
+pub struct CudaAct {
+    pub(crate) buf: Lease<f32>,
+    rows: usize,
+    width: usize,
+}
+
+impl CudaAct {
+    pub(crate) fn new(buf: Lease<f32>, rows: usize, width: usize) -> Self {
+        debug_assert!(buf.len() >= rows * width);
+        CudaAct { buf, rows, width }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows * self.width
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub(crate) fn view(&self) -> CudaView<'_, f32> {
+        self.buf.slice(0..self.len())
+    }
+
+    pub(crate) fn view_mut(&mut self) -> CudaViewMut<'_, f32> {
+        let len = self.len();
+        self.buf.slice_mut(0..len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn best_fit_takes_the_smallest_buffer_that_holds_the_request() {
+        assert_eq!(best_fit([100, 10, 40, 40], 30), Some(2));
+        assert_eq!(best_fit([100, 10, 40], 10), Some(1));
+        assert_eq!(best_fit([100, 10, 40], 100), Some(0));
+        assert_eq!(best_fit([100, 10, 40], 101), None);
+        assert_eq!(best_fit([], 1), None);
+    }
+}

@@ -1,0 +1,97 @@
+//! Dense projections `y = x · Wᵀ` (the attention projections, the router, the LM head).
+//!
+//! Quantized weights: x is quantized to q8_1 rows (`quantize`, dense mode), then the dp4a
+//! GEMV (up to 8 rows: decode) or tiled GEMM of `output_head` computes every output row; the
+//! kernels' `path` picks which. K-quant weights take the same call once their variants are
+//! merged (h/kq). f32 weights (tied embedding tables widened at load; the router once F32
+//! matrices stay F32) take `dense_f32`, which AWAITS h/kq.
+
+use brink_kernels::cuda::{Gpu, GpuError};
+use brink_kernels::ops::output_head::{self, HeadBuffers, HeadDims};
+use brink_kernels::ops::quantize::{self, Source};
+use brink_kernels::quant::{BLOCK_Q8_1_BYTES, QK, WeightType};
+use cudarc::driver::CudaSlice;
+
+use super::buffers::Grow;
+use super::weights::{CudaWeight, WeightData};
+use super::{awaiting, fail};
+use crate::model::BackendError;
+
+/// Bytes of `rows` q8_1 rows of `k` values.
+pub(crate) fn q8_1_bytes(rows: usize, k: usize) -> usize {
+    rows * (k / QK) * BLOCK_Q8_1_BYTES
+}
+
+/// Quantizes the first `rows` rows of `x` (`[rows, k]`) into `xq` as q8_1.
+pub(crate) fn quantize_rows(gpu: &Gpu, x: &CudaSlice<f32>, rows: usize, k: usize, xq: &mut Grow<u8>) -> Result<(), GpuError> {
+    xq.ensure(gpu, q8_1_bytes(rows, k))?;
+    quantize::launch(gpu, x, rows as u64, k as u32, rows as u64, Source::Dense, &mut **xq)
+}
+
+/// `out[rows, n] = xq · Wᵀ` for q8_1 rows `xq` and `n` rows of `k` quantized weights.
+pub(crate) fn project_q8_1(
+    gpu: &Gpu,
+    xq: &CudaSlice<u8>,
+    rows: usize,
+    (k, n): (usize, usize),
+    (wtype, w): (WeightType, &CudaSlice<u8>),
+    out: &mut CudaSlice<f32>,
+) -> Result<(), GpuError> {
+    let d = HeadDims { hidden: k as u32, vocab: n as u32, wtype };
+    output_head::launch(gpu, &d, rows as u64, rows as u64, HeadBuffers { x: xq, rows: None, w, out })
+}
+
+/// The width check every projection makes first: `x` rows of `k` against `w` `[n, k]`.
+pub(crate) fn check_matrix(w: &CudaWeight, k: usize, op: &str) -> Result<usize, BackendError> {
+    if w.dims().len() > 2 || w.row_len() != k {
+        return Err(fail(format!("{op}: {} has dims {:?}, expected [{k}, n] for rows of width {k}", w.name(), w.dims())));
+    }
+    if k > i32::MAX as usize || w.rows() > i32::MAX as usize {
+        return Err(fail(format!("{op}: {} is wider than the kernels' i32 widths", w.name())));
+    }
+    Ok(w.rows())
+}
+
+/// `out[rows, n] = x · Wᵀ` for `x` `[rows, k]`, through the kernels `w`'s layout calls for;
+/// `xq` is the q8_1 scratch.
+pub(crate) fn project(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    (rows, k): (usize, usize),
+    w: &CudaWeight,
+    xq: &mut Grow<u8>,
+    out: &mut CudaSlice<f32>,
+) -> Result<(), BackendError> {
+    let n = w.rows();
+    let failed = |e: GpuError| fail(format!("projection by {}: {e}", w.name()));
+    match &w.data {
+        WeightData::Blocks { wtype, bytes } => {
+            quantize_rows(gpu, x, rows, k, xq).map_err(failed)?;
+            project_q8_1(gpu, xq, rows, (k, n), (*wtype, bytes), out).map_err(failed)
+        }
+        WeightData::F32(values) => dense_f32(gpu, x, (rows, k), values, n, out),
+    }
+}
+
+/// AWAITS h/kq: `dense_f32`, `out[rows, n] = x · Wᵀ` in f32 for f32 `W [n, k]`.
+pub(crate) fn dense_f32(
+    _gpu: &Gpu,
+    _x: &CudaSlice<f32>,
+    (rows, k): (usize, usize),
+    _w: &CudaSlice<f32>,
+    n: usize,
+    _out: &mut CudaSlice<f32>,
+) -> Result<(), BackendError> {
+    Err(awaiting("dense_f32", format!("rows={rows} k={k} n={n}"), "h/kq"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q8_1_rows_take_36_bytes_per_32_values() {
+        assert_eq!(q8_1_bytes(3, 64), 3 * 2 * 36);
+        assert_eq!(q8_1_bytes(0, 2048), 0);
+    }
+}

@@ -1,0 +1,62 @@
+//! The KV cache on the device: per layer, K and V as f16 `[slots, context, kv_heads, head_dim]`
+//! (the layout `kv_store` writes and the attention kernels read). Allocated once, zeroed, so
+//! a position never written reads as zeros rather than as a previous process's bytes.
+
+use brink_kernels::cuda::{Gpu, error_name};
+use cudarc::driver::CudaSlice;
+
+use super::fail;
+use crate::backend::KvSpec;
+use crate::model::BackendError;
+
+/// K and V of one layer, f16 bits.
+pub(crate) struct KvLayer {
+    pub k: CudaSlice<u16>,
+    pub v: CudaSlice<u16>,
+}
+
+pub(crate) struct KvCache {
+    pub spec: KvSpec,
+    pub layers: Vec<KvLayer>,
+}
+
+/// Elements of one layer's K (or V), or `None` when the product overflows.
+pub(crate) fn layer_elements(spec: &KvSpec) -> Option<usize> {
+    [spec.context, spec.kv_heads, spec.head_dim].into_iter().try_fold(spec.slots, |n, d| n.checked_mul(d))
+}
+
+impl KvCache {
+    pub(crate) fn alloc(gpu: &Gpu, spec: KvSpec) -> Result<KvCache, BackendError> {
+        let what = format!(
+            "KV cache of {} layers x {} slots x {} positions x {} heads x {} (f16)",
+            spec.layers, spec.slots, spec.context, spec.kv_heads, spec.head_dim
+        );
+        let elements =
+            layer_elements(&spec).filter(|&n| n > 0 && spec.layers > 0).ok_or_else(|| fail(format!("{what}: empty or too large")))?;
+        let bytes = (elements as u64).checked_mul(4 * spec.layers as u64).ok_or_else(|| fail(format!("{what}: too large")))?;
+        let free = gpu.free_mem().map_err(|e| fail(format!("{what}: {e}")))?;
+        if bytes > free {
+            return Err(fail(format!("{what} needs {bytes} bytes, the GPU has {free} free")));
+        }
+        let zeros = |part: &str, layer: usize| {
+            gpu.stream()
+                .alloc_zeros::<u16>(elements)
+                .map_err(|e| fail(format!("{what}: allocating layer {layer}'s {part} ({} bytes): {}", 2 * elements, error_name(&e))))
+        };
+        let layers = (0..spec.layers).map(|l| Ok(KvLayer { k: zeros("K", l)?, v: zeros("V", l)? })).collect::<Result<_, BackendError>>()?;
+        Ok(KvCache { spec, layers })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layer_elements_checks_overflow() {
+        let spec = KvSpec { layers: 48, slots: 4, context: 40_960, kv_heads: 4, head_dim: 128 };
+        assert_eq!(layer_elements(&spec), Some(4 * 40_960 * 4 * 128));
+        assert_eq!(spec.bytes(), 48 * 4 * 4 * 40_960 * 4 * 128);
+        assert_eq!(layer_elements(&KvSpec { slots: usize::MAX, ..spec }), None);
+    }
+}

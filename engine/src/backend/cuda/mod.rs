@@ -1,0 +1,267 @@
+//! The CUDA backend: every [`Backend`] op on GPU 0, composed from the kernel framework's
+//! launch functions (`brink_kernels::ops`), each launch planned against the device's own
+//! limits and checked (an error names the kernel, grid, block and shape).
+//!
+//! Activations stay on the device (`[rows, width]` f32, [`CudaAct`]) in pooled buffers; scratch
+//! grows with the largest batch and is reused, so a steady stream of batches allocates nothing
+//! (`buffer_allocations`). The host waits for the device only in `logits`, which copies its
+//! rows back and reads the embed kernel's count of out-of-vocabulary ids, and in
+//! `begin_batch`, whose uploads from pageable memory cudarc completes before returning (the
+//! stream is idle then: the previous step ended with its logits).
+//!
+//! AWAITING MERGE (each returns a `BackendError` "... not yet available" until then):
+//! - attention: `kv_store`, `attention_prefill`, `attention_decode` (h/attn) — `attention.rs`;
+//! - glue: `add` (`pointwise.rs`), `swiglu` (`moe.rs`), `dense_f32` (`dense.rs`) (h/kq);
+//! - K-quant matrices (h/kq): taken as soon as `TensorType::weight_type` maps them (`weights.rs`);
+//! - F32 matrices (the router) run on a q8_0 copy made at load until `dense_f32` lands.
+//!
+//! Module map: `weights` (upload, per-type layouts), `batch_state` (the batch on the device),
+//! `buffers` (activation pool, scratch), `gather` (embed, row selection), `pointwise` (norms,
+//! RoPE, add), `dense` (projections, logits), `moe` (the routed block), `attention`, `kv`.
+
+mod attention;
+mod batch_state;
+mod buffers;
+mod dense;
+mod gather;
+mod kv;
+mod moe;
+mod pointwise;
+mod weights;
+
+use std::fmt::Display;
+
+use brink_kernels::cuda::{Gpu, GpuError};
+use brink_kernels::ops::embed::BadIds;
+use brink_kernels::ops::rope::RopeTable;
+use brink_kernels::sources::{self, KernelSource};
+
+use crate::backend::{AttentionSpec, Backend, Batch, KvSpec, MoeSpec, MoeWeights, Result, WeightRole};
+use crate::gguf::GgmlType;
+use crate::model::{BackendError, HostTensor};
+
+use batch_state::BatchState;
+use buffers::{AllocCounter, Pool};
+use kv::KvCache;
+use moe::MoeScratch;
+
+pub use buffers::CudaAct;
+pub use weights::CudaWeight;
+
+const NAME: &str = "cuda";
+
+pub(crate) fn fail(message: impl Into<String>) -> BackendError {
+    BackendError::new(NAME, message)
+}
+
+/// The error of an op whose kernel has not been merged yet.
+pub(crate) fn awaiting(kernel: &str, shape: impl Display, branch: &str) -> BackendError {
+    fail(format!("{kernel} [{shape}]: not yet available (the kernel lands with branch {branch})"))
+}
+
+/// Kernel families the backend launches: compiled (or taken from the disk cache) when the
+/// backend opens, so a compile error shows then rather than in the middle of a step.
+const SOURCES: [KernelSource; 10] = [
+    sources::EMBED,
+    sources::RMSNORM,
+    sources::ROPE,
+    sources::QUANTIZE,
+    sources::OUTPUT_HEAD,
+    sources::ROUTER,
+    sources::MOE_ALIGN,
+    sources::MOE_GEMV,
+    sources::MOE_GEMM,
+    sources::MOE_COMBINE,
+];
+
+pub struct CudaBackend {
+    gpu: Gpu,
+    allocs: AllocCounter,
+    acts: Pool<f32>,
+    /// Rows of the largest batch so far: a larger one trims the activation pool.
+    high_water: usize,
+    batch: BatchState,
+    /// q8_1 input of the dense projections.
+    xq: buffers::Grow<u8>,
+    moe: MoeScratch,
+    kv: Option<KvCache>,
+    ropes: Vec<RopeTable>,
+    bad_ids: BadIds,
+}
+
+impl CudaBackend {
+    /// Opens GPU 0. A machine without a CUDA driver or GPU gets an error saying so.
+    pub fn new() -> std::result::Result<Self, BackendError> {
+        Self::open(0)
+    }
+
+    pub fn open(ordinal: usize) -> std::result::Result<Self, BackendError> {
+        let gpu = Gpu::open(ordinal).map_err(|e| fail(format!("cannot open GPU {ordinal}: {e}")))?;
+        for s in &SOURCES {
+            gpu.module(s).map_err(|e| fail(format!("kernels {}: {e}", s.file)))?;
+        }
+        let allocs = AllocCounter::default();
+        let setup = |e: GpuError| fail(format!("allocating the backend's buffers: {e}"));
+        Ok(CudaBackend {
+            acts: Pool::new(allocs.clone()),
+            high_water: 0,
+            batch: BatchState::new(&gpu, &allocs)?,
+            xq: buffers::Grow::new(&gpu, &allocs).map_err(setup)?,
+            moe: MoeScratch::new(&gpu, &allocs).map_err(setup)?,
+            kv: None,
+            ropes: Vec::new(),
+            bad_ids: BadIds::new(&gpu).map_err(setup)?,
+            allocs,
+            gpu,
+        })
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Device buffers the backend has allocated for activations and scratch since it opened
+    /// (weights and the KV cache aside): constant while batches do not grow.
+    pub fn buffer_allocations(&self) -> u64 {
+        self.allocs.get()
+    }
+
+    /// An activation of `rows x width` (uninitialised: the op writes it).
+    fn act(&self, rows: usize, width: usize) -> Result<CudaAct> {
+        let n = rows.checked_mul(width).ok_or_else(|| fail(format!("activation [{rows}, {width}] overflows")))?;
+        let buf = self.acts.take(&self.gpu, n).map_err(|e| fail(format!("activation [{rows}, {width}]: {e}")))?;
+        Ok(CudaAct::new(buf, rows, width))
+    }
+
+    /// Copies `values` (`[rows, width]`) to the device: test inputs, debugging.
+    pub fn upload(&self, rows: usize, width: usize, values: &[f32]) -> Result<CudaAct> {
+        if rows.checked_mul(width) != Some(values.len()) {
+            return Err(fail(format!("upload: {} values for [{rows}, {width}]", values.len())));
+        }
+        let mut a = self.act(rows, width)?;
+        if !values.is_empty() {
+            self.gpu
+                .stream()
+                .memcpy_htod(values, &mut a.view_mut())
+                .map_err(|e| fail(format!("upload: {}", brink_kernels::cuda::error_name(&e))))?;
+        }
+        Ok(a)
+    }
+
+    /// Copies `x` to the host (synchronises).
+    pub fn download(&self, x: &CudaAct) -> Result<Vec<f32>> {
+        if x.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.gpu.download_range(&x.buf, 0, x.len()).map_err(|e| fail(format!("download: {e}")))
+    }
+
+    /// Reads and clears the embed kernel's count of ids outside the table.
+    fn check_bad_ids(&mut self) -> Result<()> {
+        let bad = self.bad_ids.read(&self.gpu).map_err(|e| fail(format!("reading the embed's bad-id count: {e}")))?;
+        if bad > 0 {
+            self.bad_ids.reset(&self.gpu).map_err(|e| fail(format!("resetting the embed's bad-id count: {e}")))?;
+            return Err(fail(format!("{bad} token ids of this step were outside the vocabulary (their rows were zeros)")));
+        }
+        Ok(())
+    }
+}
+
+impl Backend for CudaBackend {
+    type Act = CudaAct;
+    type Weight = CudaWeight;
+
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn supported_types(&self, role: WeightRole) -> &'static [GgmlType] {
+        weights::supported_types(role)
+    }
+
+    fn load_weight(&mut self, t: HostTensor, role: WeightRole) -> Result<CudaWeight> {
+        weights::load(&self.gpu, t, role)
+    }
+
+    fn alloc_kv(&mut self, spec: KvSpec) -> Result<()> {
+        self.kv = None; // free the old cache before sizing the new one
+        self.kv = Some(KvCache::alloc(&self.gpu, spec)?);
+        Ok(())
+    }
+
+    fn begin_batch(&mut self, batch: &Batch) -> Result<()> {
+        self.batch.begin(&self.gpu, batch, self.kv.as_ref().map(|kv| &kv.spec))?;
+        if batch.rows() > self.high_water {
+            self.acts.trim();
+            self.high_water = batch.rows();
+        }
+        Ok(())
+    }
+
+    fn embed(&mut self, table: &CudaWeight) -> Result<CudaAct> {
+        let mut out = self.act(self.batch.require("embed")?, table.row_len())?;
+        gather::embed(&self.gpu, &self.batch, table, &mut self.bad_ids, &mut out)?;
+        Ok(out)
+    }
+
+    fn rms_norm(&mut self, x: &CudaAct, w: &CudaWeight, eps: f32) -> Result<CudaAct> {
+        let mut out = self.act(x.rows(), x.width())?;
+        if !x.is_empty() {
+            pointwise::rms_norm(&self.gpu, x, w, eps, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    fn linear(&mut self, x: &CudaAct, w: &CudaWeight) -> Result<CudaAct> {
+        let n = dense::check_matrix(w, x.width(), "linear")?;
+        let mut out = self.act(x.rows(), n)?;
+        if !x.is_empty() {
+            dense::project(&self.gpu, &x.buf, (x.rows(), x.width()), w, &mut self.xq, &mut out.buf)?;
+        }
+        Ok(out)
+    }
+
+    fn rope(&mut self, x: &mut CudaAct, head_dim: usize, theta: f32) -> Result<()> {
+        pointwise::rope(&self.gpu, &self.batch, &mut self.ropes, x, head_dim, theta)
+    }
+
+    fn attention(&mut self, q: &CudaAct, k: &CudaAct, v: &CudaAct, spec: &AttentionSpec) -> Result<CudaAct> {
+        let mut out = self.act(q.rows(), q.width())?;
+        attention::attention(&self.gpu, self.kv.as_mut(), &self.batch, (q, k, v), spec, &mut out)?;
+        Ok(out)
+    }
+
+    fn moe(&mut self, x: &CudaAct, w: &MoeWeights<'_, CudaWeight>, spec: &MoeSpec) -> Result<CudaAct> {
+        let mut out = self.act(x.rows(), x.width())?;
+        if !x.is_empty() {
+            moe::moe(&self.gpu, &mut self.moe, x, w, spec, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    fn add(&mut self, x: &mut CudaAct, y: &CudaAct) -> Result<()> {
+        if x.is_empty() && y.is_empty() {
+            return Ok(());
+        }
+        pointwise::add(&self.gpu, x, y)
+    }
+
+    fn select_logit_rows(&mut self, x: &CudaAct) -> Result<CudaAct> {
+        let mut out = self.act(self.batch.logit_rows.len(), x.width())?;
+        gather::select_rows(&self.gpu, x, &self.batch.logit_rows, &mut out)?;
+        Ok(out)
+    }
+
+    fn logits(&mut self, x: &CudaAct, w: &CudaWeight) -> Result<Vec<f32>> {
+        let vocab = dense::check_matrix(w, x.width(), "logits")?;
+        let mut values = Vec::new();
+        if !x.is_empty() {
+            let mut out = self.act(x.rows(), vocab)?;
+            dense::project(&self.gpu, &x.buf, (x.rows(), x.width()), w, &mut self.xq, &mut out.buf)?;
+            values = self.download(&out)?;
+        }
+        // Every step ends here: the one place the backend waits for the device anyway.
+        self.check_bad_ids()?;
+        Ok(values)
+    }
+}

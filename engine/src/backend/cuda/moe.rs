@@ -1,0 +1,305 @@
+//! The routed-expert block: router logits, top-k, the experts' SwiGLU FFN, weighted combine.
+//!
+//! ```text
+//! x [T, H] ─quantize─▶ xq ─dense (router)─▶ logits [T, E] ─router_topk─▶ ids, weights [T·k]
+//! small T (GEMV):  xq ─moe_gemv─▶ gate, up [T·k, F] ─swiglu─▶ act ─quantize─▶ ─moe_gemv─▶ down [T·k, H]
+//! large T (GEMM):  ids ─moe_align─▶ sorted rows; x ─quantize(gather)─▶ A ─moe_gemm─▶ gate, up
+//!                  ─swiglu─▶ act ─quantize(gather)─▶ ─moe_gemm─▶ down [T·k, H]
+//! down, weights ─moe_combine─▶ out [T, H]
+//! ```
+//!
+//! AWAITS h/kq: `swiglu` (below). The router runs through the dense q8_1 kernels on the
+//! router's q8_0 copy until `dense_f32` is merged (see `weights`).
+
+use brink_kernels::cuda::{Gpu, GpuError};
+use brink_kernels::launch::PlanError;
+use brink_kernels::ops::moe_align::{self, AlignedDevice};
+use brink_kernels::ops::moe_combine::{self, CombineCase};
+use brink_kernels::ops::moe_gemm::{self, DEFAULT_TILE, GemmBuffers, GemmCase};
+use brink_kernels::ops::moe_gemv::{self, GemvBuffers, GemvDims};
+use brink_kernels::ops::quantize::{self, Source};
+use brink_kernels::ops::router::{self, RouterSpec, Scoring};
+use brink_kernels::quant::WeightType;
+use brink_kernels::routing::Routing;
+use brink_kernels::sources::MOE_COMBINE;
+use cudarc::driver::{CudaSlice, PushKernelArg};
+
+use super::buffers::{AllocCounter, CudaAct, Grow};
+use super::dense::{dense_f32, project_q8_1, q8_1_bytes, quantize_rows};
+use super::weights::{CudaWeight, WeightData};
+use super::{awaiting, fail};
+use crate::backend::{MoeSpec, MoeWeights};
+use crate::model::BackendError;
+
+/// Up to this many tokens the experts run as GEMVs (each pair reads its expert's rows once,
+/// no alignment); above, as tiled GEMMs over tokens sorted by expert. llama.cpp switches at
+/// the same count (`MMVQ_MAX_BATCH_SIZE`).
+pub(crate) const ROUTED_GEMV_MAX_TOKENS: usize = 8;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RoutedPath {
+    Gemv,
+    Gemm,
+}
+
+pub(crate) fn routed_path(tokens: usize) -> RoutedPath {
+    if tokens <= ROUTED_GEMV_MAX_TOKENS { RoutedPath::Gemv } else { RoutedPath::Gemm }
+}
+
+/// The block's scratch, sized by the largest batch so far.
+pub(crate) struct MoeScratch {
+    /// x as q8_1 `[T, H/32]`: the router's and the GEMV's input.
+    xq: Grow<u8>,
+    logits: Grow<f32>,
+    ids: Grow<i32>,
+    weights: Grow<f32>,
+    /// x gathered in expert order as q8_1 `[padded rows, H/32]` (GEMM).
+    a: Grow<u8>,
+    gate: Grow<f32>,
+    up: Grow<f32>,
+    /// silu(gate) · up `[T·k, F]`.
+    act: Grow<f32>,
+    /// act as q8_1: `[T·k, F/32]` (GEMV) or gathered `[padded rows, F/32]` (GEMM).
+    act_q: Grow<u8>,
+    down: Grow<f32>,
+}
+
+impl MoeScratch {
+    pub(crate) fn new(gpu: &Gpu, allocs: &AllocCounter) -> Result<Self, GpuError> {
+        Ok(MoeScratch {
+            xq: Grow::new(gpu, allocs)?,
+            logits: Grow::new(gpu, allocs)?,
+            ids: Grow::new(gpu, allocs)?,
+            weights: Grow::new(gpu, allocs)?,
+            a: Grow::new(gpu, allocs)?,
+            gate: Grow::new(gpu, allocs)?,
+            up: Grow::new(gpu, allocs)?,
+            act: Grow::new(gpu, allocs)?,
+            act_q: Grow::new(gpu, allocs)?,
+            down: Grow::new(gpu, allocs)?,
+        })
+    }
+}
+
+/// The block's sizes, checked against every weight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Dims {
+    tokens: usize,
+    hidden: usize,
+    ffn: usize,
+    experts: usize,
+    top_k: usize,
+}
+
+impl Dims {
+    fn pairs(&self) -> usize {
+        self.tokens * self.top_k
+    }
+}
+
+/// An expert tensor `[row_len, rows, experts]` in blocks the routed kernels read.
+struct Experts<'a> {
+    name: &'a str,
+    wtype: WeightType,
+    bytes: &'a CudaSlice<u8>,
+}
+
+impl Experts<'_> {
+    /// A kernel error of `stage` with this tensor named.
+    fn failed(&self, stage: &'static str) -> impl Fn(GpuError) -> BackendError + '_ {
+        move |e| fail(format!("moe expert {stage} {}: {e}", self.name))
+    }
+}
+
+fn experts<'a>(w: &'a CudaWeight, (row_len, rows, experts): (usize, usize, usize)) -> Result<Experts<'a>, String> {
+    if w.dims() != [row_len as u64, rows as u64, experts as u64] {
+        return Err(format!("{} has dims {:?}, expected [{row_len}, {rows}, {experts}]", w.name(), w.dims()));
+    }
+    match &w.data {
+        WeightData::Blocks { wtype, bytes } => Ok(Experts { name: w.name(), wtype: *wtype, bytes }),
+        WeightData::F32(_) => Err(format!("{} is held as f32; the routed kernels read quantized blocks", w.name())),
+    }
+}
+
+fn check(x: &CudaAct, w: &MoeWeights<'_, CudaWeight>, spec: &MoeSpec) -> Result<Dims, String> {
+    let d = Dims { tokens: x.rows(), hidden: x.width(), ffn: spec.expert_ffn, experts: spec.experts, top_k: spec.top_k };
+    if d.top_k == 0 || d.top_k > d.experts {
+        return Err(format!("top_k {} must be in 1..={}", d.top_k, d.experts));
+    }
+    if let Some(s) = spec.weights_scale {
+        // The combine applies the router's weights as they are; no kernel scales them yet.
+        return Err(format!("expert_weights_scale {s} is not supported by the CUDA backend's combine"));
+    }
+    if w.router.dims() != [d.hidden as u64, d.experts as u64] {
+        return Err(format!("router {} has dims {:?}, expected [{}, {}]", w.router.name(), w.router.dims(), d.hidden, d.experts));
+    }
+    Ok(d)
+}
+
+/// `out [T, H]` = the routed experts of `x [T, H]`.
+pub(crate) fn moe(
+    gpu: &Gpu,
+    s: &mut MoeScratch,
+    x: &CudaAct,
+    w: &MoeWeights<'_, CudaWeight>,
+    spec: &MoeSpec,
+    out: &mut CudaAct,
+) -> Result<(), BackendError> {
+    let d = check(x, w, spec).map_err(|why| fail(format!("moe: {why}")))?;
+    let shapes = |e: String| fail(format!("moe: {e}"));
+    let gate = experts(w.gate, (d.hidden, d.ffn, d.experts)).map_err(shapes)?;
+    let up = experts(w.up, (d.hidden, d.ffn, d.experts)).map_err(shapes)?;
+    let down = experts(w.down, (d.ffn, d.hidden, d.experts)).map_err(shapes)?;
+    let failed = |e: GpuError| fail(format!("moe ({} tokens, {} experts, top {}): {e}", d.tokens, d.experts, d.top_k));
+    let path = routed_path(d.tokens);
+    route(gpu, s, x, w.router, &d, spec.norm_top_k, path)?;
+    match path {
+        RoutedPath::Gemv => experts_gemv(gpu, s, &d, [&gate, &up, &down])?,
+        RoutedPath::Gemm => {
+            let aligned =
+                moe_align::align_gpu(gpu, &s.ids, d.tokens as u64, d.top_k as u32, d.experts as u32, DEFAULT_TILE.m).map_err(failed)?;
+            experts_gemm(gpu, s, x, &d, &aligned, [&gate, &up, &down])?;
+        }
+    }
+    combine(gpu, s, &d, out).map_err(failed)
+}
+
+/// Router logits, then ids and weights `[T·k]`: softmax over every expert, top-k by logit,
+/// renormalised when the model says so.
+fn route(
+    gpu: &Gpu,
+    s: &mut MoeScratch,
+    x: &CudaAct,
+    router: &CudaWeight,
+    d: &Dims,
+    renormalize: bool,
+    path: RoutedPath,
+) -> Result<(), BackendError> {
+    let failed = |e: GpuError| fail(format!("moe router {}: {e}", router.name()));
+    let quantized_router = matches!(router.data, WeightData::Blocks { .. });
+    if quantized_router || path == RoutedPath::Gemv {
+        quantize_rows(gpu, &x.buf, d.tokens, d.hidden, &mut s.xq).map_err(failed)?;
+    }
+    s.logits.ensure(gpu, d.tokens * d.experts).map_err(failed)?;
+    match &router.data {
+        WeightData::Blocks { wtype, bytes } => {
+            project_q8_1(gpu, &s.xq, d.tokens, (d.hidden, d.experts), (*wtype, bytes), &mut s.logits).map_err(failed)?
+        }
+        WeightData::F32(values) => dense_f32(gpu, &x.buf, (d.tokens, d.hidden), values, d.experts, &mut s.logits)?,
+    }
+    s.ids.ensure(gpu, d.pairs()).map_err(failed)?;
+    s.weights.ensure(gpu, d.pairs()).map_err(failed)?;
+    let spec = RouterSpec { experts: d.experts as u32, top_k: d.top_k as u32, scoring: Scoring::Softmax, renormalize };
+    let logits = s.logits.slice(0..d.tokens * d.experts);
+    let (mut ids, mut weights) = (s.ids.slice_mut(0..d.pairs()), s.weights.slice_mut(0..d.pairs()));
+    router::launch(gpu, d.tokens as u64, &spec, &logits, &mut ids, &mut weights).map_err(failed)
+}
+
+fn ensure_ffn(gpu: &Gpu, s: &mut MoeScratch, d: &Dims, act_q_bytes: usize) -> Result<(), GpuError> {
+    let (pf, ph) = (d.pairs() * d.ffn, d.pairs() * d.hidden);
+    for g in [&mut s.gate, &mut s.up, &mut s.act] {
+        g.ensure(gpu, pf)?;
+    }
+    s.down.ensure(gpu, ph)?;
+    s.act_q.ensure(gpu, act_q_bytes)
+}
+
+/// Per (token, slot) pair GEMVs: gate and up read the token's q8_1 row, down the pair's.
+fn experts_gemv(gpu: &Gpu, s: &mut MoeScratch, d: &Dims, [gate, up, down]: [&Experts<'_>; 3]) -> Result<(), BackendError> {
+    ensure_ffn(gpu, s, d, q8_1_bytes(d.pairs(), d.ffn)).map_err(gate.failed("GEMV"))?;
+    let dims = |e: &Experts<'_>, top_k: usize, n: usize, k: usize| GemvDims {
+        experts: d.experts as u32,
+        top_k: top_k as u32,
+        n: n as u32,
+        k: k as u32,
+        wtype: e.wtype,
+    };
+    let t = d.tokens as u64;
+    for (e, y) in [(gate, &mut s.gate), (up, &mut s.up)] {
+        let bufs = GemvBuffers { w: e.bytes, xq: &*s.xq, ids: &s.ids, y: &mut **y };
+        moe_gemv::launch(gpu, t, &dims(e, d.top_k, d.ffn, d.hidden), bufs).map_err(e.failed("GEMV"))?;
+    }
+    swiglu(gpu, &s.gate, &s.up, &mut s.act, d.pairs() * d.ffn)?;
+    quantize_rows(gpu, &s.act, d.pairs(), d.ffn, &mut s.act_q).map_err(down.failed("GEMV"))?;
+    // The down projection's rows are pairs already: a GEMV over T·k "tokens" of one slot each.
+    let bufs = GemvBuffers { w: down.bytes, xq: &*s.act_q, ids: &s.ids, y: &mut *s.down };
+    moe_gemv::launch(gpu, d.pairs() as u64, &dims(down, 1, d.hidden, d.ffn), bufs).map_err(down.failed("GEMV"))
+}
+
+/// Tiled GEMMs over the rows sorted by expert: x gathered per (token, slot) for gate and up,
+/// the pairs' activations gathered for down.
+fn experts_gemm(
+    gpu: &Gpu,
+    s: &mut MoeScratch,
+    x: &CudaAct,
+    d: &Dims,
+    al: &AlignedDevice,
+    [gate, up, down]: [&Experts<'_>; 3],
+) -> Result<(), BackendError> {
+    let rows = moe_align::max_padded_rows(d.tokens as u64, d.top_k as u32, d.experts as u32, DEFAULT_TILE.m);
+    let rows_usize = usize::try_from(rows).map_err(|_| fail(format!("moe: {rows} padded rows")))?;
+    ensure_ffn(gpu, s, d, q8_1_bytes(rows_usize, d.ffn)).map_err(gate.failed("GEMM"))?;
+    s.a.ensure(gpu, q8_1_bytes(rows_usize, d.hidden)).map_err(gate.failed("GEMM"))?;
+    let gather = |rows_per_token: usize| Source::Gather { sorted_ids: &al.sorted_ids, rows_per_token: rows_per_token as u32 };
+    let (t, k) = (d.tokens as u64, d.top_k as u32);
+    quantize::launch(gpu, &x.buf, t, d.hidden as u32, rows, gather(d.top_k), &mut *s.a).map_err(gate.failed("GEMM"))?;
+    // `routing` only tells the self-test how to route; the launch ignores it.
+    let case = |e: &Experts<'_>, n: usize, kk: usize| GemmCase {
+        experts: d.experts as u32,
+        top_k: k,
+        n: n as u32,
+        k: kk as u32,
+        wtype: e.wtype,
+        routing: Routing::Uniform,
+    };
+    for (e, y) in [(gate, &mut s.gate), (up, &mut s.up)] {
+        let bufs = GemmBuffers { sorted_ids: &al.sorted_ids, tile_expert: &al.tile_expert, a: &s.a, w: e.bytes, y: &mut **y };
+        moe_gemm::launch(gpu, t, &case(e, d.ffn, d.hidden), &DEFAULT_TILE, bufs).map_err(e.failed("GEMM"))?;
+    }
+    swiglu(gpu, &s.gate, &s.up, &mut s.act, d.pairs() * d.ffn)?;
+    // act's rows are pairs: gathered one row per pair id.
+    quantize::launch(gpu, &s.act, d.pairs() as u64, d.ffn as u32, rows, gather(1), &mut *s.act_q).map_err(down.failed("GEMM"))?;
+    let bufs = GemmBuffers { sorted_ids: &al.sorted_ids, tile_expert: &al.tile_expert, a: &s.act_q, w: down.bytes, y: &mut *s.down };
+    moe_gemm::launch(gpu, t, &case(down, d.hidden, d.ffn), &DEFAULT_TILE, bufs).map_err(down.failed("GEMM"))
+}
+
+/// AWAITS h/kq: `swiglu`, `act = silu(gate) · up` over `n` values (llama.cpp's
+/// `ggml_swiglu_split`; a fused `swiglu_q8_1` would also replace the quantize after it).
+fn swiglu(_gpu: &Gpu, _gate: &CudaSlice<f32>, _up: &CudaSlice<f32>, _act: &mut CudaSlice<f32>, n: usize) -> Result<(), BackendError> {
+    Err(awaiting("swiglu", format!("n={n}"), "h/kq"))
+}
+
+/// `out[t] = Σ_j weights[t·k + j] · down[t·k + j]`. The `moe_combine` kernel through its own
+/// plan and the checked launch; `moe_combine::launch` writes u32 words (the self-test's
+/// poisoned buffers), this writes the f32 activation with the same arguments.
+fn combine(gpu: &Gpu, s: &MoeScratch, d: &Dims, out: &mut CudaAct) -> Result<(), GpuError> {
+    let c = CombineCase { top_k: d.top_k as u32, n: d.hidden as u32 };
+    let tokens = d.tokens as u64;
+    let p = moe_combine::plan(tokens, &c, gpu.limits())?;
+    let short = [("down", s.down.len(), d.pairs() * d.hidden), ("weights", s.weights.len(), d.pairs()), ("out", out.buf.len(), out.len())]
+        .into_iter()
+        .find(|&(_, have, need)| have < need);
+    if let Some((name, have, need)) = short {
+        let what = format!("{name} holds {have} values, the launch needs {need}");
+        return Err(PlanError::Unsupported { kernel: p.kernel.clone(), what, shape: p.shape.clone() }.into());
+    }
+    let f = gpu.function(&MOE_COMBINE, moe_combine::KERNEL)?;
+    let (k, n) = (d.top_k as i32, d.hidden as i32);
+    let out: &mut CudaSlice<f32> = &mut out.buf;
+    gpu.launch(&p, &f, |b| {
+        b.arg(&*s.down).arg(&*s.weights).arg(out).arg(&tokens).arg(&k).arg(&n);
+    })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemv_up_to_eight_tokens_then_gemm() {
+        assert_eq!(routed_path(1), RoutedPath::Gemv);
+        assert_eq!(routed_path(ROUTED_GEMV_MAX_TOKENS), RoutedPath::Gemv);
+        assert_eq!(routed_path(ROUTED_GEMV_MAX_TOKENS + 1), RoutedPath::Gemm);
+    }
+}

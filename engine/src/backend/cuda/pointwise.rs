@@ -1,0 +1,86 @@
+//! Ops that work row by row: RMS norm (whole rows or per head), RoPE, and `add`.
+//!
+//! AWAITS h/kq: `add` (below).
+
+use brink_kernels::cuda::Gpu;
+use brink_kernels::ops::rmsnorm::{self, RmsNormCase};
+use brink_kernels::ops::rope::{self, RopeSpec, RopeTable};
+
+use super::batch_state::BatchState;
+use super::buffers::CudaAct;
+use super::weights::{CudaWeight, WeightData};
+use super::{awaiting, fail};
+use crate::model::BackendError;
+
+/// Groups of `group` values in a row of `width` (1 for a whole-row norm, the head count for the
+/// per-head Q/K norm), or why `width` does not split into them.
+pub(crate) fn norm_groups(width: usize, group: usize) -> Result<usize, String> {
+    if group == 0 || !width.is_multiple_of(group) {
+        return Err(format!("a row of {width} does not split into norm groups of {group}"));
+    }
+    Ok(width / group)
+}
+
+/// `out = rms_norm(x)` over each `w.len()`-wide group of every row, scaled by `w`.
+pub(crate) fn rms_norm(gpu: &Gpu, x: &CudaAct, w: &CudaWeight, eps: f32, out: &mut CudaAct) -> Result<(), BackendError> {
+    let what = |e: String| fail(format!("rms_norm by {}: {e}", w.name()));
+    let WeightData::F32(scale) = &w.data else {
+        return Err(what("a norm weight must be held as f32".into()));
+    };
+    let groups = norm_groups(x.width(), w.row_len()).map_err(what)?;
+    let case = RmsNormCase { width: w.row_len() as u32, rows_per_token: groups as u32, eps };
+    rmsnorm::launch(gpu, x.rows() as u64, &case, &x.view(), &scale.as_view(), &mut out.view_mut()).map_err(|e| what(e.to_string()))
+}
+
+/// The frequency table of `spec`, made on first use (one per model in practice).
+fn table<'a>(gpu: &Gpu, tables: &'a mut Vec<RopeTable>, spec: RopeSpec) -> Result<&'a RopeTable, String> {
+    let at = match tables.iter().position(|t| t.spec() == spec) {
+        Some(i) => i,
+        None => {
+            tables.push(RopeTable::new(gpu, spec).map_err(|e| e.to_string())?);
+            tables.len() - 1
+        }
+    };
+    Ok(&tables[at])
+}
+
+/// NEOX RoPE of each `head_dim` group of `x`, in place, at the batch's positions.
+pub(crate) fn rope(
+    gpu: &Gpu,
+    batch: &BatchState,
+    tables: &mut Vec<RopeTable>,
+    x: &mut CudaAct,
+    head_dim: usize,
+    theta: f32,
+) -> Result<(), BackendError> {
+    let rows = batch.require("rope")?;
+    let what = |e: String| fail(format!("rope (head_dim {head_dim}, theta {theta}): {e}"));
+    if x.rows() != rows {
+        return Err(what(format!("{} rows, the batch has {rows} positions", x.rows())));
+    }
+    let heads = norm_groups(x.width(), head_dim).map_err(what)?;
+    let t = table(gpu, tables, RopeSpec { head_dim: head_dim as u32, theta }).map_err(what)?;
+    let positions = batch.positions.slice(0..rows);
+    rope::launch(gpu, rows as u64, heads as u32, t, &positions, &mut x.view_mut()).map_err(|e| what(e.to_string()))
+}
+
+/// AWAITS h/kq: the `add` kernel, `x += y` over `n` values.
+pub(crate) fn add(_gpu: &Gpu, x: &mut CudaAct, y: &CudaAct) -> Result<(), BackendError> {
+    if (x.rows(), x.width()) != (y.rows(), y.width()) {
+        return Err(fail(format!("add: [{}, {}] + [{}, {}]", x.rows(), x.width(), y.rows(), y.width())));
+    }
+    Err(awaiting("add", format!("n={}", x.len()), "h/kq"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn norm_groups_whole_rows_and_heads() {
+        assert_eq!(norm_groups(2048, 2048), Ok(1));
+        assert_eq!(norm_groups(4096, 128), Ok(32));
+        assert!(norm_groups(100, 64).is_err());
+        assert!(norm_groups(100, 0).is_err());
+    }
+}

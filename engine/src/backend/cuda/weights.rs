@@ -1,0 +1,251 @@
+//! Weights on the device. Each [`HostTensor`]'s bytes are uploaded in the file's block layout
+//! where a kernel reads that layout; otherwise they are converted once, on the host, at load:
+//!
+//! - norm weights (F32, or F16/BF16 widened to f32: a vector, no memory to speak of);
+//! - embedding tables the embed kernel cannot read (F16, BF16, K-quants) are widened to f32.
+//!   Memory cost: 4 bytes per weight instead of 2 or ~0.56, i.e. 1.24 GB for a 151,936 x 2048
+//!   table (vs 0.62 GB in F16);
+//! - F32 matrices (the router `ffn_gate_inp`, which llama.cpp never quantizes) are quantized
+//!   to q8_0 on the host and run through the dense q8_1 x q8_0 kernels. INTERIM, until
+//!   `dense_f32` is merged (branch h/kq): the router's logits then differ from an f32 product
+//!   by q8_0 rounding (~0.5% of a row's scale). With `dense_f32`, [`layout`] maps an F32
+//!   matrix to [`Layout::F32`] and the projection takes the f32 path (`dense::project`).
+//!
+//! Which types the backend takes in each role follows from [`layout`] alone, so
+//! [`supported_types`] cannot disagree with what loading does.
+
+use std::sync::LazyLock;
+
+use brink_kernels::cuda::Gpu;
+use brink_kernels::quant::{BLOCK_Q8_0_BYTES, QK, TensorType, WeightType};
+use cudarc::driver::CudaSlice;
+use half::f16;
+
+use super::fail;
+use crate::backend::WeightRole;
+use crate::gguf::GgmlType;
+use crate::model::{BackendError, HostTensor};
+
+/// A weight resident on the GPU.
+pub struct CudaWeight {
+    name: String,
+    file_type: GgmlType,
+    /// ggml order: `dims[0]` is the row length.
+    dims: Vec<u64>,
+    pub(crate) data: WeightData,
+}
+
+pub(crate) enum WeightData {
+    /// Quantized blocks the kernels read as they are.
+    Blocks { wtype: WeightType, bytes: CudaSlice<u8> },
+    /// f32 values: norm weights, widened embedding tables.
+    F32(CudaSlice<f32>),
+}
+
+impl CudaWeight {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The tensor's type in the file (the device may hold it converted).
+    pub fn file_type(&self) -> GgmlType {
+        self.file_type
+    }
+
+    pub fn dims(&self) -> &[u64] {
+        &self.dims
+    }
+
+    /// Elements of one row (`ne[0]`).
+    pub fn row_len(&self) -> usize {
+        self.dims[0] as usize
+    }
+
+    /// Rows of one matrix (`ne[1]`; 1 for a vector).
+    pub fn rows(&self) -> usize {
+        self.dims.get(1).copied().unwrap_or(1) as usize
+    }
+
+    /// Matrices stacked along `ne[2]` (the experts of an expert tensor; 1 otherwise).
+    pub fn matrices(&self) -> usize {
+        self.dims.get(2).copied().unwrap_or(1) as usize
+    }
+}
+
+/// How a tensor is held on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// The file's blocks, unchanged.
+    Blocks(WeightType),
+    /// The file's f32 values, unchanged.
+    F32,
+    /// Converted to f32 on the host.
+    WidenToF32,
+    /// An F32 matrix quantized to q8_0 on the host (interim, see the module doc).
+    QuantizeToQ8_0,
+}
+
+/// The kernels' view of a GGUF type, for the types the CPU backend computes with.
+fn tensor_type(ty: GgmlType) -> Option<TensorType> {
+    TensorType::from_ggml_id(ty.id()).ok()
+}
+
+/// How a tensor of type `ty` and shape `dims` is held in `role`, or why it cannot be.
+pub(crate) fn layout(ty: GgmlType, role: WeightRole, dims: &[u64]) -> Result<Layout, String> {
+    let tt = tensor_type(ty);
+    match role {
+        WeightRole::Scale => match ty {
+            GgmlType::F32 => Ok(Layout::F32),
+            GgmlType::F16 | GgmlType::BF16 => Ok(Layout::WidenToF32),
+            _ => Err(format!("a norm weight must be f32, f16 or bf16, not {ty}")),
+        },
+        WeightRole::Embedding => match (ty, tt) {
+            (GgmlType::F32, _) => Ok(Layout::F32),
+            (GgmlType::Q8_0, _) => Ok(Layout::Blocks(WeightType::Q8_0)),
+            (GgmlType::Q4_0, _) => Ok(Layout::Blocks(WeightType::Q4_0)),
+            (_, Some(_)) => Ok(Layout::WidenToF32),
+            (_, None) => Err(format!("no dequantization for {ty}")),
+        },
+        WeightRole::Matrix => match tt.and_then(TensorType::weight_type) {
+            Some(w) => Ok(Layout::Blocks(w)),
+            None if ty == GgmlType::F32 && dims.len() <= 2 => Ok(Layout::QuantizeToQ8_0),
+            None if ty == GgmlType::F32 => Err("routed experts must be quantized: the routed kernels read q8_0/q4_0 blocks".into()),
+            None => Err(format!("no dense or routed kernel computes with {ty} weights")),
+        },
+    }
+}
+
+fn types_for(role: WeightRole) -> Vec<GgmlType> {
+    GgmlType::ALL.into_iter().filter(|&t| layout(t, role, &[QK as u64 * 8, 8]).is_ok()).collect()
+}
+
+static SCALE_TYPES: LazyLock<Vec<GgmlType>> = LazyLock::new(|| types_for(WeightRole::Scale));
+static EMBEDDING_TYPES: LazyLock<Vec<GgmlType>> = LazyLock::new(|| types_for(WeightRole::Embedding));
+static MATRIX_TYPES: LazyLock<Vec<GgmlType>> = LazyLock::new(|| types_for(WeightRole::Matrix));
+
+/// The types [`load`] accepts in `role` (a 2-D shape: see [`layout`] for 3-D F32).
+pub(crate) fn supported_types(role: WeightRole) -> &'static [GgmlType] {
+    match role {
+        WeightRole::Scale => &SCALE_TYPES,
+        WeightRole::Embedding => &EMBEDDING_TYPES,
+        WeightRole::Matrix => &MATRIX_TYPES,
+    }
+}
+
+/// Uploads `t` in the layout its type and role call for.
+pub(crate) fn load(gpu: &Gpu, t: HostTensor, role: WeightRole) -> Result<CudaWeight, BackendError> {
+    let bad = |why: String| fail(format!("tensor {:?} ({}, dims {:?}) as {}: {why}", t.name, t.ggml_type, t.dims, role.name()));
+    let expected = t.ggml_type.tensor_bytes(&t.dims).map_err(|e| bad(e.to_string()))?;
+    if expected != t.bytes.len() as u64 {
+        return Err(bad(format!("holds {} bytes, its shape needs {expected}", t.bytes.len())));
+    }
+    if role == WeightRole::Scale && t.dims.len() != 1 {
+        return Err(bad("a norm weight is a vector".into()));
+    }
+    let upload_err = |e| fail(format!("uploading tensor {:?}: {e}", t.name));
+    let data = match layout(t.ggml_type, role, &t.dims).map_err(&bad)? {
+        Layout::Blocks(wtype) => WeightData::Blocks { wtype, bytes: gpu.upload(&t.bytes).map_err(upload_err)? },
+        Layout::F32 => WeightData::F32(gpu.upload(&f32_values(&t.bytes)).map_err(upload_err)?),
+        Layout::WidenToF32 => WeightData::F32(gpu.upload(&widen(&t).map_err(&bad)?).map_err(upload_err)?),
+        Layout::QuantizeToQ8_0 => {
+            let bytes = quantize_q8_0(&f32_values(&t.bytes), t.dims[0] as usize).map_err(&bad)?;
+            WeightData::Blocks { wtype: WeightType::Q8_0, bytes: gpu.upload(&bytes).map_err(upload_err)? }
+        }
+    };
+    Ok(CudaWeight { name: t.name, file_type: t.ggml_type, dims: t.dims, data })
+}
+
+fn f32_values(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
+/// The tensor's values as f32 (every type the CPU backend reads).
+fn widen(t: &HostTensor) -> Result<Vec<f32>, String> {
+    let tt = tensor_type(t.ggml_type).ok_or_else(|| format!("no dequantization for {}", t.ggml_type))?;
+    let values = t.dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d as usize)).ok_or("element count overflows")?;
+    let mut out = vec![0.0f32; values];
+    tt.dequantize_rows(&t.bytes, t.dims[0] as usize, &mut out).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+/// ggml's `quantize_row_q8_0_ref` over rows of `row_len` values: per block of 32,
+/// `d = amax / 127`, `q = round(x / d)` (as `x · (1/d)`, half away from zero), d stored as f16.
+pub(crate) fn quantize_q8_0(values: &[f32], row_len: usize) -> Result<Vec<u8>, String> {
+    if row_len == 0 || !row_len.is_multiple_of(QK) {
+        return Err(format!("rows of {row_len} values cannot be quantized to q8_0 (blocks of {QK})"));
+    }
+    let mut out = Vec::with_capacity(values.len() / QK * BLOCK_Q8_0_BYTES);
+    for block in values.chunks_exact(QK) {
+        let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+        out.extend(block.iter().map(|&x| (x * id).round() as i8 as u8));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use brink_kernels::quant::dequantize_q8_0;
+
+    #[test]
+    fn supported_types_follow_the_layouts() {
+        let m = supported_types(WeightRole::Matrix);
+        assert!(m.contains(&GgmlType::Q8_0) && m.contains(&GgmlType::Q4_0) && m.contains(&GgmlType::F32));
+        assert!(!m.contains(&GgmlType::F16) && !m.contains(&GgmlType::Q4_1));
+        let e = supported_types(WeightRole::Embedding);
+        for t in
+            [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K]
+        {
+            assert!(e.contains(&t), "{t} embeddings");
+        }
+        assert!(!e.contains(&GgmlType::IQ2_XS));
+        assert_eq!(supported_types(WeightRole::Scale), &[GgmlType::F32, GgmlType::F16, GgmlType::BF16]);
+    }
+
+    #[test]
+    fn layouts_by_role() {
+        use GgmlType::*;
+        assert_eq!(layout(Q4_0, WeightRole::Embedding, &[64, 10]), Ok(Layout::Blocks(WeightType::Q4_0)));
+        assert_eq!(layout(F16, WeightRole::Embedding, &[64, 10]), Ok(Layout::WidenToF32));
+        assert_eq!(layout(Q6_K, WeightRole::Embedding, &[256, 10]), Ok(Layout::WidenToF32));
+        assert_eq!(layout(F32, WeightRole::Matrix, &[64, 8]), Ok(Layout::QuantizeToQ8_0));
+        assert!(layout(F32, WeightRole::Matrix, &[64, 8, 4]).unwrap_err().contains("routed experts"));
+        assert!(layout(Q4_1, WeightRole::Matrix, &[64, 8]).unwrap_err().contains("q4_1"));
+        assert!(layout(Q8_0, WeightRole::Scale, &[64]).is_err());
+    }
+
+    #[test]
+    fn q8_0_quantization_matches_ggml_rounding() {
+        // One block: amax 127 gives d = 1, so q = round(x) exactly, halves away from zero.
+        let mut x: Vec<f32> = (0..32).map(|i| i as f32 - 16.0).collect();
+        x[0] = -127.0;
+        x[1] = 2.5;
+        x[2] = -2.5;
+        let q = quantize_q8_0(&x, 32).unwrap();
+        assert_eq!(q.len(), BLOCK_Q8_0_BYTES);
+        assert_eq!(f16::from_le_bytes([q[0], q[1]]), f16::from_f32(1.0));
+        assert_eq!(&q[2..5], &[(-127i8) as u8, 3, (-3i8) as u8]);
+        assert_eq!(q[2 + 20] as i8, 4);
+        // A zero block stays zero (no division by zero).
+        assert!(quantize_q8_0(&[0.0; 32], 32).unwrap().iter().all(|&b| b == 0));
+        assert!(quantize_q8_0(&[0.0; 48], 48).is_err());
+    }
+
+    #[test]
+    fn q8_0_round_trip_error_is_within_half_a_step() {
+        let x: Vec<f32> = (0..256).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013).collect();
+        let q = quantize_q8_0(&x, 128).unwrap();
+        let y = dequantize_q8_0(&q);
+        for (b, (xs, ys)) in x.chunks(32).zip(y.chunks(32)).enumerate() {
+            let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            // Half a step of d = amax/127, plus d's f16 rounding (2^-11 relative) over 127 steps.
+            let bound = amax / 127.0 * (0.5 + 127.0 / 2048.0) + 1e-7;
+            for (a, b2) in xs.iter().zip(ys) {
+                assert!((a - b2).abs() <= bound, "block {b}: {a} vs {b2} (bound {bound})");
+            }
+        }
+    }
+}
