@@ -259,3 +259,10 @@ impl<B: Backend + 'static> AnyEngine for Engine<B> {
         Engine::generate(self, slot, prompt, p, on_token)
     }
 }
+/// Loads the model at `path` onto the backend `kind`.
+pub fn open(path: &Path, kind: BackendKind, opts: EngineOptions) -> Result<Box<dyn AnyEngine>, ModelError> {
+    match kind {
+        BackendKind::Cpu => Ok(Box::new(Engine::load(path, crate::backend::cpu::CpuBackend::new(), opts)?)),
+        BackendKind::Cuda => Ok(Box::new(Engine::load(path, crate::backend::cuda::CudaBackend::new()?, opts)?)),
+    }
+}

@@ -10,6 +10,7 @@
 
 pub mod arch;
 pub mod backend;
+pub mod cpu;
 pub mod engine;
 pub mod gguf;
 pub mod model;
@@ -17,4 +18,4 @@ pub mod parity;
 pub mod sampler;
 pub mod synth;
 
-pub use engine::{AnyEngine, BackendKind, Engine, EngineOptions, GenerateParams, Generation, LoadReport, StepItem, StopReason};
+pub use engine::{AnyEngine, BackendKind, Engine, EngineOptions, GenerateParams, Generation, LoadReport, StepItem, StopReason, open};

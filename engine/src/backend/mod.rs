@@ -7,6 +7,7 @@
 //! them; weights are loaded once from [`HostTensor`]s.
 
 pub mod batch;
+pub mod cpu;
 pub mod cuda;
 
 pub use batch::{Batch, Chunk, Logits};

@@ -1,0 +1,200 @@
+//! The reference backend: multi-threaded CPU math that mirrors llama.cpp's CPU arithmetic
+//! (activations quantized to each weight's dot type, f16 KV cache, f64 norm and softmax sums)
+//! so that it matches llama.cpp token for token, and the CUDA backend is checked against it.
+
+mod kv;
+mod moe;
+
+use crate::backend::{AttentionSpec, Backend, Batch, KvSpec, MoeSpec, MoeWeights, Result, WeightRole};
+use crate::cpu::{self, CpuError, WeightMatrix};
+use crate::gguf::GgmlType;
+use crate::model::{BackendError, HostTensor};
+
+use kv::KvCache;
+
+const NAME: &str = "cpu";
+const MATRIX_TYPES: &[GgmlType] =
+    &[GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
+
+/// `[rows, width]` activations.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CpuAct {
+    pub rows: usize,
+    pub width: usize,
+    pub data: Vec<f32>,
+}
+
+impl CpuAct {
+    fn zeros(rows: usize, width: usize) -> Self {
+        CpuAct { rows, width, data: vec![0.0; rows * width] }
+    }
+
+    fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.width..(r + 1) * self.width]
+    }
+}
+
+pub struct CpuWeight {
+    t: HostTensor,
+    /// The values of an F32 vector (norm weights).
+    values: Option<Vec<f32>>,
+}
+
+impl CpuWeight {
+    /// Matrix `m` of the tensor (the expert index of a stacked expert tensor).
+    fn matrix(&self, m: usize) -> Result<WeightMatrix<'_>> {
+        let (rows, cols) = (self.t.rows(), self.t.row_len());
+        let size = rows * self.t.row_bytes();
+        let data = self.t.bytes.get(m * size..(m + 1) * size).ok_or_else(|| err(format!("{} has no matrix {m}", self.t.name)))?;
+        WeightMatrix::new(self.t.ggml_type, rows, cols, data).map_err(|e| cpu_err(&self.t.name, e))
+    }
+}
+
+#[derive(Default)]
+pub struct CpuBackend {
+    kv: Option<KvCache>,
+    batch: Batch,
+}
+
+impl CpuBackend {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn kv(&mut self) -> Result<&mut KvCache> {
+        self.kv.as_mut().ok_or_else(|| err("attention before the KV cache was allocated"))
+    }
+}
+
+fn err(message: impl Into<String>) -> BackendError {
+    BackendError::new(NAME, message)
+}
+
+fn cpu_err(tensor: &str, e: CpuError) -> BackendError {
+    err(format!("{tensor}: {e}"))
+}
+
+fn linear(x: &CpuAct, w: &WeightMatrix<'_>) -> CpuAct {
+    let mut y = CpuAct::zeros(x.rows, w.rows);
+    cpu::matmul(w, &x.data, x.rows, &mut y.data);
+    y
+}
+
+impl Backend for CpuBackend {
+    type Act = CpuAct;
+    type Weight = CpuWeight;
+
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn supported_types(&self, role: WeightRole) -> &'static [GgmlType] {
+        match role {
+            WeightRole::Embedding => MATRIX_TYPES,
+            WeightRole::Matrix => MATRIX_TYPES,
+            WeightRole::Scale => &[GgmlType::F32],
+        }
+    }
+
+    fn load_weight(&mut self, t: HostTensor, role: WeightRole) -> Result<CpuWeight> {
+        let values = match role {
+            WeightRole::Scale => Some(t.f32_values().ok_or_else(|| err(format!("{} must be F32", t.name)))?),
+            _ => None,
+        };
+        Ok(CpuWeight { t, values })
+    }
+
+    fn alloc_kv(&mut self, spec: KvSpec) -> Result<()> {
+        self.kv = Some(KvCache::new(spec)?);
+        Ok(())
+    }
+
+    fn begin_batch(&mut self, batch: &Batch) -> Result<()> {
+        self.batch = batch.clone();
+        Ok(())
+    }
+
+    fn embed(&mut self, table: &CpuWeight) -> Result<CpuAct> {
+        let m = table.matrix(0)?;
+        let mut x = CpuAct::zeros(self.batch.rows(), m.cols);
+        cpu::get_rows(&m, &self.batch.tokens, &mut x.data).map_err(|e| cpu_err(&table.t.name, e))?;
+        Ok(x)
+    }
+
+    fn rms_norm(&mut self, x: &CpuAct, w: &CpuWeight, eps: f32) -> Result<CpuAct> {
+        let weight = w.values.as_deref().ok_or_else(|| err(format!("{} is not a norm weight", w.t.name)))?;
+        if weight.is_empty() || !x.width.is_multiple_of(weight.len()) {
+            return Err(err(format!("rms_norm: width {} is not a multiple of {} ({})", x.width, weight.len(), w.t.name)));
+        }
+        let mut y = CpuAct::zeros(x.rows, x.width);
+        cpu::rms_norm(&x.data, weight.len(), weight, eps, &mut y.data);
+        Ok(y)
+    }
+
+    fn linear(&mut self, x: &CpuAct, w: &CpuWeight) -> Result<CpuAct> {
+        let m = w.matrix(0)?;
+        if x.width != m.cols {
+            return Err(err(format!("linear: {} expects width {}, got {}", w.t.name, m.cols, x.width)));
+        }
+        Ok(linear(x, &m))
+    }
+
+    fn rope(&mut self, x: &mut CpuAct, head_dim: usize, theta: f32) -> Result<()> {
+        if head_dim == 0 || !x.width.is_multiple_of(head_dim) || x.rows != self.batch.rows() {
+            return Err(err(format!("rope: [{}, {}] in heads of {head_dim} for a batch of {}", x.rows, x.width, self.batch.rows())));
+        }
+        cpu::rope_neox(&mut x.data, x.width / head_dim, head_dim, &self.batch.positions, theta);
+        Ok(())
+    }
+
+    fn attention(&mut self, q: &CpuAct, k: &CpuAct, v: &CpuAct, spec: &AttentionSpec) -> Result<CpuAct> {
+        let batch = std::mem::take(&mut self.batch);
+        let kv = self.kv()?;
+        for r in 0..batch.rows() {
+            kv.store(spec.layer, batch.slots[r], batch.positions[r], k.row(r), v.row(r));
+        }
+        let mut out = CpuAct::zeros(q.rows, spec.heads * spec.head_dim);
+        let width = out.width;
+        for c in &batch.chunks {
+            let rows = c.first_row as usize..(c.first_row + c.len) as usize;
+            let (kc, vc) = kv.prefix(spec.layer, c.slot, c.end_pos() as usize);
+            cpu::attention(
+                &q.data[rows.start * width..rows.end * width],
+                kc,
+                vc,
+                &batch.positions[rows.clone()],
+                spec.heads,
+                spec.kv_heads,
+                spec.head_dim,
+                spec.scale,
+                &mut out.data[rows.start * width..rows.end * width],
+            );
+        }
+        self.batch = batch;
+        Ok(out)
+    }
+
+    fn moe(&mut self, x: &CpuAct, w: &MoeWeights<'_, CpuWeight>, spec: &MoeSpec) -> Result<CpuAct> {
+        moe::moe(x, w, spec)
+    }
+
+    fn add(&mut self, x: &mut CpuAct, y: &CpuAct) -> Result<()> {
+        if (x.rows, x.width) != (y.rows, y.width) {
+            return Err(err(format!("add: [{}, {}] + [{}, {}]", x.rows, x.width, y.rows, y.width)));
+        }
+        x.data.iter_mut().zip(&y.data).for_each(|(a, b)| *a += b);
+        Ok(())
+    }
+
+    fn select_logit_rows(&mut self, x: &CpuAct) -> Result<CpuAct> {
+        let mut y = CpuAct::zeros(self.batch.logit_rows.len(), x.width);
+        for (i, &r) in self.batch.logit_rows.iter().enumerate() {
+            y.data[i * x.width..(i + 1) * x.width].copy_from_slice(x.row(r as usize));
+        }
+        Ok(y)
+    }
+
+    fn logits(&mut self, x: &CpuAct, w: &CpuWeight) -> Result<Vec<f32>> {
+        Ok(self.linear(x, w)?.data)
+    }
+}

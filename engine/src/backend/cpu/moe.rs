@@ -1,0 +1,50 @@
+//! The routed-expert block on the CPU, in llama.cpp's order of operations (`build_moe_ffn`):
+//! router logits (F32 matmul), softmax, top-k, renormalised weights; per expert the gate and up
+//! projections of the tokens routed to it, SwiGLU, the down projection; each pick's output
+//! scaled by its weight, the picks summed in slot order.
+
+use rayon::prelude::*;
+
+use crate::backend::{MoeSpec, MoeWeights, Result};
+use crate::cpu::{self, QuantizedActs};
+
+use super::{CpuAct, CpuWeight, cpu_err, err, linear};
+
+pub fn moe(x: &CpuAct, w: &MoeWeights<'_, CpuWeight>, spec: &MoeSpec) -> Result<CpuAct> {
+    let (rows, hidden, k, ffn) = (x.rows, x.width, spec.top_k, spec.expert_ffn);
+    if w.gate.t.matrices() != spec.experts || w.gate.t.rows() != ffn || w.down.t.rows() != hidden || w.down.t.row_len() != ffn {
+        return Err(err(format!("moe: expert tensors {:?} / {:?} do not match {spec:?}", w.gate.t.dims, w.down.t.dims)));
+    }
+    cpu::check_moe_shape(spec.experts, k).map_err(|e| cpu_err(&w.router.t.name, e))?;
+    let logits = linear(x, &w.router.matrix(0)?);
+    let mut routing = cpu::route(&logits.data, spec.experts, k, spec.norm_top_k);
+    if let Some(s) = spec.weights_scale {
+        routing.weights.iter_mut().for_each(|v| *v *= s);
+    }
+    // x quantized once for every expert's gate and up (ggml's mul_mat_id converts src1 once).
+    let gate0 = w.gate.matrix(0)?;
+    let acts = QuantizedActs::new(gate0.kind().vec_dot_type(), &x.data, hidden, rows);
+    // expert_out[t, j]: the down projection of pick j of token t, before its weight.
+    let mut expert_out = vec![0.0f32; rows * k * hidden];
+    for (e, picks) in routing.by_expert().iter().enumerate().filter(|(_, p)| !p.is_empty()) {
+        let rows_of: Vec<usize> = picks.iter().map(|&(t, _)| t as usize).collect();
+        let n = rows_of.len();
+        let (gate_w, up_w, down_w) = (w.gate.matrix(e)?, w.up.matrix(e)?, w.down.matrix(e)?);
+        let mut gate = vec![0.0f32; n * ffn];
+        let mut up = vec![0.0f32; n * ffn];
+        cpu::matmul_gather(&gate_w, &acts, &rows_of, &mut gate);
+        cpu::matmul_gather(&up_w, &acts, &rows_of, &mut up);
+        let mut par = CpuAct::zeros(n, ffn);
+        cpu::swiglu(&gate, &up, &mut par.data);
+        let y = linear(&par, &down_w);
+        for (i, &(t, j)) in picks.iter().enumerate() {
+            let at = (t as usize * k + j as usize) * hidden;
+            expert_out[at..at + hidden].copy_from_slice(y.row(i));
+        }
+    }
+    let mut out = CpuAct::zeros(rows, hidden);
+    out.data.par_chunks_mut(hidden).zip(expert_out.par_chunks(k * hidden)).zip(routing.weights.par_chunks(k)).for_each(|((o, e), wt)| {
+        cpu::combine(e, wt, k, hidden, o);
+    });
+    Ok(out)
+}

@@ -1,0 +1,171 @@
+//! Causal GQA attention for one sequence, as llama.cpp computes it without flash attention
+//! (`build_attn_mha`: kq = mul_mat(K, Q); soft_max_ext(kq, mask, scale); kqv = mul_mat(Vᵀ, kq)):
+//!
+//! - K is f16, so Q is rounded to f16 (K's vec_dot_type) and each score is an f16·f16 dot with
+//!   exact products summed in f32;
+//! - softmax of score · scale over the visible keys (the causal mask drops the others; adding
+//!   −inf to them gives exp = 0 in ggml), sums in f64 (see [`super::softmax`]);
+//! - the probabilities are rounded to f16 (Vᵀ is f16) and each output value is the f32 sum
+//!   over positions of f16 p · f16 v, exact products.
+//!
+//! Query head h reads KV head h / (n_head / n_kv), as ggml's broadcast of src0 over src1 does.
+//! f32 sums run in position order here; ggml sums in SIMD lanes, so scores and outputs agree to
+//! f32 rounding, not bit for bit.
+
+use half::f16;
+use rayon::prelude::*;
+
+use super::act_quant::round_f16;
+use super::softmax::soft_max_in_place;
+
+/// Attention of `q` (`[n_q, n_head, d]`) over `k`, `v` (`[n_kv_pos, n_kv, d]`, f16) into `out`
+/// (`[n_q, n_head, d]`); query i sees keys `0..=q_pos[i]`; scores are multiplied by `scale`.
+///
+/// # Panics
+/// If the lengths disagree with the shapes, `n_head` is not a multiple of `n_kv`, or a query's
+/// position is past the keys: the graph sizes these from the checked config and the KV cache.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(q: &[f32], k: &[f16], v: &[f16], q_pos: &[u32], n_head: usize, n_kv: usize, d: usize, scale: f32, out: &mut [f32]) {
+    let n_q = q_pos.len();
+    assert!(d > 0 && n_kv > 0 && n_head.is_multiple_of(n_kv), "attention: {n_head} query heads over {n_kv} KV heads of {d}");
+    assert_eq!(q.len(), n_q * n_head * d, "attention: q of {} values for {n_q} queries x {n_head} heads x {d}", q.len());
+    assert_eq!(out.len(), q.len(), "attention: out of {} values for q of {}", out.len(), q.len());
+    assert!(
+        k.len() == v.len() && k.len().is_multiple_of(n_kv * d),
+        "attention: k {} and v {} values in rows of {n_kv} x {d}",
+        k.len(),
+        v.len()
+    );
+    let n_pos = k.len() / (n_kv * d);
+    if let Some(&p) = q_pos.iter().find(|&&p| p as usize >= n_pos) {
+        panic!("attention: a query at position {p} over {n_pos} cached positions");
+    }
+    let group = n_head / n_kv;
+    out.par_chunks_exact_mut(d).enumerate().for_each(|(qh, o)| {
+        let (i, h) = (qh / n_head, qh % n_head);
+        let kvh = h / group;
+        let visible = q_pos[i] as usize + 1;
+        let qr: Vec<f32> = q[qh * d..(qh + 1) * d].iter().map(|&x| round_f16(x)).collect();
+        let mut p: Vec<f32> = (0..visible).map(|j| dot_f16_exact(&k[(j * n_kv + kvh) * d..][..d], &qr)).collect();
+        soft_max_in_place(&mut p, scale);
+        o.fill(0.0);
+        for (j, &pj) in p.iter().enumerate() {
+            let pj = round_f16(pj);
+            if pj == 0.0 {
+                continue; // adds exactly 0 to every output value
+            }
+            for (o, vv) in o.iter_mut().zip(&v[(j * n_kv + kvh) * d..][..d]) {
+                *o += pj * vv.to_f32();
+            }
+        }
+    });
+}
+
+/// Σ k·q with f16 k and q already rounded to f16: each product is exact in f32; 32 f32 lanes
+/// summed as ggml's `ggml_vec_dot_f16` does (see vec_dot.rs).
+fn dot_f16_exact(k: &[f16], q: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 32];
+    let full = k.len() / 32 * 32;
+    for (kc, qc) in k[..full].chunks_exact(32).zip(q[..full].chunks_exact(32)) {
+        for i in 0..32 {
+            acc[i] += kc[i].to_f32() * qc[i];
+        }
+    }
+    let v: [f32; 16] = std::array::from_fn(|i| acc[i] + acc[i + 16]);
+    let u: [f32; 8] = std::array::from_fn(|i| v[i] + v[i + 8]);
+    let t: [f32; 4] = std::array::from_fn(|i| u[i] + u[i + 4]);
+    let mut sum = ((t[0] + t[1]) + (t[2] + t[3])) as f64;
+    for (kv, qv) in k[full..].iter().zip(&q[full..]) {
+        sum += (kv.to_f32() * qv) as f64;
+    }
+    sum as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use brink_kernels::testdata::uniform_pm1;
+
+    fn f16s(seed: u64, n: usize, scale: f32) -> Vec<f16> {
+        (0..n as u64).map(|i| f16::from_f32(uniform_pm1(seed, i) * scale)).collect()
+    }
+
+    /// f64 attention over the same f16 K, V and f16-rounded Q: the only differences are f32 sums
+    /// of the scores (relative 2^-24 per term, times the score's size before exp), the f16
+    /// rounding of the probabilities (2^-11 relative) and the f32 sum of the outputs.
+    fn reference(q: &[f32], k: &[f16], v: &[f16], q_pos: &[u32], n_head: usize, n_kv: usize, d: usize, scale: f32) -> Vec<f64> {
+        let mut out = vec![0.0; q.len()];
+        for (i, &pos) in q_pos.iter().enumerate() {
+            for h in 0..n_head {
+                let kvh = h / (n_head / n_kv);
+                let qr: Vec<f64> = q[(i * n_head + h) * d..][..d].iter().map(|&x| f16::from_f32(x).to_f64()).collect();
+                let s: Vec<f64> = (0..=pos as usize)
+                    .map(|j| k[(j * n_kv + kvh) * d..][..d].iter().zip(&qr).map(|(a, b)| a.to_f64() * b).sum::<f64>() * scale as f64)
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for c in 0..d {
+                    out[(i * n_head + h) * d + c] = (0..=pos as usize).map(|j| e[j] / z * v[(j * n_kv + kvh) * d + c].to_f64()).sum();
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn matches_f64_attention_with_gqa_and_causality() {
+        // 6 query heads over 2 KV heads of 64; a prefill of 5 tokens at 0..5, and decode queries.
+        let (n_head, n_kv, d, n_pos) = (6, 2, 64, 40);
+        let k = f16s(1, n_pos * n_kv * d, 1.0);
+        let v = f16s(2, n_pos * n_kv * d, 1.0);
+        let scale = 1.0 / (d as f32).sqrt();
+        for q_pos in [vec![0u32, 1, 2, 3, 4], vec![39], vec![17, 39, 0]] {
+            let q: Vec<f32> = (0..(q_pos.len() * n_head * d) as u64).map(|i| uniform_pm1(3, i) * 2.0).collect();
+            let mut out = vec![f32::NAN; q.len()];
+            attention(&q, &k, &v, &q_pos, n_head, n_kv, d, scale, &mut out);
+            let exact = reference(&q, &k, &v, &q_pos, n_head, n_kv, d, scale);
+            // Each output is a convex mix of |v| <= 1: f16 probabilities are off by 2^-11 relative
+            // each, so the mix moves by at most 2^-11 (plus f32 sums).
+            for (i, (&got, &e)) in out.iter().zip(&exact).enumerate() {
+                assert!((got as f64 - e).abs() <= 2f64.powi(-11) + 1e-5, "q_pos {q_pos:?} value {i}: {got} vs {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn first_position_sees_only_itself() {
+        let (n_head, n_kv, d) = (2, 1, 32);
+        let k = f16s(4, 3 * d, 1.0);
+        let v = f16s(5, 3 * d, 1.0);
+        let q: Vec<f32> = (0..(n_head * d) as u64).map(|i| uniform_pm1(6, i)).collect();
+        let mut out = vec![0.0; q.len()];
+        attention(&q, &k, &v, &[0], n_head, n_kv, d, 0.3, &mut out);
+        // One visible key: probability 1, output = v[0] exactly, for both heads.
+        for h in 0..n_head {
+            assert!(out[h * d..(h + 1) * d].iter().zip(&v[..d]).all(|(o, v)| *o == v.to_f32()));
+        }
+    }
+
+    #[test]
+    fn kv_head_mapping_is_h_over_group() {
+        // Two KV heads with constant, different values: query heads 0..2 read head 0, 2..4 head 1.
+        let (n_head, n_kv, d) = (4, 2, 32);
+        let k = vec![f16::from_f32(0.0); 2 * n_kv * d];
+        let v: Vec<f16> = (0..2 * n_kv * d).map(|i| f16::from_f32(if (i / d) % n_kv == 0 { 1.0 } else { -2.0 })).collect();
+        let q = vec![0.5; n_head * d];
+        let mut out = vec![0.0; q.len()];
+        attention(&q, &k, &v, &[1], n_head, n_kv, d, 1.0, &mut out);
+        for h in 0..n_head {
+            let want = if h < 2 { 1.0 } else { -2.0 };
+            assert!(out[h * d..(h + 1) * d].iter().all(|&o| o == want), "head {h}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "position 3 over 3 cached")]
+    fn query_past_the_cache_panics() {
+        let k = vec![f16::ZERO; 3 * 32];
+        attention(&[0.0; 32], &k, &k, &[3], 1, 1, 32, 1.0, &mut [0.0; 32]);
+    }
+}

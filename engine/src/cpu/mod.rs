@@ -1,0 +1,38 @@
+//! The CPU backend's arithmetic: the reference the CUDA backend is checked against, and the
+//! side of the parity tests that must match llama.cpp's CPU backend token for token.
+//!
+//! Every module mirrors ggml's CPU operation for operation where the rounding points and
+//! accumulation types decide the result (f16/q8 activation rounding, f64 sums in norms and
+//! softmax, integer sums per quant block, f32 accumulation), and says where it differs from
+//! ggml's SIMD code (summation order, ggml's vector `expf`).
+//!
+//! - [`act_quant`]: activation rows in each weight type's vec_dot format ([`QuantizedActs`]);
+//! - [`vec_dot`]: one weight row · one activation row, per type ([`WeightKind`]);
+//! - [`matmul`]: [`WeightMatrix`] (checked views of GGUF bytes) × activation rows, on rayon;
+//! - [`embedding`], [`norm`], [`rope`], [`softmax`], [`activation`], [`attention`], [`moe`]
+//!   (with [`argsort`], libstdc++'s sort order for ties).
+
+pub mod act_quant;
+pub mod activation;
+pub mod argsort;
+pub mod attention;
+pub mod embedding;
+mod error;
+pub mod matmul;
+pub mod moe;
+pub mod norm;
+pub mod rope;
+pub mod softmax;
+pub mod vec_dot;
+
+pub use act_quant::{QuantizedActs, VecDotType};
+pub use activation::{silu, swiglu};
+pub use attention::attention;
+pub use embedding::get_rows;
+pub use error::CpuError;
+pub use matmul::{WeightMatrix, matmul, matmul_gather, matmul_quantized};
+pub use moe::{Routing, check_moe_shape, combine, route};
+pub use norm::{rms_norm, rms_norm_in_place};
+pub use rope::rope_neox;
+pub use softmax::{soft_max, soft_max_in_place};
+pub use vec_dot::{WeightKind, vec_dot};
