@@ -11,7 +11,7 @@ pub enum TokenizerError {
     #[error(transparent)]
     Metadata(#[from] GgufError),
     /// A key is present with the right type, but its value is unusable.
-    #[error("{}: metadata key {key:?}{}: {problem}", .path.display(), index_suffix(.index))]
+    #[error("{}: metadata key \"{key}{}\": {problem}", .path.display(), index_suffix(.index))]
     Invalid { path: PathBuf, key: &'static str, index: Option<usize>, problem: String },
     /// A tokenizer model or pre-tokenizer this engine does not implement.
     #[error("{}: metadata key {key:?}: unsupported value {value:?}; supported: {}", .path.display(), .supported.join(", "))]

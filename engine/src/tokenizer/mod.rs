@@ -26,7 +26,7 @@
 //! ```
 
 mod bpe;
-mod byte_level;
+pub mod byte_level;
 pub mod decode;
 mod error;
 pub mod pretokenize;

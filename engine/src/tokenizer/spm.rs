@@ -41,7 +41,7 @@ pub fn build(vocab: &Vocab) -> Result<HfTokenizer, TokenizerError> {
     let map: tokenizers::models::bpe::Vocab = vocab.tokens.iter().enumerate().map(|(i, t)| (t.to_string(), i as u32)).collect();
     let merges = merges_from_scores(&vocab.tokens, &vocab.ids, &vocab.scores);
     let mut builder = BPE::builder().vocab_and_merges(map, merges).byte_fallback(true);
-    if let Some(unk) = vocab.special.unk {
+    if let Some(unk) = super::vocab::unknown_fallback(&vocab.special, &vocab.attrs) {
         builder = builder.unk_token(vocab.tokens[unk as usize].to_string());
     }
     let model = builder.build().map_err(|e| TokenizerError::library(context(), e))?;

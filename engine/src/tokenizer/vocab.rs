@@ -226,7 +226,7 @@ pub fn read(meta: &Metadata) -> Result<Vocab, TokenizerError> {
     }
 
     let eog = special::detect(&tokens, &ids, &mut attrs, &mut special);
-    require_byte_coverage(&path, model, &ids, special.unk)?;
+    require_byte_coverage(&path, model, &ids, unknown_fallback(&special, &attrs))?;
     Ok(Vocab { path, model, pre, tokens, ids, attrs, scores, merges, special, flags, eog })
 }
 
@@ -375,6 +375,12 @@ fn read_special_ids(meta: &Metadata, model: TokenizerModel, n: usize) -> Result<
         fim_rep: read(keys::FIM_REP_ID, None)?,
         fim_sep: read(keys::FIM_SEP_ID, None)?,
     })
+}
+
+/// The token for text SentencePiece cannot spell: the unknown id, if it names a token typed
+/// unknown (llama.cpp defaults the id to 0 whatever token is there).
+pub fn unknown_fallback(special: &SpecialTokens, attrs: &[TokenAttr]) -> Option<u32> {
+    special.unk.filter(|&id| attrs[id as usize].has(TokenAttr::UNKNOWN))
 }
 
 /// Every byte must have a token, or text would silently lose characters: byte-level BPE needs
