@@ -4,4 +4,6 @@
 //! positioned reads that never hold the model twice). The qwen3moe graph, tokenizer and the CPU
 //! and CUDA backends follow; they build on the kernels of `brink-kernels`.
 
+pub mod chat_template;
 pub mod gguf;
+pub mod tokenizer;

@@ -168,7 +168,9 @@ pub fn partition(text: &str, by_length: &[u32], tokens: &[Box<str>], attrs: &[To
 mod tests {
     use super::*;
 
-    fn vocab(texts: &[&str], attrs: &[TokenAttr]) -> (Vec<Box<str>>, HashMap<Box<str>, u32>, Vec<TokenAttr>) {
+    type Table = (Vec<Box<str>>, HashMap<Box<str>, u32>, Vec<TokenAttr>);
+
+    fn vocab(texts: &[&str], attrs: &[TokenAttr]) -> Table {
         let tokens: Vec<Box<str>> = texts.iter().map(|&t| t.into()).collect();
         let ids = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
         (tokens, ids, attrs.to_vec())

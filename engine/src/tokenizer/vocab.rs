@@ -230,7 +230,10 @@ pub fn read(meta: &Metadata) -> Result<Vocab, TokenizerError> {
     Ok(Vocab { path, model, pre, tokens, ids, attrs, scores, merges, special, flags, eog })
 }
 
-fn read_tokens(meta: &Metadata) -> Result<(Vec<Box<str>>, HashMap<Box<str>, u32>), TokenizerError> {
+/// Token texts by id, and ids by text.
+type TokenTable = (Vec<Box<str>>, HashMap<Box<str>, u32>);
+
+fn read_tokens(meta: &Metadata) -> Result<TokenTable, TokenizerError> {
     let path = meta.path();
     let raw = meta.get_str_array(keys::TOKENS)?;
     if raw.is_empty() {
