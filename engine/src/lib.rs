@@ -10,6 +10,7 @@
 
 pub mod arch;
 pub mod backend;
+pub mod chat_template;
 pub mod cpu;
 pub mod engine;
 pub mod gguf;
@@ -17,5 +18,6 @@ pub mod model;
 pub mod parity;
 pub mod sampler;
 pub mod synth;
+pub mod tokenizer;
 
 pub use engine::{AnyEngine, BackendKind, Engine, EngineOptions, GenerateParams, Generation, LoadReport, StepItem, StopReason, open};
