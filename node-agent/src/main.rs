@@ -1,11 +1,16 @@
 //! `brink-agent`: the one binary for every brink process on a node.
 //!
 //! Today: `selftest` (qualify this machine's GPU for a model shape class with the threshold
-//! self-test) and `kernels` (compile every kernel for given archs). `up`, `serve`, `bench` and
-//! the cluster mode `run` arrive with their issues.
+//! self-test), `kernels` (compile every kernel for given archs), and the engine's commands:
+//! `gen-model` (synthetic GGUF models), `generate`, `bench` and `parity` (CUDA against the CPU
+//! reference). `up`, `serve` and the cluster mode `run` arrive with their issues.
 
+mod bench_cmd;
+mod engine_args;
 mod gen_model_cmd;
+mod generate_cmd;
 mod kernels_cmd;
+mod parity_cmd;
 mod selftest_cmd;
 
 use std::process::ExitCode;
@@ -25,6 +30,12 @@ enum Cmd {
     Selftest(selftest_cmd::Args),
     /// Write a synthetic model: deterministic random weights, a small real BPE vocabulary.
     GenModel(gen_model_cmd::Args),
+    /// Run a prompt through a GGUF model and print the continuation (greedy at temperature 0).
+    Generate(generate_cmd::Args),
+    /// Prefill and decode tokens/s of a model on a backend, as a table and JSON.
+    Bench(bench_cmd::Args),
+    /// Compare two backends (default: CUDA against the CPU reference) logit by logit on one model.
+    Parity(parity_cmd::Args),
     /// Compile every kernel with NVRTC for the given archs and print ptxas's resource report.
     Kernels(kernels_cmd::Args),
     /// Internal: the self-test's child process (reads cases on stdin, answers on stdout).
@@ -38,6 +49,9 @@ fn main() -> ExitCode {
         Cmd::Selftest(args) => selftest_cmd::run(args),
         Cmd::Kernels(args) => kernels_cmd::run(args),
         Cmd::GenModel(args) => gen_model_cmd::run(args),
+        Cmd::Generate(args) => generate_cmd::run(args),
+        Cmd::Bench(args) => bench_cmd::run(args),
+        Cmd::Parity(args) => parity_cmd::run(args),
         Cmd::SelftestWorker => {
             let code = brink_kernels::selftest::worker::serve(std::io::stdin().lock(), std::io::stdout().lock());
             ExitCode::from(code as u8)

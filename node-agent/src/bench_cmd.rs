@@ -1,0 +1,165 @@
+//! `brink-agent bench`: prefill tokens/s at several prompt lengths and decode tokens/s (one
+//! sequence and batches of sequences), as a table and JSON.
+//!
+//! Prompts are deterministic pseudo-random token ids (the numbers depend on lengths, not on
+//! text). Every figure is wall time around calls that return logits to the host, so the GPU
+//! work is finished when the clock stops. One untimed warm-up pass compiles and loads kernels.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use brink_engine::backend::Logits;
+use brink_engine::sampler::argmax;
+use brink_engine::{AnyEngine, EngineOptions, StepItem, open};
+use clap::Args as ClapArgs;
+use serde_json::json;
+
+use crate::engine_args::EngineArgs;
+
+#[derive(ClapArgs)]
+pub struct Args {
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Prompt lengths whose prefill is timed.
+    #[arg(long, value_delimiter = ',', default_values_t = [512, 2048, 8192])]
+    prompt_lengths: Vec<usize>,
+    /// Generated tokens per decode measurement.
+    #[arg(long, default_value_t = 128)]
+    decode_tokens: usize,
+    /// Concurrent sequences for the decode measurements (aggregate tokens/s).
+    #[arg(long, value_delimiter = ',', default_values_t = [1])]
+    sequences: Vec<usize>,
+    /// Prompt length before decoding.
+    #[arg(long, default_value_t = 128)]
+    decode_context: usize,
+    /// Timed repetitions of each prefill.
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// Also write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+struct Row {
+    test: String,
+    tokens: usize,
+    seconds: Vec<f64>,
+}
+
+impl Row {
+    fn rates(&self) -> Vec<f64> {
+        self.seconds.iter().map(|s| self.tokens as f64 / s).collect()
+    }
+    fn mean_sd(&self) -> (f64, f64) {
+        let r = self.rates();
+        let mean = r.iter().sum::<f64>() / r.len() as f64;
+        let var = r.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (r.len().max(2) - 1) as f64;
+        (mean, var.sqrt())
+    }
+}
+
+pub fn run(a: Args) -> ExitCode {
+    match bench(a) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Deterministic prompt tokens in `[0, vocab)`.
+fn prompt(len: usize, vocab: usize, salt: u64) -> Vec<u32> {
+    (0..len as u64)
+        .map(|i| {
+            let mut x = (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x ^= x >> 31;
+            (x % vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn bench(a: Args) -> Result<(), String> {
+    if a.prompt_lengths.contains(&0) || a.sequences.contains(&0) || a.repeat == 0 {
+        return Err("--prompt-lengths, --sequences and --repeat must be positive".into());
+    }
+    let max_prompt = a.prompt_lengths.iter().copied().max().unwrap_or(0);
+    let slots = a.sequences.iter().copied().max().unwrap_or(1);
+    let context = a.engine.context.max(max_prompt).max(a.decode_context + a.decode_tokens);
+    let opts = EngineOptions { context, slots, prefill_chunk: a.engine.prefill_chunk };
+    let mut e = open(&a.engine.model, a.engine.backend.resolve(), opts).map_err(|e| e.to_string())?;
+    let vocab = e.config().vocab;
+    let load = e.load_report();
+    eprintln!(
+        "loaded {} ({:.2} GiB of tensors) on {} in {:.2} s ({:.2} GB/s)",
+        a.engine.model.display(),
+        load.tensor_bytes as f64 / (1u64 << 30) as f64,
+        e.backend_name(),
+        load.seconds,
+        load.tensor_bytes as f64 / 1e9 / load.seconds
+    );
+    e.prefill(0, 0, &prompt(16, vocab, 99), Logits::Last).map_err(|e| e.to_string())?;
+    let mut rows = Vec::new();
+    for &len in &a.prompt_lengths {
+        let p = prompt(len, vocab, len as u64);
+        let mut seconds = Vec::new();
+        for _ in 0..a.repeat {
+            let t = Instant::now();
+            e.prefill(0, 0, &p, Logits::Last).map_err(|e| e.to_string())?;
+            seconds.push(t.elapsed().as_secs_f64());
+        }
+        rows.push(Row { test: format!("prefill {len}"), tokens: len, seconds });
+    }
+    for &s in &a.sequences {
+        rows.push(decode(e.as_mut(), s, a.decode_context, a.decode_tokens)?);
+    }
+    print_table(&rows, e.backend_name());
+    if let Some(path) = &a.json {
+        let results: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                let (mean, sd) = r.mean_sd();
+                json!({"test": r.test, "tokens": r.tokens, "seconds": r.seconds, "tokens_per_s": mean, "tokens_per_s_sd": sd})
+            })
+            .collect();
+        let doc = json!({
+            "model": a.engine.model, "backend": e.backend_name(), "prefill_chunk": opts.prefill_chunk,
+            "load_seconds": load.seconds, "tensor_bytes": load.tensor_bytes, "results": results,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap_or_default()).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `n` greedy decode steps of `seqs` sequences at once, after a `context`-token prompt each.
+fn decode(e: &mut dyn AnyEngine, seqs: usize, context: usize, n: usize) -> Result<Row, String> {
+    let vocab = e.config().vocab;
+    let mut next = Vec::with_capacity(seqs);
+    for s in 0..seqs {
+        let logits = e.prefill(s as u32, 0, &prompt(context, vocab, 1000 + s as u64), Logits::Last).map_err(|e| e.to_string())?;
+        next.push(argmax(&logits));
+    }
+    let t = Instant::now();
+    for step in 0..n {
+        let tokens: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+        let items: Vec<StepItem> = tokens
+            .iter()
+            .enumerate()
+            .map(|(s, tok)| StepItem { slot: s as u32, start_pos: (context + step) as u32, tokens: tok, logits: Logits::Last })
+            .collect();
+        let logits = e.step(&items).map_err(|e| e.to_string())?;
+        next = logits.chunks_exact(vocab).map(argmax).collect();
+    }
+    let test = if seqs == 1 { format!("decode {n}") } else { format!("decode {n} x {seqs} seqs (aggregate)") };
+    Ok(Row { test, tokens: n * seqs, seconds: vec![t.elapsed().as_secs_f64()] })
+}
+
+fn print_table(rows: &[Row], backend: &str) {
+    println!("{:<36} {:>12} {:>10}   ({backend})", "test", "tokens/s", "+-");
+    for r in rows {
+        let (mean, sd) = r.mean_sd();
+        let sd = if r.seconds.len() > 1 { format!("{sd:.1}") } else { "-".into() };
+        println!("{:<36} {:>12.1} {:>10}", r.test, mean, sd);
+    }
+}

@@ -1,0 +1,129 @@
+//! `brink-agent parity`: run the same batches through two backends (by default the CPU
+//! reference and CUDA) on one model and compare every logit row, then a greedy decode.
+//!
+//! A case is one forward pass holding one or more sequences (`8192` or `4096+4096`), each in its
+//! own KV slot, so the token counts where kernels break (grid limits, 2^31 products, partial
+//! tiles) are reached by a real model, not only by the kernel self-test.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use brink_engine::backend::Logits;
+use brink_engine::parity::{LogitDiff, compare};
+
+use brink_engine::{AnyEngine, EngineOptions, GenerateParams, StepItem, open};
+use clap::Args as ClapArgs;
+use serde_json::json;
+
+use crate::engine_args::BackendArg;
+
+#[derive(ClapArgs)]
+pub struct Args {
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    reference: BackendArg,
+    #[arg(long, value_enum, default_value_t = BackendArg::Cuda)]
+    candidate: BackendArg,
+    /// Cases separated by commas; the sequences of one case joined by '+'.
+    #[arg(long, value_delimiter = ',', default_values_t = default_cases())]
+    cases: Vec<String>,
+    /// Greedy decode steps compared after the first case's prefill.
+    #[arg(long, default_value_t = 16)]
+    decode_steps: usize,
+    /// Largest relative logit error accepted (fixed before measuring: the CPU reference
+    /// quantizes activations as llama.cpp's CPU backend does, CUDA as llama.cpp's CUDA backend
+    /// does — q8_0/q8_K against q8_1 — which moves logits by up to ~1%).
+    #[arg(long, default_value_t = 3e-2)]
+    tolerance: f64,
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn default_cases() -> Vec<String> {
+    ["1", "63", "64", "65", "127", "129", "1000", "8191", "8192", "8193", "4096+4096", "3000+5000+192", "2731+2731+2730"]
+        .map(String::from)
+        .to_vec()
+}
+
+fn parse_case(s: &str) -> Result<Vec<usize>, String> {
+    s.split('+')
+        .map(|n| n.trim().parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| format!("--cases: bad sequence length {n:?} in {s:?}")))
+        .collect()
+}
+
+pub fn run(a: Args) -> ExitCode {
+    match parity(a) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Deterministic tokens for sequence `seq` of a case.
+fn tokens(len: usize, vocab: usize, seq: usize) -> Vec<u32> {
+    (0..len).map(|i| ((i * 7919 + seq * 104_729 + 13) % vocab) as u32).collect()
+}
+
+fn run_case(e: &mut dyn AnyEngine, lens: &[usize], all_rows: bool) -> Result<Vec<f32>, String> {
+    let vocab = e.config().vocab;
+    let toks: Vec<Vec<u32>> = lens.iter().enumerate().map(|(s, &n)| tokens(n, vocab, s)).collect();
+    let logits = if all_rows { Logits::All } else { Logits::Last };
+    let items: Vec<StepItem> =
+        toks.iter().enumerate().map(|(s, t)| StepItem { slot: s as u32, start_pos: 0, tokens: t, logits }).collect();
+    e.step(&items).map_err(|err| format!("{} backend, case {lens:?}: {err}", e.backend_name()))
+}
+
+fn parity(a: Args) -> Result<bool, String> {
+    let cases: Vec<Vec<usize>> = a.cases.iter().map(|c| parse_case(c)).collect::<Result<_, _>>()?;
+    let slots = cases.iter().map(Vec::len).max().unwrap_or(1);
+    let longest = cases.iter().flatten().copied().max().unwrap_or(1);
+    let opts = EngineOptions { context: longest + a.decode_steps + 1, slots, prefill_chunk: longest };
+    let mut reference = open(&a.model, a.reference.resolve(), opts).map_err(|e| e.to_string())?;
+    let mut candidate = open(&a.model, a.candidate.resolve(), opts).map_err(|e| e.to_string())?;
+    let vocab = reference.config().vocab;
+    println!("{:<22} {:>7} {:>12} {:>9} {:>10}  ({} against {})", "case", "rows", "max rel err", "worst", "argmax ≠", candidate.backend_name(), reference.backend_name());
+    let mut ok = true;
+    let mut report = Vec::new();
+    for lens in &cases {
+        let total: usize = lens.iter().sum();
+        // Every row when it fits in ~1 GiB of logits per backend, else each sequence's last.
+        let all_rows = total * vocab <= 1 << 28;
+        let r = run_case(reference.as_mut(), lens, all_rows)?;
+        let c = run_case(candidate.as_mut(), lens, all_rows)?;
+        let d = compare(&c, &r, vocab).ok_or("the backends returned logits of different shapes")?;
+        let pass = d.within(a.tolerance);
+        ok &= pass;
+        let name = lens.iter().map(usize::to_string).collect::<Vec<_>>().join("+");
+        println!("{:<22} {:>7} {:>12.3e} {:>9} {:>10}  {}", name, d.rows, d.max_rel_err, d.worst_row, d.argmax_mismatches, if pass { "ok" } else { "FAIL" });
+        report.push(case_json(&name, &d, pass));
+    }
+    let (same, steps) = decode(reference.as_mut(), candidate.as_mut(), a.decode_steps)?;
+    println!("greedy decode: {same} of {steps} tokens identical");
+    ok &= same == steps;
+    if let Some(path) = &a.json {
+        let doc = json!({ "model": a.model, "tolerance": a.tolerance, "cases": report, "decode_identical": same, "decode_steps": steps });
+        std::fs::write(path, doc.to_string()).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    println!("verdict: {}", if ok { "PASS" } else { "FAIL" });
+    Ok(ok)
+}
+
+fn case_json(name: &str, d: &LogitDiff, pass: bool) -> serde_json::Value {
+    json!({ "case": name, "rows": d.rows, "maxRelErr": d.max_rel_err, "worstRow": d.worst_row,
+            "argmaxMismatches": d.argmax_mismatches, "nonFiniteRows": d.non_finite_rows, "pass": pass })
+}
+
+/// Greedy continuations of one prompt on both backends: how many leading tokens agree.
+fn decode(r: &mut dyn AnyEngine, c: &mut dyn AnyEngine, steps: usize) -> Result<(usize, usize), String> {
+    let vocab = r.config().vocab;
+    let prompt = tokens(100, vocab, 7);
+    let p = GenerateParams { max_tokens: steps, sampling: Default::default(), stop_tokens: Vec::new(), record_logits: false };
+    let gr = r.generate(0, &prompt, &p, &mut |_| true).map_err(|e| e.to_string())?;
+    let gc = c.generate(0, &prompt, &p, &mut |_| true).map_err(|e| e.to_string())?;
+    let same = gr.tokens.iter().zip(&gc.tokens).take_while(|(a, b)| a == b).count();
+    Ok((same, steps))
+}
