@@ -94,6 +94,15 @@ impl AttentionSpec {
             Some(format!("{} heads are not a multiple of {} kv heads (GQA groups must be whole)", self.heads, self.kv_heads))
         } else if !fits(self.slots) || !fits(self.max_ctx) {
             Some(format!("cache of {} slots x {} positions: both must be in 1..2^31", self.slots, self.max_ctx))
+        } else if self.row_width() > I32_MAX {
+            Some(format!("{} heads x {} dims: a row must stay below 2^31 elements", self.heads, self.head_dim))
+        } else if (self.slots as u64).checked_mul(self.max_ctx as u64).and_then(|p| p.checked_mul(2 * self.kv_width())).is_none() {
+            Some(format!(
+                "a cache of {} slots x {} positions x {} overflows 64-bit byte offsets",
+                self.slots,
+                self.max_ctx,
+                self.kv_width()
+            ))
         } else if !(self.scale.is_finite() && self.scale > 0.0) {
             Some(format!("scale {} must be finite and > 0", self.scale))
         } else {
@@ -623,6 +632,8 @@ mod tests {
             AttentionSpec { max_ctx: 0, ..QWEN },
             AttentionSpec { scale: f32::NAN, ..QWEN },
             AttentionSpec { scale: 0.0, ..QWEN },
+            AttentionSpec { heads: 1 << 24, kv_heads: 1, ..QWEN },
+            AttentionSpec { slots: i32::MAX as u32, max_ctx: i32::MAX as u32, kv_heads: 1 << 20, heads: 1 << 20, head_dim: 64, ..QWEN },
         ];
         let ok = [chunk(0, 0, 4, 0)];
         for s in bad_specs {

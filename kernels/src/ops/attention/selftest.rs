@@ -38,7 +38,9 @@ pub struct AttentionCase {
     pub head_dim: u32,
     /// Positions per slot the layouts may use (the model's context).
     pub context: u32,
+    /// How the batch's rows become chunks.
     pub layout: Layout,
+    /// Which kernels its 1-token chunks run through.
     pub route: DecodeRoute,
 }
 
