@@ -39,6 +39,8 @@ pub const RMSNORM: KernelSource = source!("rmsnorm.cu");
 pub const ROPE: KernelSource = source!("rope.cu");
 pub const OUTPUT_HEAD: KernelSource = source!("output_head.cu");
 pub const SAMPLING: KernelSource = source!("sampling.cu");
+pub const ATTENTION: KernelSource = source!("attention.cu");
+pub const KV_STORE: KernelSource = source!("kv_store.cu");
 /// Deliberately broken kernels, loaded only by the self-test's negative controls: the routed
 /// GEMV with tokens x top_k on grid.z, and the latent epilogue whose tail lanes skip shuffles.
 pub const NEG_GEMV_GRIDZ: KernelSource = source!("neg_gemv_gridz.cu", twin: MOE_GEMV);
@@ -58,6 +60,8 @@ pub const ALL: &[KernelSource] = &[
     ROPE,
     OUTPUT_HEAD,
     SAMPLING,
+    ATTENTION,
+    KV_STORE,
     NEG_GEMV_GRIDZ,
     NEG_LATENT_TAILSKIP,
 ];

@@ -50,6 +50,9 @@ fn plan_key(p: &OpCase) -> String {
         OpCase::Rope(c) => format!("rope h{} d{}", c.heads, c.head_dim),
         OpCase::OutputHead(c) => format!("head h{} v{} {} s{:?}", c.hidden, c.vocab, c.wtype, c.sequences),
         OpCase::Sampling(c) => format!("sampling v{}", c.vocab),
+        OpCase::Attention(c) => {
+            format!("attention h{} kv{} d{} ctx{} {:?} {:?}", c.heads, c.kv_heads, c.head_dim, c.context, c.layout, c.route)
+        }
     }
 }
 

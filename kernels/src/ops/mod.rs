@@ -5,7 +5,9 @@
 //! Common API of a family module: `plans(tokens, case, limits)`, `critical_counts(case,
 //! limits)`, `device_bytes(tokens, case)`, `run_case(gpu, tokens, case)`, `TOLERANCE`.
 
+pub mod attention;
 pub mod embed;
+pub mod kv_store;
 pub mod latent_proj;
 pub mod moe_align;
 pub mod moe_combine;

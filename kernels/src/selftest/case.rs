@@ -39,6 +39,7 @@ pub enum OpCase {
     Rope(ops::rope::RopeCase),
     OutputHead(ops::output_head::HeadCase),
     Sampling(ops::sampling::SamplingCase),
+    Attention(ops::attention::AttentionCase),
     /// Negative control: the routed GEMV with tokens x top_k on grid.z.
     NegGemvGridZ(ops::moe_gemv::GemvCase),
     /// Negative control: the latent epilogue whose tail lanes `continue` past the shuffles.

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::case::{Case, Expect, OpCase};
 use crate::limits::DeviceLimits;
+use crate::ops::attention::{self, AttentionCase, DecodeRoute, Layout};
 use crate::ops::embed::{EmbedCase, TableType};
 use crate::ops::latent_proj::LatentCase;
 use crate::ops::moe_align::AlignCase;
@@ -278,6 +279,8 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
         b.family(sampling::KERNEL, tag, counts, OpCase::Sampling(c), |t| sampling::device_bytes(t, &c));
     }
 
+    attention_cases(&mut b, shape, serving, limits);
+
     // Latent projection: every tail of the first two 64-row tiles, and around larger ones.
     if let Some(l) = shape.latent {
         for wtype in WeightType::ALL {
@@ -295,6 +298,60 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
     // Small first (a broken kernel shows up early), negative controls last (they hang).
     cases.sort_by_key(|c| (matches!(c.params, OpCase::NegGemvGridZ(_) | OpCase::NegLatentTailSkip(_)), c.device_bytes));
     Catalogue { shape: shape.clone(), serving: *serving, device: limits.name.clone(), cases, skipped: b.skipped }
+}
+
+/// Attention over the KV cache (the batch's kv_store included) at the model's shape, one family
+/// per batch layout: a prompt (every tail of the query tile), 4 prompts, many 61-token prompts
+/// (Q/O offsets past 2^31), a chunk continuing a sequence, the chunk ending at the context, decode
+/// steps through the split kernels and through the prefill kernel (cache offsets past 2^31 at 103
+/// slots of 40,960), a prompt beside decode steps. Then the other head dims and a GQA group of 3
+/// at a few counts, so that every kernel instance runs. Attention is quadratic in a sequence:
+/// prompts stop at the serving envelope, the context is reached by a chunk continuing a sequence.
+fn attention_cases(b: &mut Builder, shape: &ModelShape, serving: &Serving, limits: &DeviceLimits) {
+    let a = shape.attention;
+    let envelope: Vec<Critical> = [serving.prefill_chunk, serving.max_batch_tokens]
+        .into_iter()
+        .flat_map(|n| [n - 1, n, n + 1].map(|t| Critical::new(t, format!("serving envelope {n} -1/0/+1"))))
+        .collect();
+    let chunk = serving.prefill_chunk;
+    let model = AttentionCase {
+        heads: a.heads,
+        kv_heads: a.kv_heads,
+        head_dim: a.head_dim,
+        context: shape.context,
+        layout: Layout::Prompts { sequences: 1 },
+        route: DecodeRoute::Split,
+    };
+    for (layout, route, tag, extra) in [
+        (Layout::Prompts { sequences: 1 }, DecodeRoute::Split, "prompt", envelope.clone()),
+        (Layout::Prompts { sequences: 4 }, DecodeRoute::Split, "prompts4", envelope.clone()),
+        (Layout::Runs { len: 61 }, DecodeRoute::Split, "runs61", vec![]),
+        (Layout::Continue { cached: chunk as u32 + 37 }, DecodeRoute::Split, "continue", envelope[..3].to_vec()),
+        (Layout::ContextEnd, DecodeRoute::Split, "context-end", vec![Critical::new(chunk, "a prefill chunk ending at the context")]),
+        (Layout::Decode, DecodeRoute::Split, "decode", vec![]),
+        (Layout::Decode, DecodeRoute::Prefill, "decode-via-prefill", vec![]),
+        (Layout::Mixed, DecodeRoute::Split, "mixed", envelope.clone()),
+    ] {
+        let c = AttentionCase { layout, route, ..model };
+        let mut counts = attention::critical_counts(&c, limits);
+        counts.extend(extra);
+        b.family(attention::KERNEL, tag, counts, OpCase::Attention(c), |t| attention::device_bytes(t, &c));
+    }
+    for (heads, kv_heads, head_dim) in [(8, 2, 64), (16, 2, 256), (12, 4, 128)] {
+        let other = AttentionCase { heads, kv_heads, head_dim, context: 4096, ..model };
+        let tile = attention::prefill_tile(head_dim).map_or(1, |t| t.rows);
+        for (layout, counts) in
+            [(Layout::Prompts { sequences: 1 }, vec![1, 2, tile - 1, tile, tile + 1, 2 * tile + 1, 1000]), (Layout::Decode, vec![1, 9, 10])]
+        {
+            let c = AttentionCase { layout, ..other };
+            let tag = format!("h{heads}-kv{kv_heads}-d{head_dim}/{}", if c.layout == Layout::Decode { "decode" } else { "prompt" });
+            let counts = counts
+                .into_iter()
+                .map(|t| Critical::new(t, format!("head_dim {head_dim}, GQA group {}: every kernel instance runs", heads / kv_heads)))
+                .collect();
+            b.family(attention::KERNEL, &tag, counts, OpCase::Attention(c), |t| attention::device_bytes(t, &c));
+        }
+    }
 }
 
 fn negative_controls(b: &mut Builder, shape: &ModelShape, limits: &DeviceLimits, grid_counts: &[(u32, Vec<Critical>)]) {

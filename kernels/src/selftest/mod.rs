@@ -13,6 +13,7 @@ pub mod worker;
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Launch, PlanError};
 use crate::limits::DeviceLimits;
+use crate::ops::attention;
 use crate::ops::{embed, latent_proj, moe_align, moe_combine, moe_gemm, moe_gemv, output_head, quantize, rmsnorm, rope, router, sampling};
 use case::{Case, OpCase, Outcome};
 
@@ -43,6 +44,7 @@ pub fn execute(gpu: &Gpu, case: &Case) -> Outcome {
         OpCase::Rope(c) => rope::run_case(gpu, t, c),
         OpCase::OutputHead(c) => output_head::run_case(gpu, t, c),
         OpCase::Sampling(c) => sampling::run_case(gpu, t, c),
+        OpCase::Attention(c) => attention::run_case(gpu, t, c),
         OpCase::NegGemvGridZ(c) => moe_gemv::run_negative_gridz(gpu, t, c),
         OpCase::NegLatentTailSkip(c) => latent_proj::run_negative_tailskip(gpu, t, c),
     };
@@ -66,5 +68,6 @@ pub fn plans(case: &Case, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanErro
         OpCase::Rope(c) => rope::plans(t, c, limits),
         OpCase::OutputHead(c) => output_head::plans(t, c, limits),
         OpCase::Sampling(c) => sampling::plans(t, c, limits),
+        OpCase::Attention(c) => attention::plans(t, c, limits),
     }
 }

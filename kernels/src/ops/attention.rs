@@ -1,0 +1,699 @@
+//! Attention over the f16 KV cache: causal prefill (flash-attention style) and decode
+//! (flash-decoding), for any GQA ratio and head_dim 64, 128 or 256.
+//!
+//! The engine keeps, per layer, K and V as f16 `[slots, max_ctx, n_kv, head_dim]` (a slot is one
+//! sequence). A batch is a list of [`Chunk`]s: chunk c's tokens are rows `first_row..` of Q
+//! `[rows, n_head, head_dim]` f32 (normed, RoPE'd) at positions `start_pos..` of its slot, and
+//! query i of the chunk attends to positions `0 ..= start_pos + i` (a later chunk of a sequence
+//! sees the earlier ones: chunked prefill). The chunk's own K/V rows are written first
+//! ([`super::kv_store`]). O is `[rows, n_head, head_dim]` f32.
+//!
+//! Kernels (`cuda/attention.cu`), chosen per chunk by [`BatchPlan`]:
+//! - `attn_prefill_d{D}`: grid (query tiles of every chunk, n_head), 128 threads; a tile is
+//!   [`PrefillTile::rows`] query rows of one chunk against key tiles of [`PrefillTile::keys`]
+//!   staged in shared memory (f16 -> f32), online softmax in f32. The tile -> (chunk, first
+//!   query) map is a device array built here, so tiles grow on grid.x only.
+//! - `attn_decode_d{D}` + `attn_decode_combine`: a 1-token chunk's context is cut into spans of
+//!   [`DECODE_SPAN`] keys; grid (spans of every decode chunk, n_head / heads per block): each
+//!   block scores one span for up to [`DECODE_MAX_HEADS`] heads sharing a kv head and writes a
+//!   partial (max, sum, o) to a workspace; the combine (grid (decode chunks, n_head)) merges them.
+//!   One sequence at 32k context thus spreads over 256 x n_kv blocks.
+//!
+//! Scores are in log2 units: Q is scaled once by `scale · log2(e)` and softmax uses `exp2`. The CPU
+//! twin ([`attention_cpu`]) takes an exact two-pass softmax in f32 over the same f16-rounded K/V;
+//! [`TOLERANCE`] bounds what the kernels' online / split summation orders and dot orders differ by.
+
+mod cpu;
+mod layout;
+mod selftest;
+
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
+use serde::{Deserialize, Serialize};
+
+use crate::cuda::{Gpu, GpuError};
+use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
+use crate::limits::DeviceLimits;
+use crate::sources::ATTENTION;
+use crate::thresholds::I32_MAX;
+
+pub use cpu::attention_cpu;
+pub use layout::{Layout, decode_position};
+pub use selftest::{AttentionCase, critical_counts, device_bytes, plans, run_case};
+
+/// The family's name in the self-test (its kernels are named per head_dim, see the module doc).
+pub const KERNEL: &str = "attention";
+pub const COMBINE_KERNEL: &str = "attn_decode_combine";
+/// Relative to the largest output compared. The twin differs from the kernels in summation
+/// order only: against f32 emulations of both kernels' orders (one FMA chain per dot product,
+/// online tiles or spans merged; `cpu::tests::tolerance_covers_the_kernels_summation_orders`) it
+/// is within 3e-7 up to 40,960 keys; the device's exp2f (2 ulp) adds as much again. One key too
+/// many or too few moves an output by its softmax weight times |v − o|: about 1e-5 among 40,960
+/// keys at the self-test's input scales, 1e-3 and more below 1,000 keys where tile tails live.
+pub const TOLERANCE: f64 = 1e-5;
+/// Threads of every attention block (`ATT_THREADS`).
+pub const THREADS: u32 = 128;
+/// Keys per decode split (`DEC_SPAN`).
+pub const DECODE_SPAN: u64 = 128;
+/// Heads one decode block serves at most (`DEC_MAX_HB`): they share its K/V loads.
+pub const DECODE_MAX_HEADS: u32 = 8;
+/// Keys x head_dim staged at once by the decode kernel (`DEC_TILE_FLOATS`).
+const DECODE_TILE_FLOATS: u64 = 8192;
+/// Floats of padding after each staged row (`ATT_PAD`).
+const PAD: u64 = 4;
+/// Supported head dimensions (the kernels are instantiated for these).
+pub const HEAD_DIMS: [u32; 3] = [64, 128, 256];
+
+/// What the kernels need to know of a model's attention and of its cache.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttentionSpec {
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    /// Sequences the cache holds (its first dimension).
+    pub slots: u32,
+    /// Positions per slot.
+    pub max_ctx: u32,
+    /// Softmax scale, `1 / sqrt(head_dim)` for qwen3.
+    pub scale: f32,
+}
+
+impl AttentionSpec {
+    /// A spec with the usual scale `1 / sqrt(head_dim)`.
+    pub fn new(heads: u32, kv_heads: u32, head_dim: u32, slots: u32, max_ctx: u32) -> AttentionSpec {
+        AttentionSpec { heads, kv_heads, head_dim, slots, max_ctx, scale: 1.0 / (head_dim as f32).sqrt() }
+    }
+
+    /// Why the kernels cannot run this spec, if they cannot.
+    pub fn unsupported(&self) -> Option<String> {
+        let fits = |v: u32| v >= 1 && v as u64 <= I32_MAX;
+        if !HEAD_DIMS.contains(&self.head_dim) {
+            Some(format!("head_dim {} is not one of {HEAD_DIMS:?}", self.head_dim))
+        } else if !fits(self.heads) || !fits(self.kv_heads) {
+            Some(format!("{} heads / {} kv heads: both must be in 1..2^31", self.heads, self.kv_heads))
+        } else if !self.heads.is_multiple_of(self.kv_heads) {
+            Some(format!("{} heads are not a multiple of {} kv heads (GQA groups must be whole)", self.heads, self.kv_heads))
+        } else if !fits(self.slots) || !fits(self.max_ctx) {
+            Some(format!("cache of {} slots x {} positions: both must be in 1..2^31", self.slots, self.max_ctx))
+        } else if self.row_width() > I32_MAX {
+            Some(format!("{} heads x {} dims: a row must stay below 2^31 elements", self.heads, self.head_dim))
+        } else if (self.slots as u64).checked_mul(self.max_ctx as u64).and_then(|p| p.checked_mul(2 * self.kv_width())).is_none() {
+            Some(format!(
+                "a cache of {} slots x {} positions x {} overflows 64-bit byte offsets",
+                self.slots,
+                self.max_ctx,
+                self.kv_width()
+            ))
+        } else if !(self.scale.is_finite() && self.scale > 0.0) {
+            Some(format!("scale {} must be finite and > 0", self.scale))
+        } else {
+            None
+        }
+    }
+
+    fn check(&self) -> Result<(), PlanError> {
+        match self.unsupported() {
+            Some(what) => Err(unsupported(what, self.describe())),
+            None => Ok(()),
+        }
+    }
+
+    /// Query heads per kv head.
+    pub fn group(&self) -> u32 {
+        self.heads / self.kv_heads.max(1)
+    }
+
+    /// Floats of one row of Q or O: `n_head · head_dim`.
+    pub fn row_width(&self) -> u64 {
+        self.heads as u64 * self.head_dim as u64
+    }
+
+    /// Elements of one cache position: `n_kv · head_dim`.
+    pub fn kv_width(&self) -> u64 {
+        self.kv_heads as u64 * self.head_dim as u64
+    }
+
+    /// Elements of one layer's K (or V) cache.
+    pub fn cache_elems(&self) -> u64 {
+        self.slots as u64 * self.max_ctx as u64 * self.kv_width()
+    }
+
+    /// The factor Q is multiplied by: scores come out in log2 units for `exp2`.
+    pub fn q_scale(&self) -> f32 {
+        self.scale * std::f32::consts::LOG2_E
+    }
+
+    /// Heads one decode block serves: the largest divisor of the GQA group up to
+    /// [`DECODE_MAX_HEADS`], so a block's heads share one kv head.
+    pub fn decode_heads_per_block(&self) -> u32 {
+        (1..=DECODE_MAX_HEADS.min(self.group().max(1))).rev().find(|d| self.group().is_multiple_of(*d)).unwrap_or(1)
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "heads={} kv_heads={} head_dim={} slots={} max_ctx={} scale={}",
+            self.heads, self.kv_heads, self.head_dim, self.slots, self.max_ctx, self.scale
+        )
+    }
+}
+
+fn unsupported(what: impl Into<String>, shape: String) -> PlanError {
+    PlanError::Unsupported { kernel: KERNEL.into(), what: what.into(), shape }
+}
+
+/// The prefill kernel's tile for a head_dim: query rows per block, keys per staged tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefillTile {
+    pub rows: u64,
+    pub keys: u64,
+}
+
+/// The tile of `attn_prefill_d{head_dim}` (`ATT_PREFILL(D, TQ, TK)`: 16·TQ rows, 8·TK keys).
+pub fn prefill_tile(head_dim: u32) -> Option<PrefillTile> {
+    match head_dim {
+        64 | 128 => Some(PrefillTile { rows: 64, keys: 64 }),
+        256 => Some(PrefillTile { rows: 32, keys: 32 }),
+        _ => None,
+    }
+}
+
+fn prefill_kernel(head_dim: u32) -> String {
+    format!("attn_prefill_d{head_dim}")
+}
+
+fn decode_kernel(head_dim: u32) -> String {
+    format!("attn_decode_d{head_dim}")
+}
+
+/// Dynamic shared memory of a prefill block: the Q tile and one K/V tile, f32, padded rows.
+pub fn prefill_shared_bytes(head_dim: u32) -> u64 {
+    prefill_tile(head_dim).map_or(0, |t| 4 * (t.rows + t.keys) * (head_dim as u64 + PAD))
+}
+
+/// Dynamic shared memory of a decode block: Q of its heads, their span of scores, a K/V tile.
+pub fn decode_shared_bytes(head_dim: u32) -> u64 {
+    let d = head_dim as u64;
+    let m = DECODE_MAX_HEADS as u64;
+    4 * (m * d + m * DECODE_SPAN + DECODE_TILE_FLOATS / d.max(1) * (d + PAD))
+}
+
+/// One chunk of a batch: `n_tokens` rows from `first_row` at positions `start_pos..` of `slot`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Chunk {
+    pub slot: u32,
+    pub start_pos: u32,
+    pub n_tokens: u32,
+    pub first_row: u32,
+}
+
+impl Chunk {
+    /// One past the last position the chunk writes and reads.
+    pub fn end(&self) -> u64 {
+        self.start_pos as u64 + self.n_tokens as u64
+    }
+
+    fn rows(&self) -> std::ops::Range<u64> {
+        self.first_row as u64..self.first_row as u64 + self.n_tokens as u64
+    }
+}
+
+/// How 1-token chunks (decode steps) run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecodeRoute {
+    /// Through the split-context decode kernels: many blocks per sequence.
+    Split,
+    /// Through the prefill kernel like every other chunk: one block per (sequence, head).
+    Prefill,
+}
+
+/// Why `chunks` cannot be a batch of `rows` rows for `spec`, if they cannot: every chunk
+/// non-empty, inside the cache and inside Q, no two chunks sharing a row.
+pub fn chunks_unsupported(chunks: &[Chunk], rows: u64, spec: &AttentionSpec) -> Option<String> {
+    if chunks.is_empty() {
+        return Some("a batch needs at least one chunk".into());
+    }
+    if rows > I32_MAX {
+        return Some(format!("{rows} rows: row indices are i32"));
+    }
+    if chunks.len() as u64 > I32_MAX {
+        return Some(format!("{} chunks: chunk indices are i32", chunks.len()));
+    }
+    for (i, c) in chunks.iter().enumerate() {
+        let what = if c.n_tokens == 0 {
+            "has no tokens".to_string()
+        } else if c.slot >= spec.slots {
+            format!("slot {} is past the cache's {} slots", c.slot, spec.slots)
+        } else if c.end() > spec.max_ctx as u64 {
+            format!("positions {}..{} pass the cache's {} positions", c.start_pos, c.end(), spec.max_ctx)
+        } else if c.rows().end > rows {
+            format!("rows {}..{} pass the batch's {rows} rows", c.first_row, c.rows().end)
+        } else {
+            continue;
+        };
+        return Some(format!("chunk {i} {what}"));
+    }
+    let mut by_row: Vec<&Chunk> = chunks.iter().collect();
+    by_row.sort_by_key(|c| c.first_row);
+    by_row
+        .windows(2)
+        .find(|w| w[0].rows().end > w[1].first_row as u64)
+        .map(|w| format!("chunks at rows {}..{} and {}..{} overlap", w[0].first_row, w[0].rows().end, w[1].first_row, w[1].rows().end))
+}
+
+/// What a batch's launches depend on: rows, prefill tiles, decode chunks and their splits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchCounts {
+    pub rows: u64,
+    pub prefill_tiles: u64,
+    pub decode_chunks: u64,
+    pub decode_splits: u64,
+}
+
+impl BatchCounts {
+    /// Floats of decode workspace: a partial o and (max, sum) per split and head.
+    pub fn workspace_floats(&self, spec: &AttentionSpec) -> u64 {
+        self.decode_splits * spec.heads as u64 * (spec.head_dim as u64 + 2)
+    }
+}
+
+/// Splits of a decode step at `pos`: it attends to `pos + 1` keys.
+pub fn decode_splits(pos: u32) -> u64 {
+    (pos as u64 + 1).div_ceil(DECODE_SPAN)
+}
+
+/// The launches of one attention call, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttentionLaunches {
+    pub prefill: Option<Launch>,
+    /// The split kernel and the combine.
+    pub decode: Option<(Launch, Launch)>,
+}
+
+impl AttentionLaunches {
+    pub fn all(self) -> Vec<Launch> {
+        let mut v: Vec<Launch> = self.prefill.into_iter().collect();
+        if let Some((split, combine)) = self.decode {
+            v.extend([split, combine]);
+        }
+        v
+    }
+}
+
+/// Plans the launches for a batch with these counts: prefill grid (tiles, n_head) with
+/// [`prefill_shared_bytes`]; decode grid (splits, n_head / heads per block) with
+/// [`decode_shared_bytes`]; combine grid (decode chunks, n_head). 128 threads each.
+pub fn launches(n: &BatchCounts, spec: &AttentionSpec, limits: &DeviceLimits) -> Result<AttentionLaunches, PlanError> {
+    spec.check()?;
+    let shape = format!(
+        "rows={} tiles={} decode_chunks={} splits={} {}",
+        n.rows,
+        n.prefill_tiles,
+        n.decode_chunks,
+        n.decode_splits,
+        spec.describe()
+    );
+    if n.rows == 0 || n.prefill_tiles + n.decode_chunks == 0 {
+        return Err(unsupported("empty batch", shape));
+    }
+    if n.rows > I32_MAX || n.decode_splits > I32_MAX {
+        return Err(unsupported("rows and decode splits are i32 indices: at most 2^31 − 1", shape));
+    }
+    let heads = spec.heads as u64;
+    let block = [THREADS, 1, 1];
+    let prefill = (n.prefill_tiles > 0)
+        .then(|| {
+            Launch::checked(
+                &prefill_kernel(spec.head_dim),
+                &shape,
+                [n.prefill_tiles, heads, 1],
+                block,
+                prefill_shared_bytes(spec.head_dim),
+                vec![Cover::Tiles { axis: 0, items: n.prefill_tiles, per_block: 1 }, Cover::Tiles { axis: 1, items: heads, per_block: 1 }],
+                limits,
+            )
+        })
+        .transpose()?;
+    let decode = (n.decode_chunks > 0)
+        .then(|| -> Result<(Launch, Launch), PlanError> {
+            let hb = spec.decode_heads_per_block() as u64;
+            let split = Launch::checked(
+                &decode_kernel(spec.head_dim),
+                &shape,
+                [n.decode_splits, heads / hb, 1],
+                block,
+                decode_shared_bytes(spec.head_dim),
+                vec![Cover::Tiles { axis: 0, items: n.decode_splits, per_block: 1 }, Cover::Tiles { axis: 1, items: heads, per_block: hb }],
+                limits,
+            )?;
+            let combine = Launch::checked(
+                COMBINE_KERNEL,
+                &shape,
+                [n.decode_chunks, heads, 1],
+                block,
+                0,
+                vec![Cover::Tiles { axis: 0, items: n.decode_chunks, per_block: 1 }, Cover::Tiles { axis: 1, items: heads, per_block: 1 }],
+                limits,
+            )?;
+            Ok((split, combine))
+        })
+        .transpose()?;
+    Ok(AttentionLaunches { prefill, decode })
+}
+
+/// A batch split between the kernels, with the index arrays they read: prefill chunks and their
+/// tiles `(chunk, first query)`; decode chunks, their splits `(chunk, split)` and each chunk's
+/// first split (`offsets`, one more than chunks). Pure; [`DeviceBatch`] uploads it. It keeps the
+/// spec its chunks were checked against: launches use that one, never another cache's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchPlan {
+    spec: AttentionSpec,
+    rows: u64,
+    prefill: Vec<Chunk>,
+    tiles: Vec<[i32; 2]>,
+    decode: Vec<Chunk>,
+    work: Vec<[i32; 2]>,
+    offsets: Vec<i32>,
+}
+
+impl BatchPlan {
+    /// Validates `chunks` against `spec` and a Q of `rows` rows, and routes each chunk: 1-token
+    /// chunks to the decode kernels under [`DecodeRoute::Split`], everything else to prefill.
+    pub fn new(chunks: &[Chunk], rows: u64, spec: &AttentionSpec, route: DecodeRoute) -> Result<BatchPlan, PlanError> {
+        spec.check()?;
+        if let Some(what) = chunks_unsupported(chunks, rows, spec) {
+            return Err(unsupported(what, format!("rows={rows} chunks={} {}", chunks.len(), spec.describe())));
+        }
+        let tile = prefill_tile(spec.head_dim).map_or(1, |t| t.rows);
+        let mut p = BatchPlan { spec: *spec, rows, prefill: vec![], tiles: vec![], decode: vec![], work: vec![], offsets: vec![0] };
+        for c in chunks {
+            if c.n_tokens == 1 && route == DecodeRoute::Split {
+                let idx = p.decode.len() as i32;
+                p.decode.push(*c);
+                p.work.extend((0..decode_splits(c.start_pos)).map(|s| [idx, s as i32]));
+                if p.work.len() as u64 > I32_MAX {
+                    return Err(unsupported("more than 2^31 − 1 decode splits", spec.describe()));
+                }
+                p.offsets.push(p.work.len() as i32);
+            } else {
+                let idx = p.prefill.len() as i32;
+                p.prefill.push(*c);
+                p.tiles.extend((0..c.n_tokens as u64).step_by(tile as usize).map(|q0| [idx, q0 as i32]));
+            }
+        }
+        Ok(p)
+    }
+
+    pub fn counts(&self) -> BatchCounts {
+        BatchCounts {
+            rows: self.rows,
+            prefill_tiles: self.tiles.len() as u64,
+            decode_chunks: self.decode.len() as u64,
+            decode_splits: self.work.len() as u64,
+        }
+    }
+
+    pub fn spec(&self) -> &AttentionSpec {
+        &self.spec
+    }
+
+    pub fn launches(&self, limits: &DeviceLimits) -> Result<AttentionLaunches, PlanError> {
+        launches(&self.counts(), &self.spec, limits)
+    }
+
+    /// Floats the decode workspace must hold for this batch.
+    pub fn workspace_floats(&self) -> u64 {
+        self.counts().workspace_floats(&self.spec)
+    }
+}
+
+fn flat_chunks(chunks: &[Chunk]) -> Vec<i32> {
+    chunks.iter().flat_map(|c| [c.slot as i32, c.start_pos as i32, c.n_tokens as i32, c.first_row as i32]).collect()
+}
+
+/// A [`BatchPlan`] on the device: made once per batch, used by every layer.
+pub struct DeviceBatch {
+    plan: BatchPlan,
+    prefill: CudaSlice<i32>,
+    tiles: CudaSlice<i32>,
+    decode: CudaSlice<i32>,
+    work: CudaSlice<i32>,
+    offsets: CudaSlice<i32>,
+}
+
+impl DeviceBatch {
+    pub fn upload(gpu: &Gpu, plan: BatchPlan) -> Result<DeviceBatch, GpuError> {
+        // An empty list still gets a (never read) word: the device has no zero-sized buffers.
+        let up = |v: Vec<i32>| if v.is_empty() { gpu.upload(&[0]) } else { gpu.upload(&v) };
+        Ok(DeviceBatch {
+            prefill: up(flat_chunks(&plan.prefill))?,
+            tiles: up(plan.tiles.iter().flatten().copied().collect())?,
+            decode: up(flat_chunks(&plan.decode))?,
+            work: up(plan.work.iter().flatten().copied().collect())?,
+            offsets: up(plan.offsets.clone())?,
+            plan,
+        })
+    }
+
+    pub fn plan(&self) -> &BatchPlan {
+        &self.plan
+    }
+}
+
+/// The buffers of one attention call.
+pub struct AttentionIo<'a, Y> {
+    /// `[rows, n_head, head_dim]` f32.
+    pub q: CudaView<'a, f32>,
+    /// `[slots, max_ctx, n_kv, head_dim]` f16 bits, holding every position the chunks read.
+    pub k_cache: CudaView<'a, u16>,
+    pub v_cache: CudaView<'a, u16>,
+    /// `[rows, n_head, head_dim]` f32 (any element type: the kernels write f32 words). Rows no
+    /// chunk covers are left as they are.
+    pub out: CudaViewMut<'a, Y>,
+    /// Decode partials: at least [`BatchPlan::workspace_floats`] floats (any size without decode chunks).
+    pub workspace: CudaViewMut<'a, f32>,
+}
+
+/// Refuses a buffer the kernels' 16-byte loads and stores cannot use.
+fn require_aligned(p: &Launch, buffers: &[(&str, u64)]) -> Result<(), PlanError> {
+    match buffers.iter().find(|(_, addr)| addr % 16 != 0) {
+        Some((name, addr)) => Err(PlanError::Unsupported {
+            kernel: p.kernel.clone(),
+            what: format!("buffer {name} at {addr:#x} is not 16-byte aligned"),
+            shape: p.shape.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Attention for `batch`: the prefill kernel over its prefill chunks, the split kernel and the
+/// combine over its decode chunks. The chunks' own K/V must be in the cache already.
+pub fn launch<Y: DeviceRepr>(gpu: &Gpu, batch: &DeviceBatch, mut io: AttentionIo<'_, Y>) -> Result<(), GpuError> {
+    let (plan, spec) = (&batch.plan, &batch.plan.spec);
+    let l = plan.launches(gpu.limits())?;
+    let Some(first) = l.prefill.as_ref().or(l.decode.as_ref().map(|d| &d.0)) else {
+        return Err(unsupported("empty batch", spec.describe()).into());
+    };
+    let rows_bytes = 4 * plan.rows * spec.row_width();
+    let ws_floats = plan.workspace_floats();
+    require_bytes(
+        first,
+        &[
+            ("q", bytes_of(io.q.len(), 4), rows_bytes),
+            ("out", bytes_of(io.out.len(), size_of::<Y>()), rows_bytes),
+            ("k_cache", bytes_of(io.k_cache.len(), 2), 2 * spec.cache_elems()),
+            ("v_cache", bytes_of(io.v_cache.len(), 2), 2 * spec.cache_elems()),
+            ("workspace", bytes_of(io.workspace.len(), 4), 4 * ws_floats),
+        ],
+    )?;
+    let stream = gpu.stream();
+    let (q, _q) = io.q.device_ptr(stream);
+    let (k, _k) = io.k_cache.device_ptr(stream);
+    let (v, _v) = io.v_cache.device_ptr(stream);
+    let (out, _o) = io.out.device_ptr_mut(stream);
+    let (ws, _w) = io.workspace.device_ptr_mut(stream);
+    require_aligned(first, &[("q", q), ("k_cache", k), ("v_cache", v), ("out", out)])?;
+    let (n_head, n_kv, max_ctx, d) = (spec.heads as i32, spec.kv_heads as i32, spec.max_ctx as i32, spec.head_dim as i32);
+    let qscale = spec.q_scale();
+    if let Some(p) = &l.prefill {
+        let f = gpu.function(&ATTENTION, &p.kernel)?;
+        gpu.launch(p, &f, |b| {
+            b.arg(&q).arg(&k).arg(&v).arg(&out).arg(&batch.prefill).arg(&batch.tiles);
+            b.arg(&n_head).arg(&n_kv).arg(&max_ctx).arg(&qscale);
+        })?;
+    }
+    if let Some((split, combine)) = &l.decode {
+        // The workspace: partial o of every (split, head), then their (max, sum) pairs.
+        let part_ml = ws + 4 * plan.counts().decode_splits * spec.row_width();
+        let hb = spec.decode_heads_per_block() as i32;
+        let f = gpu.function(&ATTENTION, &split.kernel)?;
+        gpu.launch(split, &f, |b| {
+            b.arg(&q).arg(&k).arg(&v).arg(&ws).arg(&part_ml).arg(&batch.decode).arg(&batch.work);
+            b.arg(&n_head).arg(&n_kv).arg(&max_ctx).arg(&hb).arg(&qscale);
+        })?;
+        let f = gpu.function(&ATTENTION, COMBINE_KERNEL)?;
+        gpu.launch(combine, &f, |b| {
+            b.arg(&ws).arg(&part_ml).arg(&batch.decode).arg(&batch.offsets).arg(&out).arg(&n_head).arg(&d);
+        })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const QWEN: AttentionSpec = AttentionSpec { heads: 32, kv_heads: 4, head_dim: 128, slots: 8, max_ctx: 40_960, scale: 0.088_388_35 };
+
+    fn chunk(slot: u32, start_pos: u32, n_tokens: u32, first_row: u32) -> Chunk {
+        Chunk { slot, start_pos, n_tokens, first_row }
+    }
+
+    #[test]
+    fn prefill_plan_geometry_for_every_head_dim() {
+        for limits in DeviceLimits::recorded() {
+            for (d, rows_per_tile, smem) in [(64, 64, 4 * 128 * 68), (128, 64, 4 * 128 * 132), (256, 32, 4 * 64 * 260)] {
+                let spec = AttentionSpec::new(16, 4, d, 2, 4096);
+                let chunks = [chunk(0, 0, 100, 0), chunk(1, 37, 1, 100), chunk(1, 38, 5, 101)];
+                let plan = BatchPlan::new(&chunks, 106, &spec, DecodeRoute::Prefill).unwrap();
+                let tiles = 100u64.div_ceil(rows_per_tile) + 2;
+                assert_eq!(plan.tiles.len() as u64, tiles);
+                let l = plan.launches(&limits).unwrap();
+                let p = l.prefill.as_ref().unwrap();
+                assert_eq!(
+                    (p.kernel.as_str(), p.grid, p.block, p.shared_mem),
+                    (&*prefill_kernel(d), [tiles as u32, 16, 1], [128, 1, 1], smem)
+                );
+                assert!(p.shared_mem <= limits.max_shared_mem_per_block_optin, "{p}");
+                p.check_cover().unwrap();
+                assert!(l.decode.is_none());
+            }
+        }
+        // The tile map: (chunk, first query), chunk by chunk.
+        let spec = AttentionSpec::new(8, 8, 128, 2, 400);
+        let plan = BatchPlan::new(&[chunk(0, 0, 130, 0), chunk(1, 200, 2, 130)], 132, &spec, DecodeRoute::Split).unwrap();
+        assert_eq!(plan.tiles, vec![[0, 0], [0, 64], [0, 128], [1, 0]]);
+    }
+
+    #[test]
+    fn decode_plan_splits_each_context_into_spans() {
+        let spec = QWEN;
+        // Positions 0, 127, 128 and 40,959: 1, 1, 2 and 320 spans of 128 keys.
+        let chunks = [chunk(0, 0, 1, 0), chunk(1, 127, 1, 1), chunk(2, 128, 1, 2), chunk(3, 40_959, 1, 3)];
+        let plan = BatchPlan::new(&chunks, 4, &spec, DecodeRoute::Split).unwrap();
+        assert_eq!(plan.offsets, vec![0, 1, 2, 4, 324]);
+        assert_eq!(plan.work[2..4], [[2, 0], [2, 1]]);
+        assert_eq!(plan.work[323], [3, 319]);
+        assert_eq!(plan.workspace_floats(), 324 * 32 * 130);
+        for limits in DeviceLimits::recorded() {
+            let l = plan.launches(&limits).unwrap();
+            assert!(l.prefill.is_none());
+            let (split, combine) = l.decode.unwrap();
+            // 8 heads per block share kv head h / 8: grid.y = 32 / 8.
+            assert_eq!(
+                (split.kernel.as_str(), split.grid, split.shared_mem),
+                ("attn_decode_d128", [324, 4, 1], 4 * (1024 + 1024 + 64 * 132))
+            );
+            assert_eq!((combine.grid, combine.shared_mem), ([4, 32, 1], 0));
+            assert!(split.shared_mem <= limits.max_shared_mem_per_block, "decode fits without opting in: {split}");
+            split.check_cover().unwrap();
+            combine.check_cover().unwrap();
+        }
+    }
+
+    #[test]
+    fn decode_heads_per_block_divide_the_group() {
+        for (heads, kv, want) in [(32, 4, 8), (32, 32, 1), (64, 4, 8), (12, 1, 6), (6, 2, 3), (40, 4, 5), (7, 1, 7), (22, 1, 2)] {
+            let s = AttentionSpec::new(heads, kv, 128, 1, 16);
+            assert_eq!(s.decode_heads_per_block(), want, "{heads}/{kv}");
+            assert!(s.group().is_multiple_of(want));
+        }
+    }
+
+    #[test]
+    fn mixed_batches_split_between_the_kernels() {
+        let chunks = [chunk(0, 0, 70, 0), chunk(1, 500, 1, 70), chunk(2, 4133, 3, 71)];
+        let plan = BatchPlan::new(&chunks, 74, &QWEN, DecodeRoute::Split).unwrap();
+        assert_eq!(plan.counts(), BatchCounts { rows: 74, prefill_tiles: 3, decode_chunks: 1, decode_splits: 4 });
+        assert_eq!(plan.launches(&DeviceLimits::gb10()).unwrap().all().len(), 3);
+        let all_prefill = BatchPlan::new(&chunks, 74, &QWEN, DecodeRoute::Prefill).unwrap();
+        assert_eq!(all_prefill.counts(), BatchCounts { rows: 74, prefill_tiles: 4, decode_chunks: 0, decode_splits: 0 });
+    }
+
+    #[test]
+    fn bad_specs_and_chunks_are_typed_errors() {
+        let bad_specs = [
+            AttentionSpec { head_dim: 96, ..QWEN },
+            AttentionSpec { head_dim: 0, ..QWEN },
+            AttentionSpec { kv_heads: 5, ..QWEN },
+            AttentionSpec { kv_heads: 0, ..QWEN },
+            AttentionSpec { heads: 0, ..QWEN },
+            AttentionSpec { slots: 0, ..QWEN },
+            AttentionSpec { max_ctx: 0, ..QWEN },
+            AttentionSpec { scale: f32::NAN, ..QWEN },
+            AttentionSpec { scale: 0.0, ..QWEN },
+            AttentionSpec { heads: 1 << 24, kv_heads: 1, ..QWEN },
+            AttentionSpec { slots: i32::MAX as u32, max_ctx: i32::MAX as u32, kv_heads: 1 << 20, heads: 1 << 20, head_dim: 64, ..QWEN },
+        ];
+        let ok = [chunk(0, 0, 4, 0)];
+        for s in bad_specs {
+            assert!(matches!(BatchPlan::new(&ok, 4, &s, DecodeRoute::Split), Err(PlanError::Unsupported { .. })), "{s:?}");
+        }
+        let bad_chunks: [(&[Chunk], u64); 7] = [
+            (&[], 4),
+            (&[chunk(0, 0, 0, 0)], 4),
+            (&[chunk(8, 0, 4, 0)], 4),
+            (&[chunk(0, 40_957, 4, 0)], 4),
+            (&[chunk(0, 0, 4, 1)], 4),
+            (&[chunk(0, 0, 3, 0), chunk(1, 0, 2, 2)], 4),
+            (&[chunk(0, 0, 4, 0)], 1 << 31),
+        ];
+        for (chunks, rows) in bad_chunks {
+            let e = BatchPlan::new(chunks, rows, &QWEN, DecodeRoute::Split).unwrap_err();
+            assert!(matches!(e, PlanError::Unsupported { .. }), "{chunks:?}: {e}");
+        }
+        assert!(BatchPlan::new(&[chunk(0, 40_956, 4, 0), chunk(7, 0, 1, 4)], 5, &QWEN, DecodeRoute::Split).is_ok());
+    }
+
+    #[test]
+    fn heads_past_grid_y_are_refused() {
+        // Heads go on grid.y (65,535): one more is a typed grid error, not a launch failure.
+        let wide = AttentionSpec::new(65_536, 1, 64, 1, 16);
+        let plan = BatchPlan::new(&[chunk(0, 0, 2, 0)], 2, &wide, DecodeRoute::Split).unwrap();
+        assert!(matches!(plan.launches(&DeviceLimits::h200()), Err(PlanError::GridDim { axis: 'y', .. })));
+        let fits = AttentionSpec::new(65_535, 1, 64, 1, 16);
+        let plan = BatchPlan::new(&[chunk(0, 0, 2, 0)], 2, &fits, DecodeRoute::Split).unwrap();
+        assert!(plan.launches(&DeviceLimits::h200()).is_ok());
+    }
+
+    #[test]
+    fn prefill_shared_memory_needs_opt_in_but_fits_gb10() {
+        let gb10 = DeviceLimits::gb10();
+        for d in HEAD_DIMS {
+            assert!(prefill_shared_bytes(d) <= gb10.max_shared_mem_per_block_optin as u64, "d={d}");
+            assert!(decode_shared_bytes(d) <= gb10.max_shared_mem_per_block as u64, "d={d}");
+        }
+        assert!(prefill_shared_bytes(128) > gb10.max_shared_mem_per_block as u64);
+    }
+
+    /// The Rust constants are the ones `attention.cu` defines, and the tiles its instantiations use.
+    #[test]
+    fn constants_match_the_cuda_source() {
+        let define = |name: &str| -> u64 {
+            let line = ATTENTION.code.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap();
+            line.split_whitespace().nth(2).unwrap().parse().unwrap()
+        };
+        assert_eq!(
+            [define("ATT_THREADS"), define("ATT_PAD"), define("DEC_SPAN"), define("DEC_MAX_HB"), define("DEC_TILE_FLOATS")],
+            [THREADS as u64, PAD, DECODE_SPAN, DECODE_MAX_HEADS as u64, DECODE_TILE_FLOATS]
+        );
+        for d in HEAD_DIMS {
+            let line = ATTENTION.code.lines().find(|l| l.starts_with(&format!("ATT_PREFILL({d},"))).unwrap();
+            let nums: Vec<u64> =
+                line.trim_start_matches("ATT_PREFILL(").trim_end_matches(')').split(',').map(|s| s.trim().parse().unwrap()).collect();
+            let t = prefill_tile(d).unwrap();
+            assert_eq!((16 * nums[1], 8 * nums[2]), (t.rows, t.keys), "d={d}");
+            assert!(ATTENTION.code.contains(&format!("ATT_DECODE({d})")));
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! The batches the self-test runs attention on: how `tokens` rows become chunks.
+//!
+//! A layout expands into [`Part`]s (runs of like chunks, in consecutive slots and rows), from
+//! which both the chunk list ([`chunks`]) and, in closed form, the counts the launches depend on
+//! ([`counts`]) follow: the plan property tests walk every count to 2^20, where listing the
+//! chunks of each would be quadratic.
+
+use serde::{Deserialize, Serialize};
+
+use super::{BatchCounts, Chunk, DecodeRoute, decode_splits};
+
+/// How a batch of `tokens` rows is made (`context`: positions per slot of the test cache).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Layout {
+    /// `sequences` prompts of near-equal length, each prefilled from position 0 in its own slot
+    /// (more prompts when a share would pass the context).
+    Prompts { sequences: u32 },
+    /// Prompts of `len` tokens, the last one shorter: many short prompts in one batch.
+    Runs { len: u32 },
+    /// One chunk continuing a sequence that holds `cached` positions (chunked prefill).
+    Continue { cached: u32 },
+    /// Chunks that end their sequence at the last position of the context.
+    ContextEnd,
+    /// Every token a decode step of its own sequence, at [`decode_position`]s.
+    Decode,
+    /// A prompt of `tokens − 8` beside 8 decode steps of other sequences (fewer below 9 tokens).
+    Mixed,
+}
+
+/// Runs of like chunks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// `count` chunks of `n_tokens` rows at positions `start..`.
+    Same { count: u64, n_tokens: u64, start: u64 },
+    /// `count` decode steps at [`decode_position`]`(i, count, context)`.
+    Decodes { count: u64, context: u32 },
+}
+
+/// Positions a run of decode steps cycles through (clamped to the context), so that split
+/// counts of 1, 2 and 3 spans with 1 or all keys in the last one, and long contexts, all occur;
+/// the run's last step is at the last position of the context (the highest slot reads the
+/// farthest cache offset).
+fn decode_table(context: u32) -> [u32; 9] {
+    let s = super::DECODE_SPAN as u32;
+    [0, 1, s - 1, s, s + 1, 2 * s - 1, 2 * s, context / 2, context.saturating_sub(2)].map(|p| p.min(context.saturating_sub(1)))
+}
+
+/// Position of step `i` of a run of `count` decode steps.
+pub fn decode_position(i: u64, count: u64, context: u32) -> u32 {
+    if i + 1 == count {
+        return context.saturating_sub(1);
+    }
+    let t = decode_table(context);
+    t[(i % t.len() as u64) as usize]
+}
+
+/// `Σ f(position)` over a run of `count` decode steps, in closed form over the cycle of
+/// [`decode_table`] (the last step apart).
+fn decode_run_sum(count: u64, context: u32, f: impl Fn(u32) -> u64) -> u64 {
+    if count == 0 {
+        return 0;
+    }
+    let t = decode_table(context);
+    let (cycled, period) = (count - 1, t.len() as u64);
+    let per_cycle: u64 = t.iter().map(|&p| f(p)).sum();
+    let rest: u64 = t[..(cycled % period) as usize].iter().map(|&p| f(p)).sum();
+    cycled / period * per_cycle + rest + f(context.saturating_sub(1))
+}
+
+/// `tokens` over `n` chunks of near-equal length (the longer ones last), each starting at
+/// `start(len)`.
+fn balanced(tokens: u64, n: u64, start: impl Fn(u64) -> u64) -> Vec<Part> {
+    let (len, longer) = (tokens / n, tokens % n);
+    [(n - longer, len), (longer, len + 1)]
+        .into_iter()
+        .filter(|&(count, n_tokens)| count > 0 && n_tokens > 0)
+        .map(|(count, n_tokens)| Part::Same { count, n_tokens, start: start(n_tokens) })
+        .collect()
+}
+
+/// Prompts from position 0: at least `sequences`, at most `tokens`, none past `context`.
+fn prompts(tokens: u64, sequences: u64, context: u32) -> Vec<Part> {
+    let n = sequences.max(tokens.div_ceil(context.max(1) as u64)).clamp(1, tokens.max(1));
+    balanced(tokens, n, |_| 0)
+}
+
+impl Layout {
+    pub fn parts(&self, tokens: u64, context: u32) -> Vec<Part> {
+        let ctx = context.max(1) as u64;
+        match *self {
+            Layout::Prompts { sequences } => prompts(tokens, sequences as u64, context),
+            Layout::Runs { len } => {
+                let len = len.max(1) as u64;
+                let mut v = vec![Part::Same { count: tokens / len, n_tokens: len, start: 0 }];
+                v.push(Part::Same { count: 1, n_tokens: tokens % len, start: 0 });
+                v.retain(|p| matches!(p, Part::Same { count, n_tokens, .. } if *count > 0 && *n_tokens > 0));
+                v
+            }
+            Layout::Continue { cached } => vec![Part::Same { count: 1, n_tokens: tokens, start: cached as u64 }],
+            Layout::ContextEnd => balanced(tokens, tokens.div_ceil(ctx), |len| ctx - len),
+            Layout::Decode => vec![Part::Decodes { count: tokens, context }],
+            Layout::Mixed => {
+                let steps = 8.min(tokens.saturating_sub(1));
+                let mut v = prompts(tokens - steps, 1, context);
+                if steps > 0 {
+                    v.push(Part::Decodes { count: steps, context });
+                }
+                v
+            }
+        }
+    }
+}
+
+/// Chunks (slots) in the parts.
+pub fn slots(parts: &[Part]) -> u64 {
+    parts
+        .iter()
+        .map(|p| match *p {
+            Part::Same { count, .. } | Part::Decodes { count, .. } => count,
+        })
+        .sum()
+}
+
+/// Positions per slot the parts need: one past the last position any chunk reaches.
+pub fn max_ctx(parts: &[Part]) -> u64 {
+    parts
+        .iter()
+        .map(|p| match *p {
+            Part::Same { n_tokens, start, .. } => start + n_tokens,
+            Part::Decodes { context, .. } => context as u64,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Rows of history the parts need in the cache: the positions before each chunk.
+pub fn history_rows(parts: &[Part]) -> u64 {
+    parts
+        .iter()
+        .map(|p| match *p {
+            Part::Same { count, start, .. } => count * start,
+            Part::Decodes { count, context } => decode_run_sum(count, context, |p| p as u64),
+        })
+        .sum()
+}
+
+/// The counts [`super::BatchPlan::new`] would find for [`chunks`]`(parts)`, in closed form.
+pub fn counts(parts: &[Part], tile_rows: u64, route: DecodeRoute) -> BatchCounts {
+    let mut n = BatchCounts::default();
+    for p in parts {
+        match *p {
+            Part::Same { count, n_tokens, start } => {
+                n.rows += count * n_tokens;
+                if n_tokens == 1 && route == DecodeRoute::Split {
+                    n.decode_chunks += count;
+                    n.decode_splits += count * decode_splits(start as u32);
+                } else {
+                    n.prefill_tiles += count * n_tokens.div_ceil(tile_rows);
+                }
+            }
+            Part::Decodes { count, context } => {
+                n.rows += count;
+                if route == DecodeRoute::Split {
+                    n.decode_chunks += count;
+                    n.decode_splits += decode_run_sum(count, context, decode_splits);
+                } else {
+                    n.prefill_tiles += count;
+                }
+            }
+        }
+    }
+    n
+}
+
+/// The chunks of the parts, in consecutive slots and rows. Callers keep every index within i32
+/// (the plan checks the resulting chunks).
+pub fn chunks(parts: &[Part]) -> Vec<Chunk> {
+    let mut v = Vec::new();
+    let (mut slot, mut row) = (0u32, 0u32);
+    let mut push = |start: u32, n: u32| {
+        v.push(Chunk { slot, start_pos: start, n_tokens: n, first_row: row });
+        slot += 1;
+        row += n;
+    };
+    for p in parts {
+        match *p {
+            Part::Same { count, n_tokens, start } => (0..count).for_each(|_| push(start as u32, n_tokens as u32)),
+            Part::Decodes { count, context } => (0..count).for_each(|i| push(decode_position(i, count, context), 1)),
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{AttentionSpec, BatchPlan};
+    use super::*;
+
+    const LAYOUTS: [Layout; 8] = [
+        Layout::Prompts { sequences: 1 },
+        Layout::Prompts { sequences: 4 },
+        Layout::Runs { len: 61 },
+        Layout::Continue { cached: 4133 },
+        Layout::Continue { cached: 0 },
+        Layout::ContextEnd,
+        Layout::Decode,
+        Layout::Mixed,
+    ];
+
+    /// The closed-form counts are what the real plan of the expanded chunks finds.
+    #[test]
+    fn closed_form_counts_match_the_plan_of_the_chunks() {
+        for layout in LAYOUTS {
+            for context in [300u32, 40_960] {
+                for tokens in (1..=140).chain([255, 256, 257, 599, 600, 601, 4095, 8193]) {
+                    let parts = layout.parts(tokens, context);
+                    let c = chunks(&parts);
+                    assert_eq!(c.len() as u64, slots(&parts));
+                    assert_eq!(c.iter().map(|c| c.n_tokens as u64).sum::<u64>(), tokens, "{layout:?} {tokens}");
+                    let spec = AttentionSpec::new(8, 2, 128, slots(&parts) as u32, max_ctx(&parts) as u32);
+                    for route in [DecodeRoute::Split, DecodeRoute::Prefill] {
+                        let plan = BatchPlan::new(&c, tokens, &spec, route).unwrap_or_else(|e| panic!("{layout:?} {tokens}: {e}"));
+                        assert_eq!(counts(&parts, 64, route), plan.counts(), "{layout:?} context {context} tokens {tokens} {route:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn layouts_build_the_batches_they_name() {
+        let c = chunks(&Layout::Prompts { sequences: 4 }.parts(10, 40_960));
+        assert_eq!(c.iter().map(|c| c.n_tokens).collect::<Vec<_>>(), vec![2, 2, 3, 3]);
+        assert!(c.iter().all(|c| c.start_pos == 0));
+        // A single prompt longer than the context becomes several.
+        let c = chunks(&Layout::Prompts { sequences: 1 }.parts(701, 300));
+        assert_eq!(c.iter().map(|c| c.n_tokens).collect::<Vec<_>>(), vec![233, 234, 234]);
+        let c = chunks(&Layout::ContextEnd.parts(64, 40_960));
+        assert_eq!((c[0].start_pos, c[0].end()), (40_896, 40_960));
+        let c = chunks(&Layout::Continue { cached: 4133 }.parts(5, 40_960));
+        assert_eq!(c, vec![Chunk { slot: 0, start_pos: 4133, n_tokens: 5, first_row: 0 }]);
+        let c = chunks(&Layout::Mixed.parts(20, 40_960));
+        assert_eq!(c.len(), 9);
+        assert_eq!((c[0].n_tokens, c[1].n_tokens, c[8].start_pos, c[8].first_row), (12, 1, 40_959, 19));
+        let c = chunks(&Layout::Runs { len: 61 }.parts(130, 40_960));
+        assert_eq!(c.iter().map(|c| c.n_tokens).collect::<Vec<_>>(), vec![61, 61, 8]);
+    }
+
+    #[test]
+    fn decode_positions_cover_span_edges_and_end_at_the_context() {
+        let p: Vec<u32> = (0..10).map(|i| decode_position(i, 10, 40_960)).collect();
+        assert_eq!(p, vec![0, 1, 127, 128, 129, 255, 256, 20_480, 40_958, 40_959]);
+        assert_eq!(decode_position(0, 1, 40_960), 40_959);
+        assert!((0..5).all(|i| decode_position(i, 5, 3) < 3));
+    }
+}
