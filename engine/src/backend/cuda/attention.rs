@@ -1,61 +1,55 @@
-//! Attention: the batch's K and V rows go into the f16 KV cache at their (slot, position), then
-//! every query row attends causally over its sequence's cache (GQA: query head h reads KV head
-//! h / (heads / kv_heads)).
+//! Attention: the batch's K and V rows go into the f16 KV cache at their (slot, position)
+//! (`kv_store`), then every query row attends causally over its sequence's cache (GQA: query
+//! head h reads KV head h / (heads / kv_heads)) with the kernels of `ops::attention`: the
+//! flash-attention prefill kernel for chunks of several tokens, the split-context decode
+//! kernels for one-token chunks, both in one batch when it mixes them.
 //!
-//! AWAITS branch h/attn (`brink_kernels::ops::attention`): [`kv_store`], [`prefill`] and
-//! [`decode`] below return "not yet available" until its kernels are merged. Everything they
-//! need is prepared here: the per-row slots and positions (uploaded with the batch), the chunk
-//! table and the prefill tile map ([`AttnMaps`], built on the host in `begin_batch`), the
-//! cache ([`KvLayer`]) and the checked shapes.
+//! The batch plan (tile map, decode splits) is built and uploaded once per batch, at the first
+//! layer, and reused by the others: every layer has the same chunks and the same attention shape.
 
-use super::batch_state::{BatchState, upload};
+use brink_kernels::cuda::Gpu;
+use brink_kernels::ops::attention::{self as kattn, AttentionIo, BatchPlan, DecodeRoute, DeviceBatch};
+use brink_kernels::ops::kv_store::{self, KvRows};
+
+use super::batch_state::BatchState;
 use super::buffers::{AllocCounter, CudaAct, Grow};
-use super::kv::{KvCache, KvLayer};
-use super::{awaiting, fail};
+use super::fail;
+use super::kv::KvCache;
 use crate::backend::{AttentionSpec, Chunk, KvSpec};
 use crate::model::BackendError;
-use brink_kernels::cuda::Gpu;
 
-/// Queries per tile of the prefill kernel. Must equal the query tile of
-/// `ops::attention::attention_prefill` (h/attn): take its constant when merging.
-pub(crate) const PREFILL_QUERY_TILE: u32 = 64;
-
-/// The batch's chunks as the attention kernels read them.
+/// The batch's chunks, and their plan on the device once a layer has asked for it.
 pub(crate) struct AttnMaps {
-    /// `[chunks, 4]`: slot, start position, length, first row.
-    pub chunk_table: Grow<i32>,
-    /// `[tiles, 2]`: chunk, offset of the tile's first query in the chunk (prefill only).
-    pub tiles: Grow<i32>,
-    pub n_tiles: usize,
-    /// Every chunk is one token: the split-K decode kernel runs instead of the prefill one.
-    pub decode: bool,
+    chunks: Vec<kattn::Chunk>,
+    device: Option<DeviceBatch>,
+    /// Partial results of the split-context decode kernels.
+    workspace: Grow<f32>,
 }
 
 impl AttnMaps {
     pub(crate) fn new(gpu: &Gpu, allocs: &AllocCounter) -> Result<Self, BackendError> {
-        let grow = || Grow::new(gpu, allocs).map_err(|e| fail(format!("allocating attention maps: {e}")));
-        Ok(AttnMaps { chunk_table: grow()?, tiles: grow()?, n_tiles: 0, decode: false })
+        let workspace = Grow::new(gpu, allocs).map_err(|e| fail(format!("allocating the attention workspace: {e}")))?;
+        Ok(AttnMaps { chunks: Vec::new(), device: None, workspace })
     }
 
-    pub(crate) fn prepare(&mut self, gpu: &Gpu, chunks: &[Chunk]) -> Result<(), BackendError> {
-        self.decode = chunks.iter().all(|c| c.len == 1);
-        upload(gpu, &chunk_table(chunks), &mut self.chunk_table, "chunk table")?;
-        let tiles = if self.decode { Vec::new() } else { prefill_tiles(chunks, PREFILL_QUERY_TILE) };
-        self.n_tiles = tiles.len() / 2;
-        upload(gpu, &tiles, &mut self.tiles, "prefill tile map")
+    /// Takes a new batch's chunks; the device plan is made by the first attention call.
+    pub(crate) fn prepare(&mut self, _gpu: &Gpu, chunks: &[Chunk]) -> Result<(), BackendError> {
+        self.chunks =
+            chunks.iter().map(|c| kattn::Chunk { slot: c.slot, start_pos: c.start_pos, n_tokens: c.len, first_row: c.first_row }).collect();
+        self.device = None;
+        Ok(())
     }
-}
 
-/// `[slot, start_pos, len, first_row]` per chunk (bounded to i32 by the batch check).
-pub(crate) fn chunk_table(chunks: &[Chunk]) -> Vec<i32> {
-    chunks.iter().flat_map(|c| [c.slot as i32, c.start_pos as i32, c.len as i32, c.first_row as i32]).collect()
-}
-
-/// The prefill kernel's work list: each chunk cut into tiles of `tile` queries (the last one
-/// partial), `[chunk, first query offset]` per tile. Tiles never straddle chunks, so a tile's
-/// queries share one sequence and one causal frontier.
-pub(crate) fn prefill_tiles(chunks: &[Chunk], tile: u32) -> Vec<i32> {
-    chunks.iter().enumerate().flat_map(|(i, c)| (0..c.len.div_ceil(tile)).flat_map(move |t| [i as i32, (t * tile) as i32])).collect()
+    /// The device plan for `spec`, and the decode workspace it needs.
+    fn plan(&mut self, gpu: &Gpu, rows: usize, spec: &kattn::AttentionSpec) -> Result<(&DeviceBatch, &mut Grow<f32>), BackendError> {
+        if self.device.as_ref().is_none_or(|d| d.plan().spec() != spec) {
+            let plan = BatchPlan::new(&self.chunks, rows as u64, spec, DecodeRoute::Split).map_err(|e| fail(e.to_string()))?;
+            self.workspace.ensure(gpu, plan.workspace_floats().max(1) as usize).map_err(|e| fail(format!("attention workspace: {e}")))?;
+            self.device = Some(DeviceBatch::upload(gpu, plan).map_err(|e| fail(e.to_string()))?);
+        }
+        let device = self.device.as_ref().ok_or_else(|| fail("attention plan missing"))?;
+        Ok((device, &mut self.workspace))
+    }
 }
 
 /// The shapes attention needs: Q `[rows, heads·d]`, K and V `[rows, kv_heads·d]`, a layer and
@@ -79,11 +73,28 @@ pub(crate) fn check_shapes(spec: &AttentionSpec, kv: &KvSpec, rows: usize, q: &C
     Ok(())
 }
 
+/// The kernels' view of the attention of a layer over this cache.
+fn kernel_spec(spec: &AttentionSpec, kv: &KvSpec) -> Result<kattn::AttentionSpec, BackendError> {
+    let u = |v: usize, what: &str| u32::try_from(v).map_err(|_| fail(format!("attention: {what} {v} does not fit u32")));
+    let s = kattn::AttentionSpec {
+        heads: u(spec.heads, "heads")?,
+        kv_heads: u(spec.kv_heads, "kv_heads")?,
+        head_dim: u(spec.head_dim, "head_dim")?,
+        slots: u(kv.slots, "slots")?,
+        max_ctx: u(kv.context, "context")?,
+        scale: spec.scale,
+    };
+    match s.unsupported() {
+        Some(why) => Err(fail(format!("attention (layer {}): {why}", spec.layer))),
+        None => Ok(s),
+    }
+}
+
 /// Stores K and V, then attends; `out` is `[rows, heads·d]`.
 pub(crate) fn attention(
     gpu: &Gpu,
     kv: Option<&mut KvCache>,
-    batch: &BatchState,
+    batch: &mut BatchState,
     (q, k, v): (&CudaAct, &CudaAct, &CudaAct),
     spec: &AttentionSpec,
     out: &mut CudaAct,
@@ -91,66 +102,21 @@ pub(crate) fn attention(
     let rows = batch.require("attention")?;
     let kv = kv.ok_or_else(|| fail("attention: no KV cache (alloc_kv was not called)"))?;
     check_shapes(spec, &kv.spec, rows, q, k, v).map_err(|why| fail(format!("attention (layer {}): {why}", spec.layer)))?;
+    let kspec = kernel_spec(spec, &kv.spec)?;
     let layer = &mut kv.layers[spec.layer];
-    kv_store(gpu, batch, k, v, layer)?;
-    if batch.attn.decode { decode(gpu, batch, q, layer, spec, out) } else { prefill(gpu, batch, q, layer, spec, out) }
-}
-
-/// AWAITS h/attn: `kv_store` of K and V rows (f32) into `layer` (f16) at `batch.slots` /
-/// `batch.positions`, one launch for both.
-fn kv_store(_gpu: &Gpu, batch: &BatchState, k: &CudaAct, _v: &CudaAct, layer: &mut KvLayer) -> Result<(), BackendError> {
-    let shape = format!("rows={} kv_width={} cache K/V={}/{} values", batch.rows, k.width(), layer.k.len(), layer.v.len());
-    Err(awaiting("kv_store", shape, "h/attn"))
-}
-
-/// AWAITS h/attn: `attention_prefill` over `batch.attn.tiles` (`n_tiles` tiles on grid.x, each
-/// mapped to its chunk through `batch.attn.chunk_table`), GQA, `spec.scale`.
-fn prefill(
-    _gpu: &Gpu,
-    batch: &BatchState,
-    _q: &CudaAct,
-    _layer: &KvLayer,
-    spec: &AttentionSpec,
-    _out: &mut CudaAct,
-) -> Result<(), BackendError> {
-    let shape =
-        format!("rows={} tiles={} heads={}/{} head_dim={}", batch.rows, batch.attn.n_tiles, spec.heads, spec.kv_heads, spec.head_dim);
-    Err(awaiting("attention_prefill", shape, "h/attn"))
-}
-
-/// AWAITS h/attn: split-K `attention_decode`, one query row per sequence at
-/// `batch.slots`/`batch.positions`.
-fn decode(
-    _gpu: &Gpu,
-    batch: &BatchState,
-    _q: &CudaAct,
-    _layer: &KvLayer,
-    spec: &AttentionSpec,
-    _out: &mut CudaAct,
-) -> Result<(), BackendError> {
-    let shape = format!("rows={} heads={}/{} head_dim={}", batch.rows, spec.heads, spec.kv_heads, spec.head_dim);
-    Err(awaiting("attention_decode", shape, "h/attn"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn chunk(slot: u32, start_pos: u32, len: u32, first_row: u32) -> Chunk {
-        Chunk { slot, start_pos, len, first_row }
-    }
-
-    #[test]
-    fn tiles_cover_every_query_once_without_straddling_chunks() {
-        let chunks = [chunk(0, 0, 130, 0), chunk(3, 7, 1, 130), chunk(1, 0, 64, 131)];
-        let t = prefill_tiles(&chunks, 64);
-        assert_eq!(t, vec![0, 0, 0, 64, 0, 128, 1, 0, 2, 0]);
-        let covered: u32 = t.chunks(2).map(|p| (chunks[p[0] as usize].len - p[1] as u32).min(64)).sum();
-        assert_eq!(covered, 130 + 1 + 64);
-    }
-
-    #[test]
-    fn chunk_table_is_four_ints_per_chunk() {
-        assert_eq!(chunk_table(&[chunk(2, 5, 3, 0), chunk(0, 0, 1, 3)]), vec![2, 5, 3, 0, 0, 0, 1, 3]);
-    }
+    let n = rows * k.width();
+    let src =
+        KvRows { k: k.buf.slice(0..n), v: v.buf.slice(0..n), slots: batch.slots.slice(0..rows), positions: batch.positions.slice(0..rows) };
+    kv_store::launch(gpu, &kspec, rows as u64, &src, &mut layer.k.as_view_mut(), &mut layer.v.as_view_mut())
+        .map_err(|e| fail(e.to_string()))?;
+    let (device, workspace) = batch.attn.plan(gpu, rows, &kspec)?;
+    let qn = rows * q.width();
+    let io = AttentionIo {
+        q: q.buf.slice(0..qn),
+        k_cache: layer.k.as_view(),
+        v_cache: layer.v.as_view(),
+        out: out.buf.slice_mut(0..qn),
+        workspace: workspace.as_view_mut(),
+    };
+    kattn::launch(gpu, device, io).map_err(|e| fail(e.to_string()))
 }

@@ -61,7 +61,9 @@ pub(crate) fn awaiting(kernel: &str, shape: impl Display, branch: &str) -> Backe
 
 /// Kernel families the backend launches: compiled (or taken from the disk cache) when the
 /// backend opens, so a compile error shows then rather than in the middle of a step.
-const SOURCES: [KernelSource; 10] = [
+const SOURCES: [KernelSource; 12] = [
+    sources::ATTENTION,
+    sources::KV_STORE,
     sources::EMBED,
     sources::RMSNORM,
     sources::ROPE,
@@ -227,7 +229,7 @@ impl Backend for CudaBackend {
 
     fn attention(&mut self, q: &CudaAct, k: &CudaAct, v: &CudaAct, spec: &AttentionSpec) -> Result<CudaAct> {
         let mut out = self.act(q.rows(), q.width())?;
-        attention::attention(&self.gpu, self.kv.as_mut(), &self.batch, (q, k, v), spec, &mut out)?;
+        attention::attention(&self.gpu, self.kv.as_mut(), &mut self.batch, (q, k, v), spec, &mut out)?;
         Ok(out)
     }
 
