@@ -50,6 +50,10 @@ fn plan_key(p: &OpCase) -> String {
         OpCase::Rope(c) => format!("rope h{} d{}", c.heads, c.head_dim),
         OpCase::OutputHead(c) => format!("head h{} v{} {} s{:?}", c.hidden, c.vocab, c.wtype, c.sequences),
         OpCase::Sampling(c) => format!("sampling v{}", c.vocab),
+        OpCase::Linear(c) => format!("linear n{} k{} {}", c.n, c.k, c.wtype),
+        OpCase::Swiglu(c) => format!("swiglu w{} r{} {:?} {:?}", c.width, c.rows_per_token, c.layout, c.output),
+        OpCase::Add(c) => format!("add w{}", c.width),
+        OpCase::DenseF32(c) => format!("dense_f32 n{} k{}", c.n, c.k),
     }
 }
 

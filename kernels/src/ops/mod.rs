@@ -5,8 +5,11 @@
 //! Common API of a family module: `plans(tokens, case, limits)`, `critical_counts(case,
 //! limits)`, `device_bytes(tokens, case)`, `run_case(gpu, tokens, case)`, `TOLERANCE`.
 
+pub mod add;
+pub mod dense_f32;
 pub mod embed;
 pub mod latent_proj;
+pub mod linear;
 pub mod moe_align;
 pub mod moe_combine;
 pub mod moe_gemm;
@@ -17,4 +20,5 @@ pub mod rmsnorm;
 pub mod rope;
 pub mod router;
 pub mod sampling;
+pub mod swiglu;
 pub mod testdata;

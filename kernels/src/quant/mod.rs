@@ -18,58 +18,109 @@ use serde::{Deserialize, Serialize};
 /// Weights per quantization block.
 pub const QK: usize = 32;
 
-/// Weight formats the routed path and the dense projections take.
+/// Weight formats the routed path and the dense projections take: the 32-wide legacy blocks
+/// and the 256-wide K-quant super-blocks (`kquants`). Every kernel taking a `WeightType`
+/// dots a weight row with q8_1 activation rows in 32-wide blocks; a K-quant super-block meets
+/// 8 consecutive q8_1 blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
 pub enum WeightType {
+    #[serde(rename = "q8_0")]
     Q8_0,
+    #[serde(rename = "q4_0")]
     Q4_0,
+    #[serde(rename = "q4_K", alias = "q4_k")]
+    Q4K,
+    #[serde(rename = "q5_K", alias = "q5_k")]
+    Q5K,
+    #[serde(rename = "q6_K", alias = "q6_k")]
+    Q6K,
 }
 
 impl WeightType {
-    pub const ALL: [WeightType; 2] = [WeightType::Q8_0, WeightType::Q4_0];
+    pub const ALL: [WeightType; 5] = [WeightType::Q8_0, WeightType::Q4_0, WeightType::Q4K, WeightType::Q5K, WeightType::Q6K];
+    /// The 32-wide block formats (ggml's "legacy" quants).
+    pub const LEGACY: [WeightType; 2] = [WeightType::Q8_0, WeightType::Q4_0];
+    /// The 256-wide super-block formats.
+    pub const K_QUANTS: [WeightType; 3] = [WeightType::Q4K, WeightType::Q5K, WeightType::Q6K];
 
     pub fn block_bytes(self) -> usize {
         match self {
             WeightType::Q8_0 => BLOCK_Q8_0_BYTES,
             WeightType::Q4_0 => BLOCK_Q4_0_BYTES,
+            WeightType::Q4K => kquants::BLOCK_Q4_K_BYTES,
+            WeightType::Q5K => kquants::BLOCK_Q5_K_BYTES,
+            WeightType::Q6K => kquants::BLOCK_Q6_K_BYTES,
         }
     }
 
-    /// The `WTYPE_*` constant the kernels take to select the weight format.
+    /// Weights per block: 32, or 256 for the K-quants. A row's width must be a multiple of it.
+    pub fn block_size(self) -> usize {
+        if self.is_k_quant() { kquants::QK_K } else { QK }
+    }
+
+    pub fn is_k_quant(self) -> bool {
+        matches!(self, WeightType::Q4K | WeightType::Q5K | WeightType::Q6K)
+    }
+
+    /// The `WTYPE_*` constant the kernels take to select the weight format (common.cuh). The
+    /// K-quants use their ggml type ids, clear of the embedding's `EMBED_F32` = 2.
     pub fn code(self) -> i32 {
         match self {
             WeightType::Q8_0 => 0,
             WeightType::Q4_0 => 1,
+            WeightType::Q4K => 12,
+            WeightType::Q5K => 13,
+            WeightType::Q6K => 14,
         }
     }
 
+    /// ggml's name (`q4_K`, not `q4_k`), as [`TensorType::name`].
     pub fn name(self) -> &'static str {
-        match self {
-            WeightType::Q8_0 => "q8_0",
-            WeightType::Q4_0 => "q4_0",
-        }
+        TensorType::from(self).name()
     }
 
-    /// Bytes of one row of `k` weights (`k` a multiple of [`QK`]).
+    /// Blocks in one row of `k` weights (`k` a multiple of [`Self::block_size`]).
+    pub fn blocks_per_row(self, k: usize) -> usize {
+        k / self.block_size()
+    }
+
+    /// Bytes of one row of `k` weights (`k` a multiple of [`Self::block_size`]).
     pub fn row_bytes(self, k: usize) -> usize {
-        k / QK * self.block_bytes()
+        self.blocks_per_row(k) * self.block_bytes()
     }
 
-    /// Dot product of one quantized weight row with one q8_1 activation row.
+    /// Why a row of `k` weights of this type cannot be taken, if it cannot (plans turn this
+    /// into a typed error naming the kernel and the shape).
+    pub fn check_row_width(self, k: u64) -> Option<String> {
+        let b = self.block_size() as u64;
+        (k == 0 || !k.is_multiple_of(b) || k > i32::MAX as u64)
+            .then(|| format!("K = {k} must be a positive multiple of {b} ({self} blocks) below 2^31"))
+    }
+
+    /// Dot product of one quantized weight row with one q8_1 activation row: the CPU twin of
+    /// the kernels' block formulas (for the K-quants, ggml-cuda's `vec_dot_q{4,5,6}_K_q8_1`).
+    /// Whole blocks only; callers hold matching lengths.
     pub fn dot_q8_1(self, w_row: &[u8], x: &[BlockQ8_1]) -> f32 {
         match self {
             WeightType::Q8_0 => dot_q8_0_q8_1(w_row, x),
             WeightType::Q4_0 => dot_q4_0_q8_1(w_row, x),
+            WeightType::Q4K => kquants::dot_q4_k_q8_1(w_row, x),
+            WeightType::Q5K => kquants::dot_q5_k_q8_1(w_row, x),
+            WeightType::Q6K => kquants::dot_q6_k_q8_1(w_row, x),
         }
     }
 
-    /// Dequantizes one row of weights to f32.
+    /// Dequantizes one row of weights to f32 (whole blocks).
     pub fn dequantize_row(self, w_row: &[u8]) -> Vec<f32> {
+        let mut out = vec![0.0; w_row.len() / self.block_bytes() * self.block_size()];
         match self {
-            WeightType::Q8_0 => dequantize_q8_0(w_row),
-            WeightType::Q4_0 => dequantize_q4_0(w_row),
+            WeightType::Q8_0 => dequantize_q8_0_into(w_row, &mut out),
+            WeightType::Q4_0 => dequantize_q4_0_into(w_row, &mut out),
+            WeightType::Q4K => kquants::dequantize_row_q4_k(w_row, &mut out),
+            WeightType::Q5K => kquants::dequantize_row_q5_k(w_row, &mut out),
+            WeightType::Q6K => kquants::dequantize_row_q6_k(w_row, &mut out),
         }
+        out
     }
 }
 
@@ -365,12 +416,16 @@ impl TensorType {
         self.block_size() > 1
     }
 
-    /// The kernels' weight format for this type, where the routed GEMV/GEMM take it.
+    /// The kernels' weight format for this type: every quantized type; the float types are
+    /// not dotted with q8_1 activations.
     pub fn weight_type(self) -> Option<WeightType> {
         match self {
             TensorType::Q8_0 => Some(WeightType::Q8_0),
             TensorType::Q4_0 => Some(WeightType::Q4_0),
-            _ => None,
+            TensorType::Q4_K => Some(WeightType::Q4K),
+            TensorType::Q5_K => Some(WeightType::Q5K),
+            TensorType::Q6_K => Some(WeightType::Q6K),
+            TensorType::F32 | TensorType::F16 | TensorType::BF16 => None,
         }
     }
 
@@ -473,6 +528,9 @@ impl From<WeightType> for TensorType {
         match w {
             WeightType::Q8_0 => TensorType::Q8_0,
             WeightType::Q4_0 => TensorType::Q4_0,
+            WeightType::Q4K => TensorType::Q4_K,
+            WeightType::Q5K => TensorType::Q5_K,
+            WeightType::Q6K => TensorType::Q6_K,
         }
     }
 }
