@@ -45,11 +45,14 @@ fn scale_f16(seed: u64, i: u64, lo: f32, span: f32) -> f16 {
     f16::from_f32(lo + span * u)
 }
 
+/// `(lo, span)` of a generated f16 scale: `lo + span·u`, u uniform in [0, 1).
+pub type ScaleRange = (f32, f32);
+
 /// `(lo, span)` of a generated K-quant block's d, and of its dmin (q6_K has none); `None` for
 /// the legacy formats. dmin is about d times the mean quant (7.5 for q4_K, 15.5 for q5_K), so
 /// the min term cancels the mean weight as in a real model. The device's `fill_kquant_block`
 /// uses the same literals.
-pub fn kquant_scale_ranges(wtype: WeightType) -> Option<((f32, f32), Option<(f32, f32)>)> {
+pub fn kquant_scale_ranges(wtype: WeightType) -> Option<(ScaleRange, Option<ScaleRange>)> {
     match wtype {
         WeightType::Q4K => Some(((2e-4, 4e-4), Some((1.5e-3, 3e-3)))),
         WeightType::Q5K => Some(((1e-4, 2e-4), Some((1.55e-3, 3.1e-3)))),
@@ -60,7 +63,7 @@ pub fn kquant_scale_ranges(wtype: WeightType) -> Option<((f32, f32), Option<(f32
 
 /// K-quant super-block `b` of `bytes` bytes: every byte random (byte i is byte i % 8 of
 /// hash(seed, 64b + i/8)), then d (hash index 64b + 48) and dmin (64b + 49) from their ranges.
-fn kquant_block(seed: u64, b: u64, bytes: usize, d: (f32, f32), dmin: Option<(f32, f32)>, out: &mut Vec<u8>) {
+fn kquant_block(seed: u64, b: u64, bytes: usize, d: ScaleRange, dmin: Option<ScaleRange>, out: &mut Vec<u8>) {
     let start = out.len();
     out.extend((0..bytes).map(|i| (hash2(seed, b * 64 + (i / 8) as u64) >> (8 * (i % 8))) as u8));
     let blk = &mut out[start..];
@@ -145,7 +148,7 @@ mod tests {
     #[test]
     fn kquant_blocks_have_scales_in_range_and_every_sub_scale() {
         let f16_at = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
-        let within = |v: f32, (lo, span): (f32, f32)| v >= lo * 0.999 && v <= (lo + span) * 1.001;
+        let within = |v: f32, (lo, span): ScaleRange| v >= lo * 0.999 && v <= (lo + span) * 1.001;
         for wtype in WeightType::K_QUANTS {
             let (d, dmin) = kquant_scale_ranges(wtype).unwrap();
             let row = weight_row(9, 2, 256 * 200, wtype);

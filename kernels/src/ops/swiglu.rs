@@ -100,7 +100,7 @@ fn describe(rows: u64, width: u32, layout: Layout, output: Output) -> String {
 
 /// Every launch a SwiGLU of `tokens` makes (one).
 pub fn plans(tokens: u64, c: &SwigluCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
-    let rows = tokens.checked_mul(c.rows_per_token as u64).unwrap_or(u64::MAX);
+    let rows = tokens.saturating_mul(c.rows_per_token as u64);
     Ok(vec![plan(rows, c.width, c.layout, c.output, limits)?])
 }
 

@@ -725,3 +725,119 @@ mod tensor_type_tests {
         }
     }
 }
+
+/// The kernels' view of the weight formats, repeated on the CPU: `common.cuh`'s `wq_int` and
+/// `wq_scale` transcribed line by line (little-endian int loads, shifts, masks, `__vsubss4`)
+/// must rebuild every weight of every format exactly as the dequantizers do, and the `WTYPE_*`
+/// codes must be the Rust ones.
+#[cfg(test)]
+mod device_view_tests {
+    use super::*;
+    use crate::testdata::weight_row;
+
+    fn int_at(b: &[u8], at: usize) -> i32 {
+        i32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+    }
+
+    /// `__vsubss4(a, b)`: per-byte saturating signed subtraction.
+    fn vsubss4(a: i32, b: i32) -> i32 {
+        let (a, b) = (a.to_le_bytes(), b.to_le_bytes());
+        i32::from_le_bytes(std::array::from_fn(|i| (a[i] as i8).saturating_sub(b[i] as i8) as u8))
+    }
+
+    /// `wq_int<WT>(row, b, j)`.
+    fn wq_int(t: WeightType, row: &[u8], b: usize, j: usize) -> i32 {
+        let s = b & 7;
+        let blk = &row[if t.is_k_quant() { b >> 3 } else { b } * t.block_bytes()..];
+        match t {
+            WeightType::Q8_0 => int_at(blk, 2 + 4 * j),
+            WeightType::Q4_0 => (int_at(blk, 2 + 4 * (j & 3)) >> (4 * (j >> 2))) & 0x0f0f0f0f,
+            WeightType::Q4K => (int_at(blk, kquants::Q4_K_QS + 32 * (s >> 1) + 4 * j) >> (4 * (s & 1))) & 0x0f0f0f0f,
+            WeightType::Q5K => {
+                let lo = (int_at(blk, kquants::Q5_K_QS + 32 * (s >> 1) + 4 * j) >> (4 * (s & 1))) & 0x0f0f0f0f;
+                lo | (((int_at(blk, kquants::Q5_K_QH + 4 * j) >> s) & 0x01010101) << 4)
+            }
+            WeightType::Q6K => {
+                let (h, q) = (s >> 2, s & 3);
+                let lo = (int_at(blk, kquants::Q6_K_QL + 64 * h + 32 * (q & 1) + 4 * j) >> (4 * (q >> 1))) & 0x0f0f0f0f;
+                let hi = ((int_at(blk, kquants::Q6_K_QH + 32 * h + 4 * j) >> (2 * q)) & 0x03030303) << 4;
+                vsubss4(lo | hi, 0x20202020)
+            }
+        }
+    }
+
+    /// `wq_scale<WT>(row, b)`: (d, dmin, sc, m).
+    fn wq_scale(t: WeightType, row: &[u8], b: usize) -> (f32, f32, i32, i32) {
+        let blk = &row[if t.is_k_quant() { b >> 3 } else { b } * t.block_bytes()..];
+        match t {
+            WeightType::Q8_0 | WeightType::Q4_0 => (f16_at(blk, 0), 0.0, 0, 0),
+            WeightType::Q4K | WeightType::Q5K => {
+                let (sc, m) = kquants::get_scale_min_k4(b & 7, &blk[kquants::Q4_K_SCALES..kquants::Q4_K_QS]);
+                (f16_at(blk, kquants::Q4_K_D), f16_at(blk, kquants::Q4_K_DMIN), sc as i32, m as i32)
+            }
+            WeightType::Q6K => {
+                let sc = |g: usize| blk[kquants::Q6_K_SCALES + g] as i8 as i32;
+                (f16_at(blk, kquants::Q6_K_D), 0.0, sc(2 * (b & 7)), sc(2 * (b & 7) + 1))
+            }
+        }
+    }
+
+    /// Weight `l` (0..32) of 32-wide block b from the device's view, rounded as the
+    /// dequantizers round it.
+    fn weight(t: WeightType, row: &[u8], b: usize, l: usize) -> f32 {
+        let q = wq_int(t, row, b, l / 4).to_le_bytes()[l % 4] as i8 as f32;
+        let (d, dmin, sc, m) = wq_scale(t, row, b);
+        match t {
+            WeightType::Q8_0 => d * q,
+            WeightType::Q4_0 => d * (q - 8.0),
+            WeightType::Q4K | WeightType::Q5K => d * sc as f32 * q - dmin * m as f32,
+            WeightType::Q6K => d * (if l < 16 { sc } else { m }) as f32 * q,
+        }
+    }
+
+    #[test]
+    fn unpacking_rebuilds_every_weight_of_every_format() {
+        for t in WeightType::ALL {
+            let k = 4 * t.block_size();
+            for r in 0..20 {
+                let row = weight_row(0x5eed, r, k, t);
+                let want = t.dequantize_row(&row);
+                for (e, w) in want.iter().enumerate() {
+                    let got = weight(t, &row, e / QK, e % QK);
+                    assert_eq!(got.to_bits(), w.to_bits(), "{t} row {r} weight {e}: {got} vs {w}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn codes_match_the_cuda_defines() {
+        let source = crate::sources::GEMM_TILE.full_source();
+        for t in WeightType::ALL {
+            let name = format!("#define WTYPE_{} ", t.name().to_uppercase());
+            let line = source.lines().find(|l| l.starts_with(&name)).unwrap_or_else(|| panic!("{name} not in common.cuh"));
+            assert_eq!(line[name.len()..].trim().parse::<i32>().unwrap(), t.code(), "{line}");
+        }
+        // The K-quant codes are ggml's type ids, clear of embed.cu's EMBED_F32 = 2.
+        assert!(WeightType::ALL.iter().all(|t| t.code() != 2));
+    }
+
+    #[test]
+    fn weight_types_map_to_tensor_types_and_names() {
+        for t in WeightType::ALL {
+            let tt = TensorType::from(t);
+            assert_eq!(tt.weight_type(), Some(t));
+            assert_eq!((t.block_size(), t.block_bytes(), t.name()), (tt.block_size(), tt.block_bytes(), tt.name()));
+            assert_eq!(t.is_k_quant(), t.block_size() == 256);
+            assert_eq!(serde_json::to_string(&t).unwrap(), format!("\"{}\"", t.name()));
+            assert_eq!(serde_json::from_str::<WeightType>(&format!("\"{}\"", t.name().to_lowercase())).unwrap(), t);
+        }
+        for tt in [TensorType::F32, TensorType::F16, TensorType::BF16] {
+            assert_eq!(tt.weight_type(), None);
+        }
+        assert_eq!(WeightType::Q6K.row_bytes(2048), 8 * 210);
+        assert_eq!(WeightType::Q4K.check_row_width(2048), None);
+        assert!(WeightType::Q4K.check_row_width(2048 + 32).unwrap().contains("multiple of 256"));
+        assert!(WeightType::Q8_0.check_row_width(0).is_some() && WeightType::Q8_0.check_row_width(96).is_none());
+    }
+}

@@ -229,15 +229,16 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
         }
     }
 
-    // The K-quant routed GEMM: uniform routing (the alignment is the legacy cases' business).
-    for wtype in WeightType::K_QUANTS {
-        for (n, kk, proj) in [(shape.expert_ffn, shape.hidden, "up"), (shape.hidden, shape.expert_ffn, "down")] {
-            let c = GemmCase { experts: e, top_k: k, n, k: kk, wtype, routing: Routing::Uniform };
-            let mut counts = with(moe_gemm::critical_counts(&c, limits));
-            counts.extend(tails.iter().cloned());
-            let (tag, bytes) = (format!("{wtype}/{proj}/k{k}/uniform"), |t| moe_gemm::device_bytes(t, &c));
-            b.family_up_to(moe_gemm::KERNEL, &tag, counts, OpCase::MoeGemm(c), bytes, Some((KQ_MAX_TOKENS, KQ_SKIP)));
-        }
+    // The K-quant routed GEMM, uniform routing (the alignment is the legacy cases' business), in
+    // the projections a Q4_K_M file puts them in: q4_K gate/up and down, q5_K gate/up, q6_K down
+    // (K = 768: a partial K step of the 16-block tile).
+    let (up, down) = ((shape.expert_ffn, shape.hidden, "up"), (shape.hidden, shape.expert_ffn, "down"));
+    for (wtype, (n, kk, proj)) in [(WeightType::Q4K, up), (WeightType::Q4K, down), (WeightType::Q5K, up), (WeightType::Q6K, down)] {
+        let c = GemmCase { experts: e, top_k: k, n, k: kk, wtype, routing: Routing::Uniform };
+        let mut counts = with(moe_gemm::critical_counts(&c, limits));
+        counts.extend(tails.iter().cloned());
+        let (tag, bytes) = (format!("{wtype}/{proj}/k{k}/uniform"), |t| moe_gemm::device_bytes(t, &c));
+        b.family_up_to(moe_gemm::KERNEL, &tag, counts, OpCase::MoeGemm(c), bytes, Some((KQ_MAX_TOKENS, KQ_SKIP)));
     }
 
     // The dense (non-gathered) quantize feeding the latent projection.
