@@ -1,6 +1,7 @@
 // The small kernels the engine runs between the big ones (twins in `ops/glue.rs`):
 //   swiglu        out[r, j] = silu(gate[r, j]) * up[r, j], silu(g) = g / (1 + expf(-g)), f32
-//   swiglu_q8_1   the same, quantized straight to q8_1 blocks (the down projection's input)
+//   swiglu_q8_1   the same, quantized straight to q8_1 blocks (the down projection's input),
+//                 optionally gathered into expert order as the routed GEMM reads it
 //   add_f32       out = a + b elementwise (the residual; out may be a: in place)
 //   dense_f32     y[t, n] = Σ_k W[n, k] * x[t, k], f32 (the MoE router's ffn_gate_inp)
 //
@@ -32,16 +33,27 @@ swiglu(const float* __restrict__ gate, u64 gate_offset, const float* __restrict_
 
 // One warp per 32-value block of the output, in a grid-stride loop whose index is the warp's:
 // a warp-uniform trip count, so every lane reaches both reductions of warp_quantize_q8_1.
+// Output row r comes from source row r (sorted_ids null: the pairs in order, e.g. the decode
+// GEMV's per-pair input) or from source row sorted_ids[r] / rows_per_token (the routed GEMM's A
+// for the down projection: rows in expert order); an id outside [0, src_rows * rows_per_token)
+// is the alignment's padding: the warp reads row 0, runs the reductions and stores zeros.
 extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
 swiglu_q8_1(const float* __restrict__ gate, u64 gate_offset, const float* __restrict__ up, u64 up_offset, u64 in_stride,
-            block_q8_1* __restrict__ out, u64 rows, int width) {
+            const int* __restrict__ sorted_ids, u64 src_rows, int rows_per_token, block_q8_1* __restrict__ out, u64 rows, int width) {
     const int nb = width / QK;
     const u64 items = rows * (u64)nb;
     const u64 warps = (u64)gridDim.x * GLUE_WARPS;
     for (u64 i = (u64)blockIdx.x * GLUE_WARPS + (threadIdx.x >> 5); i < items; i += warps) {
         const u64 r = i / (u64)nb;
-        const u64 at = r * in_stride + (i - r * (u64)nb) * QK + (threadIdx.x & 31);
-        warp_quantize_q8_1(swiglu_value(gate[gate_offset + at], up[up_offset + at]), true, out + i);
+        bool valid = true;
+        u64 src = r;
+        if (sorted_ids) {
+            const i64 id = sorted_ids[r];
+            valid = id >= 0 && (u64)id < src_rows * (u64)rows_per_token;
+            src = valid ? (u64)id / (u64)rows_per_token : 0;
+        }
+        const u64 at = src * in_stride + (i - r * (u64)nb) * QK + (threadIdx.x & 31);
+        warp_quantize_q8_1(swiglu_value(gate[gate_offset + at], up[up_offset + at]), valid, out + i);
     }
 }
 

@@ -53,12 +53,17 @@ static __device__ __forceinline__ void moe_gemm_tile(const int* __restrict__ sor
 // One entry point per row of the Rust `TILES` table: BM x BN x KB, TM x TN per thread. The
 // weight format is a template argument (DISPATCH_WTYPE), so staging and the block formula have
 // no type branch. a_rows is declared here, once for every instantiation.
-#define MOE_GEMM_KERNEL(NAME, BM, BN, KB, TM, TN)                                                                              \
-    extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN), 1)                                                      \
-        NAME(const int* sorted_ids, const int* tile_expert, const u32* a, const unsigned char* w, float* y, u64 pairs, int n, \
-             int nb, int experts, int wtype) {                                                                                 \
-        __shared__ u64 a_rows[BM];                                                                                             \
-        DISPATCH_WTYPE(wtype,                                                                                                  \
+// Blocks per SM the register allocation must allow: 2 for 256-thread tiles (128 registers a
+// thread; without a minimum ptxas picks as few as 48 on sm_90 and spills), 1 for larger ones
+// (their shared memory allows one block per SM anyway).
+#define MOE_GEMM_MIN_BLOCKS(THREADS) ((THREADS) <= 256 ? 2 : 1)
+
+#define MOE_GEMM_KERNEL(NAME, BM, BN, KB, TM, TN)                                                                               \
+    extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN), MOE_GEMM_MIN_BLOCKS((BM / TM) * (BN / TN)))             \
+        NAME(const int* sorted_ids, const int* tile_expert, const u32* a, const unsigned char* w, float* y, u64 pairs, int n,   \
+             int nb, int experts, int wtype) {                                                                                  \
+        __shared__ u64 a_rows[BM];                                                                                              \
+        DISPATCH_WTYPE(wtype,                                                                                                   \
                        moe_gemm_tile<BM, BN, KB, TM, TN, WT>(sorted_ids, tile_expert, a, w, y, pairs, n, nb, experts, a_rows)); \
     }
 

@@ -76,7 +76,8 @@ static __device__ __forceinline__ void head_gemm_tile(const u32* __restrict__ x,
     }
 }
 
-extern "C" __global__ void __launch_bounds__(HEAD_THREADS, 1)
+// At least 2 blocks per SM: up to 128 registers a thread (as moe_gemm.cu's 256-thread tile).
+extern "C" __global__ void __launch_bounds__(HEAD_THREADS, 2)
 output_head_gemm(const u32* x, const int* rows, u64 n_rows, u64 x_rows, const unsigned char* w, int wtype, float* out, int vocab, int nb) {
     __shared__ u64 src[HEAD_BM];
     __shared__ bool bad[HEAD_BM];

@@ -1,33 +1,39 @@
 //! SwiGLU between the experts' gate/up and down projections:
-//! `out[r, j] = silu(gate[r, j]) · up[r, j]`, `silu(g) = g / (1 + exp(−g))`, over `rows × width`
-//! values (rows: the (token, slot) pairs in expert order, width: the expert FFN width).
+//! `out[r, j] = silu(gate[r, j]) · up[r, j]`, `silu(g) = g / (1 + exp(−g))`, over rows of
+//! `width` values (rows: the (token, slot) pairs, width: the expert FFN width).
 //!
-//! Two outputs (`cuda/glue.cu`): f32 `[rows, width]`, or q8_1 blocks `[rows, width/32]`
-//! quantized on the fly, ready for the down projection (saves writing and re-reading the f32
-//! values). Gate and up are two buffers or the two halves of one `[rows, 2·width]` buffer. Rows
-//! pass 65,535 and rows × width passes 2^31 at large prefills (8 · 768 values per token): the
-//! values (f32) or blocks (q8_1) are walked by a grid-stride loop on `grid.x`, 64-bit indexes.
+//! Outputs (`cuda/glue.cu`): f32 `[rows, width]`; or q8_1 blocks `[rows, width/32]` quantized on
+//! the fly (as `quantize` does, bit for bit), ready for the down projection: in pair order (the
+//! decode GEMV, run with one pair per "token") or gathered into the alignment's expert order with
+//! zero padding rows (the routed GEMM's A), which saves writing, re-reading and gathering the f32
+//! values. Gate and up are two buffers or the two halves of one `[rows, 2·width]` buffer. Rows
+//! pass 65,535 and rows × width passes 2^31 at large prefills (8 · 768 values per token): values
+//! (f32) or blocks (q8_1) are walked by a grid-stride loop on `grid.x`, 64-bit indexes.
 
 use std::time::Instant;
 
 use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
+use half::f16;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, grid_stride_blocks, require_bytes};
 use crate::limits::DeviceLimits;
-use crate::ops::quantize;
+use crate::ops::moe_align::{align_cpu, max_padded_rows};
+use crate::ops::quantize::{self, Source, source_row};
 use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform};
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, dequantize_q8_1, quantize_row_q8_1};
+use crate::routing::{Routing, route};
 use crate::selftest::case::{Check, Outcome};
+use crate::selftest::catalogue::GEMM_TILE_M;
 use crate::selftest::verify::{RelErr, sample_rows};
 use crate::sources::GLUE;
 use crate::testdata::uniform_row;
 use crate::thresholds::{Critical, I32_MAX, overflow_point};
 
 pub const KERNEL: &str = "swiglu";
-/// The CUDA functions of the two outputs.
+/// The CUDA functions of the two output formats.
 pub const F32_KERNEL: &str = "swiglu";
 pub const Q8_1_KERNEL: &str = "swiglu_q8_1";
 /// f32 output: division, sum and product are IEEE-rounded on both sides and in the same order;
@@ -53,12 +59,18 @@ pub enum Layout {
     Fused,
 }
 
+/// The output of a self-test case.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Output {
     F32,
-    /// q8_1 blocks (the width a multiple of 32).
+    /// q8_1 blocks in pair order (the width a multiple of 32).
     Q8_1,
+    /// q8_1 blocks in the expert order of an alignment of `experts` experts (64-row tiles,
+    /// the self-test routing with maximal padding): the down projection's A.
+    Q8_1Sorted {
+        experts: u32,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,6 +81,21 @@ pub struct SwigluCase {
     pub rows_per_token: u32,
     pub layout: Layout,
     pub output: Output,
+}
+
+impl SwigluCase {
+    /// Source rows (pairs) of a batch of `tokens`.
+    fn src_rows(&self, tokens: u64) -> u64 {
+        tokens.saturating_mul(self.rows_per_token as u64)
+    }
+
+    /// Output rows: the pairs, or the alignment's worst-case padded rows.
+    fn out_rows(&self, tokens: u64) -> u64 {
+        match self.output {
+            Output::Q8_1Sorted { experts } => max_padded_rows(tokens, self.rows_per_token, experts, GEMM_TILE_M),
+            Output::F32 | Output::Q8_1 => self.src_rows(tokens),
+        }
+    }
 }
 
 /// The device input.
@@ -84,6 +111,15 @@ impl GateUp<'_> {
             GateUp::Fused(_) => Layout::Fused,
         }
     }
+
+    /// `(name, have, need)` bytes for `src_rows` rows of `width`.
+    fn needs(&self, src_rows: u64, width: u32) -> Vec<(&'static str, u64, u64)> {
+        let n = 4 * src_rows * width as u64;
+        match self {
+            GateUp::Separate { gate, up } => vec![("gate", bytes_of(gate.len(), 4), n), ("up", bytes_of(up.len(), 4), n)],
+            GateUp::Fused(gu) => vec![("gate_up", bytes_of(gu.len(), 4), 2 * n)],
+        }
+    }
 }
 
 /// Elements between consecutive rows of gate (and of up).
@@ -94,38 +130,46 @@ fn in_stride(layout: Layout, width: u32) -> u64 {
     }
 }
 
-fn describe(rows: u64, width: u32, layout: Layout, output: Output) -> String {
-    format!("rows={rows} width={width} {layout:?} -> {output:?}")
+fn unsupported(what: impl Into<String>, shape: &str) -> PlanError {
+    PlanError::Unsupported { kernel: KERNEL.into(), what: what.into(), shape: shape.into() }
 }
 
 /// Every launch a SwiGLU of `tokens` makes (one).
 pub fn plans(tokens: u64, c: &SwigluCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
-    let rows = tokens.saturating_mul(c.rows_per_token as u64);
-    Ok(vec![plan(rows, c.width, c.layout, c.output, limits)?])
+    if let Output::Q8_1Sorted { experts } = c.output {
+        let shape = format!("tokens={tokens} rows_per_token={} experts={experts}", c.rows_per_token);
+        if experts == 0 || c.rows_per_token > experts {
+            return Err(unsupported("the alignment needs 1 <= rows per token <= experts", &shape));
+        }
+        if c.src_rows(tokens) > I32_MAX {
+            return Err(unsupported("tokens × rows per token passes the i32 pair ids of the alignment", &shape));
+        }
+    }
+    let q8 = c.output != Output::F32;
+    Ok(vec![plan(c.out_rows(tokens), c.width, c.layout, q8, limits)?])
 }
 
-/// f32: threads grid-stride over the `rows·width` values; q8_1: warps over the `rows·width/32`
-/// blocks. Both on `grid.x`, 256 threads, capped at a few waves of the device.
-pub fn plan(rows: u64, width: u32, layout: Layout, output: Output, limits: &DeviceLimits) -> Result<Launch, PlanError> {
-    let shape = describe(rows, width, layout, output);
-    let kernel = if output == Output::F32 { F32_KERNEL } else { Q8_1_KERNEL };
-    let bad = |what: String| Err(PlanError::Unsupported { kernel: KERNEL.into(), what, shape: shape.clone() });
+/// `rows` output rows of `width`: f32 (`q8_1` false), threads grid-stride over the values;
+/// q8_1, warps over the blocks. Both on `grid.x`, 256 threads, capped at a few waves.
+pub fn plan(rows: u64, width: u32, layout: Layout, q8_1: bool, limits: &DeviceLimits) -> Result<Launch, PlanError> {
+    let shape = format!("rows={rows} width={width} {layout:?} -> {}", if q8_1 { "q8_1" } else { "f32" });
     if rows == 0 {
-        return bad("no rows".into());
+        return Err(unsupported("no rows", &shape));
     }
-    if width == 0 || width as u64 > I32_MAX || (output == Output::Q8_1 && !(width as usize).is_multiple_of(QK)) {
-        return bad(format!("width {width} must be in 1..2^31 (a multiple of {QK} for q8_1 output)"));
+    if width == 0 || width as u64 > I32_MAX || (q8_1 && !(width as usize).is_multiple_of(QK)) {
+        return Err(unsupported(format!("width {width} must be in 1..2^31 (a multiple of {QK} for q8_1 output)"), &shape));
     }
-    if rows.checked_mul(in_stride(layout, width)).is_none_or(|n| n > u64::MAX / 8) {
-        return bad("rows × width overflows 64-bit indexes".into());
+    if rows.checked_mul(in_stride(layout, width)).is_none_or(|n| n > u64::MAX / 64) {
+        return Err(unsupported("rows × width overflows 64-bit indexes", &shape));
     }
-    let (items, per_block, threads_per_item) = match output {
-        Output::F32 => (rows * width as u64, THREADS as u64, 1),
-        Output::Q8_1 => (rows * (width as u64 / QK as u64), WARPS as u64, 32),
+    let (kernel, items, per_block, threads_per_item) = if q8_1 {
+        (Q8_1_KERNEL, rows * (width as u64 / QK as u64), WARPS as u64, 32)
+    } else {
+        (F32_KERNEL, rows * width as u64, THREADS as u64, 1)
     };
     Launch::checked(
         kernel,
-        shape.clone(),
+        shape,
         [grid_stride_blocks(items * threads_per_item, THREADS as u64, limits), 1, 1],
         [THREADS, 1, 1],
         0,
@@ -144,49 +188,102 @@ pub fn swiglu_cpu(gate: &[f32], up: &[f32]) -> Vec<f32> {
     gate.par_iter().zip(up).map(|(&g, &u)| swiglu_value(g, u)).collect()
 }
 
-/// CPU twin, q8_1 output: the f32 values quantized as `quantize` does (length a multiple of 32).
-pub fn swiglu_q8_1_cpu(gate: &[f32], up: &[f32]) -> Vec<BlockQ8_1> {
-    quantize_row_q8_1(&swiglu_cpu(gate, up))
+const ZERO_BLOCK: BlockQ8_1 = BlockQ8_1 { d: f16::ZERO, s: f16::ZERO, qs: [0; QK] };
+
+/// CPU twin, q8_1 output: `gate` and `up` are `[src_rows, width]`; output rows in order
+/// (`Dense`) or from `sorted_ids` (padding ids give zero blocks), each quantized as `quantize`.
+pub fn swiglu_q8_1_cpu(gate: &[f32], up: &[f32], width: usize, source: Source<&[i32]>) -> Vec<BlockQ8_1> {
+    let (nb, src_rows) = (width / QK, (gate.len() / width.max(1)) as u64);
+    let rows = match source {
+        Source::Dense => src_rows as usize,
+        Source::Gather { sorted_ids, .. } => sorted_ids.len(),
+    };
+    let mut out = vec![ZERO_BLOCK; rows * nb];
+    out.par_chunks_mut(nb.max(1)).enumerate().for_each(|(r, o)| {
+        let src = match source {
+            Source::Dense => Some(r as u64),
+            Source::Gather { sorted_ids, rows_per_token } => source_row(sorted_ids[r], src_rows, rows_per_token),
+        };
+        if let Some(s) = src.map(|s| s as usize * width) {
+            o.copy_from_slice(&quantize_row_q8_1(&swiglu_cpu(&gate[s..s + width], &up[s..s + width])));
+        }
+    });
+    out
 }
 
-/// SwiGLU of `rows` rows of `width` values into `out` (f32 `[rows, width]` or q8_1 blocks
-/// `[rows, width/32]`, any element type). Buffers too small for the shape are refused.
-pub fn launch<Y: DeviceRepr>(
-    gpu: &Gpu,
-    rows: u64,
-    width: u32,
-    output: Output,
-    input: GateUp<'_>,
-    out: &mut CudaSlice<Y>,
-) -> Result<(), GpuError> {
-    let layout = input.layout();
-    let p = plan(rows, width, layout, output, gpu.limits())?;
-    let n = rows * width as u64;
-    let out_need = match output {
-        Output::F32 => 4 * n,
-        Output::Q8_1 => n / QK as u64 * BLOCK_Q8_1_BYTES as u64,
-    };
-    let out_have = bytes_of(out.len(), size_of::<Y>());
-    match &input {
-        GateUp::Separate { gate, up } => require_bytes(
-            &p,
-            &[("gate", bytes_of(gate.len(), 4), 4 * n), ("up", bytes_of(up.len(), 4), 4 * n), ("out", out_have, out_need)],
-        )?,
-        GateUp::Fused(gu) => require_bytes(&p, &[("gate_up", bytes_of(gu.len(), 4), 8 * n), ("out", out_have, out_need)])?,
-    }
-    let f = gpu.function(&GLUE, &p.kernel)?;
-    let (stride, w) = (in_stride(layout, width), width as i32);
-    let (zero, up_offset) = (0u64, width as u64);
+/// SwiGLU of `rows` rows of `width` values into f32 `out [rows, width]` (any 4-byte element
+/// type). Buffers too small for the shape are refused before the launch.
+pub fn launch_f32<Y: DeviceRepr>(gpu: &Gpu, rows: u64, width: u32, input: GateUp<'_>, out: &mut CudaSlice<Y>) -> Result<(), GpuError> {
+    let p = plan(rows, width, input.layout(), false, gpu.limits())?;
+    let mut needs = input.needs(rows, width);
+    needs.push(("out", bytes_of(out.len(), size_of::<Y>()), 4 * rows * width as u64));
+    require_bytes(&p, &needs)?;
+    let f = gpu.function(&GLUE, F32_KERNEL)?;
+    let (stride, w, offsets) = (in_stride(input.layout(), width), width as i32, [0, width as u64]);
     gpu.launch(&p, &f, |b| {
-        match &input {
-            GateUp::Separate { gate, up } => b.arg(*gate).arg(&zero).arg(*up).arg(&zero),
-            GateUp::Fused(gu) => b.arg(*gu).arg(&zero).arg(*gu).arg(&up_offset),
-        };
+        push_input(b, &input, &offsets);
         b.arg(&stride).arg(out).arg(&rows).arg(&w);
     })?;
     Ok(())
 }
 
+/// SwiGLU of the `src_rows` rows of `input` (`[src_rows, width]` each of gate and up),
+/// quantized into `out_rows` rows of q8_1 blocks `out [out_rows, width/32]` (any element
+/// type): row r from source row r (`Dense`, `out_rows <= src_rows`) or from
+/// `sorted_ids[r] / rows_per_token` (`Gather`; padding ids give zero rows). Arguments that do not
+/// fit the shape are refused before the launch.
+pub fn launch_q8_1<Y: DeviceRepr>(
+    gpu: &Gpu,
+    src_rows: u64,
+    width: u32,
+    input: GateUp<'_>,
+    source: Source<&CudaSlice<i32>>,
+    out_rows: u64,
+    out: &mut CudaSlice<Y>,
+) -> Result<(), GpuError> {
+    let p = plan(out_rows, width, input.layout(), true, gpu.limits())?;
+    let (ids, rows_per_token) = match source {
+        Source::Dense => (None, 1u32),
+        Source::Gather { sorted_ids, rows_per_token } => (Some(sorted_ids), rows_per_token),
+    };
+    let fits = rows_per_token >= 1
+        && src_rows >= 1
+        && match ids {
+            None => out_rows <= src_rows,
+            Some(ids) => ids.len() as u64 >= out_rows,
+        };
+    if !fits {
+        let what = format!(
+            "{out_rows} output rows from {src_rows} source rows: rows_per_token {rows_per_token} must be >= 1, sorted_ids must hold a row each, dense needs out_rows <= src_rows"
+        );
+        return Err(PlanError::Unsupported { kernel: p.kernel.clone(), what, shape: p.shape.clone() }.into());
+    }
+    let mut needs = input.needs(src_rows, width);
+    needs.push(("out", bytes_of(out.len(), size_of::<Y>()), out_rows * (width as u64 / QK as u64) * BLOCK_Q8_1_BYTES as u64));
+    require_bytes(&p, &needs)?;
+    let f = gpu.function(&GLUE, Q8_1_KERNEL)?;
+    let (stride, w, rpt, null) = (in_stride(input.layout(), width), width as i32, rows_per_token as i32, 0u64);
+    let offsets = [0, width as u64];
+    gpu.launch(&p, &f, |b| {
+        push_input(b, &input, &offsets);
+        b.arg(&stride);
+        match ids {
+            Some(ids) => b.arg(ids),
+            None => b.arg(&null),
+        };
+        b.arg(&src_rows).arg(&rpt).arg(out).arg(&out_rows).arg(&w);
+    })?;
+    Ok(())
+}
+
+/// The kernels' (gate, gate_offset, up, up_offset) arguments; `offsets` is `[0, width]`: for
+/// the fused layout the same buffer twice, up `width` values into each row.
+fn push_input<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, input: &GateUp<'a>, offsets: &'a [u64; 2]) {
+    match input {
+        GateUp::Separate { gate, up } => b.arg(*gate).arg(&offsets[0]).arg(*up).arg(&offsets[0]),
+        GateUp::Fused(gu) => b.arg(*gu).arg(&offsets[0]).arg(*gu).arg(&offsets[1]),
+    };
+}
 /// The first token count at which the grid-stride loop of `plan` takes a second trip, and the
 /// one before: `per_token` items a token, `threads_per_item` threads an item.
 fn second_trip(per_token: u64, threads_per_item: u64, what: &str, limits: &DeviceLimits) -> Vec<Critical> {
@@ -198,38 +295,38 @@ fn second_trip(per_token: u64, threads_per_item: u64, what: &str, limits: &Devic
     ]
 }
 
-/// Counts this plan makes critical: the 2^31 points of the input and output indexes, and
-/// where the grid-stride loop first takes a second trip.
+/// Counts this plan makes critical: the 2^31 points of the input and output indexes (padding
+/// of the sorted output ignored: it only adds a constant), and where the grid-stride loop first
+/// takes a second trip.
 pub fn critical_counts(c: &SwigluCase, limits: &DeviceLimits) -> Vec<Critical> {
     let (rpt, w) = (c.rows_per_token.max(1) as u64, c.width.max(1) as u64);
     let mut v = vec![Critical::new(1, "swiglu: single token")];
     v.extend(overflow_point(rpt * in_stride(c.layout, c.width), "swiglu: gate/up[r·stride + j] passes 2^31 − 1"));
-    match c.output {
-        Output::F32 => {
-            v.extend(overflow_point(rpt * w, "swiglu: out[r·W + j] passes 2^31 − 1"));
-            v.extend(second_trip(rpt * w, 1, "swiglu", limits));
-        }
-        Output::Q8_1 => {
-            let nb = w / QK as u64;
-            v.extend(overflow_point(rpt * nb, "swiglu_q8_1: block index r·(W/32) + b passes 2^31 − 1"));
-            v.extend(second_trip(rpt * nb, 32, "swiglu_q8_1", limits));
-        }
+    if c.output == Output::F32 {
+        v.extend(overflow_point(rpt * w, "swiglu: out[r·W + j] passes 2^31 − 1"));
+        v.extend(second_trip(rpt * w, 1, "swiglu", limits));
+    } else {
+        let nb = w / QK as u64;
+        v.extend(overflow_point(rpt * nb, "swiglu_q8_1: block index r·(W/32) + b passes 2^31 − 1"));
+        v.extend(second_trip(rpt * nb, 32, "swiglu_q8_1", limits));
     }
     v
 }
 
-/// Gate and up, and the guarded output.
+/// Gate and up, the sorted ids, and the guarded output.
 pub fn device_bytes(tokens: u64, c: &SwigluCase) -> u64 {
-    let n = tokens * c.rows_per_token as u64 * c.width as u64;
-    let out = match c.output {
-        Output::F32 => 4 * n,
-        Output::Q8_1 => n / QK as u64 * BLOCK_Q8_1_BYTES as u64,
+    let (src, out) = (c.src_rows(tokens) * c.width as u64, c.out_rows(tokens) * c.width as u64);
+    let (out, ids) = match c.output {
+        Output::F32 => (4 * out, 0),
+        Output::Q8_1 => (out / QK as u64 * BLOCK_Q8_1_BYTES as u64, 0),
+        Output::Q8_1Sorted { .. } => (out / QK as u64 * BLOCK_Q8_1_BYTES as u64, 4 * c.out_rows(tokens)),
     };
-    8 * n + out + 4 * GUARD_WORDS as u64
+    8 * src + ids + out + 4 * GUARD_WORDS as u64
 }
 
 const SEED_GATE: u64 = 0x60;
 const SEED_UP: u64 = 0x61;
+const SEED_ROUTE: u64 = 0x62;
 /// Gate values in ±8: silu's negative tail (exp(8) ≈ 3000), its bend and its linear part.
 const GATE_SCALE: f32 = 8.0;
 const UP_SCALE: f32 = 2.0;
@@ -268,7 +365,7 @@ impl Inputs {
         }
     }
 
-    /// Row `r`'s gate and up values, as the device buffers hold them.
+    /// Source row `r`'s gate and up values, as the device buffers hold them.
     fn row(&self, r: u64, width: u32) -> (Vec<f32>, Vec<f32>) {
         let w = width as usize;
         match self.layout {
@@ -281,39 +378,59 @@ impl Inputs {
     }
 }
 
-/// Self-test: gate and up from seeds, output poisoned, one launch, sampled rows against the
-/// twin (f32: values; q8_1: dequantized values and the quants within a step).
+/// Self-test: gate and up from seeds (and, sorted, the alignment of a maximal-padding routing),
+/// output poisoned, one launch, sampled output rows against the twin: f32 values; q8_1 blocks
+/// dequantized against the exact values and their quants within a step of the twin's, padding
+/// rows zero.
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &SwigluCase) -> Result<Outcome, GpuError> {
     plans(tokens, c, gpu.limits())?; // refuse a bad shape before allocating for it
-    let (rows, w) = (tokens * c.rows_per_token as u64, c.width as usize);
-    let ins = Inputs::new(gpu, rows, c.width, c.layout)?;
-    let (words, item_words) = match c.output {
-        Output::F32 => (rows as usize * w, 1),
-        Output::Q8_1 => (rows as usize * w / QK * BLOCK_WORDS, BLOCK_WORDS),
+    let (src_rows, out_rows, w) = (c.src_rows(tokens), c.out_rows(tokens), c.width as usize);
+    let ins = Inputs::new(gpu, src_rows, c.width, c.layout)?;
+    let sorted = match c.output {
+        Output::Q8_1Sorted { experts } => {
+            let ids =
+                route(Routing::MaxPadding, tokens as usize, experts as usize, c.rows_per_token as usize, GEMM_TILE_M as usize, SEED_ROUTE);
+            Some(align_cpu(&ids, tokens, c.rows_per_token, experts, GEMM_TILE_M).sorted_ids)
+        }
+        Output::F32 | Output::Q8_1 => None,
     };
-    let mut out = Guarded::new(gpu, words)?;
+    let ids_dev = sorted.as_deref().map(|s| gpu.upload(s)).transpose()?;
+    let row_words = if c.output == Output::F32 { w } else { w / QK * BLOCK_WORDS };
+    let mut out = Guarded::new(gpu, out_rows as usize * row_words)?;
     gpu.synchronize()?;
     let start = Instant::now();
-    launch(gpu, rows, c.width, c.output, ins.device(), &mut out.buf)?;
+    match (&c.output, &ids_dev) {
+        (Output::F32, _) => launch_f32(gpu, src_rows, c.width, ins.device(), &mut out.buf)?,
+        (_, Some(ids)) => launch_q8_1(
+            gpu,
+            src_rows,
+            c.width,
+            ins.device(),
+            Source::Gather { sorted_ids: ids, rows_per_token: 1 },
+            out_rows,
+            &mut out.buf,
+        )?,
+        (_, None) => launch_q8_1(gpu, src_rows, c.width, ins.device(), Source::Dense, out_rows, &mut out.buf)?,
+    }
     gpu.synchronize()?;
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
-    let (unwritten, past_end) = out.check(gpu, item_words)?;
-    let sampled = sample_rows(rows, c.rows_per_token as u64, SAMPLE_ROWS, rows);
-    let want: Vec<(Vec<f32>, Vec<f32>)> = sampled.par_iter().map(|&r| ins.row(r, c.width)).collect();
-    let row_words = words / rows as usize;
+    let (unwritten, past_end) = out.check(gpu, if c.output == Output::F32 { 1 } else { BLOCK_WORDS })?;
+    let sampled = sample_rows(out_rows, GEMM_TILE_M as u64, SAMPLE_ROWS, out_rows);
+    // The source row of each sampled output row (None: a padding row).
+    let src_of = |r: u64| sorted.as_ref().map_or(Some(r), |s| source_row(s[r as usize], src_rows, 1));
+    let want: Vec<Option<(Vec<f32>, Vec<f32>)>> = sampled.par_iter().map(|&r| src_of(r).map(|s| ins.row(s, c.width))).collect();
     let (mut err, mut mismatches) = (RelErr::default(), 0u64);
-    for (&r, (gate, up)) in sampled.iter().zip(&want) {
+    for (&r, want) in sampled.iter().zip(&want) {
+        let exact = want.as_ref().map_or_else(|| vec![0.0; w], |(gate, up)| swiglu_cpu(gate, up));
         let at = r as usize * row_words;
-        let exact = swiglu_cpu(gate, up);
-        match c.output {
-            Output::F32 => err.add_slice((r as usize * w) as u64, &out.read_f32(gpu, at, w)?, &exact),
-            Output::Q8_1 => {
-                let bytes: Vec<u8> = gpu.download_range(&out.buf, at, row_words)?.iter().flat_map(|x| x.to_le_bytes()).collect();
-                let got: Vec<BlockQ8_1> = bytes.chunks_exact(BLOCK_Q8_1_BYTES).map(BlockQ8_1::from_bytes).collect();
-                mismatches += quant_mismatches(&got, &quantize_row_q8_1(&exact));
-                err.add_slice((r as usize * w) as u64, &dequantize_q8_1(&got), &exact);
-            }
+        if c.output == Output::F32 {
+            err.add_slice((r as usize * w) as u64, &out.read_f32(gpu, at, w)?, &exact);
+            continue;
         }
+        let bytes: Vec<u8> = gpu.download_range(&out.buf, at, row_words)?.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let got: Vec<BlockQ8_1> = bytes.chunks_exact(BLOCK_Q8_1_BYTES).map(BlockQ8_1::from_bytes).collect();
+        mismatches += quant_mismatches(&got, &quantize_row_q8_1(&exact));
+        err.add_slice((r as usize * w) as u64, &dequantize_q8_1(&got), &exact);
     }
     let tolerance = if c.output == Output::F32 { TOLERANCE } else { Q8_1_TOLERANCE };
     let mut check = Check::of_floats(&err, tolerance, (unwritten, past_end), kernel_ms);
@@ -352,32 +469,40 @@ mod tests {
 
     #[test]
     fn quantized_twin_is_quantize_of_f32_twin() {
-        let gate = uniform_row(3, 0, 256, GATE_SCALE);
-        let up = uniform_row(4, 0, 256, UP_SCALE);
-        let q = swiglu_q8_1_cpu(&gate, &up);
-        assert_eq!(q.len(), 8);
-        let exact = swiglu_cpu(&gate, &up);
+        let (rows, w) = (4usize, 64usize);
+        let gate = uniform_row(3, 0, rows * w, GATE_SCALE);
+        let up = uniform_row(4, 0, rows * w, UP_SCALE);
+        let q = swiglu_q8_1_cpu(&gate, &up, w, Source::Dense);
+        assert_eq!(q, quantize_row_q8_1(&swiglu_cpu(&gate, &up)));
         let mut err = RelErr::default();
-        err.add_slice(0, &dequantize_q8_1(&q), &exact);
+        err.add_slice(0, &dequantize_q8_1(&q), &swiglu_cpu(&gate, &up));
         assert!(err.value() <= Q8_1_TOLERANCE, "{}", err.value());
         assert_eq!(quant_mismatches(&q, &q), 0);
         let mut off = q.clone();
         off[3].qs[7] = off[3].qs[7].wrapping_add(2);
         assert_eq!(quant_mismatches(&off, &q), 1);
+        // Gathered: row r is source row sorted_ids[r]; ids past the source rows are padding.
+        let sorted = [2, 4, 0, -1, 3];
+        let g = swiglu_q8_1_cpu(&gate, &up, w, Source::Gather { sorted_ids: &sorted, rows_per_token: 1 });
+        assert_eq!(g.len(), 5 * 2);
+        for (r, &id) in sorted.iter().enumerate() {
+            let want = if (0..4).contains(&id) { &q[id as usize * 2..][..2] } else { &[ZERO_BLOCK; 2][..] };
+            assert_eq!(&g[r * 2..][..2], want, "row {r} id {id}");
+        }
     }
 
     #[test]
     fn plans_cover_every_item_once() {
         for limits in DeviceLimits::recorded() {
             for &k in &TOP_K_SET {
-                for output in [Output::F32, Output::Q8_1] {
+                for output in [Output::F32, Output::Q8_1, Output::Q8_1Sorted { experts: 128 }] {
                     let c = SwigluCase { rows_per_token: k, output, ..QWEN };
                     for t in (1..=40u64).chain([8191, 8192, 349_525, 349_526, 1 << 20]) {
                         let p = &plans(t, &c, &limits).unwrap_or_else(|e| panic!("{e}"))[0];
                         p.check_cover().unwrap_or_else(|e| panic!("{e}"));
                         assert_eq!(p.grid[1..], [1, 1]);
                         let per_row = if output == Output::F32 { 768 } else { 24 };
-                        assert_eq!(p.cover[0].items(), t * k as u64 * per_row);
+                        assert_eq!(p.cover[0].items(), c.out_rows(t) * per_row);
                         if t <= 3 {
                             assert!(p.simulate_cover(0).iter().all(|&h| h == 1), "{p}");
                         }
@@ -397,6 +522,10 @@ mod tests {
         assert!(un(plans(1, &SwigluCase { width: 100, output: Output::Q8_1, ..QWEN }, &l)));
         assert!(!un(plans(1, &SwigluCase { width: 100, ..QWEN }, &l)));
         assert!(un(plans(u64::MAX / 4, &QWEN, &l)));
+        let sorted = |experts| SwigluCase { output: Output::Q8_1Sorted { experts }, ..QWEN };
+        assert!(un(plans(1, &sorted(4), &l)));
+        assert!(un(plans(1 << 28, &sorted(128), &l)));
+        assert_eq!(plans(3, &sorted(128), &l).unwrap()[0].cover[0].items(), max_padded_rows(3, 8, 128, 64) * 24);
     }
 
     #[test]

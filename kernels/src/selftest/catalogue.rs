@@ -332,12 +332,22 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
     }
 
     // Glue between the big ops: SwiGLU over the routed pairs (f32 from separate gate/up; q8_1
-    // from a fused gate/up), the residual add, the router's f32 logits.
-    for (layout, output, tag) in [(Layout::Separate, Output::F32, "f32"), (Layout::Fused, Output::Q8_1, "fused-q8_1")] {
+    // from a fused gate/up, gathered into expert order as the down projection's GEMM reads it, and
+    // in pair order, which differs only by the gather), the residual add, the router's logits.
+    for (layout, output, tag, skip) in [
+        (Layout::Separate, Output::F32, "f32", None),
+        (Layout::Fused, Output::Q8_1Sorted { experts: e }, "fused-q8_1-sorted", None),
+        (
+            Layout::Separate,
+            Output::Q8_1,
+            "q8_1",
+            Some((KQ_MAX_TOKENS, "pair-order q8_1 runs up to 4,097 tokens (the sorted cases share its kernel)")),
+        ),
+    ] {
         let c = SwigluCase { width: shape.expert_ffn, rows_per_token: k, layout, output };
         let mut counts = with(swiglu::critical_counts(&c, limits));
         counts.extend(tails.iter().cloned());
-        b.family(swiglu::KERNEL, &format!("{tag}/k{k}"), counts, OpCase::Swiglu(c), |t| swiglu::device_bytes(t, &c));
+        b.family_up_to(swiglu::KERNEL, &format!("{tag}/k{k}"), counts, OpCase::Swiglu(c), |t| swiglu::device_bytes(t, &c), skip);
     }
     let c = AddCase { width: shape.hidden };
     b.family(add::KERNEL, "hidden", with(add::critical_counts(&c, limits)), OpCase::Add(c), |t| add::device_bytes(t, &c));
