@@ -13,13 +13,23 @@ typedef unsigned int u32;
 typedef unsigned short u16;
 
 #define QK 32
+#define QK_K 256
+// Weight formats (`WeightType::code` in Rust): the legacy 32-wide blocks, and the K-quant
+// super-blocks under their ggml type ids (clear of embed.cu's EMBED_F32 = 2).
 #define WTYPE_Q8_0 0
 #define WTYPE_Q4_0 1
+#define WTYPE_Q4_K 12
+#define WTYPE_Q5_K 13
+#define WTYPE_Q6_K 14
 #define FULL_MASK 0xffffffffu
 
 struct block_q8_0 { u16 d; signed char qs[QK]; };        // 34 bytes
 struct block_q4_0 { u16 d; unsigned char qs[QK / 2]; };  // 18 bytes
 struct block_q8_1 { u16 d; u16 s; signed char qs[QK]; }; // 36 bytes
+// K-quant super-blocks of 256 weights (ggml-common.h; layouts in quant/kquants.rs).
+struct block_q4_K { u16 d; u16 dmin; unsigned char scales[12]; unsigned char qs[QK_K / 2]; };                            // 144 bytes
+struct block_q5_K { u16 d; u16 dmin; unsigned char scales[12]; unsigned char qh[QK_K / 8]; unsigned char qs[QK_K / 2]; }; // 176 bytes
+struct block_q6_K { unsigned char ql[QK_K / 2]; unsigned char qh[QK_K / 4]; signed char scales[QK_K / 16]; u16 d; };      // 210 bytes
 
 static __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;
@@ -68,6 +78,23 @@ static __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Quantizes the 32 values of a warp (lane j holds value j) into one q8_1 block, step for step
+// as `quant::quantize_block_q8_1`: d = amax / 127, q = roundf(v / d) (half away from zero, IEEE
+// division), s = d * Σq; d and s stored as f16. Every lane must call it (two reductions);
+// `valid` false (warp-uniform) stores a zero block instead: a padding row.
+static __device__ __forceinline__ void warp_quantize_q8_1(float v, bool valid, block_q8_1* o) {
+    const int lane = threadIdx.x & 31;
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const int q = amax == 0.0f ? 0 : (int)roundf(v / d);
+    const int sum = warp_sum_int(q);
+    o->qs[lane] = valid ? (signed char)q : (signed char)0;
+    if (lane == 0) {
+        o->d = valid ? f32_to_f16(d) : (u16)0;
+        o->s = valid ? f32_to_f16((float)sum * d) : (u16)0;
+    }
+}
+
 // Dot product of one q8_0 weight block with one q8_1 activation block, over the 8 ints
 // `i0 .. i0 + n` of the block (callers split a block between lanes or take it whole).
 static __device__ __forceinline__ int dot_q8_0_ints(const block_q8_0* w, const block_q8_1* x, int i0, int n) {
@@ -97,21 +124,194 @@ static __device__ __forceinline__ float dot_block_q4_0(const block_q4_0* w, cons
     return f16_to_f32(w->d) * (f16_to_f32(x->d) * (float)dot_q4_0_ints(w, x, 0, 4) - 8.0f * f16_to_f32(x->s));
 }
 
-// Row of `nb` weight blocks (either type) dotted with `nb` activation blocks, blocks
-// `lane, lane + stride, ...`: the per-lane partial of a warp-cooperative dot product.
-static __device__ __forceinline__ float dot_row_partial(const unsigned char* w_row, int wtype,
-                                                        const block_q8_1* x, int nb, int first, int stride) {
-    float acc = 0.0f;
-    if (wtype == WTYPE_Q8_0) {
-        const block_q8_0* w = (const block_q8_0*)w_row;
-        for (int b = first; b < nb; b += stride) acc += dot_block_q8_0(w + b, x + b);
-    } else {
-        const block_q4_0* w = (const block_q4_0*)w_row;
-        for (int b = first; b < nb; b += stride) acc += dot_block_q4_0(w + b, x + b);
+// ---- Every weight format, seen as 32-wide blocks --------------------------------------------
+// Block b of a weight row meets q8_1 activation block b. For the K-quants it is sub-block b % 8
+// of super-block b / 8. The kernels unpack a block to 8 ints of 4 signed 8-bit weights each
+// (`wq_int`), read its scales (`wq_scale`), take the integer dot products with dp4a and apply
+// the type's formula (`block_partial`). CPU twins: `WeightType::dot_q8_1` (quant/mod.rs and
+// quant/kquants.rs: the same integer sums; for the K-quants the same per-sub-block terms, which
+// the twin sums per super-block before scaling, so only f32 rounding differs).
+//
+// Alignment: q8_0, q4_0 and q6_K blocks (34, 18, 210 bytes) are only 2-byte aligned and use
+// load_int_b2; q4_K and q5_K blocks (144, 176 bytes) are 4-byte aligned whenever the row base
+// is (every device allocation is 256-byte aligned, GGUF tensor data 32-byte aligned).
+
+// The scales one 32-wide block needs: q8_0, q4_0: d; q4_K, q5_K: d, dmin and the sub-block's
+// six-bit scale sc and min m; q6_K: d and the i8 scales of the block's two 16-weight groups
+// (sc: weights 0..15, m: weights 16..31).
+struct wscale { float d; float dmin; int sc; int m; };
+
+// Bytes of a row of k weights; constant divisors per format (a division by a runtime block
+// size costs registers in every kernel that computes a row offset).
+static __device__ __forceinline__ u64 weight_row_bytes(int wtype, int k) {
+    switch (wtype) {
+        case WTYPE_Q8_0: return (u64)(k / QK) * sizeof(block_q8_0);
+        case WTYPE_Q4_0: return (u64)(k / QK) * sizeof(block_q4_0);
+        case WTYPE_Q4_K: return (u64)(k / QK_K) * sizeof(block_q4_K);
+        case WTYPE_Q5_K: return (u64)(k / QK_K) * sizeof(block_q5_K);
+        default: return (u64)(k / QK_K) * sizeof(block_q6_K);
     }
+}
+
+// Six-bit scale and min of sub-block j (0..8) from the 12 packed bytes (ggml's get_scale_min_k4).
+static __device__ __forceinline__ void scale_min_k4(int j, const unsigned char* q, int* sc, int* m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+// Int j (weights 4j .. 4j + 3) of block b of a weight row, as 4 signed bytes: q8_0 its quants;
+// q4_0 its nibbles 0..15 (the -8 is folded into the formula); q4_K 0..15; q5_K 0..31; q6_K
+// q - 32 in -32..31.
+template <int WT>
+static __device__ __forceinline__ int wq_int(const unsigned char* row, int b, int j) {
+    const int s = b & 7;  // K-quants: the sub-block
+    if constexpr (WT == WTYPE_Q8_0) {
+        return load_int_b2(((const block_q8_0*)row + b)->qs, j);
+    } else if constexpr (WT == WTYPE_Q4_0) {
+        return (load_int_b2(((const block_q4_0*)row + b)->qs, j & 3) >> (4 * (j >> 2))) & 0x0f0f0f0f;
+    } else if constexpr (WT == WTYPE_Q4_K) {
+        // Sub-blocks 2i and 2i + 1 are the low and high nibbles of qs[32i .. 32i + 32].
+        const block_q4_K* w = (const block_q4_K*)row + (b >> 3);
+        return (load_int_b4(w->qs + 32 * (s >> 1), j) >> (4 * (s & 1))) & 0x0f0f0f0f;
+    } else if constexpr (WT == WTYPE_Q5_K) {
+        // As q4_K, plus the fifth bit: bit s of qh[l] for weight l of sub-block s.
+        const block_q5_K* w = (const block_q5_K*)row + (b >> 3);
+        const int lo = (load_int_b4(w->qs + 32 * (s >> 1), j) >> (4 * (s & 1))) & 0x0f0f0f0f;
+        return lo | (((load_int_b4(w->qh, j) >> s) & 0x01010101) << 4);
+    } else {
+        // q6_K: half h = s / 4 of 128 weights, quarter t = s % 4 of it: the nibble t / 2 of
+        // ql[64h + 32(t % 2) + l] and bits 2t, 2t + 1 of qh[32h + l].
+        const block_q6_K* w = (const block_q6_K*)row + (b >> 3);
+        const int h = s >> 2, t = s & 3;
+        const int lo = (load_int_b2(w->ql + 64 * h + 32 * (t & 1), j) >> (4 * (t >> 1))) & 0x0f0f0f0f;
+        const int hi = ((load_int_b2(w->qh + 32 * h, j) >> (2 * t)) & 0x03030303) << 4;
+        return __vsubss4(lo | hi, 0x20202020);  // bytes 0..63 - 32: never saturates
+    }
+}
+
+template <int WT>
+static __device__ __forceinline__ wscale wq_scale(const unsigned char* row, int b) {
+    wscale r = {0.0f, 0.0f, 0, 0};
+    if constexpr (WT == WTYPE_Q8_0) {
+        r.d = f16_to_f32(((const block_q8_0*)row + b)->d);
+    } else if constexpr (WT == WTYPE_Q4_0) {
+        r.d = f16_to_f32(((const block_q4_0*)row + b)->d);
+    } else if constexpr (WT == WTYPE_Q4_K || WT == WTYPE_Q5_K) {
+        // q5_K starts like q4_K: d, dmin, scales.
+        const block_q4_K* w = (const block_q4_K*)(row + (u64)(b >> 3) * (WT == WTYPE_Q4_K ? sizeof(block_q4_K) : sizeof(block_q5_K)));
+        r.d = f16_to_f32(w->d);
+        r.dmin = f16_to_f32(w->dmin);
+        scale_min_k4(b & 7, w->scales, &r.sc, &r.m);
+    } else {
+        const block_q6_K* w = (const block_q6_K*)row + (b >> 3);
+        r.d = f16_to_f32(w->d);
+        r.sc = w->scales[2 * (b & 7)];
+        r.m = w->scales[2 * (b & 7) + 1];
+    }
+    return r;
+}
+
+// The integer sums of one block: `lo` and `hi` over weights 0..15 and 16..31 (q6_K scales the
+// halves apart; the other types keep everything in lo), `usum` = Σ activation quants, exact
+// (the K-quant min term uses it, as ggml-cuda's dp4a with 0x01010101 does, not the f16 s).
+template <int WT>
+static __device__ __forceinline__ void block_isums(const int q[8], const block_q8_1* x, int* lo, int* hi, int* usum) {
+    int l = 0, h = 0, u = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int a = load_int_b4(x->qs, j);
+        if (WT == WTYPE_Q6_K && j >= 4) h = dp4a(q[j], a, h);
+        else l = dp4a(q[j], a, l);
+        if constexpr (WT == WTYPE_Q4_K || WT == WTYPE_Q5_K) u = dp4a(0x01010101, a, u);
+    }
+    *lo = l;
+    *hi = h;
+    *usum = u;
+}
+
+// One block's contribution from its integer sums and the activation block's d8 and s8:
+//   q8_0: d·d8·Σ;  q4_0: d·(d8·Σ − 8·s8)  (the twins `dot_q8_0_q8_1`, `dot_q4_0_q8_1`);
+//   q4_K, q5_K: d·(d8·(Σ·sc)) − dmin·(d8·(Σu·m));  q6_K: d·(d8·(lo·sc) + d8·(hi·m)),
+// the terms of ggml-cuda's vec_dot_q{4,5,6}_K_q8_1. The K-quant arithmetic is spelled with _rn
+// intrinsics (no FMA contraction, here or into the caller's sum) so that tests can repeat it
+// exactly (`quant::kquants::device_partial`). Integer products stay below 2^24: exact in f32.
+template <int WT>
+static __device__ __forceinline__ float block_partial(wscale w, int lo, int hi, int usum, float d8, float s8) {
+    if constexpr (WT == WTYPE_Q8_0) {
+        return w.d * d8 * (float)(lo + hi);
+    } else if constexpr (WT == WTYPE_Q4_0) {
+        return w.d * (d8 * (float)(lo + hi) - 8.0f * s8);
+    } else if constexpr (WT == WTYPE_Q6_K) {
+        return __fmul_rn(w.d, __fadd_rn(__fmul_rn(d8, (float)(lo * w.sc)), __fmul_rn(d8, (float)(hi * w.m))));
+    } else {
+        return __fsub_rn(__fmul_rn(w.d, __fmul_rn(d8, (float)(lo * w.sc))), __fmul_rn(w.dmin, __fmul_rn(d8, (float)(usum * w.m))));
+    }
+}
+
+// Block b of a weight row dotted with activation block x, scaled.
+template <int WT>
+static __device__ __forceinline__ float dot_block(const unsigned char* row, int b, const block_q8_1* x) {
+    if constexpr (WT == WTYPE_Q8_0) {
+        return dot_block_q8_0((const block_q8_0*)row + b, x);
+    } else if constexpr (WT == WTYPE_Q4_0) {
+        return dot_block_q4_0((const block_q4_0*)row + b, x);
+    } else {
+        int q[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) q[j] = wq_int<WT>(row, b, j);
+        int lo, hi, usum;
+        block_isums<WT>(q, x, &lo, &hi, &usum);
+        return block_partial<WT>(wq_scale<WT>(row, b), lo, hi, usum, f16_to_f32(x->d), f16_to_f32(x->s));
+    }
+}
+
+template <int WT>
+static __device__ __forceinline__ float dot_row_partial_t(const unsigned char* w_row, const block_q8_1* x, int nb, int first,
+                                                          int stride) {
+    float acc = 0.0f;
+    for (int b = first; b < nb; b += stride) acc += dot_block<WT>(w_row, b, x + b);
     return acc;
 }
 
-static __device__ __forceinline__ u64 weight_row_bytes(int wtype, int k) {
-    return (u64)(k / QK) * (wtype == WTYPE_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0));
+// Runs the statement with `WT` bound to the runtime weight type `wtype` as a constant, so each
+// format gets its own instantiation (no type branch in inner loops). Rust passes only the codes
+// of `WeightType`; any other traps rather than computing garbage.
+#define DISPATCH_WTYPE(wtype, ...)            \
+    switch (wtype) {                          \
+        case WTYPE_Q8_0: {                    \
+            constexpr int WT = WTYPE_Q8_0;    \
+            __VA_ARGS__;                      \
+        } break;                              \
+        case WTYPE_Q4_0: {                    \
+            constexpr int WT = WTYPE_Q4_0;    \
+            __VA_ARGS__;                      \
+        } break;                              \
+        case WTYPE_Q4_K: {                    \
+            constexpr int WT = WTYPE_Q4_K;    \
+            __VA_ARGS__;                      \
+        } break;                              \
+        case WTYPE_Q5_K: {                    \
+            constexpr int WT = WTYPE_Q5_K;    \
+            __VA_ARGS__;                      \
+        } break;                              \
+        case WTYPE_Q6_K: {                    \
+            constexpr int WT = WTYPE_Q6_K;    \
+            __VA_ARGS__;                      \
+        } break;                              \
+        default:                              \
+            __trap();                         \
+    }
+
+// Row of `nb` 32-wide weight blocks dotted with `nb` activation blocks, blocks
+// `first, first + stride, ...`: the per-lane partial of a warp-cooperative dot product.
+static __device__ __forceinline__ float dot_row_partial(const unsigned char* w_row, int wtype, const block_q8_1* x, int nb, int first,
+                                                        int stride) {
+    float acc = 0.0f;
+    DISPATCH_WTYPE(wtype, acc = dot_row_partial_t<WT>(w_row, x, nb, first, stride));
+    return acc;
 }

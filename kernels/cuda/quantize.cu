@@ -1,8 +1,7 @@
 // Activation quantize to q8_1, fused with the gather by expert.
 //
-// One warp per 32-value block (lane j = element j): warp max of |x|, d = amax / 127,
-// q = roundf(x / d) (half away from zero), warp sum of q, s = d * sum(q); d and s stored as f16.
-// The arithmetic is step for step that of `quant::quantize_block_q8_1` (IEEE division: NVRTC's
+// One warp per 32-value block (lane j = element j), quantized by common.cuh's
+// warp_quantize_q8_1: step for step `quant::quantize_block_q8_1` (IEEE division: NVRTC's
 // default -prec-div=true), so GPU and CPU blocks agree bit for bit.
 //
 // Geometry: warps walk the (row, block) items in a grid-stride loop on grid.x; the loop index is
@@ -33,17 +32,7 @@ extern "C" __global__ void quantize(const float* __restrict__ x, u64 src_rows, i
             valid = id >= 0 && (u64)id < src_rows * (u64)rows_per_token;
             src = valid ? (u64)id / (u64)rows_per_token : 0;
         }
-        const float v = x[src * (u64)k + b * QK + lane];
-        const float amax = warp_max(fabsf(v));
-        const float d = amax / 127.0f;
-        const int q = amax == 0.0f ? 0 : (int)roundf(v / d);
-        const int sum = warp_sum_int(q);
         // Masked at the store only: `valid` is warp-uniform and both reductions are done.
-        block_q8_1* o = out + i;
-        o->qs[lane] = valid ? (signed char)q : (signed char)0;
-        if (lane == 0) {
-            o->d = valid ? f32_to_f16(d) : (u16)0;
-            o->s = valid ? f32_to_f16((float)sum * d) : (u16)0;
-        }
+        warp_quantize_q8_1(x[src * (u64)k + b * QK + lane], valid, out + i);
     }
 }

@@ -24,21 +24,48 @@ extern "C" __global__ void fill_uniform_f32(float* out, u64 n, u64 seed, float s
         out[i] = __fmul_rn(uniform_pm1(seed, i), scale);
 }
 
-// Weight blocks: d = f16(0.002 + 0.004 * u) with u in [0, 1); q8_0 quants in [-127, 127];
-// q4_0 bytes uniform.
+// f16(lo + span * u), u uniform in [0, 1) from (seed, i); no FMA: the CPU twin rounds twice.
+static __device__ __forceinline__ u16 scale_f16(u64 seed, u64 i, float lo, float span) {
+    const float u = __fmul_rn(__fadd_rn(uniform_pm1(seed, i), 1.0f), 0.5f);
+    return f32_to_f16(__fadd_rn(lo, __fmul_rn(span, u)));
+}
+
+// K-quant super-block b: every byte random (8 per hash: byte i is byte i % 8 of
+// hash(seed, 64b + i / 8)), so sub-block scales, mins and quants take all their values; then the
+// f16 fields are set from hash indexes 64b + 48 (d) and 64b + 49 (dmin). dmin is ~ d times the
+// mean quant (7.5 for q4_K, 15.5 for q5_K), so the min term cancels the mean weight as in a
+// real model. Constants: `testdata::kquant_scale_ranges` in Rust.
+static __device__ __forceinline__ void fill_kquant_block(unsigned char* blk, u64 b, u64 seed, int wtype) {
+    const int bytes = (int)weight_row_bytes(wtype, QK_K);
+    for (int w = 0; w * 8 < bytes; ++w) {
+        const u64 h = hash2(seed, b * 64 + (u64)w);
+        for (int i = 0; i < 8 && w * 8 + i < bytes; ++i) blk[w * 8 + i] = (unsigned char)(h >> (8 * i));
+    }
+    if (wtype == WTYPE_Q6_K) {
+        ((block_q6_K*)blk)->d = scale_f16(seed, b * 64 + 48, 1e-4f, 2e-4f);
+    } else {
+        block_q4_K* h = (block_q4_K*)blk;  // q5_K starts the same way
+        const bool q4 = wtype == WTYPE_Q4_K;
+        h->d = scale_f16(seed, b * 64 + 48, q4 ? 2e-4f : 1e-4f, q4 ? 4e-4f : 2e-4f);
+        h->dmin = scale_f16(seed, b * 64 + 49, q4 ? 1.5e-3f : 1.55e-3f, q4 ? 3e-3f : 3.1e-3f);
+    }
+}
+
+// Weight blocks of `wtype`. q8_0 / q4_0: d = f16(0.002 + 0.004 * u), q8_0 quants in
+// [-127, 127], q4_0 bytes uniform. K-quants: fill_kquant_block.
 extern "C" __global__ void fill_weights(unsigned char* out, u64 nblocks, u64 seed, int wtype) {
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 b = (u64)blockIdx.x * blockDim.x + threadIdx.x; b < nblocks; b += stride) {
-        const float u = __fmul_rn(__fadd_rn(uniform_pm1(seed, b * 33), 1.0f), 0.5f);
-        const u16 d = f32_to_f16(__fadd_rn(0.002f, __fmul_rn(0.004f, u)));  // no FMA: the CPU twin rounds twice
         if (wtype == WTYPE_Q8_0) {
             block_q8_0* w = (block_q8_0*)out + b;
-            w->d = d;
+            w->d = scale_f16(seed, b * 33, 0.002f, 0.004f);
             for (int j = 0; j < QK; ++j) w->qs[j] = (signed char)((int)(hash2(seed, b * 33 + 1 + j) % 255) - 127);
-        } else {
+        } else if (wtype == WTYPE_Q4_0) {
             block_q4_0* w = (block_q4_0*)out + b;
-            w->d = d;
+            w->d = scale_f16(seed, b * 33, 0.002f, 0.004f);
             for (int j = 0; j < QK / 2; ++j) w->qs[j] = (unsigned char)(hash2(seed, b * 33 + 1 + j) & 0xff);
+        } else {
+            fill_kquant_block(out + b * weight_row_bytes(wtype, QK_K), b, seed, wtype);
         }
     }
 }

@@ -10,8 +10,9 @@ pub struct KernelSource {
     /// File name under `kernels/cuda/`, also the module's name.
     pub file: &'static str,
     pub code: &'static str,
-    /// A negative control's fixed twin, compiled in front of it so the broken kernel reuses the
-    /// twin's device functions and differs only where the bug is.
+    /// Code compiled in front of the file: a header shared by some families (the GEMM tile), or
+    /// a negative control's fixed twin, so the broken kernel reuses the twin's device functions
+    /// and differs only where the bug is.
     pub prelude: Option<&'static KernelSource>,
 }
 
@@ -24,23 +25,31 @@ macro_rules! source {
     ($file:literal, twin: $twin:expr) => {
         KernelSource { file: $file, code: include_str!(concat!("../cuda/", $file)), prelude: Some(&$twin) }
     };
+    ($file:literal, header: $header:expr) => {
+        KernelSource { file: $file, code: include_str!(concat!("../cuda/", $file)), prelude: Some(&$header) }
+    };
 }
+
+/// The dp4a GEMM tile loop of the routed and the dense GEMM: a header, not a module of its own
+/// (compiled as the prelude of both).
+pub const GEMM_TILE: KernelSource = source!("gemm_tile.cuh");
 
 pub const TESTDATA: KernelSource = source!("testdata.cu");
 pub const ROUTER: KernelSource = source!("router.cu");
 pub const MOE_ALIGN: KernelSource = source!("moe_align.cu");
 pub const QUANTIZE: KernelSource = source!("quantize.cu");
 pub const MOE_GEMV: KernelSource = source!("moe_gemv.cu");
-pub const MOE_GEMM: KernelSource = source!("moe_gemm.cu");
+pub const MOE_GEMM: KernelSource = source!("moe_gemm.cu", header: GEMM_TILE);
 pub const MOE_COMBINE: KernelSource = source!("moe_combine.cu");
 pub const LATENT_PROJ: KernelSource = source!("latent_proj.cu");
 pub const EMBED: KernelSource = source!("embed.cu");
 pub const RMSNORM: KernelSource = source!("rmsnorm.cu");
 pub const ROPE: KernelSource = source!("rope.cu");
-pub const OUTPUT_HEAD: KernelSource = source!("output_head.cu");
+pub const OUTPUT_HEAD: KernelSource = source!("output_head.cu", header: GEMM_TILE);
 pub const SAMPLING: KernelSource = source!("sampling.cu");
 pub const ATTENTION: KernelSource = source!("attention.cu");
 pub const KV_STORE: KernelSource = source!("kv_store.cu");
+pub const GLUE: KernelSource = source!("glue.cu");
 /// Deliberately broken kernels, loaded only by the self-test's negative controls: the routed
 /// GEMV with tokens x top_k on grid.z, and the latent epilogue whose tail lanes skip shuffles.
 pub const NEG_GEMV_GRIDZ: KernelSource = source!("neg_gemv_gridz.cu", twin: MOE_GEMV);
@@ -62,6 +71,7 @@ pub const ALL: &[KernelSource] = &[
     SAMPLING,
     ATTENTION,
     KV_STORE,
+    GLUE,
     NEG_GEMV_GRIDZ,
     NEG_LATENT_TAILSKIP,
 ];

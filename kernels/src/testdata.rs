@@ -6,7 +6,7 @@
 
 use half::f16;
 
-use crate::quant::{BLOCK_Q4_0_BYTES, BLOCK_Q8_0_BYTES, BlockQ8_1, QK, WeightType};
+use crate::quant::{BlockQ8_1, QK, WeightType, kquants};
 
 /// The poison word written over outputs (and a guard zone past their end) before a kernel
 /// runs. As f32 it is a NaN with a payload no kernel computes; as an i32 id it is negative;
@@ -39,25 +39,64 @@ pub fn uniform_row(seed: u64, start: u64, len: usize, scale: f32) -> Vec<f32> {
     (0..len as u64).map(|j| uniform_f32(seed, start + j, scale)).collect()
 }
 
+/// `f16(lo + span·u)`, u uniform in [0, 1) from `(seed, i)`: the device's `scale_f16`.
+fn scale_f16(seed: u64, i: u64, lo: f32, span: f32) -> f16 {
+    let u = (uniform_pm1(seed, i) + 1.0) * 0.5;
+    f16::from_f32(lo + span * u)
+}
+
+/// `(lo, span)` of a generated f16 scale: `lo + span·u`, u uniform in [0, 1).
+pub type ScaleRange = (f32, f32);
+
+/// `(lo, span)` of a generated K-quant block's d, and of its dmin (q6_K has none); `None` for
+/// the legacy formats. dmin is about d times the mean quant (7.5 for q4_K, 15.5 for q5_K), so
+/// the min term cancels the mean weight as in a real model. The device's `fill_kquant_block`
+/// uses the same literals.
+pub fn kquant_scale_ranges(wtype: WeightType) -> Option<(ScaleRange, Option<ScaleRange>)> {
+    match wtype {
+        WeightType::Q4K => Some(((2e-4, 4e-4), Some((1.5e-3, 3e-3)))),
+        WeightType::Q5K => Some(((1e-4, 2e-4), Some((1.55e-3, 3.1e-3)))),
+        WeightType::Q6K => Some(((1e-4, 2e-4), None)),
+        WeightType::Q8_0 | WeightType::Q4_0 => None,
+    }
+}
+
+/// K-quant super-block `b` of `bytes` bytes: every byte random (byte i is byte i % 8 of
+/// hash(seed, 64b + i/8)), then d (hash index 64b + 48) and dmin (64b + 49) from their ranges.
+fn kquant_block(seed: u64, b: u64, bytes: usize, d: ScaleRange, dmin: Option<ScaleRange>, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend((0..bytes).map(|i| (hash2(seed, b * 64 + (i / 8) as u64) >> (8 * (i % 8))) as u8));
+    let blk = &mut out[start..];
+    let d = scale_f16(seed, b * 64 + 48, d.0, d.1).to_le_bytes();
+    match dmin {
+        Some((lo, span)) => {
+            blk[kquants::Q4_K_D..kquants::Q4_K_D + 2].copy_from_slice(&d);
+            blk[kquants::Q4_K_DMIN..kquants::Q4_K_DMIN + 2].copy_from_slice(&scale_f16(seed, b * 64 + 49, lo, span).to_le_bytes());
+        }
+        None => blk[kquants::Q6_K_D..kquants::Q6_K_D + 2].copy_from_slice(&d),
+    }
+}
+
 /// Weight block `b` of a `fill_weights(seed, wtype)` buffer, as bytes.
 pub fn weight_block(seed: u64, b: u64, wtype: WeightType, out: &mut Vec<u8>) {
-    let u = (uniform_pm1(seed, b * 33) + 1.0) * 0.5;
-    let d = f16::from_f32(0.002 + 0.004 * u);
-    out.extend_from_slice(&d.to_le_bytes());
-    match wtype {
-        WeightType::Q8_0 => out.extend((0..QK as u64).map(|j| ((hash2(seed, b * 33 + 1 + j) % 255) as i32 - 127) as i8 as u8)),
-        WeightType::Q4_0 => out.extend((0..QK as u64 / 2).map(|j| (hash2(seed, b * 33 + 1 + j) & 0xff) as u8)),
+    if let Some((d, dmin)) = kquant_scale_ranges(wtype) {
+        return kquant_block(seed, b, wtype.block_bytes(), d, dmin, out);
+    }
+    out.extend_from_slice(&scale_f16(seed, b * 33, 0.002, 0.004).to_le_bytes());
+    if wtype == WeightType::Q8_0 {
+        out.extend((0..QK as u64).map(|j| ((hash2(seed, b * 33 + 1 + j) % 255) as i32 - 127) as i8 as u8));
+    } else {
+        out.extend((0..QK as u64 / 2).map(|j| (hash2(seed, b * 33 + 1 + j) & 0xff) as u8));
     }
 }
 
 /// Row `row` (of `k` weights) of a `fill_weights` buffer holding rows of `k` weights.
 pub fn weight_row(seed: u64, row: u64, k: usize, wtype: WeightType) -> Vec<u8> {
-    let nb = (k / QK) as u64;
+    let nb = wtype.blocks_per_row(k) as u64;
     let mut out = Vec::with_capacity(wtype.row_bytes(k));
     for b in 0..nb {
         weight_block(seed, row * nb + b, wtype, &mut out);
     }
-    debug_assert_eq!(out.len(), nb as usize * if wtype == WeightType::Q8_0 { BLOCK_Q8_0_BYTES } else { BLOCK_Q4_0_BYTES });
     out
 }
 
@@ -94,13 +133,40 @@ mod tests {
 
     #[test]
     fn weight_blocks_have_positive_scale_in_range() {
-        for wtype in WeightType::ALL {
+        for wtype in WeightType::LEGACY {
             let row = weight_row(3, 5, 64, wtype);
             assert_eq!(row.len(), wtype.row_bytes(64));
             for b in row.chunks_exact(wtype.block_bytes()) {
                 let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
                 assert!((0.0019..=0.0061).contains(&d), "{d}");
             }
+        }
+    }
+
+    /// The K-quant scales land in their ranges, and the random bytes give every sub-block scale
+    /// and min value, so the generated rows exercise the whole of `get_scale_min_k4`.
+    #[test]
+    fn kquant_blocks_have_scales_in_range_and_every_sub_scale() {
+        let f16_at = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
+        let within = |v: f32, (lo, span): ScaleRange| v >= lo * 0.999 && v <= (lo + span) * 1.001;
+        for wtype in WeightType::K_QUANTS {
+            let (d, dmin) = kquant_scale_ranges(wtype).unwrap();
+            let row = weight_row(9, 2, 256 * 200, wtype);
+            assert_eq!(row.len(), wtype.row_bytes(256 * 200));
+            let mut seen = [[false; 64]; 2];
+            for b in row.chunks_exact(wtype.block_bytes()) {
+                if wtype == WeightType::Q6K {
+                    assert!(within(f16_at(b, kquants::Q6_K_D), d));
+                    continue;
+                }
+                assert!(within(f16_at(b, kquants::Q4_K_D), d) && within(f16_at(b, kquants::Q4_K_DMIN), dmin.unwrap()));
+                for j in 0..8 {
+                    let (sc, m) = kquants::get_scale_min_k4(j, &b[kquants::Q4_K_SCALES..kquants::Q4_K_QS]);
+                    seen[0][sc as usize] = true;
+                    seen[1][m as usize] = true;
+                }
+            }
+            assert!(wtype == WeightType::Q6K || seen.iter().all(|s| s.iter().all(|&x| x)), "{wtype}: not every scale/min value occurs");
         }
     }
 }

@@ -341,6 +341,7 @@ mod tests {
                 let q = if j < 16 { b[2 + j] & 15 } else { b[2 + j - 16] >> 4 };
                 d * (q as f32 - 8.0)
             }
+            WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => unreachable!("embedding tables are q8_0, q4_0 or f32"),
         }
     }
 

@@ -6,9 +6,12 @@
 //! limits)`, `device_bytes(tokens, case)`, `run_case(gpu, tokens, case)`, `TOLERANCE`.
 
 pub mod attention;
+pub mod add;
+pub mod dense_f32;
 pub mod embed;
 pub mod kv_store;
 pub mod latent_proj;
+pub mod linear;
 pub mod moe_align;
 pub mod moe_combine;
 pub mod moe_gemm;
@@ -19,4 +22,5 @@ pub mod rmsnorm;
 pub mod rope;
 pub mod router;
 pub mod sampling;
+pub mod swiglu;
 pub mod testdata;

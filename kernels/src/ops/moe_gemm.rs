@@ -2,9 +2,10 @@
 //!
 //! Inputs come from the alignment ([`moe_align::Aligned`]): activations gathered in sorted row
 //! order as q8_1 (`A [max_padded_rows, K/32]`, padding rows zero), expert weights `W [E, N, K]`
-//! in q8_0 or q4_0. The output `y [tokens·top_k, N]` f32 is indexed by (token, slot) pair;
+//! in any [`WeightType`] (K a multiple of 256 for the K-quants). The output `y [tokens·top_k, N]` f32 is indexed by (token, slot) pair;
 //! padding rows are computed but never stored. Row tiles (64 rows, one expert each) go on
-//! `grid.x`, column tiles of N on `grid.y`; the tile shapes are data ([`TILES`]).
+//! `grid.x`, column tiles of N on `grid.y`; the tile shapes are data ([`TILES`]). The K loop is
+//! `cuda/gemm_tile.cuh`, shared with the dense GEMM of `output_head`.
 
 use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use rayon::prelude::*;
@@ -27,8 +28,10 @@ use crate::thresholds::{Critical, I32_MAX, overflow_point, tile_tails};
 /// The kernel family (each tile shape has its own entry point, [`GemmTile::kernel`]).
 pub const KERNEL: &str = "moe_gemm";
 /// Same integer block sums and f32 block formulas as the twin, blocks accumulated in the same
-/// order: only FMA contraction differs (measured on the H200: ~1e-6 of max |ref|). A wrong
-/// block, scale or nibble moves the result by more than 1e-3.
+/// order: only FMA contraction differs (measured on the H200: ~1e-6 of max |ref|). The K-quant
+/// terms are grouped per 32-wide block rather than per super-block: at most 5.3e-7 of max |ref|
+/// at the model's widths (`quant::kquants` tests repeat the device's arithmetic exactly). A
+/// wrong block, scale or nibble moves the result by more than 1e-3.
 pub const TOLERANCE: f64 = 1e-4;
 /// Most experts the plan accepts: a bound on the shapes qualified (current MoE models have at
 /// most a few hundred), so a corrupt shape is rejected rather than launched.
@@ -58,20 +61,25 @@ pub struct GemmTile {
     pub threads: u32,
 }
 
-/// Ints per staged block in shared memory: 8 quant ints and one pad (conflict-free columns).
-const STAGED_INTS: u64 = 9;
+/// Ints per staged block in shared memory: 8 quant ints and one pad (`GEMM_QS`).
+pub const STAGED_INTS: u64 = 9;
+
+/// Dynamic shared memory of a `gemm_tile.cuh` block of `m` x `n` outputs staging `k_blocks`
+/// 32-wide blocks per step: the staged quants of A and W, A's d and s (or Σ quants), W's d,
+/// dmin and packed sub-block scales.
+pub const fn tile_shared_bytes(m: u64, n: u64, k_blocks: u64) -> u64 {
+    4 * k_blocks * ((m + n) * STAGED_INTS + 2 * m + 3 * n)
+}
 
 impl GemmTile {
-    /// Dynamic shared memory of one block: staged quants of A and W, A's d and s, W's d.
     pub const fn shared_bytes(&self) -> u64 {
-        let (m, n, kb) = (self.m as u64, self.n as u64, self.k_blocks as u64);
-        4 * (kb * (m + n) * STAGED_INTS + kb * (2 * m + n))
+        tile_shared_bytes(self.m as u64, self.n as u64, self.k_blocks as u64)
     }
 }
 
-/// The default: 21,504 B of shared memory, within every card's 48 KiB without opting in.
+/// The default: 23,552 B of shared memory, within every card's 48 KiB without opting in.
 pub const DEFAULT_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n64k4", m: 64, n: 64, k_blocks: 4, threads: 256 };
-/// 126,976 B of shared memory: fits the H200's 227 KiB opt-in, not GB10's 99 KiB.
+/// 143,360 B of shared memory: fits the H200's 227 KiB opt-in, not GB10's 99 KiB.
 pub const LARGE_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n128k16", m: 64, n: 128, k_blocks: 16, threads: 512 };
 /// Every tile shape `moe_gemm.cu` instantiates.
 pub const TILES: [GemmTile; 2] = [DEFAULT_TILE, LARGE_TILE];
@@ -101,11 +109,11 @@ pub fn plan(tokens: u64, c: &GemmCase, tile: &GemmTile, limits: &DeviceLimits) -
     if tokens == 0 {
         return bad("0 tokens");
     }
-    if c.k == 0 || !c.k.is_multiple_of(QK as u32) {
-        return bad("k must be a positive multiple of 32");
+    if let Some(what) = c.wtype.check_row_width(c.k as u64) {
+        return bad(&what);
     }
-    if c.n == 0 || c.n as u64 > I32_MAX || c.k as u64 > I32_MAX {
-        return bad("n and k must be in 1 ..= 2^31 - 1");
+    if c.n == 0 || c.n as u64 > I32_MAX {
+        return bad("n must be in 1 ..= 2^31 - 1");
     }
     if c.experts == 0 || c.experts > MAX_EXPERTS {
         return bad(&format!("experts must be in 1 ..= {MAX_EXPERTS}"));
@@ -340,7 +348,7 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &GemmCase) -> Result<Outcome, GpuErro
     let mut a = gpu.alloc::<u8>(rows * nb * BLOCK_Q8_1_BYTES)?;
     fill_q8_1_rows(gpu, &mut a, rows, nb, SEED_A, Some(&sorted_ids), pairs as u64)?;
     let mut w = gpu.alloc::<u8>(e * n * c.wtype.row_bytes(c.k as usize))?;
-    fill_weights(gpu, &mut w, e * n * nb, SEED_W, c.wtype)?;
+    fill_weights(gpu, &mut w, e * n * c.wtype.blocks_per_row(c.k as usize), SEED_W, c.wtype)?;
     let ins = Inputs { sorted_ids, tile_expert: gpu.upload(&aligned.tile_expert)?, a, w };
     let mut y = Guarded::new(gpu, pairs * n)?;
     // Computed while the device fills the inputs.
@@ -386,9 +394,11 @@ mod tests {
     /// Twin vs. dequantize-then-f64 dot, looked up by each pair's routed expert (not the tiles).
     #[test]
     fn cpu_twin_matches_dequantized_f64() {
-        let (experts, top_k, n, k) = (8u32, 2u32, 40usize, 96usize);
-        let nb = k / QK;
+        let (experts, top_k, n) = (8u32, 2u32, 40usize);
         for wtype in WeightType::ALL {
+            // Three blocks: 96 weights, or 768 for the 256-wide K-quant super-blocks.
+            let k = 3 * wtype.block_size();
+            let nb = k / QK;
             let weights: Vec<u8> = (0..experts as u64 * n as u64).flat_map(|r| weight_row(SEED_W, r, k, wtype)).collect();
             for routing in [Routing::Uniform, Routing::OneExpert, Routing::MaxPadding] {
                 for tokens in [1u64, 5, 33, 70] {
@@ -452,6 +462,7 @@ mod tests {
     fn large_tile_fits_h200_not_gb10() {
         let c = case(8, 768, 2048, WeightType::Q4_0, Routing::Uniform);
         let shared = LARGE_TILE.shared_bytes();
+        assert_eq!((DEFAULT_TILE.shared_bytes(), shared), (23_552, 143_360));
         assert!(shared > 99 * 1024 && shared <= 227 * 1024, "{shared}");
         assert!(plan(4096, &c, &LARGE_TILE, &DeviceLimits::h200()).is_ok());
         let e = plan(4096, &c, &LARGE_TILE, &DeviceLimits::gb10()).unwrap_err();
@@ -490,6 +501,8 @@ mod tests {
             (1, GemmCase { top_k: 0, ..ok }),
             (1, GemmCase { experts: 4, ..ok }),
             (1, GemmCase { experts: MAX_EXPERTS + 1, ..ok }),
+            (1, GemmCase { k: 768 + 32, wtype: WeightType::Q6K, ..ok }),
+            (1, GemmCase { k: 128, wtype: WeightType::Q4K, ..ok }),
             (1 << 29, ok),
         ] {
             assert!(matches!(plans(t, &c, &l), Err(PlanError::Unsupported { .. })), "t={t} {c:?}");

@@ -91,8 +91,8 @@ fn check_dims(kernel: &str, tokens: u64, d: &GemvDims, shape: &str) -> Result<()
         format!("needs 1 <= top_k ({}) <= experts ({})", d.top_k, d.experts)
     } else if d.n == 0 || d.n > i32::MAX as u32 {
         format!("output width N = {} must be in 1..2^31", d.n)
-    } else if d.k == 0 || !d.k.is_multiple_of(QK as u32) || d.k > i32::MAX as u32 {
-        format!("input width K = {} must be a positive multiple of {QK} below 2^31", d.k)
+    } else if let Some(what) = d.wtype.check_row_width(d.k as u64) {
+        format!("input width: {what}")
     } else {
         return Ok(());
     };
@@ -248,7 +248,7 @@ fn run(gpu: &Gpu, tokens: u64, c: &GemvCase, plan: &Launch, source: &KernelSourc
     let pairs = tokens as usize * top_k;
     let ids = route(c.routing, tokens as usize, c.experts as usize, top_k, GEMM_TILE_M as usize, SEED_ROUTE);
     let ids_dev = gpu.upload(&ids)?;
-    let w_blocks = c.experts as usize * n * (k / QK);
+    let w_blocks = c.experts as usize * n * c.wtype.blocks_per_row(k);
     let mut w = gpu.alloc::<u8>(w_blocks * c.wtype.block_bytes())?;
     fill_weights(gpu, &mut w, w_blocks, SEED_W, c.wtype)?;
     let mut xq = gpu.alloc::<u8>(tokens as usize * (k / QK) * BLOCK_Q8_1_BYTES)?;
@@ -302,14 +302,20 @@ mod tests {
         (w, xq, ids)
     }
 
+    /// Rows of 3 blocks (96 weights; 768 for the K-quants' 256-wide super-blocks).
+    fn three_blocks(wtype: WeightType) -> u32 {
+        3 * wtype.block_size() as u32
+    }
+
     #[test]
     fn twin_matches_dequantized_f64_dot() {
         for wtype in WeightType::ALL {
-            let d = GemvDims { experts: 5, top_k: 3, n: 7, k: 96, wtype };
+            let k = three_blocks(wtype);
+            let d = GemvDims { experts: 5, top_k: 3, n: 7, k, wtype };
             let tokens = 4;
             let (w, xq, ids) = inputs(tokens, &d);
             let y = moe_gemv_cpu(&w, &xq, &ids, &d);
-            let (n, nb, rb) = (7, 3, wtype.row_bytes(96));
+            let (n, nb, rb) = (7, k as usize / QK, wtype.row_bytes(k as usize));
             let mut max_ref = 0f64;
             let mut max_diff = 0f64;
             for (pair, &e) in ids.iter().enumerate() {
@@ -322,14 +328,19 @@ mod tests {
                     max_diff = max_diff.max((want - y[pair * n + col] as f64).abs());
                 }
             }
-            // q4_0 folds its −8 offset through the f16 s = d·Σq: allow that rounding.
+            // q4_0 folds its −8 offset through the f16 s = d·Σq: allow that rounding (the K-quant
+            // twins are within f32 rounding, checked tightly in `quant::kquants`).
             assert!(max_diff <= 2e-3 * max_ref, "{wtype}: {max_diff} vs max {max_ref}");
         }
     }
 
     /// The GPU's arithmetic: lane l takes blocks l, l+32, ... and the compiler contracts each
-    /// block's formula into the lane's sum with FMAs (-fmad=true); then the xor butterfly.
+    /// legacy block's formula into the lane's sum with FMAs (-fmad=true; the K-quant formula is
+    /// spelled with _rn intrinsics: `device_order_dot`); then the xor butterfly.
     fn gpu_order_dot(wtype: WeightType, w_row: &[u8], x: &[BlockQ8_1]) -> f32 {
+        if wtype.is_k_quant() {
+            return crate::quant::kquants::device_order_dot(wtype, w_row, x, 32);
+        }
         let bb = wtype.block_bytes();
         let mut lanes = [0.0f32; 32];
         for (b, xb) in x.iter().enumerate() {
@@ -347,6 +358,7 @@ mod tests {
                         (0..16).map(|j| (w[2 + j] & 15) as i32 * xb.qs[j] as i32 + (w[2 + j] >> 4) as i32 * xb.qs[j + 16] as i32).sum();
                     wd.mul_add(xd.mul_add(isum as f32, -8.0 * xb.s.to_f32()), *acc)
                 }
+                WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => unreachable!("handled above"),
             };
         }
         let mut o = 16;
@@ -417,6 +429,11 @@ mod tests {
         assert!(un(plans(1, &GemvCase { k: 100, ..c }, &l)));
         assert!(un(plans(1, &GemvCase { top_k: 129, ..c }, &l)));
         assert!(un(plans(1, &GemvCase { n: 0, ..c }, &l)));
+        // K-quant rows are whole 256-wide super-blocks.
+        assert!(un(plans(1, &GemvCase { k: 2048 + 32, wtype: WeightType::Q4K, ..c }, &l)));
+        assert!(plans(1, &GemvCase { k: 2048, wtype: WeightType::Q6K, ..c }, &l).is_ok());
+        let e = plans(1, &GemvCase { k: 768 + 128, wtype: WeightType::Q5K, ..c }, &l).unwrap_err();
+        assert!(e.to_string().contains("multiple of 256"), "{e}");
     }
 
     #[test]

@@ -1,14 +1,16 @@
 //! The LM head: `logits[r, v] = dot(W[v, :], x[src(r), :])` for the rows the engine samples.
 //!
-//! `x [x_rows, K/32]` q8_1 holds the final hidden states, `W [V, K]` is q8_0 or q4_0, the
-//! logits are f32 `[R, V]`. `src(r)` is `rows[r]` (prefill computes only the last position of
+//! `x [x_rows, K/32]` q8_1 holds the final hidden states, `W [V, K]` is in any [`WeightType`]
+//! (K a multiple of 256 for the K-quants), the logits are f32 `[R, V]`. `src(r)` is `rows[r]` (prefill computes only the last position of
 //! each sequence) or `r` (full logits, for the parity tests). Full logits pass 2^31 elements at
 //! 14,135 tokens for the vocabulary of 151,936: every index is 64-bit on the device.
 //!
 //! Two kernels (`cuda/output_head.cu`), chosen by [`path`]: a tiled dp4a GEMM (row tiles on
 //! `grid.x`, they grow with tokens; vocab tiles on `grid.y`, bounded, refused past the device's
-//! limit) and, for at most [`GEMV_MAX_ROWS`] rows (decode), a GEMV that reads each weight row
-//! once for all rows (vocab tiles on `grid.x`, the rows in a loop).
+//! limit; the K loop of `cuda/gemm_tile.cuh`, shared with the routed GEMM) and, for at most
+//! [`GEMV_MAX_ROWS`] rows (decode), a GEMV that reads each weight row once for all rows (vocab
+//! tiles on `grid.x`, the rows in a loop). The same kernels compute every dense projection of
+//! the engine: [`crate::ops::linear`].
 
 use std::time::Instant;
 
@@ -19,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
 use crate::limits::DeviceLimits;
+use crate::ops::moe_gemm::{STAGED_INTS, tile_shared_bytes};
 use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_q8_1_rows, fill_weights};
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType};
 use crate::selftest::case::{Check, Outcome};
@@ -33,7 +36,9 @@ pub const GEMM_KERNEL: &str = "output_head_gemm";
 pub const GEMV_KERNEL: &str = "output_head_gemv";
 /// The same integer block sums and f32 block formulas as the twin: only the order of the f32
 /// block sums (the GEMV's lane partials and butterfly) and FMA contraction differ, ~1e-6 of
-/// the largest logit. A wrong block, scale or nibble moves a logit by more than 1e-3.
+/// the largest logit; for the K-quants also the grouping of their terms per 32-wide block, at
+/// most 5.3e-7 (`quant::kquants` tests). A wrong block, scale or nibble moves a logit by more
+/// than 1e-3.
 pub const TOLERANCE: f64 = 1e-4;
 /// Rows of a GEMM tile (`HEAD_BM`): the row tiles on `grid.x`.
 pub const TILE_M: u64 = 64;
@@ -42,11 +47,9 @@ pub const TILE_N: u64 = 64;
 /// 32-wide K blocks staged per step (`HEAD_KB`).
 const K_BLOCKS: u64 = 4;
 const GEMM_THREADS: u32 = 256;
-/// Ints per staged block in shared memory: 8 quant ints and one pad (`HEAD_QS`).
-const STAGED_INTS: u64 = 9;
-/// Dynamic shared memory of a GEMM block: staged quants of x and W, x's d and s, W's d
-/// (21,504 B: within every card's 48 KiB, no opt-in).
-pub const GEMM_SHARED_BYTES: u64 = 4 * (K_BLOCKS * (TILE_M + TILE_N) * STAGED_INTS + K_BLOCKS * (2 * TILE_M + TILE_N));
+/// Dynamic shared memory of a GEMM block (`gemm_tile.cuh`; 23,552 B: within every card's
+/// 48 KiB, no opt-in).
+pub const GEMM_SHARED_BYTES: u64 = tile_shared_bytes(TILE_M, TILE_N, K_BLOCKS);
 const _: () = assert!(GEMM_SHARED_BYTES <= 48 * 1024, "the GEMM tile must fit every card without opting in");
 /// Up to this many rows the GEMV runs (`HEAD_GEMV_MAX_ROWS`): decode of a few sequences.
 pub const GEMV_MAX_ROWS: u64 = 8;
@@ -115,18 +118,32 @@ pub fn path(rows: u64) -> HeadPath {
     if rows <= GEMV_MAX_ROWS { HeadPath::Gemv } else { HeadPath::Gemm }
 }
 
-fn describe(rows: u64, d: &HeadDims) -> String {
-    format!("rows={rows} hidden={} vocab={} {}", d.hidden, d.vocab, d.wtype)
+/// Who runs the dense kernels, as errors name it: the head (hidden -> vocab) or a projection
+/// (k -> n, [`crate::ops::linear`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Caller {
+    pub family: &'static str,
+    /// Names of the input width and of the output width.
+    pub input: &'static str,
+    pub output: &'static str,
 }
 
-fn unsupported(what: impl Into<String>, shape: String) -> PlanError {
-    PlanError::Unsupported { kernel: KERNEL.into(), what: what.into(), shape }
+pub(crate) const HEAD: Caller = Caller { family: KERNEL, input: "hidden", output: "vocab" };
+
+impl Caller {
+    fn describe(&self, rows: u64, d: &HeadDims) -> String {
+        format!("rows={rows} {}={} {}={} {}", self.input, d.hidden, self.output, d.vocab, d.wtype)
+    }
+
+    fn unsupported(&self, what: impl Into<String>, shape: String) -> PlanError {
+        PlanError::Unsupported { kernel: self.family.into(), what: what.into(), shape }
+    }
 }
 
 /// Every launch the head makes for a batch of `tokens` (one).
 pub fn plans(tokens: u64, c: &HeadCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
     if c.sequences.is_some() && tokens > I32_MAX + 1 {
-        return Err(unsupported("row indices are i32: at most 2^31 tokens", describe(tokens, &c.dims())));
+        return Err(HEAD.unsupported("row indices are i32: at most 2^31 tokens", HEAD.describe(tokens, &c.dims())));
     }
     Ok(vec![plan(c.out_rows(tokens), &c.dims(), limits)?])
 }
@@ -134,15 +151,20 @@ pub fn plans(tokens: u64, c: &HeadCase, limits: &DeviceLimits) -> Result<Vec<Lau
 /// The launch computing `rows` output rows: the GEMV (grid (vocab / 8 warps, 1, 1)) or the GEMM
 /// (grid (row tiles of 64, vocab tiles of 64, 1), 256 threads, [`GEMM_SHARED_BYTES`]).
 pub fn plan(rows: u64, d: &HeadDims, limits: &DeviceLimits) -> Result<Launch, PlanError> {
-    let shape = describe(rows, d);
+    plan_for(&HEAD, rows, d, limits)
+}
+
+/// [`plan`] with errors naming `caller`.
+pub(crate) fn plan_for(caller: &Caller, rows: u64, d: &HeadDims, limits: &DeviceLimits) -> Result<Launch, PlanError> {
+    let shape = caller.describe(rows, d);
     if rows == 0 {
-        return Err(unsupported("no rows", shape));
+        return Err(caller.unsupported("no rows", shape));
     }
-    if d.hidden == 0 || !(d.hidden as usize).is_multiple_of(QK) || d.hidden as u64 > I32_MAX {
-        return Err(unsupported(format!("hidden {} must be a positive multiple of {QK} below 2^31", d.hidden), shape));
+    if let Some(what) = d.wtype.check_row_width(d.hidden as u64) {
+        return Err(caller.unsupported(format!("{}: {what}", caller.input), shape));
     }
     if d.vocab == 0 || d.vocab as u64 > I32_MAX {
-        return Err(unsupported(format!("vocab {} must be in 1..2^31", d.vocab), shape));
+        return Err(caller.unsupported(format!("{} {} must be in 1..2^31", caller.output, d.vocab), shape));
     }
     let vocab = d.vocab as u64;
     match path(rows) {
@@ -221,7 +243,19 @@ fn buffer_needs(d: &HeadDims, x_rows: u64, out_rows: u64, have: [u64; 4]) -> [(&
 /// Computes `out_rows` rows of logits from `x_rows` rows of x: row r from x row `rows[r]`, or
 /// from x row r without an index list (then `out_rows <= x_rows`).
 pub fn launch<Y: DeviceRepr>(gpu: &Gpu, d: &HeadDims, x_rows: u64, out_rows: u64, b: HeadBuffers<'_, Y>) -> Result<(), GpuError> {
-    let p = plan(out_rows, d, gpu.limits())?;
+    launch_for(&HEAD, gpu, d, x_rows, out_rows, b)
+}
+
+/// [`launch`] with errors naming `caller`.
+pub(crate) fn launch_for<Y: DeviceRepr>(
+    caller: &Caller,
+    gpu: &Gpu,
+    d: &HeadDims,
+    x_rows: u64,
+    out_rows: u64,
+    b: HeadBuffers<'_, Y>,
+) -> Result<(), GpuError> {
+    let p = plan_for(caller, out_rows, d, gpu.limits())?;
     if b.rows.is_none() && out_rows > x_rows {
         let what = format!("{out_rows} output rows from {x_rows} rows of x without an index list");
         return Err(PlanError::Unsupported { kernel: p.kernel.clone(), what, shape: p.shape.clone() }.into());
@@ -308,22 +342,28 @@ const SAMPLE_COLS: usize = 384;
 /// and sampled rows x sampled columns (both including the last two tiles) against the twin.
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &HeadCase) -> Result<Outcome, GpuError> {
     plans(tokens, c, gpu.limits())?; // refuse a bad shape before allocating for it
-    let d = c.dims();
-    let (nb, out_rows) = (d.blocks_per_row(), c.out_rows(tokens));
+    run_dense(&HEAD, gpu, tokens, &c.dims(), c.sequences)
+}
+
+/// The self-test of the dense kernels on `tokens` rows of x, computing every row (`None`) or
+/// the last of each of `sequences` sequences; `linear`'s self-test is this with every row.
+pub(crate) fn run_dense(caller: &Caller, gpu: &Gpu, tokens: u64, d: &HeadDims, sequences: Option<u32>) -> Result<Outcome, GpuError> {
+    let nb = d.blocks_per_row();
+    let out_rows = sequences.map_or(tokens, |s| tokens.min(s as u64));
     let mut x = gpu.alloc::<u8>(tokens as usize * nb * BLOCK_Q8_1_BYTES)?;
     fill_q8_1_rows(gpu, &mut x, tokens as usize, nb, SEED_X, None, tokens)?;
     let mut w = gpu.alloc::<u8>(d.vocab as usize * d.row_bytes())?;
-    fill_weights(gpu, &mut w, d.vocab as usize * nb, SEED_W, d.wtype)?;
-    let rows = c.sequences.map(|s| last_positions(tokens, s));
+    fill_weights(gpu, &mut w, d.vocab as usize * d.wtype.blocks_per_row(d.hidden as usize), SEED_W, d.wtype)?;
+    let rows = sequences.map(|s| last_positions(tokens, s));
     let rows_dev = rows.as_deref().map(|r| gpu.upload(r)).transpose()?;
     let mut out = Guarded::new(gpu, (out_rows * d.vocab as u64) as usize)?;
     gpu.synchronize()?;
     let start = Instant::now();
-    launch(gpu, &d, tokens, out_rows, HeadBuffers { x: &x, rows: rows_dev.as_ref(), w: &w, out: &mut out.buf })?;
+    launch_for(caller, gpu, d, tokens, out_rows, HeadBuffers { x: &x, rows: rows_dev.as_ref(), w: &w, out: &mut out.buf })?;
     gpu.synchronize()?;
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
     let (unwritten, past_end) = out.check(gpu, 1)?;
-    let err = compare(gpu, &out, out_rows, rows.as_deref(), &d)?;
+    let err = compare(gpu, &out, out_rows, rows.as_deref(), d)?;
     Ok(Outcome::Ran(Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms)))
 }
 
@@ -372,8 +412,11 @@ mod tests {
     #[test]
     fn twin_matches_dequantized_f64_dot() {
         for wtype in WeightType::ALL {
-            let d = HeadDims { hidden: 96, vocab: 37, wtype };
-            let (w, x) = (weights(&d), x_rows(5, 3));
+            // Three blocks per row: 96 weights, 768 for the K-quants.
+            let hidden = 3 * wtype.block_size();
+            let nb = hidden / QK;
+            let d = HeadDims { hidden: hidden as u32, vocab: 37, wtype };
+            let (w, x) = (weights(&d), x_rows(5, nb));
             let rb = d.row_bytes();
             for rows in [None, Some(vec![4, 0, 2])] {
                 let got = output_head_cpu(&w, &x, rows.as_deref(), &d);
@@ -381,7 +424,7 @@ mod tests {
                 assert_eq!(got.len(), src.len() * 37);
                 let (mut worst, mut scale) = (0f64, 0f64);
                 for (r, &s) in src.iter().enumerate() {
-                    let xd = dequantize_q8_1(&x[s * 3..(s + 1) * 3]);
+                    let xd = dequantize_q8_1(&x[s * nb..(s + 1) * nb]);
                     for v in 0..37 {
                         let wd = wtype.dequantize_row(&w[v * rb..(v + 1) * rb]);
                         let want: f64 = wd.iter().zip(&xd).map(|(a, b)| *a as f64 * *b as f64).sum();
@@ -397,8 +440,12 @@ mod tests {
         }
     }
 
-    /// The GEMV's order: lane l sums blocks l, l + 32, ..., then the xor butterfly.
+    /// The GEMV's order: lane l sums blocks l, l + 32, ..., then the xor butterfly (the K-quant
+    /// terms grouped per 32-wide block: `device_order_dot`).
     fn gemv_order_dot(wtype: WeightType, w_row: &[u8], x: &[BlockQ8_1]) -> f32 {
+        if wtype.is_k_quant() {
+            return crate::quant::kquants::device_order_dot(wtype, w_row, x, 32);
+        }
         let bb = wtype.block_bytes();
         let mut lanes = [0.0f32; 32];
         for (b, xb) in x.iter().enumerate() {
@@ -484,6 +531,7 @@ mod tests {
             (1, HeadCase { hidden: 2047, ..QWEN }),
             (1, HeadCase { hidden: 0, ..QWEN }),
             (1, HeadCase { vocab: 0, ..QWEN }),
+            (1, HeadCase { hidden: 2048 + 32, wtype: WeightType::Q6K, ..QWEN }),
             ((1 << 31) + 1, HeadCase { sequences: Some(4), ..QWEN }),
         ] {
             assert!(matches!(plans(t, &c, &l), Err(PlanError::Unsupported { .. })), "t={t} {c:?}");
@@ -507,14 +555,16 @@ mod tests {
         }
     }
 
-    /// The Rust tile constants are the ones `output_head.cu` defines.
+    /// The Rust tile constants are the ones `output_head.cu` and `gemm_tile.cuh` define.
     #[test]
     fn constants_match_the_cuda_source() {
-        let define = |name: &str| -> u64 {
-            let line = OUTPUT_HEAD.code.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap();
+        let define_in = |code: &str, name: &str| -> u64 {
+            let line = code.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap();
             line.split_whitespace().nth(2).unwrap().parse().unwrap()
         };
-        assert_eq!([define("HEAD_BM"), define("HEAD_BN"), define("HEAD_KB"), define("HEAD_QS")], [TILE_M, TILE_N, K_BLOCKS, STAGED_INTS]);
+        let define = |name: &str| define_in(OUTPUT_HEAD.code, name);
+        assert_eq!([define("HEAD_BM"), define("HEAD_BN"), define("HEAD_KB")], [TILE_M, TILE_N, K_BLOCKS]);
+        assert_eq!(define_in(crate::sources::GEMM_TILE.code, "GEMM_QS"), STAGED_INTS);
         assert_eq!(define("HEAD_TM") * define("HEAD_TN") * GEMM_THREADS as u64, TILE_M * TILE_N);
         assert_eq!([define("HEAD_GEMV_WARPS"), define("HEAD_GEMV_MAX_ROWS")], [GEMV_WARPS as u64, GEMV_MAX_ROWS]);
     }

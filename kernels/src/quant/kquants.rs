@@ -234,6 +234,59 @@ pub fn dot_q6_k_q8_1(w_row: &[u8], x: &[BlockQ8_1]) -> f32 {
     w_row.as_chunks::<BLOCK_Q6_K_BYTES>().0.iter().zip(xs).map(|(b, x)| dot_block_q6_k_q8_1(b, x)).sum()
 }
 
+/// The kernels' f32 value of 32-wide block `s` (0..8) of a K-quant super-block against one
+/// q8_1 block (common.cuh `block_partial`, each rounding spelled there with an _rn intrinsic):
+/// q4_K/q5_K `d·(d8·(Σq·u·sc)) − dmin·(d8·(Σu·m))`, q6_K `d·(d8·(lo·sc₀) + d8·(hi·sc₁))` over
+/// the two 16-weight halves. The same terms as the twins, grouped per block instead of per
+/// super-block; tests use it to bound what that and the GPU's summation order cost.
+#[cfg(test)]
+pub(crate) fn device_block_partial(wtype: super::WeightType, block: &[u8], s: usize, x: &BlockQ8_1) -> f32 {
+    use super::WeightType;
+    let d8 = x.d.to_f32();
+    let dot = |quant: &dyn Fn(usize) -> i32, range: std::ops::Range<usize>| -> i32 { range.map(|l| quant(l) * x.qs[l] as i32).sum() };
+    match wtype {
+        WeightType::Q6K => {
+            let b: &[u8; BLOCK_Q6_K_BYTES] = block.try_into().expect("a q6_K block");
+            let quant = |l: usize| q6_k_quant(b, 32 * s + l);
+            let (sc0, sc1) = (b[Q6_K_SCALES + 2 * s] as i8 as i32, b[Q6_K_SCALES + 2 * s + 1] as i8 as i32);
+            f16_at(b, Q6_K_D) * (d8 * (dot(&quant, 0..16) * sc0) as f32 + d8 * (dot(&quant, 16..32) * sc1) as f32)
+        }
+        WeightType::Q4K | WeightType::Q5K => {
+            let h = ScaledMin::read(block);
+            let qs = &block[if wtype == WeightType::Q4K { Q4_K_QS } else { Q5_K_QS }..];
+            let qh = &block[Q5_K_QH..Q5_K_QS];
+            let high = |l: usize| if wtype == WeightType::Q5K { (((qh[l] >> s) & 1) as i32) << 4 } else { 0 };
+            let quant = |l: usize| nibble(qs, s, l) | high(l);
+            let (sc, m) = get_scale_min_k4(s, h.scales);
+            h.d * (d8 * (dot(&quant, 0..32) * sc as i32) as f32) - h.dmin * (d8 * (sum_q8(x) * m as i32) as f32)
+        }
+        WeightType::Q8_0 | WeightType::Q4_0 => panic!("{wtype} is not a K-quant"),
+    }
+}
+
+/// A K-quant row dotted with q8_1 activations in the kernels' order: block b's
+/// [`device_block_partial`] added into partial `b % lanes`, then the partials in the xor
+/// butterfly of a warp (`lanes` = 32: the GEMVs) or alone (`lanes` = 1: a GEMM thread's
+/// sequential sum).
+#[cfg(test)]
+pub(crate) fn device_order_dot(wtype: super::WeightType, w_row: &[u8], x: &[BlockQ8_1], lanes: usize) -> f32 {
+    let bb = wtype.block_bytes();
+    let mut part = vec![0.0f32; lanes];
+    for (b, xb) in x.iter().enumerate() {
+        let block = &w_row[b / Q8_1_PER_SUPER_BLOCK * bb..][..bb];
+        part[b % lanes] += device_block_partial(wtype, block, b % Q8_1_PER_SUPER_BLOCK, xb);
+    }
+    let mut o = lanes / 2;
+    while o > 0 {
+        let prev = part.clone();
+        for (l, v) in part.iter_mut().enumerate() {
+            *v += prev[l ^ o];
+        }
+        o /= 2;
+    }
+    part[0]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -487,5 +540,30 @@ mod tests {
         check_dot::<BLOCK_Q4_K_BYTES>("q4_K", &q4, &q4, dequantize_row_q4_k, dot_q4_k_q8_1);
         check_dot::<BLOCK_Q5_K_BYTES>("q5_K", &q5, &q5, dequantize_row_q5_k, dot_q5_k_q8_1);
         check_dot::<BLOCK_Q6_K_BYTES>("q6_K", &[Q6_K_D], &[], dequantize_row_q6_k, dot_q6_k_q8_1);
+    }
+
+    /// What the kernels' grouping and order cost against the twins, on the self-test's weight
+    /// rows and activations at the model's widths: 64 outputs, relative to the largest (as the
+    /// self-test measures). The ops' tolerance is 1e-4; this must stay two orders below.
+    #[test]
+    fn device_order_costs_little_against_the_twins() {
+        use crate::quant::WeightType;
+        use crate::testdata::{q8_1_row, weight_row};
+        for wtype in WeightType::K_QUANTS {
+            for k in [768usize, 2048, 4096] {
+                for lanes in [1, 32] {
+                    let (mut worst, mut scale) = (0f64, 0f64);
+                    for row in 0..64u64 {
+                        let w = weight_row(3, row, k, wtype);
+                        let x = q8_1_row(4, row % 5, k / QK);
+                        let twin = wtype.dot_q8_1(&w, &x) as f64;
+                        worst = worst.max((device_order_dot(wtype, &w, &x, lanes) as f64 - twin).abs());
+                        scale = scale.max(twin.abs());
+                    }
+                    eprintln!("{wtype} k={k} lanes={lanes}: {:.2e} of the largest output", worst / scale);
+                    assert!(worst <= 1e-6 * scale, "{wtype} k={k} lanes={lanes}: {worst} vs {scale}");
+                }
+            }
+        }
     }
 }

@@ -18,58 +18,109 @@ use serde::{Deserialize, Serialize};
 /// Weights per quantization block.
 pub const QK: usize = 32;
 
-/// Weight formats the routed path and the dense projections take.
+/// Weight formats the routed path and the dense projections take: the 32-wide legacy blocks
+/// and the 256-wide K-quant super-blocks (`kquants`). Every kernel taking a `WeightType`
+/// dots a weight row with q8_1 activation rows in 32-wide blocks; a K-quant super-block meets
+/// 8 consecutive q8_1 blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
 pub enum WeightType {
+    #[serde(rename = "q8_0")]
     Q8_0,
+    #[serde(rename = "q4_0")]
     Q4_0,
+    #[serde(rename = "q4_K", alias = "q4_k")]
+    Q4K,
+    #[serde(rename = "q5_K", alias = "q5_k")]
+    Q5K,
+    #[serde(rename = "q6_K", alias = "q6_k")]
+    Q6K,
 }
 
 impl WeightType {
-    pub const ALL: [WeightType; 2] = [WeightType::Q8_0, WeightType::Q4_0];
+    pub const ALL: [WeightType; 5] = [WeightType::Q8_0, WeightType::Q4_0, WeightType::Q4K, WeightType::Q5K, WeightType::Q6K];
+    /// The 32-wide block formats (ggml's "legacy" quants).
+    pub const LEGACY: [WeightType; 2] = [WeightType::Q8_0, WeightType::Q4_0];
+    /// The 256-wide super-block formats.
+    pub const K_QUANTS: [WeightType; 3] = [WeightType::Q4K, WeightType::Q5K, WeightType::Q6K];
 
     pub fn block_bytes(self) -> usize {
         match self {
             WeightType::Q8_0 => BLOCK_Q8_0_BYTES,
             WeightType::Q4_0 => BLOCK_Q4_0_BYTES,
+            WeightType::Q4K => kquants::BLOCK_Q4_K_BYTES,
+            WeightType::Q5K => kquants::BLOCK_Q5_K_BYTES,
+            WeightType::Q6K => kquants::BLOCK_Q6_K_BYTES,
         }
     }
 
-    /// The `WTYPE_*` constant the kernels take to select the weight format.
+    /// Weights per block: 32, or 256 for the K-quants. A row's width must be a multiple of it.
+    pub fn block_size(self) -> usize {
+        if self.is_k_quant() { kquants::QK_K } else { QK }
+    }
+
+    pub fn is_k_quant(self) -> bool {
+        matches!(self, WeightType::Q4K | WeightType::Q5K | WeightType::Q6K)
+    }
+
+    /// The `WTYPE_*` constant the kernels take to select the weight format (common.cuh). The
+    /// K-quants use their ggml type ids, clear of the embedding's `EMBED_F32` = 2.
     pub fn code(self) -> i32 {
         match self {
             WeightType::Q8_0 => 0,
             WeightType::Q4_0 => 1,
+            WeightType::Q4K => 12,
+            WeightType::Q5K => 13,
+            WeightType::Q6K => 14,
         }
     }
 
+    /// ggml's name (`q4_K`, not `q4_k`), as [`TensorType::name`].
     pub fn name(self) -> &'static str {
-        match self {
-            WeightType::Q8_0 => "q8_0",
-            WeightType::Q4_0 => "q4_0",
-        }
+        TensorType::from(self).name()
     }
 
-    /// Bytes of one row of `k` weights (`k` a multiple of [`QK`]).
+    /// Blocks in one row of `k` weights (`k` a multiple of [`Self::block_size`]).
+    pub fn blocks_per_row(self, k: usize) -> usize {
+        k / self.block_size()
+    }
+
+    /// Bytes of one row of `k` weights (`k` a multiple of [`Self::block_size`]).
     pub fn row_bytes(self, k: usize) -> usize {
-        k / QK * self.block_bytes()
+        self.blocks_per_row(k) * self.block_bytes()
     }
 
-    /// Dot product of one quantized weight row with one q8_1 activation row.
+    /// Why a row of `k` weights of this type cannot be taken, if it cannot (plans turn this
+    /// into a typed error naming the kernel and the shape).
+    pub fn check_row_width(self, k: u64) -> Option<String> {
+        let b = self.block_size() as u64;
+        (k == 0 || !k.is_multiple_of(b) || k > i32::MAX as u64)
+            .then(|| format!("K = {k} must be a positive multiple of {b} ({self} blocks) below 2^31"))
+    }
+
+    /// Dot product of one quantized weight row with one q8_1 activation row: the CPU twin of
+    /// the kernels' block formulas (for the K-quants, ggml-cuda's `vec_dot_q{4,5,6}_K_q8_1`).
+    /// Whole blocks only; callers hold matching lengths.
     pub fn dot_q8_1(self, w_row: &[u8], x: &[BlockQ8_1]) -> f32 {
         match self {
             WeightType::Q8_0 => dot_q8_0_q8_1(w_row, x),
             WeightType::Q4_0 => dot_q4_0_q8_1(w_row, x),
+            WeightType::Q4K => kquants::dot_q4_k_q8_1(w_row, x),
+            WeightType::Q5K => kquants::dot_q5_k_q8_1(w_row, x),
+            WeightType::Q6K => kquants::dot_q6_k_q8_1(w_row, x),
         }
     }
 
-    /// Dequantizes one row of weights to f32.
+    /// Dequantizes one row of weights to f32 (whole blocks).
     pub fn dequantize_row(self, w_row: &[u8]) -> Vec<f32> {
+        let mut out = vec![0.0; w_row.len() / self.block_bytes() * self.block_size()];
         match self {
-            WeightType::Q8_0 => dequantize_q8_0(w_row),
-            WeightType::Q4_0 => dequantize_q4_0(w_row),
+            WeightType::Q8_0 => dequantize_q8_0_into(w_row, &mut out),
+            WeightType::Q4_0 => dequantize_q4_0_into(w_row, &mut out),
+            WeightType::Q4K => kquants::dequantize_row_q4_k(w_row, &mut out),
+            WeightType::Q5K => kquants::dequantize_row_q5_k(w_row, &mut out),
+            WeightType::Q6K => kquants::dequantize_row_q6_k(w_row, &mut out),
         }
+        out
     }
 }
 
@@ -365,12 +416,16 @@ impl TensorType {
         self.block_size() > 1
     }
 
-    /// The kernels' weight format for this type, where the routed GEMV/GEMM take it.
+    /// The kernels' weight format for this type: every quantized type; the float types are
+    /// not dotted with q8_1 activations.
     pub fn weight_type(self) -> Option<WeightType> {
         match self {
             TensorType::Q8_0 => Some(WeightType::Q8_0),
             TensorType::Q4_0 => Some(WeightType::Q4_0),
-            _ => None,
+            TensorType::Q4_K => Some(WeightType::Q4K),
+            TensorType::Q5_K => Some(WeightType::Q5K),
+            TensorType::Q6_K => Some(WeightType::Q6K),
+            TensorType::F32 | TensorType::F16 | TensorType::BF16 => None,
         }
     }
 
@@ -473,6 +528,9 @@ impl From<WeightType> for TensorType {
         match w {
             WeightType::Q8_0 => TensorType::Q8_0,
             WeightType::Q4_0 => TensorType::Q4_0,
+            WeightType::Q4K => TensorType::Q4_K,
+            WeightType::Q5K => TensorType::Q5_K,
+            WeightType::Q6K => TensorType::Q6_K,
         }
     }
 }
@@ -665,5 +723,121 @@ mod tensor_type_tests {
             let same = serial.iter().zip(&parallel).all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "{t}: the parallel dequantization differs from the serial one");
         }
+    }
+}
+
+/// The kernels' view of the weight formats, repeated on the CPU: `common.cuh`'s `wq_int` and
+/// `wq_scale` transcribed line by line (little-endian int loads, shifts, masks, `__vsubss4`)
+/// must rebuild every weight of every format exactly as the dequantizers do, and the `WTYPE_*`
+/// codes must be the Rust ones.
+#[cfg(test)]
+mod device_view_tests {
+    use super::*;
+    use crate::testdata::weight_row;
+
+    fn int_at(b: &[u8], at: usize) -> i32 {
+        i32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+    }
+
+    /// `__vsubss4(a, b)`: per-byte saturating signed subtraction.
+    fn vsubss4(a: i32, b: i32) -> i32 {
+        let (a, b) = (a.to_le_bytes(), b.to_le_bytes());
+        i32::from_le_bytes(std::array::from_fn(|i| (a[i] as i8).saturating_sub(b[i] as i8) as u8))
+    }
+
+    /// `wq_int<WT>(row, b, j)`.
+    fn wq_int(t: WeightType, row: &[u8], b: usize, j: usize) -> i32 {
+        let s = b & 7;
+        let blk = &row[if t.is_k_quant() { b >> 3 } else { b } * t.block_bytes()..];
+        match t {
+            WeightType::Q8_0 => int_at(blk, 2 + 4 * j),
+            WeightType::Q4_0 => (int_at(blk, 2 + 4 * (j & 3)) >> (4 * (j >> 2))) & 0x0f0f0f0f,
+            WeightType::Q4K => (int_at(blk, kquants::Q4_K_QS + 32 * (s >> 1) + 4 * j) >> (4 * (s & 1))) & 0x0f0f0f0f,
+            WeightType::Q5K => {
+                let lo = (int_at(blk, kquants::Q5_K_QS + 32 * (s >> 1) + 4 * j) >> (4 * (s & 1))) & 0x0f0f0f0f;
+                lo | (((int_at(blk, kquants::Q5_K_QH + 4 * j) >> s) & 0x01010101) << 4)
+            }
+            WeightType::Q6K => {
+                let (h, q) = (s >> 2, s & 3);
+                let lo = (int_at(blk, kquants::Q6_K_QL + 64 * h + 32 * (q & 1) + 4 * j) >> (4 * (q >> 1))) & 0x0f0f0f0f;
+                let hi = ((int_at(blk, kquants::Q6_K_QH + 32 * h + 4 * j) >> (2 * q)) & 0x03030303) << 4;
+                vsubss4(lo | hi, 0x20202020)
+            }
+        }
+    }
+
+    /// `wq_scale<WT>(row, b)`: (d, dmin, sc, m).
+    fn wq_scale(t: WeightType, row: &[u8], b: usize) -> (f32, f32, i32, i32) {
+        let blk = &row[if t.is_k_quant() { b >> 3 } else { b } * t.block_bytes()..];
+        match t {
+            WeightType::Q8_0 | WeightType::Q4_0 => (f16_at(blk, 0), 0.0, 0, 0),
+            WeightType::Q4K | WeightType::Q5K => {
+                let (sc, m) = kquants::get_scale_min_k4(b & 7, &blk[kquants::Q4_K_SCALES..kquants::Q4_K_QS]);
+                (f16_at(blk, kquants::Q4_K_D), f16_at(blk, kquants::Q4_K_DMIN), sc as i32, m as i32)
+            }
+            WeightType::Q6K => {
+                let sc = |g: usize| blk[kquants::Q6_K_SCALES + g] as i8 as i32;
+                (f16_at(blk, kquants::Q6_K_D), 0.0, sc(2 * (b & 7)), sc(2 * (b & 7) + 1))
+            }
+        }
+    }
+
+    /// Weight `l` (0..32) of 32-wide block b from the device's view, rounded as the
+    /// dequantizers round it.
+    fn weight(t: WeightType, row: &[u8], b: usize, l: usize) -> f32 {
+        let q = wq_int(t, row, b, l / 4).to_le_bytes()[l % 4] as i8 as f32;
+        let (d, dmin, sc, m) = wq_scale(t, row, b);
+        match t {
+            WeightType::Q8_0 => d * q,
+            WeightType::Q4_0 => d * (q - 8.0),
+            WeightType::Q4K | WeightType::Q5K => d * sc as f32 * q - dmin * m as f32,
+            WeightType::Q6K => d * (if l < 16 { sc } else { m }) as f32 * q,
+        }
+    }
+
+    #[test]
+    fn unpacking_rebuilds_every_weight_of_every_format() {
+        for t in WeightType::ALL {
+            let k = 4 * t.block_size();
+            for r in 0..20 {
+                let row = weight_row(0x5eed, r, k, t);
+                let want = t.dequantize_row(&row);
+                for (e, w) in want.iter().enumerate() {
+                    let got = weight(t, &row, e / QK, e % QK);
+                    assert_eq!(got.to_bits(), w.to_bits(), "{t} row {r} weight {e}: {got} vs {w}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn codes_match_the_cuda_defines() {
+        let source = crate::sources::GEMM_TILE.full_source();
+        for t in WeightType::ALL {
+            let name = format!("#define WTYPE_{} ", t.name().to_uppercase());
+            let line = source.lines().find(|l| l.starts_with(&name)).unwrap_or_else(|| panic!("{name} not in common.cuh"));
+            assert_eq!(line[name.len()..].trim().parse::<i32>().unwrap(), t.code(), "{line}");
+        }
+        // The K-quant codes are ggml's type ids, clear of embed.cu's EMBED_F32 = 2.
+        assert!(WeightType::ALL.iter().all(|t| t.code() != 2));
+    }
+
+    #[test]
+    fn weight_types_map_to_tensor_types_and_names() {
+        for t in WeightType::ALL {
+            let tt = TensorType::from(t);
+            assert_eq!(tt.weight_type(), Some(t));
+            assert_eq!((t.block_size(), t.block_bytes(), t.name()), (tt.block_size(), tt.block_bytes(), tt.name()));
+            assert_eq!(t.is_k_quant(), t.block_size() == 256);
+            assert_eq!(serde_json::to_string(&t).unwrap(), format!("\"{}\"", t.name()));
+            assert_eq!(serde_json::from_str::<WeightType>(&format!("\"{}\"", t.name().to_lowercase())).unwrap(), t);
+        }
+        for tt in [TensorType::F32, TensorType::F16, TensorType::BF16] {
+            assert_eq!(tt.weight_type(), None);
+        }
+        assert_eq!(WeightType::Q6K.row_bytes(2048), 8 * 210);
+        assert_eq!(WeightType::Q4K.check_row_width(2048), None);
+        assert!(WeightType::Q4K.check_row_width(2048 + 32).unwrap().contains("multiple of 256"));
+        assert!(WeightType::Q8_0.check_row_width(0).is_some() && WeightType::Q8_0.check_row_width(96).is_none());
     }
 }

@@ -40,6 +40,10 @@ pub enum OpCase {
     OutputHead(ops::output_head::HeadCase),
     Sampling(ops::sampling::SamplingCase),
     Attention(ops::attention::AttentionCase),
+    Linear(ops::linear::LinearCase),
+    Swiglu(ops::swiglu::SwigluCase),
+    Add(ops::add::AddCase),
+    DenseF32(ops::dense_f32::DenseF32Case),
     /// Negative control: the routed GEMV with tokens x top_k on grid.z.
     NegGemvGridZ(ops::moe_gemv::GemvCase),
     /// Negative control: the latent epilogue whose tail lanes `continue` past the shuffles.

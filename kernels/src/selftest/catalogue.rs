@@ -7,9 +7,12 @@ use serde::{Deserialize, Serialize};
 
 use super::case::{Case, Expect, OpCase};
 use crate::limits::DeviceLimits;
+use crate::ops::add::AddCase;
+use crate::ops::dense_f32::DenseF32Case;
 use crate::ops::attention::{self, AttentionCase, DecodeRoute, Layout};
 use crate::ops::embed::{EmbedCase, TableType};
 use crate::ops::latent_proj::LatentCase;
+use crate::ops::linear::LinearCase;
 use crate::ops::moe_align::AlignCase;
 use crate::ops::moe_combine::CombineCase;
 use crate::ops::moe_gemm::GemmCase;
@@ -20,7 +23,11 @@ use crate::ops::rmsnorm::RmsNormCase;
 use crate::ops::rope::RopeCase;
 use crate::ops::router::{RouterCase, Scoring};
 use crate::ops::sampling::SamplingCase;
-use crate::ops::{embed, latent_proj, moe_align, moe_combine, moe_gemm, moe_gemv, output_head, quantize, rmsnorm, rope, router, sampling};
+use crate::ops::swiglu::{self as swiglu_op, Output, SwigluCase};
+use crate::ops::{
+    add, dense_f32, embed, latent_proj, linear, moe_align, moe_combine, moe_gemm, moe_gemv, output_head, quantize, rmsnorm, rope, router,
+    sampling, swiglu,
+};
 use crate::quant::WeightType;
 use crate::routing::Routing;
 use crate::thresholds::{self, Critical, ModelShape, Serving, compositions, envelope_counts, merge};
@@ -34,6 +41,11 @@ pub const BIG_COUNT: u64 = 1 << 16;
 const BIG_ROUTING_SKIP: &str = "above 65,536 tokens only uniform and max-padding routings run (one-expert runs at every smaller count)";
 const BIG_TABLE_SKIP: &str = "above 65,536 tokens only the q4_0 embedding table runs (q8_0 and f32 share its row indexing)";
 const BIG_WTYPE_SKIP: &str = "above 65,536 tokens only q4_0 runs (q8_0 shares the kernel template and its index arithmetic)";
+/// The weight formats beyond q8_0/q4_0 (the K-quants) run their own staging, unpacking and block
+/// formula, but the row, column and store arithmetic of the same kernels: they run up to the
+/// prefill chunk + 1 (every tile tail and the GEMV/GEMM switch lie below), uniform routing.
+pub const KQ_MAX_TOKENS: u64 = 4097;
+const KQ_SKIP: &str = "K-quant weights run up to 4,097 tokens (above, their kernels' index arithmetic is the q4_0 cases')";
 
 /// Deadline of a hang negative control: a fixed case of that size finishes in milliseconds.
 pub const HANG_DEADLINE_MS: u64 = 2_000;
@@ -115,9 +127,22 @@ impl Builder<'_> {
         bytes: impl Fn(u64) -> u64,
         big_skip: Option<&str>,
     ) {
+        self.family_up_to(kernel, tag, counts, params, bytes, big_skip.map(|why| (BIG_COUNT, why)));
+    }
+
+    /// As `family`, but counts above `skip.0` are listed as skipped with the reason `skip.1`.
+    fn family_up_to(
+        &mut self,
+        kernel: &str,
+        tag: &str,
+        counts: Vec<Critical>,
+        params: OpCase,
+        bytes: impl Fn(u64) -> u64,
+        skip: Option<(u64, &str)>,
+    ) {
         for (tokens, reasons) in merge(counts) {
-            match big_skip {
-                Some(why) if tokens > BIG_COUNT => {
+            match skip {
+                Some((max, why)) if tokens > max => {
                     let case = self.case(kernel, tag, tokens, reasons, params.clone(), Expect::Pass, bytes(tokens));
                     self.skipped.push((case, why.into()));
                 }
@@ -186,7 +211,7 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
             thin_routing,
         );
 
-        for wtype in WeightType::ALL {
+        for wtype in WeightType::LEGACY {
             // Gate/up (hidden -> expert width) and down (expert width -> hidden).
             for (n, kk, proj) in [(shape.expert_ffn, shape.hidden, "up"), (shape.hidden, shape.expert_ffn, "down")] {
                 let c = GemmCase { experts: e, top_k: k, n, k: kk, wtype, routing };
@@ -205,6 +230,18 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
         }
     }
 
+    // The K-quant routed GEMM, uniform routing (the alignment is the legacy cases' business), in
+    // the projections a Q4_K_M file puts them in: q4_K gate/up and down, q5_K gate/up, q6_K down
+    // (K = 768: a partial K step of the 16-block tile).
+    let (up, down) = ((shape.expert_ffn, shape.hidden, "up"), (shape.hidden, shape.expert_ffn, "down"));
+    for (wtype, (n, kk, proj)) in [(WeightType::Q4K, up), (WeightType::Q4K, down), (WeightType::Q5K, up), (WeightType::Q6K, down)] {
+        let c = GemmCase { experts: e, top_k: k, n, k: kk, wtype, routing: Routing::Uniform };
+        let mut counts = with(moe_gemm::critical_counts(&c, limits));
+        counts.extend(tails.iter().cloned());
+        let (tag, bytes) = (format!("{wtype}/{proj}/k{k}/uniform"), |t| moe_gemm::device_bytes(t, &c));
+        b.family_up_to(moe_gemm::KERNEL, &tag, counts, OpCase::MoeGemm(c), bytes, Some((KQ_MAX_TOKENS, KQ_SKIP)));
+    }
+
     // The dense (non-gathered) quantize feeding the latent projection.
     if let Some(l) = shape.latent {
         let c = QuantizeCase { k: l.k, experts: e, top_k: k, tile: GEMM_TILE_M, routing: Routing::Uniform, gather: false };
@@ -219,7 +256,8 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
         let c = GemvCase { experts: e, top_k: k, n: shape.expert_ffn, k: shape.hidden, wtype, routing: Routing::Uniform };
         let mut counts = with(moe_gemv::critical_counts(&c, limits));
         counts.extend((1..=16).map(|t| Critical::new(t, "decode batch")));
-        b.family(moe_gemv::KERNEL, &format!("{wtype}/k{k}"), counts, OpCase::MoeGemv(c), |t| moe_gemv::device_bytes(t, &c));
+        let skip = wtype.is_k_quant().then_some((KQ_MAX_TOKENS, KQ_SKIP));
+        b.family_up_to(moe_gemv::KERNEL, &format!("{wtype}/k{k}"), counts, OpCase::MoeGemv(c), |t| moe_gemv::device_bytes(t, &c), skip);
     }
     for (tk, counts) in &grid_counts {
         if *tk == k || *tk > e {
@@ -244,30 +282,79 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
         b.family_thinned(embed::KERNEL, &format!("{table}"), counts, OpCase::Embed(c), |t| embed::device_bytes(t, &c), thin);
     }
     let a = shape.attention;
-    for (tag, width, rows_per_token) in [("hidden", shape.hidden, 1), ("q-heads", a.head_dim, a.heads), ("k-heads", a.head_dim, a.kv_heads)] {
+    for (tag, width, rows_per_token) in [("hidden", shape.hidden, 1), ("q-heads", a.head_dim, a.heads), ("k-heads", a.head_dim, a.kv_heads)]
+    {
         let c = RmsNormCase { width, rows_per_token, eps: a.norm_eps };
         b.family(rmsnorm::KERNEL, tag, with(rmsnorm::critical_counts(&c, limits)), OpCase::RmsNorm(c), |t| rmsnorm::device_bytes(t, &c));
     }
     for (tag, heads) in [("q", a.heads), ("k", a.kv_heads)] {
         let c = RopeCase { heads, head_dim: a.head_dim, theta: a.rope_theta, sequences: 4 };
-        b.family(rope::KERNEL, &format!("{tag}/seq4"), with(rope::critical_counts(&c, limits)), OpCase::Rope(c), |t| rope::device_bytes(t, &c));
+        b.family(rope::KERNEL, &format!("{tag}/seq4"), with(rope::critical_counts(&c, limits)), OpCase::Rope(c), |t| {
+            rope::device_bytes(t, &c)
+        });
     }
 
     // Output head: full logits [T, vocab] (the parity tests; at vocab 151,936 they pass 2^31
     // elements at 14,135 tokens) in both weight types, and the prefill mode that computes only
     // the last position of each sequence: 4 sequences (the GEMV path, with an index list) and
     // 100 (the GEMM path with an index list).
+    // The K-quant heads (q6_K is the usual output.weight of a Q4_K_M file) up to KQ_MAX_TOKENS.
     for (wtype, sequences, tag) in [
         (WeightType::Q8_0, None, "q8_0/full"),
         (WeightType::Q4_0, None, "q4_0/full"),
         (WeightType::Q4_0, Some(4), "q4_0/last-of-4"),
         (WeightType::Q8_0, Some(100), "q8_0/last-of-100"),
+        (WeightType::Q6K, None, "q6_K/full"),
+        (WeightType::Q4K, Some(4), "q4_K/last-of-4"),
     ] {
         let c = HeadCase { hidden: shape.hidden, vocab: shape.vocab, wtype, sequences };
         let mut counts = with(output_head::critical_counts(&c, limits));
         counts.extend(thresholds::tile_tails(output_head::TILE_M, false, &[1, 2, 128], "output_head row tile"));
-        b.family(output_head::KERNEL, tag, counts, OpCase::OutputHead(c), |t| output_head::device_bytes(t, &c));
+        let skip = wtype.is_k_quant().then_some((KQ_MAX_TOKENS, KQ_SKIP));
+        b.family_up_to(output_head::KERNEL, tag, counts, OpCase::OutputHead(c), |t| output_head::device_bytes(t, &c), skip);
     }
+
+    // Dense projections (the head's kernels under `linear`): q, k/v and o of the attention, in
+    // the K-quant formats (q8_0/q4_0 run the same kernels as the head's cases). q4_K on the q
+    // projection runs every count.
+    let (q_width, kv_width) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
+    for (n, kk, wtype, tag) in [
+        (q_width, shape.hidden, WeightType::Q4K, "q4_K/q"),
+        (q_width, shape.hidden, WeightType::Q5K, "q5_K/q"),
+        (q_width, shape.hidden, WeightType::Q6K, "q6_K/q"),
+        (kv_width, shape.hidden, WeightType::Q6K, "q6_K/kv"),
+        (shape.hidden, q_width, WeightType::Q4K, "q4_K/o"),
+    ] {
+        let c = LinearCase { n, k: kk, wtype };
+        let mut counts = with(linear::critical_counts(&c, limits));
+        counts.extend(thresholds::tile_tails(output_head::TILE_M, false, &[1, 2, 128], "linear row tile"));
+        let skip = (tag != "q4_K/q").then_some((KQ_MAX_TOKENS, KQ_SKIP));
+        b.family_up_to(linear::KERNEL, tag, counts, OpCase::Linear(c), |t| linear::device_bytes(t, &c), skip);
+    }
+
+    // Glue between the big ops: SwiGLU over the routed pairs (f32 from separate gate/up; q8_1
+    // from a fused gate/up, gathered into expert order as the down projection's GEMM reads it, and
+    // in pair order, which differs only by the gather), the residual add, the router's logits.
+    for (layout, output, tag, skip) in [
+        (swiglu_op::Layout::Separate, Output::F32, "f32", None),
+        (swiglu_op::Layout::Fused, Output::Q8_1Sorted { experts: e }, "fused-q8_1-sorted", None),
+        (
+            swiglu_op::Layout::Separate,
+            Output::Q8_1,
+            "q8_1",
+            Some((KQ_MAX_TOKENS, "pair-order q8_1 runs up to 4,097 tokens (the sorted cases share its kernel)")),
+        ),
+    ] {
+        let c = SwigluCase { width: shape.expert_ffn, rows_per_token: k, layout, output };
+        let mut counts = with(swiglu::critical_counts(&c, limits));
+        counts.extend(tails.iter().cloned());
+        b.family_up_to(swiglu::KERNEL, &format!("{tag}/k{k}"), counts, OpCase::Swiglu(c), |t| swiglu::device_bytes(t, &c), skip);
+    }
+    let c = AddCase { width: shape.hidden };
+    b.family(add::KERNEL, "hidden", with(add::critical_counts(&c, limits)), OpCase::Add(c), |t| add::device_bytes(t, &c));
+    let c = DenseF32Case { n: e, k: shape.hidden };
+    let counts = with(dense_f32::critical_counts(&c, limits));
+    b.family(dense_f32::KERNEL, "router-logits", counts, OpCase::DenseF32(c), |t| dense_f32::device_bytes(t, &c));
 
     // Sampling: one row per sampled position over the parameter table of `sampling::row_params`
     // (greedy, top-k, top-p). Spread 8: peaked and flat regions with natural ties; spread 0:
@@ -283,7 +370,7 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
 
     // Latent projection: every tail of the first two 64-row tiles, and around larger ones.
     if let Some(l) = shape.latent {
-        for wtype in WeightType::ALL {
+        for wtype in WeightType::LEGACY {
             let c = LatentCase { k: l.k, width: l.width, groups: l.groups, wtype };
             let mut counts = with(latent_proj::critical_counts(&c, limits));
             counts.extend(thresholds::tile_tails(64, wtype == WeightType::Q4_0, &[1, 2, 128], "latent row tile"));

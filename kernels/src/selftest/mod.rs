@@ -14,7 +14,10 @@ use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Launch, PlanError};
 use crate::limits::DeviceLimits;
 use crate::ops::attention;
-use crate::ops::{embed, latent_proj, moe_align, moe_combine, moe_gemm, moe_gemv, output_head, quantize, rmsnorm, rope, router, sampling};
+use crate::ops::{
+    add, dense_f32, embed, latent_proj, linear, moe_align, moe_combine, moe_gemm, moe_gemv, output_head, quantize, rmsnorm, rope, router,
+    sampling, swiglu,
+};
 use case::{Case, OpCase, Outcome};
 
 impl GpuError {
@@ -45,6 +48,10 @@ pub fn execute(gpu: &Gpu, case: &Case) -> Outcome {
         OpCase::OutputHead(c) => output_head::run_case(gpu, t, c),
         OpCase::Sampling(c) => sampling::run_case(gpu, t, c),
         OpCase::Attention(c) => attention::run_case(gpu, t, c),
+        OpCase::Linear(c) => linear::run_case(gpu, t, c),
+        OpCase::Swiglu(c) => swiglu::run_case(gpu, t, c),
+        OpCase::Add(c) => add::run_case(gpu, t, c),
+        OpCase::DenseF32(c) => dense_f32::run_case(gpu, t, c),
         OpCase::NegGemvGridZ(c) => moe_gemv::run_negative_gridz(gpu, t, c),
         OpCase::NegLatentTailSkip(c) => latent_proj::run_negative_tailskip(gpu, t, c),
     };
@@ -69,5 +76,9 @@ pub fn plans(case: &Case, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanErro
         OpCase::OutputHead(c) => output_head::plans(t, c, limits),
         OpCase::Sampling(c) => sampling::plans(t, c, limits),
         OpCase::Attention(c) => attention::plans(t, c, limits),
+        OpCase::Linear(c) => linear::plans(t, c, limits),
+        OpCase::Swiglu(c) => swiglu::plans(t, c, limits),
+        OpCase::Add(c) => add::plans(t, c, limits),
+        OpCase::DenseF32(c) => dense_f32::plans(t, c, limits),
     }
 }

@@ -1,0 +1,95 @@
+// The small kernels the engine runs between the big ones (twins in `ops/glue.rs`):
+//   swiglu        out[r, j] = silu(gate[r, j]) * up[r, j], silu(g) = g / (1 + expf(-g)), f32
+//   swiglu_q8_1   the same, quantized straight to q8_1 blocks (the down projection's input),
+//                 optionally gathered into expert order as the routed GEMM reads it
+//   add_f32       out = a + b elementwise (the residual; out may be a: in place)
+//   dense_f32     y[t, n] = Σ_k W[n, k] * x[t, k], f32 (the MoE router's ffn_gate_inp)
+//
+// Rows grow with tokens (swiglu's rows are (token, slot) pairs: tokens x top_k x ffn passes 2^31
+// at large prefills): grid-stride loops or row tiles on grid.x, every index 64-bit. gate and up
+// are read at row stride `in_stride` from element offsets, so they may be two buffers or the
+// two halves of one fused [rows, 2 * ffn] gate/up output.
+
+#define GLUE_THREADS 256
+#define GLUE_WARPS (GLUE_THREADS / 32)
+#define DENSE_TOKENS 8  // tokens per dense_f32 block: each W row read serves them all
+
+// silu(g) * u with IEEE division; the twin repeats each rounding (expf itself differs by <= 2 ulp).
+static __device__ __forceinline__ float swiglu_value(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
+swiglu(const float* __restrict__ gate, u64 gate_offset, const float* __restrict__ up, u64 up_offset, u64 in_stride,
+       float* __restrict__ out, u64 rows, int width) {
+    const u64 items = rows * (u64)width;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < items; i += stride) {
+        const u64 r = i / (u64)width;
+        const u64 at = r * in_stride + (i - r * (u64)width);
+        out[i] = swiglu_value(gate[gate_offset + at], up[up_offset + at]);
+    }
+}
+
+// One warp per 32-value block of the output, in a grid-stride loop whose index is the warp's:
+// a warp-uniform trip count, so every lane reaches both reductions of warp_quantize_q8_1.
+// Output row r comes from source row r (sorted_ids null: the pairs in order, e.g. the decode
+// GEMV's per-pair input) or from source row sorted_ids[r] / rows_per_token (the routed GEMM's A
+// for the down projection: rows in expert order); an id outside [0, src_rows * rows_per_token)
+// is the alignment's padding: the warp reads row 0, runs the reductions and stores zeros.
+extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
+swiglu_q8_1(const float* __restrict__ gate, u64 gate_offset, const float* __restrict__ up, u64 up_offset, u64 in_stride,
+            const int* __restrict__ sorted_ids, u64 src_rows, int rows_per_token, block_q8_1* __restrict__ out, u64 rows, int width) {
+    const int nb = width / QK;
+    const u64 items = rows * (u64)nb;
+    const u64 warps = (u64)gridDim.x * GLUE_WARPS;
+    for (u64 i = (u64)blockIdx.x * GLUE_WARPS + (threadIdx.x >> 5); i < items; i += warps) {
+        const u64 r = i / (u64)nb;
+        bool valid = true;
+        u64 src = r;
+        if (sorted_ids) {
+            const i64 id = sorted_ids[r];
+            valid = id >= 0 && (u64)id < src_rows * (u64)rows_per_token;
+            src = valid ? (u64)id / (u64)rows_per_token : 0;
+        }
+        const u64 at = src * in_stride + (i - r * (u64)nb) * QK + (threadIdx.x & 31);
+        warp_quantize_q8_1(swiglu_value(gate[gate_offset + at], up[up_offset + at]), valid, out + i);
+    }
+}
+
+// No __restrict__: out may alias a (the in-place residual add); each element is read and
+// written by one thread.
+extern "C" __global__ void __launch_bounds__(GLUE_THREADS) add_f32(const float* a, const float* __restrict__ b, float* out, u64 n) {
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = __fadd_rn(a[i], b[i]);
+}
+
+// grid.x = tiles of DENSE_TOKENS tokens; warp w computes the outputs n = w, w + 8, ... for the
+// tile's tokens: lane l accumulates k = l, l + 32, ... with fused multiply-adds, then the xor
+// butterfly (warp_sum); the twin repeats that order exactly. Spare tokens of the last tile read
+// token tokens - 1 and are masked at the store; the n loop depends on the warp only and the
+// token loop on a constant, so every lane reaches every shuffle.
+extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
+dense_f32(const float* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, u64 tokens, int n_out, int k) {
+    const int lane = threadIdx.x & 31;
+    const u64 t0 = (u64)blockIdx.x * DENSE_TOKENS;
+    const float* xs[DENSE_TOKENS];
+#pragma unroll
+    for (int t = 0; t < DENSE_TOKENS; ++t) xs[t] = x + (t0 + t < tokens ? t0 + t : tokens - 1) * (u64)k;
+    for (int n = threadIdx.x >> 5; n < n_out; n += GLUE_WARPS) {
+        const float* wr = w + (u64)n * (u64)k;
+        float acc[DENSE_TOKENS];
+#pragma unroll
+        for (int t = 0; t < DENSE_TOKENS; ++t) acc[t] = 0.0f;
+        for (int c = lane; c < k; c += 32) {
+            const float wv = wr[c];
+#pragma unroll
+            for (int t = 0; t < DENSE_TOKENS; ++t) acc[t] = __fmaf_rn(wv, xs[t][c], acc[t]);
+        }
+#pragma unroll
+        for (int t = 0; t < DENSE_TOKENS; ++t) {
+            const float v = warp_sum(acc[t]);
+            if (lane == 0 && t0 + t < tokens) y[(t0 + t) * (u64)n_out + (u64)n] = v;
+        }
+    }
+}
