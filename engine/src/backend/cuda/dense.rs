@@ -13,9 +13,10 @@ use brink_kernels::quant::{BLOCK_Q8_1_BYTES, QK, WeightType};
 use cudarc::driver::CudaSlice;
 
 use super::buffers::Grow;
+use super::fail;
 use super::weights::{CudaWeight, WeightData};
-use super::{awaiting, fail};
 use crate::model::BackendError;
+use brink_kernels::ops::dense_f32::{self, DenseF32Case};
 
 /// Bytes of `rows` q8_1 rows of `k` values.
 pub(crate) fn q8_1_bytes(rows: usize, k: usize) -> usize {
@@ -73,16 +74,21 @@ pub(crate) fn project(
     }
 }
 
-/// AWAITS h/kq: `dense_f32`, `out[rows, n] = x · Wᵀ` in f32 for f32 `W [n, k]`.
+/// `out[rows, n] = x · Wᵀ` in f32 for f32 `W [n, k]` (the router).
 pub(crate) fn dense_f32(
-    _gpu: &Gpu,
-    _x: &CudaSlice<f32>,
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
     (rows, k): (usize, usize),
-    _w: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
     n: usize,
-    _out: &mut CudaSlice<f32>,
+    out: &mut CudaSlice<f32>,
 ) -> Result<(), BackendError> {
-    Err(awaiting("dense_f32", format!("rows={rows} k={k} n={n}"), "h/kq"))
+    let case = DenseF32Case { n: n as u32, k: k as u32 };
+    let failed = |e: GpuError| fail(format!("dense_f32 [rows={rows} k={k} n={n}]: {e}"));
+    if x.len() < rows * k || out.len() < rows * n {
+        return Err(fail(format!("dense_f32: buffers of {} and {} values for [{rows}, {k}] -> [{rows}, {n}]", x.len(), out.len())));
+    }
+    dense_f32::launch(gpu, rows as u64, &case, &w.as_view(), &x.slice(0..rows * k), &mut out.slice_mut(0..rows * n)).map_err(failed)
 }
 
 #[cfg(test)]

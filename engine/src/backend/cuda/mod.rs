@@ -9,12 +9,6 @@
 //! `begin_batch`, whose uploads from pageable memory cudarc completes before returning (the
 //! stream is idle then: the previous step ended with its logits).
 //!
-//! AWAITING MERGE (each returns a `BackendError` "... not yet available" until then):
-//! - attention: `kv_store`, `attention_prefill`, `attention_decode` (h/attn) — `attention.rs`;
-//! - glue: `add` (`pointwise.rs`), `swiglu` (`moe.rs`), `dense_f32` (`dense.rs`) (h/kq);
-//! - K-quant matrices (h/kq): taken as soon as `TensorType::weight_type` maps them (`weights.rs`);
-//! - F32 matrices (the router) run on a q8_0 copy made at load until `dense_f32` lands.
-//!
 //! Module map: `weights` (upload, per-type layouts), `batch_state` (the batch on the device),
 //! `buffers` (activation pool, scratch), `gather` (embed, row selection), `pointwise` (norms,
 //! RoPE, add), `dense` (projections, logits), `moe` (the routed block), `attention`, `kv`.
@@ -28,8 +22,6 @@ mod kv;
 mod moe;
 mod pointwise;
 mod weights;
-
-use std::fmt::Display;
 
 use brink_kernels::cuda::{Gpu, GpuError};
 use brink_kernels::ops::embed::BadIds;
@@ -54,14 +46,10 @@ pub(crate) fn fail(message: impl Into<String>) -> BackendError {
     BackendError::new(NAME, message)
 }
 
-/// The error of an op whose kernel has not been merged yet.
-pub(crate) fn awaiting(kernel: &str, shape: impl Display, branch: &str) -> BackendError {
-    fail(format!("{kernel} [{shape}]: not yet available (the kernel lands with branch {branch})"))
-}
-
 /// Kernel families the backend launches: compiled (or taken from the disk cache) when the
 /// backend opens, so a compile error shows then rather than in the middle of a step.
-const SOURCES: [KernelSource; 12] = [
+const SOURCES: [KernelSource; 13] = [
+    sources::GLUE,
     sources::ATTENTION,
     sources::KV_STORE,
     sources::EMBED,

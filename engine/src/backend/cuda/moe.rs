@@ -26,8 +26,8 @@ use cudarc::driver::{CudaSlice, PushKernelArg};
 
 use super::buffers::{AllocCounter, CudaAct, Grow};
 use super::dense::{dense_f32, project_q8_1, q8_1_bytes, quantize_rows};
+use super::fail;
 use super::weights::{CudaWeight, WeightData};
-use super::{awaiting, fail};
 use crate::backend::{MoeSpec, MoeWeights};
 use crate::model::BackendError;
 
@@ -219,7 +219,7 @@ fn experts_gemv(gpu: &Gpu, s: &mut MoeScratch, d: &Dims, [gate, up, down]: [&Exp
         let bufs = GemvBuffers { w: e.bytes, xq: &*s.xq, ids: &s.ids, y: &mut **y };
         moe_gemv::launch(gpu, t, &dims(e, d.top_k, d.ffn, d.hidden), bufs).map_err(e.failed("GEMV"))?;
     }
-    swiglu(gpu, &s.gate, &s.up, &mut s.act, d.pairs() * d.ffn)?;
+    swiglu(gpu, &s.gate, &s.up, &mut s.act, d.pairs(), d.ffn)?;
     quantize_rows(gpu, &s.act, d.pairs(), d.ffn, &mut s.act_q).map_err(down.failed("GEMV"))?;
     // The down projection's rows are pairs already: a GEMV over T·k "tokens" of one slot each.
     let bufs = GemvBuffers { w: down.bytes, xq: &*s.act_q, ids: &s.ids, y: &mut *s.down };
@@ -256,17 +256,24 @@ fn experts_gemm(
         let bufs = GemmBuffers { sorted_ids: &al.sorted_ids, tile_expert: &al.tile_expert, a: &s.a, w: e.bytes, y: &mut **y };
         moe_gemm::launch(gpu, t, &case(e, d.ffn, d.hidden), &DEFAULT_TILE, bufs).map_err(e.failed("GEMM"))?;
     }
-    swiglu(gpu, &s.gate, &s.up, &mut s.act, d.pairs() * d.ffn)?;
+    swiglu(gpu, &s.gate, &s.up, &mut s.act, d.pairs(), d.ffn)?;
     // act's rows are pairs: gathered one row per pair id.
     quantize::launch(gpu, &s.act, d.pairs() as u64, d.ffn as u32, rows, gather(1), &mut *s.act_q).map_err(down.failed("GEMM"))?;
     let bufs = GemmBuffers { sorted_ids: &al.sorted_ids, tile_expert: &al.tile_expert, a: &s.act_q, w: down.bytes, y: &mut *s.down };
     moe_gemm::launch(gpu, t, &case(down, d.hidden, d.ffn), &DEFAULT_TILE, bufs).map_err(down.failed("GEMM"))
 }
 
-/// AWAITS h/kq: `swiglu`, `act = silu(gate) · up` over `n` values (llama.cpp's
-/// `ggml_swiglu_split`; a fused `swiglu_q8_1` would also replace the quantize after it).
-fn swiglu(_gpu: &Gpu, _gate: &CudaSlice<f32>, _up: &CudaSlice<f32>, _act: &mut CudaSlice<f32>, n: usize) -> Result<(), BackendError> {
-    Err(awaiting("swiglu", format!("n={n}"), "h/kq"))
+/// `act = silu(gate) · up` over `rows` rows of `width` (llama.cpp's `ggml_swiglu_split`).
+fn swiglu(
+    gpu: &Gpu,
+    gate: &CudaSlice<f32>,
+    up: &CudaSlice<f32>,
+    act: &mut CudaSlice<f32>,
+    rows: usize,
+    width: usize,
+) -> Result<(), BackendError> {
+    let input = brink_kernels::ops::swiglu::GateUp::Separate { gate, up };
+    brink_kernels::ops::swiglu::launch_f32(gpu, rows as u64, width as u32, input, act).map_err(|e| fail(format!("moe swiglu: {e}")))
 }
 
 /// `out[t] = Σ_j weights[t·k + j] · down[t·k + j]`. The `moe_combine` kernel through its own

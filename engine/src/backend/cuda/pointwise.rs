@@ -8,8 +8,8 @@ use brink_kernels::ops::rope::{self, RopeSpec, RopeTable};
 
 use super::batch_state::BatchState;
 use super::buffers::CudaAct;
+use super::fail;
 use super::weights::{CudaWeight, WeightData};
-use super::{awaiting, fail};
 use crate::model::BackendError;
 
 /// Groups of `group` values in a row of `width` (1 for a whole-row norm, the head count for the
@@ -64,12 +64,13 @@ pub(crate) fn rope(
     rope::launch(gpu, rows as u64, heads as u32, t, &positions, &mut x.view_mut()).map_err(|e| what(e.to_string()))
 }
 
-/// AWAITS h/kq: the `add` kernel, `x += y` over `n` values.
-pub(crate) fn add(_gpu: &Gpu, x: &mut CudaAct, y: &CudaAct) -> Result<(), BackendError> {
+/// `x += y` (the residual connections).
+pub(crate) fn add(gpu: &Gpu, x: &mut CudaAct, y: &CudaAct) -> Result<(), BackendError> {
     if (x.rows(), x.width()) != (y.rows(), y.width()) {
         return Err(fail(format!("add: [{}, {}] + [{}, {}]", x.rows(), x.width(), y.rows(), y.width())));
     }
-    Err(awaiting("add", format!("n={}", x.len()), "h/kq"))
+    let n = x.len() as u64;
+    brink_kernels::ops::add::launch_in_place(gpu, n, &mut x.view_mut(), &y.view()).map_err(|e| fail(e.to_string()))
 }
 
 #[cfg(test)]

@@ -5,11 +5,8 @@
 //! - embedding tables the embed kernel cannot read (F16, BF16, K-quants) are widened to f32.
 //!   Memory cost: 4 bytes per weight instead of 2 or ~0.56, i.e. 1.24 GB for a 151,936 x 2048
 //!   table (vs 0.62 GB in F16);
-//! - F32 matrices (the router `ffn_gate_inp`, which llama.cpp never quantizes) are quantized
-//!   to q8_0 on the host and run through the dense q8_1 x q8_0 kernels. INTERIM, until
-//!   `dense_f32` is merged (branch h/kq): the router's logits then differ from an f32 product
-//!   by q8_0 rounding (~0.5% of a row's scale). With `dense_f32`, [`layout`] maps an F32
-//!   matrix to [`Layout::F32`] and the projection takes the f32 path (`dense::project`).
+//! - F32 matrices (the router `ffn_gate_inp`, which llama.cpp never quantizes) stay f32 and
+//!   run through `dense_f32` (`dense::project`).
 //!
 //! Which types the backend takes in each role follows from [`layout`] alone, so
 //! [`supported_types`] cannot disagree with what loading does.
@@ -17,9 +14,8 @@
 use std::sync::LazyLock;
 
 use brink_kernels::cuda::Gpu;
-use brink_kernels::quant::{BLOCK_Q8_0_BYTES, QK, TensorType, WeightType};
+use brink_kernels::quant::{QK, TensorType, WeightType};
 use cudarc::driver::CudaSlice;
-use half::f16;
 
 use super::fail;
 use crate::backend::WeightRole;
@@ -81,8 +77,6 @@ pub(crate) enum Layout {
     F32,
     /// Converted to f32 on the host.
     WidenToF32,
-    /// An F32 matrix quantized to q8_0 on the host (interim, see the module doc).
-    QuantizeToQ8_0,
 }
 
 /// The kernels' view of a GGUF type, for the types the CPU backend computes with.
@@ -108,7 +102,7 @@ pub(crate) fn layout(ty: GgmlType, role: WeightRole, dims: &[u64]) -> Result<Lay
         },
         WeightRole::Matrix => match tt.and_then(TensorType::weight_type) {
             Some(w) => Ok(Layout::Blocks(w)),
-            None if ty == GgmlType::F32 && dims.len() <= 2 => Ok(Layout::QuantizeToQ8_0),
+            None if ty == GgmlType::F32 && dims.len() <= 2 => Ok(Layout::F32),
             None if ty == GgmlType::F32 => Err("routed experts must be quantized: the routed kernels read q8_0/q4_0 blocks".into()),
             None => Err(format!("no dense or routed kernel computes with {ty} weights")),
         },
@@ -147,10 +141,6 @@ pub(crate) fn load(gpu: &Gpu, t: HostTensor, role: WeightRole) -> Result<CudaWei
         Layout::Blocks(wtype) => WeightData::Blocks { wtype, bytes: gpu.upload(&t.bytes).map_err(upload_err)? },
         Layout::F32 => WeightData::F32(gpu.upload(&f32_values(&t.bytes)).map_err(upload_err)?),
         Layout::WidenToF32 => WeightData::F32(gpu.upload(&widen(&t).map_err(&bad)?).map_err(upload_err)?),
-        Layout::QuantizeToQ8_0 => {
-            let bytes = quantize_q8_0(&f32_values(&t.bytes), t.dims[0] as usize).map_err(&bad)?;
-            WeightData::Blocks { wtype: WeightType::Q8_0, bytes: gpu.upload(&bytes).map_err(upload_err)? }
-        }
     };
     Ok(CudaWeight { name: t.name, file_type: t.ggml_type, dims: t.dims, data })
 }
@@ -168,27 +158,9 @@ fn widen(t: &HostTensor) -> Result<Vec<f32>, String> {
     Ok(out)
 }
 
-/// ggml's `quantize_row_q8_0_ref` over rows of `row_len` values: per block of 32,
-/// `d = amax / 127`, `q = round(x / d)` (as `x · (1/d)`, half away from zero), d stored as f16.
-pub(crate) fn quantize_q8_0(values: &[f32], row_len: usize) -> Result<Vec<u8>, String> {
-    if row_len == 0 || !row_len.is_multiple_of(QK) {
-        return Err(format!("rows of {row_len} values cannot be quantized to q8_0 (blocks of {QK})"));
-    }
-    let mut out = Vec::with_capacity(values.len() / QK * BLOCK_Q8_0_BYTES);
-    for block in values.chunks_exact(QK) {
-        let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
-        out.extend(block.iter().map(|&x| (x * id).round() as i8 as u8));
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use brink_kernels::quant::dequantize_q8_0;
 
     #[test]
     fn supported_types_follow_the_layouts() {
@@ -211,41 +183,9 @@ mod tests {
         assert_eq!(layout(Q4_0, WeightRole::Embedding, &[64, 10]), Ok(Layout::Blocks(WeightType::Q4_0)));
         assert_eq!(layout(F16, WeightRole::Embedding, &[64, 10]), Ok(Layout::WidenToF32));
         assert_eq!(layout(Q6_K, WeightRole::Embedding, &[256, 10]), Ok(Layout::WidenToF32));
-        assert_eq!(layout(F32, WeightRole::Matrix, &[64, 8]), Ok(Layout::QuantizeToQ8_0));
+        assert_eq!(layout(F32, WeightRole::Matrix, &[64, 8]), Ok(Layout::F32));
         assert!(layout(F32, WeightRole::Matrix, &[64, 8, 4]).unwrap_err().contains("routed experts"));
         assert!(layout(Q4_1, WeightRole::Matrix, &[64, 8]).unwrap_err().contains("q4_1"));
         assert!(layout(Q8_0, WeightRole::Scale, &[64]).is_err());
-    }
-
-    #[test]
-    fn q8_0_quantization_matches_ggml_rounding() {
-        // One block: amax 127 gives d = 1, so q = round(x) exactly, halves away from zero.
-        let mut x: Vec<f32> = (0..32).map(|i| i as f32 - 16.0).collect();
-        x[0] = -127.0;
-        x[1] = 2.5;
-        x[2] = -2.5;
-        let q = quantize_q8_0(&x, 32).unwrap();
-        assert_eq!(q.len(), BLOCK_Q8_0_BYTES);
-        assert_eq!(f16::from_le_bytes([q[0], q[1]]), f16::from_f32(1.0));
-        assert_eq!(&q[2..5], &[(-127i8) as u8, 3, (-3i8) as u8]);
-        assert_eq!(q[2 + 20] as i8, 4);
-        // A zero block stays zero (no division by zero).
-        assert!(quantize_q8_0(&[0.0; 32], 32).unwrap().iter().all(|&b| b == 0));
-        assert!(quantize_q8_0(&[0.0; 48], 48).is_err());
-    }
-
-    #[test]
-    fn q8_0_round_trip_error_is_within_half_a_step() {
-        let x: Vec<f32> = (0..256).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013).collect();
-        let q = quantize_q8_0(&x, 128).unwrap();
-        let y = dequantize_q8_0(&q);
-        for (b, (xs, ys)) in x.chunks(32).zip(y.chunks(32)).enumerate() {
-            let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            // Half a step of d = amax/127, plus d's f16 rounding (2^-11 relative) over 127 steps.
-            let bound = amax / 127.0 * (0.5 + 127.0 / 2048.0) + 1e-7;
-            for (a, b2) in xs.iter().zip(ys) {
-                assert!((a - b2).abs() <= bound, "block {b}: {a} vs {b2} (bound {bound})");
-            }
-        }
     }
 }
