@@ -9,13 +9,16 @@
 //!   over positions of f16 p · f16 v, exact products.
 //!
 //! Query head h reads KV head h / (n_head / n_kv), as ggml's broadcast of src0 over src1 does.
-//! f32 sums run in position order here; ggml sums in SIMD lanes, so scores and outputs agree to
-//! f32 rounding, not bit for bit.
+//! Both matmuls sum in ggml's AVX2 order ([`super::float_dot`]): `ggml_vec_dot_f16` for one
+//! query (decode), llamafile's sgemm for several (prefill). What remains different from
+//! llama.cpp is ggml's vector `expf` in the softmax (an ulp here and there, which the f16
+//! rounding of the probabilities mostly absorbs).
 
 use half::f16;
 use rayon::prelude::*;
 
-use super::act_quant::round_f16;
+use super::act_quant::{f16_to_f32, round_f16};
+use super::float_dot::{self, SumOrder};
 use super::softmax::soft_max_in_place;
 
 /// Attention of `q` (`[n_q, n_head, d]`) over `k`, `v` (`[n_kv_pos, n_kv, d]`, f16) into `out`
@@ -41,44 +44,41 @@ pub fn attention(q: &[f32], k: &[f16], v: &[f16], q_pos: &[u32], n_head: usize, 
         panic!("attention: a query at position {p} over {n_pos} cached positions");
     }
     let group = n_head / n_kv;
+    // One query is llama.cpp's decode: ggml_vec_dot_f16 sums both matmuls; several go through
+    // llamafile's sgemm (its lengths, head_dim and the KV length padded to 256, are multiples of 8).
+    let order = if n_q == 1 { SumOrder::VecDot } else { SumOrder::Sgemm };
     out.par_chunks_exact_mut(d).enumerate().for_each(|(qh, o)| {
         let (i, h) = (qh / n_head, qh % n_head);
         let kvh = h / group;
         let visible = q_pos[i] as usize + 1;
         let qr: Vec<f32> = q[qh * d..(qh + 1) * d].iter().map(|&x| round_f16(x)).collect();
-        let mut p: Vec<f32> = (0..visible).map(|j| dot_f16_exact(&k[(j * n_kv + kvh) * d..][..d], &qr)).collect();
+        let mut p: Vec<f32> = (0..visible).map(|j| float_dot::dot(order, &k[(j * n_kv + kvh) * d..][..d], &qr, widen)).collect();
         soft_max_in_place(&mut p, scale);
-        o.fill(0.0);
+        // Each output value is the dot of a Vᵀ row with the f16 probabilities over llama.cpp's
+        // KV length (a multiple of 256: no tail), position j in its lane, masked ones adding 0.
+        let lanes = if order == SumOrder::VecDot { float_dot::VEC_DOT_LANES } else { float_dot::SGEMM_LANES };
+        let mut acc = vec![0.0f32; d * lanes];
         for (j, &pj) in p.iter().enumerate() {
             let pj = round_f16(pj);
             if pj == 0.0 {
-                continue; // adds exactly 0 to every output value
+                continue; // adds exactly 0 to every lane it would touch
             }
-            for (o, vv) in o.iter_mut().zip(&v[(j * n_kv + kvh) * d..][..d]) {
-                *o += pj * vv.to_f32();
+            let lane = j % lanes;
+            for (c, vv) in v[(j * n_kv + kvh) * d..][..d].iter().enumerate() {
+                acc[c * lanes + lane] += pj * widen(*vv);
             }
+        }
+        for (o, a) in o.iter_mut().zip(acc.chunks_exact(lanes)) {
+            *o = match order {
+                SumOrder::Sgemm => float_dot::hsum8(a.try_into().expect("8 lanes")),
+                _ => float_dot::reduce_vec_dot(a.try_into().expect("32 lanes")),
+            };
         }
     });
 }
 
-/// Σ k·q with f16 k and q already rounded to f16: each product is exact in f32; 32 f32 lanes
-/// summed as ggml's `ggml_vec_dot_f16` does (see vec_dot.rs).
-fn dot_f16_exact(k: &[f16], q: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 32];
-    let full = k.len() / 32 * 32;
-    for (kc, qc) in k[..full].chunks_exact(32).zip(q[..full].chunks_exact(32)) {
-        for i in 0..32 {
-            acc[i] += kc[i].to_f32() * qc[i];
-        }
-    }
-    let v: [f32; 16] = std::array::from_fn(|i| acc[i] + acc[i + 16]);
-    let u: [f32; 8] = std::array::from_fn(|i| v[i] + v[i + 8]);
-    let t: [f32; 4] = std::array::from_fn(|i| u[i] + u[i + 4]);
-    let mut sum = ((t[0] + t[1]) + (t[2] + t[3])) as f64;
-    for (kv, qv) in k[full..].iter().zip(&q[full..]) {
-        sum += (kv.to_f32() * qv) as f64;
-    }
-    sum as f32
+fn widen(h: f16) -> f32 {
+    f16_to_f32(h.to_bits())
 }
 
 #[cfg(test)]
