@@ -11,7 +11,11 @@
 //!   rows (prefill) when the rows of the matrix are a multiple of 4 and their length of 8: one
 //!   accumulator of 8 lanes (value i in lane i % 8), `hsum`.
 //!
-//! ggml's f32 dots use FMAs; ours multiply then add, so f32·f32 dots differ by f32 rounding.
+//! ggml's f32 dots accumulate with FMAs: [`dot_fused`] does too, exactly and without FMA
+//! hardware ([`super::ggml_exp::fma_f32`]; x86-64's baseline has none, and `f32::mul_add` would
+//! be a libm call per product).
+
+use super::ggml_exp::fma_f32;
 
 /// Lanes of ggml's AVX2 `ggml_vec_dot_f16`/`_f32`/`_bf16` (`GGML_F16_STEP`).
 pub const VEC_DOT_LANES: usize = 32;
@@ -50,9 +54,22 @@ pub fn hsum8(acc: &[f32; SGEMM_LANES]) -> f32 {
     (t[0] + t[2]) + (t[1] + t[3])
 }
 
-/// Σ widen(w[i]) · x[i] over the shorter of the two rows, in `order`.
+/// Σ widen(w[i]) · x[i] over the shorter of the two rows, in `order`, each step
+/// `acc + w·x` rounded once (an FMA, see the module docs): for f32 weights.
+#[inline]
+pub fn dot_fused<T: Copy>(order: SumOrder, w: &[T], x: &[f32], widen: impl Fn(T) -> f32) -> f32 {
+    dot_with(order, w, x, widen, |acc, w, x| fma_f32(w, x, acc))
+}
+
+/// Σ widen(w[i]) · x[i] over the shorter of the two rows, in `order`, each step `acc + w·x`
+/// with the product rounded first: for f16/bf16 weights, whose products are exact anyway.
 #[inline]
 pub fn dot<T: Copy>(order: SumOrder, w: &[T], x: &[f32], widen: impl Fn(T) -> f32) -> f32 {
+    dot_with(order, w, x, widen, |acc, w, x| acc + w * x)
+}
+
+#[inline(always)]
+fn dot_with<T: Copy>(order: SumOrder, w: &[T], x: &[f32], widen: impl Fn(T) -> f32, madd: impl Fn(f32, f32, f32) -> f32) -> f32 {
     let n = w.len().min(x.len());
     match order {
         SumOrder::Sgemm => {
@@ -60,13 +77,13 @@ pub fn dot<T: Copy>(order: SumOrder, w: &[T], x: &[f32], widen: impl Fn(T) -> f3
             let mut acc = [0.0f32; SGEMM_LANES];
             for (wc, xc) in w[..full].chunks_exact(SGEMM_LANES).zip(x[..full].chunks_exact(SGEMM_LANES)) {
                 for i in 0..SGEMM_LANES {
-                    acc[i] += widen(wc[i]) * xc[i];
+                    acc[i] = madd(acc[i], widen(wc[i]), xc[i]);
                 }
             }
             // tinyBLAS only runs with n % 8 == 0; a tail, if a caller has one, is added last.
             let mut sum = hsum8(&acc);
             for (w, x) in w[full..n].iter().zip(&x[full..n]) {
-                sum += widen(*w) * x;
+                sum = madd(sum, widen(*w), *x);
             }
             sum
         }
@@ -75,7 +92,7 @@ pub fn dot<T: Copy>(order: SumOrder, w: &[T], x: &[f32], widen: impl Fn(T) -> f3
             let mut acc = [0.0f32; VEC_DOT_LANES];
             for (wc, xc) in w[..full].chunks_exact(VEC_DOT_LANES).zip(x[..full].chunks_exact(VEC_DOT_LANES)) {
                 for i in 0..VEC_DOT_LANES {
-                    acc[i] += widen(wc[i]) * xc[i];
+                    acc[i] = madd(acc[i], widen(wc[i]), xc[i]);
                 }
             }
             let reduced = if order == SumOrder::VecDot { reduce_vec_dot(&acc) } else { reduce_vec_dot_bf16(&acc) };

@@ -36,7 +36,7 @@ impl<'a> WeightMatrix<'a> {
         if !cols.is_multiple_of(block) {
             return Err(CpuError::PartialBlock { ty: ggml_type, rows, cols, block });
         }
-        let expected = (rows as u64).checked_mul((cols / block * kind.block_bytes()) as u64).unwrap_or(u64::MAX);
+        let expected = (rows as u64).saturating_mul((cols / block * kind.block_bytes()) as u64);
         if expected != data.len() as u64 {
             return Err(CpuError::DataLength { ty: ggml_type, rows, cols, expected, got: data.len() });
         }

@@ -20,6 +20,7 @@ pub mod attention;
 pub mod embedding;
 mod error;
 pub mod float_dot;
+pub mod ggml_exp;
 pub mod matmul;
 pub mod moe;
 pub mod norm;
@@ -29,7 +30,7 @@ pub mod vec_dot;
 
 pub use act_quant::{QuantizedActs, VecDotType};
 pub use activation::{silu, swiglu};
-pub use attention::attention;
+pub use attention::{attention, attention_in_batch};
 pub use embedding::get_rows;
 pub use error::CpuError;
 pub use matmul::{WeightMatrix, matmul, matmul_gather, matmul_quantized};

@@ -283,7 +283,7 @@ fn widen_bf16(b: [u8; 2]) -> f32 {
 }
 
 pub fn dot_f32(w_row: &[u8], x: &[f32]) -> f32 {
-    float_dot::dot(SumOrder::VecDot, w_row.as_chunks::<4>().0, x, widen_f32)
+    float_dot::dot_fused(SumOrder::VecDot, w_row.as_chunks::<4>().0, x, widen_f32)
 }
 
 /// f16 weights against activations already rounded to f16 (`round_f16`).
@@ -301,7 +301,7 @@ pub fn dot_bf16(w_row: &[u8], x: &[f32]) -> f32 {
 /// same as [`vec_dot`] (their block formula has no such choice here).
 pub fn vec_dot_sgemm(kind: WeightKind, w_row: &[u8], x: ActRow<'_>) -> f32 {
     match (kind, x) {
-        (WeightKind::F32, ActRow::Float(x)) => float_dot::dot(SumOrder::Sgemm, w_row.as_chunks::<4>().0, x, widen_f32),
+        (WeightKind::F32, ActRow::Float(x)) => float_dot::dot_fused(SumOrder::Sgemm, w_row.as_chunks::<4>().0, x, widen_f32),
         (WeightKind::F16, ActRow::Float(x)) => float_dot::dot(SumOrder::Sgemm, w_row.as_chunks::<2>().0, x, widen_f16),
         (WeightKind::BF16, ActRow::Float(x)) => float_dot::dot(SumOrder::Sgemm, w_row.as_chunks::<2>().0, x, widen_bf16),
         _ => vec_dot(kind, w_row, x),
