@@ -62,16 +62,16 @@ impl VecDotType {
     }
 }
 
-/// An f16 widened to f32 (exact; NaNs come back quiet, as F16C's and `half`'s do). Branch-free
-/// and inline, since the dots widen a scale per block: a call there stops LLVM from vectorising
-/// the block's integer sum.
+/// An f16 widened to f32, exactly (a NaN stays a NaN, its payload kept). Branch-free and
+/// inline: the quantized dots widen a scale per block, the f16 dots every value, and a call or
+/// a branch there stops LLVM from vectorising the loop around it.
 #[inline(always)]
 pub fn f16_to_f32(bits: u16) -> f32 {
     // Exponent and mantissa moved under f32's: 2^(e−127)·1.m (or a subnormal); times 2^112 that
     // is 2^(e−15)·1.m exactly, the normals and subnormals of f16 alike.
     let shifted = ((bits & 0x7fff) as u32) << 13;
     let finite = f32::from_bits(shifted) * f32::from_bits(0x7780_0000); // 2^112
-    let special = f32::from_bits(shifted | 0x7f80_0000 | if shifted & 0x007f_ffff != 0 { 0x0040_0000 } else { 0 });
+    let special = f32::from_bits(shifted | 0x7f80_0000); // inf, or NaN with the payload
     let magnitude = if bits & 0x7c00 == 0x7c00 { special } else { finite };
     f32::from_bits(magnitude.to_bits() | (((bits & 0x8000) as u32) << 16))
 }
