@@ -120,6 +120,9 @@ fn check_acts(w: &WeightMatrix, acts: &QuantizedActs) {
     assert_eq!(acts.cols(), w.cols, "{} x {} {} weights against activation rows of {}", w.rows, w.cols, w.ggml_type, acts.cols());
 }
 
+/// Below this many multiply-adds a matmul runs on the calling thread.
+const SERIAL_MAX_MACS: usize = 1 << 17;
+
 /// Tokens per task when the work is split by tokens.
 const TOKEN_TILE: usize = 8;
 
@@ -129,6 +132,16 @@ fn run(w: &WeightMatrix, acts: &QuantizedActs, act_row: impl Fn(usize) -> usize 
     let rows = w.rows;
     let n = y.len() / rows;
     if n == 0 {
+        return;
+    }
+    if n * rows * w.cols < SERIAL_MAX_MACS {
+        // Too little work to pay for rayon's hand-offs (a small model's decode).
+        for (t, yt) in y.chunks_exact_mut(rows).enumerate() {
+            let x = acts.row(act_row(t));
+            for (r, out) in yt.iter_mut().enumerate() {
+                *out = dot(w.kind, w.row(r), x);
+            }
+        }
         return;
     }
     let threads = rayon::current_num_threads();
