@@ -62,6 +62,28 @@ impl VecDotType {
     }
 }
 
+/// An f16 widened to f32, exactly (a NaN stays a NaN, its payload kept). Branch-free and
+/// inline: the quantized dots widen a scale per block, the f16 dots every value, and a call or
+/// a branch there stops LLVM from vectorising the loop around it.
+#[inline(always)]
+pub fn f16_to_f32(bits: u16) -> f32 {
+    // Exponent and mantissa moved under f32's: 2^(e−127)·1.m (or a subnormal); times 2^112 that
+    // is 2^(e−15)·1.m exactly, the normals and subnormals of f16 alike.
+    let shifted = ((bits & 0x7fff) as u32) << 13;
+    let finite = f32::from_bits(shifted) * f32::from_bits(0x7780_0000); // 2^112
+    let special = f32::from_bits(shifted | 0x7f80_0000); // inf, or NaN with the payload
+    let magnitude = if bits & 0x7c00 == 0x7c00 { special } else { finite };
+    f32::from_bits(magnitude.to_bits() | (((bits & 0x8000) as u32) << 16))
+}
+
+/// Round to nearest, ties to even: for |v| < 2^22 ggml's `nearest_int` trick (add and subtract
+/// 1.5·2^23), since `f32::round_ties_even` is a libm call on x86-64 without SSE4.1.
+#[inline(always)]
+fn round_even(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    if v.abs() < 4_194_304.0 { (v + MAGIC) - MAGIC } else { v.round_ties_even() }
+}
+
 /// `x` rounded to f16 (nearest, ties to even), as f32.
 pub fn round_f16(x: f32) -> f32 {
     f16::from_f32(x).to_f32()
@@ -80,7 +102,7 @@ pub fn quantize_block_q8_0(x: &[f32; QK8_0]) -> BlockQ8_0 {
     let d = amax / 127.0;
     let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
     // `as i8` saturates like the AVX2 packs; |x · id| <= 127 up to rounding anyway.
-    let qs = std::array::from_fn(|j| (x[j] * id).round_ties_even() as i8);
+    let qs = std::array::from_fn(|j| round_even(x[j] * id) as i8);
     BlockQ8_0 { d: round_f16(d), qs }
 }
 
@@ -97,7 +119,7 @@ pub fn quantize_block_q8_k(x: &[f32; QK_K]) -> BlockQ8K {
         return BlockQ8K { d: 0.0, qs: [0; QK_K], bsums: [0; QK_K / 16] };
     }
     let iscale = -127.0 / max;
-    let qs: [i8; QK_K] = std::array::from_fn(|j| ((iscale * x[j]).round_ties_even() as i32).min(127) as i8);
+    let qs: [i8; QK_K] = std::array::from_fn(|j| (round_even(iscale * x[j]) as i32).min(127) as i8);
     let bsums = std::array::from_fn(|g| qs[16 * g..16 * g + 16].iter().map(|&q| q as i16).sum());
     BlockQ8K { d: 1.0 / iscale, qs, bsums }
 }
@@ -293,6 +315,26 @@ mod tests {
         let b = quantize_block_q8_k(&x);
         assert_eq!(b.d, 1.0 / (127.0f32 / 2.0));
         assert_eq!((b.qs[3], b.qs[9]), (-127, 127));
+    }
+
+    #[test]
+    fn f16_widening_is_exact_for_every_value() {
+        for bits in 0..=u16::MAX {
+            let (ours, theirs) = (f16_to_f32(bits), f16::from_bits(bits).to_f32());
+            assert!(ours.to_bits() == theirs.to_bits() || (ours.is_nan() && theirs.is_nan()), "{bits:#06x}");
+        }
+    }
+
+    #[test]
+    fn round_even_is_round_ties_even() {
+        for i in -2_000_000..2_000_000 {
+            let v = i as f32 * 0.25;
+            assert_eq!(round_even(v), v.round_ties_even(), "{v}");
+        }
+        for v in [4_194_303.5f32, -4_194_303.5, 4_194_304.5, 6_000_000.5, 1e9, -1e30, f32::INFINITY] {
+            assert_eq!(round_even(v), v.round_ties_even(), "{v}");
+        }
+        assert!(round_even(f32::NAN).is_nan());
     }
 
     #[test]

@@ -4,28 +4,52 @@
 //! - K is f16, so Q is rounded to f16 (K's vec_dot_type) and each score is an f16·f16 dot with
 //!   exact products summed in f32;
 //! - softmax of score · scale over the visible keys (the causal mask drops the others; adding
-//!   −inf to them gives exp = 0 in ggml), sums in f64 (see [`super::softmax`]);
+//!   −inf to them gives exp = 0 in ggml), see [`super::softmax`];
 //! - the probabilities are rounded to f16 (Vᵀ is f16) and each output value is the f32 sum
 //!   over positions of f16 p · f16 v, exact products.
 //!
 //! Query head h reads KV head h / (n_head / n_kv), as ggml's broadcast of src0 over src1 does.
-//! f32 sums run in position order here; ggml sums in SIMD lanes, so scores and outputs agree to
-//! f32 rounding, not bit for bit.
+//! Both matmuls sum in ggml's AVX2 order ([`super::float_dot`]): `ggml_vec_dot_f16` for a batch
+//! of one token (decode), llamafile's sgemm for more (prefill); with ggml's vector expf in the
+//! softmax, the outputs are llama.cpp's bit for bit (checked against its ggml on x86 AVX2, both
+//! cases, KV length 256).
 
 use half::f16;
 use rayon::prelude::*;
 
-use super::act_quant::round_f16;
-use super::softmax::soft_max_in_place;
+use super::act_quant::{f16_to_f32, round_f16};
+use super::float_dot::{self, SumOrder};
+use super::softmax::soft_max_visible_in_place;
 
 /// Attention of `q` (`[n_q, n_head, d]`) over `k`, `v` (`[n_kv_pos, n_kv, d]`, f16) into `out`
 /// (`[n_q, n_head, d]`); query i sees keys `0..=q_pos[i]`; scores are multiplied by `scale`.
+/// Sums as llama.cpp does for a batch of `n_q` tokens ([`attention_in_batch`] with `n_q`).
 ///
 /// # Panics
 /// If the lengths disagree with the shapes, `n_head` is not a multiple of `n_kv`, or a query's
 /// position is past the keys: the graph sizes these from the checked config and the KV cache.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(q: &[f32], k: &[f16], v: &[f16], q_pos: &[u32], n_head: usize, n_kv: usize, d: usize, scale: f32, out: &mut [f32]) {
+    attention_in_batch(q, k, v, q_pos, n_head, n_kv, d, scale, q_pos.len(), out);
+}
+
+/// [`attention`] for the queries of one sequence inside a llama.cpp batch of `batch_tokens`
+/// tokens (all sequences together): that count, not this sequence's, picks ggml's summation
+/// order — `ggml_vec_dot_f16` for a batch of one (decode), llamafile's sgemm for more, where
+/// its shapes allow (head_dim a multiple of 8 for the scores, of 4 for the output).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_in_batch(
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    q_pos: &[u32],
+    n_head: usize,
+    n_kv: usize,
+    d: usize,
+    scale: f32,
+    batch_tokens: usize,
+    out: &mut [f32],
+) {
     let n_q = q_pos.len();
     assert!(d > 0 && n_kv > 0 && n_head.is_multiple_of(n_kv), "attention: {n_head} query heads over {n_kv} KV heads of {d}");
     assert_eq!(q.len(), n_q * n_head * d, "attention: q of {} values for {n_q} queries x {n_head} heads x {d}", q.len());
@@ -41,44 +65,43 @@ pub fn attention(q: &[f32], k: &[f16], v: &[f16], q_pos: &[u32], n_head: usize, 
         panic!("attention: a query at position {p} over {n_pos} cached positions");
     }
     let group = n_head / n_kv;
+    // llamafile's sgemm takes two or more rows when the row length is a multiple of 8 and the
+    // row count of 4: scores have length d and n_kv rows (llama.cpp pads n_kv to 256), outputs
+    // length n_kv and d rows.
+    let pick = |ok: bool| if batch_tokens >= 2 && ok { SumOrder::Sgemm } else { SumOrder::VecDot };
+    let (qk_order, pv_order) = (pick(d.is_multiple_of(8)), pick(d.is_multiple_of(4)));
     out.par_chunks_exact_mut(d).enumerate().for_each(|(qh, o)| {
         let (i, h) = (qh / n_head, qh % n_head);
         let kvh = h / group;
         let visible = q_pos[i] as usize + 1;
         let qr: Vec<f32> = q[qh * d..(qh + 1) * d].iter().map(|&x| round_f16(x)).collect();
-        let mut p: Vec<f32> = (0..visible).map(|j| dot_f16_exact(&k[(j * n_kv + kvh) * d..][..d], &qr)).collect();
-        soft_max_in_place(&mut p, scale);
-        o.fill(0.0);
+        let mut p: Vec<f32> = (0..visible).map(|j| float_dot::dot(qk_order, &k[(j * n_kv + kvh) * d..][..d], &qr, widen)).collect();
+        soft_max_visible_in_place(&mut p, scale);
+        // Each output value is the dot of a Vᵀ row with the f16 probabilities over llama.cpp's
+        // KV length (a multiple of 256: no tail), position j in its lane, masked ones adding 0.
+        let lanes = if pv_order == SumOrder::VecDot { float_dot::VEC_DOT_LANES } else { float_dot::SGEMM_LANES };
+        let mut acc = vec![0.0f32; d * lanes];
         for (j, &pj) in p.iter().enumerate() {
             let pj = round_f16(pj);
             if pj == 0.0 {
-                continue; // adds exactly 0 to every output value
+                continue; // adds exactly 0 to every lane it would touch
             }
-            for (o, vv) in o.iter_mut().zip(&v[(j * n_kv + kvh) * d..][..d]) {
-                *o += pj * vv.to_f32();
+            let lane = j % lanes;
+            for (c, vv) in v[(j * n_kv + kvh) * d..][..d].iter().enumerate() {
+                acc[c * lanes + lane] += pj * widen(*vv);
             }
+        }
+        for (o, a) in o.iter_mut().zip(acc.chunks_exact(lanes)) {
+            *o = match pv_order {
+                SumOrder::Sgemm => float_dot::hsum8(a.try_into().expect("8 lanes")),
+                _ => float_dot::reduce_vec_dot(a.try_into().expect("32 lanes")),
+            };
         }
     });
 }
 
-/// Σ k·q with f16 k and q already rounded to f16: each product is exact in f32; 32 f32 lanes
-/// summed as ggml's `ggml_vec_dot_f16` does (see vec_dot.rs).
-fn dot_f16_exact(k: &[f16], q: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 32];
-    let full = k.len() / 32 * 32;
-    for (kc, qc) in k[..full].chunks_exact(32).zip(q[..full].chunks_exact(32)) {
-        for i in 0..32 {
-            acc[i] += kc[i].to_f32() * qc[i];
-        }
-    }
-    let v: [f32; 16] = std::array::from_fn(|i| acc[i] + acc[i + 16]);
-    let u: [f32; 8] = std::array::from_fn(|i| v[i] + v[i + 8]);
-    let t: [f32; 4] = std::array::from_fn(|i| u[i] + u[i + 4]);
-    let mut sum = ((t[0] + t[1]) + (t[2] + t[3])) as f64;
-    for (kv, qv) in k[full..].iter().zip(&q[full..]) {
-        sum += (kv.to_f32() * qv) as f64;
-    }
-    sum as f32
+fn widen(h: f16) -> f32 {
+    f16_to_f32(h.to_bits())
 }
 
 #[cfg(test)]
@@ -93,6 +116,7 @@ mod tests {
     /// f64 attention over the same f16 K, V and f16-rounded Q: the only differences are f32 sums
     /// of the scores (relative 2^-24 per term, times the score's size before exp), the f16
     /// rounding of the probabilities (2^-11 relative) and the f32 sum of the outputs.
+    #[allow(clippy::too_many_arguments)]
     fn reference(q: &[f32], k: &[f16], v: &[f16], q_pos: &[u32], n_head: usize, n_kv: usize, d: usize, scale: f32) -> Vec<f64> {
         let mut out = vec![0.0; q.len()];
         for (i, &pos) in q_pos.iter().enumerate() {
@@ -130,6 +154,43 @@ mod tests {
             for (i, (&got, &e)) in out.iter().zip(&exact).enumerate() {
                 assert!((got as f64 - e).abs() <= 2f64.powi(-11) + 1e-5, "q_pos {q_pos:?} value {i}: {got} vs {e}");
             }
+        }
+    }
+
+    /// The batch size, not the queries passed, picks the summation order: queries attended one
+    /// at a time inside a batch of 3 equal the three attended together.
+    #[test]
+    fn batch_size_picks_the_order() {
+        let (n_head, n_kv, d, n_pos) = (4, 2, 64, 50);
+        let k = f16s(11, n_pos * n_kv * d, 2.0);
+        let v = f16s(12, n_pos * n_kv * d, 1.0);
+        let q_pos = [20u32, 33, 49];
+        let q: Vec<f32> = (0..(3 * n_head * d) as u64).map(|i| uniform_pm1(13, i) * 3.0).collect();
+        let mut together = vec![0.0; q.len()];
+        attention(&q, &k, &v, &q_pos, n_head, n_kv, d, 0.125, &mut together);
+        let row = n_head * d;
+        for (i, &p) in q_pos.iter().enumerate() {
+            let mut one = vec![0.0; row];
+            attention_in_batch(&q[i * row..(i + 1) * row], &k, &v, &[p], n_head, n_kv, d, 0.125, 3, &mut one);
+            assert_eq!(one, together[i * row..(i + 1) * row], "query {i}");
+        }
+    }
+
+    /// A decode query past 2^16 positions, over a cache that long: indexes and sums hold up.
+    #[test]
+    fn long_context_past_2_16() {
+        let (n_head, n_kv, d, n_pos) = (2, 1, 32, 70_001);
+        let k = f16s(21, n_pos * n_kv * d, 1.0);
+        let v = f16s(22, n_pos * n_kv * d, 1.0);
+        let q: Vec<f32> = (0..(n_head * d) as u64).map(|i| uniform_pm1(23, i) * 2.0).collect();
+        let q_pos = [70_000u32];
+        let mut out = vec![f32::NAN; q.len()];
+        attention(&q, &k, &v, &q_pos, n_head, n_kv, d, 0.2, &mut out);
+        let exact = reference(&q, &k, &v, &q_pos, n_head, n_kv, d, 0.2);
+        // As above: f16 probabilities move a convex mix of |v| <= 1 by at most 2^-11; the f32
+        // sums over 70,001 positions stay well inside 1e-4 of it.
+        for (i, (&got, &e)) in out.iter().zip(&exact).enumerate() {
+            assert!((got as f64 - e).abs() <= 2f64.powi(-11) + 1e-4, "value {i}: {got} vs {e}");
         }
     }
 

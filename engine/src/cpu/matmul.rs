@@ -1,15 +1,17 @@
 //! Weight matrix × activation rows: `y[t·rows + r] = dot(W[r], x[t])`, as ggml's `mul_mat` with
 //! the weights as src0: each activation row converted once to the weight's vec_dot format, then
-//! one [`vec_dot`] per (row, token), spread over rayon's threads.
+//! one dot per (row, token), spread over rayon's threads. Like ggml, a dense matmul of two or
+//! more rows sums float dots in llamafile's sgemm order ([`vec_dot_sgemm`]), one row and the
+//! gathered rows of an expert in `ggml_vec_dot_*`'s ([`vec_dot`]).
 //!
 //! Work split: many tokens (prefill) → tiles of tokens per task, each weight row reused across
 //! the tile while it is in L1; few tokens (decode) → chunks of weight rows per task.
 
 use rayon::prelude::*;
 
-use super::act_quant::QuantizedActs;
+use super::act_quant::{ActRow, QuantizedActs};
 use super::error::CpuError;
-use super::vec_dot::{WeightKind, vec_dot};
+use super::vec_dot::{WeightKind, vec_dot, vec_dot_sgemm};
 use crate::gguf::GgmlType;
 
 /// A 2-D weight tensor in its GGUF bytes: `rows` rows of `cols` values (ggml's ne1 × ne0).
@@ -34,7 +36,7 @@ impl<'a> WeightMatrix<'a> {
         if !cols.is_multiple_of(block) {
             return Err(CpuError::PartialBlock { ty: ggml_type, rows, cols, block });
         }
-        let expected = (rows as u64).checked_mul((cols / block * kind.block_bytes()) as u64).unwrap_or(u64::MAX);
+        let expected = (rows as u64).saturating_mul((cols / block * kind.block_bytes()) as u64);
         if expected != data.len() as u64 {
             return Err(CpuError::DataLength { ty: ggml_type, rows, cols, expected, got: data.len() });
         }
@@ -93,7 +95,9 @@ pub fn matmul(w: &WeightMatrix, x: &[f32], n_tokens: usize, y: &mut [f32]) {
 pub fn matmul_quantized(w: &WeightMatrix, acts: &QuantizedActs, y: &mut [f32]) {
     check_acts(w, acts);
     assert_eq!(y.len(), acts.rows() * w.rows, "matmul output: {} values for {} x {}", y.len(), acts.rows(), w.rows);
-    run(w, acts, |t| t, y);
+    // ggml's mul_mat hands two or more rows to llamafile's sgemm when it takes the shape.
+    let sgemm = acts.rows() >= 2 && w.rows.is_multiple_of(4) && w.cols.is_multiple_of(8);
+    run(w, acts, |t| t, if sgemm { vec_dot_sgemm } else { vec_dot }, y);
 }
 
 /// `y[i·rows + r] = dot(W[r], acts[rows_of[i]])`: the activation rows a matrix meets picked by
@@ -107,7 +111,8 @@ pub fn matmul_gather(w: &WeightMatrix, acts: &QuantizedActs, rows_of: &[usize], 
     if let Some(&bad) = rows_of.iter().find(|&&i| i >= acts.rows()) {
         panic!("matmul_gather: activation row {bad} of {}", acts.rows());
     }
-    run(w, acts, |i| rows_of[i], y);
+    // ggml's mul_mat_id dots row by row (`vec_dot`), however many rows an expert gets.
+    run(w, acts, |i| rows_of[i], vec_dot, y);
 }
 
 fn check_acts(w: &WeightMatrix, acts: &QuantizedActs) {
@@ -115,13 +120,28 @@ fn check_acts(w: &WeightMatrix, acts: &QuantizedActs) {
     assert_eq!(acts.cols(), w.cols, "{} x {} {} weights against activation rows of {}", w.rows, w.cols, w.ggml_type, acts.cols());
 }
 
+/// Below this many multiply-adds a matmul runs on the calling thread.
+const SERIAL_MAX_MACS: usize = 1 << 17;
+
 /// Tokens per task when the work is split by tokens.
 const TOKEN_TILE: usize = 8;
 
-fn run(w: &WeightMatrix, acts: &QuantizedActs, act_row: impl Fn(usize) -> usize + Sync, y: &mut [f32]) {
+type DotFn = fn(WeightKind, &[u8], ActRow<'_>) -> f32;
+
+fn run(w: &WeightMatrix, acts: &QuantizedActs, act_row: impl Fn(usize) -> usize + Sync, dot: DotFn, y: &mut [f32]) {
     let rows = w.rows;
     let n = y.len() / rows;
     if n == 0 {
+        return;
+    }
+    if n * rows * w.cols < SERIAL_MAX_MACS {
+        // Too little work to pay for rayon's hand-offs (a small model's decode).
+        for (t, yt) in y.chunks_exact_mut(rows).enumerate() {
+            let x = acts.row(act_row(t));
+            for (r, out) in yt.iter_mut().enumerate() {
+                *out = dot(w.kind, w.row(r), x);
+            }
+        }
         return;
     }
     let threads = rayon::current_num_threads();
@@ -133,7 +153,7 @@ fn run(w: &WeightMatrix, acts: &QuantizedActs, act_row: impl Fn(usize) -> usize 
             for r in 0..rows {
                 let wr = w.row(r);
                 for i in 0..nt {
-                    yt[i * rows + r] = vec_dot(w.kind, wr, acts.row(act_row(t0 + i)));
+                    yt[i * rows + r] = dot(w.kind, wr, acts.row(act_row(t0 + i)));
                 }
             }
         });
@@ -144,7 +164,7 @@ fn run(w: &WeightMatrix, acts: &QuantizedActs, act_row: impl Fn(usize) -> usize 
             let x = acts.row(act_row(i));
             yt.par_chunks_mut(chunk).enumerate().for_each(|(c, yc)| {
                 for (j, out) in yc.iter_mut().enumerate() {
-                    *out = vec_dot(w.kind, w.row(c * chunk + j), x);
+                    *out = dot(w.kind, w.row(c * chunk + j), x);
                 }
             });
         });
@@ -196,7 +216,7 @@ mod tests {
     /// one row, one token, one block, many tokens (the prefill path), rows not a multiple of chunks.
     #[test]
     fn matmul_matches_vec_dot_and_f64_reference() {
-        let shapes = [(1, 256, 1), (3, 512, 1), (37, 256, 5), (130, 768, 2), (5, 256, 70), (64, 2048, 33)];
+        let shapes = [(1, 256, 1), (3, 512, 1), (37, 256, 5), (130, 768, 2), (5, 256, 70), (64, 2048, 33), (8, 512, 3)];
         for ty in
             [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::F32, GgmlType::F16, GgmlType::BF16]
         {
@@ -216,7 +236,10 @@ mod tests {
                     };
                     for r in 0..rows {
                         let got = y[t * rows + r];
-                        assert_eq!(got.to_bits(), vec_dot(w.kind(), w.row(r), acts.row(t)).to_bits(), "{ty} {rows}x{cols} t{t} r{r}");
+                        let sgemm = n >= 2 && rows % 4 == 0 && cols % 8 == 0;
+                        let want =
+                            if sgemm { vec_dot_sgemm(w.kind(), w.row(r), acts.row(t)) } else { vec_dot(w.kind(), w.row(r), acts.row(t)) };
+                        assert_eq!(got.to_bits(), want.to_bits(), "{ty} {rows}x{cols} t{t} r{r}");
                         let wd = tt.dequantize_row(w.row(r)).unwrap();
                         let (exact, mag) =
                             wd.iter().zip(&xv).fold((0.0, 0.0), |(s, m), (&w, &x)| (s + w as f64 * x, m + (w as f64 * x).abs()));

@@ -7,7 +7,8 @@
 //! ggml's SIMD code (summation order, ggml's vector `expf`).
 //!
 //! - [`act_quant`]: activation rows in each weight type's vec_dot format ([`QuantizedActs`]);
-//! - [`vec_dot`]: one weight row · one activation row, per type ([`WeightKind`]);
+//! - [`vec_dot`]: one weight row · one activation row, per type ([`WeightKind`]), with
+//!   [`float_dot`], the summation orders of ggml's float dots;
 //! - [`matmul`]: [`WeightMatrix`] (checked views of GGUF bytes) × activation rows, on rayon;
 //! - [`embedding`], [`norm`], [`rope`], [`softmax`], [`activation`], [`attention`], [`moe`]
 //!   (with [`argsort`], libstdc++'s sort order for ties).
@@ -18,6 +19,8 @@ pub mod argsort;
 pub mod attention;
 pub mod embedding;
 mod error;
+pub mod float_dot;
+pub mod ggml_exp;
 pub mod matmul;
 pub mod moe;
 pub mod norm;
@@ -27,7 +30,7 @@ pub mod vec_dot;
 
 pub use act_quant::{QuantizedActs, VecDotType};
 pub use activation::{silu, swiglu};
-pub use attention::attention;
+pub use attention::{attention, attention_in_batch};
 pub use embedding::get_rows;
 pub use error::CpuError;
 pub use matmul::{WeightMatrix, matmul, matmul_gather, matmul_quantized};
@@ -35,4 +38,4 @@ pub use moe::{Routing, check_moe_shape, combine, route};
 pub use norm::{rms_norm, rms_norm_in_place};
 pub use rope::rope_neox;
 pub use softmax::{soft_max, soft_max_in_place};
-pub use vec_dot::{WeightKind, vec_dot};
+pub use vec_dot::{WeightKind, vec_dot, vec_dot_sgemm};

@@ -12,8 +12,9 @@ use super::argsort::argsort_desc;
 use super::error::CpuError;
 use super::softmax::soft_max;
 
-/// llama.cpp's floor for the sum of the selected probabilities (the smallest normal f16).
-const WEIGHT_SUM_MIN: f32 = 6.103515625e-5;
+/// llama.cpp's floor for the sum of the selected probabilities: 6.103515625e-5 = 2^-14, the
+/// smallest normal f16.
+const WEIGHT_SUM_MIN: f32 = 1.0 / 16384.0;
 
 /// Experts and weights per token: slot s of token t at `t · top_k + s`.
 #[derive(Clone, Debug, PartialEq)]
@@ -124,8 +125,8 @@ mod tests {
                 order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]));
                 assert_eq!(&r.experts[t * 4..t * 4 + 4], &order[..4], "token {t}: top experts in descending order");
                 let picked_sum: f64 = order[..4].iter().map(|&e| p(e)).sum();
-                for s in 0..4 {
-                    let want = if norm { p(order[s]) / picked_sum } else { p(order[s]) };
+                for (s, &e) in order[..4].iter().enumerate() {
+                    let want = if norm { p(e) / picked_sum } else { p(e) };
                     assert!((r.weights[t * 4 + s] as f64 - want).abs() <= 1e-6 * want, "token {t} slot {s}");
                 }
                 if norm {

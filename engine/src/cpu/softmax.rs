@@ -1,9 +1,11 @@
-//! Softmax as ggml's CPU computes it (`ggml_compute_forward_soft_max_f32`): w = x · scale (+ the
-//! mask, which only ever removes positions here), max, e = expf(w − max), Σe in f64, then every
-//! e times (f32)(1 / Σ).
-//!
-//! ggml's AVX2/NEON loops use their own vector `expf` (within about 1.5 ulp of libm's); we use
-//! libm's `expf`, so single probabilities may differ from llama.cpp's by an ulp or two.
+//! Softmax as ggml's CPU computes it (`ggml_compute_forward_soft_max_f32` with
+//! `ggml_vec_soft_max_f32`, x86 AVX2): w = x · scale (+ the mask, which only ever removes
+//! positions here), max, then per vector of 8 from the start of the row e = `ggml_v_expf(w −
+//! max)` ([`super::ggml_exp`]) summed in f32 (`hsum`) and added to an f64 total; the last n % 8
+//! values use libm's `expf`, each added in f64; finally every e times (f32)(1 / total).
+
+use super::float_dot::hsum8;
+use super::ggml_exp::{VECTOR, ggml_expf};
 
 /// Softmax of one row, each value first multiplied by `scale`, into `out`.
 ///
@@ -14,7 +16,7 @@ pub fn soft_max(x: &[f32], scale: f32, out: &mut [f32]) {
     for (o, &v) in out.iter_mut().zip(x) {
         *o = v * scale;
     }
-    soft_max_in_place(out, 1.0);
+    soft_max_scaled(out, false);
 }
 
 /// [`soft_max`] in place.
@@ -22,10 +24,33 @@ pub fn soft_max_in_place(x: &mut [f32], scale: f32) {
     if scale != 1.0 {
         x.iter_mut().for_each(|v| *v *= scale);
     }
+    soft_max_scaled(x, false);
+}
+
+/// Softmax of the visible part of an attention row: llama.cpp's row runs on over masked
+/// positions (its KV length is a multiple of 256) whose exp is 0, so every visible value is in
+/// a full vector of 8: the last, partial one is completed with zeros rather than left to libm.
+pub(crate) fn soft_max_visible_in_place(x: &mut [f32], scale: f32) {
+    if scale != 1.0 {
+        x.iter_mut().for_each(|v| *v *= scale);
+    }
+    soft_max_scaled(x, true);
+}
+
+fn soft_max_scaled(x: &mut [f32], pad_last_vector: bool) {
     // ggml_vec_max_f32: MAX(max, x) from −inf.
     let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    let full = if pad_last_vector { x.len() } else { x.len() / VECTOR * VECTOR };
     let mut sum = 0.0f64;
-    for v in x.iter_mut() {
+    for chunk in x[..full].chunks_mut(VECTOR) {
+        let mut lanes = [0.0f32; VECTOR];
+        for (l, v) in lanes.iter_mut().zip(chunk.iter_mut()) {
+            *v = ggml_expf(*v - max);
+            *l = *v;
+        }
+        sum += hsum8(&lanes) as f64;
+    }
+    for v in x[full..].iter_mut() {
         *v = (*v - max).exp();
         sum += *v as f64;
     }
@@ -52,8 +77,9 @@ mod tests {
     use super::*;
     use brink_kernels::testdata::uniform_pm1;
 
-    /// Against f64 softmax: each of our steps rounds once or twice in f32 (scale, −max, exp, the
-    /// 1/Σ, the product): within 8 ulp relative per probability.
+    /// Against f64 softmax: ggml's expf is within 1.5 ulp, and the other steps (scale, −max, the
+    /// 1/Σ, the product) round once each; exp amplifies its argument's rounding by |argument|
+    /// (<= 40·scale here).
     #[test]
     fn matches_f64_softmax() {
         for (n, scale) in [(1, 1.0), (7, 0.125), (128, 1.0), (4097, 0.088)] {
@@ -65,12 +91,31 @@ mod tests {
             let s: f64 = e.iter().sum();
             for (i, (&got, &e)) in p.iter().zip(&e).enumerate() {
                 let exact = e / s;
-                // exp amplifies the argument's rounding by |argument|: up to 40·scale ulp of it.
                 let tol = (8.0 + 40.0 * scale as f64) * 2f64.powi(-24) * exact;
                 assert!((got as f64 - exact).abs() <= tol + 1e-45, "n{n} i{i}: {got} vs {exact}");
             }
             assert!((p.iter().map(|&v| v as f64).sum::<f64>() - 1.0).abs() < 1e-5);
         }
+    }
+
+    #[test]
+    fn vectors_use_ggmls_exp_and_the_tail_libms() {
+        // 11 values: 8 through ggml_expf, 3 through libm's expf.
+        let x: Vec<f32> = (0..11).map(|i| -0.37 * i as f32).collect();
+        let mut p = x.clone();
+        soft_max_in_place(&mut p, 1.0);
+        let e: Vec<f32> = x.iter().enumerate().map(|(i, &v)| if i < 8 { ggml_expf(v) } else { v.exp() }).collect();
+        let sum = hsum8(e[..8].try_into().unwrap()) as f64 + e[8..].iter().map(|&v| v as f64).sum::<f64>();
+        let inv = (1.0 / sum) as f32;
+        assert!(p.iter().zip(&e).all(|(p, e)| *p == e * inv));
+        // The visible part of an attention row: all 11 through ggml_expf, the last vector padded.
+        let mut q = x.clone();
+        soft_max_visible_in_place(&mut q, 1.0);
+        let e: Vec<f32> = x.iter().map(|&v| ggml_expf(v)).collect();
+        let mut last = [0.0; 8];
+        last[..3].copy_from_slice(&e[8..]);
+        let inv = (1.0 / (hsum8(e[..8].try_into().unwrap()) as f64 + hsum8(&last) as f64)) as f32;
+        assert!(q.iter().zip(&e).all(|(q, e)| *q == e * inv));
     }
 
     #[test]

@@ -11,11 +11,9 @@
 //! f32 accumulator, so the results agree to f32 rounding, not bit for bit.
 //!
 //! Float types: the weights widened to f32 against the activations (already rounded to f16 or
-//! bf16 for those types, so each product is exact), summed in 32 f32 lanes (ggml's 4 x 8-wide
-//! accumulators, `GGML_F16_STEP`) reduced pairwise as `GGML_F32x8_REDUCE` does, the tail of
-//! fewer than 32 values added in f64.
-
-use half::f16;
+//! bf16 for those types, so each product is exact), summed in the lanes and order of ggml's
+//! AVX2 code ([`super::float_dot`]): `ggml_vec_dot_*` here, llamafile's sgemm in
+//! [`vec_dot_sgemm`] (what `mul_mat` runs for two or more activation rows).
 
 use brink_kernels::quant::kquants::{
     BLOCK_Q4_K_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, Q4_K_D, Q4_K_DMIN, Q4_K_QS, Q4_K_SCALES, Q5_K_D, Q5_K_DMIN, Q5_K_QH, Q5_K_QS,
@@ -23,8 +21,9 @@ use brink_kernels::quant::kquants::{
 };
 use brink_kernels::quant::{BLOCK_Q4_0_BYTES, BLOCK_Q8_0_BYTES};
 
-use super::act_quant::{ActRow, BlockQ8_0, BlockQ8K, QK_K, VecDotType};
+use super::act_quant::{ActRow, BlockQ8_0, BlockQ8K, QK_K, VecDotType, f16_to_f32};
 use super::error::CpuError;
+use super::float_dot::{self, SumOrder};
 use crate::gguf::GgmlType;
 
 /// A weight type the CPU multiplies, resolved once (at model load) from the file's type.
@@ -112,22 +111,31 @@ pub fn vec_dot(kind: WeightKind, w_row: &[u8], x: ActRow<'_>) -> f32 {
     }
 }
 
+#[inline(always)]
 fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+    f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
-/// Σ a·b over 32 pairs in i32 (exact: |a·b| <= 2^14).
+// The integer sums below are written as plain loops over fixed-size arrays of i8/u8 widened to
+// i16 products summed in i32, which LLVM turns into pmaddwd (SSE2) / smlal (NEON) without
+// target-specific code. Every sum is exact: |product| <= 2^14 per value, 256 values per block.
+
+/// Σ w·x over 32 pairs, w given as the bytes of i8 quants.
 #[inline]
-fn isum32(a: &[i8; 32], b: &[i8; 32]) -> i32 {
-    a.iter().zip(b).map(|(&a, &b)| a as i16 as i32 * b as i32).sum()
+fn isum_i8(w: &[u8; 32], x: &[i8; 32]) -> i32 {
+    let mut s = 0i32;
+    for i in 0..32 {
+        s += (w[i] as i8 as i16 * x[i] as i16) as i32;
+    }
+    s
 }
 
 pub fn dot_q8_0_q8_0(w_row: &[u8], x: &[BlockQ8_0]) -> f32 {
     let (blocks, _) = w_row.as_chunks::<BLOCK_Q8_0_BYTES>();
     let mut acc = 0.0f32;
     for (b, xb) in blocks.iter().zip(x) {
-        let q: &[i8; 32] = &std::array::from_fn(|j| b[2 + j] as i8);
-        acc += (f16_at(b, 0) * xb.d) * isum32(q, &xb.qs) as f32;
+        let q: &[u8; 32] = b[2..].try_into().expect("34-byte block");
+        acc += (f16_at(b, 0) * xb.d) * isum_i8(q, &xb.qs) as f32;
     }
     acc
 }
@@ -136,19 +144,23 @@ pub fn dot_q4_0_q8_0(w_row: &[u8], x: &[BlockQ8_0]) -> f32 {
     let (blocks, _) = w_row.as_chunks::<BLOCK_Q4_0_BYTES>();
     let mut acc = 0.0f32;
     for (b, xb) in blocks.iter().zip(x) {
-        // Element j < 16 is the low nibble of byte j, element 16 + j its high nibble.
-        let q: &[i8; 32] = &std::array::from_fn(|j| if j < 16 { (b[2 + j] & 0x0f) as i8 - 8 } else { (b[2 + j - 16] >> 4) as i8 - 8 });
-        acc += (f16_at(b, 0) * xb.d) * isum32(q, &xb.qs) as f32;
+        let q: &[u8; 16] = b[2..].try_into().expect("18-byte block");
+        acc += (f16_at(b, 0) * xb.d) * isum_q4_0(q, &xb.qs) as f32;
     }
     acc
 }
 
-/// Σ_sub scale[sub] · Σ_l q[32·sub + l] · x[32·sub + l] for the 8 sub-blocks of 32.
-#[inline]
-fn scaled_isum_32(q: &[i8; QK_K], x: &[i8; QK_K], scales: &[i32; 8]) -> i32 {
-    let (qs, _) = q.as_chunks::<32>();
-    let (xs, _) = x.as_chunks::<32>();
-    qs.iter().zip(xs).zip(scales).map(|((q, x), &s)| s * isum32(q, x)).sum()
+/// Σ (q − 8)·x for one q4_0 block: element j < 16 is the low nibble of byte j, element 16 + j
+/// its high nibble. Computed as Σ q·x − 8·Σ x (both exact): unsigned nibbles multiply cheaply.
+#[inline(always)]
+fn isum_q4_0(q: &[u8; 16], x: &[i8; 32]) -> i32 {
+    let (lo, hi) = x.split_at(16);
+    let (mut s, mut sx) = (0i32, 0i32);
+    for j in 0..16 {
+        s += ((q[j] & 0x0f) as i16 * lo[j] as i16) as i32 + ((q[j] >> 4) as i16 * hi[j] as i16) as i32;
+        sx += lo[j] as i32 + hi[j] as i32;
+    }
+    s - 8 * sx
 }
 
 /// The 8 six-bit scales and mins of a q4_K/q5_K block.
@@ -168,14 +180,34 @@ fn min_isum(y: &BlockQ8K, mins: &[i32; 8]) -> i32 {
     y.bsums.iter().enumerate().map(|(g, &s)| s as i32 * mins[g / 2]).sum()
 }
 
-/// The 4-bit quants of a q4_K/q5_K block: sub-blocks 2j and 2j + 1 are the low and high nibbles
-/// of qs[32j .. 32j + 32].
-fn unpack_nibbles(qs: &[u8]) -> [i8; QK_K] {
-    std::array::from_fn(|e| {
-        let (s, l) = (e / 32, e % 32);
-        let byte = qs[32 * (s / 2) + l];
-        (if s % 2 == 0 { byte & 0x0f } else { byte >> 4 }) as i8
-    })
+/// Σ_sub scale · Σ q·x for a q4_K/q5_K block: sub-blocks 2j and 2j + 1 are the low and the high
+/// nibbles of qs[32j .. 32j + 32], plus 16 where bit 2j (2j + 1) of qh[l] is set (q5_K).
+#[inline]
+fn nibble_block_isum(qs: &[u8; QK_K / 2], qh: Option<&[u8; 32]>, y: &[i8; QK_K], sc: &[i32; 8]) -> i32 {
+    let (qs, _) = qs.as_chunks::<32>();
+    let (ys, _) = y.as_chunks::<64>();
+    let mut isum = 0;
+    for (j, (q, y)) in qs.iter().zip(ys).enumerate() {
+        let (y_lo, y_hi) = y.split_at(32);
+        let (mut lo, mut hi) = (0i32, 0i32);
+        match qh {
+            None => {
+                for l in 0..32 {
+                    lo += ((q[l] & 0x0f) as i16 * y_lo[l] as i16) as i32;
+                    hi += ((q[l] >> 4) as i16 * y_hi[l] as i16) as i32;
+                }
+            }
+            Some(qh) => {
+                for l in 0..32 {
+                    let h = qh[l] >> (2 * j);
+                    lo += (((q[l] & 0x0f) | ((h & 1) << 4)) as i16 * y_lo[l] as i16) as i32;
+                    hi += (((q[l] >> 4) | ((h & 2) << 3)) as i16 * y_hi[l] as i16) as i32;
+                }
+            }
+        }
+        isum += sc[2 * j] * lo + sc[2 * j + 1] * hi;
+    }
+    isum
 }
 
 pub fn dot_q4_k_q8_k(w_row: &[u8], x: &[BlockQ8K]) -> f32 {
@@ -183,8 +215,8 @@ pub fn dot_q4_k_q8_k(w_row: &[u8], x: &[BlockQ8K]) -> f32 {
     let (mut acc, mut acc_min) = (0.0f32, 0.0f32);
     for (b, y) in blocks.iter().zip(x) {
         let (sc, m) = scales_mins(&b[Q4_K_SCALES..Q4_K_QS]);
-        let q = unpack_nibbles(&b[Q4_K_QS..]);
-        acc += (f16_at(b, Q4_K_D) * y.d) * scaled_isum_32(&q, &y.qs, &sc) as f32;
+        let qs = b[Q4_K_QS..].try_into().expect("q4_K quants");
+        acc += (f16_at(b, Q4_K_D) * y.d) * nibble_block_isum(qs, None, &y.qs, &sc) as f32;
         acc_min += (f16_at(b, Q4_K_DMIN) * y.d) * min_isum(y, &m) as f32;
     }
     acc - acc_min
@@ -195,13 +227,9 @@ pub fn dot_q5_k_q8_k(w_row: &[u8], x: &[BlockQ8K]) -> f32 {
     let (mut acc, mut acc_min) = (0.0f32, 0.0f32);
     for (b, y) in blocks.iter().zip(x) {
         let (sc, m) = scales_mins(&b[Q5_K_SCALES..Q5_K_QH]);
-        let mut q = unpack_nibbles(&b[Q5_K_QS..]);
-        // Bit s of qh[l] is the fifth bit (+16) of weight l of sub-block s.
-        let qh = &b[Q5_K_QH..Q5_K_QS];
-        for (e, v) in q.iter_mut().enumerate() {
-            *v += (((qh[e % 32] >> (e / 32)) & 1) << 4) as i8;
-        }
-        acc += (f16_at(b, Q5_K_D) * y.d) * scaled_isum_32(&q, &y.qs, &sc) as f32;
+        let qh = b[Q5_K_QH..Q5_K_QS].try_into().expect("q5_K high bits");
+        let qs = b[Q5_K_QS..].try_into().expect("q5_K quants");
+        acc += (f16_at(b, Q5_K_D) * y.d) * nibble_block_isum(qs, Some(qh), &y.qs, &sc) as f32;
         acc_min += (f16_at(b, Q5_K_DMIN) * y.d) * min_isum(y, &m) as f32;
     }
     acc - acc_min
@@ -211,68 +239,73 @@ pub fn dot_q6_k_q8_k(w_row: &[u8], x: &[BlockQ8K]) -> f32 {
     let (blocks, _) = w_row.as_chunks::<BLOCK_Q6_K_BYTES>();
     let mut acc = 0.0f32;
     for (b, y) in blocks.iter().zip(x) {
-        // Halves of 128: quarter k of 32 takes nibble k / 2 of ql[64n + 32(k % 2) + l] and bits
-        // 2k, 2k + 1 of qh[32n + l]; q − 32 is signed.
-        let q: [i8; QK_K] = std::array::from_fn(|e| {
-            let (n, k, l) = (e / 128, e % 128 / 32, e % 32);
-            let nib = (b[Q6_K_QL + 64 * n + 32 * (k % 2) + l] >> (4 * (k / 2))) & 0x0f;
-            let top = (b[Q6_K_QH + 32 * n + l] >> (2 * k)) & 3;
-            (nib | (top << 4)) as i8 - 32
-        });
-        let (qs, _) = q.as_chunks::<16>();
-        let (xs, _) = y.qs.as_chunks::<16>();
-        let isum: i32 = qs
-            .iter()
-            .zip(xs)
-            .enumerate()
-            .map(|(g, (q, x))| b[Q6_K_SCALES + g] as i8 as i32 * q.iter().zip(x).map(|(&a, &b)| a as i16 as i32 * b as i32).sum::<i32>())
-            .sum();
+        let mut isum = 0i32;
+        // Halves of 128 values: quarter k (32 values) takes nibble k / 2 of ql[64n + 32(k % 2) + l]
+        // and bits 2k, 2k + 1 of qh[32n + l]; q − 32 is signed; one i8 scale per 16 values.
+        for n in 0..2 {
+            let ql: &[u8; 64] = b[Q6_K_QL + 64 * n..][..64].try_into().expect("q6_K low bits");
+            let qh: &[u8; 32] = b[Q6_K_QH + 32 * n..][..32].try_into().expect("q6_K high bits");
+            let yh: &[i8; 128] = y.qs[128 * n..][..128].try_into().expect("q8_K half");
+            let mut s = [0i32; 8]; // quarter k, values 0..16 → s[2k], 16..32 → s[2k + 1]
+            for half in 0..2 {
+                for l in 16 * half..16 * half + 16 {
+                    let (a, c, h) = (ql[l], ql[l + 32], qh[l]);
+                    let q = [
+                        ((a & 0x0f) | ((h & 3) << 4)) as i16 - 32,
+                        ((c & 0x0f) | (((h >> 2) & 3) << 4)) as i16 - 32,
+                        ((a >> 4) | (((h >> 4) & 3) << 4)) as i16 - 32,
+                        ((c >> 4) | (((h >> 6) & 3) << 4)) as i16 - 32,
+                    ];
+                    for k in 0..4 {
+                        s[2 * k + half] += (q[k] * yh[32 * k + l] as i16) as i32;
+                    }
+                }
+            }
+            for (g, s) in s.iter().enumerate() {
+                isum += b[Q6_K_SCALES + 8 * n + g] as i8 as i32 * s;
+            }
+        }
         acc += (f16_at(b, Q6_K_D) * y.d) * isum as f32;
     }
     acc
 }
 
-/// Lanes of the float dots: 4 accumulators of 8, as ggml's AVX2 `ggml_vec_dot_f16`/`_f32`.
-const LANES: usize = 32;
+fn widen_f32(b: [u8; 4]) -> f32 {
+    f32::from_le_bytes(b)
+}
 
-/// Σ widen(w[i]) · x[i] over the shorter of the two rows, in 32 f32 lanes (element i in lane
-/// i % 32), reduced like `GGML_F32x8_REDUCE`, the tail added in f64.
-#[inline]
-fn lanes_dot<const B: usize>(w_row: &[u8], x: &[f32], widen: impl Fn([u8; B]) -> f32) -> f32 {
-    let (w, _) = w_row.as_chunks::<B>();
-    let n = w.len().min(x.len());
-    let full = n / LANES * LANES;
-    let mut acc = [0.0f32; LANES];
-    let (wc, _) = w[..full].as_chunks::<LANES>();
-    let (xc, _) = x[..full].as_chunks::<LANES>();
-    for (wc, xc) in wc.iter().zip(xc) {
-        for i in 0..LANES {
-            acc[i] += widen(wc[i]) * xc[i];
-        }
-    }
-    // Accumulators 0 += 2, 1 += 3, then 0 += 1; then the 8 lanes: halves, then pairs.
-    let v: [f32; 16] = std::array::from_fn(|i| acc[i] + acc[i + 16]);
-    let u: [f32; 8] = std::array::from_fn(|i| v[i] + v[i + 8]);
-    let t: [f32; 4] = std::array::from_fn(|i| u[i] + u[i + 4]);
-    let mut sum = ((t[0] + t[1]) + (t[2] + t[3])) as f64;
-    for (w, x) in w[full..n].iter().zip(&x[full..n]) {
-        sum += (widen(*w) * x) as f64;
-    }
-    sum as f32
+fn widen_f16(b: [u8; 2]) -> f32 {
+    f16_to_f32(u16::from_le_bytes(b))
+}
+
+fn widen_bf16(b: [u8; 2]) -> f32 {
+    f32::from_bits((u16::from_le_bytes(b) as u32) << 16)
 }
 
 pub fn dot_f32(w_row: &[u8], x: &[f32]) -> f32 {
-    lanes_dot::<4>(w_row, x, f32::from_le_bytes)
+    float_dot::dot_fused(SumOrder::VecDot, w_row.as_chunks::<4>().0, x, widen_f32)
 }
 
 /// f16 weights against activations already rounded to f16 (`round_f16`).
 pub fn dot_f16(w_row: &[u8], x: &[f32]) -> f32 {
-    lanes_dot::<2>(w_row, x, |b| f16::from_le_bytes(b).to_f32())
+    float_dot::dot(SumOrder::VecDot, w_row.as_chunks::<2>().0, x, widen_f16)
 }
 
 /// bf16 weights against activations already rounded to bf16 (`round_bf16`).
 pub fn dot_bf16(w_row: &[u8], x: &[f32]) -> f32 {
-    lanes_dot::<2>(w_row, x, |b| f32::from_bits((u16::from_le_bytes(b) as u32) << 16))
+    float_dot::dot(SumOrder::VecDotBf16, w_row.as_chunks::<2>().0, x, widen_bf16)
+}
+
+/// [`vec_dot`] in the order llama.cpp's dense `mul_mat` uses for two or more activation rows:
+/// float types sum as llamafile's tinyBLAS does ([`SumOrder::Sgemm`]); quantized types are the
+/// same as [`vec_dot`] (their block formula has no such choice here).
+pub fn vec_dot_sgemm(kind: WeightKind, w_row: &[u8], x: ActRow<'_>) -> f32 {
+    match (kind, x) {
+        (WeightKind::F32, ActRow::Float(x)) => float_dot::dot_fused(SumOrder::Sgemm, w_row.as_chunks::<4>().0, x, widen_f32),
+        (WeightKind::F16, ActRow::Float(x)) => float_dot::dot(SumOrder::Sgemm, w_row.as_chunks::<2>().0, x, widen_f16),
+        (WeightKind::BF16, ActRow::Float(x)) => float_dot::dot(SumOrder::Sgemm, w_row.as_chunks::<2>().0, x, widen_bf16),
+        _ => vec_dot(kind, w_row, x),
+    }
 }
 
 #[cfg(test)]
@@ -281,6 +314,7 @@ mod tests {
     use crate::cpu::act_quant::{QuantizedActs, round_bf16, round_f16};
     use brink_kernels::quant::TensorType;
     use brink_kernels::testdata::{hash2, uniform_pm1};
+    use half::f16;
 
     /// Random blocks of `kind` whose f16 scales are of model size (2^-12 .. 2^-4, either sign for
     /// d) and whose other bytes are arbitrary.
@@ -357,7 +391,7 @@ mod tests {
                     }
                 }
                 let got = vec_dot(kind, &w, acts.row(0)) as f64;
-                let terms = if kind.block_size() == 1 { cols / LANES + 6 } else { cols / kind.block_size() };
+                let terms = if kind.block_size() == 1 { cols / float_dot::VEC_DOT_LANES + 6 } else { cols / kind.block_size() };
                 let bound = (3 + terms) as f64 * 2f64.powi(-24) * magnitude + 1e-30;
                 assert!((got - exact).abs() <= bound, "{kind:?} seed {seed}: {got} vs {exact} (bound {bound})");
                 worst = worst.max((got - exact).abs() / bound);

@@ -1,0 +1,256 @@
+// Runs ggml's CPU ops on deterministic inputs and dumps inputs and outputs, for
+// engine/examples/ggml_crosscheck.rs to compare brink's engine::cpu with. Built and run by
+// scripts/ggml-crosscheck against the ggml of a llama.cpp source tree (the one llama-cpp-python
+// vendors), with the x86-64 AVX2 flags brink mirrors.
+//
+// Dump format, repeated: u32 name length, name, u32 kind (0 f32, 1 i32, 2 bytes), u64 count, data.
+#include "ggml.h"
+#include "ggml-cpu.h"
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static FILE *out;
+
+static void dump(const char *name, int kind, const void *data, uint64_t n, size_t elem) {
+    uint32_t len = (uint32_t)strlen(name);
+    fwrite(&len, 4, 1, out);
+    fwrite(name, 1, len, out);
+    uint32_t k = (uint32_t)kind;
+    fwrite(&k, 4, 1, out);
+    fwrite(&n, 8, 1, out);
+    fwrite(data, elem, n, out);
+}
+static void dump_f32(const char *n, const float *d, uint64_t c) { dump(n, 0, d, c, 4); }
+static void dump_i32(const char *n, const int32_t *d, uint64_t c) { dump(n, 1, d, c, 4); }
+static void dump_u8(const char *n, const void *d, uint64_t c) { dump(n, 2, d, c, 1); }
+
+static uint64_t mix(uint64_t x) {
+    x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL; x ^= x >> 33;
+    return x;
+}
+static float unif(uint64_t seed, uint64_t i) { // [-1, 1)
+    return (float)((mix(seed * 0x9E3779B97F4A7C15ULL + i) >> 40) / (double)(1ULL << 24)) * 2.0f - 1.0f;
+}
+static float *rnd(uint64_t seed, size_t n, float scale) {
+    float *v = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) v[i] = unif(seed, i) * scale;
+    return v;
+}
+
+static struct ggml_context *ctx_new(void) {
+    struct ggml_init_params p = {.mem_size = 512u << 20, .mem_buffer = NULL, .no_alloc = false};
+    return ggml_init(p);
+}
+static void compute(struct ggml_context *ctx, struct ggml_tensor *t, int threads) {
+    struct ggml_cgraph *gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, t);
+    ggml_graph_compute_with_ctx(ctx, gf, threads);
+}
+
+static void check_quantize(void) {
+    const int K = 2048, R = 24;
+    float *x = malloc((size_t)R * K * 4);
+    for (int r = 0; r < R; r++) {
+        float scale = (r % 4 == 0) ? 1e-3f : (r % 4 == 1) ? 1.0f : (r % 4 == 2) ? 37.0f : 1e4f;
+        for (int i = 0; i < K; i++) x[r * K + i] = unif(100 + r, i) * scale;
+    }
+    // Rows with exact halves: amax 127 (id = 1) and integer + 0.5 values.
+    for (int i = 0; i < K; i++) x[20 * K + i] = (i % 32 == 0) ? 127.0f : (float)((int)(i % 250) - 125) + 0.5f;
+    for (int i = 0; i < K; i++) x[21 * K + i] = 0.0f;
+    for (int i = 0; i < K; i++) x[22 * K + i] = (i % 256 == 5) ? -3.0f : (i % 256 == 9 ? 3.0f : unif(7, i));
+    dump_f32("quant.x", x, (size_t)R * K);
+    const struct ggml_type_traits_cpu *q80 = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0);
+    const struct ggml_type_traits_cpu *q8k = ggml_get_type_traits_cpu(GGML_TYPE_Q8_K);
+    size_t b80 = ggml_row_size(GGML_TYPE_Q8_0, K), b8k = ggml_row_size(GGML_TYPE_Q8_K, K);
+    uint8_t *o80 = malloc(b80 * R), *o8k = malloc(b8k * R);
+    for (int r = 0; r < R; r++) {
+        q80->from_float(x + r * K, o80 + r * b80, K);
+        q8k->from_float(x + r * K, o8k + r * b8k, K);
+    }
+    dump_u8("quant.q8_0", o80, b80 * R);
+    dump_u8("quant.q8_K", o8k, b8k * R);
+}
+
+static void check_matmul(void) {
+    const enum ggml_type types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q4_0,
+                                    GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    const int K = 2048, N = 96;
+    const int ns[] = {1, 7, 40};
+    for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
+        for (size_t c = 0; c < 3; c++) {
+            int n = ns[c];
+            struct ggml_context *ctx = ctx_new();
+            float *wf = rnd(200 + t, (size_t)N * K, 0.05f);
+            struct ggml_tensor *w = ggml_new_tensor_2d(ctx, types[t], K, N);
+            ggml_quantize_chunk(types[t], wf, w->data, 0, N, K, NULL);
+            float *xf = rnd(300 + t * 10 + c, (size_t)n * K, 2.0f);
+            struct ggml_tensor *x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, K, n);
+            memcpy(x->data, xf, (size_t)n * K * 4);
+            struct ggml_tensor *y = ggml_mul_mat(ctx, w, x);
+            compute(ctx, y, 1);
+            char name[64];
+            snprintf(name, sizeof name, "mm.%s.%d.w", ggml_type_name(types[t]), n);
+            dump_u8(name, w->data, ggml_nbytes(w));
+            snprintf(name, sizeof name, "mm.%s.%d.x", ggml_type_name(types[t]), n);
+            dump_f32(name, xf, (size_t)n * K);
+            snprintf(name, sizeof name, "mm.%s.%d.y", ggml_type_name(types[t]), n);
+            dump_f32(name, y->data, (size_t)n * N);
+            free(wf); free(xf);
+            ggml_free(ctx);
+        }
+    }
+}
+
+static void check_elementwise(void) {
+    struct ggml_context *ctx = ctx_new();
+    // rms_norm · w (the graph's norm), rows of 2048 and the per-head Q/K norm rows of 128
+    const int W = 2048, R = 9;
+    struct ggml_tensor *x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, W, R);
+    float *xf = rnd(1, (size_t)W * R, 3.0f);
+    memcpy(x->data, xf, (size_t)W * R * 4);
+    struct ggml_tensor *w = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, W);
+    float *wf = rnd(2, W, 1.0f);
+    memcpy(w->data, wf, W * 4);
+    struct ggml_tensor *y = ggml_mul(ctx, ggml_rms_norm(ctx, x, 1e-6f), w);
+    compute(ctx, y, 1);
+    dump_f32("rms.x", xf, (size_t)W * R); dump_f32("rms.w", wf, W); dump_f32("rms.y", y->data, (size_t)W * R);
+
+    // soft_max_ext with scale (attention-like) and plain soft_max (router)
+    const int S = 257, SR = 6;
+    struct ggml_tensor *s = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, S, SR);
+    float *sf = rnd(3, (size_t)S * SR, 30.0f);
+    memcpy(s->data, sf, (size_t)S * SR * 4);
+    struct ggml_tensor *sy = ggml_soft_max_ext(ctx, s, NULL, 0.088388f, 0.0f);
+    struct ggml_tensor *sr = ggml_soft_max(ctx, s);
+    compute(ctx, sy, 1);
+    compute(ctx, sr, 1);
+    dump_f32("sm.x", sf, (size_t)S * SR); dump_f32("sm.y", sy->data, (size_t)S * SR); dump_f32("sm.router", sr->data, (size_t)S * SR);
+
+    // swiglu_split(gate, up) and silu
+    const int F = 768 * 3 + 5;
+    struct ggml_tensor *g = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, F), *u = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, F);
+    float *gf = rnd(4, F, 12.0f), *uf = rnd(5, F, 2.0f);
+    memcpy(g->data, gf, F * 4); memcpy(u->data, uf, F * 4);
+    struct ggml_tensor *sw = ggml_swiglu_split(ctx, g, u);
+    compute(ctx, sw, 1);
+    dump_f32("sw.g", gf, F); dump_f32("sw.u", uf, F); dump_f32("sw.y", sw->data, F);
+
+    // NEOX rope, head_dim 128, 4 heads, positions past 2^16
+    const int D = 128, H = 4, T = 8;
+    int32_t pos[8] = {0, 1, 17, 4095, 65535, 65536, 70001, 200003};
+    struct ggml_tensor *r = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, D, H, T);
+    float *rf = rnd(6, (size_t)D * H * T, 2.0f);
+    memcpy(r->data, rf, (size_t)D * H * T * 4);
+    struct ggml_tensor *p = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, T);
+    memcpy(p->data, pos, sizeof pos);
+    struct ggml_tensor *ry = ggml_rope_ext(ctx, r, p, NULL, D, GGML_ROPE_TYPE_NEOX, 0, 1000000.0f, 1.0f, 0.0f, 1.0f, 32.0f, 1.0f);
+    compute(ctx, ry, 1);
+    dump_f32("rope.x", rf, (size_t)D * H * T); dump_i32("rope.pos", pos, T); dump_f32("rope.y", ry->data, (size_t)D * H * T);
+
+    // argsort desc on tie-heavy router-sized rows (128 experts)
+    const int E = 128, AR = 40;
+    struct ggml_tensor *a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, E, AR);
+    float *af = malloc((size_t)E * AR * 4);
+    for (int i = 0; i < E * AR; i++) af[i] = (float)(mix(77 + i) % (2 + (i / E) % 9)) * 0.25f;
+    memcpy(a->data, af, (size_t)E * AR * 4);
+    struct ggml_tensor *full = ggml_argsort(ctx, a, GGML_SORT_ORDER_DESC);
+    compute(ctx, full, 1);
+    dump_f32("as.x", af, (size_t)E * AR); dump_i32("as.y", full->data, (size_t)E * AR);
+    ggml_free(ctx);
+}
+
+static void check_get_rows(void) {
+    const enum ggml_type types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_F16, GGML_TYPE_BF16};
+    const int K = 512, V = 10;
+    int32_t ids[5] = {9, 0, 3, 3, 7};
+    for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
+        struct ggml_context *ctx = ctx_new();
+        float *wf = rnd(400 + t, (size_t)V * K, 0.5f);
+        struct ggml_tensor *w = ggml_new_tensor_2d(ctx, types[t], K, V);
+        ggml_quantize_chunk(types[t], wf, w->data, 0, V, K, NULL);
+        struct ggml_tensor *i = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 5);
+        memcpy(i->data, ids, sizeof ids);
+        struct ggml_tensor *y = ggml_get_rows(ctx, w, i);
+        compute(ctx, y, 1);
+        char name[64];
+        snprintf(name, sizeof name, "gr.%s.w", ggml_type_name(types[t]));
+        dump_u8(name, w->data, ggml_nbytes(w));
+        snprintf(name, sizeof name, "gr.%s.y", ggml_type_name(types[t]));
+        dump_f32(name, y->data, (size_t)5 * K);
+        free(wf);
+        ggml_free(ctx);
+    }
+    dump_i32("gr.ids", ids, 5);
+}
+
+// llama.cpp's non-flash-attention path: kq = mul_mat(K, Q); soft_max_ext(kq, mask, scale);
+// kqv = mul_mat(Vᵀ, kq), with an f16 K cache and a transposed f16 V cache.
+static void attention_case(const char *tag, int n_q, const int *qpos, int n_pos) {
+    const int n_head = 8, n_kv = 2, d = 128;
+    struct ggml_context *ctx = ctx_new();
+    float *qf = rnd(500 + n_q, (size_t)n_q * n_head * d, 3.0f);
+    float *kf = rnd(501 + n_q, (size_t)n_pos * n_kv * d, 3.0f);
+    float *vf = rnd(502 + n_q, (size_t)n_pos * n_kv * d, 1.0f);
+    struct ggml_tensor *q = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, d, n_head, n_q);
+    memcpy(q->data, qf, ggml_nbytes(q));
+    struct ggml_tensor *k = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, d, n_kv, n_pos);
+    ggml_fp32_to_fp16_row(kf, k->data, (int64_t)n_pos * n_kv * d);
+    struct ggml_tensor *vt = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, n_pos, d, n_kv);
+    ggml_fp16_t *vtd = vt->data;
+    for (int j = 0; j < n_pos; j++)
+        for (int h = 0; h < n_kv; h++)
+            for (int c = 0; c < d; c++) vtd[((size_t)h * d + c) * n_pos + j] = ggml_fp32_to_fp16(vf[((size_t)j * n_kv + h) * d + c]);
+    struct ggml_tensor *mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_pos, n_q);
+    float *m = mask->data;
+    for (int i = 0; i < n_q; i++)
+        for (int j = 0; j < n_pos; j++) m[i * n_pos + j] = j <= qpos[i] ? 0.0f : -INFINITY;
+    struct ggml_tensor *qp = ggml_permute(ctx, q, 0, 2, 1, 3);
+    struct ggml_tensor *kp = ggml_permute(ctx, k, 0, 2, 1, 3);
+    struct ggml_tensor *kq = ggml_mul_mat(ctx, kp, qp);
+    kq = ggml_soft_max_ext(ctx, kq, mask, 1.0f / sqrtf((float)d), 0.0f);
+    struct ggml_tensor *kqv = ggml_mul_mat(ctx, vt, kq);
+    struct ggml_tensor *o = ggml_cont(ctx, ggml_permute(ctx, kqv, 0, 2, 1, 3));
+    compute(ctx, o, 1);
+    ggml_fp16_t *vh = malloc((size_t)n_pos * n_kv * d * 2);
+    ggml_fp32_to_fp16_row(vf, vh, (int64_t)n_pos * n_kv * d);
+    char name[64];
+    snprintf(name, sizeof name, "att.%s.q", tag); dump_f32(name, qf, (size_t)n_q * n_head * d);
+    snprintf(name, sizeof name, "att.%s.k", tag); dump_u8(name, k->data, ggml_nbytes(k));
+    snprintf(name, sizeof name, "att.%s.v", tag); dump_u8(name, vh, (size_t)n_pos * n_kv * d * 2);
+    snprintf(name, sizeof name, "att.%s.pos", tag); dump_i32(name, qpos, n_q);
+    snprintf(name, sizeof name, "att.%s.out", tag); dump_f32(name, o->data, (size_t)n_q * n_head * d);
+    ggml_free(ctx);
+}
+
+// llama.cpp's non-flash-attention path: kq = mul_mat(K, Q); soft_max_ext(kq, mask, scale);
+// kqv = mul_mat(Vᵀ, kq), with an f16 K cache and a transposed f16 V cache, over a KV length
+// padded to 256 as llama.cpp's cache is.
+static void check_attention(void) {
+    const int prefill[5] = {195, 196, 197, 198, 199};
+    const int decode[1] = {200};
+    attention_case("prefill", 5, prefill, 256);
+    attention_case("decode", 1, decode, 256);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s DUMP_FILE\n", argv[0]);
+        return 2;
+    }
+    out = fopen(argv[1], "wb");
+    if (!out) {
+        perror(argv[1]);
+        return 1;
+    }
+    ggml_cpu_init();
+    check_quantize();
+    check_matmul();
+    check_elementwise();
+    check_get_rows();
+    check_attention();
+    fclose(out);
+    return 0;
+}
