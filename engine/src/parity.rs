@@ -16,6 +16,11 @@ pub struct LogitDiff {
     pub argmax_mismatches: usize,
     /// Rows of `a` holding NaN or infinity.
     pub non_finite_rows: usize,
+    /// Median and 99th percentile of the finite rows' errors: between backends whose
+    /// arithmetic differs, a few rows can move far (a near-tie in the router's top-k picks
+    /// another expert) while a broken kernel moves most rows, or all rows past some count.
+    pub median_rel_err: f64,
+    pub p99_rel_err: f64,
 }
 
 impl LogitDiff {
@@ -29,7 +34,16 @@ pub fn compare(a: &[f32], b: &[f32], vocab: usize) -> Option<LogitDiff> {
     if vocab == 0 || a.len() != b.len() || !a.len().is_multiple_of(vocab) {
         return None;
     }
-    let mut d = LogitDiff { rows: a.len() / vocab, max_rel_err: 0.0, worst_row: 0, argmax_mismatches: 0, non_finite_rows: 0 };
+    let mut d = LogitDiff {
+        rows: a.len() / vocab,
+        max_rel_err: 0.0,
+        worst_row: 0,
+        argmax_mismatches: 0,
+        non_finite_rows: 0,
+        median_rel_err: 0.0,
+        p99_rel_err: 0.0,
+    };
+    let mut errs = Vec::with_capacity(d.rows);
     for (r, (ra, rb)) in a.chunks_exact(vocab).zip(b.chunks_exact(vocab)).enumerate() {
         if ra.iter().any(|x| !x.is_finite()) {
             d.non_finite_rows += 1;
@@ -37,6 +51,7 @@ pub fn compare(a: &[f32], b: &[f32], vocab: usize) -> Option<LogitDiff> {
         }
         let scale = rb.iter().fold(0.0f64, |m, &x| m.max((x as f64).abs())).max(f64::MIN_POSITIVE);
         let err = ra.iter().zip(rb).fold(0.0f64, |m, (&x, &y)| m.max((x as f64 - y as f64).abs())) / scale;
+        errs.push(err);
         if err > d.max_rel_err {
             d.max_rel_err = err;
             d.worst_row = r;
@@ -45,6 +60,9 @@ pub fn compare(a: &[f32], b: &[f32], vocab: usize) -> Option<LogitDiff> {
             d.argmax_mismatches += 1;
         }
     }
+    errs.sort_by(f64::total_cmp);
+    let at = |q: f64| errs.get(((errs.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
+    (d.median_rel_err, d.p99_rel_err) = (at(0.5), at(0.99));
     Some(d)
 }
 
@@ -62,6 +80,7 @@ mod tests {
         assert_eq!(d.worst_row, 1);
         assert_eq!(d.argmax_mismatches, 1);
         assert!(!d.within(0.05) && d.within(0.7));
+        assert_eq!((d.median_rel_err, d.p99_rel_err), (d.max_rel_err, d.max_rel_err), "{d:?}");
     }
 
     #[test]
