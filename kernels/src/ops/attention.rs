@@ -46,10 +46,14 @@ pub const COMBINE_KERNEL: &str = "attn_decode_combine";
 /// Relative to the largest output compared. The twin differs from the kernels in summation
 /// order only: against f32 emulations of both kernels' orders (one FMA chain per dot product,
 /// online tiles or spans merged; `cpu::tests::tolerance_covers_the_kernels_summation_orders`) it
-/// is within 3e-7 up to 40,960 keys; the device's exp2f (2 ulp) adds as much again. One key too
-/// many or too few moves an output by its softmax weight times |v − o|: about 1e-5 among 40,960
-/// keys at the self-test's input scales, 1e-3 and more below 1,000 keys where tile tails live.
-pub const TOLERANCE: f64 = 1e-5;
+/// is within 3e-7 up to 40,960 keys, relative to the summands; the device's exp2f (2 ulp) adds
+/// as much again. Outputs averaged over many keys shrink (|o| ~ 0.03 at 40,960 keys at the
+/// self-test's input scales) while those rounding errors do not, so relative to the largest
+/// output they reach ~1e-5: the H200 measured 1.05e-5 on 4 long-context cases (2026-11-30).
+/// One key too many or too few moves an output by its softmax weight times |v − o|, ~1e-5
+/// absolute among 40,960 keys, i.e. ~3e-4 relative to such outputs, and 1e-3 and more below
+/// 1,000 keys where tile tails live: 3e-5 still separates the two by 10x.
+pub const TOLERANCE: f64 = 3e-5;
 /// Threads of every attention block (`ATT_THREADS`).
 pub const THREADS: u32 = 128;
 /// Keys per decode split (`DEC_SPAN`).
