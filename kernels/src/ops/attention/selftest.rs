@@ -55,8 +55,10 @@ pub const Q_AMPLITUDE: f32 = 4.0;
 /// Floats of K (and of V) history generated per piece on the device.
 const PIECE_FLOATS: u64 = 1 << 25;
 /// CPU budget of the comparison: multiply-adds of the twin, and K/V elements regenerated.
-const FMA_BUDGET: u64 = 1 << 34;
-const GEN_BUDGET: u64 = 1 << 30;
+/// (2^32 and 2^28: the twin's share of the whole self-test's wall time stays a few seconds;
+/// the tails, first and last rows and farthest slots are taken before the budget applies.)
+const FMA_BUDGET: u64 = 1 << 32;
+const GEN_BUDGET: u64 = 1 << 28;
 /// Candidate rows drawn at random beyond the tails and chunk edges.
 const SAMPLE_ROWS: usize = 48;
 /// Chunks whose first and last rows are candidates (spread over the batch).
@@ -489,6 +491,6 @@ mod tests {
         assert!(fma <= FMA_BUDGET, "{fma}");
         let (spec, parts) = QWEN.spec(16_385).unwrap();
         let rows = select_rows(&layout::chunks(&parts), 16_385, &spec, 64);
-        assert!(rows.iter().any(|r| r.row == 16_384) && rows.len() > 64, "{}", rows.len());
+        assert!(rows.iter().any(|r| r.row == 16_384) && rows.len() > 32, "{}", rows.len());
     }
 }
