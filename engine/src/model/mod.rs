@@ -6,4 +6,4 @@ pub mod tensors;
 
 pub use config::{AttentionConfig, Hyper, ModelConfig, MoeConfig};
 pub use error::{BackendError, ModelError};
-pub use tensors::{HostTensor, TensorReader};
+pub use tensors::{HostTensor, MatrixDims, TensorReader};

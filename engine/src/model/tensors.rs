@@ -15,22 +15,36 @@ pub struct HostTensor {
     pub bytes: Vec<u8>,
 }
 
-impl HostTensor {
+/// How a weight's ggml dimensions read as stacked matrices: rows of `ne[0]` values, `ne[1]`
+/// rows, `ne[2]` matrices (the experts of an expert tensor). Shared by the host tensors and
+/// every backend's weights.
+pub trait MatrixDims {
+    /// ggml order: `dims()[0]` is the row length.
+    fn dims(&self) -> &[u64];
+
     /// Length of one row (`ne[0]`).
-    pub fn row_len(&self) -> usize {
-        self.dims[0] as usize
+    fn row_len(&self) -> usize {
+        self.dims()[0] as usize
     }
 
     /// Rows of one matrix (`ne[1]`, 1 for vectors).
-    pub fn rows(&self) -> usize {
-        self.dims.get(1).copied().unwrap_or(1) as usize
+    fn rows(&self) -> usize {
+        self.dims().get(1).copied().unwrap_or(1) as usize
     }
 
-    /// Matrices stacked along `ne[2]` (the experts of an expert tensor; 1 otherwise).
-    pub fn matrices(&self) -> usize {
-        self.dims.get(2).copied().unwrap_or(1) as usize
+    /// Matrices stacked along `ne[2]` (1 unless an expert tensor).
+    fn matrices(&self) -> usize {
+        self.dims().get(2).copied().unwrap_or(1) as usize
     }
+}
 
+impl MatrixDims for HostTensor {
+    fn dims(&self) -> &[u64] {
+        &self.dims
+    }
+}
+
+impl HostTensor {
     pub fn row_bytes(&self) -> usize {
         (self.dims[0] / self.ggml_type.block_size() * self.ggml_type.block_bytes()) as usize
     }

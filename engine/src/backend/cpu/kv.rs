@@ -22,9 +22,8 @@ impl KvCache {
             (0..spec.layers)
                 .map(|_| {
                     let mut v = Vec::new();
-                    v.try_reserve_exact(per_layer).map_err(|_| {
-                        BackendError::new("cpu", format!("cannot allocate the KV cache ({} bytes)", spec.bytes()))
-                    })?;
+                    v.try_reserve_exact(per_layer)
+                        .map_err(|_| BackendError::new("cpu", format!("cannot allocate the KV cache ({} bytes)", spec.bytes())))?;
                     v.resize(per_layer, f16::ZERO);
                     Ok(v)
                 })

@@ -8,7 +8,7 @@ mod moe;
 use crate::backend::{AttentionSpec, Backend, Batch, KvSpec, MoeSpec, MoeWeights, Result, WeightRole};
 use crate::cpu::{self, CpuError, WeightMatrix};
 use crate::gguf::GgmlType;
-use crate::model::{BackendError, HostTensor};
+use crate::model::{BackendError, HostTensor, MatrixDims};
 
 use kv::KvCache;
 

@@ -7,6 +7,7 @@ use rayon::prelude::*;
 
 use crate::backend::{MoeSpec, MoeWeights, Result};
 use crate::cpu::{self, QuantizedActs};
+use crate::model::MatrixDims;
 
 use super::{CpuAct, CpuWeight, cpu_err, err, linear};
 

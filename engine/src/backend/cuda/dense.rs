@@ -15,7 +15,7 @@ use cudarc::driver::CudaSlice;
 use super::buffers::Grow;
 use super::fail;
 use super::weights::{CudaWeight, WeightData};
-use crate::model::BackendError;
+use crate::model::{BackendError, MatrixDims};
 use brink_kernels::ops::dense_f32::{self, DenseF32Case};
 
 /// Bytes of `rows` q8_1 rows of `k` values.

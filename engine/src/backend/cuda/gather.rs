@@ -8,7 +8,7 @@ use super::batch_state::{BatchState, row_runs};
 use super::buffers::CudaAct;
 use super::fail;
 use super::weights::{CudaWeight, WeightData};
-use crate::model::BackendError;
+use crate::model::{BackendError, MatrixDims};
 
 /// `out [rows, hidden]` = the table rows of the batch's tokens. An id outside the table reads
 /// as zeros and is counted in `bad` (read with the logits, when the step synchronises).

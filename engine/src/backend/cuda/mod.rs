@@ -30,7 +30,7 @@ use brink_kernels::sources::{self, KernelSource};
 
 use crate::backend::{AttentionSpec, Backend, Batch, KvSpec, MoeSpec, MoeWeights, Result, WeightRole};
 use crate::gguf::GgmlType;
-use crate::model::{BackendError, HostTensor};
+use crate::model::{BackendError, HostTensor, MatrixDims};
 
 use batch_state::BatchState;
 use buffers::{AllocCounter, Pool};

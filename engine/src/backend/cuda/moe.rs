@@ -29,7 +29,7 @@ use super::dense::{dense_f32, project_q8_1, q8_1_bytes, quantize_rows};
 use super::fail;
 use super::weights::{CudaWeight, WeightData};
 use crate::backend::{MoeSpec, MoeWeights};
-use crate::model::BackendError;
+use crate::model::{BackendError, MatrixDims};
 
 /// Up to this many tokens the experts run as GEMVs (each pair reads its expert's rows once,
 /// no alignment); above, as tiled GEMMs over tokens sorted by expert. llama.cpp switches at

@@ -10,7 +10,7 @@ use super::batch_state::BatchState;
 use super::buffers::CudaAct;
 use super::fail;
 use super::weights::{CudaWeight, WeightData};
-use crate::model::BackendError;
+use crate::model::{BackendError, MatrixDims};
 
 /// Groups of `group` values in a row of `width` (1 for a whole-row norm, the head count for the
 /// per-head Q/K norm), or why `width` does not split into them.

@@ -20,7 +20,7 @@ use cudarc::driver::CudaSlice;
 use super::fail;
 use crate::backend::WeightRole;
 use crate::gguf::GgmlType;
-use crate::model::{BackendError, HostTensor};
+use crate::model::{BackendError, HostTensor, MatrixDims};
 
 /// A weight resident on the GPU.
 pub struct CudaWeight {
@@ -47,24 +47,11 @@ impl CudaWeight {
     pub fn file_type(&self) -> GgmlType {
         self.file_type
     }
+}
 
-    pub fn dims(&self) -> &[u64] {
+impl MatrixDims for CudaWeight {
+    fn dims(&self) -> &[u64] {
         &self.dims
-    }
-
-    /// Elements of one row (`ne[0]`).
-    pub fn row_len(&self) -> usize {
-        self.dims[0] as usize
-    }
-
-    /// Rows of one matrix (`ne[1]`; 1 for a vector).
-    pub fn rows(&self) -> usize {
-        self.dims.get(1).copied().unwrap_or(1) as usize
-    }
-
-    /// Matrices stacked along `ne[2]` (the experts of an expert tensor; 1 otherwise).
-    pub fn matrices(&self) -> usize {
-        self.dims.get(2).copied().unwrap_or(1) as usize
     }
 }
 
