@@ -8,7 +8,8 @@
 //!
 //! - [`act_quant`]: activation rows in each weight type's vec_dot format ([`QuantizedActs`]);
 //! - [`vec_dot`]: one weight row · one activation row, per type ([`WeightKind`]), with
-//!   [`float_dot`], the summation orders of ggml's float dots;
+//!   [`float_dot`], the summation orders of ggml's float dots, and [`quant_dot`], the lane
+//!   order of its quantized dots;
 //! - [`matmul`]: [`WeightMatrix`] (checked views of GGUF bytes) × activation rows, on rayon;
 //! - [`embedding`], [`norm`], [`rope`], [`softmax`], [`activation`], [`attention`], [`moe`]
 //!   (with [`argsort`], libstdc++'s sort order for ties).
@@ -24,6 +25,7 @@ pub mod ggml_exp;
 pub mod matmul;
 pub mod moe;
 pub mod norm;
+pub mod quant_dot;
 pub mod rope;
 pub mod softmax;
 pub mod vec_dot;
