@@ -74,30 +74,74 @@ static void check_quantize(void) {
     dump_u8("quant.q8_K", o8k, b8k * R);
 }
 
+// Dense matmuls: one activation row (ggml's vec_dot), two or more (llamafile's sgemm for the
+// float types and q4_0/q8_0, vec_dot for the K-quants), in shapes with sgemm's edge tiles
+// (rows not a multiple of 4, tokens not a multiple of 4).
+static const enum ggml_type mm_types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q4_0,
+                                          GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+#define N_MM_TYPES (sizeof(mm_types) / sizeof(mm_types[0]))
+
 static void check_matmul(void) {
-    const enum ggml_type types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q4_0,
-                                    GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
-    const int K = 2048, N = 96;
-    const int ns[] = {1, 7, 40};
-    for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
-        for (size_t c = 0; c < 3; c++) {
+    const int shapes[][2] = {{96, 2048}, {90, 768}};  // rows, row length
+    const int ns[] = {1, 2, 3, 7, 40};
+    for (size_t t = 0; t < N_MM_TYPES; t++) {
+        for (size_t sh = 0; sh < 2; sh++) {
+            const int N = shapes[sh][0], K = shapes[sh][1];
+            for (size_t c = 0; c < sizeof(ns) / sizeof(ns[0]); c++) {
+                int n = ns[c];
+                struct ggml_context *ctx = ctx_new();
+                float *wf = rnd(200 + t + 50 * sh, (size_t)N * K, 0.05f);
+                struct ggml_tensor *w = ggml_new_tensor_2d(ctx, mm_types[t], K, N);
+                ggml_quantize_chunk(mm_types[t], wf, w->data, 0, N, K, NULL);
+                float *xf = rnd(300 + t * 10 + c + 1000 * sh, (size_t)n * K, 2.0f);
+                struct ggml_tensor *x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, K, n);
+                memcpy(x->data, xf, (size_t)n * K * 4);
+                struct ggml_tensor *y = ggml_mul_mat(ctx, w, x);
+                compute(ctx, y, 2);
+                char name[64];
+                snprintf(name, sizeof name, "mm.%s.%dx%d.%d.w", ggml_type_name(mm_types[t]), N, K, n);
+                dump_u8(name, w->data, ggml_nbytes(w));
+                snprintf(name, sizeof name, "mm.%s.%dx%d.%d.x", ggml_type_name(mm_types[t]), N, K, n);
+                dump_f32(name, xf, (size_t)n * K);
+                snprintf(name, sizeof name, "mm.%s.%dx%d.%d.y", ggml_type_name(mm_types[t]), N, K, n);
+                dump_f32(name, y->data, (size_t)n * N);
+                free(wf); free(xf);
+                ggml_free(ctx);
+            }
+        }
+    }
+}
+
+// The routed experts' matmul (llama.cpp's build_moe_ffn): mul_mat_id of E stacked expert
+// matrices with each token's top-k ids, for one token (decode) and several (prefill).
+static void check_mul_mat_id(void) {
+    const int E = 8, N = 64, K = 512, TOPK = 3;
+    const int ns[] = {1, 6};
+    for (size_t t = 0; t < N_MM_TYPES; t++) {
+        for (size_t c = 0; c < 2; c++) {
             int n = ns[c];
             struct ggml_context *ctx = ctx_new();
-            float *wf = rnd(200 + t, (size_t)N * K, 0.05f);
-            struct ggml_tensor *w = ggml_new_tensor_2d(ctx, types[t], K, N);
-            ggml_quantize_chunk(types[t], wf, w->data, 0, N, K, NULL);
-            float *xf = rnd(300 + t * 10 + c, (size_t)n * K, 2.0f);
-            struct ggml_tensor *x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, K, n);
+            float *wf = rnd(700 + t, (size_t)E * N * K, 0.05f);
+            struct ggml_tensor *w = ggml_new_tensor_3d(ctx, mm_types[t], K, N, E);
+            ggml_quantize_chunk(mm_types[t], wf, w->data, 0, (int64_t)E * N, K, NULL);
+            float *xf = rnd(800 + t * 10 + c, (size_t)n * K, 2.0f);
+            struct ggml_tensor *x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, K, 1, n);
             memcpy(x->data, xf, (size_t)n * K * 4);
-            struct ggml_tensor *y = ggml_mul_mat(ctx, w, x);
-            compute(ctx, y, 1);
+            struct ggml_tensor *ids = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, TOPK, n);
+            int32_t *idv = ids->data;
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < TOPK; j++) idv[i * TOPK + j] = (int32_t)((i * 5 + j * 3 + (i * j) % 2) % E);
+            struct ggml_tensor *y = ggml_mul_mat_id(ctx, w, x, ids);  // [N, TOPK, n]
+            compute(ctx, y, 2);
             char name[64];
-            snprintf(name, sizeof name, "mm.%s.%d.w", ggml_type_name(types[t]), n);
+            snprintf(name, sizeof name, "mmid.%s.%d.w", ggml_type_name(mm_types[t]), n);
             dump_u8(name, w->data, ggml_nbytes(w));
-            snprintf(name, sizeof name, "mm.%s.%d.x", ggml_type_name(types[t]), n);
+            snprintf(name, sizeof name, "mmid.%s.%d.x", ggml_type_name(mm_types[t]), n);
             dump_f32(name, xf, (size_t)n * K);
-            snprintf(name, sizeof name, "mm.%s.%d.y", ggml_type_name(types[t]), n);
-            dump_f32(name, y->data, (size_t)n * N);
+            snprintf(name, sizeof name, "mmid.%s.%d.ids", ggml_type_name(mm_types[t]), n);
+            dump_i32(name, idv, (size_t)n * TOPK);
+            snprintf(name, sizeof name, "mmid.%s.%d.y", ggml_type_name(mm_types[t]), n);
+            dump_f32(name, y->data, (size_t)n * TOPK * N);
             free(wf); free(xf);
             ggml_free(ctx);
         }
@@ -248,6 +292,7 @@ int main(int argc, char **argv) {
     ggml_cpu_init();
     check_quantize();
     check_matmul();
+    check_mul_mat_id();
     check_elementwise();
     check_get_rows();
     check_attention();

@@ -2,14 +2,15 @@
 """llama.cpp as the reference for brink's parity tests (through llama-cpp-python==0.3.36).
 
 Runs llama.cpp on the CPU (2 threads, no flash attention, KV cache in llama.cpp's default f16,
-seed 0) and prints one JSON object on stdout. Nothing is sampled: every token is the argmax of
-the logits (ties go to the lowest id), and generation never stops early (not even at an
-end-of-generation token), so the output is a pure function of the model file and the arguments.
+seed 0, no weight repacking: see no_repack_model_params) and prints one JSON object on stdout.
+Nothing is sampled: every token is the argmax of the logits (ties go to the lowest id), and
+generation never stops early (not even at an end-of-generation token), so the output is a pure
+function of the model file and the arguments.
 
 Modes and their JSON (keys are stable; the parity tests depend on them):
 
   --model F --prompt TEXT [--n-predict N] [--no-bos] [--parse-special] [--no-logits]
-    {"model": str, "llama_cpp_version": str, "n_vocab": int, "prompt": str,
+    {"model": str, "llama_cpp_version": str, "system_info": str, "n_vocab": int, "prompt": str,
      "add_bos": bool, "parse_special": bool,
      "prompt_tokens": [int],          # the prompt as llama.cpp tokenizes it
      "tokens": [int],                 # N greedy tokens
@@ -24,10 +25,13 @@ Modes and their JSON (keys are stable; the parity tests depend on them):
     the same without "tokens", "text" and "logits" (the model's weights are not loaded)
 
   --model F --tokenize JSON_LIST_OF_STRINGS [--no-bos]
-    {"model": str, "llama_cpp_version": str, "n_vocab": int, "add_bos": bool,
+    {"model": str, "llama_cpp_version": str, "system_info": str, "n_vocab": int, "add_bos": bool,
      "results": [{"text": str,
                   "tokens": [int],                 # special-token text is plain text
                   "tokens_parse_special": [int]}]} # special-token text becomes its token
+
+system_info: llama.cpp's build features ("AVX2 = 1 | ..."): the parity tests check the build is
+the x86-64 AVX2 one brink mirrors (scripts/test builds it so).
 
 --no-bos: do not add the BOS token even if the model asks for it (tokenizer.ggml.add_bos_token;
 brink's synthetic models set it to false, so it changes nothing there).
@@ -37,6 +41,7 @@ Errors (a model llama.cpp cannot load, a bad argument) go to stderr with exit st
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -66,9 +71,40 @@ def parse_args(argv):
     return args
 
 
+# llama.cpp's matmul paths, pinned to the ones brink's CPU backend mirrors bit for bit
+# (engine/src/cpu/quant_dot.rs): with these two switches every quantized matmul of an x86-64
+# AVX2 build is ggml_vec_dot_* or llamafile's sgemm, which compute the same lanes.
+#
+# - GGML_CPU_TILED_MM=0: ggml's tiled K-quant kernel (mul_mat and per-expert mul_mat_id of 8+
+#   activation rows, AVX/AVX2/AVX-512 builds) sums in its own order; off, those go to vec_dot.
+#   ggml reads it once, at the first matmul: set before llama.cpp runs anything.
+# - use_extra_bufts=False (no_repack_model_params): no CPU_REPACK buffer.
+os.environ["GGML_CPU_TILED_MM"] = "0"
+
+
+def no_repack_model_params(llama_cpp):
+    """llama_model_default_params with use_extra_bufts off, for llama_cpp.Llama to load with.
+
+    The extra buffer types (CPU_REPACK) re-lay Q4_0 and Q4_K weights of x86 AVX2 builds (rows a
+    multiple of 8) for ggml's gemv/gemm kernels, with their own activation layout and summation
+    order. Llama() takes no such argument, so its defaults are patched while it loads.
+    """
+    low = llama_cpp.llama_cpp
+    default = low.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    return low, default, params
+
+
 def load(model, vocab_only, n_ctx=512):
     import llama_cpp
 
+    low, default, params = no_repack_model_params(llama_cpp)
+    low.llama_model_default_params = params
     try:
         return llama_cpp.Llama(
             model_path=model,
@@ -76,7 +112,10 @@ def load(model, vocab_only, n_ctx=512):
             n_ctx=n_ctx,
             n_threads=2,
             n_threads_batch=2,
-            logits_all=True,
+            # Logits of the last position of each eval only, as brink's engine computes them:
+            # with logits_all llama.cpp would run the last layer and the output head over every
+            # prompt row, as a batched matmul (sgemm's summation order) instead of one row's.
+            logits_all=False,
             flash_attn=False,
             seed=0,
             verbose=False,
@@ -84,6 +123,8 @@ def load(model, vocab_only, n_ctx=512):
     except Exception as e:  # llama-cpp-python raises ValueError with little detail; say what failed.
         print(f"llama.cpp could not load {model}: {e}", file=sys.stderr)
         sys.exit(1)
+    finally:
+        low.llama_model_default_params = default
 
 
 def add_bos(llm, args):
@@ -97,7 +138,12 @@ def tokenize(llm, text, bos, special):
 def header(llm, args):
     import llama_cpp
 
-    return {"model": args.model, "llama_cpp_version": llama_cpp.__version__, "n_vocab": llm.n_vocab()}
+    return {
+        "model": args.model,
+        "llama_cpp_version": llama_cpp.__version__,
+        "system_info": llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip(),
+        "n_vocab": llm.n_vocab(),
+    }
 
 
 def run_tokenize(args):
@@ -126,7 +172,8 @@ def run_prompt(args):
     llm.eval(prompt_tokens)
     rows, tokens = [], []
     for i in range(args.n_predict):
-        row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32, copy=True)
+        # The logits of the eval's one output (its last token); llm.scores holds them only with logits_all.
+        row = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).astype(np.float32, copy=True)
         token = int(np.argmax(row))  # first maximum: ties go to the lowest id
         rows.append(row)
         tokens.append(token)

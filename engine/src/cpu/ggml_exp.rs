@@ -4,15 +4,29 @@
 //! mirroring it is what makes probabilities and activations bit-identical rather than a few
 //! ulp apart (it is within 1.5 ulp of the true exp, libm's within 0.5: they differ often).
 //!
-//! Its FMAs are computed exactly ([`fma_f32`]) without FMA hardware, which x86-64's baseline
-//! lacks (and where `f32::mul_add` is a libm call).
+//! Its FMAs are computed exactly ([`fma_f32`]), with FMA hardware where the build target has it
+//! and without where it may not (x86-64's baseline, where `f32::mul_add` is a libm call).
 
-/// a·b + c rounded once to f32. The product is exact in f64; the f64 sum is made
-/// round-to-odd (its last bit set when it is inexact, from the exact error of TwoSum), and
-/// round-to-odd at 53 bits followed by round-to-nearest at 24 is correctly rounded
-/// (53 >= 2·24 + 2).
+/// a·b + c rounded once to f32: the FMA instruction where the target has one for certain
+/// (aarch64, or x86-64 built with the `fma` feature), else [`fma_f32_soft`].
 #[inline(always)]
 pub fn fma_f32(a: f32, b: f32, c: f32) -> f32 {
+    #[cfg(any(target_arch = "aarch64", target_feature = "fma"))]
+    {
+        a.mul_add(b, c)
+    }
+    #[cfg(not(any(target_arch = "aarch64", target_feature = "fma")))]
+    {
+        fma_f32_soft(a, b, c)
+    }
+}
+
+/// a·b + c rounded once to f32 without FMA hardware. The product is exact in f64; the f64 sum
+/// is made round-to-odd (its last bit set when it is inexact, from the exact error of TwoSum),
+/// and round-to-odd at 53 bits followed by round-to-nearest at 24 is correctly rounded
+/// (53 >= 2·24 + 2).
+#[inline(always)]
+pub fn fma_f32_soft(a: f32, b: f32, c: f32) -> f32 {
     let p = a as f64 * b as f64;
     let c = c as f64;
     let s = p + c;
@@ -88,7 +102,7 @@ mod tests {
                 f32::from_bits(hash2(2, i) as u32 & 0xbfff_ffff)
             };
             let want = a.mul_add(b, c);
-            let got = fma_f32(a, b, c);
+            let got = fma_f32_soft(a, b, c);
             assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "fma({a:e}, {b:e}, {c:e}): {got:e} vs {want:e}");
             checked += 1;
         }
@@ -96,6 +110,7 @@ mod tests {
         // Where the f64 sum rounds onto an f32 midpoint: a·b = 64 + 4688·2^-40 (mantissas
         // (2^23 + 2896)(2^23 − 2895) = 2^46 + 4688), + 2^30 is just above 2^30 + 64, the midpoint.
         let (a, b, c) = ((8_388_608.0 + 2896.0) * 2f32.powi(-20), (8_388_608.0 - 2895.0) * 2f32.powi(-20), 2f32.powi(30));
+        assert_eq!(fma_f32_soft(a, b, c), 2f32.powi(30) + 128.0);
         assert_eq!(fma_f32(a, b, c), 2f32.powi(30) + 128.0);
         assert_eq!(a.mul_add(b, c), 2f32.powi(30) + 128.0);
         assert_eq!((a as f64 * b as f64 + c as f64) as f32, 2f32.powi(30), "the plain f64 route rounds twice here");

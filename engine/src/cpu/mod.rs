@@ -1,14 +1,16 @@
 //! The CPU backend's arithmetic: the reference the CUDA backend is checked against, and the
 //! side of the parity tests that must match llama.cpp's CPU backend token for token.
 //!
-//! Every module mirrors ggml's CPU operation for operation where the rounding points and
-//! accumulation types decide the result (f16/q8 activation rounding, f64 sums in norms and
-//! softmax, integer sums per quant block, f32 accumulation), and says where it differs from
-//! ggml's SIMD code (summation order, ggml's vector `expf`).
+//! Every module mirrors ggml's CPU operations of llama.cpp's x86-64 AVX2 build (no repacked
+//! weights, no tiled K-quant matmul: see scripts/llama_ref.py) rounding for rounding: f16/q8
+//! activation rounding, f64 sums in norms and softmax, the SIMD lanes and summation order of
+//! every dot, ggml's vector `expf`; in plain Rust, the same on any CPU and thread count.
+//! scripts/ggml-crosscheck checks it op by op, bit for bit.
 //!
 //! - [`act_quant`]: activation rows in each weight type's vec_dot format ([`QuantizedActs`]);
 //! - [`vec_dot`]: one weight row · one activation row, per type ([`WeightKind`]), with
-//!   [`float_dot`], the summation orders of ggml's float dots;
+//!   [`float_dot`], the summation orders of ggml's float dots, and [`quant_dot`], the lane
+//!   order of its quantized dots;
 //! - [`matmul`]: [`WeightMatrix`] (checked views of GGUF bytes) × activation rows, on rayon;
 //! - [`embedding`], [`norm`], [`rope`], [`softmax`], [`activation`], [`attention`], [`moe`]
 //!   (with [`argsort`], libstdc++'s sort order for ties).
@@ -24,6 +26,7 @@ pub mod ggml_exp;
 pub mod matmul;
 pub mod moe;
 pub mod norm;
+pub mod quant_dot;
 pub mod rope;
 pub mod softmax;
 pub mod vec_dot;

@@ -1,29 +1,17 @@
 //! Dot products of one weight row with one activation row, with ggml's CPU arithmetic.
 //!
-//! Quantized types: per block an exact integer sum of quant products, then one f32 multiply by
-//! the block's scales and an f32 accumulation over the blocks (`ggml_vec_dot_*_q8_*`):
-//! - q4_0 · q8_0, q8_0 · q8_0: acc += (d_w · d_x) · Σ q_w q_x (q4_0 weights are nibble − 8);
-//! - q4_K, q5_K · q8_K: Σ_blocks (d_w · d_x) · Σ_sub sc·Σ q_w q_x − Σ_blocks (dmin_w · d_x) ·
-//!   Σ_16 bsums · m (the mins meet the activations' sums of 16);
-//! - q6_K · q8_K: Σ_blocks (d_w · d_x) · Σ_16 sc·Σ (q_w − 32) q_x.
-//!
-//! ggml's SIMD versions spread the same integer sums over 8 f32 lanes with FMAs; ours keep one
-//! f32 accumulator, so the results agree to f32 rounding, not bit for bit.
+//! Quantized types: [`super::quant_dot`], in the lanes and order of ggml's AVX2 code (bit for
+//! bit). The q4_0 and q8_0 dots of llamafile's sgemm are the same arithmetic.
 //!
 //! Float types: the weights widened to f32 against the activations (already rounded to f16 or
 //! bf16 for those types, so each product is exact), summed in the lanes and order of ggml's
 //! AVX2 code ([`super::float_dot`]): `ggml_vec_dot_*` here, llamafile's sgemm in
 //! [`vec_dot_sgemm`] (what `mul_mat` runs for two or more activation rows).
 
-use brink_kernels::quant::kquants::{
-    BLOCK_Q4_K_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, Q4_K_D, Q4_K_DMIN, Q4_K_QS, Q4_K_SCALES, Q5_K_D, Q5_K_DMIN, Q5_K_QH, Q5_K_QS,
-    Q5_K_SCALES, Q6_K_D, Q6_K_QH, Q6_K_QL, Q6_K_SCALES, get_scale_min_k4,
-};
-use brink_kernels::quant::{BLOCK_Q4_0_BYTES, BLOCK_Q8_0_BYTES};
-
-use super::act_quant::{ActRow, BlockQ8_0, BlockQ8K, QK_K, VecDotType, f16_to_f32};
+use super::act_quant::{ActRow, VecDotType, f16_to_f32};
 use super::error::CpuError;
 use super::float_dot::{self, SumOrder};
+use super::quant_dot::{dot_q4_0_q8_0, dot_q4_k_q8_k, dot_q5_k_q8_k, dot_q6_k_q8_k, dot_q8_0_q8_0};
 use crate::gguf::GgmlType;
 
 /// A weight type the CPU multiplies, resolved once (at model load) from the file's type.
@@ -111,165 +99,6 @@ pub fn vec_dot(kind: WeightKind, w_row: &[u8], x: ActRow<'_>) -> f32 {
     }
 }
 
-#[inline(always)]
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
-}
-
-// The integer sums below are written as plain loops over fixed-size arrays of i8/u8 widened to
-// i16 products summed in i32, which LLVM turns into pmaddwd (SSE2) / smlal (NEON) without
-// target-specific code. Every sum is exact: |product| <= 2^14 per value, 256 values per block.
-
-/// Σ w·x over 32 pairs, w given as the bytes of i8 quants.
-#[inline]
-fn isum_i8(w: &[u8; 32], x: &[i8; 32]) -> i32 {
-    let mut s = 0i32;
-    for i in 0..32 {
-        s += (w[i] as i8 as i16 * x[i] as i16) as i32;
-    }
-    s
-}
-
-pub fn dot_q8_0_q8_0(w_row: &[u8], x: &[BlockQ8_0]) -> f32 {
-    let (blocks, _) = w_row.as_chunks::<BLOCK_Q8_0_BYTES>();
-    let mut acc = 0.0f32;
-    for (b, xb) in blocks.iter().zip(x) {
-        let q: &[u8; 32] = b[2..].try_into().expect("34-byte block");
-        acc += (f16_at(b, 0) * xb.d) * isum_i8(q, &xb.qs) as f32;
-    }
-    acc
-}
-
-pub fn dot_q4_0_q8_0(w_row: &[u8], x: &[BlockQ8_0]) -> f32 {
-    let (blocks, _) = w_row.as_chunks::<BLOCK_Q4_0_BYTES>();
-    let mut acc = 0.0f32;
-    for (b, xb) in blocks.iter().zip(x) {
-        let q: &[u8; 16] = b[2..].try_into().expect("18-byte block");
-        acc += (f16_at(b, 0) * xb.d) * isum_q4_0(q, &xb.qs) as f32;
-    }
-    acc
-}
-
-/// Σ (q − 8)·x for one q4_0 block: element j < 16 is the low nibble of byte j, element 16 + j
-/// its high nibble. Computed as Σ q·x − 8·Σ x (both exact): unsigned nibbles multiply cheaply.
-#[inline(always)]
-fn isum_q4_0(q: &[u8; 16], x: &[i8; 32]) -> i32 {
-    let (lo, hi) = x.split_at(16);
-    let (mut s, mut sx) = (0i32, 0i32);
-    for j in 0..16 {
-        s += ((q[j] & 0x0f) as i16 * lo[j] as i16) as i32 + ((q[j] >> 4) as i16 * hi[j] as i16) as i32;
-        sx += lo[j] as i32 + hi[j] as i32;
-    }
-    s - 8 * sx
-}
-
-/// The 8 six-bit scales and mins of a q4_K/q5_K block.
-fn scales_mins(packed: &[u8]) -> ([i32; 8], [i32; 8]) {
-    let mut sc = [0; 8];
-    let mut m = [0; 8];
-    for j in 0..8 {
-        let (s, mm) = get_scale_min_k4(j, packed);
-        sc[j] = s as i32;
-        m[j] = mm as i32;
-    }
-    (sc, m)
-}
-
-/// Σ_16 bsums[g] · mins[g / 2]: the mins' share of a q4_K/q5_K block.
-fn min_isum(y: &BlockQ8K, mins: &[i32; 8]) -> i32 {
-    y.bsums.iter().enumerate().map(|(g, &s)| s as i32 * mins[g / 2]).sum()
-}
-
-/// Σ_sub scale · Σ q·x for a q4_K/q5_K block: sub-blocks 2j and 2j + 1 are the low and the high
-/// nibbles of qs[32j .. 32j + 32], plus 16 where bit 2j (2j + 1) of qh[l] is set (q5_K).
-#[inline]
-fn nibble_block_isum(qs: &[u8; QK_K / 2], qh: Option<&[u8; 32]>, y: &[i8; QK_K], sc: &[i32; 8]) -> i32 {
-    let (qs, _) = qs.as_chunks::<32>();
-    let (ys, _) = y.as_chunks::<64>();
-    let mut isum = 0;
-    for (j, (q, y)) in qs.iter().zip(ys).enumerate() {
-        let (y_lo, y_hi) = y.split_at(32);
-        let (mut lo, mut hi) = (0i32, 0i32);
-        match qh {
-            None => {
-                for l in 0..32 {
-                    lo += ((q[l] & 0x0f) as i16 * y_lo[l] as i16) as i32;
-                    hi += ((q[l] >> 4) as i16 * y_hi[l] as i16) as i32;
-                }
-            }
-            Some(qh) => {
-                for l in 0..32 {
-                    let h = qh[l] >> (2 * j);
-                    lo += (((q[l] & 0x0f) | ((h & 1) << 4)) as i16 * y_lo[l] as i16) as i32;
-                    hi += (((q[l] >> 4) | ((h & 2) << 3)) as i16 * y_hi[l] as i16) as i32;
-                }
-            }
-        }
-        isum += sc[2 * j] * lo + sc[2 * j + 1] * hi;
-    }
-    isum
-}
-
-pub fn dot_q4_k_q8_k(w_row: &[u8], x: &[BlockQ8K]) -> f32 {
-    let (blocks, _) = w_row.as_chunks::<BLOCK_Q4_K_BYTES>();
-    let (mut acc, mut acc_min) = (0.0f32, 0.0f32);
-    for (b, y) in blocks.iter().zip(x) {
-        let (sc, m) = scales_mins(&b[Q4_K_SCALES..Q4_K_QS]);
-        let qs = b[Q4_K_QS..].try_into().expect("q4_K quants");
-        acc += (f16_at(b, Q4_K_D) * y.d) * nibble_block_isum(qs, None, &y.qs, &sc) as f32;
-        acc_min += (f16_at(b, Q4_K_DMIN) * y.d) * min_isum(y, &m) as f32;
-    }
-    acc - acc_min
-}
-
-pub fn dot_q5_k_q8_k(w_row: &[u8], x: &[BlockQ8K]) -> f32 {
-    let (blocks, _) = w_row.as_chunks::<BLOCK_Q5_K_BYTES>();
-    let (mut acc, mut acc_min) = (0.0f32, 0.0f32);
-    for (b, y) in blocks.iter().zip(x) {
-        let (sc, m) = scales_mins(&b[Q5_K_SCALES..Q5_K_QH]);
-        let qh = b[Q5_K_QH..Q5_K_QS].try_into().expect("q5_K high bits");
-        let qs = b[Q5_K_QS..].try_into().expect("q5_K quants");
-        acc += (f16_at(b, Q5_K_D) * y.d) * nibble_block_isum(qs, Some(qh), &y.qs, &sc) as f32;
-        acc_min += (f16_at(b, Q5_K_DMIN) * y.d) * min_isum(y, &m) as f32;
-    }
-    acc - acc_min
-}
-
-pub fn dot_q6_k_q8_k(w_row: &[u8], x: &[BlockQ8K]) -> f32 {
-    let (blocks, _) = w_row.as_chunks::<BLOCK_Q6_K_BYTES>();
-    let mut acc = 0.0f32;
-    for (b, y) in blocks.iter().zip(x) {
-        let mut isum = 0i32;
-        // Halves of 128 values: quarter k (32 values) takes nibble k / 2 of ql[64n + 32(k % 2) + l]
-        // and bits 2k, 2k + 1 of qh[32n + l]; q − 32 is signed; one i8 scale per 16 values.
-        for n in 0..2 {
-            let ql: &[u8; 64] = b[Q6_K_QL + 64 * n..][..64].try_into().expect("q6_K low bits");
-            let qh: &[u8; 32] = b[Q6_K_QH + 32 * n..][..32].try_into().expect("q6_K high bits");
-            let yh: &[i8; 128] = y.qs[128 * n..][..128].try_into().expect("q8_K half");
-            let mut s = [0i32; 8]; // quarter k, values 0..16 → s[2k], 16..32 → s[2k + 1]
-            for half in 0..2 {
-                for l in 16 * half..16 * half + 16 {
-                    let (a, c, h) = (ql[l], ql[l + 32], qh[l]);
-                    let q = [
-                        ((a & 0x0f) | ((h & 3) << 4)) as i16 - 32,
-                        ((c & 0x0f) | (((h >> 2) & 3) << 4)) as i16 - 32,
-                        ((a >> 4) | (((h >> 4) & 3) << 4)) as i16 - 32,
-                        ((c >> 4) | (((h >> 6) & 3) << 4)) as i16 - 32,
-                    ];
-                    for k in 0..4 {
-                        s[2 * k + half] += (q[k] * yh[32 * k + l] as i16) as i32;
-                    }
-                }
-            }
-            for (g, s) in s.iter().enumerate() {
-                isum += b[Q6_K_SCALES + 8 * n + g] as i8 as i32 * s;
-            }
-        }
-        acc += (f16_at(b, Q6_K_D) * y.d) * isum as f32;
-    }
-    acc
-}
-
 fn widen_f32(b: [u8; 4]) -> f32 {
     f32::from_le_bytes(b)
 }
@@ -311,8 +140,10 @@ pub fn vec_dot_sgemm(kind: WeightKind, w_row: &[u8], x: ActRow<'_>) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::act_quant::{BlockQ8K, QK_K};
     use crate::cpu::act_quant::{QuantizedActs, round_bf16, round_f16};
     use brink_kernels::quant::TensorType;
+    use brink_kernels::quant::kquants::{Q4_K_D, Q4_K_DMIN, Q5_K_D, Q5_K_DMIN, Q6_K_D};
     use brink_kernels::testdata::{hash2, uniform_pm1};
     use half::f16;
 
@@ -436,16 +267,6 @@ mod tests {
     }
 
     #[test]
-    fn q4_0_hand_block() {
-        // d = 0.5; byte j: low nibble j (value j − 8), high nibble 15 − j (value 7 − j).
-        let mut w = f16::from_f32(0.5).to_le_bytes().to_vec();
-        w.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
-        let x = BlockQ8_0 { d: 0.25, qs: std::array::from_fn(|j| if j < 16 { 1 } else { 2 }) };
-        // Σ_j (j − 8)·1 + Σ_j (7 − j)·2 = −8 + 2·(−8) = −24; · 0.5 · 0.25 = −3.
-        assert_eq!(dot_q4_0_q8_0(&w, &[x]), -3.0);
-    }
-
-    #[test]
     fn unsupported_types_are_named() {
         for ty in GgmlType::ALL {
             match WeightKind::of(ty) {
@@ -466,23 +287,5 @@ mod tests {
     fn mismatched_activation_format_panics() {
         let x = [BlockQ8K { d: 1.0, qs: [0; QK_K], bsums: [0; 16] }];
         vec_dot(WeightKind::Q4_0, &[0; 18], ActRow::Q8K(&x));
-    }
-
-    #[test]
-    fn q8k_block_sums_are_used_for_the_mins() {
-        // A q4_K block with all quants 0 and every min 1: the dot is −dmin·d_x·Σ x_q exactly.
-        let mut b = vec![0u8; BLOCK_Q4_K_BYTES];
-        b[Q4_K_D..Q4_K_D + 2].copy_from_slice(&f16::from_f32(1.0).to_le_bytes());
-        b[Q4_K_DMIN..Q4_K_DMIN + 2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
-        // mins of sub-blocks 0..4 in bytes 4..8 (low six bits); 4..8 in the high nibbles of 8..12.
-        for j in 0..4 {
-            b[Q4_K_SCALES + 4 + j] = 1;
-            b[Q4_K_SCALES + 8 + j] = 1 << 4;
-        }
-        let x: Vec<f32> = (0..QK_K).map(|i| (i % 7) as f32 - 3.0).collect();
-        let acts = QuantizedActs::new(VecDotType::Q8K, &x, QK_K, 1);
-        let ActRow::Q8K(y) = acts.row(0) else { unreachable!() };
-        let sum: i32 = y[0].qs.iter().map(|&q| q as i32).sum();
-        assert_eq!(dot_q4_k_q8_k(&b, y), -(0.5 * y[0].d) * sum as f32);
     }
 }

@@ -37,10 +37,14 @@ pub fn moe(x: &CpuAct, w: &MoeWeights<'_, CpuWeight>, spec: &MoeSpec) -> Result<
         cpu::matmul_gather(&up_w, &acts, &rows_of, &mut up);
         let mut par = CpuAct::zeros(n, ffn);
         cpu::swiglu(&gate, &up, &mut par.data);
-        let y = linear(&par, &down_w);
+        // The down projection is a mul_mat_id too: row by row (`vec_dot`), never sgemm's order.
+        let par_acts = QuantizedActs::new(down_w.kind().vec_dot_type(), &par.data, ffn, n);
+        let all: Vec<usize> = (0..n).collect();
+        let mut y = vec![0.0f32; n * hidden];
+        cpu::matmul_gather(&down_w, &par_acts, &all, &mut y);
         for (i, &(t, j)) in picks.iter().enumerate() {
             let at = (t as usize * k + j as usize) * hidden;
-            expert_out[at..at + hidden].copy_from_slice(y.row(i));
+            expert_out[at..at + hidden].copy_from_slice(&y[i * hidden..(i + 1) * hidden]);
         }
     }
     let mut out = CpuAct::zeros(rows, hidden);
