@@ -7,6 +7,8 @@
 //! - [`backend`]: the op interface and the backends (`cpu`, the reference; `cuda`).
 //! - [`engine`]: a loaded model with its KV cache: prefill, decode, generation;
 //!   [`sampler`]: greedy / temperature / top-k / top-p.
+//! - [`serve`]: the OpenAI and Anthropic wire formats (requests, responses, SSE, tool calls, stop
+//!   strings, errors) as pure logic for the HTTP server.
 
 pub mod arch;
 pub mod backend;
@@ -17,6 +19,7 @@ pub mod gguf;
 pub mod model;
 pub mod parity;
 pub mod sampler;
+pub mod serve;
 pub mod synth;
 pub mod tokenizer;
 
