@@ -15,7 +15,7 @@ pub mod anthropic;
 pub mod error;
 pub mod openai;
 pub mod request;
-//pub mod sse;
+pub mod sse;
 pub mod stop;
 pub mod tool_calls;
 
