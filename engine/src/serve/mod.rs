@@ -3,13 +3,13 @@
 //! [`GenerateRequest`] (validated into [`ApiError`]s that name the field), runs it, and writes the
 //! answer back in the client's own format — whole, or as SSE frames from [`sse`].
 //!
-//! - [`request`]: [`GenerateRequest`], [`Limits`], the checks every API shares.
-//! - [`openai`]: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
-//! - [`anthropic`]: `/v1/messages`.
-//! - [`tool_calls`]: `<tool_call>{...}</tool_call>` blocks in generated text, whole or streamed.
-//! - [`stop`]: stop strings over streamed bytes, holding back a possible partial match.
-//! - [`sse`]: server-sent-event framing and the per-API stream state machines.
-//! - [`error`]: [`ApiError`] in each API's error JSON.
+//! - [`request`] — [`GenerateRequest`], [`Limits`], the checks every API shares.
+//! - [`openai`] — `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
+//! - [`anthropic`] — `/v1/messages`.
+//! - [`tool_calls`] — `<tool_call>{...}</tool_call>` blocks in generated text, whole or streamed.
+//! - [`stop`] — stop strings over streamed bytes, holding back a possible partial match.
+//! - [`sse`] — server-sent-event framing and the per-API stream state machines.
+//! - [`error`] — [`ApiError`] in each API's error JSON.
 
 pub mod anthropic;
 pub mod error;

@@ -123,6 +123,19 @@ pub fn check_model(model: &str, limits: &Limits) -> Result<(), ApiError> {
     if limits.served_models.iter().any(|m| m == model) { Ok(()) } else { Err(ApiError::unknown_model(model, &limits.served_models)) }
 }
 
+/// Once the prompt is tokenized: the prompt must leave room for at least one new token, and
+/// the new tokens are capped by what the context has left. Returns that cap.
+pub fn check_prompt_fits(prompt_tokens: usize, max_tokens: Option<usize>, context_tokens: usize) -> Result<usize, ApiError> {
+    if prompt_tokens >= context_tokens {
+        let message = format!(
+            "the prompt is {prompt_tokens} tokens; the model's context is {context_tokens} tokens, and at least one must be left to generate"
+        );
+        return Err(ApiError { param: Some("messages".into()), ..ApiError::new(super::ErrorKind::InvalidRequest, message) });
+    }
+    let room = context_tokens - prompt_tokens;
+    Ok(max_tokens.map_or(room, |m| m.min(room)))
+}
+
 /// `max_tokens` must be at least 1 and no more than the context.
 pub fn check_max_tokens(field: &str, value: u64, limits: &Limits) -> Result<usize, ApiError> {
     if value == 0 {
@@ -250,6 +263,17 @@ mod tests {
         assert_eq!(check_n(Some(0), &l).unwrap_err().message, "n: must be between 1 and 4, got 0");
         assert!(check_n(Some(5), &l).is_err());
         assert_eq!(check_stop("stop", vec!["a".into(), "".into()]).unwrap_err().param.as_deref(), Some("stop[1]"));
+    }
+
+    #[test]
+    fn prompt_fits_the_context() {
+        assert_eq!(check_prompt_fits(100, None, 32768), Ok(32668));
+        assert_eq!(check_prompt_fits(100, Some(50), 32768), Ok(50));
+        assert_eq!(check_prompt_fits(32700, Some(500), 32768), Ok(68));
+        let e = check_prompt_fits(40000, Some(10), 32768).unwrap_err();
+        assert_eq!(e.status, 400);
+        assert_eq!(e.message, "the prompt is 40000 tokens; the model's context is 32768 tokens, and at least one must be left to generate");
+        assert!(check_prompt_fits(32768, None, 32768).is_err());
     }
 
     #[test]
