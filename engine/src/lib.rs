@@ -7,6 +7,8 @@
 //! - [`backend`]: the op interface and the backends (`cpu`, the reference; `cuda`).
 //! - [`engine`]: a loaded model with its KV cache: prefill, decode, generation;
 //!   [`sampler`]: greedy / temperature / top-k / top-p.
+//! - [`sched`]: the serving scheduler's pure logic: paged KV blocks with prefix reuse, the step
+//!   planner, admission control, the poison quarantine.
 
 pub mod arch;
 pub mod backend;
@@ -17,6 +19,7 @@ pub mod gguf;
 pub mod model;
 pub mod parity;
 pub mod sampler;
+pub mod sched;
 pub mod synth;
 pub mod tokenizer;
 
