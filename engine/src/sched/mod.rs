@@ -8,9 +8,13 @@
 
 pub mod kv_blocks;
 pub mod plan;
+pub mod quarantine;
+pub mod scheduler;
 
 /// A sequence's id, chosen by the caller (one per request).
 pub type SeqId = u64;
 
 pub use kv_blocks::{Alloc, KvBlocks, KvError, KvStats};
 pub use plan::{LimitsError, PlannedChunk, SeqLimits, SeqView, StepLimits, StepPlan, plan_step};
+pub use quarantine::{Quarantine, ShapeChunk, StallShape, Verdict};
+pub use scheduler::{Admitted, Emitted, Finish, Rejection, Request, SchedConfig, SchedError, Scheduler};
