@@ -81,7 +81,9 @@ struct SeqBlocks {
 const ROOT_KEY: u64 = 0x6272_696e_6b5f_6b76; // "brink_kv"
 
 fn block_key(parent: u64, tokens: &[u32]) -> u64 {
-    // DefaultHasher::new() uses fixed keys: the same prefix gets the same key in every process.
+    // DefaultHasher::new() has fixed keys (unlike RandomState), so equal prefixes get equal keys
+    // across sequences. A crafted collision costs only a cache miss: hits are checked against
+    // the stored tokens and parent key.
     let mut h = DefaultHasher::new();
     parent.hash(&mut h);
     tokens.hash(&mut h);
@@ -248,8 +250,8 @@ impl KvBlocks {
             let b = s.table[i];
             // The same prefix computed twice (two sequences prefilling it at once): the first
             // registration wins and this block stays private, freed on release.
-            if !self.index.contains_key(&key) {
-                self.index.insert(key, b);
+            if let std::collections::hash_map::Entry::Vacant(slot) = self.index.entry(key) {
+                slot.insert(b);
                 self.blocks[b as usize].reg = Some(Registered { key, parent, tokens: toks.into() });
             }
             parent = key;
