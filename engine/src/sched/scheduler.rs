@@ -14,6 +14,7 @@ use std::collections::VecDeque;
 use super::SeqId;
 use super::kv_blocks::{KvBlocks, KvError, KvStats};
 use super::plan::{SeqLimits, SeqView, StepLimits, StepPlan, plan_step};
+use super::quarantine::{ShapeChunk, StallShape};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SchedConfig {
@@ -107,6 +108,7 @@ struct Sequence {
     id: SeqId,
     /// Prompt, then generated tokens.
     tokens: Vec<u32>,
+    prompt_len: usize,
     /// Tokens whose KV is written.
     computed: usize,
     /// Tokens the block manager knows (its table holds them).
@@ -162,6 +164,7 @@ impl Scheduler {
         }
         let seq = Sequence {
             id: req.id,
+            prompt_len: req.prompt.len(),
             tokens: req.prompt,
             computed: 0,
             kv_known: 0,
@@ -348,6 +351,19 @@ impl Scheduler {
         self.running.iter().find(|s| s.id == id).map(|s| s.cached_tokens)
     }
 
+    /// The shape of `plan` for the quarantine, when the step running it stalled.
+    pub fn stall_shape(&self, plan: &StepPlan) -> StallShape {
+        let chunks = plan
+            .chunks
+            .iter()
+            .filter_map(|c| {
+                let s = self.running.iter().find(|s| s.id == c.seq)?;
+                Some(ShapeChunk { prompt_tokens: s.prompt_len, chunk_len: c.len, decode: s.prefilled })
+            })
+            .collect();
+        StallShape { chunks, total: plan.total_tokens() }
+    }
+
     pub fn kv_stats(&self) -> KvStats {
         self.kv.stats()
     }
@@ -457,6 +473,15 @@ mod tests {
         s.submit(req(2, vec![2; 20], 10)).unwrap();
         let p = s.schedule();
         assert!(p.chunks.iter().any(|c| c.seq == 1) && p.chunks.iter().any(|c| c.seq == 2));
+        let shape = s.stall_shape(&p);
+        assert_eq!(
+            shape.chunks,
+            [
+                ShapeChunk { prompt_tokens: 50, chunk_len: 32, decode: false },
+                ShapeChunk { prompt_tokens: 20, chunk_len: 20, decode: false }
+            ]
+        );
+        assert_eq!(shape.total, 52);
         // The client of 1 goes away while its step runs.
         assert!(s.cancel(1));
         let out = s.complete_step(&p, &sample(&p)).unwrap();
@@ -466,6 +491,7 @@ mod tests {
         assert!(s.cancel(2) && !s.cancel(2));
         assert_eq!(s.kv_stats().used, 0);
         assert!(s.is_idle());
+        assert_eq!(s.stall_shape(&p), StallShape { chunks: vec![], total: p.total_tokens() });
         assert_eq!(s.complete_step(&StepPlan::default(), &[5]), Err(SchedError::Step("1 sampled tokens for 0 logit rows".into())));
     }
 
