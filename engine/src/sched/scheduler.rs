@@ -351,6 +351,14 @@ impl Scheduler {
         self.running.iter().find(|s| s.id == id).map(|s| s.cached_tokens)
     }
 
+    /// After the engine restarted, the cache's contents are gone: every block is forgotten
+    /// (prefix index included) and the running sequences are dropped; their ids are returned for
+    /// the caller to fail. Waiting requests stay queued and run on the new engine.
+    pub fn reset_after_restart(&mut self) -> Result<Vec<SeqId>, SchedError> {
+        self.kv = KvBlocks::new(self.kv.total_blocks(), self.kv.block_size())?;
+        Ok(self.running.drain(..).map(|s| s.id).collect())
+    }
+
     /// The shape of `plan` for the quarantine, when the step running it stalled.
     pub fn stall_shape(&self, plan: &StepPlan) -> StallShape {
         let chunks = plan
@@ -496,6 +504,23 @@ mod tests {
     }
 
     #[test]
+    fn a_restart_fails_running_keeps_waiting_and_forgets_the_cache() {
+        let mut s = sched(8, 16, 64, 32, 1, 100);
+        s.submit(req(1, (0..40).collect(), 2)).unwrap();
+        s.submit(req(2, (0..40).collect(), 2)).unwrap();
+        let p = s.schedule();
+        s.complete_step(&p, &sample(&p)).unwrap();
+        assert_eq!(s.kv_stats().used, 3);
+        assert_eq!(s.reset_after_restart().unwrap(), [1]);
+        assert_eq!((s.running(), s.waiting()), (0, 1));
+        assert_eq!(s.kv_stats(), KvStats { total: 8, free: 8, cached: 0, used: 0, block_size: 16 });
+        // Request 2 shared 1's prompt, but that KV died with the engine: nothing is reused.
+        let p = s.schedule();
+        assert_eq!(s.cached_tokens(2), Some(0));
+        assert_eq!(p.chunks[0].start_pos, 0);
+    }
+
+    #[test]
     fn a_full_cache_preempts_the_newest_and_recomputes_it_identically() {
         // 6 blocks of 4: two sequences of 8-token prompts generating 12 tokens each cannot both
         // hold 20 positions (5 blocks each).
@@ -517,6 +542,7 @@ mod tests {
         }
         assert_eq!(done, 2);
         assert!(s.preemptions() > 0);
+        assert!(s.reset_after_restart().unwrap().is_empty());
         // Each stream is what an unpreempted run gives: token k from position 8 + k.
         for id in [1u64, 2] {
             let want: Vec<u32> = (0..12).map(|k| id as u32 * 1000 + 8 + k).collect();
