@@ -9,6 +9,8 @@
 //!   [`sampler`]: greedy / temperature / top-k / top-p.
 //! - [`serve`]: the OpenAI and Anthropic wire formats (requests, responses, SSE, tool calls, stop
 //!   strings, errors) as pure logic for the HTTP server.
+//! - [`sched`]: the serving scheduler's pure logic: paged KV blocks with prefix reuse, the step
+//!   planner, admission control, the poison quarantine.
 
 pub mod arch;
 pub mod backend;
@@ -19,6 +21,7 @@ pub mod gguf;
 pub mod model;
 pub mod parity;
 pub mod sampler;
+pub mod sched;
 pub mod serve;
 pub mod synth;
 pub mod tokenizer;
