@@ -1,7 +1,8 @@
 // Routed-expert GEMV for small token counts (decode):
 //   y[pair, n] = dot(W[ids[pair]][n, :], xq[pair / top_k, :]),  pair = token * top_k + slot.
-// W is [experts, N, K] in q8_0 or q4_0 (rows e * N + n), xq is dense q8_1 [tokens, K / 32],
-// y is f32 [tokens * top_k, N].
+// W is [experts, N, K] in any weight format (rows e * N + n; common.cuh), xq is dense q8_1
+// [tokens, K / 32], y is f32 [tokens * top_k, N]. With top_k = 1 and "tokens" = pairs it takes
+// one input row per pair (the down projection in decode).
 //
 // Geometry: the (token, slot) pair, which grows with tokens, is blockIdx.x (limit 2^31 - 1);
 // grid.y carries only the column tiles of N (bounded by the weight shape). Each warp owns one

@@ -1,7 +1,9 @@
 //! Routed-expert GEMV for small token counts (decode), and its negative control.
 //!
 //! `y[pair, n] = dot(W[ids[pair]][n, :], xq[pair / top_k, :])` for every (token, slot) pair,
-//! W `[experts, N, K]` in q8_0/q4_0, xq dense q8_1 `[tokens, K/32]`, y f32 `[tokens·top_k, N]`.
+//! W `[experts, N, K]` in any [`WeightType`] (K a multiple of 256 for the K-quants), xq dense
+//! q8_1 `[tokens, K/32]`, y f32 `[tokens·top_k, N]`. With `top_k` 1 and the pairs as "tokens" it
+//! takes one input row per pair (the down projection in decode).
 //!
 //! This is the kernel of the design's first failure: an engine launched it with the flat pair
 //! index on `grid.z`, which the driver rejects from `tokens·top_k > 65535` (8192 tokens at
@@ -33,7 +35,9 @@ pub const NEG_GRIDZ_KERNEL: &str = "moe_gemv_gridz_broken";
 /// Output rows per block, one warp each.
 pub const ROWS_PER_BLOCK: u32 = 4;
 /// Same block formula as the twin; only the f32 summation order over blocks (lane partials,
-/// then the warp's butterfly) and FMA contraction differ: ~1e-6 of the largest output.
+/// then the warp's butterfly) and FMA contraction differ: ~1e-6 of the largest output. The
+/// K-quant terms are grouped per 32-wide block, not per super-block: at most 5.3e-7
+/// (`quant::kquants` tests repeat the device's arithmetic).
 pub const TOLERANCE: f64 = 1e-4;
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

@@ -38,7 +38,8 @@ pub fn fill_uniform(gpu: &Gpu, buf: &mut CudaSlice<f32>, n: usize, seed: u64, sc
     Ok(())
 }
 
-/// Fills `nblocks` weight blocks of `wtype` (buffer sized `nblocks * block_bytes`).
+/// Fills `nblocks` weight blocks of `wtype` (super-blocks for the K-quants; buffer sized
+/// `nblocks * block_bytes`). CPU twin: `testdata::weight_row`.
 pub fn fill_weights(gpu: &Gpu, buf: &mut CudaSlice<u8>, nblocks: usize, seed: u64, wtype: WeightType) -> Result<(), GpuError> {
     let f = gpu.function(&TESTDATA, "fill_weights")?;
     let p = plan("fill_weights", nblocks as u64, gpu.limits())?;
