@@ -2,6 +2,8 @@
 //! character and text that may end inside a stop string: the matcher holds both back until the
 //! next bytes decide, so what it releases is valid UTF-8 and never contains part of a stop.
 
+use crate::tokenizer::take_complete;
+
 /// What one push released.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StopStep {
@@ -42,7 +44,7 @@ impl StopMatcher {
             return StopStep::Text(String::new());
         }
         self.partial_utf8.extend_from_slice(bytes);
-        let decoded = take_utf8(&mut self.partial_utf8);
+        let decoded = take_complete(&mut self.partial_utf8);
         self.held.push_str(&decoded);
         self.release()
     }
@@ -96,40 +98,6 @@ impl StopMatcher {
         }
         best
     }
-}
-
-/// Decodes the complete UTF-8 prefix of `buf` and leaves in it only the bytes of a character
-/// that may still be completed; invalid bytes become U+FFFD.
-pub fn take_utf8(buf: &mut Vec<u8>) -> String {
-    let mut out = String::new();
-    let mut rest: &[u8] = buf;
-    loop {
-        match std::str::from_utf8(rest) {
-            Ok(s) => {
-                out.push_str(s);
-                rest = &[];
-                break;
-            }
-            Err(e) => {
-                let (good, bad) = rest.split_at(e.valid_up_to());
-                out.push_str(std::str::from_utf8(good).unwrap_or_default());
-                match e.error_len() {
-                    // An unfinished character at the end: keep it for the next bytes.
-                    None => {
-                        rest = bad;
-                        break;
-                    }
-                    Some(n) => {
-                        out.push(char::REPLACEMENT_CHARACTER);
-                        rest = &bad[n..];
-                    }
-                }
-            }
-        }
-    }
-    let keep = rest.to_vec();
-    *buf = keep;
-    out
 }
 
 #[cfg(test)]
@@ -196,7 +164,7 @@ mod tests {
         assert_eq!(out, vec!["a\u{FFFD}b", ""]);
         assert_eq!(tail, "\u{FFFD}");
         let mut buf = b"x\xF0\x9F".to_vec();
-        assert_eq!(take_utf8(&mut buf), "x");
+        assert_eq!(take_complete(&mut buf), "x");
         assert_eq!(buf, b"\xF0\x9F");
     }
 

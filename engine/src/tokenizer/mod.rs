@@ -43,7 +43,7 @@ use crate::gguf::Metadata;
 
 pub use error::TokenizerError;
 pub use special::Fragment;
-pub use stream::StreamDecoder;
+pub use stream::{StreamDecoder, take_complete};
 pub use vocab::{SUPPORTED_MODELS, SpecialTokens, TokenAttr, TokenizerModel, VocabFlags, keys};
 
 use pretokenize::RegexByteLevel;
