@@ -119,6 +119,7 @@ fn check_parts(index: usize, parts: &[Json]) -> Result<Vec<String>, ChatTemplate
         .collect()
 }
 
+/// What a JSON value is, for error messages ("found an array").
 pub fn kind(v: &Json) -> &'static str {
     match v {
         Json::Null => "null",

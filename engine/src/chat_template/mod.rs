@@ -37,7 +37,7 @@ use crate::tokenizer::keys;
 
 pub use clock::DateTime;
 pub use error::ChatTemplateError;
-pub use message::{ChatMessage, normalize as normalize_messages};
+pub use message::{ChatMessage, kind as json_kind, normalize as normalize_messages};
 
 const TEMPLATE_NAME: &str = "chat_template";
 

@@ -6,9 +6,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json, json};
 
 use super::error::ApiError;
-use super::openai::json_kind;
 use super::request::{self as req, FinishReason, GenerateRequest, Limits, Output, Prompt, Sampling, ToolChoice, Usage};
 use super::tool_calls;
+use crate::chat_template::json_kind;
 
 #[derive(Clone, Debug, Deserialize)]
 pub struct MessageIn {

@@ -8,6 +8,7 @@ use serde_json::{Map, Value as Json, json};
 use super::error::ApiError;
 use super::request::{self as req, FinishReason, GenerateRequest, Limits, Output, Prompt, Sampling, ToolChoice, Usage};
 use super::tool_calls::{self, ToolCall};
+use crate::chat_template::json_kind;
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(untagged)]
@@ -251,17 +252,6 @@ fn template_message(i: usize, m: &MessageIn) -> Result<Json, ApiError> {
         out.insert("name".into(), Json::from(name.clone()));
     }
     Ok(Json::Object(out))
-}
-
-pub(crate) fn json_kind(v: &Json) -> &'static str {
-    match v {
-        Json::Null => "null",
-        Json::Bool(_) => "a boolean",
-        Json::Number(_) => "a number",
-        Json::String(_) => "a string",
-        Json::Array(_) => "an array",
-        Json::Object(_) => "an object",
-    }
 }
 
 impl ChatCompletionRequest {
