@@ -130,25 +130,63 @@ pub struct AlignedDevice {
     pub counts: CudaSlice<i32>,
 }
 
+impl AlignedDevice {
+    fn for_geometry(gpu: &Gpu, g: &Geometry) -> Result<AlignedDevice, GpuError> {
+        Ok(AlignedDevice {
+            sorted_ids: gpu.alloc(g.max_rows as usize)?,
+            tile_expert: gpu.alloc(g.tiles() as usize)?,
+            offsets: gpu.alloc(g.experts as usize + 1)?,
+            padded_rows: gpu.alloc(1)?,
+            counts: gpu.alloc(g.experts as usize)?,
+        })
+    }
+
+    /// Whether the buffers are long enough for an alignment of this geometry.
+    fn holds(&self, g: &Geometry) -> bool {
+        self.sorted_ids.len() as u64 >= g.max_rows
+            && self.tile_expert.len() as u64 >= g.tiles()
+            && self.offsets.len() > g.experts as usize
+            && self.counts.len() >= g.experts as usize
+    }
+
+    fn outputs(&mut self) -> Outputs<'_> {
+        Outputs {
+            sorted_ids: self.sorted_ids.as_view_mut(),
+            tile_expert: self.tile_expert.as_view_mut(),
+            offsets: self.offsets.as_view_mut(),
+            padded_rows: self.padded_rows.as_view_mut(),
+            counts: self.counts.as_view_mut(),
+        }
+    }
+}
+
 /// Aligns `ids` (`[tokens · top_k]`, token-major) on the GPU's stream; no host synchronisation.
 pub fn align_gpu(gpu: &Gpu, ids: &CudaSlice<i32>, tokens: u64, top_k: u32, experts: u32, tile: u32) -> Result<AlignedDevice, GpuError> {
     let g = Geometry::new(tokens, top_k, experts, tile)?;
-    let mut a = AlignedDevice {
-        sorted_ids: gpu.alloc(g.max_rows as usize)?,
-        tile_expert: gpu.alloc(g.tiles() as usize)?,
-        offsets: gpu.alloc(experts as usize + 1)?,
-        padded_rows: gpu.alloc(1)?,
-        counts: gpu.alloc(experts as usize)?,
-    };
-    let mut out = Outputs {
-        sorted_ids: a.sorted_ids.as_view_mut(),
-        tile_expert: a.tile_expert.as_view_mut(),
-        offsets: a.offsets.as_view_mut(),
-        padded_rows: a.padded_rows.as_view_mut(),
-        counts: a.counts.as_view_mut(),
-    };
-    launch_all(gpu, &ids.as_view(), &g, &mut out)?;
+    let mut a = AlignedDevice::for_geometry(gpu, &g)?;
+    launch_all(gpu, &ids.as_view(), &g, &mut a.outputs())?;
     Ok(a)
+}
+
+/// As [`align_gpu`], into `a`'s buffers, which are replaced by larger ones only when this shape
+/// needs more: a steady stream of batches allocates nothing. Buffers longer than the shape
+/// needs are fine: the alignment writes every row and tile up to this shape's
+/// [`max_padded_rows`], and every reader (quantize gather, GEMM) is planned for the same shape,
+/// so the stale tail of a larger earlier batch is never read.
+pub fn align_into(
+    gpu: &Gpu,
+    ids: &CudaSlice<i32>,
+    tokens: u64,
+    top_k: u32,
+    experts: u32,
+    tile: u32,
+    a: &mut AlignedDevice,
+) -> Result<(), GpuError> {
+    let g = Geometry::new(tokens, top_k, experts, tile)?;
+    if !a.holds(&g) {
+        *a = AlignedDevice::for_geometry(gpu, &g)?;
+    }
+    launch_all(gpu, &ids.as_view(), &g, &mut a.outputs())
 }
 
 /// Where one alignment writes (views, so the self-test can hand in poisoned words).

@@ -62,6 +62,8 @@ pub(crate) struct MoeScratch {
     /// act as q8_1: `[T·k, F/32]` (GEMV) or gathered `[padded rows, F/32]` (GEMM).
     act_q: Grow<u8>,
     down: Grow<f32>,
+    /// The GEMM path's alignment, reused across steps (replaced only by a larger batch).
+    aligned: Option<AlignedDevice>,
 }
 
 impl MoeScratch {
@@ -77,6 +79,7 @@ impl MoeScratch {
             act: Grow::new(gpu, allocs)?,
             act_q: Grow::new(gpu, allocs)?,
             down: Grow::new(gpu, allocs)?,
+            aligned: None,
         })
     }
 }
@@ -156,9 +159,15 @@ pub(crate) fn moe(
     match path {
         RoutedPath::Gemv => experts_gemv(gpu, s, &d, [&gate, &up, &down])?,
         RoutedPath::Gemm => {
-            let aligned =
-                moe_align::align_gpu(gpu, &s.ids, d.tokens as u64, d.top_k as u32, d.experts as u32, DEFAULT_TILE.m).map_err(failed)?;
-            experts_gemm(gpu, s, x, &d, &aligned, [&gate, &up, &down])?;
+            let (t, k, e, tile) = (d.tokens as u64, d.top_k as u32, d.experts as u32, DEFAULT_TILE.m);
+            let aligned = match s.aligned.take() {
+                Some(mut a) => moe_align::align_into(gpu, &s.ids, t, k, e, tile, &mut a).map(|()| a),
+                None => moe_align::align_gpu(gpu, &s.ids, t, k, e, tile),
+            }
+            .map_err(failed)?;
+            let done = experts_gemm(gpu, s, x, &d, &aligned, [&gate, &up, &down]);
+            s.aligned = Some(aligned);
+            done?;
         }
     }
     combine(gpu, s, &d, out).map_err(failed)
