@@ -424,8 +424,15 @@ fn keys_queue_full_disconnect_and_graceful_shutdown() {
     let r = request(addr, "POST", "/v1/chat/completions", &[], &body);
     assert_eq!(r.status, 401);
     assert_eq!(r.json()["error"]["type"], "authentication_error");
-    let r = request(addr, "POST", "/v1/messages", &[("x-api-key", "wrong")], &json!({"model": "tiny", "max_tokens": 4,
-        "messages": [{"role": "user", "content": "hi"}]}).to_string());
+    let r = request(
+        addr,
+        "POST",
+        "/v1/messages",
+        &[("x-api-key", "wrong")],
+        &json!({"model": "tiny", "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hi"}]})
+        .to_string(),
+    );
     assert_eq!((r.status, r.json()["error"]["type"].as_str()), (401, Some("authentication_error")));
     assert_eq!(request(addr, "POST", "/v1/chat/completions", &[("Authorization", "Bearer sekret")], &body).status, 200);
     assert_eq!(request(addr, "POST", "/v1/chat/completions", &[("x-api-key", "sekret")], &body).status, 200);

@@ -22,7 +22,9 @@ use crate::serve::request::check_prompt_fits;
 use crate::serve::sse::{self, AnthropicStream, ChoiceStream, OpenAiChatStream, OpenAiCompletionStream};
 use crate::serve::stop::{StopMatcher, StopStep};
 use crate::serve::tool_calls::Piece;
-use crate::serve::{ApiError, ErrorKind, FinishReason, GenerateRequest, Limits, Output, Prompt, Usage, anthropic, new_id, openai, unix_now};
+use crate::serve::{
+    ApiError, ErrorKind, FinishReason, GenerateRequest, Limits, Output, Prompt, Usage, anthropic, new_id, openai, unix_now,
+};
 
 /// Largest request body taken (a 24k-token prompt is ~100 KB of text).
 pub const MAX_BODY_BYTES: usize = 32 << 20;
@@ -154,7 +156,12 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
     metric("requests_running", "gauge", "Sequences in the running batch.", load(&hb.running).to_string());
     metric("requests_waiting", "gauge", "Sequences waiting for admission.", load(&hb.waiting).to_string());
     metric("ready", "gauge", "1 once the model is loaded.", u8::from(hb.ready.load(Ordering::Acquire)).to_string());
-    metric("seconds_since_progress", "gauge", "Seconds since the engine last made progress.", hb.since_progress().as_secs_f64().to_string());
+    metric(
+        "seconds_since_progress",
+        "gauge",
+        "Seconds since the engine last made progress.",
+        hb.since_progress().as_secs_f64().to_string(),
+    );
     out += "# HELP brink_time_to_first_token_seconds Time from admission request to first token.\n\
             # TYPE brink_time_to_first_token_seconds summary\n";
     out += &format!("brink_time_to_first_token_seconds_sum {}\n", load(&hb.ttft_micros_sum) as f64 / 1e6);

@@ -73,7 +73,11 @@ fn served_models(opts: &ServeOptions) -> Vec<String> {
 }
 
 /// Serves on `listener` until `shutdown` resolves (or the model fails to load), then drains.
-pub async fn serve_on(listener: tokio::net::TcpListener, opts: ServeOptions, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    opts: ServeOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     if opts.max_n == 0 {
         return Err(ServeError::Config("max_n must be at least 1".into()));
     }

@@ -50,9 +50,15 @@ pub enum JobEnd {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     Token(u32),
-    Finished { end: JobEnd, cached_tokens: usize },
+    Finished {
+        end: JobEnd,
+        cached_tokens: usize,
+    },
     /// The job was refused or failed; `retry_after` (seconds) for a full queue.
-    Failed { error: ApiError, retry_after: Option<u32> },
+    Failed {
+        error: ApiError,
+        retry_after: Option<u32>,
+    },
 }
 
 /// Progress counters the worker publishes for `/live` and `/metrics`.
@@ -150,7 +156,11 @@ fn load(cfg: &WorkerConfig) -> Result<(Box<dyn AnyEngine>, Scheduler, Loaded), S
     let engine = crate::engine::open(&cfg.model, cfg.backend, opts).map_err(|e| format!("{path}: {e}"))?;
     let served = engine.options();
     if tokenizer.vocab_size() > engine.config().vocab {
-        return Err(format!("{path}: the tokenizer has {} tokens but the model's vocabulary is {}", tokenizer.vocab_size(), engine.config().vocab));
+        return Err(format!(
+            "{path}: the tokenizer has {} tokens but the model's vocabulary is {}",
+            tokenizer.vocab_size(),
+            engine.config().vocab
+        ));
     }
     let limits = StepLimits::new(cfg.max_batch_tokens, served.prefill_chunk, served.slots, None).map_err(|e| e.to_string())?;
     // One block per slot, as long as the context: until the backends are paged, a sequence's
@@ -242,7 +252,8 @@ impl Worker {
 
     /// Cancels the sequences whose client stopped listening or that the handler ended.
     fn drop_abandoned(&mut self) {
-        let gone: Vec<SeqId> = self.active.iter().filter(|(_, a)| a.events.is_closed() || a.cancel.load(Ordering::Relaxed)).map(|(&id, _)| id).collect();
+        let gone: Vec<SeqId> =
+            self.active.iter().filter(|(_, a)| a.events.is_closed() || a.cancel.load(Ordering::Relaxed)).map(|(&id, _)| id).collect();
         for id in gone {
             self.sched.cancel(id);
             self.active.remove(&id);
