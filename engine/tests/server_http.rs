@@ -501,3 +501,55 @@ fn a_model_that_does_not_load_ends_serve_with_the_reason() {
         .unwrap_err();
     assert!(err.to_string().contains("bad.gguf"), "{err}");
 }
+
+/// Whether python3 has the official SDKs; with BRINK_REQUIRE_PY=1 their absence fails the test.
+fn have_sdks() -> bool {
+    let ok = std::process::Command::new("python3").args(["-c", "import openai, anthropic"]).output().is_ok_and(|o| o.status.success());
+    if !ok {
+        let msg = "python3 with the `openai` and `anthropic` packages (see scripts/test for the pinned versions) is not available";
+        assert!(std::env::var("BRINK_REQUIRE_PY").as_deref() != Ok("1"), "BRINK_REQUIRE_PY=1 but {msg}");
+        eprintln!("skipping the SDK test: {msg}");
+    }
+    ok
+}
+
+#[test]
+fn official_python_sdks_round_trip() {
+    if !have_sdks() {
+        return;
+    }
+    let addr = shared();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/sdk_client.py");
+    let out = std::process::Command::new("python3").arg(&script).arg(format!("http://{addr}")).arg("tiny").output().unwrap();
+    assert!(out.status.success(), "{}: {}", script.display(), String::from_utf8_lossy(&out.stderr));
+    let v: Json = serde_json::from_slice(&out.stdout).unwrap();
+    let prompt = chat_prompt_tokens(&json!([{"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hello there, how are you?"}])) as u64;
+    let text = v["openai"]["text"].as_str().unwrap();
+    let completion = v["openai"]["completion_tokens"].as_u64().unwrap();
+    assert_eq!(v["openai"]["prompt_tokens"], prompt, "{v}");
+    assert!((1..=12).contains(&completion));
+    for key in ["openai_stream", "anthropic", "anthropic_stream"] {
+        assert_eq!(v[key]["text"].as_str(), Some(text), "{key}: {v}");
+    }
+    assert_eq!(v["openai_stream"]["prompt_tokens"], prompt);
+    assert_eq!(v["openai_stream"]["completion_tokens"], completion);
+    assert_eq!(v["openai_stream"]["finish"], v["openai"]["finish"]);
+    for key in ["anthropic", "anthropic_stream"] {
+        assert_eq!(v[key]["input_tokens"], prompt, "{key}: {v}");
+        assert_eq!(v[key]["output_tokens"], completion, "{key}: {v}");
+    }
+    assert!(v["openai_tools"]["prompt_tokens"].as_u64().is_some_and(|n| n > 0), "{v}");
+    assert!(v["anthropic_tools"]["input_tokens"].as_u64().is_some_and(|n| n > 0), "{v}");
+    let errors = &v["errors"];
+    for (name, class, status) in [
+        ("openai_unknown_model", "NotFoundError", 404),
+        ("openai_absurd_max_tokens", "BadRequestError", 400),
+        ("openai_empty_messages", "BadRequestError", 400),
+        ("anthropic_unknown_model", "NotFoundError", 404),
+        ("anthropic_empty_messages", "BadRequestError", 400),
+    ] {
+        assert_eq!((errors[name]["class"].as_str(), errors[name]["status"].as_u64()), (Some(class), Some(status)), "{name}: {v}");
+        assert!(!errors[name]["message"].as_str().unwrap_or("").is_empty());
+    }
+}
