@@ -133,7 +133,9 @@ async fn live(State(s): State<Arc<AppState>>) -> Response {
     let since = hb.since_progress().as_secs_f64();
     let (running, waiting) = (hb.running.load(Ordering::Relaxed), hb.waiting.load(Ordering::Relaxed));
     let body = format!("last progress {since:.1} s ago; {running} running, {waiting} waiting\n");
-    if hb.stalled(s.stall_timeout) {
+    if hb.dead.load(Ordering::Acquire) {
+        (StatusCode::SERVICE_UNAVAILABLE, "the engine worker has stopped\n").into_response()
+    } else if hb.stalled(s.stall_timeout) {
         (StatusCode::SERVICE_UNAVAILABLE, format!("stalled: {body}")).into_response()
     } else {
         (StatusCode::OK, body).into_response()
@@ -162,7 +164,7 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
         "Seconds since the engine last made progress.",
         hb.since_progress().as_secs_f64().to_string(),
     );
-    out += "# HELP brink_time_to_first_token_seconds Time from admission request to first token.\n\
+    out += "# HELP brink_time_to_first_token_seconds Time from submission to the first generated token.\n\
             # TYPE brink_time_to_first_token_seconds summary\n";
     out += &format!("brink_time_to_first_token_seconds_sum {}\n", load(&hb.ttft_micros_sum) as f64 / 1e6);
     out += &format!("brink_time_to_first_token_seconds_count {}\n", load(&hb.ttft_count));
@@ -371,8 +373,12 @@ impl Encoder {
                 .iter()
                 .map(|p| match p {
                     Piece::Text(t) => e.text(index, t),
-                    // Completions never parse tool calls; a call here would be the text it came from.
-                    Piece::Call(c) => e.text(index, &format!("<tool_call>{}</tool_call>", c.arguments_json())),
+                    // `/v1/completions` requests have no tools, so their text is never parsed for
+                    // calls; should one appear, it goes out as the block the model wrote.
+                    Piece::Call(c) => {
+                        let call = serde_json::json!({"name": c.name, "arguments": c.arguments});
+                        e.text(index, &format!("<tool_call>\n{call}\n</tool_call>"))
+                    }
                 })
                 .collect(),
             Encoder::Messages(e) => e.pieces(pieces),

@@ -65,6 +65,8 @@ pub enum Event {
 #[derive(Debug, Default)]
 pub struct Heartbeat {
     pub ready: AtomicBool,
+    /// The worker thread ended on a panic: nothing will be served again.
+    pub dead: AtomicBool,
     pub steps: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub completion_tokens: AtomicU64,
@@ -140,7 +142,14 @@ pub fn run(cfg: WorkerConfig, jobs: Receiver<Job>, heartbeat: Arc<Heartbeat>, on
         }
         Err(e) => return on_loaded(Err(e)),
     };
-    Worker { engine, sched, active: HashMap::new(), next_id: 0, heartbeat, vocab: tokenizer.vocab_size() }.run(jobs);
+    let hb = heartbeat.clone();
+    let worker = Worker { engine, sched, active: HashMap::new(), next_id: 0, heartbeat, vocab: tokenizer.vocab_size() };
+    // A panic in the engine must not leave a healthy-looking server behind: mark it dead, so
+    // `/ready` and `/live` fail. The handlers' channels close with the worker and they answer 503.
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run(jobs))).is_err() {
+        hb.ready.store(false, Ordering::Release);
+        hb.dead.store(true, Ordering::Release);
+    }
 }
 
 fn load(cfg: &WorkerConfig) -> Result<(Box<dyn AnyEngine>, Scheduler, Loaded), String> {
@@ -219,8 +228,17 @@ impl Worker {
                 }
             }
             self.drop_abandoned();
-            self.step();
+            let stepped = self.step();
             self.publish();
+            if !stepped && !self.sched.is_idle() {
+                // Work is queued but nothing could run (not expected with one block per slot):
+                // wait for a job or a moment instead of spinning.
+                match jobs.recv_timeout(Duration::from_millis(10)) {
+                    Ok(job) => self.submit(job),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => open = false,
+                }
+            }
         }
     }
 
@@ -260,10 +278,11 @@ impl Worker {
         }
     }
 
-    fn step(&mut self) {
+    /// One engine step over the scheduler's plan; false when there was nothing to run.
+    fn step(&mut self) -> bool {
         let plan = self.sched.schedule();
         if plan.is_empty() {
-            return;
+            return false;
         }
         let result = {
             let mut items = Vec::with_capacity(plan.chunks.len());
@@ -288,12 +307,16 @@ impl Worker {
         };
         let logits = match result {
             Ok(l) => l,
-            Err(e) => return self.fail_plan(&plan.chunks.iter().map(|c| c.seq).collect::<Vec<_>>(), &e),
+            Err(e) => {
+                self.fail_plan(&plan.chunks.iter().map(|c| c.seq).collect::<Vec<_>>(), &e);
+                return true;
+            }
         };
         let rows = plan.logit_chunks().count();
         if logits.len() != rows * self.vocab {
             let msg = format!("the engine returned {} logits for {rows} rows of {}", logits.len(), self.vocab);
-            return self.fail_plan(&plan.chunks.iter().map(|c| c.seq).collect::<Vec<_>>(), &msg);
+            self.fail_plan(&plan.chunks.iter().map(|c| c.seq).collect::<Vec<_>>(), &msg);
+            return true;
         }
         let mut sampled = Vec::with_capacity(rows);
         for (row, c) in plan.logit_chunks().enumerate() {
@@ -305,7 +328,10 @@ impl Worker {
             plan.logit_chunks().filter_map(|c| self.sched.cached_tokens(c.seq).map(|n| (c.seq, n))).collect();
         let emitted = match self.sched.complete_step(&plan, &sampled) {
             Ok(e) => e,
-            Err(e) => return self.fail_plan(&plan.chunks.iter().map(|c| c.seq).collect::<Vec<_>>(), &e.to_string()),
+            Err(e) => {
+                self.fail_plan(&plan.chunks.iter().map(|c| c.seq).collect::<Vec<_>>(), &e.to_string());
+                return true;
+            }
         };
         self.heartbeat.steps.fetch_add(1, Ordering::Relaxed);
         self.heartbeat.beat();
@@ -332,6 +358,7 @@ impl Worker {
                 self.active.remove(&e.seq);
             }
         }
+        true
     }
 
     /// A step failed: its sequences get a 500 and leave; the others go on.
