@@ -23,6 +23,7 @@ pub mod parity;
 pub mod sampler;
 pub mod sched;
 pub mod serve;
+pub mod server;
 pub mod synth;
 pub mod tokenizer;
 

@@ -1,4 +1,4 @@
-//! Flags shared by the commands that load a model (`generate`, `bench`).
+//! Flags shared by the commands that load a model (`generate`, `bench`, `serve`).
 
 use std::path::PathBuf;
 

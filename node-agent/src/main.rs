@@ -3,7 +3,8 @@
 //! Today: `selftest` (qualify this machine's GPU for a model shape class with the threshold
 //! self-test), `kernels` (compile every kernel for given archs), and the engine's commands:
 //! `gen-model` (synthetic GGUF models), `generate`, `bench` and `parity` (CUDA against the CPU
-//! reference). `up`, `serve` and the cluster mode `run` arrive with their issues.
+//! reference). `serve` (the OpenAI- and Anthropic-compatible
+//! HTTP server). `up` and the cluster mode `run` arrive with their issues.
 
 mod bench_cmd;
 mod engine_args;
@@ -12,6 +13,7 @@ mod generate_cmd;
 mod kernels_cmd;
 mod parity_cmd;
 mod selftest_cmd;
+mod serve_cmd;
 
 use std::process::ExitCode;
 
@@ -36,6 +38,8 @@ enum Cmd {
     Bench(bench_cmd::Args),
     /// Compare two backends (default: CUDA against the CPU reference) logit by logit on one model.
     Parity(parity_cmd::Args),
+    /// Serve a model over HTTP: OpenAI /v1/chat/completions, /v1/completions, Anthropic /v1/messages.
+    Serve(serve_cmd::Args),
     /// Compile every kernel with NVRTC for the given archs and print ptxas's resource report.
     Kernels(kernels_cmd::Args),
     /// Internal: the self-test's child process (reads cases on stdin, answers on stdout).
@@ -52,6 +56,7 @@ fn main() -> ExitCode {
         Cmd::Generate(args) => generate_cmd::run(args),
         Cmd::Bench(args) => bench_cmd::run(args),
         Cmd::Parity(args) => parity_cmd::run(args),
+        Cmd::Serve(args) => serve_cmd::run(args),
         Cmd::SelftestWorker => {
             let code = brink_kernels::selftest::worker::serve(std::io::stdin().lock(), std::io::stdout().lock());
             ExitCode::from(code as u8)

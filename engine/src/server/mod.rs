@@ -1,0 +1,206 @@
+//! The HTTP server over the engine: `brink-agent serve`.
+//!
+//! - [`worker`] — the engine on its own thread, with the scheduler (continuous batching).
+//! - [`http`] — the axum routes: OpenAI and Anthropic APIs, health, readiness, liveness, metrics.
+//!
+//! The server binds first and loads the model on the worker thread, so `/health` answers while
+//! a large model loads and `/ready` turns 200 when it is done. On shutdown it stops accepting,
+//! lets in-flight requests finish within the grace period, then closes the worker.
+
+pub mod http;
+pub mod worker;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use http::{AppState, HttpCounters};
+use worker::{Heartbeat, WorkerConfig};
+
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub worker: WorkerConfig,
+    /// The model name clients use; the file's stem when `None`. `brink` is always accepted too.
+    pub model_name: Option<String>,
+    /// Accepted API keys; empty: no key needed.
+    pub api_keys: Vec<String>,
+    /// `/live` fails when work is pending and no step finished for this long.
+    pub stall_timeout: Duration,
+    /// How long in-flight requests may run after a shutdown signal.
+    pub grace: Duration,
+    /// The most choices (`n`) per request.
+    pub max_n: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("binding {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error("loading the model: {0}")]
+    Load(String),
+    #[error("server: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Config(String),
+}
+
+/// API keys from a file (one per line; blank lines and `#` comments skipped) and from the
+/// comma-separated `env` value (`BRINK_API_KEYS`).
+pub fn load_api_keys(file: Option<&Path>, env: Option<&str>) -> Result<Vec<String>, ServeError> {
+    let mut keys = Vec::new();
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path).map_err(|e| ServeError::Config(format!("--api-key-file {}: {e}", path.display())))?;
+        keys.extend(text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(String::from));
+        if keys.is_empty() {
+            return Err(ServeError::Config(format!("--api-key-file {}: no keys in the file", path.display())));
+        }
+    }
+    if let Some(env) = env {
+        keys.extend(env.split(',').map(str::trim).filter(|k| !k.is_empty()).map(String::from));
+    }
+    Ok(keys)
+}
+
+fn served_models(opts: &ServeOptions) -> Vec<String> {
+    let stem = opts.worker.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+    let mut names = vec![opts.model_name.clone().unwrap_or(stem)];
+    if names[0] != "brink" {
+        names.push("brink".into());
+    }
+    names
+}
+
+/// Serves on `listener` until `shutdown` resolves (or the model fails to load), then drains.
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    opts: ServeOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    if opts.max_n == 0 {
+        return Err(ServeError::Config("max_n must be at least 1".into()));
+    }
+    let heartbeat = Arc::new(Heartbeat::new());
+    let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
+    let state = Arc::new(AppState {
+        jobs: Mutex::new(Some(jobs_tx)),
+        heartbeat: heartbeat.clone(),
+        loaded: OnceLock::new(),
+        served_models: served_models(&opts),
+        api_keys: opts.api_keys.clone(),
+        stall_timeout: opts.stall_timeout,
+        max_n: opts.max_n,
+        counters: HttpCounters::default(),
+    });
+    let (load_tx, load_rx) = tokio::sync::oneshot::channel::<Result<(), String>>();
+    let worker_state = state.clone();
+    let worker_cfg = opts.worker.clone();
+    let worker = std::thread::Builder::new().name("brink-engine".into()).spawn(move || {
+        worker::run(worker_cfg, jobs_rx, heartbeat, |loaded| {
+            let result = loaded.map(|l| {
+                let _ = worker_state.loaded.set(l);
+            });
+            let _ = load_tx.send(result);
+        })
+    })?;
+
+    // Stop on the caller's signal or a failed load; remember which.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let load_error = Arc::new(Mutex::new(None::<String>));
+    let load_error_w = load_error.clone();
+    tokio::spawn(async move {
+        let load_failed = async {
+            match load_rx.await {
+                Ok(Err(e)) => {
+                    if let Ok(mut slot) = load_error_w.lock() {
+                        *slot = Some(e);
+                    }
+                }
+                // Loaded (or the worker is gone): keep serving until the shutdown signal.
+                _ => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = shutdown => {}
+            _ = load_failed => {}
+        }
+        let _ = stop_tx.send(true);
+    });
+    let wait_stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|&stop| stop).await;
+    };
+    let app = http::router(state.clone());
+    let server = axum::serve(listener, app).with_graceful_shutdown(wait_stop(stop_rx.clone()));
+    let grace = opts.grace;
+    let drained = tokio::select! {
+        r = server => { r?; true }
+        _ = async { wait_stop(stop_rx).await; tokio::time::sleep(grace).await } => false,
+    };
+    if !drained {
+        eprintln!("brink serve: the grace period of {grace:?} is over; closing the requests still running");
+    }
+    // Closing the job channel lets the worker finish and exit once nothing runs.
+    if let Ok(mut jobs) = state.jobs.lock() {
+        jobs.take();
+    }
+    drop(state);
+    let _ = tokio::task::spawn_blocking(move || worker.join()).await;
+    match load_error.lock().ok().and_then(|mut e| e.take()) {
+        Some(e) => Err(ServeError::Load(e)),
+        None => Ok(()),
+    }
+}
+
+/// Binds `host:port` and serves until SIGTERM or ctrl-c. Blocks; builds its own runtime.
+pub fn serve(host: &str, port: u16, opts: ServeOptions) -> Result<(), ServeError> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let addr = format!("{host}:{port}");
+        let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|source| ServeError::Bind { addr: addr.clone(), source })?;
+        let local: SocketAddr = listener.local_addr()?;
+        eprintln!("brink serve: listening on http://{local} (loading {})", opts.worker.model.display());
+        serve_on(listener, opts, shutdown_signal()).await
+    })
+}
+
+/// SIGTERM or ctrl-c.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+    eprintln!("brink serve: shutting down (finishing in-flight requests)");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_keys_from_file_and_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("keys");
+        std::fs::write(&f, "# ops keys\nalpha\n\n  beta  \n").unwrap();
+        assert_eq!(load_api_keys(Some(&f), Some("gamma, ,delta")).unwrap(), ["alpha", "beta", "gamma", "delta"]);
+        assert!(load_api_keys(None, None).unwrap().is_empty());
+        std::fs::write(&f, "# nothing\n").unwrap();
+        assert!(load_api_keys(Some(&f), None).unwrap_err().to_string().contains("no keys"));
+        let missing = dir.path().join("nope");
+        assert!(load_api_keys(Some(&missing), None).unwrap_err().to_string().contains("nope"));
+    }
+}

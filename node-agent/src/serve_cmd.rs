@@ -1,0 +1,76 @@
+//! `brink-agent serve`: the OpenAI- and Anthropic-compatible HTTP server over one model.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use brink_engine::server::worker::WorkerConfig;
+use brink_engine::server::{ServeOptions, load_api_keys, serve};
+use clap::Args as ClapArgs;
+
+use crate::engine_args::EngineArgs;
+
+#[derive(ClapArgs)]
+pub struct Args {
+    #[command(flatten)]
+    engine: EngineArgs,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Sequences generated at once (each holds a KV cache of --context positions).
+    #[arg(long, default_value_t = 4)]
+    slots: usize,
+    /// Most tokens in one forward pass (decodes plus prefill chunks).
+    #[arg(long, default_value_t = 8192)]
+    max_batch_tokens: usize,
+    /// Requests that may wait for a slot; more get 503 with Retry-After.
+    #[arg(long, default_value_t = 64)]
+    max_queue: usize,
+    /// Seconds without engine progress, while work is pending, before /live reports a stall.
+    #[arg(long, default_value_t = 120)]
+    stall_timeout: u64,
+    /// Seconds in-flight requests may run after SIGTERM.
+    #[arg(long, default_value_t = 30)]
+    grace: u64,
+    /// API keys, one per line (also from env BRINK_API_KEYS, comma-separated). None: no auth.
+    #[arg(long)]
+    api_key_file: Option<PathBuf>,
+    /// The model name clients send (default: the file name without .gguf; `brink` also works).
+    #[arg(long)]
+    served_model_name: Option<String>,
+}
+
+pub fn run(a: Args) -> ExitCode {
+    let env_keys = std::env::var("BRINK_API_KEYS").ok();
+    let api_keys = match load_api_keys(a.api_key_file.as_deref(), env_keys.as_deref()) {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let opts = ServeOptions {
+        worker: WorkerConfig {
+            model: a.engine.model.clone(),
+            backend: a.engine.backend.resolve(),
+            slots: a.slots,
+            context: a.engine.context,
+            max_batch_tokens: a.max_batch_tokens,
+            prefill_chunk: a.engine.prefill_chunk,
+            max_queue: a.max_queue,
+        },
+        model_name: a.served_model_name,
+        api_keys,
+        stall_timeout: Duration::from_secs(a.stall_timeout),
+        grace: Duration::from_secs(a.grace),
+        max_n: 8,
+    };
+    match serve(&a.host, a.port, opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,89 @@
+"""Drives a running `brink-agent serve` with the official OpenAI and Anthropic Python SDKs.
+
+Usage: sdk_client.py BASE_URL MODEL. Prints one JSON object with what each call returned; the
+Rust test (engine/tests/server_http.rs) checks it against the tokenizer and the raw HTTP answers.
+Errors are caught per call and reported by SDK exception class and status, so a failing call
+names itself instead of ending the script.
+"""
+import json
+import sys
+
+import anthropic
+import openai
+
+base, model = sys.argv[1], sys.argv[2]
+oai = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=60)
+ant = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0, timeout=60)
+messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hello there, how are you?"}]
+out = {}
+
+
+def error(e):
+    return {"class": type(e).__name__, "status": getattr(e, "status_code", None), "message": str(e)}
+
+
+r = oai.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0)
+out["openai"] = {"text": r.choices[0].message.content, "finish": r.choices[0].finish_reason,
+                 "prompt_tokens": r.usage.prompt_tokens, "completion_tokens": r.usage.completion_tokens}
+
+text, finish, usage = "", None, None
+for chunk in oai.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0, stream=True,
+                                         stream_options={"include_usage": True}):
+    for c in chunk.choices:
+        text += c.delta.content or ""
+        finish = c.finish_reason or finish
+    if chunk.usage is not None:
+        usage = chunk.usage
+out["openai_stream"] = {"text": text, "finish": finish, "prompt_tokens": usage.prompt_tokens,
+                        "completion_tokens": usage.completion_tokens}
+
+m = ant.messages.create(model=model, system="You are terse.", messages=messages[1:], max_tokens=12, temperature=0)
+out["anthropic"] = {"text": "".join(b.text for b in m.content if b.type == "text"), "stop_reason": m.stop_reason,
+                    "input_tokens": m.usage.input_tokens, "output_tokens": m.usage.output_tokens}
+
+with ant.messages.stream(model=model, system="You are terse.", messages=messages[1:], max_tokens=12,
+                         temperature=0) as s:
+    streamed = "".join(s.text_stream)
+    final = s.get_final_message()
+out["anthropic_stream"] = {"text": streamed, "stop_reason": final.stop_reason, "input_tokens": final.usage.input_tokens,
+                           "output_tokens": final.usage.output_tokens}
+
+# A tool-call round trip in each API's shape: the earlier call and its result go back in. The
+# assistant turns carry some text: the synthetic model's minimal template concatenates `content`
+# and cannot render the null content of a call-only turn (real Qwen3 templates can).
+tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+try:
+    r = oai.chat.completions.create(model=model, max_tokens=4, tools=tools, messages=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function",
+                                                            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}])
+    out["openai_tools"] = {"finish": r.choices[0].finish_reason, "prompt_tokens": r.usage.prompt_tokens}
+except openai.APIError as e:
+    out["openai_tools"] = error(e)
+try:
+    m = ant.messages.create(model=model, max_tokens=4, tools=[{"name": "get_weather", "description": "Weather of a city",
+                            "input_schema": tools[0]["function"]["parameters"]}], messages=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Checking."}, {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]}])
+    out["anthropic_tools"] = {"stop_reason": m.stop_reason, "input_tokens": m.usage.input_tokens}
+except anthropic.APIError as e:
+    out["anthropic_tools"] = error(e)
+
+errors = {}
+for name, call in {
+    "openai_unknown_model": lambda: oai.chat.completions.create(model="gpt-4o", messages=messages, max_tokens=2),
+    "openai_absurd_max_tokens": lambda: oai.chat.completions.create(model=model, messages=messages, max_tokens=10**12),
+    "openai_empty_messages": lambda: oai.chat.completions.create(model=model, messages=[], max_tokens=2),
+    "anthropic_unknown_model": lambda: ant.messages.create(model="claude-x", messages=messages[1:], max_tokens=2),
+    "anthropic_empty_messages": lambda: ant.messages.create(model=model, messages=[], max_tokens=2),
+}.items():
+    try:
+        call()
+        errors[name] = {"class": None, "status": 200}
+    except (openai.APIError, anthropic.APIError) as e:
+        errors[name] = error(e)
+out["errors"] = errors
+print(json.dumps(out))
