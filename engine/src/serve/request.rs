@@ -125,12 +125,12 @@ pub fn check_model(model: &str, limits: &Limits) -> Result<(), ApiError> {
 
 /// Once the prompt is tokenized: the prompt must leave room for at least one new token, and
 /// the new tokens are capped by what the context has left. Returns that cap.
-pub fn check_prompt_fits(prompt_tokens: usize, max_tokens: Option<usize>, context_tokens: usize) -> Result<usize, ApiError> {
+pub fn check_prompt_fits(param: &str, prompt_tokens: usize, max_tokens: Option<usize>, context_tokens: usize) -> Result<usize, ApiError> {
     if prompt_tokens >= context_tokens {
         let message = format!(
             "the prompt is {prompt_tokens} tokens; the model's context is {context_tokens} tokens, and at least one must be left to generate"
         );
-        return Err(ApiError { param: Some("messages".into()), ..ApiError::new(super::ErrorKind::InvalidRequest, message) });
+        return Err(ApiError { param: Some(param.into()), ..ApiError::new(super::ErrorKind::InvalidRequest, message) });
     }
     let room = context_tokens - prompt_tokens;
     Ok(max_tokens.map_or(room, |m| m.min(room)))
@@ -267,13 +267,13 @@ mod tests {
 
     #[test]
     fn prompt_fits_the_context() {
-        assert_eq!(check_prompt_fits(100, None, 32768), Ok(32668));
-        assert_eq!(check_prompt_fits(100, Some(50), 32768), Ok(50));
-        assert_eq!(check_prompt_fits(32700, Some(500), 32768), Ok(68));
-        let e = check_prompt_fits(40000, Some(10), 32768).unwrap_err();
-        assert_eq!(e.status, 400);
+        assert_eq!(check_prompt_fits("messages", 100, None, 32768), Ok(32668));
+        assert_eq!(check_prompt_fits("messages", 100, Some(50), 32768), Ok(50));
+        assert_eq!(check_prompt_fits("messages", 32700, Some(500), 32768), Ok(68));
+        let e = check_prompt_fits("prompt", 40000, Some(10), 32768).unwrap_err();
+        assert_eq!((e.status, e.param.as_deref()), (400, Some("prompt")));
         assert_eq!(e.message, "the prompt is 40000 tokens; the model's context is 32768 tokens, and at least one must be left to generate");
-        assert!(check_prompt_fits(32768, None, 32768).is_err());
+        assert!(check_prompt_fits("messages", 32768, None, 32768).is_err());
     }
 
     #[test]

@@ -282,7 +282,12 @@ fn submit(s: &AppState, loaded: &Loaded, req: &GenerateRequest) -> Result<Submit
     if prompt.is_empty() {
         return Err(fail(ApiError::invalid("prompt", "the prompt has no tokens")));
     }
-    let max_tokens = check_prompt_fits(prompt.len(), req.max_tokens, loaded.context).map_err(fail)?;
+    // Named as the request named it: `messages` for chat, `prompt` for completions.
+    let param = match req.prompt {
+        Prompt::Chat { .. } => "messages",
+        Prompt::Text(_) => "prompt",
+    };
+    let max_tokens = check_prompt_fits(param, prompt.len(), req.max_tokens, loaded.context).map_err(fail)?;
     let (tx, rx) = unbounded_channel();
     let jobs = s.jobs.lock().map_err(|_| fail(worker_gone()))?.clone().ok_or_else(|| fail(worker_gone()))?;
     let base = req.sampling.params(rand::random());
