@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 use super::case::{Case, Expect, OpCase};
 use crate::limits::DeviceLimits;
 use crate::ops::add::AddCase;
-use crate::ops::dense_f32::DenseF32Case;
 use crate::ops::attention::{self, AttentionCase, DecodeRoute, Layout};
+use crate::ops::dense_f32::DenseF32Case;
 use crate::ops::embed::{EmbedCase, TableType};
 use crate::ops::latent_proj::LatentCase;
 use crate::ops::linear::LinearCase;
@@ -170,6 +170,12 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
         v.extend(own_k_grid.iter().cloned());
         v
     };
+    // The routed families also cross the expert segments' tile tails.
+    let routed = |own: Vec<Critical>| -> Vec<Critical> {
+        let mut v = with(own);
+        v.extend(tails.iter().cloned());
+        v
+    };
 
     // Router: softmax with renormalisation (qwen3moe), sigmoid without (DeepSeek-style), and
     // all-equal logits (ties: every token routes to the same experts).
@@ -179,8 +185,7 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
         (Scoring::Softmax, true, true, "softmax-ties"),
     ] {
         let c = RouterCase { experts: e, top_k: k, scoring, renormalize, ties };
-        let mut counts = with(router::critical_counts(&c, limits));
-        counts.extend(tails.iter().cloned());
+        let counts = routed(router::critical_counts(&c, limits));
         b.family(router::KERNEL, &format!("k{k}/{tag}"), counts, OpCase::Router(c), |t| router::device_bytes(t, &c));
     }
 
@@ -188,8 +193,7 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
         let r = routing.name();
         let thin_routing = (routing == Routing::OneExpert).then_some(BIG_ROUTING_SKIP);
         let c = AlignCase { experts: e, top_k: k, tile: GEMM_TILE_M, routing };
-        let mut counts = with(moe_align::critical_counts(&c, limits));
-        counts.extend(tails.iter().cloned());
+        let counts = routed(moe_align::critical_counts(&c, limits));
         b.family_thinned(
             moe_align::KERNEL,
             &format!("k{k}/{r}"),
@@ -200,8 +204,7 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
         );
 
         let c = QuantizeCase { k: shape.hidden, experts: e, top_k: k, tile: GEMM_TILE_M, routing, gather: true };
-        let mut counts = with(quantize::critical_counts(&c, limits));
-        counts.extend(tails.iter().cloned());
+        let counts = routed(quantize::critical_counts(&c, limits));
         b.family_thinned(
             quantize::KERNEL,
             &format!("gather/k{k}/{r}"),
@@ -215,8 +218,7 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
             // Gate/up (hidden -> expert width) and down (expert width -> hidden).
             for (n, kk, proj) in [(shape.expert_ffn, shape.hidden, "up"), (shape.hidden, shape.expert_ffn, "down")] {
                 let c = GemmCase { experts: e, top_k: k, n, k: kk, wtype, routing };
-                let mut counts = with(moe_gemm::critical_counts(&c, limits));
-                counts.extend(tails.iter().cloned());
+                let counts = routed(moe_gemm::critical_counts(&c, limits));
                 let thin = thin_routing.or((wtype == WeightType::Q8_0).then_some(BIG_WTYPE_SKIP));
                 b.family_thinned(
                     moe_gemm::KERNEL,
@@ -236,8 +238,7 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
     let (up, down) = ((shape.expert_ffn, shape.hidden, "up"), (shape.hidden, shape.expert_ffn, "down"));
     for (wtype, (n, kk, proj)) in [(WeightType::Q4K, up), (WeightType::Q4K, down), (WeightType::Q5K, up), (WeightType::Q6K, down)] {
         let c = GemmCase { experts: e, top_k: k, n, k: kk, wtype, routing: Routing::Uniform };
-        let mut counts = with(moe_gemm::critical_counts(&c, limits));
-        counts.extend(tails.iter().cloned());
+        let counts = routed(moe_gemm::critical_counts(&c, limits));
         let (tag, bytes) = (format!("{wtype}/{proj}/k{k}/uniform"), |t| moe_gemm::device_bytes(t, &c));
         b.family_up_to(moe_gemm::KERNEL, &tag, counts, OpCase::MoeGemm(c), bytes, Some((KQ_MAX_TOKENS, KQ_SKIP)));
     }
@@ -269,8 +270,7 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
     }
 
     let c = CombineCase { top_k: k, n: shape.hidden };
-    let mut counts = with(moe_combine::critical_counts(&c, limits));
-    counts.extend(tails.iter().cloned());
+    let counts = routed(moe_combine::critical_counts(&c, limits));
     b.family(moe_combine::KERNEL, &format!("k{k}"), counts, OpCase::MoeCombine(c), |t| moe_combine::device_bytes(t, &c));
 
     // The dense per-token kernels: embedding lookup per table type, the hidden RMS norm and the
@@ -346,8 +346,7 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
         ),
     ] {
         let c = SwigluCase { width: shape.expert_ffn, rows_per_token: k, layout, output };
-        let mut counts = with(swiglu::critical_counts(&c, limits));
-        counts.extend(tails.iter().cloned());
+        let counts = routed(swiglu::critical_counts(&c, limits));
         b.family_up_to(swiglu::KERNEL, &format!("{tag}/k{k}"), counts, OpCase::Swiglu(c), |t| swiglu::device_bytes(t, &c), skip);
     }
     let c = AddCase { width: shape.hidden };
