@@ -192,21 +192,23 @@ pub fn chunks(parts: &[Part]) -> Vec<Chunk> {
     v
 }
 
+/// One of every layout the self-test builds, for the tests of the plans over them.
+#[cfg(test)]
+pub(crate) const LAYOUTS: [Layout; 8] = [
+    Layout::Prompts { sequences: 1 },
+    Layout::Prompts { sequences: 4 },
+    Layout::Runs { len: 61 },
+    Layout::Continue { cached: 4133 },
+    Layout::Continue { cached: 0 },
+    Layout::ContextEnd,
+    Layout::Decode,
+    Layout::Mixed,
+];
+
 #[cfg(test)]
 mod tests {
     use super::super::{AttentionSpec, BatchPlan};
     use super::*;
-
-    const LAYOUTS: [Layout; 8] = [
-        Layout::Prompts { sequences: 1 },
-        Layout::Prompts { sequences: 4 },
-        Layout::Runs { len: 61 },
-        Layout::Continue { cached: 4133 },
-        Layout::Continue { cached: 0 },
-        Layout::ContextEnd,
-        Layout::Decode,
-        Layout::Mixed,
-    ];
 
     /// The closed-form counts are what the real plan of the expanded chunks finds.
     #[test]

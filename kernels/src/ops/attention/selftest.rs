@@ -435,17 +435,8 @@ mod tests {
 
     #[test]
     fn plans_cover_every_item_once_for_every_layout() {
-        let layouts = [
-            Layout::Prompts { sequences: 1 },
-            Layout::Prompts { sequences: 4 },
-            Layout::Runs { len: 61 },
-            Layout::Continue { cached: 4133 },
-            Layout::ContextEnd,
-            Layout::Decode,
-            Layout::Mixed,
-        ];
         for limits in DeviceLimits::recorded() {
-            for layout in layouts {
+            for layout in super::layout::LAYOUTS {
                 for route in [DecodeRoute::Split, DecodeRoute::Prefill] {
                     let c = AttentionCase { layout, route, ..QWEN };
                     for t in (1..=130).chain([8191, 8193, 40_960, 524_288, 1 << 20]) {
