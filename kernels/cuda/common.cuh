@@ -78,6 +78,20 @@ static __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Row r of a gathered quantize: `sorted_ids[r] / rows_per_token` (padding ids and ids past
+// the source are invalid: a zero row), or r itself when there is no gather (`sorted_ids` null).
+// Warp-uniform: every lane of the row's warp gets the same answer.
+static __device__ __forceinline__ bool gather_source(const int* __restrict__ sorted_ids, u64 r, u64 src_rows, int rows_per_token, u64* src) {
+    if (!sorted_ids) {
+        *src = r;
+        return true;
+    }
+    const i64 id = sorted_ids[r];
+    const bool valid = id >= 0 && (u64)id < src_rows * (u64)rows_per_token;
+    *src = valid ? (u64)id / (u64)rows_per_token : 0;
+    return valid;
+}
+
 // Quantizes the 32 values of a warp (lane j holds value j) into one q8_1 block, step for step
 // as `quant::quantize_block_q8_1`: d = amax / 127, q = roundf(v / d) (half away from zero, IEEE
 // division), s = d * Σq; d and s stored as f16. Every lane must call it (two reductions);

@@ -45,13 +45,8 @@ swiglu_q8_1(const float* __restrict__ gate, u64 gate_offset, const float* __rest
     const u64 warps = (u64)gridDim.x * GLUE_WARPS;
     for (u64 i = (u64)blockIdx.x * GLUE_WARPS + (threadIdx.x >> 5); i < items; i += warps) {
         const u64 r = i / (u64)nb;
-        bool valid = true;
-        u64 src = r;
-        if (sorted_ids) {
-            const i64 id = sorted_ids[r];
-            valid = id >= 0 && (u64)id < src_rows * (u64)rows_per_token;
-            src = valid ? (u64)id / (u64)rows_per_token : 0;
-        }
+        u64 src;
+        const bool valid = gather_source(sorted_ids, r, src_rows, rows_per_token, &src);
         const u64 at = src * in_stride + (i - r * (u64)nb) * QK + (threadIdx.x & 31);
         warp_quantize_q8_1(swiglu_value(gate[gate_offset + at], up[up_offset + at]), valid, out + i);
     }

@@ -25,13 +25,8 @@ extern "C" __global__ void quantize(const float* __restrict__ x, u64 src_rows, i
     for (u64 i = (u64)blockIdx.x * warps_per_block + (threadIdx.x >> 5); i < items; i += warps) {
         const u64 r = i / (u64)nb;
         const u64 b = i - r * (u64)nb;
-        bool valid = true;
-        u64 src = r;
-        if (sorted_ids) {
-            const i64 id = sorted_ids[r];
-            valid = id >= 0 && (u64)id < src_rows * (u64)rows_per_token;
-            src = valid ? (u64)id / (u64)rows_per_token : 0;
-        }
+        u64 src;
+        const bool valid = gather_source(sorted_ids, r, src_rows, rows_per_token, &src);
         // Masked at the store only: `valid` is warp-uniform and both reductions are done.
         warp_quantize_q8_1(x[src * (u64)k + b * QK + lane], valid, out + i);
     }
