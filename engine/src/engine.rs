@@ -2,12 +2,14 @@
 //! generation. The serving scheduler (continuous batching) builds on [`Engine::step`].
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::arch::{self, Loaded};
 use crate::backend::{Backend, Batch, KvSpec, Logits};
 use crate::gguf::GgufFile;
 use crate::model::{ModelConfig, ModelError};
+use crate::monitor::{Monitor, Op};
 use crate::sampler::{Sampler, SamplingParams};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +76,9 @@ pub struct Engine<B: Backend> {
     kv: KvSpec,
     opts: EngineOptions,
     load: LoadReport,
+    monitor: Arc<Monitor>,
+    /// Steps run, for the progress board.
+    steps: u64,
 }
 
 impl<B: Backend + 'static> Engine<B> {
@@ -96,11 +101,17 @@ impl<B: Backend + 'static> Engine<B> {
         };
         backend.alloc_kv(kv)?;
         let load = LoadReport { seconds: t0.elapsed().as_secs_f64(), tensor_bytes: file.tensor_bytes() };
-        Ok(Engine { backend, model, kv, opts, load })
+        Ok(Engine { backend, model, kv, opts, load, monitor: Arc::new(Monitor::local()), steps: 0 })
     }
 
     pub fn config(&self) -> &ModelConfig {
         self.model.config()
+    }
+
+    /// Reports progress to `monitor` (and arms its fault) from the next step on.
+    pub fn set_monitor(&mut self, monitor: Arc<Monitor>) {
+        self.backend.set_monitor(monitor.clone());
+        self.monitor = monitor;
     }
 
     /// One forward pass over several sequences' chunks; returns the logits of the rows each
@@ -111,7 +122,12 @@ impl<B: Backend + 'static> Engine<B> {
             self.check(it.slot, it.start_pos as usize, it.tokens)?;
             batch.push(it.slot, it.start_pos, it.tokens, it.logits)?;
         }
-        Ok(self.model.forward(&mut self.backend, &batch)?)
+        self.steps += 1;
+        self.monitor.board().begin_step(self.steps, batch.rows() as u64, batch.chunks.len() as u64);
+        let logits = self.model.forward(&mut self.backend, &batch)?;
+        // Back on the host (a failed step leaves its stage on the board, for the report).
+        self.monitor.board().enter(None, Op::Step);
+        Ok(logits)
     }
 
     fn check(&self, slot: u32, start: usize, tokens: &[u32]) -> Result<(), ModelError> {
@@ -219,6 +235,7 @@ pub trait AnyEngine {
     fn options(&self) -> EngineOptions;
     fn backend_name(&self) -> &'static str;
     fn load_report(&self) -> LoadReport;
+    fn set_monitor(&mut self, monitor: Arc<Monitor>);
     fn step(&mut self, items: &[StepItem<'_>]) -> Result<Vec<f32>, ModelError>;
     fn prefill(&mut self, slot: u32, start_pos: usize, tokens: &[u32], logits: Logits) -> Result<Vec<f32>, ModelError>;
     fn generate(
@@ -242,6 +259,9 @@ impl<B: Backend + 'static> AnyEngine for Engine<B> {
     }
     fn load_report(&self) -> LoadReport {
         self.load
+    }
+    fn set_monitor(&mut self, monitor: Arc<Monitor>) {
+        Engine::set_monitor(self, monitor)
     }
     fn step(&mut self, items: &[StepItem<'_>]) -> Result<Vec<f32>, ModelError> {
         Engine::step(self, items)

@@ -11,6 +11,7 @@
 //!   strings, errors) as pure logic for the HTTP server.
 //! - [`sched`]: the serving scheduler's pure logic: paged KV blocks with prefix reuse, the step
 //!   planner, admission control, the poison quarantine.
+//! - [`monitor`]: the progress board the watchdog reads, and test-only fault injection.
 
 pub mod arch;
 pub mod backend;
@@ -19,6 +20,7 @@ pub mod cpu;
 pub mod engine;
 pub mod gguf;
 pub mod model;
+pub mod monitor;
 pub mod parity;
 pub mod sampler;
 pub mod sched;

@@ -6,6 +6,7 @@
 use crate::backend::{AttentionSpec, Backend, Batch, MoeSpec, MoeWeights, WeightRole};
 use crate::gguf::GgufFile;
 use crate::model::{AttentionConfig, BackendError, Hyper, ModelConfig, ModelError, MoeConfig, TensorReader};
+use crate::monitor::Op;
 
 use super::{Loaded, check_type};
 
@@ -160,19 +161,26 @@ impl<B: Backend> Loaded<B> for Qwen3Moe<B> {
             weights_scale: c.moe.weights_scale,
         };
         b.begin_batch(batch)?;
+        b.mark(None, Op::Embed)?;
         let mut x = b.embed(&self.embd)?;
         let last = self.layers.len() - 1;
         for (i, l) in self.layers.iter().enumerate() {
+            let layer = Some(i as u32);
+            b.mark(layer, Op::AttnNorm)?;
             let h = b.rms_norm(&x, &l.attn_norm, c.norm_eps)?;
+            b.mark(layer, Op::QkvProj)?;
             let mut q = b.linear(&h, &l.q)?;
             let mut k = b.linear(&h, &l.k)?;
             let v = b.linear(&h, &l.v)?;
+            b.mark(layer, Op::Rope)?;
             q = b.rms_norm(&q, &l.q_norm, c.norm_eps)?;
             b.rope(&mut q, a.head_dim, a.rope_theta)?;
             k = b.rms_norm(&k, &l.k_norm, c.norm_eps)?;
             b.rope(&mut k, a.head_dim, a.rope_theta)?;
             let spec = AttentionSpec { layer: i, heads: a.heads, kv_heads: a.kv_heads, head_dim: a.head_dim, scale: a.scale() };
+            b.mark(layer, Op::Attention)?;
             let attn = b.attention(&q, &k, &v, &spec)?;
+            b.mark(layer, Op::AttnOut)?;
             let mut attn = b.linear(&attn, &l.o)?;
             if i == last {
                 // Only the rows whose logits are wanted go on (llama.cpp's inp_out_ids): the
@@ -182,13 +190,17 @@ impl<B: Backend> Loaded<B> for Qwen3Moe<B> {
             }
             b.add(&mut attn, &x)?;
             let ffn_in = attn;
+            b.mark(layer, Op::FfnNorm)?;
             let h = b.rms_norm(&ffn_in, &l.ffn_norm, c.norm_eps)?;
+            b.mark(layer, Op::Moe)?;
             let w = MoeWeights { router: &l.router, gate: &l.gate, up: &l.up, down: &l.down };
             let mut y = b.moe(&h, &w, &moe)?;
             b.add(&mut y, &ffn_in)?;
             x = y;
         }
+        b.mark(None, Op::OutputNorm)?;
         let h = b.rms_norm(&x, &self.out_norm, c.norm_eps)?;
+        b.mark(None, Op::Logits)?;
         b.logits(&h, self.output.as_ref().unwrap_or(&self.embd))
     }
 }

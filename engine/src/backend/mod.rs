@@ -12,8 +12,11 @@ pub mod cuda;
 
 pub use batch::{Batch, Chunk, Logits};
 
+use std::sync::Arc;
+
 use crate::gguf::GgmlType;
 use crate::model::{BackendError, HostTensor};
+use crate::monitor::{Monitor, Op};
 
 /// What a weight is used for, so a backend can say which tensor types it computes with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,6 +106,11 @@ pub trait Backend {
     fn alloc_kv(&mut self, spec: KvSpec) -> Result<()>;
     /// Makes `batch` current: its tokens, positions and chunks.
     fn begin_batch(&mut self, batch: &Batch) -> Result<()>;
+    /// Where progress is reported and which test fault is armed (`crate::monitor`).
+    fn set_monitor(&mut self, monitor: Arc<Monitor>);
+    /// The graph enters `op` (of `layer`): progress for the watchdog; fires an armed fault
+    /// (a hang blocks here, or on the device; a fail is an error).
+    fn mark(&mut self, layer: Option<u32>, op: Op) -> Result<()>;
 
     /// Rows of `table` for the batch's tokens.
     fn embed(&mut self, table: &Self::Weight) -> Result<Self::Act>;

@@ -225,6 +225,22 @@ pub fn run_negative_tailskip(gpu: &Gpu, tokens: u64, c: &LatentCase) -> Result<O
     run_variant(gpu, Variant::TailSkip, tokens, c)
 }
 
+/// Fault injection for the engine's watchdog tests: queues the tail-skip kernel on a shape
+/// that deadlocks (5 rows: one warp holds real and spare rows) and returns without waiting.
+/// Everything queued after it on the stream waits forever; only ending the process frees the
+/// device. The buffers are freed in stream order, so after the kernel that never ends.
+pub fn queue_hang(gpu: &Gpu) -> Result<(), GpuError> {
+    const HANG: LatentCase = LatentCase { k: 256, width: 24, groups: 3, wtype: WeightType::Q8_0 };
+    const ROWS: u64 = 5;
+    let nb = HANG.blocks_per_row();
+    let mut w = gpu.alloc::<u8>(HANG.width as usize * HANG.wtype.row_bytes(HANG.k as usize))?;
+    let mut x = gpu.alloc::<u8>(ROWS as usize * nb * BLOCK_Q8_1_BYTES)?;
+    fill_weights(gpu, &mut w, HANG.width as usize * nb, SEED_W, HANG.wtype)?;
+    fill_q8_1_rows(gpu, &mut x, ROWS as usize, nb, SEED_X, None, ROWS)?;
+    let mut y = gpu.alloc::<f32>(ROWS as usize * HANG.width as usize)?;
+    launch_variant(gpu, Variant::TailSkip, ROWS, &HANG, &w, &x, &mut y)
+}
+
 fn run_variant(gpu: &Gpu, variant: Variant, tokens: u64, c: &LatentCase) -> Result<Outcome, GpuError> {
     plan(tokens, c, gpu.limits())?; // refuse a bad shape before allocating for it
     let nb = c.blocks_per_row();

@@ -5,10 +5,13 @@
 mod kv;
 mod moe;
 
+use std::sync::Arc;
+
 use crate::backend::{AttentionSpec, Backend, Batch, KvSpec, MoeSpec, MoeWeights, Result, WeightRole};
 use crate::cpu::{self, CpuError, WeightMatrix};
 use crate::gguf::GgmlType;
 use crate::model::{BackendError, HostTensor, MatrixDims};
+use crate::monitor::{self, FaultKind, Monitor, Op};
 
 use kv::KvCache;
 
@@ -54,6 +57,7 @@ impl CpuWeight {
 pub struct CpuBackend {
     kv: Option<KvCache>,
     batch: Batch,
+    monitor: Arc<Monitor>,
 }
 
 impl CpuBackend {
@@ -112,6 +116,18 @@ impl Backend for CpuBackend {
     fn begin_batch(&mut self, batch: &Batch) -> Result<()> {
         self.batch = batch.clone();
         Ok(())
+    }
+
+    fn set_monitor(&mut self, monitor: Arc<Monitor>) {
+        self.monitor = monitor;
+    }
+
+    fn mark(&mut self, layer: Option<u32>, op: Op) -> Result<()> {
+        match self.monitor.enter(layer, op, self.batch.rows() as u64) {
+            None => Ok(()),
+            Some(FaultKind::Hang) => monitor::block_forever(),
+            Some(FaultKind::Fail) => Err(err(format!("injected fault at layer {} ({op:?})", layer.unwrap_or(0)))),
+        }
     }
 
     fn embed(&mut self, table: &CpuWeight) -> Result<CpuAct> {

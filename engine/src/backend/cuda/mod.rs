@@ -11,7 +11,8 @@
 //!
 //! Module map: `weights` (upload, per-type layouts), `batch_state` (the batch on the device),
 //! `buffers` (activation pool, scratch), `gather` (embed, row selection), `pointwise` (norms,
-//! RoPE, add), `dense` (projections, logits), `moe` (the routed block), `attention`, `kv`.
+//! RoPE, add), `dense` (projections, logits), `moe` (the routed block), `attention`, `kv`,
+//! `progress` (device progress for the watchdog).
 
 mod attention;
 mod batch_state;
@@ -21,7 +22,10 @@ mod gather;
 mod kv;
 mod moe;
 mod pointwise;
+mod progress;
 mod weights;
+
+use std::sync::Arc;
 
 use brink_kernels::cuda::{Gpu, GpuError};
 use brink_kernels::ops::embed::BadIds;
@@ -31,6 +35,7 @@ use brink_kernels::sources::{self, KernelSource};
 use crate::backend::{AttentionSpec, Backend, Batch, KvSpec, MoeSpec, MoeWeights, Result, WeightRole};
 use crate::gguf::GgmlType;
 use crate::model::{BackendError, HostTensor, MatrixDims};
+use crate::monitor::{FaultKind, Monitor, Op};
 
 use batch_state::BatchState;
 use buffers::{AllocCounter, Pool};
@@ -77,6 +82,12 @@ pub struct CudaBackend {
     kv: Option<KvCache>,
     ropes: Vec<RopeTable>,
     bad_ids: BadIds,
+    monitor: Arc<Monitor>,
+    /// Rows of the current batch (for the fault trigger).
+    rows: u64,
+    /// The layer whose ops are being queued: its "device done" callback goes in when the next
+    /// layer (or the output norm) starts.
+    open_layer: Option<u32>,
 }
 
 impl CudaBackend {
@@ -101,6 +112,9 @@ impl CudaBackend {
             kv: None,
             ropes: Vec::new(),
             bad_ids: BadIds::new(&gpu).map_err(setup)?,
+            monitor: Arc::new(Monitor::local()),
+            rows: 0,
+            open_layer: None,
             allocs,
             gpu,
         })
@@ -185,7 +199,30 @@ impl Backend for CudaBackend {
             self.acts.trim();
             self.high_water = batch.rows();
         }
+        self.rows = batch.rows() as u64;
+        self.open_layer = None;
         Ok(())
+    }
+
+    fn set_monitor(&mut self, monitor: Arc<Monitor>) {
+        self.monitor = monitor;
+    }
+
+    fn mark(&mut self, layer: Option<u32>, op: Op) -> Result<()> {
+        if self.monitor.is_shared() && layer != self.open_layer && op != Op::Embed {
+            if let Some(done) = self.open_layer {
+                progress::queue_layer_done(&self.gpu, &self.monitor, done)?;
+            }
+            self.open_layer = layer;
+        }
+        match self.monitor.enter(layer, op, self.rows) {
+            None => Ok(()),
+            // Queued like any kernel: the host goes on and blocks where it next waits for the
+            // device, as it would behind a real deadlock.
+            Some(FaultKind::Hang) => brink_kernels::ops::latent_proj::queue_hang(&self.gpu)
+                .map_err(|e| fail(format!("injecting a hang at layer {}: {e}", layer.unwrap_or(0)))),
+            Some(FaultKind::Fail) => Err(fail(format!("injected fault at layer {} ({op:?})", layer.unwrap_or(0)))),
+        }
     }
 
     fn embed(&mut self, table: &CudaWeight) -> Result<CudaAct> {
@@ -248,6 +285,7 @@ impl Backend for CudaBackend {
         if !x.is_empty() {
             let mut out = self.act(x.rows(), vocab)?;
             dense::project(&self.gpu, &x.buf, (x.rows(), x.width()), w, &mut self.xq, &mut out.buf)?;
+            self.monitor.board().enter(None, Op::DeviceWait);
             values = self.download(&out)?;
         }
         // Every step ends here: the one place the backend waits for the device anyway.
