@@ -8,6 +8,7 @@
 
 mod bench_cmd;
 mod engine_args;
+mod envelope;
 mod gen_model_cmd;
 mod generate_cmd;
 mod kernels_cmd;

@@ -9,6 +9,7 @@ use brink_engine::server::{ServeOptions, load_api_keys, serve};
 use clap::Args as ClapArgs;
 
 use crate::engine_args::EngineArgs;
+use crate::envelope::{self, Envelope};
 
 #[derive(ClapArgs)]
 pub struct Args {
@@ -39,6 +40,31 @@ pub struct Args {
     /// The model name clients send (default: the file name without .gguf; `brink` also works).
     #[arg(long)]
     served_model_name: Option<String>,
+    /// This node's self-test report (`brink-agent selftest --json`): batches and prefill chunks
+    /// are clamped to the envelope it validated for the model's shape class; a report that
+    /// disqualifies the class refuses to serve.
+    #[arg(long)]
+    selftest_report: Option<PathBuf>,
+}
+
+/// `--max-batch-tokens` and `--prefill-chunk`, clamped to the self-test's envelope if a report
+/// is given.
+fn batch_limits(a: &Args) -> Result<(usize, usize), String> {
+    let Some(path) = &a.selftest_report else { return Ok((a.max_batch_tokens, a.engine.prefill_chunk)) };
+    let report = envelope::read_report(path)?;
+    let model = &a.engine.model;
+    let file = brink_engine::gguf::GgufFile::open(model).map_err(|e| format!("{}: {e}", model.display()))?;
+    let class = brink_engine::arch::config(&file).map_err(|e| format!("{}: {e}", model.display()))?.shape_class();
+    let env = envelope::envelope(&report, &class, path)?;
+    let (batch, chunk) = envelope::clamp(a.max_batch_tokens, a.engine.prefill_chunk, &env);
+    match &env {
+        Envelope::Validated(max) => eprintln!(
+            "brink serve: {class} validated up to {max} tokens per batch ({}): max batch tokens {batch}, prefill chunk {chunk}",
+            path.display()
+        ),
+        Envelope::Unvalidated(why) => eprintln!("brink serve: {}: no GPU envelope to clamp to ({why})", path.display()),
+    }
+    Ok((batch, chunk))
 }
 
 pub fn run(a: Args) -> ExitCode {
@@ -50,14 +76,21 @@ pub fn run(a: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let (max_batch_tokens, prefill_chunk) = match batch_limits(&a) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let opts = ServeOptions {
         worker: WorkerConfig {
             model: a.engine.model.clone(),
             backend: a.engine.backend.resolve(),
             slots: a.slots,
             context: a.engine.context,
-            max_batch_tokens: a.max_batch_tokens,
-            prefill_chunk: a.engine.prefill_chunk,
+            max_batch_tokens,
+            prefill_chunk,
             max_queue: a.max_queue,
         },
         model_name: a.served_model_name,

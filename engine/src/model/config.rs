@@ -57,6 +57,15 @@ pub struct MoeConfig {
     pub weights_scale: Option<f32>,
 }
 
+impl ModelConfig {
+    /// The shape class the kernels are qualified for: the architecture and the dimensions that
+    /// decide launch geometry (not the layer count or the weights), as the self-test names it,
+    /// e.g. `qwen3moe-h2048-e128-top8-ffn768`. Two files of one class share a qualification.
+    pub fn shape_class(&self) -> String {
+        format!("{}-h{}-e{}-top{}-ffn{}", self.arch, self.hidden, self.moe.experts, self.moe.top_k, self.moe.expert_ffn)
+    }
+}
+
 /// Typed reads of `<arch>.*` keys with errors that name the file, the key and the value.
 pub struct Hyper<'a> {
     pub meta: &'a Metadata,
