@@ -70,31 +70,38 @@ pub fn attention_in_batch(
     // length n_kv and d rows.
     let pick = |ok: bool| if batch_tokens >= 2 && ok { SumOrder::Sgemm } else { SumOrder::VecDot };
     let (qk_order, pv_order) = (pick(d.is_multiple_of(8)), pick(d.is_multiple_of(4)));
+    // K and V widened to f32 once for every query and head (the conversion is exact, so the
+    // sums below see the same values): prefill over a long cache is O(n²), its conversions
+    // need not be.
+    let kf: Vec<f32> = k.par_iter().map(|&h| widen(h)).collect();
+    let vf: Vec<f32> = v.par_iter().map(|&h| widen(h)).collect();
+    let lanes = if pv_order == SumOrder::VecDot { float_dot::VEC_DOT_LANES } else { float_dot::SGEMM_LANES };
     out.par_chunks_exact_mut(d).enumerate().for_each(|(qh, o)| {
         let (i, h) = (qh / n_head, qh % n_head);
         let kvh = h / group;
         let visible = q_pos[i] as usize + 1;
         let qr: Vec<f32> = q[qh * d..(qh + 1) * d].iter().map(|&x| round_f16(x)).collect();
-        let mut p: Vec<f32> = (0..visible).map(|j| float_dot::dot(qk_order, &k[(j * n_kv + kvh) * d..][..d], &qr, widen)).collect();
+        let mut p: Vec<f32> = (0..visible).map(|j| float_dot::dot(qk_order, &kf[(j * n_kv + kvh) * d..][..d], &qr, |x| x)).collect();
         soft_max_visible_in_place(&mut p, scale);
         // Each output value is the dot of a Vᵀ row with the f16 probabilities over llama.cpp's
         // KV length (a multiple of 256: no tail), position j in its lane, masked ones adding 0.
-        let lanes = if pv_order == SumOrder::VecDot { float_dot::VEC_DOT_LANES } else { float_dot::SGEMM_LANES };
-        let mut acc = vec![0.0f32; d * lanes];
+        // Accumulators are lane-major ([lane][d]) so the inner loop runs over contiguous dims;
+        // every (dim, lane) accumulator still sums its positions in order.
+        let mut acc = vec![0.0f32; lanes * d];
         for (j, &pj) in p.iter().enumerate() {
             let pj = round_f16(pj);
             if pj == 0.0 {
                 continue; // adds exactly 0 to every lane it would touch
             }
             let lane = j % lanes;
-            for (c, vv) in v[(j * n_kv + kvh) * d..][..d].iter().enumerate() {
-                acc[c * lanes + lane] += pj * widen(*vv);
+            for (a, vv) in acc[lane * d..(lane + 1) * d].iter_mut().zip(&vf[(j * n_kv + kvh) * d..][..d]) {
+                *a += pj * vv;
             }
         }
-        for (o, a) in o.iter_mut().zip(acc.chunks_exact(lanes)) {
+        for (c, o) in o.iter_mut().enumerate() {
             *o = match pv_order {
-                SumOrder::Sgemm => float_dot::hsum8(a.try_into().expect("8 lanes")),
-                _ => float_dot::reduce_vec_dot(a.try_into().expect("32 lanes")),
+                SumOrder::Sgemm => float_dot::hsum8(&std::array::from_fn(|l| acc[l * d + c])),
+                _ => float_dot::reduce_vec_dot(&std::array::from_fn(|l| acc[l * d + c])),
             };
         }
     });
