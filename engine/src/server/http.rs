@@ -121,7 +121,12 @@ async fn health() -> &'static str {
 }
 
 async fn ready(State(s): State<Arc<AppState>>) -> Response {
-    if s.heartbeat.ready.load(Ordering::Acquire) {
+    let hb = &s.heartbeat;
+    if hb.dead.load(Ordering::Acquire) {
+        (StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped\n").into_response()
+    } else if hb.restarting.load(Ordering::Acquire) {
+        (StatusCode::SERVICE_UNAVAILABLE, "the engine is restarting\n").into_response()
+    } else if hb.ready.load(Ordering::Acquire) {
         (StatusCode::OK, "ready\n").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "loading the model\n").into_response()
@@ -134,7 +139,9 @@ async fn live(State(s): State<Arc<AppState>>) -> Response {
     let (running, waiting) = (hb.running.load(Ordering::Relaxed), hb.waiting.load(Ordering::Relaxed));
     let body = format!("last progress {since:.1} s ago; {running} running, {waiting} waiting\n");
     if hb.dead.load(Ordering::Acquire) {
-        (StatusCode::SERVICE_UNAVAILABLE, "the engine worker has stopped\n").into_response()
+        (StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped\n").into_response()
+    } else if hb.restarting.load(Ordering::Acquire) {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("the engine is restarting after a stall or crash; {body}")).into_response()
     } else if hb.stalled(s.stall_timeout) {
         (StatusCode::SERVICE_UNAVAILABLE, format!("stalled: {body}")).into_response()
     } else {
@@ -164,6 +171,21 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
         "Seconds since the engine last made progress.",
         hb.since_progress().as_secs_f64().to_string(),
     );
+    metric("engine_restarts_total", "counter", "Engine child restarts after a stall or crash.", load(&hb.restarts).to_string());
+    metric(
+        "engine_restart_seconds",
+        "gauge",
+        "Kill (or death) to ready of the last engine restart.",
+        (load(&hb.last_restart_micros) as f64 / 1e6).to_string(),
+    );
+    metric("quarantined_prompts", "gauge", "Prompt lengths under the poison quarantine.", load(&hb.quarantined).to_string());
+    out += "# HELP brink_stalls_total Engine stalls caught by the watchdog, by the layer and op the board named.\n\
+            # TYPE brink_stalls_total counter\n";
+    if let Ok(stalls) = hb.stalls.lock() {
+        for ((layer, op), n) in stalls.iter() {
+            out += &format!("brink_stalls_total{{layer=\"{layer}\",op=\"{op}\"}} {n}\n");
+        }
+    }
     out += "# HELP brink_time_to_first_token_seconds Time from submission to the first generated token.\n\
             # TYPE brink_time_to_first_token_seconds summary\n";
     out += &format!("brink_time_to_first_token_seconds_sum {}\n", load(&hb.ttft_micros_sum) as f64 / 1e6);
@@ -232,8 +254,9 @@ async fn run_request(s: &Arc<AppState>, api: Api, headers: &HeaderMap, body: Bod
     let limits = Limits { served_models: s.served_models.clone(), context_tokens: loaded.context, max_n: s.max_n };
     let req = parse_request(api, &body, &limits).map_err(fail)?;
     let mut sub = submit(s, loaded, &req)?;
-    // The first event decides the status: a refusal (full queue) is an HTTP error, not a
-    // stream that fails.
+    // The first event decides the status: a refusal (full queue, quarantine) is an HTTP error,
+    // not a stream that fails; once admitted, a stream starts and a later failure (a stall) is
+    // the API's error event.
     let first = sub.events.recv().await.ok_or_else(|| fail(worker_gone()))?;
     if let Event::Failed { error, retry_after } = &first.1 {
         return Err((error.clone(), *retry_after));
@@ -260,7 +283,10 @@ fn parse_request(api: Api, body: &[u8], limits: &Limits) -> Result<GenerateReque
 }
 
 fn worker_gone() -> ApiError {
-    ApiError::new(ErrorKind::Overloaded, "the engine worker is not running (the server is shutting down)")
+    ApiError::new(
+        ErrorKind::Overloaded,
+        "the engine supervisor is not running (the server is shutting down or the engine could not be restarted)",
+    )
 }
 
 /// The prompt's tokens: chat messages rendered through the model's template, or the raw text.
@@ -358,6 +384,7 @@ async fn collect(req: &GenerateRequest, sub: &mut Submitted, first: (usize, Even
                 outs[i] = Some(Output { text: std::mem::take(&mut texts[i]), finish: finish_reason(end) });
             }
             Event::Failed { error, retry_after } => return Err((error, retry_after)),
+            Event::Admitted => {}
         }
     }
     Ok((outs.into_iter().flatten().collect(), usage))
@@ -485,6 +512,7 @@ fn stream_response(api: Api, req: GenerateRequest, mut sub: Submitted, first: (u
                     let _ = tx.send(enc.error(&error)).await;
                     return;
                 }
+                Event::Admitted => String::new(),
             };
             if !frames.is_empty() && tx.send(frames).await.is_err() {
                 return;
