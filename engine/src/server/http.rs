@@ -175,9 +175,10 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
     metric(
         "engine_restart_seconds",
         "gauge",
-        "Kill (or death) to ready of the last engine restart.",
+        "Kill (or death) to ready of the last engine restart, without back-off waits.",
         (load(&hb.last_restart_micros) as f64 / 1e6).to_string(),
     );
+    metric("engine_pid", "gauge", "The engine child's process id (0 while none runs).", load(&hb.engine_pid).to_string());
     metric("quarantined_prompts", "gauge", "Prompt lengths under the poison quarantine.", load(&hb.quarantined).to_string());
     out += "# HELP brink_stalls_total Engine stalls caught by the watchdog, by the layer and op the board named.\n\
             # TYPE brink_stalls_total counter\n";

@@ -44,7 +44,8 @@ pub struct ServeOptions {
     pub stall_dir: PathBuf,
     /// Test-only: a fault the engine child injects (`hang:layer=N[,min-rows=R]`, `fail:…`).
     pub inject_fault: Option<String>,
-    /// The smallest prefill chunk a quarantined prompt is served in before it is refused.
+    /// The smallest prefill chunk a quarantined prompt is served in before it is refused (after
+    /// three stalls of one prompt length it is refused anyway).
     pub quarantine_min_chunk: usize,
     /// How long in-flight requests may run after a shutdown signal.
     pub grace: Duration,

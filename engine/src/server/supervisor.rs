@@ -231,6 +231,7 @@ pub fn run(cfg: SupervisorConfig, jobs: Receiver<Job>, hb: Arc<Heartbeat>, on_lo
     if let Some(child) = sup.child.take() {
         child.shutdown(SHUTDOWN_WAIT);
     }
+    hb.engine_pid.store(0, Ordering::Relaxed);
     let _ = std::fs::remove_file(&sup.board_path);
 }
 
@@ -316,6 +317,7 @@ impl Supervisor {
         let loaded = Loaded { tokenizer: Arc::new(tokenizer), template, context: geometry.context, backend: geometry.backend.clone() };
         let quarantine = Quarantine::new(cfg.quarantine_min_chunk, cfg.quarantine_max_strikes);
         hb.beat();
+        hb.engine_pid.store(child.pid as u64, Ordering::Relaxed);
         hb.ready.store(true, Ordering::Release);
         let sup = Supervisor {
             cfg,
@@ -586,6 +588,7 @@ impl Supervisor {
             Some(mut c) => (Some(c.pid), c.kill()),
             None => (None, "no child".into()),
         };
+        self.hb.engine_pid.store(0, Ordering::Relaxed);
         let detail = match kind {
             FailureKind::Stall => detail,
             FailureKind::Crash => format!("{detail}; {status}"),
@@ -648,12 +651,14 @@ impl Supervisor {
     /// Starts a new child, backing off while restarts keep failing; gives up after a bound.
     fn respawn(&mut self, t0: Instant) {
         let mut attempt = 0;
+        let mut waited = Duration::ZERO;
         let last_error = loop {
             attempt += 1;
             let wait = backoff(self.failures, BACKOFF_BASE, BACKOFF_CAP);
             if !wait.is_zero() {
                 eprintln!("brink serve: {} engine failures in a row: waiting {wait:?} before restarting", self.failures);
                 std::thread::sleep(wait);
+                waited += wait;
             }
             let started = EngineChild::spawn(&self.cfg.engine, &self.child_cfg).and_then(|mut c| {
                 let g = c.wait_ready()?;
@@ -664,11 +669,18 @@ impl Supervisor {
             });
             match started {
                 Ok(child) => {
-                    let secs = t0.elapsed().as_secs_f64();
-                    eprintln!("brink serve: engine restarted (child {}) in {secs:.2} s", child.pid);
+                    // The restart's own cost (kill, spawn, load), without the back-off waits.
+                    let took = t0.elapsed().saturating_sub(waited);
+                    eprintln!(
+                        "brink serve: engine restarted (child {}) in {:.2} s ({:.2} s back-off before it)",
+                        child.pid,
+                        took.as_secs_f64(),
+                        waited.as_secs_f64()
+                    );
+                    self.hb.engine_pid.store(child.pid as u64, Ordering::Relaxed);
                     self.child = Some(child);
                     self.hb.restarts.fetch_add(1, Ordering::Relaxed);
-                    self.hb.last_restart_micros.store(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    self.hb.last_restart_micros.store(took.as_micros() as u64, Ordering::Relaxed);
                     self.hb.beat();
                     self.hb.ready.store(true, Ordering::Release);
                     self.hb.restarting.store(false, Ordering::Release);

@@ -71,7 +71,9 @@ pub struct Heartbeat {
     /// A stall or crash was caught and the engine is being restarted.
     pub restarting: AtomicBool,
     pub restarts: AtomicU64,
-    /// Kill (or death) to the new child's ready, of the last restart.
+    /// The engine child's pid; 0 while none runs.
+    pub engine_pid: AtomicU64,
+    /// Kill (or death) to the new child's ready, of the last restart, without back-off waits.
     pub last_restart_micros: AtomicU64,
     /// Prompt lengths under quarantine.
     pub quarantined: AtomicU64,
