@@ -156,6 +156,32 @@ fn a_stall_fails_its_requests_restarts_the_engine_and_quarantines_the_shape() {
 }
 
 #[test]
+fn a_poison_prompt_that_cannot_be_chunked_small_enough_is_refused_with_422() {
+    let mut opts = options(4, 16, Vec::new());
+    opts.inject_fault = Some(format!("hang:layer=1,min-rows={TRIGGER_ROWS}"));
+    opts.stall_timeout = STALL_TIMEOUT;
+    // Half of the 64-token chunk that stalled is below this floor: no smaller retry is allowed.
+    opts.quarantine_min_chunk = 40;
+    let dir = opts.stall_dir.clone();
+    let server = start(opts);
+    let addr = server.addr;
+    let poison = json!({"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": poison_text(90)}]});
+    assert_eq!(timed_post(addr, "/v1/messages", &poison).status, 503);
+    wait_ready(addr);
+    let r = post(addr, "/v1/messages", &poison);
+    assert_eq!(r.status, 422, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["type"], "error");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("stalled the engine 1 time(s)") && msg.contains("smallest chunk allowed: 40"), "{msg}");
+    assert_eq!(stalls(addr).0, 1.0);
+    // Other prompts are still served.
+    let ok = json!({"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(post(addr, "/v1/messages", &ok).status, 200);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn an_injected_failure_fails_its_step_and_the_engine_stays_up() {
     let (server, dir) = faulty(&format!("fail:layer=1,min-rows={TRIGGER_ROWS}"));
     let addr = server.addr;

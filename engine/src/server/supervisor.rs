@@ -217,6 +217,8 @@ pub fn run(cfg: SupervisorConfig, jobs: Receiver<Job>, hb: Arc<Heartbeat>, on_lo
     let mut sup = match Supervisor::start(cfg, hb.clone()) {
         Ok((sup, loaded)) => {
             on_loaded(Ok(loaded));
+            // Ready only once the handlers can see the tokenizer and template.
+            hb.ready.store(true, Ordering::Release);
             sup
         }
         Err(e) => return on_loaded(Err(e)),
@@ -318,7 +320,6 @@ impl Supervisor {
         let quarantine = Quarantine::new(cfg.quarantine_min_chunk, cfg.quarantine_max_strikes);
         hb.beat();
         hb.engine_pid.store(child.pid as u64, Ordering::Relaxed);
-        hb.ready.store(true, Ordering::Release);
         let sup = Supervisor {
             cfg,
             child_cfg,
