@@ -66,6 +66,17 @@ fn timed_post(addr: SocketAddr, path: &str, body: &Json) -> Resp {
     r
 }
 
+/// Waits until the scheduler runs a sequence (the poison request is in its step), then a moment
+/// more for the step to reach the hung layer.
+fn wait_running(addr: SocketAddr) {
+    let t0 = Instant::now();
+    while metric(addr, "brink_requests_running") < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the request never started running");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+}
+
 fn wait_ready(addr: SocketAddr) {
     let t0 = Instant::now();
     while get(addr, "/ready").status != 200 {
@@ -85,7 +96,7 @@ fn a_stall_fails_its_requests_restarts_the_engine_and_quarantines_the_shape() {
     let poison = json!({"model": "tiny", "messages": [{"role": "user", "content": poison_text(90)}], "max_tokens": 4});
     let p = poison.clone();
     let inflight = std::thread::spawn(move || timed_post(addr, "/v1/chat/completions", &p));
-    std::thread::sleep(Duration::from_millis(700));
+    wait_running(addr);
     assert!(!inflight.is_finished(), "the poison request finished before the watchdog could catch it");
     let queued = std::thread::spawn(move || post(addr, "/v1/chat/completions", &small));
     let r = inflight.join().unwrap();
@@ -232,7 +243,7 @@ fn a_child_that_dies_is_restarted_with_a_crash_report() {
     // Dies in a step: the step's request fails at once with 503, the crash report names the stage.
     let poison = json!({"model": "tiny", "messages": [{"role": "user", "content": poison_text(90)}], "max_tokens": 4});
     let inflight = std::thread::spawn(move || post(addr, "/v1/chat/completions", &poison));
-    std::thread::sleep(Duration::from_millis(700));
+    wait_running(addr);
     let t0 = Instant::now();
     let first = kill_engine(addr);
     let r = inflight.join().unwrap();
