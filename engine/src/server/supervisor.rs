@@ -296,12 +296,14 @@ impl Supervisor {
             board: board_path.clone(),
             fault: cfg.fault.clone(),
         };
-        let t0 = Instant::now();
-        let mut child = EngineChild::spawn(&cfg.engine, &child_cfg)?;
-        let geometry = child.wait_ready().map_err(|e| {
+        // No supervisor, no board: it goes with any error from here on.
+        let drop_board = |e: String| {
             let _ = std::fs::remove_file(&board_path);
             e
-        })?;
+        };
+        let t0 = Instant::now();
+        let mut child = EngineChild::spawn(&cfg.engine, &child_cfg).map_err(drop_board)?;
+        let geometry = child.wait_ready().map_err(drop_board)?;
         eprintln!(
             "brink serve: engine child {} ready in {:.2} s ({} backend, {} slots of {} positions)",
             child.pid,
@@ -310,12 +312,13 @@ impl Supervisor {
             geometry.slots,
             geometry.context
         );
-        let limits = StepLimits::new(w.max_batch_tokens, geometry.prefill_chunk, geometry.slots, None).map_err(|e| e.to_string())?;
+        let limits =
+            StepLimits::new(w.max_batch_tokens, geometry.prefill_chunk, geometry.slots, None).map_err(|e| drop_board(e.to_string()))?;
         // One block per slot, as long as the context: until the backends are paged, a
         // sequence's single block number is its KV slot.
-        let kv = KvBlocks::new(geometry.slots, geometry.context).map_err(|e| e.to_string())?;
+        let kv = KvBlocks::new(geometry.slots, geometry.context).map_err(|e| drop_board(e.to_string()))?;
         let sched_cfg = SchedConfig { limits, context: geometry.context, max_queue: w.max_queue, retry_after_secs: 1 };
-        let sched = Scheduler::new(sched_cfg, kv).map_err(|e| e.to_string())?;
+        let sched = Scheduler::new(sched_cfg, kv).map_err(|e| drop_board(e.to_string()))?;
         let loaded = Loaded { tokenizer: Arc::new(tokenizer), template, context: geometry.context, backend: geometry.backend.clone() };
         let quarantine = Quarantine::new(cfg.quarantine_min_chunk, cfg.quarantine_max_strikes);
         hb.beat();
