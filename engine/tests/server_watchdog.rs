@@ -114,6 +114,7 @@ fn a_stall_fails_its_requests_restarts_the_engine_and_quarantines_the_shape() {
     assert_eq!(rep[0]["snapshot"]["op"], "attn_norm");
     assert!(rep[0]["snapshot"]["rows"].as_u64().unwrap() >= TRIGGER_ROWS);
     assert!(rep[0]["batch"][0]["prompt_tokens"].as_u64().unwrap() > TRIGGER_ROWS, "{}", rep[0]);
+    assert!(rep[0]["batch"][0]["request"].as_str().unwrap().starts_with("chatcmpl-"), "{}", rep[0]);
     assert!(rep[0]["engine_pid"].as_u64().is_some() && !rep[0]["recent"].as_array().unwrap().is_empty());
     let (n, labels) = stalls(addr);
     assert_eq!(n, 1.0);
@@ -333,7 +334,8 @@ fn many_concurrent_streams_each_get_exactly_one_answer() {
     let ids: Vec<&String> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
     let unique: HashSet<&&String> = ids.iter().collect();
     assert_eq!(unique.len(), ids.len(), "a response was delivered twice");
-    assert!(ids.len() >= CLIENTS, "only {} of {} requests completed", ids.len(), results.len());
+    // The first 4 + 16 (slots + queue) to arrive are admitted whatever the timing.
+    assert!(ids.len() >= 20, "only {} of {} requests completed", ids.len(), results.len());
     eprintln!("load: {} complete, {} refused with 503 in {:?}", ids.len(), results.len() - ids.len(), t0.elapsed());
     // Healthy afterwards: nothing left running or waiting, and a request is served.
     assert_eq!((get(addr, "/live").status, get(addr, "/ready").status), (200, 200));

@@ -254,7 +254,13 @@ async fn run_request(s: &Arc<AppState>, api: Api, headers: &HeaderMap, body: Bod
     };
     let limits = Limits { served_models: s.served_models.clone(), context_tokens: loaded.context, max_n: s.max_n };
     let req = parse_request(api, &body, &limits).map_err(fail)?;
-    let mut sub = submit(s, loaded, &req)?;
+    // One id per request: in the answer, and in the supervisor's stall reports.
+    let id = new_id(match api {
+        Api::Chat => "chatcmpl-",
+        Api::Completion => "cmpl-",
+        Api::Messages => "msg_",
+    });
+    let mut sub = submit(s, loaded, &req, &id)?;
     // The first event decides the status: a refusal (full queue, quarantine) is an HTTP error,
     // not a stream that fails; once admitted, a stream starts and a later failure (a stall) is
     // the API's error event.
@@ -263,14 +269,14 @@ async fn run_request(s: &Arc<AppState>, api: Api, headers: &HeaderMap, body: Bod
         return Err((error.clone(), *retry_after));
     }
     if req.stream {
-        Ok(stream_response(api, req, sub, first))
+        Ok(stream_response(api, id, req, sub, first))
     } else {
         let (outputs, usage) = collect(&req, &mut sub, first).await?;
         let id_created = unix_now();
         Ok(match api {
-            Api::Chat => axum::Json(openai::chat_completion(&new_id("chatcmpl-"), id_created, &req, &outputs, usage)).into_response(),
-            Api::Completion => axum::Json(openai::completion(&new_id("cmpl-"), id_created, &req.model, &outputs, usage)).into_response(),
-            Api::Messages => axum::Json(anthropic::message(&new_id("msg_"), &req, &outputs[0], usage)).into_response(),
+            Api::Chat => axum::Json(openai::chat_completion(&id, id_created, &req, &outputs, usage)).into_response(),
+            Api::Completion => axum::Json(openai::completion(&id, id_created, &req.model, &outputs, usage)).into_response(),
+            Api::Messages => axum::Json(anthropic::message(&id, &req, &outputs[0], usage)).into_response(),
         })
     }
 }
@@ -304,7 +310,7 @@ pub fn prompt_tokens(loaded: &Loaded, prompt: &Prompt) -> Result<Vec<u32>, ApiEr
     }
 }
 
-fn submit(s: &AppState, loaded: &Loaded, req: &GenerateRequest) -> Result<Submitted, Failure> {
+fn submit(s: &AppState, loaded: &Loaded, req: &GenerateRequest, request_id: &str) -> Result<Submitted, Failure> {
     let prompt = prompt_tokens(loaded, &req.prompt).map_err(fail)?;
     if prompt.is_empty() {
         return Err(fail(ApiError::invalid("prompt", "the prompt has no tokens")));
@@ -330,6 +336,7 @@ fn submit(s: &AppState, loaded: &Loaded, req: &GenerateRequest) -> Result<Submit
             max_tokens,
             stop_tokens: loaded.tokenizer.stop_tokens().to_vec(),
             index,
+            request_id: request_id.to_string(),
             events: tx.clone(),
             cancel,
         };
@@ -446,14 +453,14 @@ impl Encoder {
 /// An SSE response fed by a task that turns the worker's events into the API's frames. When the
 /// client goes away the body is dropped, the task's sends fail, it returns, and dropping its
 /// event receiver tells the worker to cancel.
-fn stream_response(api: Api, req: GenerateRequest, mut sub: Submitted, first: (usize, Event)) -> Response {
+fn stream_response(api: Api, id: String, req: GenerateRequest, mut sub: Submitted, first: (usize, Event)) -> Response {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(64);
     tokio::spawn(async move {
         let usage0 = Usage { prompt_tokens: sub.prompt_tokens as u64, ..Usage::default() };
         let mut enc = match api {
-            Api::Chat => Encoder::Chat(OpenAiChatStream::new(&new_id("chatcmpl-"), unix_now(), &req)),
-            Api::Completion => Encoder::Completion(OpenAiCompletionStream::new(&new_id("cmpl-"), unix_now(), &req)),
-            Api::Messages => Encoder::Messages(AnthropicStream::new(&new_id("msg_"), &req)),
+            Api::Chat => Encoder::Chat(OpenAiChatStream::new(&id, unix_now(), &req)),
+            Api::Completion => Encoder::Completion(OpenAiCompletionStream::new(&id, unix_now(), &req)),
+            Api::Messages => Encoder::Messages(AnthropicStream::new(&id, &req)),
         };
         let start = match &enc {
             Encoder::Chat(e) => e.start(),

@@ -201,6 +201,7 @@ struct Active {
     submitted: Instant,
     first_token: bool,
     prompt_len: usize,
+    request_id: String,
 }
 
 enum StepOutcome {
@@ -429,6 +430,7 @@ impl Supervisor {
                     submitted: Instant::now(),
                     first_token: false,
                     prompt_len,
+                    request_id: job.request_id,
                 };
                 self.active.insert(id, active);
             }
@@ -601,7 +603,7 @@ impl Supervisor {
             p.chunks
                 .iter()
                 .map(|c| ReportChunk {
-                    request: format!("seq-{}", c.seq),
+                    request: self.active.get(&c.seq).map_or_else(|| format!("sequence {}", c.seq), |a| a.request_id.clone()),
                     prompt_tokens: self.active.get(&c.seq).map_or(0, |a| a.prompt_len),
                     start: c.start_pos,
                     len: c.len,

@@ -83,6 +83,7 @@ pub enum FailureKind {
 /// One chunk of the batch that was running.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ReportChunk {
+    /// The answer's id (`chatcmpl-…`, `msg_…`); `n` > 1 lists it once per choice.
     pub request: String,
     pub prompt_tokens: usize,
     pub start: usize,
@@ -216,7 +217,7 @@ mod tests {
             engine_pid: Some(42),
             snapshot: snap(3, Some(1), Op::AttnNorm, 9),
             kernels: Op::AttnNorm.kernels(),
-            batch: vec![ReportChunk { request: "seq-4".into(), prompt_tokens: 100, start: 0, len: 64, decode: false }],
+            batch: vec![ReportChunk { request: "chatcmpl-4".into(), prompt_tokens: 100, start: 0, len: 64, decode: false }],
             recent: vec![snap(3, Some(0), Op::Moe, 8)],
         };
         assert!(r.client_message().contains("layer 1, op attn_norm"), "{}", r.client_message());

@@ -30,6 +30,8 @@ pub struct Job {
     pub stop_tokens: Vec<u32>,
     /// The choice index this job answers, echoed in every event.
     pub index: usize,
+    /// The id of the answer (`chatcmpl-…`, `msg_…`), for the stall reports.
+    pub request_id: String,
     pub events: UnboundedSender<(usize, Event)>,
     /// Set by the handler when it ended the choice itself (a stop string): the supervisor cancels it.
     pub cancel: Arc<AtomicBool>,
