@@ -34,8 +34,9 @@ use crate::tokenizer::Tokenizer;
 
 /// How often the board is read while a step is in flight.
 pub const POLL: Duration = Duration::from_millis(100);
-/// Restart attempts in a row before the supervisor gives up.
-const MAX_RESTART_ATTEMPTS: u32 = 6;
+/// Restart attempts in a row before the supervisor gives up: with the back-off, about 25 s of
+/// retrying, time for a GPU's memory to come back after its process was killed.
+const MAX_RESTART_ATTEMPTS: u32 = 8;
 /// The first wait between failed restarts, doubled each time up to the cap.
 const BACKOFF_BASE: Duration = Duration::from_millis(250);
 const BACKOFF_CAP: Duration = Duration::from_secs(10);
