@@ -164,6 +164,7 @@ fn a_stall_fails_its_requests_restarts_the_engine_and_quarantines_the_shape() {
     wait_ready(addr);
     let ok = json!({"model": "tiny", "messages": [{"role": "user", "content": "still there?"}], "max_tokens": 3});
     assert_eq!(post(addr, "/v1/chat/completions", &ok).status, 200);
+    stop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -190,6 +191,7 @@ fn a_poison_prompt_that_cannot_be_chunked_small_enough_is_refused_with_422() {
     // Other prompts are still served.
     let ok = json!({"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]});
     assert_eq!(post(addr, "/v1/messages", &ok).status, 200);
+    stop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -208,6 +210,7 @@ fn an_injected_failure_fails_its_step_and_the_engine_stays_up() {
     assert_eq!(metric(addr, "brink_engine_restarts_total"), 0.0, "a failed step is not a reason to restart");
     assert_eq!((get(addr, "/live").status, get(addr, "/ready").status), (200, 200));
     assert!(reports(&dir).is_empty());
+    stop(server);
 }
 
 fn crash_reports(dir: &Path) -> Vec<Json> {
@@ -271,6 +274,7 @@ fn a_child_that_dies_is_restarted_with_a_crash_report() {
     assert_eq!(post(addr, "/v1/chat/completions", &ok).status, 200);
     assert_eq!(crash_reports(&dir).len(), 2);
     assert_eq!(stalls(addr).0, 0.0, "a crash is not a stall");
+    stop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -345,6 +349,7 @@ fn many_concurrent_streams_each_get_exactly_one_answer() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(stream_once(addr, 5, want[5]).map(|_| ()), Ok(()));
+    stop(server);
 }
 
 #[test]
@@ -374,5 +379,6 @@ fn official_sdks_raise_their_errors_for_a_stalled_request() {
     assert_eq!(reports(&dir).len(), 4);
     assert_eq!(stalls(addr).0, 4.0, "the retried poison stalled the engine again");
     eprintln!("SDK watchdog run: {:?}", t0.elapsed());
+    stop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

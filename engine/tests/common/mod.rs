@@ -102,6 +102,14 @@ pub fn start(opts: ServeOptions) -> Running {
     r
 }
 
+/// Stops a server as SIGTERM would and checks `serve_on` returned cleanly (the engine child
+/// exits and its progress board file goes).
+pub fn stop(mut server: Running) {
+    server.stop.take().expect("already stopped").send(()).expect("the server is gone");
+    let done = server.done.recv_timeout(Duration::from_secs(30)).expect("serve_on did not return");
+    assert_eq!(done, Ok(()));
+}
+
 #[derive(Debug)]
 pub struct Resp {
     pub status: u16,
