@@ -1,12 +1,18 @@
 """Drives a running `brink-agent serve` with the official OpenAI and Anthropic Python SDKs.
 
-Usage: sdk_client.py BASE_URL MODEL. Prints one JSON object with what each call returned; the
+Usage: sdk_client.py BASE_URL MODEL [watchdog]. Prints one JSON object with what each call returned; the
 Rust test (engine/tests/server_http.rs) checks it against the tokenizer and the raw HTTP answers.
 Errors are caught per call and reported by SDK exception class and status, so a failing call
 names itself instead of ending the script.
+
+`watchdog` mode runs against a server with an injected hang (engine/tests/server_watchdog.rs):
+four poison requests (OpenAI and Anthropic, streaming and not; distinct prompt lengths, so each
+stalls the engine once) must each make the SDK raise its error class, and a retried poison
+prompt must then be served.
 """
 import json
 import sys
+import time
 
 import anthropic
 import openai
@@ -20,6 +26,49 @@ out = {}
 
 def error(e):
     return {"class": type(e).__name__, "status": getattr(e, "status_code", None), "message": str(e)}
+
+
+def expect_failure(call, api_error):
+    """Runs `call`; reports whether the SDK raised, whether as its API error class, and when."""
+    t0 = time.monotonic()
+    try:
+        call()
+        return {"raised": False, "seconds": time.monotonic() - t0}
+    except Exception as e:  # noqa: BLE001 -- reported, the Rust test asserts the class
+        return {**error(e), "raised": True, "is_api_error": isinstance(e, api_error), "seconds": time.monotonic() - t0}
+
+
+def watchdog():
+    poison = lambda words: "word " * words  # noqa: E731
+    res = {}
+    res["openai"] = expect_failure(lambda: oai.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": poison(95)}], max_tokens=4), openai.APIError)
+
+    def openai_stream():
+        for _ in oai.chat.completions.create(model=model, messages=[{"role": "user", "content": poison(115)}],
+                                             max_tokens=4, stream=True):
+            pass
+    res["openai_stream"] = expect_failure(openai_stream, openai.APIError)
+    res["anthropic"] = expect_failure(lambda: ant.messages.create(
+        model=model, messages=[{"role": "user", "content": poison(135)}], max_tokens=4), anthropic.APIError)
+
+    def anthropic_stream():
+        with ant.messages.stream(model=model, messages=[{"role": "user", "content": poison(155)}], max_tokens=4) as s:
+            for _ in s.text_stream:
+                pass
+    res["anthropic_stream"] = expect_failure(anthropic_stream, anthropic.APIError)
+    # The first poison again: the quarantine serves it in smaller chunks.
+    try:
+        r = oai.chat.completions.create(model=model, messages=[{"role": "user", "content": poison(95)}], max_tokens=4)
+        res["retry_after_quarantine"] = {"ok": True, "completion_tokens": r.usage.completion_tokens}
+    except Exception as e:  # noqa: BLE001
+        res["retry_after_quarantine"] = {"ok": False, **error(e)}
+    print(json.dumps(res))
+
+
+if len(sys.argv) > 3 and sys.argv[3] == "watchdog":
+    watchdog()
+    sys.exit(0)
 
 
 r = oai.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0)

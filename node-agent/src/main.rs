@@ -46,6 +46,9 @@ enum Cmd {
     /// Internal: the self-test's child process (reads cases on stdin, answers on stdout).
     #[command(name = "__selftest-worker", hide = true)]
     SelftestWorker,
+    /// Internal: `serve`'s engine process (the supervisor's protocol on stdin/stdout).
+    #[command(name = "engine-child", hide = true)]
+    EngineChild,
 }
 
 fn main() -> ExitCode {
@@ -62,5 +65,6 @@ fn main() -> ExitCode {
             let code = brink_kernels::selftest::worker::serve(std::io::stdin().lock(), std::io::stdout().lock());
             ExitCode::from(code as u8)
         }
+        Cmd::EngineChild => ExitCode::from(brink_engine::server::child::main_stdio() as u8),
     }
 }

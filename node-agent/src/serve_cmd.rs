@@ -4,8 +4,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use brink_engine::server::supervisor::EngineCommand;
 use brink_engine::server::worker::WorkerConfig;
-use brink_engine::server::{ServeOptions, load_api_keys, serve};
+use brink_engine::server::{ServeOptions, default_stall_dir, load_api_keys, serve};
 use clap::Args as ClapArgs;
 
 use crate::engine_args::EngineArgs;
@@ -28,9 +29,20 @@ pub struct Args {
     /// Requests that may wait for a slot; more get 503 with Retry-After.
     #[arg(long, default_value_t = 64)]
     max_queue: usize,
-    /// Seconds without engine progress, while work is pending, before /live reports a stall.
-    #[arg(long, default_value_t = 120)]
-    stall_timeout: u64,
+    /// Seconds without engine progress during a step before it is a stall: the engine process is
+    /// killed and restarted, the step's requests fail with 503, the queued ones run after.
+    #[arg(long, default_value_t = 120.0)]
+    stall_timeout: f64,
+    /// Where stall and crash reports (JSON) go (default: $BRINK_STATE_DIR/stalls, else ./brink-stalls).
+    #[arg(long)]
+    stall_dir: Option<PathBuf>,
+    /// TEST ONLY: make the engine hang or fail at a layer (hang:layer=N[,min-rows=R] or
+    /// fail:layer=N[,min-rows=R]); also env BRINK_INJECT_FAULT. Never in production.
+    #[arg(long, hide_short_help = true)]
+    inject_fault: Option<String>,
+    /// Smallest prefill chunk a prompt that stalled the engine is retried in before it is refused.
+    #[arg(long, default_value_t = 64)]
+    quarantine_min_chunk: usize,
     /// Seconds in-flight requests may run after SIGTERM.
     #[arg(long, default_value_t = 30)]
     grace: u64,
@@ -76,6 +88,19 @@ pub fn run(a: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if !(a.stall_timeout.is_finite() && a.stall_timeout > 0.0) {
+        eprintln!("error: --stall-timeout {} must be a positive number of seconds", a.stall_timeout);
+        return ExitCode::FAILURE;
+    }
+    let program = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: finding this program to run the engine child: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let state_dir = std::env::var_os("BRINK_STATE_DIR").map(PathBuf::from);
+    let inject_fault = a.inject_fault.clone().or_else(|| std::env::var("BRINK_INJECT_FAULT").ok().filter(|s| !s.trim().is_empty()));
     let (max_batch_tokens, prefill_chunk) = match batch_limits(&a) {
         Ok(l) => l,
         Err(e) => {
@@ -93,9 +118,13 @@ pub fn run(a: Args) -> ExitCode {
             prefill_chunk,
             max_queue: a.max_queue,
         },
+        engine: EngineCommand { program, args: vec!["engine-child".into()] },
         model_name: a.served_model_name,
         api_keys,
-        stall_timeout: Duration::from_secs(a.stall_timeout),
+        stall_timeout: Duration::from_secs_f64(a.stall_timeout),
+        stall_dir: a.stall_dir.unwrap_or_else(|| default_stall_dir(state_dir.as_deref())),
+        inject_fault,
+        quarantine_min_chunk: a.quarantine_min_chunk,
         grace: Duration::from_secs(a.grace),
         max_n: 8,
     };

@@ -76,6 +76,15 @@ impl Quarantine {
         n
     }
 
+    /// Prompt lengths under quarantine.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     /// How to serve a new request with a prompt of `prompt_tokens` tokens.
     pub fn check(&self, prompt_tokens: usize) -> Verdict {
         let Some(e) = self.entries.iter().find(|e| e.prompt_tokens == prompt_tokens) else { return Verdict::Clear };

@@ -121,7 +121,12 @@ async fn health() -> &'static str {
 }
 
 async fn ready(State(s): State<Arc<AppState>>) -> Response {
-    if s.heartbeat.ready.load(Ordering::Acquire) {
+    let hb = &s.heartbeat;
+    if hb.dead.load(Ordering::Acquire) {
+        (StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped\n").into_response()
+    } else if hb.restarting.load(Ordering::Acquire) {
+        (StatusCode::SERVICE_UNAVAILABLE, "the engine is restarting\n").into_response()
+    } else if hb.ready.load(Ordering::Acquire) {
         (StatusCode::OK, "ready\n").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "loading the model\n").into_response()
@@ -134,7 +139,9 @@ async fn live(State(s): State<Arc<AppState>>) -> Response {
     let (running, waiting) = (hb.running.load(Ordering::Relaxed), hb.waiting.load(Ordering::Relaxed));
     let body = format!("last progress {since:.1} s ago; {running} running, {waiting} waiting\n");
     if hb.dead.load(Ordering::Acquire) {
-        (StatusCode::SERVICE_UNAVAILABLE, "the engine worker has stopped\n").into_response()
+        (StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped\n").into_response()
+    } else if hb.restarting.load(Ordering::Acquire) {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("the engine is restarting after a stall or crash; {body}")).into_response()
     } else if hb.stalled(s.stall_timeout) {
         (StatusCode::SERVICE_UNAVAILABLE, format!("stalled: {body}")).into_response()
     } else {
@@ -164,6 +171,22 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
         "Seconds since the engine last made progress.",
         hb.since_progress().as_secs_f64().to_string(),
     );
+    metric("engine_restarts_total", "counter", "Engine child restarts after a stall or crash.", load(&hb.restarts).to_string());
+    metric(
+        "engine_restart_seconds",
+        "gauge",
+        "Kill (or death) to ready of the last engine restart, without back-off waits.",
+        (load(&hb.last_restart_micros) as f64 / 1e6).to_string(),
+    );
+    metric("engine_pid", "gauge", "The engine child's process id (0 while none runs).", load(&hb.engine_pid).to_string());
+    metric("quarantined_prompts", "gauge", "Prompt lengths under the poison quarantine.", load(&hb.quarantined).to_string());
+    out += "# HELP brink_stalls_total Engine stalls caught by the watchdog, by the layer and op the board named.\n\
+            # TYPE brink_stalls_total counter\n";
+    if let Ok(stalls) = hb.stalls.lock() {
+        for ((layer, op), n) in stalls.iter() {
+            out += &format!("brink_stalls_total{{layer=\"{layer}\",op=\"{op}\"}} {n}\n");
+        }
+    }
     out += "# HELP brink_time_to_first_token_seconds Time from submission to the first generated token.\n\
             # TYPE brink_time_to_first_token_seconds summary\n";
     out += &format!("brink_time_to_first_token_seconds_sum {}\n", load(&hb.ttft_micros_sum) as f64 / 1e6);
@@ -231,22 +254,29 @@ async fn run_request(s: &Arc<AppState>, api: Api, headers: &HeaderMap, body: Bod
     };
     let limits = Limits { served_models: s.served_models.clone(), context_tokens: loaded.context, max_n: s.max_n };
     let req = parse_request(api, &body, &limits).map_err(fail)?;
-    let mut sub = submit(s, loaded, &req)?;
-    // The first event decides the status: a refusal (full queue) is an HTTP error, not a
-    // stream that fails.
+    // One id per request: in the answer, and in the supervisor's stall reports.
+    let id = new_id(match api {
+        Api::Chat => "chatcmpl-",
+        Api::Completion => "cmpl-",
+        Api::Messages => "msg_",
+    });
+    let mut sub = submit(s, loaded, &req, &id)?;
+    // The first event decides the status: a refusal (full queue, quarantine) is an HTTP error,
+    // not a stream that fails; once admitted, a stream starts and a later failure (a stall) is
+    // the API's error event.
     let first = sub.events.recv().await.ok_or_else(|| fail(worker_gone()))?;
     if let Event::Failed { error, retry_after } = &first.1 {
         return Err((error.clone(), *retry_after));
     }
     if req.stream {
-        Ok(stream_response(api, req, sub, first))
+        Ok(stream_response(api, id, req, sub, first))
     } else {
         let (outputs, usage) = collect(&req, &mut sub, first).await?;
         let id_created = unix_now();
         Ok(match api {
-            Api::Chat => axum::Json(openai::chat_completion(&new_id("chatcmpl-"), id_created, &req, &outputs, usage)).into_response(),
-            Api::Completion => axum::Json(openai::completion(&new_id("cmpl-"), id_created, &req.model, &outputs, usage)).into_response(),
-            Api::Messages => axum::Json(anthropic::message(&new_id("msg_"), &req, &outputs[0], usage)).into_response(),
+            Api::Chat => axum::Json(openai::chat_completion(&id, id_created, &req, &outputs, usage)).into_response(),
+            Api::Completion => axum::Json(openai::completion(&id, id_created, &req.model, &outputs, usage)).into_response(),
+            Api::Messages => axum::Json(anthropic::message(&id, &req, &outputs[0], usage)).into_response(),
         })
     }
 }
@@ -260,7 +290,10 @@ fn parse_request(api: Api, body: &[u8], limits: &Limits) -> Result<GenerateReque
 }
 
 fn worker_gone() -> ApiError {
-    ApiError::new(ErrorKind::Overloaded, "the engine worker is not running (the server is shutting down)")
+    ApiError::new(
+        ErrorKind::Overloaded,
+        "the engine supervisor is not running (the server is shutting down or the engine could not be restarted)",
+    )
 }
 
 /// The prompt's tokens: chat messages rendered through the model's template, or the raw text.
@@ -277,7 +310,7 @@ pub fn prompt_tokens(loaded: &Loaded, prompt: &Prompt) -> Result<Vec<u32>, ApiEr
     }
 }
 
-fn submit(s: &AppState, loaded: &Loaded, req: &GenerateRequest) -> Result<Submitted, Failure> {
+fn submit(s: &AppState, loaded: &Loaded, req: &GenerateRequest, request_id: &str) -> Result<Submitted, Failure> {
     let prompt = prompt_tokens(loaded, &req.prompt).map_err(fail)?;
     if prompt.is_empty() {
         return Err(fail(ApiError::invalid("prompt", "the prompt has no tokens")));
@@ -303,6 +336,7 @@ fn submit(s: &AppState, loaded: &Loaded, req: &GenerateRequest) -> Result<Submit
             max_tokens,
             stop_tokens: loaded.tokenizer.stop_tokens().to_vec(),
             index,
+            request_id: request_id.to_string(),
             events: tx.clone(),
             cancel,
         };
@@ -358,6 +392,7 @@ async fn collect(req: &GenerateRequest, sub: &mut Submitted, first: (usize, Even
                 outs[i] = Some(Output { text: std::mem::take(&mut texts[i]), finish: finish_reason(end) });
             }
             Event::Failed { error, retry_after } => return Err((error, retry_after)),
+            Event::Admitted => {}
         }
     }
     Ok((outs.into_iter().flatten().collect(), usage))
@@ -418,14 +453,14 @@ impl Encoder {
 /// An SSE response fed by a task that turns the worker's events into the API's frames. When the
 /// client goes away the body is dropped, the task's sends fail, it returns, and dropping its
 /// event receiver tells the worker to cancel.
-fn stream_response(api: Api, req: GenerateRequest, mut sub: Submitted, first: (usize, Event)) -> Response {
+fn stream_response(api: Api, id: String, req: GenerateRequest, mut sub: Submitted, first: (usize, Event)) -> Response {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(64);
     tokio::spawn(async move {
         let usage0 = Usage { prompt_tokens: sub.prompt_tokens as u64, ..Usage::default() };
         let mut enc = match api {
-            Api::Chat => Encoder::Chat(OpenAiChatStream::new(&new_id("chatcmpl-"), unix_now(), &req)),
-            Api::Completion => Encoder::Completion(OpenAiCompletionStream::new(&new_id("cmpl-"), unix_now(), &req)),
-            Api::Messages => Encoder::Messages(AnthropicStream::new(&new_id("msg_"), &req)),
+            Api::Chat => Encoder::Chat(OpenAiChatStream::new(&id, unix_now(), &req)),
+            Api::Completion => Encoder::Completion(OpenAiCompletionStream::new(&id, unix_now(), &req)),
+            Api::Messages => Encoder::Messages(AnthropicStream::new(&id, &req)),
         };
         let start = match &enc {
             Encoder::Chat(e) => e.start(),
@@ -485,6 +520,7 @@ fn stream_response(api: Api, req: GenerateRequest, mut sub: Submitted, first: (u
                     let _ = tx.send(enc.error(&error)).await;
                     return;
                 }
+                Event::Admitted => String::new(),
             };
             if !frames.is_empty() && tx.send(frames).await.is_err() {
                 return;

@@ -1,33 +1,52 @@
 //! The HTTP server over the engine: `brink-agent serve`.
 //!
-//! - [`worker`] — the engine on its own thread, with the scheduler (continuous batching).
 //! - [`http`] — the axum routes: OpenAI and Anthropic APIs, health, readiness, liveness, metrics.
+//! - [`worker`] — the jobs and events between the handlers and the supervisor, and its counters.
+//! - [`supervisor`] — the scheduler and the quarantine; runs the engine as a child process, one
+//!   step at a time, watches it for stalls and restarts it.
+//! - [`child`] — the engine child's side; [`protocol`] — their framed messages.
+//! - [`watchdog`] — stall detection, reports and restart back-off (pure).
 //!
-//! The server binds first and loads the model on the worker thread, so `/health` answers while
-//! a large model loads and `/ready` turns 200 when it is done. On shutdown it stops accepting,
-//! lets in-flight requests finish within the grace period, then closes the worker.
+//! The server binds first and starts the engine child, so `/health` answers while a large model
+//! loads and `/ready` turns 200 when it is done. On shutdown it stops accepting, lets in-flight
+//! requests finish within the grace period, then closes the child.
 
+pub mod child;
 pub mod http;
+pub mod protocol;
+pub mod supervisor;
+pub mod watchdog;
 pub mod worker;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use http::{AppState, HttpCounters};
+use supervisor::{EngineCommand, SupervisorConfig};
 use worker::{Heartbeat, WorkerConfig};
 
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
     pub worker: WorkerConfig,
+    /// The engine child's program: `brink-agent engine-child` (tests: the built binary).
+    pub engine: EngineCommand,
     /// The model name clients use; the file's stem when `None`. `brink` is always accepted too.
     pub model_name: Option<String>,
     /// Accepted API keys; empty: no key needed.
     pub api_keys: Vec<String>,
-    /// `/live` fails when work is pending and no step finished for this long.
+    /// A step in flight with no progress on the board for this long is a stall: the engine
+    /// child is killed and restarted.
     pub stall_timeout: Duration,
+    /// Where stall and crash reports are written.
+    pub stall_dir: PathBuf,
+    /// Test-only: a fault the engine child injects (`hang:layer=N[,min-rows=R]`, `fail:…`).
+    pub inject_fault: Option<String>,
+    /// The smallest prefill chunk a quarantined prompt is served in before it is refused (after
+    /// three stalls of one prompt length it is refused anyway).
+    pub quarantine_min_chunk: usize,
     /// How long in-flight requests may run after a shutdown signal.
     pub grace: Duration,
     /// The most choices (`n`) per request.
@@ -63,6 +82,14 @@ pub fn load_api_keys(file: Option<&Path>, env: Option<&str>) -> Result<Vec<Strin
     Ok(keys)
 }
 
+/// Reports go to `$BRINK_STATE_DIR/stalls`, or `./brink-stalls` without it.
+pub fn default_stall_dir(state_dir: Option<&Path>) -> PathBuf {
+    match state_dir {
+        Some(d) => d.join("stalls"),
+        None => PathBuf::from("brink-stalls"),
+    }
+}
+
 fn served_models(opts: &ServeOptions) -> Vec<String> {
     let stem = opts.worker.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
     let mut names = vec![opts.model_name.clone().unwrap_or(stem)];
@@ -81,6 +108,12 @@ pub async fn serve_on(
     if opts.max_n == 0 {
         return Err(ServeError::Config("max_n must be at least 1".into()));
     }
+    if let Some(spec) = &opts.inject_fault {
+        spec.parse::<crate::monitor::Fault>().map_err(|e| ServeError::Config(format!("--inject-fault: {e}")))?;
+    }
+    if opts.stall_timeout.is_zero() {
+        return Err(ServeError::Config("--stall-timeout must be above 0".into()));
+    }
     let heartbeat = Arc::new(Heartbeat::new());
     let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
     let state = Arc::new(AppState {
@@ -95,9 +128,17 @@ pub async fn serve_on(
     });
     let (load_tx, load_rx) = tokio::sync::oneshot::channel::<Result<(), String>>();
     let worker_state = state.clone();
-    let worker_cfg = opts.worker.clone();
-    let worker = std::thread::Builder::new().name("brink-engine".into()).spawn(move || {
-        worker::run(worker_cfg, jobs_rx, heartbeat, |loaded| {
+    let sup_cfg = SupervisorConfig {
+        worker: opts.worker.clone(),
+        engine: opts.engine.clone(),
+        stall_timeout: opts.stall_timeout,
+        stall_dir: opts.stall_dir.clone(),
+        fault: opts.inject_fault.clone(),
+        quarantine_min_chunk: opts.quarantine_min_chunk,
+        quarantine_max_strikes: 3,
+    };
+    let worker = std::thread::Builder::new().name("brink-supervisor".into()).spawn(move || {
+        supervisor::run(sup_cfg, jobs_rx, heartbeat, |loaded| {
             let result = loaded.map(|l| {
                 let _ = worker_state.loaded.set(l);
             });
@@ -117,7 +158,7 @@ pub async fn serve_on(
                         *slot = Some(e);
                     }
                 }
-                // Loaded (or the worker is gone): keep serving until the shutdown signal.
+                // Loaded (or the supervisor is gone): keep serving until the shutdown signal.
                 _ => std::future::pending::<()>().await,
             }
         };
@@ -140,7 +181,7 @@ pub async fn serve_on(
     if !drained {
         eprintln!("brink serve: the grace period of {grace:?} is over; closing the requests still running");
     }
-    // Closing the job channel lets the worker finish and exit once nothing runs.
+    // Closing the job channel lets the supervisor finish, stop the child and exit once nothing runs.
     if let Ok(mut jobs) = state.jobs.lock() {
         jobs.take();
     }

@@ -1,27 +1,23 @@
-//! The engine worker: one OS thread owns the engine (it is not shared between threads and its
-//! steps block) and the scheduler. HTTP handlers hand it [`Job`]s over a channel and read
-//! [`Event`]s back; the worker loops `schedule → step → sample → complete_step → send`, and
-//! idles on the channel when nothing runs.
+//! What the HTTP handlers and the supervisor exchange: a [`Job`] per choice in, [`Event`]s
+//! back, and the [`Heartbeat`] counters the supervisor publishes for `/ready`, `/live` and
+//! `/metrics`. The engine itself runs in a child process (see [`super::supervisor`]).
 //!
 //! A job's end comes from the engine's side (stop token, token limit, context) or the client's:
 //! a handler that found a stop string, or whose client disconnected, drops its event receiver,
-//! and the worker cancels the sequence at its next step.
+//! and the supervisor cancels the sequence before its next step.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::backend::Logits;
 use crate::chat_template::ChatTemplate;
-use crate::engine::{AnyEngine, BackendKind, EngineOptions, StepItem};
-use crate::gguf::GgufFile;
-use crate::sampler::{Sampler, SamplingParams};
-use crate::sched::{Finish, KvBlocks, Rejection, Request, SchedConfig, Scheduler, SeqId, StepLimits};
+use crate::engine::BackendKind;
+use crate::sampler::SamplingParams;
+use crate::sched::Rejection;
 use crate::serve::{ApiError, ErrorKind};
 use crate::tokenizer::Tokenizer;
 
@@ -34,8 +30,10 @@ pub struct Job {
     pub stop_tokens: Vec<u32>,
     /// The choice index this job answers, echoed in every event.
     pub index: usize,
+    /// The id of the answer (`chatcmpl-…`, `msg_…`), for the stall reports.
+    pub request_id: String,
     pub events: UnboundedSender<(usize, Event)>,
-    /// Set by the handler when it ended the choice itself (a stop string): the worker cancels it.
+    /// Set by the handler when it ended the choice itself (a stop string): the supervisor cancels it.
     pub cancel: Arc<AtomicBool>,
 }
 
@@ -49,6 +47,9 @@ pub enum JobEnd {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
+    /// The scheduler took the job (running or queued): a stream may start. Every job that is
+    /// not refused sends this first.
+    Admitted,
     Token(u32),
     Finished {
         end: JobEnd,
@@ -61,12 +62,25 @@ pub enum Event {
     },
 }
 
-/// Progress counters the worker publishes for `/live` and `/metrics`.
+/// Progress counters the supervisor publishes for `/ready`, `/live` and `/metrics`.
 #[derive(Debug, Default)]
 pub struct Heartbeat {
+    /// An engine child is loaded and answering.
     pub ready: AtomicBool,
-    /// The worker thread ended on a panic: nothing will be served again.
+    /// The supervisor gave up (a panic, or the engine cannot be restarted): nothing will be
+    /// served again.
     pub dead: AtomicBool,
+    /// A stall or crash was caught and the engine is being restarted.
+    pub restarting: AtomicBool,
+    pub restarts: AtomicU64,
+    /// The engine child's pid; 0 while none runs.
+    pub engine_pid: AtomicU64,
+    /// Kill (or death) to the new child's ready, of the last restart, without back-off waits.
+    pub last_restart_micros: AtomicU64,
+    /// Prompt lengths under quarantine.
+    pub quarantined: AtomicU64,
+    /// Stalls by (layer, op) as the board named them.
+    pub stalls: Mutex<BTreeMap<(String, String), u64>>,
     pub steps: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub completion_tokens: AtomicU64,
@@ -89,7 +103,7 @@ impl Heartbeat {
         self.epoch.map_or(0, |e| e.elapsed().as_millis() as u64)
     }
 
-    fn beat(&self) {
+    pub(crate) fn beat(&self) {
         self.last_progress_ms.store(self.now_ms(), Ordering::Relaxed);
     }
 
@@ -106,7 +120,7 @@ impl Heartbeat {
     }
 }
 
-/// How the worker loads and runs the model.
+/// How the engine child loads and runs the model, and the scheduler's limits.
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
     pub model: PathBuf,
@@ -126,258 +140,7 @@ pub struct Loaded {
     pub template: ChatTemplate,
     /// The context as served (the engine's, after clamping to the model's).
     pub context: usize,
-    pub backend: &'static str,
-}
-
-/// Loads the model and runs the worker loop until `jobs` closes and nothing is left to run.
-/// `on_loaded` gets the result of loading (an error ends the worker).
-pub fn run(cfg: WorkerConfig, jobs: Receiver<Job>, heartbeat: Arc<Heartbeat>, on_loaded: impl FnOnce(Result<Loaded, String>)) {
-    let (engine, sched, tokenizer) = match load(&cfg) {
-        Ok((engine, sched, loaded)) => {
-            let tok = loaded.tokenizer.clone();
-            heartbeat.beat();
-            heartbeat.ready.store(true, Ordering::Release);
-            on_loaded(Ok(loaded));
-            (engine, sched, tok)
-        }
-        Err(e) => return on_loaded(Err(e)),
-    };
-    let hb = heartbeat.clone();
-    let worker = Worker { engine, sched, active: HashMap::new(), next_id: 0, heartbeat, vocab: tokenizer.vocab_size() };
-    // A panic in the engine must not leave a healthy-looking server behind: mark it dead, so
-    // `/ready` and `/live` fail. The handlers' channels close with the worker and they answer 503.
-    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run(jobs))).is_err() {
-        hb.ready.store(false, Ordering::Release);
-        hb.dead.store(true, Ordering::Release);
-    }
-}
-
-fn load(cfg: &WorkerConfig) -> Result<(Box<dyn AnyEngine>, Scheduler, Loaded), String> {
-    let path = cfg.model.display();
-    let file = GgufFile::open(&cfg.model).map_err(|e| format!("{path}: {e}"))?;
-    let tokenizer = Tokenizer::from_gguf(file.metadata()).map_err(|e| format!("{path}: tokenizer: {e}"))?;
-    let template = match ChatTemplate::from_gguf(file.metadata()).map_err(|e| format!("{path}: chat template: {e}"))? {
-        Some(t) => t,
-        None => ChatTemplate::chatml().map_err(|e| format!("the built-in ChatML template: {e}"))?,
-    };
-    drop(file);
-    let opts = EngineOptions { context: cfg.context, slots: cfg.slots.max(1), prefill_chunk: cfg.prefill_chunk.max(1) };
-    let engine = crate::engine::open(&cfg.model, cfg.backend, opts).map_err(|e| format!("{path}: {e}"))?;
-    let served = engine.options();
-    if tokenizer.vocab_size() > engine.config().vocab {
-        return Err(format!(
-            "{path}: the tokenizer has {} tokens but the model's vocabulary is {}",
-            tokenizer.vocab_size(),
-            engine.config().vocab
-        ));
-    }
-    let limits = StepLimits::new(cfg.max_batch_tokens, served.prefill_chunk, served.slots, None).map_err(|e| e.to_string())?;
-    // One block per slot, as long as the context: until the backends are paged, a sequence's
-    // single block number is its KV slot.
-    let kv = KvBlocks::new(served.slots, served.context).map_err(|e| e.to_string())?;
-    let sched_cfg = SchedConfig { limits, context: served.context, max_queue: cfg.max_queue, retry_after_secs: 1 };
-    let sched = Scheduler::new(sched_cfg, kv).map_err(|e| e.to_string())?;
-    let loaded = Loaded { tokenizer: Arc::new(tokenizer), template, context: served.context, backend: engine.backend_name() };
-    Ok((engine, sched, loaded))
-}
-
-struct Active {
-    sampler: Sampler,
-    stop_tokens: Vec<u32>,
-    index: usize,
-    events: UnboundedSender<(usize, Event)>,
-    cancel: Arc<AtomicBool>,
-    submitted: Instant,
-    first_token: bool,
-}
-
-struct Worker {
-    engine: Box<dyn AnyEngine>,
-    sched: Scheduler,
-    active: HashMap<SeqId, Active>,
-    next_id: SeqId,
-    heartbeat: Arc<Heartbeat>,
-    vocab: usize,
-}
-
-impl Worker {
-    fn run(mut self, jobs: Receiver<Job>) {
-        let mut open = true;
-        loop {
-            // Idle: wait for work (waking now and then to keep the heartbeat honest). Busy:
-            // take what arrived without waiting.
-            if self.sched.is_idle() {
-                if !open {
-                    return;
-                }
-                self.heartbeat.beat();
-                match jobs.recv_timeout(Duration::from_millis(500)) {
-                    Ok(job) => self.submit(job),
-                    Err(RecvTimeoutError::Timeout) => continue,
-                    Err(RecvTimeoutError::Disconnected) => return,
-                }
-            }
-            loop {
-                match jobs.try_recv() {
-                    Ok(job) => self.submit(job),
-                    Err(std::sync::mpsc::TryRecvError::Empty) => break,
-                    Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                        open = false;
-                        break;
-                    }
-                }
-            }
-            self.drop_abandoned();
-            let stepped = self.step();
-            self.publish();
-            if !stepped && !self.sched.is_idle() {
-                // Work is queued but nothing could run (not expected with one block per slot):
-                // wait for a job or a moment instead of spinning.
-                match jobs.recv_timeout(Duration::from_millis(10)) {
-                    Ok(job) => self.submit(job),
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => open = false,
-                }
-            }
-        }
-    }
-
-    fn submit(&mut self, job: Job) {
-        let id = self.next_id;
-        self.next_id += 1;
-        let prompt_len = job.prompt.len() as u64;
-        let req = Request { id, prompt: job.prompt, max_new_tokens: job.max_tokens, limits: Default::default() };
-        match self.sched.submit(req) {
-            Ok(_) => {
-                self.heartbeat.prompt_tokens.fetch_add(prompt_len, Ordering::Relaxed);
-                let active = Active {
-                    sampler: Sampler::new(job.sampling),
-                    stop_tokens: job.stop_tokens,
-                    index: job.index,
-                    events: job.events,
-                    cancel: job.cancel,
-                    submitted: Instant::now(),
-                    first_token: false,
-                };
-                self.active.insert(id, active);
-            }
-            Err(rejection) => {
-                let _ = job.events.send((job.index, rejected(&rejection)));
-            }
-        }
-        self.publish();
-    }
-
-    /// Cancels the sequences whose client stopped listening or that the handler ended.
-    fn drop_abandoned(&mut self) {
-        let gone: Vec<SeqId> =
-            self.active.iter().filter(|(_, a)| a.events.is_closed() || a.cancel.load(Ordering::Relaxed)).map(|(&id, _)| id).collect();
-        for id in gone {
-            self.sched.cancel(id);
-            self.active.remove(&id);
-        }
-    }
-
-    /// One engine step over the scheduler's plan; false when there was nothing to run.
-    fn step(&mut self) -> bool {
-        let plan = self.sched.schedule();
-        if plan.is_empty() {
-            return false;
-        }
-        let result = {
-            let mut items = Vec::with_capacity(plan.chunks.len());
-            let mut missing = None;
-            for c in &plan.chunks {
-                let slot = self.sched.block_table(c.seq).and_then(|t| t.first().copied());
-                let tokens = self.sched.tokens(c.seq).and_then(|t| t.get(c.start_pos..c.start_pos + c.len));
-                match (slot, tokens) {
-                    (Some(slot), Some(tokens)) => items.push(StepItem {
-                        slot,
-                        start_pos: c.start_pos as u32,
-                        tokens,
-                        logits: if c.logits { Logits::Last } else { Logits::None },
-                    }),
-                    _ => missing = Some(c.seq),
-                }
-            }
-            match missing {
-                Some(seq) => Err(format!("the scheduler planned sequence {seq} but holds no tokens or block for it")),
-                None => self.engine.step(&items).map_err(|e| e.to_string()),
-            }
-        };
-        let logits = match result {
-            Ok(l) => l,
-            Err(e) => {
-                self.fail_plan(&plan.chunks.iter().map(|c| c.seq).collect::<Vec<_>>(), &e);
-                return true;
-            }
-        };
-        let rows = plan.logit_chunks().count();
-        if logits.len() != rows * self.vocab {
-            let msg = format!("the engine returned {} logits for {rows} rows of {}", logits.len(), self.vocab);
-            self.fail_plan(&plan.chunks.iter().map(|c| c.seq).collect::<Vec<_>>(), &msg);
-            return true;
-        }
-        let mut sampled = Vec::with_capacity(rows);
-        for (row, c) in plan.logit_chunks().enumerate() {
-            let logits = &logits[row * self.vocab..(row + 1) * self.vocab];
-            // A sequence cancelled since `schedule` still needs a placeholder row.
-            sampled.push(self.active.get_mut(&c.seq).map_or(0, |a| a.sampler.sample(logits)));
-        }
-        let cached: HashMap<SeqId, usize> =
-            plan.logit_chunks().filter_map(|c| self.sched.cached_tokens(c.seq).map(|n| (c.seq, n))).collect();
-        let emitted = match self.sched.complete_step(&plan, &sampled) {
-            Ok(e) => e,
-            Err(e) => {
-                self.fail_plan(&plan.chunks.iter().map(|c| c.seq).collect::<Vec<_>>(), &e.to_string());
-                return true;
-            }
-        };
-        self.heartbeat.steps.fetch_add(1, Ordering::Relaxed);
-        self.heartbeat.beat();
-        for e in emitted {
-            let Some(a) = self.active.get_mut(&e.seq) else { continue };
-            if !a.first_token {
-                a.first_token = true;
-                self.heartbeat.ttft_micros_sum.fetch_add(a.submitted.elapsed().as_micros() as u64, Ordering::Relaxed);
-                self.heartbeat.ttft_count.fetch_add(1, Ordering::Relaxed);
-            }
-            self.heartbeat.completion_tokens.fetch_add(1, Ordering::Relaxed);
-            let _ = a.events.send((a.index, Event::Token(e.token)));
-            let end = if a.stop_tokens.contains(&e.token) {
-                Some(JobEnd::StopToken)
-            } else if matches!(e.finish, Some(Finish::Length | Finish::Context)) {
-                Some(JobEnd::Length)
-            } else {
-                None
-            };
-            if let Some(end) = end {
-                let cached_tokens = cached.get(&e.seq).copied().unwrap_or(0);
-                let _ = a.events.send((a.index, Event::Finished { end, cached_tokens }));
-                self.sched.cancel(e.seq);
-                self.active.remove(&e.seq);
-            }
-        }
-        true
-    }
-
-    /// A step failed: its sequences get a 500 and leave; the others go on.
-    fn fail_plan(&mut self, seqs: &[SeqId], message: &str) {
-        self.heartbeat.failed_steps.fetch_add(1, Ordering::Relaxed);
-        let error = ApiError::new(ErrorKind::Internal, format!("the engine failed: {message}"));
-        for &id in seqs {
-            self.sched.cancel(id);
-            if let Some(a) = self.active.remove(&id) {
-                let _ = a.events.send((a.index, Event::Failed { error: error.clone(), retry_after: None }));
-            }
-        }
-        self.heartbeat.beat();
-    }
-
-    fn publish(&self) {
-        self.heartbeat.running.store(self.sched.running() as u64, Ordering::Relaxed);
-        self.heartbeat.waiting.store(self.sched.waiting() as u64, Ordering::Relaxed);
-    }
+    pub backend: String,
 }
 
 /// The API error for a request the scheduler refused.
@@ -389,6 +152,27 @@ pub fn rejected(r: &Rejection) -> Event {
     let mut error = ApiError::new(kind, r.to_string());
     error.status = r.http_status();
     Event::Failed { error, retry_after: r.retry_after_secs() }
+}
+
+/// The API error for a request the poison quarantine refused: 422, the request is well formed
+/// but this server will not run it (a 503 would invite the retry that must not happen).
+pub fn quarantined(message: String) -> Event {
+    let mut error = ApiError::new(ErrorKind::InvalidRequest, message);
+    error.status = 422;
+    Event::Failed { error, retry_after: None }
+}
+
+impl Heartbeat {
+    /// Counts a stall at `layer`/`op` (as the board named them).
+    pub fn record_stall(&self, layer: String, op: String) {
+        if let Ok(mut m) = self.stalls.lock() {
+            *m.entry((layer, op)).or_default() += 1;
+        }
+    }
+
+    pub fn stalls_total(&self) -> u64 {
+        self.stalls.lock().map_or(0, |m| m.values().sum())
+    }
 }
 
 #[cfg(test)]

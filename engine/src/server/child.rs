@@ -1,0 +1,130 @@
+//! The engine child process: loads the model, reports progress on the supervisor's board, and
+//! runs the steps the supervisor sends, sampling in-process (see [`super::protocol`]). Its stdout
+//! is the protocol pipe, so nothing else may print there; logs go to stderr.
+//!
+//! The child keeps no request state beyond the per-sequence samplers: the scheduler, the queue
+//! and the KV bookkeeping live in the supervisor, so killing the child loses only the steps in
+//! flight.
+
+use std::collections::HashMap;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::sync::Arc;
+
+use super::protocol::{ChildConfig, FrameError, FromChild, ToChild, WireChunk, parse_backend, read_frame, write_frame};
+use crate::backend::Logits;
+use crate::engine::{AnyEngine, EngineOptions, StepItem};
+use crate::monitor::{BoardFile, Fault, Monitor, Op};
+use crate::sampler::Sampler;
+use crate::sched::SeqId;
+
+/// The child's `main`: the protocol on stdin/stdout. Returns the process exit code.
+pub fn main_stdio() -> i32 {
+    let stdin = BufReader::new(std::io::stdin().lock());
+    let stdout = BufWriter::new(std::io::stdout().lock());
+    match run(stdin, stdout) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("brink engine child: {e}");
+            1
+        }
+    }
+}
+
+/// Serves the protocol on `input`/`output` until `Shutdown` or the supervisor closes the pipe.
+pub fn run(mut input: impl Read, mut output: impl Write) -> Result<(), String> {
+    let cfg = match read_frame::<ToChild>(&mut input) {
+        Ok(ToChild::Load(cfg)) => cfg,
+        Ok(other) => return Err(format!("the first message must be Load, got {other:?}")),
+        Err(e) => return Err(format!("reading the load message: {e}")),
+    };
+    let (mut engine, monitor) = match load(&cfg) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = write_frame(&mut output, &FromChild::LoadFailed(e.clone()));
+            return Err(e);
+        }
+    };
+    let opts = engine.options();
+    let ready = FromChild::Ready {
+        context: opts.context,
+        slots: opts.slots,
+        prefill_chunk: opts.prefill_chunk,
+        vocab: engine.config().vocab,
+        backend: engine.backend_name().to_string(),
+        load_seconds: engine.load_report().seconds,
+    };
+    write_frame(&mut output, &ready).map_err(|e| format!("sending ready: {e}"))?;
+    monitor.board().idle();
+    let mut samplers: HashMap<SeqId, Sampler> = HashMap::new();
+    loop {
+        match read_frame::<ToChild>(&mut input) {
+            Ok(ToChild::Step { step, chunks, ended }) => {
+                for id in ended {
+                    samplers.remove(&id);
+                }
+                let answer = match run_step(engine.as_mut(), &mut samplers, &chunks) {
+                    Ok(tokens) => FromChild::Sampled { step, tokens },
+                    Err(message) => FromChild::StepFailed { step, message },
+                };
+                monitor.board().idle();
+                write_frame(&mut output, &answer).map_err(|e| format!("sending step {step}: {e}"))?;
+            }
+            Ok(ToChild::Shutdown) | Err(FrameError::Closed) => return Ok(()),
+            Ok(ToChild::Load(_)) => return Err("a second Load message".into()),
+            Err(e) => return Err(format!("reading a step: {e}")),
+        }
+    }
+}
+
+fn load(cfg: &ChildConfig) -> Result<(Box<dyn AnyEngine>, Arc<Monitor>), String> {
+    let fault = cfg.fault.as_deref().map(str::parse::<Fault>).transpose().map_err(|e| format!("--inject-fault: {e}"))?;
+    let board = BoardFile::open(&cfg.board).map_err(|e| format!("progress board {}: {e}", cfg.board.display()))?;
+    let monitor = Arc::new(Monitor::shared(board).with_fault(fault));
+    monitor.board().enter(None, Op::Loading);
+    let backend = parse_backend(&cfg.backend)?;
+    let opts = EngineOptions { context: cfg.context, slots: cfg.slots.max(1), prefill_chunk: cfg.prefill_chunk.max(1) };
+    let mut engine = crate::engine::open(&cfg.model, backend, opts).map_err(|e| format!("{}: {e}", cfg.model.display()))?;
+    if let Some(f) = fault {
+        eprintln!("brink engine child: TEST-ONLY fault injection armed: {f}");
+    }
+    engine.set_monitor(monitor.clone());
+    Ok((engine, monitor))
+}
+
+/// The engine's KV address of a chunk. Until the backends are paged, a sequence holds one block
+/// as long as the context and that block's number is its KV slot; the paged engine takes the
+/// whole table here instead.
+fn kv_slot(c: &WireChunk) -> Result<u32, String> {
+    c.blocks.first().copied().ok_or_else(|| format!("sequence {}: the step carries no KV blocks", c.seq))
+}
+
+/// One engine step over `chunks`; one sampled token per chunk that asked for logits.
+fn run_step(engine: &mut dyn AnyEngine, samplers: &mut HashMap<SeqId, Sampler>, chunks: &[WireChunk]) -> Result<Vec<u32>, String> {
+    for c in chunks {
+        if let Some(p) = c.sampling {
+            samplers.insert(c.seq, Sampler::new(p.into()));
+        }
+        if c.logits && !samplers.contains_key(&c.seq) {
+            return Err(format!("sequence {}: logits asked for but no sampling params were ever sent", c.seq));
+        }
+    }
+    let mut items = Vec::with_capacity(chunks.len());
+    for c in chunks {
+        let start_pos = u32::try_from(c.start_pos).map_err(|_| format!("sequence {}: position {} is past u32", c.seq, c.start_pos))?;
+        let logits = if c.logits { Logits::Last } else { Logits::None };
+        items.push(StepItem { slot: kv_slot(c)?, start_pos, tokens: &c.tokens, logits });
+    }
+    let logits = engine.step(&items).map_err(|e| e.to_string())?;
+    let vocab = engine.config().vocab;
+    let rows = chunks.iter().filter(|c| c.logits).count();
+    if logits.len() != rows * vocab {
+        return Err(format!("the engine returned {} logits for {rows} rows of {vocab}", logits.len()));
+    }
+    let mut out = Vec::with_capacity(rows);
+    for (row, c) in chunks.iter().filter(|c| c.logits).enumerate() {
+        // Checked above: every chunk with logits has a sampler.
+        let Some(s) = samplers.get_mut(&c.seq) else { return Err(format!("sequence {}: no sampler", c.seq)) };
+        out.push(s.sample(&logits[row * vocab..(row + 1) * vocab]));
+    }
+    Ok(out)
+}
