@@ -9,7 +9,7 @@
 //   chunks   AttChunk {table, start_pos, n_tokens, first_row}: rows first_row.. of the batch sit at
 //            positions start_pos.. of the sequence whose block table starts at table[table], and
 //            query i sees the sequence's positions 0 ..= start_pos + i. Position p lives in cache
-//            row table[table + (p >> shift)] << shift | (p & mask) (att_page_row); the host checks
+//            row table[table + (p >> shift)] << shift | (p & mask) (att_stage); the host checks
 //            that every entry a chunk reads exists and is below num_blocks.
 // GQA: query head h reads kv head h / (n_head / n_kv). Scores are taken in log2 units: q is
 // scaled by scale * log2(e) once, then softmax uses exp2f (the CPU twin does the same).
@@ -44,13 +44,6 @@ struct __align__(16) AttChunk {
     int table, start_pos, n_tokens, first_row;
 };
 
-// The cache row of position pos of a sequence whose block table starts at table[toff]: one table
-// load per staged key row.
-static __device__ __forceinline__ u64 att_page_row(const int* __restrict__ table, u64 toff, int pos, int shift) {
-    const u64 block = (u64)(u32)table[toff + (u64)(pos >> shift)];
-    return (block << shift) | (u64)(pos & ((1 << shift) - 1));
-}
-
 // Element offset of (cache row, kv head) in a cache.
 static __device__ __forceinline__ u64 att_kv_offset(u64 row, int n_kv, int kvh, int d) {
     return (row * (u64)n_kv + (u64)kvh) * (u64)d;
@@ -66,17 +59,24 @@ static __device__ __forceinline__ float4 att_f16x4(u32 lo, u32 hi) {
 }
 
 // Stages keys k0 .. k0 + ROWS - 1 of one kv head into s ([ROWS][D + ATT_PAD] f32), 16 bytes of
-// f16 per load, each key through the block table at toff; keys past kmax repeat kmax (valid
-// memory: the table covers kmax; the callers mask them).
+// f16 per load; keys past kmax repeat kmax (valid memory: the table covers kmax; the callers mask
+// them). Key p lives in cache row tab[p >> shift] << shift | (p & mask): one table load per
+// staged key row, by one thread, into blk[]. A barrier inside: every thread calls this (the
+// callers' loop bounds are block-uniform), and the callers' own barrier before each call keeps
+// the previous call's readers of blk[] done before it is rewritten.
 template <int D, int ROWS>
-static __device__ __forceinline__ void att_stage(float* s, const u16* __restrict__ cache, const int* __restrict__ table, u64 toff,
-                                                 int shift, int k0, int kmax, int n_kv, int kvh) {
+static __device__ __forceinline__ void att_stage(float* s, const u16* __restrict__ cache, const int* __restrict__ tab, int shift,
+                                                 int k0, int kmax, int n_kv, int kvh) {
     constexpr int V8 = D / 8;
     constexpr int LD = D + ATT_PAD;
+    __shared__ int blk[ROWS];
+    for (int r = threadIdx.x; r < ROWS; r += ATT_THREADS) blk[r] = tab[min(k0 + r, kmax) >> shift];
+    __syncthreads();
     for (int e = threadIdx.x; e < ROWS * V8; e += ATT_THREADS) {
         const int r = e / V8, c = e - r * V8;
         const int key = min(k0 + r, kmax);
-        const uint4 raw = *(const uint4*)(cache + att_kv_offset(att_page_row(table, toff, key, shift), n_kv, kvh, D) + (u64)c * 8);
+        const u64 row = ((u64)(u32)blk[r] << shift) | (u64)(key & ((1 << shift) - 1));
+        const uint4 raw = *(const uint4*)(cache + att_kv_offset(row, n_kv, kvh, D) + (u64)c * 8);
         float* dst = s + r * LD + c * 8;
         *(float4*)dst = att_f16x4(raw.x, raw.y);
         *(float4*)(dst + 4) = att_f16x4(raw.z, raw.w);
@@ -111,7 +111,7 @@ static __device__ __forceinline__ void att_prefill(const float* __restrict__ q, 
     const int h = blockIdx.y;
     const int kvh = h / (n_head / n_kv);
     const int t = threadIdx.x, g = t & 7, qg = t >> 3;
-    const u64 toff = (u64)(u32)ch.table;
+    const int* __restrict__ tab = table + (u64)(u32)ch.table;  // the chunk's block table
 
     for (int e = t; e < BQ * (D / 4); e += ATT_THREADS) {
         const int r = e / (D / 4), c = e - r * (D / 4);
@@ -137,7 +137,7 @@ static __device__ __forceinline__ void att_prefill(const float* __restrict__ q, 
     for (int kt = 0; kt < n_kt; ++kt) {
         const int k0 = kt * BK;
         __syncthreads();  // Q staged (first tile); every warp done with the previous V tile
-        att_stage<D, BK>(skv, kc, table, toff, shift, k0, kmax, n_kv, kvh);
+        att_stage<D, BK>(skv, kc, tab, shift, k0, kmax, n_kv, kvh);
         __syncthreads();
         float s[TQ][TK];
 #pragma unroll
@@ -184,7 +184,7 @@ static __device__ __forceinline__ void att_prefill(const float* __restrict__ q, 
             for (int c = 0; c < TD; ++c) o[i][c] *= alpha;
         }
         __syncthreads();  // every warp done with K
-        att_stage<D, BK>(skv, vc, table, toff, shift, k0, kmax, n_kv, kvh);
+        att_stage<D, BK>(skv, vc, tab, shift, k0, kmax, n_kv, kvh);
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < TK; ++j) {
@@ -265,14 +265,14 @@ static __device__ __forceinline__ void att_decode(const float* __restrict__ q, c
     const int h0 = blockIdx.y * hb;
     const int kvh = h0 / (n_head / n_kv);
     const int t = threadIdx.x;
-    const u64 toff = (u64)(u32)ch.table;
+    const int* __restrict__ tab = table + (u64)(u32)ch.table;  // the chunk's block table
     const u64 qrow = ((u64)ch.first_row * (u64)n_head + (u64)h0) * (u64)D;  // heads h0.. are contiguous
 
     for (int e = t; e < hb * D; e += ATT_THREADS) sq[e] = q[qrow + (u64)e] * qscale;
 
     for (int sub = 0; sub < NSUB; ++sub) {
         __syncthreads();  // Q staged; every thread done with the previous K tile
-        att_stage<D, KT>(skv, kc, table, toff, shift, k0 + sub * KT, pos, n_kv, kvh);
+        att_stage<D, KT>(skv, kc, tab, shift, k0 + sub * KT, pos, n_kv, kvh);
         __syncthreads();
         const int kk = t % KT;
         const int key = k0 + sub * KT + kk;
@@ -317,7 +317,7 @@ static __device__ __forceinline__ void att_decode(const float* __restrict__ q, c
     for (int i = 0; i < NO; ++i) acc[i] = 0.0f;
     for (int sub = 0; sub < NSUB; ++sub) {
         __syncthreads();  // p written (first); every thread done with the previous V tile
-        att_stage<D, KT>(skv, vc, table, toff, shift, k0 + sub * KT, pos, n_kv, kvh);
+        att_stage<D, KT>(skv, vc, tab, shift, k0 + sub * KT, pos, n_kv, kvh);
         __syncthreads();
         const float* ps = ss + sub * KT;
 #pragma unroll 4

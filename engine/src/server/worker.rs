@@ -161,7 +161,12 @@ fn load(cfg: &WorkerConfig) -> Result<(Box<dyn AnyEngine>, Scheduler, Loaded), S
         None => ChatTemplate::chatml().map_err(|e| format!("the built-in ChatML template: {e}"))?,
     };
     drop(file);
-    let opts = EngineOptions { context: cfg.context, slots: cfg.slots.max(1), prefill_chunk: cfg.prefill_chunk.max(1) };
+    let opts = EngineOptions {
+        context: cfg.context,
+        slots: cfg.slots.max(1),
+        prefill_chunk: cfg.prefill_chunk.max(1),
+        ..EngineOptions::default()
+    };
     let engine = crate::engine::open(&cfg.model, cfg.backend, opts).map_err(|e| format!("{path}: {e}"))?;
     let served = engine.options();
     if tokenizer.vocab_size() > engine.config().vocab {
@@ -172,9 +177,9 @@ fn load(cfg: &WorkerConfig) -> Result<(Box<dyn AnyEngine>, Scheduler, Loaded), S
         ));
     }
     let limits = StepLimits::new(cfg.max_batch_tokens, served.prefill_chunk, served.slots, None).map_err(|e| e.to_string())?;
-    // One block per slot, as long as the context: until the backends are paged, a sequence's
-    // single block number is its KV slot.
-    let kv = KvBlocks::new(served.slots, served.context).map_err(|e| e.to_string())?;
+    // The engine's paged cache, block for block: a sequence's table from the scheduler is what
+    // the engine reads its KV through, so blocks of a shared prompt prefix are computed once.
+    let kv = KvBlocks::new(engine.total_blocks(), engine.block_size()).map_err(|e| e.to_string())?;
     let sched_cfg = SchedConfig { limits, context: served.context, max_queue: cfg.max_queue, retry_after_secs: 1 };
     let sched = Scheduler::new(sched_cfg, kv).map_err(|e| e.to_string())?;
     let loaded = Loaded { tokenizer: Arc::new(tokenizer), template, context: served.context, backend: engine.backend_name() };
@@ -231,8 +236,8 @@ impl Worker {
             let stepped = self.step();
             self.publish();
             if !stepped && !self.sched.is_idle() {
-                // Work is queued but nothing could run (not expected with one block per slot):
-                // wait for a job or a moment instead of spinning.
+                // Work is queued but nothing could run (every KV block held by running
+                // sequences): wait for a job or a moment instead of spinning.
                 match jobs.recv_timeout(Duration::from_millis(10)) {
                     Ok(job) => self.submit(job),
                     Err(RecvTimeoutError::Timeout) => {}
@@ -288,11 +293,11 @@ impl Worker {
             let mut items = Vec::with_capacity(plan.chunks.len());
             let mut missing = None;
             for c in &plan.chunks {
-                let slot = self.sched.block_table(c.seq).and_then(|t| t.first().copied());
+                let blocks = self.sched.block_table(c.seq);
                 let tokens = self.sched.tokens(c.seq).and_then(|t| t.get(c.start_pos..c.start_pos + c.len));
-                match (slot, tokens) {
-                    (Some(slot), Some(tokens)) => items.push(StepItem {
-                        slot,
+                match (blocks, tokens) {
+                    (Some(blocks), Some(tokens)) => items.push(StepItem {
+                        blocks,
                         start_pos: c.start_pos as u32,
                         tokens,
                         logits: if c.logits { Logits::Last } else { Logits::None },
