@@ -220,6 +220,13 @@ pub fn prefill_shared_bytes(head_dim: u32) -> u64 {
     prefill_tile(head_dim).map_or(0, |t| 4 * (t.rows + t.keys) * (head_dim as u64 + PAD))
 }
 
+/// Static shared memory of a block: `att_stage`'s block ids of the staged key rows (i32 each),
+/// beside the dynamic bytes; a launch needs both within the device's limit.
+pub fn static_shared_bytes(head_dim: u32, decode: bool) -> u64 {
+    let rows = if decode { DECODE_TILE_FLOATS / (head_dim as u64).max(1) } else { prefill_tile(head_dim).map_or(0, |t| t.keys) };
+    4 * rows
+}
+
 /// Dynamic shared memory of a decode block: Q of its heads, their span of scores, a K/V tile.
 pub fn decode_shared_bytes(head_dim: u32) -> u64 {
     let d = head_dim as u64;
@@ -790,9 +797,15 @@ mod tests {
     fn prefill_shared_memory_needs_opt_in_but_fits_gb10() {
         let gb10 = DeviceLimits::gb10();
         for d in HEAD_DIMS {
-            assert!(prefill_shared_bytes(d) <= gb10.max_shared_mem_per_block_optin as u64, "d={d}");
-            assert!(decode_shared_bytes(d) <= gb10.max_shared_mem_per_block as u64, "d={d}");
+            // The block-id array of the staged keys comes on top of the dynamic bytes.
+            let (prefill, decode) =
+                (prefill_shared_bytes(d) + static_shared_bytes(d, false), decode_shared_bytes(d) + static_shared_bytes(d, true));
+            for limits in DeviceLimits::recorded() {
+                assert!(prefill <= limits.max_shared_mem_per_block_optin as u64, "d={d} {}", limits.name);
+                assert!(decode <= limits.max_shared_mem_per_block as u64, "d={d} {}", limits.name);
+            }
         }
+        assert_eq!((static_shared_bytes(128, false), static_shared_bytes(64, true), static_shared_bytes(256, true)), (256, 512, 128));
         assert!(prefill_shared_bytes(128) > gb10.max_shared_mem_per_block as u64);
     }
 
