@@ -171,7 +171,7 @@ pub fn critical_counts(c: &AttentionCase, _limits: &DeviceLimits) -> Vec<Critica
         Layout::Runs { len } => {
             let len = len as u64;
             v.extend(overflow_point(rw, "attention: Q/O offset (row·n_head + h)·head_dim passes 2^31 − 1"));
-            v.extend(cache_overflow(&format!("prompts of {len} positions, {} blocks each", (len as u64).div_ceil(bs))));
+            v.extend(cache_overflow(&format!("prompts of {len} positions, {} blocks each", len.div_ceil(bs))));
             v.extend(around(len, &format!("attention: prompts of {len} tokens")));
             v.extend(around(2 * len, &format!("attention: prompts of {len} tokens")));
         }
