@@ -158,9 +158,13 @@ impl<B: Backend + 'static> Engine<B> {
     }
 
     /// A request's chunk against the cache: positions within the context, a block table that
-    /// covers them with blocks of the cache, token ids in the vocabulary.
+    /// covers them with blocks of the cache (entries past the chunk's end are not read, so not
+    /// checked), token ids in the vocabulary.
     pub fn check(&self, blocks: &[u32], start: usize, tokens: &[u32]) -> Result<(), ModelError> {
         let end = start + tokens.len();
+        if end > self.opts.context {
+            return Err(ModelError::Request(format!("positions {start}..{end} exceed the context of {} tokens", self.opts.context)));
+        }
         let need = end.div_ceil(self.kv.block_size);
         if blocks.len() < need {
             return Err(ModelError::Request(format!(
@@ -174,9 +178,6 @@ impl<B: Backend + 'static> Engine<B> {
                 "block table entry {i} is block {b}, but the KV cache holds {} blocks",
                 self.kv.blocks
             )));
-        }
-        if end > self.opts.context {
-            return Err(ModelError::Request(format!("positions {start}..{} exceed the context of {} tokens", end, self.opts.context)));
         }
         let vocab = self.config().vocab;
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {

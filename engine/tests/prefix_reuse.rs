@@ -103,6 +103,8 @@ fn bad_block_tables_are_request_errors_naming_the_numbers() {
     assert!(short.contains("positions 0..40 need 3 KV blocks of 16, the block table has 2"), "{short}");
     let outside = e.prefill_blocks(&[1, 64, 2], 0, &p, Logits::Last).unwrap_err().to_string();
     assert!(outside.contains("entry 1 is block 64, but the KV cache holds 64 blocks"), "{outside}");
+    let long = e.prefill_blocks(&A, 250, &p[..7], Logits::Last).unwrap_err().to_string();
+    assert!(long.contains("positions 250..257 exceed the context of 256 tokens"), "{long}");
     let slot = e.prefill(4, 0, &p, Logits::Last).unwrap_err().to_string();
     assert!(slot.contains("slot 4 out of range"), "{slot}");
     // The fixed per-slot tables tile the cache.
