@@ -1,8 +1,9 @@
 //! The CPU backend's paged KV cache: per layer, K and V as f16 `[blocks, block_size, kv_heads,
 //! head_dim]` in one vec each (llama.cpp's default cache type, so attention sees the same rounded
 //! values). Rows are addressed by their physical row `block · block_size + pos % block_size`;
-//! attention gathers a sequence's positions through its block table into contiguous scratch,
-//! so its arithmetic is that of an unpaged cache.
+//! attention reads a sequence's positions through its block table (in place when its blocks are
+//! consecutive, else gathered into contiguous scratch), so its arithmetic is that of an unpaged
+//! cache.
 
 use half::f16;
 
@@ -63,19 +64,33 @@ impl KvCache {
         }
     }
 
-    /// Positions `0..len` of the sequence with block table `table`, gathered into `k` and `v`
-    /// (`[len, kv_heads, head_dim]` each): whole blocks are copied at once. The caller has
+    /// Positions `0..len` of the sequence with block table `table` as K and V `[len, kv_heads,
+    /// head_dim]`: borrowed from the cache when the blocks are consecutive (the fixed per-slot
+    /// tables), else gathered block by block into the scratch `k` and `v`. The caller has
     /// checked the table (`table_unsupported`).
-    pub fn gather(&self, layer: usize, table: &[u32], len: usize, k: &mut Vec<f16>, v: &mut Vec<f16>) {
+    pub fn positions<'a>(
+        &'a self,
+        layer: usize,
+        table: &[u32],
+        len: usize,
+        k: &'a mut Vec<f16>,
+        v: &'a mut Vec<f16>,
+    ) -> (&'a [f16], &'a [f16]) {
         let (w, bs) = (self.row_width(), self.spec.block_size);
+        let blocks = &table[..len.div_ceil(bs)];
+        if let Some(&first) = blocks.first().filter(|_| blocks.windows(2).all(|p| p[1] == p[0] + 1)) {
+            let o = first as usize * bs * w;
+            return (&self.k[layer][o..o + len * w], &self.v[layer][o..o + len * w]);
+        }
         k.clear();
         v.clear();
-        for (i, &block) in table.iter().take(len.div_ceil(bs)).enumerate() {
+        for (i, &block) in blocks.iter().enumerate() {
             let n = bs.min(len - i * bs) * w;
             let o = block as usize * bs * w;
             k.extend_from_slice(&self.k[layer][o..o + n]);
             v.extend_from_slice(&self.v[layer][o..o + n]);
         }
+        (k, v)
     }
 }
 
@@ -93,13 +108,20 @@ mod tests {
             let x = pos as f32;
             kv.store(1, row, &[x, x + 0.5], &[-x, -x - 0.5]);
         }
-        let (mut k, mut v) = (Vec::new(), Vec::new());
-        kv.gather(1, &table, 5, &mut k, &mut v);
+        let (mut ks, mut vs) = (Vec::new(), Vec::new());
         let want: Vec<f16> = (0..5).flat_map(|p| [p as f32, p as f32 + 0.5]).map(f16::from_f32).collect();
+        let (k, v) = kv.positions(1, &table, 5, &mut ks, &mut vs);
         assert_eq!(k, want);
         assert_eq!(v, want.iter().map(|x| -*x).collect::<Vec<_>>());
-        kv.gather(0, &table, 3, &mut k, &mut v);
+        let (k, _) = kv.positions(0, &table, 3, &mut ks, &mut vs);
         assert!(k.len() == 6 && k.iter().all(|x| *x == f16::ZERO), "layer 0 untouched");
+        // Consecutive blocks are read in place: the same values as a gather.
+        let mut kv = KvCache::new(spec).unwrap();
+        for pos in 0..6u64 {
+            kv.store(1, 4 + pos, &[pos as f32, pos as f32 + 0.5], &[0.0, 0.0]);
+        }
+        let (k, _) = kv.positions(1, &[2, 3, 4], 5, &mut ks, &mut vs);
+        assert_eq!(k, want);
         assert!(kv.table_unsupported(&table, 6).is_none());
         assert!(kv.table_unsupported(&table, 7).unwrap().contains("3 blocks for 7 positions"));
         assert!(kv.table_unsupported(&[5], 1).unwrap().contains("block 5 is outside"));

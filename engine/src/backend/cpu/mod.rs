@@ -66,7 +66,8 @@ impl CpuBackend {
     }
 
     /// Stores the batch's K/V rows at their cache rows, then attends each chunk over its
-    /// sequence's positions gathered through its block table into contiguous scratch.
+    /// sequence's positions, gathered through its block table into contiguous scratch (or read
+    /// in place when its blocks are consecutive): the arithmetic is that of an unpaged cache.
     fn attend(&mut self, batch: &Batch, q: &CpuAct, k: &CpuAct, v: &CpuAct, spec: &AttentionSpec) -> Result<CpuAct> {
         let kv = self.kv()?;
         for (i, c) in batch.chunks.iter().enumerate() {
@@ -80,14 +81,14 @@ impl CpuBackend {
         }
         let mut out = CpuAct::zeros(q.rows, spec.heads * spec.head_dim);
         let width = out.width;
-        let (mut kc, mut vc) = (Vec::new(), Vec::new());
+        let (mut k_scratch, mut v_scratch) = (Vec::new(), Vec::new());
         for c in &batch.chunks {
             let rows = c.first_row as usize..(c.first_row + c.len) as usize;
-            kv.gather(spec.layer, batch.table(c), c.end_pos() as usize, &mut kc, &mut vc);
+            let (kc, vc) = kv.positions(spec.layer, batch.table(c), c.end_pos() as usize, &mut k_scratch, &mut v_scratch);
             cpu::attention(
                 &q.data[rows.start * width..rows.end * width],
-                &kc,
-                &vc,
+                kc,
+                vc,
                 &batch.positions[rows.clone()],
                 spec.heads,
                 spec.kv_heads,
