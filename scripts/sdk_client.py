@@ -88,14 +88,16 @@ out["openai_stream"] = {"text": text, "finish": finish, "prompt_tokens": usage.p
 
 m = ant.messages.create(model=model, system="You are terse.", messages=messages[1:], max_tokens=12, temperature=0)
 out["anthropic"] = {"text": "".join(b.text for b in m.content if b.type == "text"), "stop_reason": m.stop_reason,
-                    "input_tokens": m.usage.input_tokens, "output_tokens": m.usage.output_tokens}
+                    "input_tokens": m.usage.input_tokens, "output_tokens": m.usage.output_tokens,
+                    "cache_read_input_tokens": m.usage.cache_read_input_tokens or 0}
 
 with ant.messages.stream(model=model, system="You are terse.", messages=messages[1:], max_tokens=12,
                          temperature=0) as s:
     streamed = "".join(s.text_stream)
     final = s.get_final_message()
 out["anthropic_stream"] = {"text": streamed, "stop_reason": final.stop_reason, "input_tokens": final.usage.input_tokens,
-                           "output_tokens": final.usage.output_tokens}
+                           "output_tokens": final.usage.output_tokens,
+                           "cache_read_input_tokens": final.usage.cache_read_input_tokens or 0}
 
 # A tool-call round trip in each API's shape: the earlier call and its result go back in. The
 # assistant turns carry some text: the synthetic model's minimal template concatenates `content`

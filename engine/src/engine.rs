@@ -1,5 +1,7 @@
-//! A model on a backend with its KV cache: prefill (in chunks), decode, greedy or sampled
-//! generation. The serving scheduler (continuous batching) builds on [`Engine::step`].
+//! A model on a backend with its paged KV cache: prefill (in chunks), decode, greedy or sampled
+//! generation. The serving scheduler (continuous batching, prefix reuse through shared blocks)
+//! builds on [`Engine::step`], giving each sequence's block table; the other callers use a
+//! fixed table per slot ([`Engine::slot_blocks`]).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -11,26 +13,31 @@ use crate::gguf::GgufFile;
 use crate::model::{ModelConfig, ModelError};
 use crate::monitor::{Monitor, Op};
 use crate::sampler::{Sampler, SamplingParams};
+use brink_kernels::ops::attention::DEFAULT_BLOCK_SIZE;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EngineOptions {
     /// KV positions per sequence; 0 takes the model's trained context.
     pub context: usize,
-    /// Sequences whose KV caches are held at once.
+    /// Sequences of `context` positions the KV cache holds at once: it has
+    /// `slots · ceil(context / block_size)` blocks.
     pub slots: usize,
     /// Largest number of prompt tokens run in one forward pass.
     pub prefill_chunk: usize,
+    /// Positions per KV block: a power of two; 0 takes the default (16).
+    pub block_size: usize,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { context: 4096, slots: 1, prefill_chunk: 2048 }
+        EngineOptions { context: 4096, slots: 1, prefill_chunk: 2048, block_size: DEFAULT_BLOCK_SIZE as usize }
     }
 }
 
-/// One item of a [`Engine::step`]: tokens of the sequence in `slot` from position `start_pos`.
+/// One item of a [`Engine::step`]: tokens of the sequence whose KV block table is `blocks`,
+/// from position `start_pos` (the table covers the positions up to the last token).
 pub struct StepItem<'a> {
-    pub slot: u32,
+    pub blocks: &'a [u32],
     pub start_pos: u32,
     pub tokens: &'a [u32],
     pub logits: Logits,
@@ -92,10 +99,23 @@ impl<B: Backend + 'static> Engine<B> {
         }
         opts.slots = opts.slots.max(1);
         opts.prefill_chunk = opts.prefill_chunk.max(1);
+        if opts.block_size == 0 {
+            opts.block_size = DEFAULT_BLOCK_SIZE as usize;
+        }
+        if !opts.block_size.is_power_of_two() || opts.block_size > u32::MAX as usize {
+            return Err(ModelError::Request(format!("KV block size {} is not a power of two below 2^32", opts.block_size)));
+        }
+        let blocks =
+            opts.slots.checked_mul(opts.context.div_ceil(opts.block_size)).filter(|&b| b <= i32::MAX as usize).ok_or_else(|| {
+                ModelError::Request(format!(
+                    "{} slots of {} positions in blocks of {}: more than 2^31 − 1 blocks",
+                    opts.slots, opts.context, opts.block_size
+                ))
+            })?;
         let kv = KvSpec {
             layers: c.layers,
-            slots: opts.slots,
-            context: opts.context,
+            blocks,
+            block_size: opts.block_size,
             kv_heads: c.attention.kv_heads,
             head_dim: c.attention.head_dim,
         };
@@ -114,13 +134,36 @@ impl<B: Backend + 'static> Engine<B> {
         self.monitor = monitor;
     }
 
+    /// Blocks of the KV cache.
+    pub fn total_blocks(&self) -> usize {
+        self.kv.blocks
+    }
+
+    /// Positions per KV block.
+    pub fn block_size(&self) -> usize {
+        self.kv.block_size
+    }
+
+    /// The fixed block table of `slot` for callers that hold whole sequences in slots (prefill,
+    /// generate, bench, parity): blocks `slot · n .. (slot + 1) · n`, `n = ceil(context /
+    /// block_size)`. Empty for a slot past `slots`, which [`Engine::check`] then refuses.
+    pub fn slot_blocks(&self, slot: u32) -> Vec<u32> {
+        let n = self.opts.context.div_ceil(self.kv.block_size);
+        if slot as usize >= self.opts.slots {
+            return Vec::new();
+        }
+        // slots · n = blocks ≤ 2^31 − 1 (checked at load).
+        let first = slot as usize * n;
+        (first..first + n).map(|b| b as u32).collect()
+    }
+
     /// One forward pass over several sequences' chunks; returns the logits of the rows each
     /// item asked for, in item order, `[rows, vocab]`.
     pub fn step(&mut self, items: &[StepItem<'_>]) -> Result<Vec<f32>, ModelError> {
-        let mut batch = Batch::default();
+        let mut batch = Batch::new(self.kv.block_size as u32)?;
         for it in items {
-            self.check(it.slot, it.start_pos as usize, it.tokens)?;
-            batch.push(it.slot, it.start_pos, it.tokens, it.logits)?;
+            self.check(it.blocks, it.start_pos as usize, it.tokens)?;
+            batch.push(it.blocks, it.start_pos, it.tokens, it.logits)?;
         }
         self.steps += 1;
         self.monitor.board().begin_step(self.steps, batch.rows() as u64, batch.chunks.len() as u64);
@@ -130,15 +173,26 @@ impl<B: Backend + 'static> Engine<B> {
         Ok(logits)
     }
 
-    fn check(&self, slot: u32, start: usize, tokens: &[u32]) -> Result<(), ModelError> {
-        if slot as usize >= self.kv.slots {
-            return Err(ModelError::Request(format!("slot {slot} out of range (the engine holds {} sequences)", self.kv.slots)));
+    /// A request's chunk against the cache: positions within the context, a block table that
+    /// covers them with blocks of the cache (entries past the chunk's end are not read, so not
+    /// checked), token ids in the vocabulary.
+    pub fn check(&self, blocks: &[u32], start: usize, tokens: &[u32]) -> Result<(), ModelError> {
+        let end = start + tokens.len();
+        if end > self.opts.context {
+            return Err(ModelError::Request(format!("positions {start}..{end} exceed the context of {} tokens", self.opts.context)));
         }
-        if start + tokens.len() > self.kv.context {
+        let need = end.div_ceil(self.kv.block_size);
+        if blocks.len() < need {
             return Err(ModelError::Request(format!(
-                "positions {start}..{} exceed the context of {} tokens",
-                start + tokens.len(),
-                self.kv.context
+                "positions {start}..{end} need {need} KV blocks of {}, the block table has {}",
+                self.kv.block_size,
+                blocks.len()
+            )));
+        }
+        if let Some((i, b)) = blocks[..need].iter().enumerate().find(|(_, b)| **b as usize >= self.kv.blocks) {
+            return Err(ModelError::Request(format!(
+                "block table entry {i} is block {b}, but the KV cache holds {} blocks",
+                self.kv.blocks
             )));
         }
         let vocab = self.config().vocab;
@@ -151,7 +205,22 @@ impl<B: Backend + 'static> Engine<B> {
     /// Runs `tokens` of the sequence in `slot` from `start_pos`, in chunks of at most
     /// `prefill_chunk`; returns the logits `logits` asks for, from every chunk.
     pub fn prefill(&mut self, slot: u32, start_pos: usize, tokens: &[u32], logits: Logits) -> Result<Vec<f32>, ModelError> {
-        self.check(slot, start_pos, tokens)?;
+        let blocks = self.checked_slot_blocks(slot)?;
+        self.prefill_blocks(&blocks, start_pos, tokens, logits)
+    }
+
+    /// [`Engine::slot_blocks`], or an error naming a slot past `slots`.
+    fn checked_slot_blocks(&self, slot: u32) -> Result<Vec<u32>, ModelError> {
+        if slot as usize >= self.opts.slots {
+            return Err(ModelError::Request(format!("slot {slot} out of range (the engine holds {} sequences)", self.opts.slots)));
+        }
+        Ok(self.slot_blocks(slot))
+    }
+
+    /// [`Engine::prefill`] for the sequence whose KV block table is `blocks` (positions before
+    /// `start_pos` are already in its blocks: e.g. a shared prompt prefix).
+    pub fn prefill_blocks(&mut self, blocks: &[u32], start_pos: usize, tokens: &[u32], logits: Logits) -> Result<Vec<f32>, ModelError> {
+        self.check(blocks, start_pos, tokens)?;
         let mut out = Vec::new();
         let n_chunks = tokens.len().div_ceil(self.opts.prefill_chunk);
         for (i, chunk) in tokens.chunks(self.opts.prefill_chunk).enumerate() {
@@ -160,7 +229,7 @@ impl<B: Backend + 'static> Engine<B> {
                 Logits::Last if i + 1 < n_chunks => Logits::None,
                 other => other,
             };
-            out.extend(self.step(&[StepItem { slot, start_pos: pos as u32, tokens: chunk, logits: want }])?);
+            out.extend(self.step(&[StepItem { blocks, start_pos: pos as u32, tokens: chunk, logits: want }])?);
         }
         Ok(out)
     }
@@ -180,8 +249,9 @@ impl<B: Backend + 'static> Engine<B> {
         p.sampling.validate().map_err(ModelError::Request)?;
         let vocab = self.config().vocab;
         let mut sampler = Sampler::new(p.sampling);
+        let blocks = self.checked_slot_blocks(slot)?;
         let t0 = Instant::now();
-        let mut logits = self.prefill(slot, 0, prompt, Logits::Last)?;
+        let mut logits = self.prefill_blocks(&blocks, 0, prompt, Logits::Last)?;
         let prefill_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let mut out =
@@ -205,7 +275,7 @@ impl<B: Backend + 'static> Engine<B> {
             if out.tokens.len() == p.max_tokens {
                 break;
             }
-            logits = self.step(&[StepItem { slot, start_pos: pos as u32, tokens: &[next], logits: Logits::Last }])?;
+            logits = self.step(&[StepItem { blocks: &blocks, start_pos: pos as u32, tokens: &[next], logits: Logits::Last }])?;
             pos += 1;
         }
         out.decode_seconds = t1.elapsed().as_secs_f64();
@@ -236,8 +306,14 @@ pub trait AnyEngine {
     fn backend_name(&self) -> &'static str;
     fn load_report(&self) -> LoadReport;
     fn set_monitor(&mut self, monitor: Arc<Monitor>);
+    /// Blocks of the paged KV cache, and positions per block (for the scheduler's `KvBlocks`).
+    fn total_blocks(&self) -> usize;
+    fn block_size(&self) -> usize;
+    /// The fixed block table of a slot ([`Engine::slot_blocks`]).
+    fn slot_blocks(&self, slot: u32) -> Vec<u32>;
     fn step(&mut self, items: &[StepItem<'_>]) -> Result<Vec<f32>, ModelError>;
     fn prefill(&mut self, slot: u32, start_pos: usize, tokens: &[u32], logits: Logits) -> Result<Vec<f32>, ModelError>;
+    fn prefill_blocks(&mut self, blocks: &[u32], start_pos: usize, tokens: &[u32], logits: Logits) -> Result<Vec<f32>, ModelError>;
     fn generate(
         &mut self,
         slot: u32,
@@ -263,11 +339,23 @@ impl<B: Backend + 'static> AnyEngine for Engine<B> {
     fn set_monitor(&mut self, monitor: Arc<Monitor>) {
         Engine::set_monitor(self, monitor)
     }
+    fn total_blocks(&self) -> usize {
+        Engine::total_blocks(self)
+    }
+    fn block_size(&self) -> usize {
+        Engine::block_size(self)
+    }
+    fn slot_blocks(&self, slot: u32) -> Vec<u32> {
+        Engine::slot_blocks(self, slot)
+    }
     fn step(&mut self, items: &[StepItem<'_>]) -> Result<Vec<f32>, ModelError> {
         Engine::step(self, items)
     }
     fn prefill(&mut self, slot: u32, start_pos: usize, tokens: &[u32], logits: Logits) -> Result<Vec<f32>, ModelError> {
         Engine::prefill(self, slot, start_pos, tokens, logits)
+    }
+    fn prefill_blocks(&mut self, blocks: &[u32], start_pos: usize, tokens: &[u32], logits: Logits) -> Result<Vec<f32>, ModelError> {
+        Engine::prefill_blocks(self, blocks, start_pos, tokens, logits)
     }
     fn generate(
         &mut self,

@@ -60,13 +60,23 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64) {
 /// The block types of the dense and routed kernels these shapes (multiples of 32) exercise.
 const WTYPES: [WeightType; 2] = [WeightType::Q8_0, WeightType::Q4_0];
 
+/// KV blocks of the tests' caches: 16 positions each, 8 per sequence of 128 positions.
+const BLOCK: usize = 16;
+const SEQ_BLOCKS: u32 = 8;
+
+/// The block table of sequence `slot` of 2: its blocks handed out round-robin over the two
+/// sequences from the top of a 16-block cache down (never contiguous, never ascending).
+fn slot_table(slot: u32) -> Vec<u32> {
+    (0..SEQ_BLOCKS).map(|j| 2 * SEQ_BLOCKS - 1 - (2 * j + slot)).collect()
+}
+
 /// A batch of `(slot, start_pos, len, logits)` chunks with deterministic token ids below `vocab`.
 fn batch(chunks: &[(u32, u32, u32, Logits)], vocab: u32) -> Batch {
-    let mut b = Batch::default();
+    let mut b = Batch::new(BLOCK as u32).unwrap();
     for &(slot, start, len, logits) in chunks {
         let first = b.rows() as u32;
         let tokens: Vec<u32> = (first..first + len).map(|r| (r * 7 + 3) % vocab).collect();
-        b.push(slot, start, &tokens, logits).unwrap();
+        b.push(&slot_table(slot), start, &tokens, logits).unwrap();
     }
     b
 }
@@ -260,20 +270,26 @@ fn bad_inputs_are_typed_errors() {
     let x = b.embed(&table).unwrap();
     let s = b.select_logit_rows(&x).unwrap();
     b.logits(&s, &w).unwrap();
-    // The KV cache bounds every batch's slots and positions.
-    b.alloc_kv(KvSpec { layers: 1, slots: 2, context: 16, kv_heads: 1, head_dim: 64 }).unwrap();
-    let e = b.begin_batch(&batch(&[(2, 0, 1, Logits::Last)], 32)).err().unwrap().to_string();
-    assert!(e.contains("slot 2"), "{e}");
-    let e = b.begin_batch(&batch(&[(1, 15, 2, Logits::Last)], 32)).err().unwrap().to_string();
-    assert!(e.contains("context of 16"), "{e}");
-    let e = b.alloc_kv(KvSpec { layers: 1, slots: 1 << 20, context: 1 << 20, kv_heads: 8, head_dim: 128 }).err().unwrap().to_string();
+    // The KV cache bounds every block a batch's tables give, and its block size is the batch's.
+    b.alloc_kv(KvSpec { layers: 1, blocks: 2, block_size: BLOCK, kv_heads: 1, head_dim: 64 }).unwrap();
+    let mut bad = Batch::new(BLOCK as u32).unwrap();
+    bad.push(&[1, 2], 15, &[1, 2], Logits::Last).unwrap();
+    let e = b.begin_batch(&bad).err().unwrap().to_string();
+    assert!(e.contains("entry 1 is block 2, outside the KV cache's 2 blocks"), "{e}");
+    let mut bad = Batch::new(8).unwrap();
+    bad.push(&[0], 0, &[1], Logits::Last).unwrap();
+    let e = b.begin_batch(&bad).err().unwrap().to_string();
+    assert!(e.contains("blocks of 8 positions"), "{e}");
+    let e = b.alloc_kv(KvSpec { layers: 1, blocks: 1 << 20, block_size: 1 << 20, kv_heads: 8, head_dim: 128 }).err().unwrap().to_string();
     assert!(e.contains("KV cache"), "{e}");
     // Types the kernels do not compute with are refused at load, naming the tensor.
     let t = HostTensor { name: "blk.0.attn_k.weight".into(), ggml_type: GgmlType::F16, dims: vec![64, 2], bytes: vec![0; 256] };
     let e = b.load_weight(t, WeightRole::Matrix).err().unwrap().to_string();
     assert!(e.contains("blk.0.attn_k.weight") && e.contains("f16"), "{e}");
-    // RoPE needs whole heads.
-    b.begin_batch(&batch(&[(0, 0, 2, Logits::Last)], 32)).unwrap();
+    // RoPE needs whole heads (a batch inside the 2-block cache).
+    let mut ok = Batch::new(BLOCK as u32).unwrap();
+    ok.push(&[1], 0, &[3, 10], Logits::Last).unwrap();
+    b.begin_batch(&ok).unwrap();
     let mut x = b.upload(2, 100, &[0.0; 200]).unwrap();
     assert!(b.rope(&mut x, 64, 10_000.0).is_err());
 }
@@ -388,7 +404,7 @@ fn attention_prefill_decode_and_mixed_batches() {
     let Some(mut b) = gpu() else { return };
     let (heads, kv_heads, d) = (4usize, 2usize, 64usize);
     let spec = AttentionSpec { layer: 1, heads, kv_heads, head_dim: d, scale: 1.0 / (d as f32).sqrt() };
-    b.alloc_kv(KvSpec { layers: 2, slots: 2, context: 128, kv_heads, head_dim: d }).unwrap();
+    b.alloc_kv(KvSpec { layers: 2, blocks: 2 * SEQ_BLOCKS as usize, block_size: BLOCK, kv_heads, head_dim: d }).unwrap();
     let mut r = RefAttention { heads, kv_heads, d, k: vec![Vec::new(); 2], v: vec![Vec::new(); 2] };
     let steps = [
         ("prefill", vec![(0, 0, 5, Logits::Last), (1, 0, 70, Logits::Last)]),
@@ -408,11 +424,12 @@ fn attention_prefill_decode_and_mixed_batches() {
             (b.upload(n, heads * d, &q).unwrap(), b.upload(n, kv_heads * d, &k).unwrap(), b.upload(n, kv_heads * d, &v).unwrap());
         let got = out(&mut b, |b| b.attention(&qa, &ka, &va, &spec));
         let kvw = kv_heads * d;
+        let slots: Vec<usize> = chunks.iter().flat_map(|&(slot, _, len, _)| std::iter::repeat_n(slot as usize, len as usize)).collect();
         for row in 0..n {
-            r.store(bt.slots[row] as usize, bt.positions[row] as usize, &k[row * kvw..][..kvw], &v[row * kvw..][..kvw]);
+            r.store(slots[row], bt.positions[row] as usize, &k[row * kvw..][..kvw], &v[row * kvw..][..kvw]);
         }
         let want: Vec<f32> = (0..n)
-            .flat_map(|row| r.attend(bt.slots[row] as usize, bt.positions[row] as usize, &q[row * heads * d..][..heads * d], spec.scale))
+            .flat_map(|row| r.attend(slots[row], bt.positions[row] as usize, &q[row * heads * d..][..heads * d], spec.scale))
             .collect();
         // f32 accumulation in another order (and probabilities the kernel may round to f16).
         assert_close(&format!("attention {name}"), &got, &want, 2e-3);

@@ -16,18 +16,23 @@ use brink_engine::backend::Logits;
 use brink_engine::backend::cuda::CudaBackend;
 use brink_engine::monitor::{BoardFile, Monitor, Op};
 use brink_engine::synth::{self, Preset, SynthSpec};
-use brink_engine::{BackendKind, EngineOptions, StepItem};
+use brink_engine::{BackendKind, EngineOptions};
 
 const CHILD: &str = "BRINK_FAULT_CHILD";
 const LAYER: u32 = 1;
 
 /// The child's part: one step of 64 rows with the fault armed (or not), then exit 0.
 fn child(board: &Path, model: &Path, fault: &str) {
-    let mut e = brink_engine::open(model, BackendKind::Cuda, EngineOptions { context: 256, slots: 1, prefill_chunk: 256 }).unwrap();
+    let mut e = brink_engine::open(
+        model,
+        BackendKind::Cuda,
+        EngineOptions { context: 256, slots: 1, prefill_chunk: 256, ..EngineOptions::default() },
+    )
+    .unwrap();
     let fault = (!fault.is_empty()).then(|| fault.parse().unwrap());
     e.set_monitor(Arc::new(Monitor::shared(BoardFile::open(board).unwrap()).with_fault(fault)));
     let tokens: Vec<u32> = (1..65).collect();
-    e.step(&[StepItem { slot: 0, start_pos: 0, tokens: &tokens, logits: Logits::Last }]).unwrap();
+    e.prefill(0, 0, &tokens, Logits::Last).unwrap();
 }
 
 fn spawn(board: &Path, model: &Path, fault: &str) -> std::process::Child {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use brink_engine::backend::Logits;
 use brink_engine::monitor::{Monitor, Op};
 use brink_engine::synth::{self, Preset, SynthSpec};
-use brink_engine::{BackendKind, EngineOptions, StepItem};
+use brink_engine::{BackendKind, EngineOptions};
 
 fn tiny(dir: &Path) -> PathBuf {
     let path = dir.join("tiny.gguf");
@@ -18,7 +18,7 @@ fn tiny(dir: &Path) -> PathBuf {
 }
 
 fn opts() -> EngineOptions {
-    EngineOptions { context: 256, slots: 2, prefill_chunk: 256 }
+    EngineOptions { context: 256, slots: 2, prefill_chunk: 256, ..EngineOptions::default() }
 }
 
 #[test]
@@ -29,8 +29,8 @@ fn an_injected_failure_fails_only_the_steps_it_targets() {
     e.set_monitor(monitor.clone());
     let small: Vec<u32> = (1..9).collect();
     let big: Vec<u32> = (1..33).collect();
-    e.step(&[StepItem { slot: 0, start_pos: 0, tokens: &small, logits: Logits::Last }]).expect("8 rows are below the trigger");
-    let err = e.step(&[StepItem { slot: 1, start_pos: 0, tokens: &big, logits: Logits::Last }]).unwrap_err().to_string();
+    e.prefill(0, 0, &small, Logits::Last).expect("8 rows are below the trigger");
+    let err = e.prefill(1, 0, &big, Logits::Last).unwrap_err().to_string();
     assert!(err.contains("injected fault at layer 1"), "{err}");
     let s = monitor.board().snapshot();
     assert_eq!((s.layer, s.op, s.rows), (Some(1), Op::AttnNorm, 32), "the board shows where it failed: {s:?}");
@@ -48,7 +48,7 @@ fn an_injected_hang_blocks_in_its_layer_and_the_board_names_it() {
         let mut e = brink_engine::open(&path, BackendKind::Cpu, opts()).unwrap();
         e.set_monitor(m);
         let tokens: Vec<u32> = (1..6).collect();
-        let r = e.step(&[StepItem { slot: 0, start_pos: 0, tokens: &tokens, logits: Logits::Last }]);
+        let r = e.prefill(0, 0, &tokens, Logits::Last);
         let _ = done_tx.send(r.is_ok());
     });
     let t0 = Instant::now();

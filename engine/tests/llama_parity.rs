@@ -101,7 +101,7 @@ fn brink(model: &Path, prompt: &str) -> Reference {
     let file = GgufFile::open(model).unwrap();
     let tok = Tokenizer::from_gguf(file.metadata()).unwrap();
     let prompt_tokens = tok.encode(prompt, true, true).unwrap();
-    let opts = EngineOptions { context: 512, slots: 1, prefill_chunk: 512 };
+    let opts = EngineOptions { context: 512, slots: 1, prefill_chunk: 512, ..EngineOptions::default() };
     let mut engine = Engine::load(model, CpuBackend::new(), opts).unwrap();
     let p = GenerateParams { max_tokens: N_PREDICT, sampling: Default::default(), stop_tokens: Vec::new(), record_logits: true };
     let g = engine.generate(0, &prompt_tokens, &p, |_| true).unwrap();

@@ -10,7 +10,10 @@ use std::path::Path;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use brink_engine::chat_template::ChatTemplate;
+use brink_engine::gguf::GgufFile;
 use brink_engine::server::serve_on;
+use brink_engine::tokenizer::Tokenizer;
 use common::*;
 use serde_json::{Value as Json, json};
 
@@ -67,7 +70,9 @@ fn chat_completion_streaming_and_not_agree_and_count_the_prompt() {
     assert_eq!((m["type"].as_str(), m["role"].as_str()), (Some("message"), Some("assistant")));
     let atext: String = m["content"].as_array().unwrap().iter().filter_map(|b| b["text"].as_str()).collect();
     assert_eq!(atext, text);
-    assert_eq!(m["usage"]["input_tokens"], prompt_tokens as u64);
+    // Anthropic counts prompt tokens read from the prefix cache apart from input_tokens.
+    let input = |u: &Json| u["input_tokens"].as_u64().unwrap() + u["cache_read_input_tokens"].as_u64().unwrap();
+    assert_eq!(input(&m["usage"]), prompt_tokens as u64);
     assert_eq!(m["usage"]["output_tokens"], completion);
     assert_eq!(m["stop_reason"], if finish == "length" { "max_tokens" } else { "end_turn" });
 
@@ -88,7 +93,7 @@ fn chat_completion_streaming_and_not_agree_and_count_the_prompt() {
             stext += v["delta"]["text"].as_str().unwrap_or("");
         }
         if name == "message_start" {
-            assert_eq!(v["message"]["usage"]["input_tokens"], prompt_tokens as u64);
+            assert_eq!(input(&v["message"]["usage"]), prompt_tokens as u64);
         }
         if name == "message_delta" {
             assert_eq!(v["usage"]["output_tokens"], completion);
@@ -324,6 +329,63 @@ fn a_model_that_does_not_load_ends_serve_with_the_reason() {
     assert!(err.to_string().contains("bad.gguf"), "{err}");
 }
 
+/// Prefix reuse through the paged KV cache: a second request that shares a long system prompt
+/// reads its full blocks instead of recomputing them (usage says how many prompt tokens were
+/// cached, in both APIs' fields), and answers exactly as a fresh server does (greedy).
+#[test]
+fn a_shared_long_prefix_is_reused_and_answers_as_on_a_fresh_server() {
+    // The engine's default KV block: reuse is counted in whole blocks.
+    const BLOCK: usize = 16;
+    let fresh_server = || {
+        let mut opts = options(2, 4, Vec::new());
+        opts.worker.context = 4096;
+        start(opts)
+    };
+    let system: String = (0..125).map(|i| format!("Rule {i}: answer in at most {} words. ", i % 7 + 3)).collect();
+    let conversation = |question: &str| json!([{"role": "system", "content": system}, {"role": "user", "content": question}]);
+    let (first, second) = (conversation("What is a block table?"), conversation("Why share prompt prefixes?"));
+    let file = GgufFile::open(model()).unwrap();
+    let tok = Tokenizer::from_gguf(file.metadata()).unwrap();
+    let template = ChatTemplate::from_gguf(file.metadata()).unwrap().expect("the synthetic model has a template");
+    let tokens = |m: &Json| tok.encode(&template.render(m.as_array().unwrap(), None, true).unwrap(), true, true).unwrap();
+    let (t1, t2) = (tokens(&first), tokens(&second));
+    let common = t1.iter().zip(&t2).take_while(|(a, b)| a == b).count();
+    assert!((2000..3800).contains(&t2.len()) && common > 1000, "prompts of {} and {} tokens sharing {common}", t1.len(), t2.len());
+    let chat = |addr, messages: &Json| {
+        let r = post(addr, "/v1/chat/completions", &json!({"model": "tiny", "messages": messages, "max_tokens": 8, "temperature": 0}));
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() as usize;
+        (v["choices"][0]["message"]["content"].as_str().unwrap().to_string(), v["usage"]["prompt_tokens"].as_u64().unwrap(), cached)
+    };
+
+    let server = fresh_server();
+    let (_, p1, cached1) = chat(server.addr, &first);
+    assert_eq!((p1, cached1), (t1.len() as u64, 0), "the first request has nothing to reuse");
+    // The second reuses every full block of the shared prefix, and no more.
+    let (text, p2, cached2) = chat(server.addr, &second);
+    assert_eq!((p2, cached2), (t2.len() as u64, common / BLOCK * BLOCK), "{common} shared prompt tokens");
+    // Repeated through the Anthropic API, the whole prompt is cached but for its last block's tail.
+    let r = post(
+        server.addr,
+        "/v1/messages",
+        &json!({"model": "tiny", "system": system, "messages": [{"role": "user", "content": "Why share prompt prefixes?"}],
+            "max_tokens": 8, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let m = r.json();
+    let (input, read) = (m["usage"]["input_tokens"].as_u64().unwrap(), m["usage"]["cache_read_input_tokens"].as_u64().unwrap());
+    assert_eq!((read as usize, input + read), ((t2.len() - 1) / BLOCK * BLOCK, t2.len() as u64), "{}", r.body);
+    let atext: String = m["content"].as_array().unwrap().iter().filter_map(|b| b["text"].as_str()).collect();
+    assert_eq!(atext, text, "the fully cached prompt answers as the partly cached one");
+    drop(server);
+
+    // A fresh server computes the whole prompt and gives the same answer.
+    let fresh = fresh_server();
+    let (fresh_text, _, fresh_cached) = chat(fresh.addr, &second);
+    assert_eq!((fresh_text.as_str(), fresh_cached), (text.as_str(), 0));
+}
+
 #[test]
 fn official_python_sdks_round_trip() {
     if !have_sdks() {
@@ -347,7 +409,8 @@ fn official_python_sdks_round_trip() {
     assert_eq!(v["openai_stream"]["completion_tokens"], completion);
     assert_eq!(v["openai_stream"]["finish"], v["openai"]["finish"]);
     for key in ["anthropic", "anthropic_stream"] {
-        assert_eq!(v[key]["input_tokens"], prompt, "{key}: {v}");
+        let input = v[key]["input_tokens"].as_u64().unwrap() + v[key]["cache_read_input_tokens"].as_u64().unwrap();
+        assert_eq!(input, prompt, "{key} (prefix-cache reads apart): {v}");
         assert_eq!(v[key]["output_tokens"], completion, "{key}: {v}");
     }
     assert!(v["openai_tools"]["prompt_tokens"].as_u64().is_some_and(|n| n > 0), "{v}");

@@ -1,12 +1,16 @@
 // Attention over the f16 KV cache: causal prefill (flash-attention style, online softmax) and
 // decode (flash-decoding: the context split over blocks, then a combine).
 //
-// Layouts (element offsets are 64-bit: a cache of 128 slots x 40,960 positions x 4 x 128 passes
+// Layouts (element offsets are 64-bit: a cache of 327,680 blocks x 16 positions x 4 x 128 passes
 // 2^31, and so do Q/O at 524,288 rows of 32 x 128):
 //   q, out   [rows, n_head, D] f32 (q already normed and RoPE'd)
-//   k/v      [slots, max_ctx, n_kv, D] f16 bits
-//   chunks   AttChunk {slot, start_pos, n_tokens, first_row}: rows first_row.. of the batch sit at
-//            positions start_pos.. of the slot, and query i sees cache positions 0 ..= start_pos + i
+//   k/v      [num_blocks, block_size, n_kv, D] f16 bits (paged: block_size = 1 << shift)
+//   table    int32 block ids, the block tables of every chunk, flattened
+//   chunks   AttChunk {table, start_pos, n_tokens, first_row}: rows first_row.. of the batch sit at
+//            positions start_pos.. of the sequence whose block table starts at table[table], and
+//            query i sees the sequence's positions 0 ..= start_pos + i. Position p lives in cache
+//            row table[table + (p >> shift)] << shift | (p & mask) (att_stage); the host checks
+//            that every entry a chunk reads exists and is below num_blocks.
 // GQA: query head h reads kv head h / (n_head / n_kv). Scores are taken in log2 units: q is
 // scaled by scale * log2(e) once, then softmax uses exp2f (the CPU twin does the same).
 //
@@ -37,12 +41,12 @@
 #define ATT_NEG_INF __int_as_float(0xff800000)
 
 struct __align__(16) AttChunk {
-    int slot, start_pos, n_tokens, first_row;
+    int table, start_pos, n_tokens, first_row;
 };
 
-// Element offset of (slot base + pos, kv head) in a cache: slot_base = slot * max_ctx.
-static __device__ __forceinline__ u64 att_kv_offset(u64 slot_base, int pos, int n_kv, int kvh, int d) {
-    return ((slot_base + (u64)pos) * (u64)n_kv + (u64)kvh) * (u64)d;
+// Element offset of (cache row, kv head) in a cache.
+static __device__ __forceinline__ u64 att_kv_offset(u64 row, int n_kv, int kvh, int d) {
+    return (row * (u64)n_kv + (u64)kvh) * (u64)d;
 }
 
 static __device__ __forceinline__ float4 att_f16x4(u32 lo, u32 hi) {
@@ -55,16 +59,24 @@ static __device__ __forceinline__ float4 att_f16x4(u32 lo, u32 hi) {
 }
 
 // Stages keys k0 .. k0 + ROWS - 1 of one kv head into s ([ROWS][D + ATT_PAD] f32), 16 bytes of
-// f16 per load; keys past kmax repeat kmax (valid memory; the callers mask them).
+// f16 per load; keys past kmax repeat kmax (valid memory: the table covers kmax; the callers mask
+// them). Key p lives in cache row tab[p >> shift] << shift | (p & mask): one table load per
+// staged key row, by one thread, into blk[]. A barrier inside: every thread calls this (the
+// callers' loop bounds are block-uniform), and the callers' own barrier before each call keeps
+// the previous call's readers of blk[] done before it is rewritten.
 template <int D, int ROWS>
-static __device__ __forceinline__ void att_stage(float* s, const u16* __restrict__ cache, u64 slot_base, int k0, int kmax,
-                                                 int n_kv, int kvh) {
+static __device__ __forceinline__ void att_stage(float* s, const u16* __restrict__ cache, const int* __restrict__ tab, int shift,
+                                                 int k0, int kmax, int n_kv, int kvh) {
     constexpr int V8 = D / 8;
     constexpr int LD = D + ATT_PAD;
+    __shared__ int blk[ROWS];
+    for (int r = threadIdx.x; r < ROWS; r += ATT_THREADS) blk[r] = tab[min(k0 + r, kmax) >> shift];
+    __syncthreads();
     for (int e = threadIdx.x; e < ROWS * V8; e += ATT_THREADS) {
         const int r = e / V8, c = e - r * V8;
         const int key = min(k0 + r, kmax);
-        const uint4 raw = *(const uint4*)(cache + att_kv_offset(slot_base, key, n_kv, kvh, D) + (u64)c * 8);
+        const u64 row = ((u64)(u32)blk[r] << shift) | (u64)(key & ((1 << shift) - 1));
+        const uint4 raw = *(const uint4*)(cache + att_kv_offset(row, n_kv, kvh, D) + (u64)c * 8);
         float* dst = s + r * LD + c * 8;
         *(float4*)dst = att_f16x4(raw.x, raw.y);
         *(float4*)(dst + 4) = att_f16x4(raw.z, raw.w);
@@ -83,7 +95,7 @@ template <int D, int TQ, int TK>
 static __device__ __forceinline__ void att_prefill(const float* __restrict__ q, const u16* __restrict__ kc,
                                                    const u16* __restrict__ vc, float* __restrict__ out,
                                                    const AttChunk* __restrict__ chunks, const int2* __restrict__ tiles,
-                                                   int n_head, int n_kv, int max_ctx, float qscale) {
+                                                   const int* __restrict__ table, int n_head, int n_kv, int shift, float qscale) {
     constexpr int BQ = 16 * TQ;
     constexpr int BK = 8 * TK;
     constexpr int LD = D + ATT_PAD;
@@ -99,7 +111,7 @@ static __device__ __forceinline__ void att_prefill(const float* __restrict__ q, 
     const int h = blockIdx.y;
     const int kvh = h / (n_head / n_kv);
     const int t = threadIdx.x, g = t & 7, qg = t >> 3;
-    const u64 slot_base = (u64)ch.slot * (u64)max_ctx;
+    const int* __restrict__ tab = table + (u64)(u32)ch.table;  // the chunk's block table
 
     for (int e = t; e < BQ * (D / 4); e += ATT_THREADS) {
         const int r = e / (D / 4), c = e - r * (D / 4);
@@ -125,7 +137,7 @@ static __device__ __forceinline__ void att_prefill(const float* __restrict__ q, 
     for (int kt = 0; kt < n_kt; ++kt) {
         const int k0 = kt * BK;
         __syncthreads();  // Q staged (first tile); every warp done with the previous V tile
-        att_stage<D, BK>(skv, kc, slot_base, k0, kmax, n_kv, kvh);
+        att_stage<D, BK>(skv, kc, tab, shift, k0, kmax, n_kv, kvh);
         __syncthreads();
         float s[TQ][TK];
 #pragma unroll
@@ -172,7 +184,7 @@ static __device__ __forceinline__ void att_prefill(const float* __restrict__ q, 
             for (int c = 0; c < TD; ++c) o[i][c] *= alpha;
         }
         __syncthreads();  // every warp done with K
-        att_stage<D, BK>(skv, vc, slot_base, k0, kmax, n_kv, kvh);
+        att_stage<D, BK>(skv, vc, tab, shift, k0, kmax, n_kv, kvh);
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < TK; ++j) {
@@ -221,8 +233,8 @@ static __device__ __forceinline__ void att_prefill(const float* __restrict__ q, 
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                                              \
     attn_prefill_d##D(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,                  \
                       float* __restrict__ out, const AttChunk* __restrict__ chunks, const int2* __restrict__ tiles,         \
-                      int n_head, int n_kv, int max_ctx, float qscale) {                                                   \
-        att_prefill<D, TQ, TK>(q, kc, vc, out, chunks, tiles, n_head, n_kv, max_ctx, qscale);                              \
+                      const int* __restrict__ table, int n_head, int n_kv, int shift, float qscale) {                      \
+        att_prefill<D, TQ, TK>(q, kc, vc, out, chunks, tiles, table, n_head, n_kv, shift, qscale);                         \
     }
 
 // (D, TQ, TK): tiles of 64 rows x 64 keys for D 64 and 128, 32 x 32 for D 256 (registers: TQ*D/8
@@ -235,8 +247,8 @@ template <int D>
 static __device__ __forceinline__ void att_decode(const float* __restrict__ q, const u16* __restrict__ kc,
                                                   const u16* __restrict__ vc, float* __restrict__ part_o,
                                                   float* __restrict__ part_ml, const AttChunk* __restrict__ chunks,
-                                                  const int2* __restrict__ work, int n_head, int n_kv, int max_ctx, int hb,
-                                                  float qscale) {
+                                                  const int2* __restrict__ work, const int* __restrict__ table, int n_head,
+                                                  int n_kv, int shift, int hb, float qscale) {
     constexpr int LD = D + ATT_PAD;
     constexpr int KT = DEC_TILE_FLOATS / D;            // keys staged at once: 128, 64, 32
     constexpr int NSUB = DEC_SPAN / KT;
@@ -253,14 +265,14 @@ static __device__ __forceinline__ void att_decode(const float* __restrict__ q, c
     const int h0 = blockIdx.y * hb;
     const int kvh = h0 / (n_head / n_kv);
     const int t = threadIdx.x;
-    const u64 slot_base = (u64)ch.slot * (u64)max_ctx;
+    const int* __restrict__ tab = table + (u64)(u32)ch.table;  // the chunk's block table
     const u64 qrow = ((u64)ch.first_row * (u64)n_head + (u64)h0) * (u64)D;  // heads h0.. are contiguous
 
     for (int e = t; e < hb * D; e += ATT_THREADS) sq[e] = q[qrow + (u64)e] * qscale;
 
     for (int sub = 0; sub < NSUB; ++sub) {
         __syncthreads();  // Q staged; every thread done with the previous K tile
-        att_stage<D, KT>(skv, kc, slot_base, k0 + sub * KT, pos, n_kv, kvh);
+        att_stage<D, KT>(skv, kc, tab, shift, k0 + sub * KT, pos, n_kv, kvh);
         __syncthreads();
         const int kk = t % KT;
         const int key = k0 + sub * KT + kk;
@@ -305,7 +317,7 @@ static __device__ __forceinline__ void att_decode(const float* __restrict__ q, c
     for (int i = 0; i < NO; ++i) acc[i] = 0.0f;
     for (int sub = 0; sub < NSUB; ++sub) {
         __syncthreads();  // p written (first); every thread done with the previous V tile
-        att_stage<D, KT>(skv, vc, slot_base, k0 + sub * KT, pos, n_kv, kvh);
+        att_stage<D, KT>(skv, vc, tab, shift, k0 + sub * KT, pos, n_kv, kvh);
         __syncthreads();
         const float* ps = ss + sub * KT;
 #pragma unroll 4
@@ -328,8 +340,9 @@ static __device__ __forceinline__ void att_decode(const float* __restrict__ q, c
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                                              \
     attn_decode_d##D(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,                   \
                      float* __restrict__ part_o, float* __restrict__ part_ml, const AttChunk* __restrict__ chunks,          \
-                     const int2* __restrict__ work, int n_head, int n_kv, int max_ctx, int hb, float qscale) {             \
-        att_decode<D>(q, kc, vc, part_o, part_ml, chunks, work, n_head, n_kv, max_ctx, hb, qscale);                       \
+                     const int2* __restrict__ work, const int* __restrict__ table, int n_head, int n_kv, int shift, int hb,  \
+                     float qscale) {                                                                                        \
+        att_decode<D>(q, kc, vc, part_o, part_ml, chunks, work, table, n_head, n_kv, shift, hb, qscale);                  \
     }
 
 ATT_DECODE(64)

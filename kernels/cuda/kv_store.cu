@@ -1,22 +1,23 @@
-// Writes a batch's K and V rows (f32 [rows, width], width = n_kv * head_dim) into the f16 caches
-// ([slots, max_ctx, width]) at each row's (slot, pos), rounding to nearest even (cvt.rn, as
-// __float2half_rn). Grid-stride over rows x width/4 items, 64-bit: an item converts 4 floats
-// (one 16-byte load) of K and of V into 8-byte stores. A row whose slot or position lies outside
-// the cache is dropped: a bad index from the engine never writes out of bounds. No collectives.
+// Writes a batch's K and V rows (f32 [rows, width], width = n_kv * head_dim) into the paged f16
+// caches ([num_blocks, block_size, width], i.e. cache_rows = num_blocks * block_size rows) at each
+// row's physical cache row (block * block_size + pos % block_size, resolved on the host from the
+// chunk's block table), rounding to nearest even (cvt.rn, as __float2half_rn). Grid-stride over
+// rows x width/4 items, 64-bit: an item converts 4 floats (one 16-byte load) of K and of V into
+// 8-byte stores. A row whose physical row lies outside the cache is dropped: a bad index from the
+// engine never writes out of bounds. No collectives.
 
-extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ v, const int* __restrict__ slot,
-                                    const int* __restrict__ pos, u16* __restrict__ kc, u16* __restrict__ vc, u64 rows,
-                                    int width, int slots, int max_ctx) {
+extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ v, const i64* __restrict__ dest,
+                                    u16* __restrict__ kc, u16* __restrict__ vc, u64 rows, int width, i64 cache_rows) {
     const u64 w4 = (u64)(width / 4);
     const u64 items = rows * w4;
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 it = (u64)blockIdx.x * blockDim.x + threadIdx.x; it < items; it += stride) {
         const u64 r = it / w4;
         const u64 e = (it - r * w4) * 4;
-        const int s = slot[r], p = pos[r];
-        if (s < 0 || s >= slots || p < 0 || p >= max_ctx) continue;
+        const i64 d = dest[r];
+        if (d < 0 || d >= cache_rows) continue;
         const u64 src = r * (u64)width + e;
-        const u64 dst = ((u64)s * (u64)max_ctx + (u64)p) * (u64)width + e;
+        const u64 dst = (u64)d * (u64)width + e;
         const float4 kv = *(const float4*)(k + src);
         const float4 vv = *(const float4*)(v + src);
         uint2 kh, vh;

@@ -87,7 +87,7 @@ fn bench(a: Args) -> Result<(), String> {
     let max_prompt = a.prompt_lengths.iter().copied().max().unwrap_or(0);
     let slots = a.sequences.iter().copied().max().unwrap_or(1);
     let context = a.engine.context.max(max_prompt).max(a.decode_context + a.decode_tokens);
-    let opts = EngineOptions { context, slots, prefill_chunk: a.engine.prefill_chunk };
+    let opts = EngineOptions { context, slots, prefill_chunk: a.engine.prefill_chunk, ..EngineOptions::default() };
     let mut e = open(&a.engine.model, a.engine.backend.resolve(), opts).map_err(|e| e.to_string())?;
     let vocab = e.config().vocab;
     let load = e.load_report();
@@ -140,13 +140,14 @@ fn decode(e: &mut dyn AnyEngine, seqs: usize, context: usize, n: usize) -> Resul
         let logits = e.prefill(s as u32, 0, &prompt(context, vocab, 1000 + s as u64), Logits::Last).map_err(|e| e.to_string())?;
         next.push(argmax(&logits));
     }
+    let tables: Vec<Vec<u32>> = (0..seqs).map(|s| e.slot_blocks(s as u32)).collect();
     let t = Instant::now();
     for step in 0..n {
         let tokens: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
         let items: Vec<StepItem> = tokens
             .iter()
-            .enumerate()
-            .map(|(s, tok)| StepItem { slot: s as u32, start_pos: (context + step) as u32, tokens: tok, logits: Logits::Last })
+            .zip(&tables)
+            .map(|(tok, blocks)| StepItem { blocks, start_pos: (context + step) as u32, tokens: tok, logits: Logits::Last })
             .collect();
         let logits = e.step(&items).map_err(|e| e.to_string())?;
         next = logits.chunks_exact(vocab).map(argmax).collect();

@@ -68,7 +68,12 @@ fn generate(a: Args) -> Result<(), String> {
         (None, Some(ids)) => ids.clone(),
         (None, None) => return Err("give --prompt TEXT or --prompt-tokens IDS".into()),
     };
-    let opts = EngineOptions { context: a.engine.context.max(prompt.len() + a.max_tokens), slots: 1, prefill_chunk: a.engine.prefill_chunk };
+    let opts = EngineOptions {
+        context: a.engine.context.max(prompt.len() + a.max_tokens),
+        slots: 1,
+        prefill_chunk: a.engine.prefill_chunk,
+        ..EngineOptions::default()
+    };
     let mut engine = open(model, a.engine.backend.resolve(), opts).map_err(|e| e.to_string())?;
     let params = GenerateParams {
         max_tokens: a.max_tokens,

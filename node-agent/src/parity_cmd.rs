@@ -81,8 +81,8 @@ fn run_case(e: &mut dyn AnyEngine, lens: &[usize], all_rows: bool) -> Result<Vec
     let vocab = e.config().vocab;
     let toks: Vec<Vec<u32>> = lens.iter().enumerate().map(|(s, &n)| tokens(n, vocab, s)).collect();
     let logits = if all_rows { Logits::All } else { Logits::Last };
-    let items: Vec<StepItem> =
-        toks.iter().enumerate().map(|(s, t)| StepItem { slot: s as u32, start_pos: 0, tokens: t, logits }).collect();
+    let tables: Vec<Vec<u32>> = (0..toks.len()).map(|s| e.slot_blocks(s as u32)).collect();
+    let items: Vec<StepItem> = toks.iter().zip(&tables).map(|(t, blocks)| StepItem { blocks, start_pos: 0, tokens: t, logits }).collect();
     e.step(&items).map_err(|err| format!("{} backend, case {lens:?}: {err}", e.backend_name()))
 }
 
@@ -90,7 +90,7 @@ fn parity(a: Args) -> Result<bool, String> {
     let cases: Vec<Vec<usize>> = a.cases.iter().map(|c| parse_case(c)).collect::<Result<_, _>>()?;
     let slots = cases.iter().map(Vec::len).max().unwrap_or(1);
     let longest = cases.iter().flatten().copied().max().unwrap_or(1);
-    let opts = EngineOptions { context: longest + a.decode_steps + 1, slots, prefill_chunk: longest };
+    let opts = EngineOptions { context: longest + a.decode_steps + 1, slots, prefill_chunk: longest, ..EngineOptions::default() };
     let mut reference = open(&a.model, a.reference.resolve(), opts).map_err(|e| e.to_string())?;
     let mut candidate = open(&a.model, a.candidate.resolve(), opts).map_err(|e| e.to_string())?;
     let vocab = reference.config().vocab;

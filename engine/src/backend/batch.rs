@@ -4,14 +4,21 @@
 //! whole prompt, a slice of a long prompt under chunked prefill, or the one token a decode
 //! step adds). A chunk's tokens attend to every earlier position of their sequence already in
 //! the KV cache and to the chunk's earlier rows.
+//!
+//! The KV cache is paged: a sequence's positions live in fixed-size blocks listed by its block
+//! table (position p in row `p % block_size` of block `table[p / block_size]`), so sequences that
+//! share a prompt prefix can share its blocks. Each chunk carries its sequence's table, copied
+//! into the batch's flat [`Batch::block_tables`].
 
 use crate::model::ModelError;
 
 /// One run of consecutive positions of one sequence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Chunk {
-    /// The sequence's KV-cache slot.
-    pub slot: u32,
+    /// Where the sequence's block table starts in [`Batch::block_tables`].
+    pub table: u32,
+    /// Entries of the block table (they cover at least [`Chunk::end_pos`] positions).
+    pub table_len: u32,
     /// Position of the chunk's first token in its sequence.
     pub start_pos: u32,
     pub len: u32,
@@ -34,35 +41,60 @@ pub enum Logits {
     All,
 }
 
+/// An empty batch is `Batch::new(block_size)`; `Default` gives one without a block size, which
+/// refuses every chunk (backends keep one as "no batch yet").
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Batch {
+    /// Positions per KV block: a power of two.
+    pub block_size: u32,
     pub tokens: Vec<u32>,
     /// Position of each row in its sequence.
     pub positions: Vec<u32>,
-    /// KV slot of each row.
-    pub slots: Vec<u32>,
+    /// Every chunk's block table, one after another.
+    pub block_tables: Vec<u32>,
     pub chunks: Vec<Chunk>,
     /// Rows whose logits are computed, in order; the logits come back in this order.
     pub logit_rows: Vec<u32>,
 }
 
 impl Batch {
-    /// Adds `tokens` of the sequence in `slot`, starting at position `start_pos`.
-    pub fn push(&mut self, slot: u32, start_pos: u32, tokens: &[u32], logits: Logits) -> Result<(), ModelError> {
+    /// An empty batch over a KV cache of blocks of `block_size` positions (a power of two).
+    pub fn new(block_size: u32) -> Result<Batch, ModelError> {
+        if !block_size.is_power_of_two() {
+            return Err(ModelError::Request(format!("KV block size {block_size} is not a power of two")));
+        }
+        Ok(Batch { block_size, ..Batch::default() })
+    }
+
+    /// Adds `tokens` of the sequence whose block table is `blocks`, starting at position
+    /// `start_pos`. The table must cover the chunk's last position.
+    pub fn push(&mut self, blocks: &[u32], start_pos: u32, tokens: &[u32], logits: Logits) -> Result<(), ModelError> {
+        if self.block_size == 0 {
+            return Err(ModelError::Request("the batch has no KV block size (make it with Batch::new)".into()));
+        }
         if tokens.is_empty() {
             return Err(ModelError::Request("a chunk needs at least one token".into()));
         }
         let first_row = u32::try_from(self.tokens.len()).map_err(|_| ModelError::Request("batch too large".into()))?;
         let len = u32::try_from(tokens.len()).map_err(|_| ModelError::Request("chunk too large".into()))?;
-        if start_pos.checked_add(len).is_none() {
-            return Err(ModelError::Request(format!("positions {start_pos}+{len} overflow")));
+        let end = start_pos.checked_add(len).ok_or_else(|| ModelError::Request(format!("positions {start_pos}+{len} overflow")))?;
+        let covered = blocks.len() as u64 * self.block_size as u64;
+        if covered < end as u64 {
+            return Err(ModelError::Request(format!(
+                "a block table of {} blocks of {} positions covers {covered} positions, the chunk ends at position {end}",
+                blocks.len(),
+                self.block_size
+            )));
         }
-        self.chunks.push(Chunk { slot, start_pos, len, first_row });
-        for (i, &t) in tokens.iter().enumerate() {
-            self.tokens.push(t);
-            self.positions.push(start_pos + i as u32);
-            self.slots.push(slot);
+        let table = u32::try_from(self.block_tables.len()).map_err(|_| ModelError::Request("batch block tables too large".into()))?;
+        let table_len = u32::try_from(blocks.len()).map_err(|_| ModelError::Request("block table too large".into()))?;
+        if table.checked_add(table_len).is_none() {
+            return Err(ModelError::Request("batch block tables too large".into()));
         }
+        self.block_tables.extend_from_slice(blocks);
+        self.chunks.push(Chunk { table, table_len, start_pos, len, first_row });
+        self.tokens.extend_from_slice(tokens);
+        self.positions.extend(start_pos..end);
         let rows = first_row..first_row + len;
         match logits {
             Logits::None => {}
@@ -70,6 +102,30 @@ impl Batch {
             Logits::All => self.logit_rows.extend(rows),
         }
         Ok(())
+    }
+
+    /// Chunk `c`'s block table (empty if `c` does not index this batch's tables).
+    pub fn table(&self, c: &Chunk) -> &[u32] {
+        let start = c.table as usize;
+        self.block_tables.get(start..start + c.table_len as usize).unwrap_or(&[])
+    }
+
+    /// The KV cache row of each row of the batch: `block · block_size + pos % block_size`, its
+    /// block from its chunk's table; `None` where the table does not reach (not for a batch
+    /// built by [`Batch::push`]).
+    pub fn physical_rows(&self) -> Vec<Option<u64>> {
+        let bs = self.block_size.max(1) as u64;
+        let mut rows = vec![None; self.tokens.len()];
+        for c in &self.chunks {
+            let table = self.table(c);
+            for i in 0..c.len as usize {
+                let pos = c.start_pos as u64 + i as u64;
+                if let (Some(&block), Some(r)) = (table.get((pos / bs) as usize), rows.get_mut(c.first_row as usize + i)) {
+                    *r = Some(block as u64 * bs + pos % bs);
+                }
+            }
+        }
+        rows
     }
 
     pub fn rows(&self) -> usize {
@@ -86,16 +142,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn chunks_record_rows_positions_and_logit_rows() {
-        let mut b = Batch::default();
-        b.push(0, 0, &[5, 6, 7], Logits::Last).unwrap();
-        b.push(3, 10, &[8], Logits::All).unwrap();
-        b.push(1, 4, &[9, 9], Logits::None).unwrap();
+    fn chunks_record_rows_positions_tables_and_logit_rows() {
+        let mut b = Batch::new(4).unwrap();
+        b.push(&[7], 0, &[5, 6, 7], Logits::Last).unwrap();
+        b.push(&[3, 0, 9], 10, &[8], Logits::All).unwrap();
+        b.push(&[2, 1], 4, &[9, 9], Logits::None).unwrap();
         assert_eq!(b.positions, vec![0, 1, 2, 10, 4, 5]);
-        assert_eq!(b.slots, vec![0, 0, 0, 3, 1, 1]);
-        assert_eq!(b.chunks[1], Chunk { slot: 3, start_pos: 10, len: 1, first_row: 3 });
+        assert_eq!(b.block_tables, vec![7, 3, 0, 9, 2, 1]);
+        assert_eq!(b.chunks[1], Chunk { table: 1, table_len: 3, start_pos: 10, len: 1, first_row: 3 });
+        assert_eq!(b.table(&b.chunks[2]), &[2, 1]);
         assert_eq!(b.logit_rows, vec![2, 3]);
-        assert!(b.push(0, 0, &[], Logits::Last).is_err());
-        assert!(b.push(0, u32::MAX, &[1, 2], Logits::Last).is_err());
+        // Position 10 is row 2 of block 9; positions 4 and 5 rows 0 and 1 of block 1.
+        assert_eq!(b.physical_rows(), vec![Some(28), Some(29), Some(30), Some(38), Some(4), Some(5)]);
+        assert!(b.push(&[0], 0, &[], Logits::Last).is_err());
+        assert!(b.push(&[0], u32::MAX, &[1, 2], Logits::Last).is_err());
+    }
+
+    #[test]
+    fn a_table_must_cover_the_chunks_end() {
+        let mut b = Batch::new(4).unwrap();
+        // 2 blocks of 4 cover positions 0..8: a chunk ending at 8 fits, one ending at 9 does not.
+        b.push(&[0, 1], 5, &[1, 2, 3], Logits::Last).unwrap();
+        let e = b.push(&[0, 1], 5, &[1, 2, 3, 4], Logits::Last).unwrap_err().to_string();
+        assert!(e.contains("2 blocks of 4 positions covers 8 positions, the chunk ends at position 9"), "{e}");
+        assert_eq!(b.rows(), 3, "a refused chunk adds nothing");
+        assert!(Batch::new(12).is_err() && Batch::new(0).is_err());
+        assert!(Batch::default().push(&[0], 0, &[1], Logits::Last).is_err());
     }
 }

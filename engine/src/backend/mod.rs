@@ -39,22 +39,33 @@ impl WeightRole {
     }
 }
 
-/// Shape of the KV cache a model needs.
+/// Shape of the paged KV cache a model needs: per layer, K and V as `[blocks, block_size,
+/// kv_heads, head_dim]`; sequences own blocks through their block tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvSpec {
     pub layers: usize,
-    /// Sequences held at once.
-    pub slots: usize,
-    /// Positions per sequence.
-    pub context: usize,
+    /// Blocks the cache holds.
+    pub blocks: usize,
+    /// Positions per block: a power of two.
+    pub block_size: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
 }
 
 impl KvSpec {
-    /// Bytes of K and V over all layers at f16.
+    /// Positions (rows) of one layer's K (or V), or `None` when the product overflows.
+    pub fn rows(&self) -> Option<usize> {
+        self.blocks.checked_mul(self.block_size)
+    }
+
+    /// Elements of one layer's K (or V), or `None` when the product overflows.
+    pub fn layer_elements(&self) -> Option<usize> {
+        [self.kv_heads, self.head_dim].into_iter().try_fold(self.rows()?, |n, d| n.checked_mul(d))
+    }
+
+    /// Bytes of K and V over all layers at f16 (saturating).
     pub fn bytes(&self) -> u64 {
-        2 * 2 * (self.layers * self.slots * self.context * self.kv_heads * self.head_dim) as u64
+        (self.layer_elements().unwrap_or(usize::MAX) as u64).saturating_mul(4 * self.layers as u64)
     }
 }
 
@@ -104,7 +115,7 @@ pub trait Backend {
     fn load_weight(&mut self, t: HostTensor, role: WeightRole) -> Result<Self::Weight>;
     /// Allocates the KV cache (once, before the first batch).
     fn alloc_kv(&mut self, spec: KvSpec) -> Result<()>;
-    /// Makes `batch` current: its tokens, positions and chunks.
+    /// Makes `batch` current: its tokens, positions, chunks and block tables.
     fn begin_batch(&mut self, batch: &Batch) -> Result<()>;
     /// Where progress is reported and which test fault is armed (`crate::monitor`).
     fn set_monitor(&mut self, monitor: Arc<Monitor>);
@@ -121,8 +132,8 @@ pub trait Backend {
     fn linear(&mut self, x: &Self::Act, w: &Self::Weight) -> Result<Self::Act>;
     /// NEOX rotary embedding of each `head_dim` group of `x` at the batch's positions.
     fn rope(&mut self, x: &mut Self::Act, head_dim: usize, theta: f32) -> Result<()>;
-    /// Stores the batch's K and V at their slots and positions, then causal attention of Q
-    /// over each sequence's cache.
+    /// Stores the batch's K and V at their positions' cache rows (through the chunks' block
+    /// tables), then causal attention of Q over each sequence's positions.
     fn attention(&mut self, q: &Self::Act, k: &Self::Act, v: &Self::Act, spec: &AttentionSpec) -> Result<Self::Act>;
     /// Routed experts: router softmax, top-k, SwiGLU experts, weighted combine.
     fn moe(&mut self, x: &Self::Act, w: &MoeWeights<'_, Self::Weight>, spec: &MoeSpec) -> Result<Self::Act>;

@@ -49,6 +49,8 @@ pub fn run(mut input: impl Read, mut output: impl Write) -> Result<(), String> {
         context: opts.context,
         slots: opts.slots,
         prefill_chunk: opts.prefill_chunk,
+        blocks: engine.total_blocks(),
+        block_size: engine.block_size(),
         vocab: engine.config().vocab,
         backend: engine.backend_name().to_string(),
         load_seconds: engine.load_report().seconds,
@@ -82,20 +84,18 @@ fn load(cfg: &ChildConfig) -> Result<(Box<dyn AnyEngine>, Arc<Monitor>), String>
     let monitor = Arc::new(Monitor::shared(board).with_fault(fault));
     monitor.board().enter(None, Op::Loading);
     let backend = parse_backend(&cfg.backend)?;
-    let opts = EngineOptions { context: cfg.context, slots: cfg.slots.max(1), prefill_chunk: cfg.prefill_chunk.max(1) };
+    let opts = EngineOptions {
+        context: cfg.context,
+        slots: cfg.slots.max(1),
+        prefill_chunk: cfg.prefill_chunk.max(1),
+        ..EngineOptions::default()
+    };
     let mut engine = crate::engine::open(&cfg.model, backend, opts).map_err(|e| format!("{}: {e}", cfg.model.display()))?;
     if let Some(f) = fault {
         eprintln!("brink engine child: TEST-ONLY fault injection armed: {f}");
     }
     engine.set_monitor(monitor.clone());
     Ok((engine, monitor))
-}
-
-/// The engine's KV address of a chunk. Until the backends are paged, a sequence holds one block
-/// as long as the context and that block's number is its KV slot; the paged engine takes the
-/// whole table here instead.
-fn kv_slot(c: &WireChunk) -> Result<u32, String> {
-    c.blocks.first().copied().ok_or_else(|| format!("sequence {}: the step carries no KV blocks", c.seq))
 }
 
 /// One engine step over `chunks`; one sampled token per chunk that asked for logits.
@@ -112,7 +112,9 @@ fn run_step(engine: &mut dyn AnyEngine, samplers: &mut HashMap<SeqId, Sampler>, 
     for c in chunks {
         let start_pos = u32::try_from(c.start_pos).map_err(|_| format!("sequence {}: position {} is past u32", c.seq, c.start_pos))?;
         let logits = if c.logits { Logits::Last } else { Logits::None };
-        items.push(StepItem { slot: kv_slot(c)?, start_pos, tokens: &c.tokens, logits });
+        // The sequence's block table from the supervisor's scheduler: the engine reads and
+        // writes its KV through it (the engine checks it covers the chunk).
+        items.push(StepItem { blocks: &c.blocks, start_pos, tokens: &c.tokens, logits });
     }
     let logits = engine.step(&items).map_err(|e| e.to_string())?;
     let vocab = engine.config().vocab;

@@ -105,6 +105,9 @@ pub enum FromChild {
         context: usize,
         slots: usize,
         prefill_chunk: usize,
+        /// The paged KV cache: blocks, and positions per block.
+        blocks: usize,
+        block_size: usize,
         vocab: usize,
         backend: String,
         load_seconds: f64,
@@ -203,7 +206,16 @@ mod tests {
             ToChild::Shutdown,
         ]);
         round_trip(&[
-            FromChild::Ready { context: 512, slots: 4, prefill_chunk: 64, vocab: 300, backend: "cpu".into(), load_seconds: 0.25 },
+            FromChild::Ready {
+                context: 512,
+                slots: 4,
+                prefill_chunk: 64,
+                blocks: 128,
+                block_size: 16,
+                vocab: 300,
+                backend: "cpu".into(),
+                load_seconds: 0.25,
+            },
             FromChild::LoadFailed("no file".into()),
             FromChild::Sampled { step: 2, tokens: vec![5, 6] },
             FromChild::StepFailed { step: 3, message: "injected fault at layer 1".into() },

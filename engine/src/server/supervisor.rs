@@ -77,6 +77,8 @@ struct Geometry {
     context: usize,
     slots: usize,
     prefill_chunk: usize,
+    blocks: usize,
+    block_size: usize,
     backend: String,
 }
 
@@ -136,8 +138,8 @@ impl EngineChild {
     /// but a child that dies while loading ends the wait).
     fn wait_ready(&mut self) -> Result<Geometry, String> {
         match self.rx.recv() {
-            Ok(ChildMsg::Frame(FromChild::Ready { context, slots, prefill_chunk, backend, .. })) => {
-                Ok(Geometry { context, slots, prefill_chunk, backend })
+            Ok(ChildMsg::Frame(FromChild::Ready { context, slots, prefill_chunk, blocks, block_size, backend, .. })) => {
+                Ok(Geometry { context, slots, prefill_chunk, blocks, block_size, backend })
             }
             Ok(ChildMsg::Frame(FromChild::LoadFailed(e))) => Err(e),
             Ok(ChildMsg::Frame(other)) => Err(format!("the engine child answered {other:?} instead of Ready")),
@@ -316,9 +318,10 @@ impl Supervisor {
         );
         let limits =
             StepLimits::new(w.max_batch_tokens, geometry.prefill_chunk, geometry.slots, None).map_err(|e| drop_board(e.to_string()))?;
-        // One block per slot, as long as the context: until the backends are paged, a
-        // sequence's single block number is its KV slot.
-        let kv = KvBlocks::new(geometry.slots, geometry.context).map_err(|e| drop_board(e.to_string()))?;
+        // The engine's paged cache, block for block: a sequence's table from the scheduler is
+        // what the engine reads its KV through, so blocks of a shared prompt prefix are
+        // computed once (and the bookkeeping outlives an engine restart).
+        let kv = KvBlocks::new(geometry.blocks, geometry.block_size).map_err(|e| drop_board(e.to_string()))?;
         let sched_cfg = SchedConfig { limits, context: geometry.context, max_queue: w.max_queue, retry_after_secs: 1 };
         let sched = Scheduler::new(sched_cfg, kv).map_err(|e| drop_board(e.to_string()))?;
         let loaded = Loaded { tokenizer: Arc::new(tokenizer), template, context: geometry.context, backend: geometry.backend.clone() };

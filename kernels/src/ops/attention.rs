@@ -1,12 +1,16 @@
 //! Attention over the f16 KV cache: causal prefill (flash-attention style) and decode
 //! (flash-decoding), for any GQA ratio and head_dim 64, 128 or 256.
 //!
-//! The engine keeps, per layer, K and V as f16 `[slots, max_ctx, n_kv, head_dim]` (a slot is one
-//! sequence). A batch is a list of [`Chunk`]s: chunk c's tokens are rows `first_row..` of Q
-//! `[rows, n_head, head_dim]` f32 (normed, RoPE'd) at positions `start_pos..` of its slot, and
-//! query i of the chunk attends to positions `0 ..= start_pos + i` (a later chunk of a sequence
-//! sees the earlier ones: chunked prefill). The chunk's own K/V rows are written first
-//! ([`super::kv_store`]). O is `[rows, n_head, head_dim]` f32.
+//! The engine keeps, per layer, K and V as a paged f16 cache `[blocks, block_size, n_kv,
+//! head_dim]` (vLLM's PagedAttention): a sequence's positions live in the blocks its block table
+//! lists, position p in row `p % block_size` of block `table[p / block_size]`, so sequences that
+//! share a prompt prefix can share its blocks. A batch is a list of [`Chunk`]s and one flat table
+//! of block ids: chunk c's tokens are rows `first_row..` of Q `[rows, n_head, head_dim]` f32
+//! (normed, RoPE'd) at positions `start_pos..` of the sequence whose table starts at entry
+//! `table` of the flat table, and query i of the chunk attends to positions `0 ..= start_pos + i`
+//! (a later chunk of a sequence sees the earlier ones: chunked prefill). The chunk's own K/V rows
+//! are written first ([`super::kv_store`], to rows [`physical_row`]). O is `[rows, n_head,
+//! head_dim]` f32.
 //!
 //! Kernels (`cuda/attention.cu`), chosen per chunk by [`BatchPlan`]:
 //! - `attn_prefill_d{D}`: grid (query tiles of every chunk, n_head), 128 threads; a tile is
@@ -37,7 +41,7 @@ use crate::sources::ATTENTION;
 use crate::thresholds::I32_MAX;
 
 pub use cpu::attention_cpu;
-pub use layout::{Layout, decode_position};
+pub use layout::{Layout, decode_position, scrambled_tables};
 pub use selftest::{AttentionCase, critical_counts, device_bytes, plans, run_case};
 
 /// The family's name in the self-test (its kernels are named per head_dim, see the module doc).
@@ -67,24 +71,30 @@ const PAD: u64 = 4;
 /// Supported head dimensions (the kernels are instantiated for these).
 pub const HEAD_DIMS: [u32; 3] = [64, 128, 256];
 
+/// Largest block size: the kernels build `(1 << shift) - 1` in an i32.
+pub const MAX_BLOCK_SIZE: u32 = 1 << 30;
+/// Positions per cache block the engine uses unless told otherwise (vLLM's default too), and
+/// the self-test's: a 24k-token prompt is 1,500 blocks, a shared prefix is reused to within 15.
+pub const DEFAULT_BLOCK_SIZE: u32 = 16;
+
 /// What the kernels need to know of a model's attention and of its cache.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AttentionSpec {
     pub heads: u32,
     pub kv_heads: u32,
     pub head_dim: u32,
-    /// Sequences the cache holds (its first dimension).
-    pub slots: u32,
-    /// Positions per slot.
-    pub max_ctx: u32,
+    /// Blocks the cache holds (its first dimension).
+    pub blocks: u32,
+    /// Positions per block: a power of two (the kernels take it as a shift).
+    pub block_size: u32,
     /// Softmax scale, `1 / sqrt(head_dim)` for qwen3.
     pub scale: f32,
 }
 
 impl AttentionSpec {
     /// A spec with the usual scale `1 / sqrt(head_dim)`.
-    pub fn new(heads: u32, kv_heads: u32, head_dim: u32, slots: u32, max_ctx: u32) -> AttentionSpec {
-        AttentionSpec { heads, kv_heads, head_dim, slots, max_ctx, scale: 1.0 / (head_dim as f32).sqrt() }
+    pub fn new(heads: u32, kv_heads: u32, head_dim: u32, blocks: u32, block_size: u32) -> AttentionSpec {
+        AttentionSpec { heads, kv_heads, head_dim, blocks, block_size, scale: 1.0 / (head_dim as f32).sqrt() }
     }
 
     /// Why the kernels cannot run this spec, if they cannot.
@@ -96,15 +106,17 @@ impl AttentionSpec {
             Some(format!("{} heads / {} kv heads: both must be in 1..2^31", self.heads, self.kv_heads))
         } else if !self.heads.is_multiple_of(self.kv_heads) {
             Some(format!("{} heads are not a multiple of {} kv heads (GQA groups must be whole)", self.heads, self.kv_heads))
-        } else if !fits(self.slots) || !fits(self.max_ctx) {
-            Some(format!("cache of {} slots x {} positions: both must be in 1..2^31", self.slots, self.max_ctx))
+        } else if !fits(self.blocks) {
+            Some(format!("cache of {} blocks: must be in 1..2^31", self.blocks))
+        } else if !self.block_size.is_power_of_two() || self.block_size > MAX_BLOCK_SIZE {
+            Some(format!("block size {} must be a power of two up to 2^30", self.block_size))
         } else if self.row_width() > I32_MAX {
             Some(format!("{} heads x {} dims: a row must stay below 2^31 elements", self.heads, self.head_dim))
-        } else if (self.slots as u64).checked_mul(self.max_ctx as u64).and_then(|p| p.checked_mul(2 * self.kv_width())).is_none() {
+        } else if self.cache_rows().checked_mul(2 * self.kv_width()).is_none() {
             Some(format!(
-                "a cache of {} slots x {} positions x {} overflows 64-bit byte offsets",
-                self.slots,
-                self.max_ctx,
+                "a cache of {} blocks x {} positions x {} overflows 64-bit byte offsets",
+                self.blocks,
+                self.block_size,
                 self.kv_width()
             ))
         } else if !(self.scale.is_finite() && self.scale > 0.0) {
@@ -136,9 +148,24 @@ impl AttentionSpec {
         self.kv_heads as u64 * self.head_dim as u64
     }
 
+    /// Rows (positions) of one layer's K (or V) cache: `blocks · block_size`.
+    pub fn cache_rows(&self) -> u64 {
+        self.blocks as u64 * self.block_size as u64
+    }
+
     /// Elements of one layer's K (or V) cache.
     pub fn cache_elems(&self) -> u64 {
-        self.slots as u64 * self.max_ctx as u64 * self.kv_width()
+        self.cache_rows().saturating_mul(self.kv_width())
+    }
+
+    /// `log2(block_size)`, as the kernels take it.
+    pub fn block_shift(&self) -> u32 {
+        self.block_size.max(1).trailing_zeros()
+    }
+
+    /// Table entries a sequence of `end` positions needs.
+    pub fn blocks_for(&self, end: u64) -> u64 {
+        end.div_ceil(self.block_size.max(1) as u64)
     }
 
     /// The factor Q is multiplied by: scores come out in log2 units for `exp2`.
@@ -154,8 +181,8 @@ impl AttentionSpec {
 
     pub fn describe(&self) -> String {
         format!(
-            "heads={} kv_heads={} head_dim={} slots={} max_ctx={} scale={}",
-            self.heads, self.kv_heads, self.head_dim, self.slots, self.max_ctx, self.scale
+            "heads={} kv_heads={} head_dim={} blocks={} block_size={} scale={}",
+            self.heads, self.kv_heads, self.head_dim, self.blocks, self.block_size, self.scale
         )
     }
 }
@@ -193,6 +220,13 @@ pub fn prefill_shared_bytes(head_dim: u32) -> u64 {
     prefill_tile(head_dim).map_or(0, |t| 4 * (t.rows + t.keys) * (head_dim as u64 + PAD))
 }
 
+/// Static shared memory of a block: `att_stage`'s block ids of the staged key rows (i32 each),
+/// beside the dynamic bytes; a launch needs both within the device's limit.
+pub fn static_shared_bytes(head_dim: u32, decode: bool) -> u64 {
+    let rows = if decode { DECODE_TILE_FLOATS / (head_dim as u64).max(1) } else { prefill_tile(head_dim).map_or(0, |t| t.keys) };
+    4 * rows
+}
+
 /// Dynamic shared memory of a decode block: Q of its heads, their span of scores, a K/V tile.
 pub fn decode_shared_bytes(head_dim: u32) -> u64 {
     let d = head_dim as u64;
@@ -200,11 +234,13 @@ pub fn decode_shared_bytes(head_dim: u32) -> u64 {
     4 * (m * d + m * DECODE_SPAN + DECODE_TILE_FLOATS / d.max(1) * (d + PAD))
 }
 
-/// One chunk of a batch: `n_tokens` rows from `first_row` at positions `start_pos..` of `slot`.
+/// One chunk of a batch: `n_tokens` rows from `first_row` at positions `start_pos..` of the
+/// sequence whose block table starts at entry `table` of the batch's flat table (and holds at
+/// least [`AttentionSpec::blocks_for`]`(end)` entries).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Chunk {
-    pub slot: u32,
+    pub table: u32,
     pub start_pos: u32,
     pub n_tokens: u32,
     pub first_row: u32,
@@ -231,25 +267,53 @@ pub enum DecodeRoute {
     Prefill,
 }
 
-/// Why `chunks` cannot be a batch of `rows` rows for `spec`, if they cannot: every chunk
-/// non-empty, inside the cache and inside Q, no two chunks sharing a row.
-pub fn chunks_unsupported(chunks: &[Chunk], rows: u64, spec: &AttentionSpec) -> Option<String> {
+/// The cache row of position `pos` of a sequence with block table `table`, or `None` when the
+/// table does not reach `pos` (the kernels' `att_page_row`, and where kv_store writes).
+pub fn physical_row(table: &[u32], pos: u32, spec: &AttentionSpec) -> Option<u64> {
+    let shift = spec.block_shift();
+    let block = *table.get((pos >> shift) as usize)?;
+    Some(((block as u64) << shift) | (pos as u64 & (spec.block_size.max(1) as u64 - 1)))
+}
+
+/// Why chunk `c`'s block table (in the flat `tables`) cannot serve it, if it cannot: it must
+/// list every block up to the chunk's end, each inside the cache.
+fn table_unsupported(c: &Chunk, tables: &[u32], spec: &AttentionSpec) -> Option<String> {
+    let need = spec.blocks_for(c.end());
+    let (first, end) = (c.table as u64, c.table as u64 + need);
+    if end > tables.len() as u64 {
+        return Some(format!(
+            "needs {need} block table entries from {first} for positions up to {} (blocks of {}), the batch's table has {}",
+            c.end(),
+            spec.block_size,
+            tables.len()
+        ));
+    }
+    let own = &tables[first as usize..end as usize];
+    own.iter()
+        .position(|&b| b >= spec.blocks)
+        .map(|j| format!("block table entry {} is block {}, past the cache's {} blocks", first + j as u64, own[j], spec.blocks))
+}
+
+/// Why `chunks` and their flat block `tables` cannot be a batch of `rows` rows for `spec`, if
+/// they cannot: every chunk non-empty, its positions inside i32 and covered by its block table,
+/// every block it reads inside the cache, its rows inside Q, no two chunks sharing a row.
+pub fn chunks_unsupported(chunks: &[Chunk], tables: &[u32], rows: u64, spec: &AttentionSpec) -> Option<String> {
     if chunks.is_empty() {
         return Some("a batch needs at least one chunk".into());
     }
     if rows > I32_MAX {
         return Some(format!("{rows} rows: row indices are i32"));
     }
-    if chunks.len() as u64 > I32_MAX {
-        return Some(format!("{} chunks: chunk indices are i32", chunks.len()));
+    if chunks.len() as u64 > I32_MAX || tables.len() as u64 > I32_MAX {
+        return Some(format!("{} chunks and {} block table entries: indices are i32", chunks.len(), tables.len()));
     }
     for (i, c) in chunks.iter().enumerate() {
         let what = if c.n_tokens == 0 {
             "has no tokens".to_string()
-        } else if c.slot >= spec.slots {
-            format!("slot {} is past the cache's {} slots", c.slot, spec.slots)
-        } else if c.end() > spec.max_ctx as u64 {
-            format!("positions {}..{} pass the cache's {} positions", c.start_pos, c.end(), spec.max_ctx)
+        } else if c.end() > I32_MAX {
+            format!("positions {}..{} pass 2^31 − 1 (positions are i32)", c.start_pos, c.end())
+        } else if let Some(why) = table_unsupported(c, tables, spec) {
+            why
         } else if c.rows().end > rows {
             format!("rows {}..{} pass the batch's {rows} rows", c.first_row, c.rows().end)
         } else {
@@ -365,14 +429,16 @@ pub fn launches(n: &BatchCounts, spec: &AttentionSpec, limits: &DeviceLimits) ->
     Ok(AttentionLaunches { prefill, decode })
 }
 
-/// A batch split between the kernels, with the index arrays they read: prefill chunks and their
-/// tiles `(chunk, first query)`; decode chunks, their splits `(chunk, split)` and each chunk's
-/// first split (`offsets`, one more than chunks). Pure; [`DeviceBatch`] uploads it. It keeps the
-/// spec its chunks were checked against: launches use that one, never another cache's.
+/// A batch split between the kernels, with the index arrays they read: the flat block tables;
+/// prefill chunks and their tiles `(chunk, first query)`; decode chunks, their splits `(chunk,
+/// split)` and each chunk's first split (`offsets`, one more than chunks). Pure; [`DeviceBatch`]
+/// uploads it. It keeps the spec its chunks and tables were checked against: launches use that
+/// one, never another cache's.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BatchPlan {
     spec: AttentionSpec,
     rows: u64,
+    tables: Vec<u32>,
     prefill: Vec<Chunk>,
     tiles: Vec<[i32; 2]>,
     decode: Vec<Chunk>,
@@ -381,15 +447,26 @@ pub struct BatchPlan {
 }
 
 impl BatchPlan {
-    /// Validates `chunks` against `spec` and a Q of `rows` rows, and routes each chunk: 1-token
-    /// chunks to the decode kernels under [`DecodeRoute::Split`], everything else to prefill.
-    pub fn new(chunks: &[Chunk], rows: u64, spec: &AttentionSpec, route: DecodeRoute) -> Result<BatchPlan, PlanError> {
+    /// Validates `chunks` and their flat block `tables` against `spec` and a Q of `rows` rows, and
+    /// routes each chunk: 1-token chunks to the decode kernels under [`DecodeRoute::Split`],
+    /// everything else to prefill.
+    pub fn new(chunks: &[Chunk], tables: &[u32], rows: u64, spec: &AttentionSpec, route: DecodeRoute) -> Result<BatchPlan, PlanError> {
         spec.check()?;
-        if let Some(what) = chunks_unsupported(chunks, rows, spec) {
-            return Err(unsupported(what, format!("rows={rows} chunks={} {}", chunks.len(), spec.describe())));
+        if let Some(what) = chunks_unsupported(chunks, tables, rows, spec) {
+            let shape = format!("rows={rows} chunks={} table_entries={} {}", chunks.len(), tables.len(), spec.describe());
+            return Err(unsupported(what, shape));
         }
         let tile = prefill_tile(spec.head_dim).map_or(1, |t| t.rows);
-        let mut p = BatchPlan { spec: *spec, rows, prefill: vec![], tiles: vec![], decode: vec![], work: vec![], offsets: vec![0] };
+        let mut p = BatchPlan {
+            spec: *spec,
+            rows,
+            tables: tables.to_vec(),
+            prefill: vec![],
+            tiles: vec![],
+            decode: vec![],
+            work: vec![],
+            offsets: vec![0],
+        };
         for c in chunks {
             if c.n_tokens == 1 && route == DecodeRoute::Split {
                 let idx = p.decode.len() as i32;
@@ -432,12 +509,13 @@ impl BatchPlan {
 }
 
 fn flat_chunks(chunks: &[Chunk]) -> Vec<i32> {
-    chunks.iter().flat_map(|c| [c.slot as i32, c.start_pos as i32, c.n_tokens as i32, c.first_row as i32]).collect()
+    chunks.iter().flat_map(|c| [c.table as i32, c.start_pos as i32, c.n_tokens as i32, c.first_row as i32]).collect()
 }
 
 /// A [`BatchPlan`] on the device: made once per batch, used by every layer.
 pub struct DeviceBatch {
     plan: BatchPlan,
+    tables: CudaSlice<i32>,
     prefill: CudaSlice<i32>,
     tiles: CudaSlice<i32>,
     decode: CudaSlice<i32>,
@@ -450,6 +528,8 @@ impl DeviceBatch {
         // An empty list still gets a (never read) word: the device has no zero-sized buffers.
         let up = |v: Vec<i32>| if v.is_empty() { gpu.upload(&[0]) } else { gpu.upload(&v) };
         Ok(DeviceBatch {
+            // Block ids are below the spec's blocks (< 2^31): checked by the plan.
+            tables: up(plan.tables.iter().map(|&b| b as i32).collect())?,
             prefill: up(flat_chunks(&plan.prefill))?,
             tiles: up(plan.tiles.iter().flatten().copied().collect())?,
             decode: up(flat_chunks(&plan.decode))?,
@@ -468,7 +548,7 @@ impl DeviceBatch {
 pub struct AttentionIo<'a, Y> {
     /// `[rows, n_head, head_dim]` f32.
     pub q: CudaView<'a, f32>,
-    /// `[slots, max_ctx, n_kv, head_dim]` f16 bits, holding every position the chunks read.
+    /// `[blocks, block_size, n_kv, head_dim]` f16 bits, holding every position the chunks read.
     pub k_cache: CudaView<'a, u16>,
     pub v_cache: CudaView<'a, u16>,
     /// `[rows, n_head, head_dim]` f32 (any element type: the kernels write f32 words). Rows no
@@ -517,13 +597,13 @@ pub fn launch<Y: DeviceRepr>(gpu: &Gpu, batch: &DeviceBatch, mut io: AttentionIo
     let (out, _o) = io.out.device_ptr_mut(stream);
     let (ws, _w) = io.workspace.device_ptr_mut(stream);
     require_aligned(first, &[("q", q), ("k_cache", k), ("v_cache", v), ("out", out)])?;
-    let (n_head, n_kv, max_ctx, d) = (spec.heads as i32, spec.kv_heads as i32, spec.max_ctx as i32, spec.head_dim as i32);
+    let (n_head, n_kv, shift, d) = (spec.heads as i32, spec.kv_heads as i32, spec.block_shift() as i32, spec.head_dim as i32);
     let qscale = spec.q_scale();
     if let Some(p) = &l.prefill {
         let f = gpu.function(&ATTENTION, &p.kernel)?;
         gpu.launch(p, &f, |b| {
-            b.arg(&q).arg(&k).arg(&v).arg(&out).arg(&batch.prefill).arg(&batch.tiles);
-            b.arg(&n_head).arg(&n_kv).arg(&max_ctx).arg(&qscale);
+            b.arg(&q).arg(&k).arg(&v).arg(&out).arg(&batch.prefill).arg(&batch.tiles).arg(&batch.tables);
+            b.arg(&n_head).arg(&n_kv).arg(&shift).arg(&qscale);
         })?;
     }
     if let Some((split, combine)) = &l.decode {
@@ -532,8 +612,8 @@ pub fn launch<Y: DeviceRepr>(gpu: &Gpu, batch: &DeviceBatch, mut io: AttentionIo
         let hb = spec.decode_heads_per_block() as i32;
         let f = gpu.function(&ATTENTION, &split.kernel)?;
         gpu.launch(split, &f, |b| {
-            b.arg(&q).arg(&k).arg(&v).arg(&ws).arg(&part_ml).arg(&batch.decode).arg(&batch.work);
-            b.arg(&n_head).arg(&n_kv).arg(&max_ctx).arg(&hb).arg(&qscale);
+            b.arg(&q).arg(&k).arg(&v).arg(&ws).arg(&part_ml).arg(&batch.decode).arg(&batch.work).arg(&batch.tables);
+            b.arg(&n_head).arg(&n_kv).arg(&shift).arg(&hb).arg(&qscale);
         })?;
         let f = gpu.function(&ATTENTION, COMBINE_KERNEL)?;
         gpu.launch(combine, &f, |b| {
@@ -547,19 +627,36 @@ pub fn launch<Y: DeviceRepr>(gpu: &Gpu, batch: &DeviceBatch, mut io: AttentionIo
 mod tests {
     use super::*;
 
-    const QWEN: AttentionSpec = AttentionSpec { heads: 32, kv_heads: 4, head_dim: 128, slots: 8, max_ctx: 40_960, scale: 0.088_388_35 };
+    /// 8 sequences of 40,960 positions in blocks of 16.
+    const QWEN: AttentionSpec =
+        AttentionSpec { heads: 32, kv_heads: 4, head_dim: 128, blocks: 8 * 2560, block_size: 16, scale: 0.088_388_35 };
+    const QWEN_SLOT_BLOCKS: u32 = 2560;
+
+    /// A cache of `slots` sequences of `ctx` positions (a multiple of 16) in blocks of 16.
+    fn paged(heads: u32, kv: u32, d: u32, slots: u32, ctx: u32) -> AttentionSpec {
+        AttentionSpec::new(heads, kv, d, slots * ctx / 16, 16)
+    }
+
+    /// Every block, handed out in reverse: sequence s's table starts at entry `s · blocks/slots`.
+    fn reversed(spec: &AttentionSpec) -> Vec<u32> {
+        (0..spec.blocks).rev().collect()
+    }
 
     fn chunk(slot: u32, start_pos: u32, n_tokens: u32, first_row: u32) -> Chunk {
-        Chunk { slot, start_pos, n_tokens, first_row }
+        Chunk { table: slot * QWEN_SLOT_BLOCKS, start_pos, n_tokens, first_row }
+    }
+
+    fn chunk_in(table: u32, start_pos: u32, n_tokens: u32, first_row: u32) -> Chunk {
+        Chunk { table, start_pos, n_tokens, first_row }
     }
 
     #[test]
     fn prefill_plan_geometry_for_every_head_dim() {
         for limits in DeviceLimits::recorded() {
             for (d, rows_per_tile, smem) in [(64, 64, 4 * 128 * 68), (128, 64, 4 * 128 * 132), (256, 32, 4 * 64 * 260)] {
-                let spec = AttentionSpec::new(16, 4, d, 2, 4096);
-                let chunks = [chunk(0, 0, 100, 0), chunk(1, 37, 1, 100), chunk(1, 38, 5, 101)];
-                let plan = BatchPlan::new(&chunks, 106, &spec, DecodeRoute::Prefill).unwrap();
+                let spec = paged(16, 4, d, 2, 4096);
+                let chunks = [chunk_in(0, 0, 100, 0), chunk_in(256, 37, 1, 100), chunk_in(256, 38, 5, 101)];
+                let plan = BatchPlan::new(&chunks, &reversed(&spec), 106, &spec, DecodeRoute::Prefill).unwrap();
                 let tiles = 100u64.div_ceil(rows_per_tile) + 2;
                 assert_eq!(plan.tiles.len() as u64, tiles);
                 let l = plan.launches(&limits).unwrap();
@@ -574,8 +671,9 @@ mod tests {
             }
         }
         // The tile map: (chunk, first query), chunk by chunk.
-        let spec = AttentionSpec::new(8, 8, 128, 2, 400);
-        let plan = BatchPlan::new(&[chunk(0, 0, 130, 0), chunk(1, 200, 2, 130)], 132, &spec, DecodeRoute::Split).unwrap();
+        let spec = paged(8, 8, 128, 2, 400);
+        let plan =
+            BatchPlan::new(&[chunk_in(0, 0, 130, 0), chunk_in(25, 200, 2, 130)], &reversed(&spec), 132, &spec, DecodeRoute::Split).unwrap();
         assert_eq!(plan.tiles, vec![[0, 0], [0, 64], [0, 128], [1, 0]]);
     }
 
@@ -584,7 +682,7 @@ mod tests {
         let spec = QWEN;
         // Positions 0, 127, 128 and 40,959: 1, 1, 2 and 320 spans of 128 keys.
         let chunks = [chunk(0, 0, 1, 0), chunk(1, 127, 1, 1), chunk(2, 128, 1, 2), chunk(3, 40_959, 1, 3)];
-        let plan = BatchPlan::new(&chunks, 4, &spec, DecodeRoute::Split).unwrap();
+        let plan = BatchPlan::new(&chunks, &reversed(&spec), 4, &spec, DecodeRoute::Split).unwrap();
         assert_eq!(plan.offsets, vec![0, 1, 2, 4, 324]);
         assert_eq!(plan.work[2..4], [[2, 0], [2, 1]]);
         assert_eq!(plan.work[323], [3, 319]);
@@ -617,10 +715,11 @@ mod tests {
     #[test]
     fn mixed_batches_split_between_the_kernels() {
         let chunks = [chunk(0, 0, 70, 0), chunk(1, 500, 1, 70), chunk(2, 4133, 3, 71)];
-        let plan = BatchPlan::new(&chunks, 74, &QWEN, DecodeRoute::Split).unwrap();
+        let tables = reversed(&QWEN);
+        let plan = BatchPlan::new(&chunks, &tables, 74, &QWEN, DecodeRoute::Split).unwrap();
         assert_eq!(plan.counts(), BatchCounts { rows: 74, prefill_tiles: 3, decode_chunks: 1, decode_splits: 4 });
         assert_eq!(plan.launches(&DeviceLimits::gb10()).unwrap().all().len(), 3);
-        let all_prefill = BatchPlan::new(&chunks, 74, &QWEN, DecodeRoute::Prefill).unwrap();
+        let all_prefill = BatchPlan::new(&chunks, &tables, 74, &QWEN, DecodeRoute::Prefill).unwrap();
         assert_eq!(all_prefill.counts(), BatchCounts { rows: 74, prefill_tiles: 4, decode_chunks: 0, decode_splits: 0 });
     }
 
@@ -632,41 +731,65 @@ mod tests {
             AttentionSpec { kv_heads: 5, ..QWEN },
             AttentionSpec { kv_heads: 0, ..QWEN },
             AttentionSpec { heads: 0, ..QWEN },
-            AttentionSpec { slots: 0, ..QWEN },
-            AttentionSpec { max_ctx: 0, ..QWEN },
+            AttentionSpec { blocks: 0, ..QWEN },
+            AttentionSpec { block_size: 0, ..QWEN },
+            AttentionSpec { block_size: 24, ..QWEN },
+            AttentionSpec { block_size: 1 << 31, ..QWEN },
             AttentionSpec { scale: f32::NAN, ..QWEN },
             AttentionSpec { scale: 0.0, ..QWEN },
             AttentionSpec { heads: 1 << 24, kv_heads: 1, ..QWEN },
-            AttentionSpec { slots: i32::MAX as u32, max_ctx: i32::MAX as u32, kv_heads: 1 << 20, heads: 1 << 20, head_dim: 64, ..QWEN },
+            AttentionSpec { blocks: i32::MAX as u32, block_size: 1 << 30, kv_heads: 1 << 20, heads: 1 << 20, head_dim: 64, ..QWEN },
         ];
         let ok = [chunk(0, 0, 4, 0)];
+        let tables = reversed(&QWEN);
         for s in bad_specs {
-            assert!(matches!(BatchPlan::new(&ok, 4, &s, DecodeRoute::Split), Err(PlanError::Unsupported { .. })), "{s:?}");
+            assert!(matches!(BatchPlan::new(&ok, &tables, 4, &s, DecodeRoute::Split), Err(PlanError::Unsupported { .. })), "{s:?}");
         }
-        let bad_chunks: [(&[Chunk], u64); 7] = [
-            (&[], 4),
-            (&[chunk(0, 0, 0, 0)], 4),
-            (&[chunk(8, 0, 4, 0)], 4),
-            (&[chunk(0, 40_957, 4, 0)], 4),
-            (&[chunk(0, 0, 4, 1)], 4),
-            (&[chunk(0, 0, 3, 0), chunk(1, 0, 2, 2)], 4),
-            (&[chunk(0, 0, 4, 0)], 1 << 31),
+        let bad_chunks: [(&[Chunk], u64, &str); 8] = [
+            (&[], 4, "at least one chunk"),
+            (&[chunk(0, 0, 0, 0)], 4, "no tokens"),
+            (&[chunk(8, 0, 4, 0)], 4, "needs 1 block table entries from 20480"),
+            (&[chunk(7, 40_957, 4, 0)], 4, "needs 2561 block table entries from 17920 for positions up to 40961"),
+            (&[chunk(0, 0, 4, 1)], 4, "rows 1..5"),
+            (&[chunk(0, 0, 3, 0), chunk(1, 0, 2, 2)], 4, "overlap"),
+            (&[chunk(0, 0, 4, 0)], 1 << 31, "row indices"),
+            (&[chunk(0, u32::MAX - 3, 2, 0)], 4, "pass 2^31"),
         ];
-        for (chunks, rows) in bad_chunks {
-            let e = BatchPlan::new(chunks, rows, &QWEN, DecodeRoute::Split).unwrap_err();
-            assert!(matches!(e, PlanError::Unsupported { .. }), "{chunks:?}: {e}");
+        for (chunks, rows, why) in bad_chunks {
+            let e = BatchPlan::new(chunks, &tables, rows, &QWEN, DecodeRoute::Split).unwrap_err();
+            assert!(matches!(e, PlanError::Unsupported { .. }) && e.to_string().contains(why), "{chunks:?}: {e}");
         }
-        assert!(BatchPlan::new(&[chunk(0, 40_956, 4, 0), chunk(7, 0, 1, 4)], 5, &QWEN, DecodeRoute::Split).is_ok());
+        // An entry past the cache is refused when a chunk reads it, named with its index.
+        let mut bad = tables.clone();
+        bad[2560 + 2] = QWEN.blocks;
+        let e = BatchPlan::new(&[chunk(1, 40, 9, 0)], &bad, 9, &QWEN, DecodeRoute::Split).unwrap_err().to_string();
+        assert!(e.contains("entry 2562 is block 20480, past the cache's 20480 blocks"), "{e}");
+        assert!(BatchPlan::new(&[chunk(1, 0, 32, 0)], &bad, 32, &QWEN, DecodeRoute::Split).is_ok(), "entries past the end are not read");
+        // The end of a chunk on a block boundary needs exactly end / 16 entries.
+        let short: Vec<u32> = tables[..3].to_vec();
+        assert!(BatchPlan::new(&[chunk_in(0, 40, 8, 0)], &short, 8, &QWEN, DecodeRoute::Split).is_ok());
+        assert!(BatchPlan::new(&[chunk_in(0, 40, 9, 0)], &short, 9, &QWEN, DecodeRoute::Split).is_err());
+        assert!(BatchPlan::new(&[chunk(0, 40_956, 4, 0), chunk(7, 0, 1, 4)], &tables, 5, &QWEN, DecodeRoute::Split).is_ok());
+    }
+
+    #[test]
+    fn physical_rows_go_through_the_table() {
+        let spec = AttentionSpec::new(2, 1, 64, 8, 4);
+        let table = [5, 0, 7];
+        let rows: Vec<Option<u64>> = [0, 3, 4, 5, 11, 12].iter().map(|&p| physical_row(&table, p, &spec)).collect();
+        assert_eq!(rows, vec![Some(20), Some(23), Some(0), Some(1), Some(31), None]);
+        assert_eq!(spec.block_shift(), 2);
+        assert_eq!((spec.blocks_for(8), spec.blocks_for(9)), (2, 3));
     }
 
     #[test]
     fn heads_past_grid_y_are_refused() {
         // Heads go on grid.y (65,535): one more is a typed grid error, not a launch failure.
         let wide = AttentionSpec::new(65_536, 1, 64, 1, 16);
-        let plan = BatchPlan::new(&[chunk(0, 0, 2, 0)], 2, &wide, DecodeRoute::Split).unwrap();
+        let plan = BatchPlan::new(&[chunk(0, 0, 2, 0)], &[0], 2, &wide, DecodeRoute::Split).unwrap();
         assert!(matches!(plan.launches(&DeviceLimits::h200()), Err(PlanError::GridDim { axis: 'y', .. })));
         let fits = AttentionSpec::new(65_535, 1, 64, 1, 16);
-        let plan = BatchPlan::new(&[chunk(0, 0, 2, 0)], 2, &fits, DecodeRoute::Split).unwrap();
+        let plan = BatchPlan::new(&[chunk(0, 0, 2, 0)], &[0], 2, &fits, DecodeRoute::Split).unwrap();
         assert!(plan.launches(&DeviceLimits::h200()).is_ok());
     }
 
@@ -674,9 +797,15 @@ mod tests {
     fn prefill_shared_memory_needs_opt_in_but_fits_gb10() {
         let gb10 = DeviceLimits::gb10();
         for d in HEAD_DIMS {
-            assert!(prefill_shared_bytes(d) <= gb10.max_shared_mem_per_block_optin as u64, "d={d}");
-            assert!(decode_shared_bytes(d) <= gb10.max_shared_mem_per_block as u64, "d={d}");
+            // The block-id array of the staged keys comes on top of the dynamic bytes.
+            let (prefill, decode) =
+                (prefill_shared_bytes(d) + static_shared_bytes(d, false), decode_shared_bytes(d) + static_shared_bytes(d, true));
+            for limits in DeviceLimits::recorded() {
+                assert!(prefill <= limits.max_shared_mem_per_block_optin as u64, "d={d} {}", limits.name);
+                assert!(decode <= limits.max_shared_mem_per_block as u64, "d={d} {}", limits.name);
+            }
         }
+        assert_eq!((static_shared_bytes(128, false), static_shared_bytes(64, true), static_shared_bytes(256, true)), (256, 512, 128));
         assert!(prefill_shared_bytes(128) > gb10.max_shared_mem_per_block as u64);
     }
 

@@ -407,6 +407,7 @@ fn attention_cases(b: &mut Builder, shape: &ModelShape, serving: &Serving, limit
         context: shape.context,
         layout: Layout::Prompts { sequences: 1 },
         route: DecodeRoute::Split,
+        block_size: attention::DEFAULT_BLOCK_SIZE,
     };
     for (layout, route, tag, extra) in [
         (Layout::Prompts { sequences: 1 }, DecodeRoute::Split, "prompt", envelope.clone()),

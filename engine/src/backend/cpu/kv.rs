@@ -1,5 +1,9 @@
-//! The CPU backend's KV cache: per layer, K and V as f16 `[slots, context, kv_heads, head_dim]`
-//! (llama.cpp's default cache type, so attention sees the same rounded values).
+//! The CPU backend's paged KV cache: per layer, K and V as f16 `[blocks, block_size, kv_heads,
+//! head_dim]` in one vec each (llama.cpp's default cache type, so attention sees the same rounded
+//! values). Rows are addressed by their physical row `block · block_size + pos % block_size`;
+//! attention reads a sequence's positions through its block table (in place when its blocks are
+//! consecutive, else gathered into contiguous scratch), so its arithmetic is that of an unpaged
+//! cache.
 
 use half::f16;
 
@@ -13,11 +17,10 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(spec: KvSpec) -> Result<Self, BackendError> {
-        let per_layer = spec
-            .slots
-            .checked_mul(spec.context)
-            .and_then(|n| n.checked_mul(spec.kv_heads * spec.head_dim))
-            .ok_or_else(|| BackendError::new("cpu", format!("KV cache of {spec:?} overflows")))?;
+        if !spec.block_size.is_power_of_two() {
+            return Err(BackendError::new("cpu", format!("KV block size {} is not a power of two", spec.block_size)));
+        }
+        let per_layer = spec.layer_elements().ok_or_else(|| BackendError::new("cpu", format!("KV cache of {spec:?} overflows")))?;
         let alloc = || -> Result<Vec<Vec<f16>>, BackendError> {
             (0..spec.layers)
                 .map(|_| {
@@ -36,14 +39,23 @@ impl KvCache {
         self.spec.kv_heads * self.spec.head_dim
     }
 
-    fn offset(&self, slot: u32, pos: u32) -> usize {
-        (slot as usize * self.spec.context + pos as usize) * self.row_width()
+    /// Why `table` cannot hold positions `0..len`, if it cannot: too short, or a block past the cache.
+    pub fn table_unsupported(&self, table: &[u32], len: usize) -> Option<String> {
+        let need = len.div_ceil(self.spec.block_size);
+        if table.len() < need {
+            return Some(format!("a block table of {} blocks for {len} positions in blocks of {}", table.len(), self.spec.block_size));
+        }
+        table[..need]
+            .iter()
+            .find(|&&b| b as usize >= self.spec.blocks)
+            .map(|b| format!("block {b} is outside the KV cache's {} blocks", self.spec.blocks))
     }
 
-    /// Stores one row of K and V (`kv_heads × head_dim` each), rounded to f16.
-    pub fn store(&mut self, layer: usize, slot: u32, pos: u32, k: &[f32], v: &[f32]) {
-        let o = self.offset(slot, pos);
+    /// Stores one row of K and V (`kv_heads × head_dim` each) at cache row `row`, rounded to f16.
+    /// The caller has checked the row against the cache (`table_unsupported`).
+    pub fn store(&mut self, layer: usize, row: u64, k: &[f32], v: &[f32]) {
         let w = self.row_width();
+        let o = row as usize * w;
         for (dst, &x) in self.k[layer][o..o + w].iter_mut().zip(k) {
             *dst = f16::from_f32(x);
         }
@@ -52,10 +64,67 @@ impl KvCache {
         }
     }
 
-    /// Positions `0..len` of a slot: K and V, `[len, kv_heads, head_dim]`.
-    pub fn prefix(&self, layer: usize, slot: u32, len: usize) -> (&[f16], &[f16]) {
-        let o = self.offset(slot, 0);
-        let n = len * self.row_width();
-        (&self.k[layer][o..o + n], &self.v[layer][o..o + n])
+    /// Positions `0..len` of the sequence with block table `table` as K and V `[len, kv_heads,
+    /// head_dim]`: borrowed from the cache when the blocks are consecutive (the fixed per-slot
+    /// tables), else gathered block by block into the scratch `k` and `v`. The caller has
+    /// checked the table (`table_unsupported`).
+    pub fn positions<'a>(
+        &'a self,
+        layer: usize,
+        table: &[u32],
+        len: usize,
+        k: &'a mut Vec<f16>,
+        v: &'a mut Vec<f16>,
+    ) -> (&'a [f16], &'a [f16]) {
+        let (w, bs) = (self.row_width(), self.spec.block_size);
+        let blocks = &table[..len.div_ceil(bs)];
+        if let Some(&first) = blocks.first().filter(|_| blocks.windows(2).all(|p| p[1] == p[0] + 1)) {
+            let o = first as usize * bs * w;
+            return (&self.k[layer][o..o + len * w], &self.v[layer][o..o + len * w]);
+        }
+        k.clear();
+        v.clear();
+        for (i, &block) in blocks.iter().enumerate() {
+            let n = bs.min(len - i * bs) * w;
+            let o = block as usize * bs * w;
+            k.extend_from_slice(&self.k[layer][o..o + n]);
+            v.extend_from_slice(&self.v[layer][o..o + n]);
+        }
+        (k, v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_stored_through_a_table_gather_back_in_position_order() {
+        let spec = KvSpec { layers: 2, blocks: 5, block_size: 2, kv_heads: 1, head_dim: 2 };
+        let mut kv = KvCache::new(spec).unwrap();
+        let table = [4, 0, 3];
+        for pos in 0..5u64 {
+            let row = table[pos as usize / 2] as u64 * 2 + pos % 2;
+            let x = pos as f32;
+            kv.store(1, row, &[x, x + 0.5], &[-x, -x - 0.5]);
+        }
+        let (mut ks, mut vs) = (Vec::new(), Vec::new());
+        let want: Vec<f16> = (0..5).flat_map(|p| [p as f32, p as f32 + 0.5]).map(f16::from_f32).collect();
+        let (k, v) = kv.positions(1, &table, 5, &mut ks, &mut vs);
+        assert_eq!(k, want);
+        assert_eq!(v, want.iter().map(|x| -*x).collect::<Vec<_>>());
+        let (k, _) = kv.positions(0, &table, 3, &mut ks, &mut vs);
+        assert!(k.len() == 6 && k.iter().all(|x| *x == f16::ZERO), "layer 0 untouched");
+        // Consecutive blocks are read in place: the same values as a gather.
+        let mut kv = KvCache::new(spec).unwrap();
+        for pos in 0..6u64 {
+            kv.store(1, 4 + pos, &[pos as f32, pos as f32 + 0.5], &[0.0, 0.0]);
+        }
+        let (k, _) = kv.positions(1, &[2, 3, 4], 5, &mut ks, &mut vs);
+        assert_eq!(k, want);
+        assert!(kv.table_unsupported(&table, 6).is_none());
+        assert!(kv.table_unsupported(&table, 7).unwrap().contains("3 blocks for 7 positions"));
+        assert!(kv.table_unsupported(&[5], 1).unwrap().contains("block 5 is outside"));
+        assert!(KvCache::new(KvSpec { block_size: 3, ..spec }).is_err());
     }
 }

@@ -68,6 +68,41 @@ impl CpuBackend {
     fn kv(&mut self) -> Result<&mut KvCache> {
         self.kv.as_mut().ok_or_else(|| err("attention before the KV cache was allocated"))
     }
+
+    /// Stores the batch's K/V rows at their cache rows, then attends each chunk over its
+    /// sequence's positions, gathered through its block table into contiguous scratch (or read
+    /// in place when its blocks are consecutive): the arithmetic is that of an unpaged cache.
+    fn attend(&mut self, batch: &Batch, q: &CpuAct, k: &CpuAct, v: &CpuAct, spec: &AttentionSpec) -> Result<CpuAct> {
+        let kv = self.kv()?;
+        for (i, c) in batch.chunks.iter().enumerate() {
+            if let Some(why) = kv.table_unsupported(batch.table(c), c.end_pos() as usize) {
+                return Err(err(format!("attention (layer {}): chunk {i}: {why}", spec.layer)));
+            }
+        }
+        for (r, row) in batch.physical_rows().into_iter().enumerate() {
+            let row = row.ok_or_else(|| err(format!("attention: batch row {r} is outside its chunk's block table")))?;
+            kv.store(spec.layer, row, k.row(r), v.row(r));
+        }
+        let mut out = CpuAct::zeros(q.rows, spec.heads * spec.head_dim);
+        let width = out.width;
+        let (mut k_scratch, mut v_scratch) = (Vec::new(), Vec::new());
+        for c in &batch.chunks {
+            let rows = c.first_row as usize..(c.first_row + c.len) as usize;
+            let (kc, vc) = kv.positions(spec.layer, batch.table(c), c.end_pos() as usize, &mut k_scratch, &mut v_scratch);
+            cpu::attention(
+                &q.data[rows.start * width..rows.end * width],
+                kc,
+                vc,
+                &batch.positions[rows.clone()],
+                spec.heads,
+                spec.kv_heads,
+                spec.head_dim,
+                spec.scale,
+                &mut out.data[rows.start * width..rows.end * width],
+            );
+        }
+        Ok(out)
+    }
 }
 
 fn err(message: impl Into<String>) -> BackendError {
@@ -165,29 +200,9 @@ impl Backend for CpuBackend {
 
     fn attention(&mut self, q: &CpuAct, k: &CpuAct, v: &CpuAct, spec: &AttentionSpec) -> Result<CpuAct> {
         let batch = std::mem::take(&mut self.batch);
-        let kv = self.kv()?;
-        for r in 0..batch.rows() {
-            kv.store(spec.layer, batch.slots[r], batch.positions[r], k.row(r), v.row(r));
-        }
-        let mut out = CpuAct::zeros(q.rows, spec.heads * spec.head_dim);
-        let width = out.width;
-        for c in &batch.chunks {
-            let rows = c.first_row as usize..(c.first_row + c.len) as usize;
-            let (kc, vc) = kv.prefix(spec.layer, c.slot, c.end_pos() as usize);
-            cpu::attention(
-                &q.data[rows.start * width..rows.end * width],
-                kc,
-                vc,
-                &batch.positions[rows.clone()],
-                spec.heads,
-                spec.kv_heads,
-                spec.head_dim,
-                spec.scale,
-                &mut out.data[rows.start * width..rows.end * width],
-            );
-        }
+        let result = self.attend(&batch, q, k, v, spec);
         self.batch = batch;
-        Ok(out)
+        result
     }
 
     fn moe(&mut self, x: &CpuAct, w: &MoeWeights<'_, CpuWeight>, spec: &MoeSpec) -> Result<CpuAct> {

@@ -1,5 +1,6 @@
-//! Attention: the batch's K and V rows go into the f16 KV cache at their (slot, position)
-//! (`kv_store`), then every query row attends causally over its sequence's cache (GQA: query
+//! Attention: the batch's K and V rows go into the paged f16 KV cache at their cache rows
+//! (`kv_store`), then every query row attends causally over its sequence's positions, read
+//! through its block table (GQA: query
 //! head h reads KV head h / (heads / kv_heads)) with the kernels of `ops::attention`: the
 //! flash-attention prefill kernel for chunks of several tokens, the split-context decode
 //! kernels for one-token chunks, both in one batch when it mixes them.
@@ -18,9 +19,10 @@ use super::kv::KvCache;
 use crate::backend::{AttentionSpec, Chunk, KvSpec};
 use crate::model::BackendError;
 
-/// The batch's chunks, and their plan on the device once a layer has asked for it.
+/// The batch's chunks and block tables, and their plan on the device once a layer has asked for it.
 pub(crate) struct AttnMaps {
     chunks: Vec<kattn::Chunk>,
+    tables: Vec<u32>,
     device: Option<DeviceBatch>,
     /// Partial results of the split-context decode kernels.
     workspace: Grow<f32>,
@@ -29,13 +31,18 @@ pub(crate) struct AttnMaps {
 impl AttnMaps {
     pub(crate) fn new(gpu: &Gpu, allocs: &AllocCounter) -> Result<Self, BackendError> {
         let workspace = Grow::new(gpu, allocs).map_err(|e| fail(format!("allocating the attention workspace: {e}")))?;
-        Ok(AttnMaps { chunks: Vec::new(), device: None, workspace })
+        Ok(AttnMaps { chunks: Vec::new(), tables: Vec::new(), device: None, workspace })
     }
 
-    /// Takes a new batch's chunks; the device plan is made by the first attention call.
-    pub(crate) fn prepare(&mut self, _gpu: &Gpu, chunks: &[Chunk]) -> Result<(), BackendError> {
-        self.chunks =
-            chunks.iter().map(|c| kattn::Chunk { slot: c.slot, start_pos: c.start_pos, n_tokens: c.len, first_row: c.first_row }).collect();
+    /// Takes a new batch's chunks and flat block tables; the device plan (which uploads the
+    /// tables) is made by the first attention call.
+    pub(crate) fn prepare(&mut self, _gpu: &Gpu, chunks: &[Chunk], tables: &[u32]) -> Result<(), BackendError> {
+        self.chunks = chunks
+            .iter()
+            .map(|c| kattn::Chunk { table: c.table, start_pos: c.start_pos, n_tokens: c.len, first_row: c.first_row })
+            .collect();
+        self.tables.clear();
+        self.tables.extend_from_slice(tables);
         self.device = None;
         Ok(())
     }
@@ -43,7 +50,8 @@ impl AttnMaps {
     /// The device plan for `spec`, and the decode workspace it needs.
     fn plan(&mut self, gpu: &Gpu, rows: usize, spec: &kattn::AttentionSpec) -> Result<(&DeviceBatch, &mut Grow<f32>), BackendError> {
         if self.device.as_ref().is_none_or(|d| d.plan().spec() != spec) {
-            let plan = BatchPlan::new(&self.chunks, rows as u64, spec, DecodeRoute::Split).map_err(|e| fail(e.to_string()))?;
+            let plan =
+                BatchPlan::new(&self.chunks, &self.tables, rows as u64, spec, DecodeRoute::Split).map_err(|e| fail(e.to_string()))?;
             self.workspace.ensure(gpu, plan.workspace_floats().max(1) as usize).map_err(|e| fail(format!("attention workspace: {e}")))?;
             self.device = Some(DeviceBatch::upload(gpu, plan).map_err(|e| fail(e.to_string()))?);
         }
@@ -80,8 +88,8 @@ fn kernel_spec(spec: &AttentionSpec, kv: &KvSpec) -> Result<kattn::AttentionSpec
         heads: u(spec.heads, "heads")?,
         kv_heads: u(spec.kv_heads, "kv_heads")?,
         head_dim: u(spec.head_dim, "head_dim")?,
-        slots: u(kv.slots, "slots")?,
-        max_ctx: u(kv.context, "context")?,
+        blocks: u(kv.blocks, "blocks")?,
+        block_size: u(kv.block_size, "block_size")?,
         scale: spec.scale,
     };
     match s.unsupported() {
@@ -105,8 +113,7 @@ pub(crate) fn attention(
     let kspec = kernel_spec(spec, &kv.spec)?;
     let layer = &mut kv.layers[spec.layer];
     let n = rows * k.width();
-    let src =
-        KvRows { k: k.buf.slice(0..n), v: v.buf.slice(0..n), slots: batch.slots.slice(0..rows), positions: batch.positions.slice(0..rows) };
+    let src = KvRows { k: k.buf.slice(0..n), v: v.buf.slice(0..n), dest: batch.dest.slice(0..rows) };
     kv_store::launch(gpu, &kspec, rows as u64, &src, &mut layer.k.as_view_mut(), &mut layer.v.as_view_mut())
         .map_err(|e| fail(e.to_string()))?;
     let (device, workspace) = batch.attn.plan(gpu, rows, &kspec)?;

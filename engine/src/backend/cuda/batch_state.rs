@@ -1,9 +1,10 @@
-//! The current batch on the device: token ids, positions and slots uploaded once per batch
-//! (every layer's embed, RoPE and attention read them), the attention's chunk maps, and the
-//! logit rows (host side: the row selection turns them into copies).
+//! The current batch on the device: token ids, positions and each row's KV cache row uploaded
+//! once per batch (every layer's embed, RoPE and attention read them), the attention's chunk
+//! maps with the block tables, and the logit rows (host side: the row selection turns them into
+//! copies).
 //!
-//! A batch is checked before anything is uploaded: the device indexes the KV cache with its
-//! slots and positions, so a bad one would write out of bounds rather than fail.
+//! A batch is checked before anything is uploaded: the device indexes the KV cache through its
+//! block tables, so a bad one would read or write out of bounds rather than fail.
 
 use brink_kernels::cuda::{Gpu, error_name};
 use cudarc::driver::{CudaSlice, DeviceRepr};
@@ -20,7 +21,8 @@ pub(crate) struct BatchState {
     pub logit_rows: Vec<u32>,
     pub tokens: Grow<i32>,
     pub positions: Grow<i32>,
-    pub slots: Grow<i32>,
+    /// The KV cache row each row's K and V go to (`kv_store`).
+    pub dest: Grow<i64>,
     pub attn: AttnMaps,
 }
 
@@ -32,7 +34,7 @@ impl BatchState {
             logit_rows: Vec::new(),
             tokens: grow()?,
             positions: grow()?,
-            slots: grow()?,
+            dest: Grow::new(gpu, allocs).map_err(|e| fail(format!("allocating batch buffers: {e}")))?,
             attn: AttnMaps::new(gpu, allocs)?,
         })
     }
@@ -42,8 +44,10 @@ impl BatchState {
         check(batch, kv).map_err(|why| fail(format!("bad batch: {why}")))?;
         upload(gpu, &as_i32(&batch.tokens), &mut self.tokens, "token ids")?;
         upload(gpu, &as_i32(&batch.positions), &mut self.positions, "positions")?;
-        upload(gpu, &as_i32(&batch.slots), &mut self.slots, "slots")?;
-        self.attn.prepare(gpu, &batch.chunks)?;
+        // Every row's table reaches its position (checked): -1 would only drop the row.
+        let dest: Vec<i64> = batch.physical_rows().into_iter().map(|r| r.map_or(-1, |r| r as i64)).collect();
+        upload(gpu, &dest, &mut self.dest, "KV cache rows")?;
+        self.attn.prepare(gpu, &batch.chunks, &batch.block_tables)?;
         self.rows = batch.rows();
         self.logit_rows.clone_from(&batch.logit_rows);
         Ok(())
@@ -74,16 +78,26 @@ pub(crate) fn upload<T: DeviceRepr>(gpu: &Gpu, host: &[T], dst: &mut Grow<T>, wh
     gpu.stream().memcpy_htod(host, &mut view).map_err(|e| failed(error_name(&e)))
 }
 
-/// What the device relies on: one token, position and slot per row, chunks that cover the rows
-/// in order with consecutive positions of one slot, logit rows inside the batch, every index
-/// within i32, and (with a KV cache) every slot and position inside it.
+/// What the device relies on: one token and position per row, chunks that cover the rows in
+/// order with consecutive positions, each chunk's block table inside the batch's tables and
+/// covering its positions, logit rows inside the batch, every index within i32, and (with a KV
+/// cache) the cache's block size and every block a chunk reads inside it.
 pub(crate) fn check(b: &Batch, kv: Option<&KvSpec>) -> Result<(), String> {
     let rows = b.tokens.len();
     if rows == 0 {
         return Err("no rows".into());
     }
-    if b.positions.len() != rows || b.slots.len() != rows {
-        return Err(format!("{rows} tokens but {} positions and {} slots", b.positions.len(), b.slots.len()));
+    if b.positions.len() != rows {
+        return Err(format!("{rows} tokens but {} positions", b.positions.len()));
+    }
+    if !b.block_size.is_power_of_two() {
+        return Err(format!("KV block size {} is not a power of two", b.block_size));
+    }
+    if let Some(kv) = kv.filter(|kv| kv.block_size != b.block_size as usize) {
+        return Err(format!("blocks of {} positions, the KV cache's hold {}", b.block_size, kv.block_size));
+    }
+    if b.block_tables.len() > i32::MAX as usize {
+        return Err(format!("{} block table entries do not fit the kernels' i32 indexes", b.block_tables.len()));
     }
     if rows > i32::MAX as usize {
         return Err(format!("{rows} rows do not fit the kernels' i32 row indexes"));
@@ -100,16 +114,31 @@ pub(crate) fn check(b: &Batch, kv: Option<&KvSpec>) -> Result<(), String> {
             return Err(format!("chunk {i} ends at position {}, past i32", c.end_pos()));
         }
         for r in c.first_row as usize..c.first_row as usize + c.len as usize {
-            if r >= rows || b.slots[r] != c.slot || b.positions[r] as u64 != c.start_pos as u64 + (r - c.first_row as usize) as u64 {
+            if r >= rows || b.positions[r] as u64 != c.start_pos as u64 + (r - c.first_row as usize) as u64 {
                 return Err(format!("row {r} disagrees with chunk {i} ({c:?})"));
             }
         }
+        if c.table as u64 + c.table_len as u64 > b.block_tables.len() as u64 {
+            return Err(format!(
+                "chunk {i}: block table {}..+{} outside the batch's {} entries",
+                c.table,
+                c.table_len,
+                b.block_tables.len()
+            ));
+        }
+        let need = c.end_pos().div_ceil(b.block_size as u64);
+        if need > c.table_len as u64 {
+            return Err(format!(
+                "chunk {i}: positions up to {} need {need} blocks of {}, its block table has {}",
+                c.end_pos(),
+                b.block_size,
+                c.table_len
+            ));
+        }
         if let Some(kv) = kv {
-            if c.slot as usize >= kv.slots {
-                return Err(format!("chunk {i}: slot {} outside the KV cache's {} slots", c.slot, kv.slots));
-            }
-            if c.end_pos() > kv.context as u64 {
-                return Err(format!("chunk {i}: positions up to {} past the KV cache's context of {}", c.end_pos(), kv.context));
+            let table = &b.table(c)[..need as usize];
+            if let Some(j) = table.iter().position(|&blk| blk as usize >= kv.blocks) {
+                return Err(format!("chunk {i}: block table entry {j} is block {}, outside the KV cache's {} blocks", table[j], kv.blocks));
             }
         }
         next_row += c.len as u64;
@@ -143,13 +172,14 @@ mod tests {
     use crate::backend::Logits;
 
     fn batch() -> Batch {
-        let mut b = Batch::default();
-        b.push(0, 0, &[5, 6, 7], Logits::Last).unwrap();
-        b.push(1, 9, &[8], Logits::All).unwrap();
+        let mut b = Batch::new(4).unwrap();
+        b.push(&[3], 0, &[5, 6, 7], Logits::Last).unwrap();
+        b.push(&[1, 0, 2], 9, &[8], Logits::All).unwrap();
         b
     }
 
-    const KV: KvSpec = KvSpec { layers: 1, slots: 2, context: 16, kv_heads: 1, head_dim: 2 };
+    /// 2 sequences of 16 positions in blocks of 4.
+    const KV: KvSpec = KvSpec { layers: 1, blocks: 8, block_size: 4, kv_heads: 1, head_dim: 2 };
 
     #[test]
     fn a_batch_built_by_push_passes() {
@@ -160,7 +190,7 @@ mod tests {
     #[test]
     fn bad_batches_are_named() {
         let mut b = batch();
-        b.slots[3] = 0;
+        b.positions[3] = 0;
         assert!(check(&b, None).unwrap_err().contains("row 3 disagrees"));
         let mut b = batch();
         b.positions.pop();
@@ -178,19 +208,29 @@ mod tests {
         let mut b = batch();
         b.tokens[0] = u32::MAX;
         assert!(check(&b, None).unwrap_err().contains("token id"));
+        let mut b = batch();
+        b.chunks[1].table_len = 2;
+        assert!(check(&b, None).unwrap_err().contains("chunk 1: positions up to 10 need 3 blocks of 4, its block table has 2"));
+        let mut b = batch();
+        b.chunks[1].table = 2;
+        assert!(check(&b, None).unwrap_err().contains("outside the batch's 4 entries"));
     }
 
     #[test]
-    fn slots_and_positions_must_fit_the_kv_cache() {
-        let mut b = Batch::default();
-        b.push(2, 0, &[1], Logits::Last).unwrap();
-        assert!(check(&b, Some(&KV)).unwrap_err().contains("slot 2"));
-        let mut b = Batch::default();
-        b.push(1, 14, &[1, 2, 3], Logits::Last).unwrap();
-        assert!(check(&b, Some(&KV)).unwrap_err().contains("context of 16"));
-        let mut b = Batch::default();
-        b.push(1, 13, &[1, 2, 3], Logits::Last).unwrap();
+    fn tables_must_fit_the_kv_cache() {
+        let mut b = Batch::new(4).unwrap();
+        b.push(&[8], 0, &[1], Logits::Last).unwrap();
+        assert!(check(&b, Some(&KV)).unwrap_err().contains("entry 0 is block 8, outside the KV cache's 8 blocks"));
+        // Entries past the chunk's end are not read, so not checked.
+        let mut b = Batch::new(4).unwrap();
+        b.push(&[7, 6, 5, 99], 9, &[1, 2, 3], Logits::Last).unwrap();
         assert_eq!(check(&b, Some(&KV)), Ok(()));
+        let mut b = Batch::new(4).unwrap();
+        b.push(&[7, 6, 5, 99], 10, &[1, 2, 3], Logits::Last).unwrap();
+        assert!(check(&b, Some(&KV)).unwrap_err().contains("entry 3 is block 99"));
+        let mut b = Batch::new(8).unwrap();
+        b.push(&[0], 0, &[1], Logits::Last).unwrap();
+        assert!(check(&b, Some(&KV)).unwrap_err().contains("blocks of 8 positions, the KV cache's hold 4"));
     }
 
     #[test]

@@ -1,6 +1,7 @@
-//! The KV cache on the device: per layer, K and V as f16 `[slots, context, kv_heads, head_dim]`
-//! (the layout `kv_store` writes and the attention kernels read). Allocated once, zeroed, so
-//! a position never written reads as zeros rather than as a previous process's bytes.
+//! The paged KV cache on the device: per layer, K and V as f16 `[blocks, block_size, kv_heads,
+//! head_dim]` (the layout `kv_store` writes and the attention kernels read through block tables).
+//! Allocated once, zeroed, so a position never written reads as zeros rather than as a previous
+//! process's bytes.
 
 use brink_kernels::cuda::{Gpu, error_name};
 use cudarc::driver::CudaSlice;
@@ -20,19 +21,17 @@ pub(crate) struct KvCache {
     pub layers: Vec<KvLayer>,
 }
 
-/// Elements of one layer's K (or V), or `None` when the product overflows.
-pub(crate) fn layer_elements(spec: &KvSpec) -> Option<usize> {
-    [spec.context, spec.kv_heads, spec.head_dim].into_iter().try_fold(spec.slots, |n, d| n.checked_mul(d))
-}
-
 impl KvCache {
     pub(crate) fn alloc(gpu: &Gpu, spec: KvSpec) -> Result<KvCache, BackendError> {
         let what = format!(
-            "KV cache of {} layers x {} slots x {} positions x {} heads x {} (f16)",
-            spec.layers, spec.slots, spec.context, spec.kv_heads, spec.head_dim
+            "KV cache of {} layers x {} blocks x {} positions x {} heads x {} (f16)",
+            spec.layers, spec.blocks, spec.block_size, spec.kv_heads, spec.head_dim
         );
+        if !spec.block_size.is_power_of_two() {
+            return Err(fail(format!("{what}: the block size must be a power of two")));
+        }
         let elements =
-            layer_elements(&spec).filter(|&n| n > 0 && spec.layers > 0).ok_or_else(|| fail(format!("{what}: empty or too large")))?;
+            spec.layer_elements().filter(|&n| n > 0 && spec.layers > 0).ok_or_else(|| fail(format!("{what}: empty or too large")))?;
         let bytes = (elements as u64).checked_mul(4 * spec.layers as u64).ok_or_else(|| fail(format!("{what}: too large")))?;
         let free = gpu.free_mem().map_err(|e| fail(format!("{what}: {e}")))?;
         if bytes > free {
@@ -54,9 +53,10 @@ mod tests {
 
     #[test]
     fn layer_elements_checks_overflow() {
-        let spec = KvSpec { layers: 48, slots: 4, context: 40_960, kv_heads: 4, head_dim: 128 };
-        assert_eq!(layer_elements(&spec), Some(4 * 40_960 * 4 * 128));
+        let spec = KvSpec { layers: 48, blocks: 4 * 2560, block_size: 16, kv_heads: 4, head_dim: 128 };
+        assert_eq!(spec.layer_elements(), Some(4 * 40_960 * 4 * 128));
         assert_eq!(spec.bytes(), 48 * 4 * 4 * 40_960 * 4 * 128);
-        assert_eq!(layer_elements(&KvSpec { slots: usize::MAX, ..spec }), None);
+        assert_eq!(KvSpec { blocks: usize::MAX, ..spec }.layer_elements(), None);
+        assert_eq!(KvSpec { blocks: usize::MAX, ..spec }.bytes(), u64::MAX);
     }
 }

@@ -9,10 +9,11 @@
 use half::f16;
 use rayon::prelude::*;
 
-use super::{AttentionSpec, Chunk, KERNEL, chunks_unsupported};
+use super::{AttentionSpec, Chunk, KERNEL, chunks_unsupported, physical_row};
 use crate::launch::PlanError;
 
-/// K and V of one slot's positions `0..n` as f32, each position `n_kv · head_dim` wide.
+/// K and V of one sequence's positions `0..n` as f32, each position `n_kv · head_dim` wide
+/// (gathered through its block table: contiguous here, whatever blocks they live in).
 pub(super) struct Slab {
     pub k: Vec<f32>,
     pub v: Vec<f32>,
@@ -21,11 +22,20 @@ pub(super) struct Slab {
 }
 
 impl Slab {
-    /// Positions `0..n` of `slot` from the caches, converted in parallel.
-    fn from_cache(k_cache: &[f16], v_cache: &[f16], slot: u32, n: u64, spec: &AttentionSpec) -> Slab {
+    /// Positions `0..n` of the sequence with block table `table` from the caches, converted in
+    /// parallel. The caller has checked that the table covers them (`chunks_unsupported`).
+    fn from_cache(k_cache: &[f16], v_cache: &[f16], table: &[u32], n: u64, spec: &AttentionSpec) -> Slab {
         let width = spec.kv_width() as usize;
-        let start = slot as usize * spec.max_ctx as usize * width;
-        let convert = |c: &[f16]| c[start..start + n as usize * width].par_iter().map(|x| x.to_f32()).collect();
+        let convert = |c: &[f16]| {
+            let mut out = vec![0.0f32; n as usize * width];
+            out.par_chunks_mut(width).enumerate().for_each(|(pos, o)| {
+                if let Some(row) = physical_row(table, pos as u32, spec) {
+                    let at = row as usize * width;
+                    o.iter_mut().zip(&c[at..at + width]).for_each(|(o, x)| *o = x.to_f32());
+                }
+            });
+            out
+        };
         Slab { k: convert(k_cache), v: convert(v_cache), width }
     }
 
@@ -69,7 +79,7 @@ pub(super) fn attend(qs: &[f32], slab: &Slab, kvh: usize, n: usize, out: &mut [f
     out.iter_mut().for_each(|o| *o *= inv);
 }
 
-/// The output row of batch row `row` (query `i` of chunk `c`), every head, from a slab of `c`'s slot.
+/// The output row of batch row `row` (query `i` of chunk `c`), every head, from a slab of `c`'s sequence.
 pub(super) fn attend_row(q_row: &[f32], slab: &Slab, c: &Chunk, i: u32, spec: &AttentionSpec, out: &mut [f32]) {
     let (d, group) = (spec.head_dim as usize, spec.group() as usize);
     let n = c.start_pos as usize + i as usize + 1;
@@ -80,10 +90,17 @@ pub(super) fn attend_row(q_row: &[f32], slab: &Slab, c: &Chunk, i: u32, spec: &A
     }
 }
 
-/// CPU twin over plain slices: Q `[rows, n_head, head_dim]`, caches `[slots, max_ctx, n_kv,
-/// head_dim]` holding every position the chunks read. Returns O `[rows, n_head, head_dim]`;
-/// rows no chunk covers are zero.
-pub fn attention_cpu(q: &[f32], k_cache: &[f16], v_cache: &[f16], chunks: &[Chunk], spec: &AttentionSpec) -> Result<Vec<f32>, PlanError> {
+/// CPU twin over plain slices: Q `[rows, n_head, head_dim]`, caches `[blocks, block_size, n_kv,
+/// head_dim]` holding every position the chunks read, read through the chunks' block tables in
+/// the flat `tables`. Returns O `[rows, n_head, head_dim]`; rows no chunk covers are zero.
+pub fn attention_cpu(
+    q: &[f32],
+    k_cache: &[f16],
+    v_cache: &[f16],
+    chunks: &[Chunk],
+    tables: &[u32],
+    spec: &AttentionSpec,
+) -> Result<Vec<f32>, PlanError> {
     let rw = spec.row_width() as usize;
     let rows = q.len().checked_div(rw).unwrap_or(0) as u64;
     let need = spec.cache_elems();
@@ -93,7 +110,7 @@ pub fn attention_cpu(q: &[f32], k_cache: &[f16], v_cache: &[f16], chunks: &[Chun
         } else if (k_cache.len() as u64) < need || (v_cache.len() as u64) < need {
             Some(format!("caches of {} and {} elements, the spec needs {need}", k_cache.len(), v_cache.len()))
         } else {
-            chunks_unsupported(chunks, rows, spec)
+            chunks_unsupported(chunks, tables, rows, spec)
         }
     });
     if let Some(what) = what {
@@ -101,7 +118,7 @@ pub fn attention_cpu(q: &[f32], k_cache: &[f16], v_cache: &[f16], chunks: &[Chun
     }
     let mut out = vec![0.0f32; q.len()];
     for c in chunks {
-        let slab = Slab::from_cache(k_cache, v_cache, c.slot, c.end(), spec);
+        let slab = Slab::from_cache(k_cache, v_cache, &tables[c.table as usize..], c.end(), spec);
         let first = c.first_row as usize;
         out[first * rw..(first + c.n_tokens as usize) * rw].par_chunks_mut(rw).enumerate().for_each(|(i, o)| {
             attend_row(&q[(first + i) * rw..][..rw], &slab, c, i as u32, spec, o);
@@ -125,8 +142,10 @@ mod tests {
         (conv(seed), conv(seed + 1))
     }
 
-    /// Straightforward softmax attention in f64 with `exp`.
-    fn reference_f64(q: &[f32], kc: &[f16], vc: &[f16], chunks: &[Chunk], spec: &AttentionSpec) -> Vec<f64> {
+    /// Straightforward softmax attention in f64 with `exp`, position p of a chunk's sequence at
+    /// block `table[p / block_size]`, row `p % block_size`.
+    fn reference_f64(q: &[f32], kc: &[f16], vc: &[f16], chunks: &[Chunk], tables: &[u32], spec: &AttentionSpec) -> Vec<f64> {
+        let bs = spec.block_size as usize;
         let (d, rw, w, group) = (spec.head_dim as usize, spec.row_width() as usize, spec.kv_width() as usize, spec.group() as usize);
         let mut out = vec![0.0f64; q.len()];
         for c in chunks {
@@ -135,7 +154,8 @@ mod tests {
                 for h in 0..spec.heads as usize {
                     let qh = &q[row * rw + h * d..][..d];
                     let at = |cache: &[f16], pos: usize, j: usize| {
-                        cache[(c.slot as usize * spec.max_ctx as usize + pos) * w + (h / group) * d + j].to_f64()
+                        let block = tables[c.table as usize + pos / bs] as usize;
+                        cache[(block * bs + pos % bs) * w + (h / group) * d + j].to_f64()
                     };
                     let n = c.start_pos as usize + i + 1;
                     let s: Vec<f64> =
@@ -152,21 +172,35 @@ mod tests {
         out
     }
 
+    /// Sequence `slot`'s table starts at entry `slot · 32` of [`scrambled`] (blocks of 8, 256 positions).
     fn chunk(slot: u32, start_pos: u32, n_tokens: u32, first_row: u32) -> Chunk {
-        Chunk { slot, start_pos, n_tokens, first_row }
+        Chunk { table: slot * 32, start_pos, n_tokens, first_row }
     }
 
-    /// GQA, a chunk continuing a sequence, a decode step with history, a single-token prompt.
+    /// Tables of `slots` sequences of 32 blocks each, the blocks handed out in a scrambled
+    /// order (a stride coprime to the count): no sequence's blocks are contiguous or in order.
+    fn scrambled(slots: u32) -> Vec<u32> {
+        let n = slots * 32;
+        (0..n).map(|i| (i as u64 * 37 % n as u64) as u32).rev().collect()
+    }
+
+    fn spec(heads: u32, kv: u32, d: u32, slots: u32) -> AttentionSpec {
+        AttentionSpec::new(heads, kv, d, slots * 32, 8)
+    }
+
+    /// GQA, a chunk continuing a sequence, a decode step with history, a single-token prompt,
+    /// chunks ending on, before and after a block boundary, all through scrambled tables.
     #[test]
     fn twin_matches_f64_softmax_attention() {
         for (heads, kv, d) in [(4, 2, 64), (6, 2, 128), (2, 2, 256), (8, 1, 64)] {
-            let spec = AttentionSpec::new(heads, kv, d, 3, 300);
+            let spec = spec(heads, kv, d, 3);
+            let tables = scrambled(3);
             let (kc, vc) = random_cache(&spec, 11);
-            let chunks = [chunk(0, 0, 70, 0), chunk(0, 70, 9, 70), chunk(1, 250, 1, 79), chunk(2, 0, 1, 80)];
-            let rows = 81;
+            let chunks = [chunk(0, 0, 72, 0), chunk(0, 72, 7, 72), chunk(1, 250, 1, 79), chunk(2, 0, 1, 80), chunk(2, 1, 8, 81)];
+            let rows = 89;
             let q = uniform_row(3, 0, rows * spec.row_width() as usize, 4.0);
-            let got = attention_cpu(&q, &kc, &vc, &chunks, &spec).unwrap();
-            let want = reference_f64(&q, &kc, &vc, &chunks, &spec);
+            let got = attention_cpu(&q, &kc, &vc, &chunks, &tables, &spec).unwrap();
+            let want = reference_f64(&q, &kc, &vc, &chunks, &tables, &spec);
             let mut err = RelErr::default();
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 err.add(i as u64, *g, *w as f32);
@@ -178,24 +212,48 @@ mod tests {
 
     #[test]
     fn continuing_a_sequence_sees_the_earlier_chunk_exactly() {
-        let spec = AttentionSpec::new(4, 2, 64, 1, 100);
+        let (spec, tables) = (spec(4, 2, 64, 1), scrambled(1));
         let (kc, vc) = random_cache(&spec, 21);
         let q = uniform_row(5, 0, 50 * spec.row_width() as usize, 4.0);
-        let whole = attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 50, 0)], &spec).unwrap();
-        let split = attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 20, 0), chunk(0, 20, 29, 20), chunk(0, 49, 1, 49)], &spec).unwrap();
+        let whole = attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 50, 0)], &tables, &spec).unwrap();
+        let split = attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 20, 0), chunk(0, 20, 29, 20), chunk(0, 49, 1, 49)], &tables, &spec).unwrap();
         assert_eq!(whole, split);
+    }
+
+    /// Two sequences whose tables share their first blocks see the same keys there: the same
+    /// query gives the same output until the tables part.
+    #[test]
+    fn shared_prefix_blocks_are_read_by_both_tables() {
+        let spec = spec(2, 1, 64, 2);
+        let (kc, vc) = random_cache(&spec, 23);
+        // Sequence B shares A's first 3 blocks (24 positions), then has blocks of its own.
+        let a: Vec<u32> = vec![9, 4, 60, 2, 33];
+        let b: Vec<u32> = vec![9, 4, 60, 17, 50];
+        let tables: Vec<u32> = a.iter().chain(&b).copied().collect();
+        let rw = spec.row_width() as usize;
+        let q_one = uniform_row(7, 0, rw, 4.0);
+        let q: Vec<f32> = q_one.iter().chain(&q_one).copied().collect();
+        for (pos, same) in [(0u32, true), (23, true), (24, false), (39, false)] {
+            let chunks = [
+                Chunk { table: 0, start_pos: pos, n_tokens: 1, first_row: 0 },
+                Chunk { table: 5, start_pos: pos, n_tokens: 1, first_row: 1 },
+            ];
+            let out = attention_cpu(&q, &kc, &vc, &chunks, &tables, &spec).unwrap();
+            assert_eq!(out[..rw] == out[rw..], same, "position {pos}");
+        }
     }
 
     #[test]
     fn future_positions_do_not_leak_into_a_row() {
-        let spec = AttentionSpec::new(2, 1, 64, 1, 40);
+        let (spec, tables) = (spec(2, 1, 64, 1), scrambled(1));
         let (mut kc, mut vc) = random_cache(&spec, 31);
         let q = uniform_row(6, 0, 40 * spec.row_width() as usize, 4.0);
-        let before = attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 40, 0)], &spec).unwrap();
+        let before = attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 40, 0)], &tables, &spec).unwrap();
         // Rewrite position 17 through the store: rows 0..17 must not change, row 17 must.
         let rows = uniform_row(9, 0, 64, 3.0);
-        kv_store_cpu(&mut kc, &mut vc, &rows, &rows, &[0], &[17], &spec).unwrap();
-        let after = attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 40, 0)], &spec).unwrap();
+        let dest = crate::ops::kv_store::destinations(&tables, [17], &spec);
+        kv_store_cpu(&mut kc, &mut vc, &rows, &rows, &dest, &spec).unwrap();
+        let after = attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 40, 0)], &tables, &spec).unwrap();
         let rw = spec.row_width() as usize;
         assert_eq!(before[..17 * rw], after[..17 * rw]);
         assert_ne!(before[17 * rw..18 * rw], after[17 * rw..18 * rw]);
@@ -203,14 +261,17 @@ mod tests {
 
     #[test]
     fn bad_inputs_are_typed_errors() {
-        let spec = AttentionSpec::new(2, 1, 64, 1, 8);
+        let spec = AttentionSpec::new(2, 1, 64, 2, 4);
         let (kc, vc) = random_cache(&spec, 1);
         let q = vec![0.0f32; 2 * 128];
-        assert!(attention_cpu(&q[..100], &kc, &vc, &[chunk(0, 0, 1, 0)], &spec).is_err());
-        assert!(attention_cpu(&q, &kc[..10], &vc, &[chunk(0, 0, 1, 0)], &spec).is_err());
-        assert!(attention_cpu(&q, &kc, &vc, &[chunk(0, 7, 2, 0)], &spec).is_err());
-        assert!(attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 3, 0)], &spec).is_err());
-        assert!(attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 2, 0)], &AttentionSpec { head_dim: 32, ..spec }).is_err());
+        let t = [1, 0];
+        assert!(attention_cpu(&q[..100], &kc, &vc, &[chunk(0, 0, 1, 0)], &t, &spec).is_err());
+        assert!(attention_cpu(&q, &kc[..10], &vc, &[chunk(0, 0, 1, 0)], &t, &spec).is_err());
+        assert!(attention_cpu(&q, &kc, &vc, &[chunk(0, 7, 2, 0)], &t, &spec).is_err());
+        assert!(attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 3, 0)], &t, &spec).is_err());
+        assert!(attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 2, 0)], &[2], &spec).is_err());
+        assert!(attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 2, 0)], &t, &AttentionSpec { head_dim: 32, ..spec }).is_err());
+        assert!(attention_cpu(&q, &kc, &vc, &[chunk(0, 6, 2, 0)], &t, &spec).is_ok());
     }
 
     /// Lanes combined by xor shuffles at `offsets`, as `__shfl_xor_sync` butterflies do.
@@ -292,9 +353,10 @@ mod tests {
     fn tolerance_covers_the_kernels_summation_orders() {
         // At 40,960 keys (qwen3's context) only for head_dim 128: the emulations are slow.
         for (d, ctx) in [(64u32, 4000), (128, 40_960), (256, 4000)] {
-            let spec = AttentionSpec::new(2, 1, d, 1, ctx);
+            let spec = AttentionSpec::new(2, 1, d, ctx / 16, 16);
             let (kc, vc) = random_cache(&spec, 41);
-            let slab = Slab::from_cache(&kc, &vc, 0, ctx as u64, &spec);
+            let table: Vec<u32> = (0..ctx / 16).rev().collect();
+            let slab = Slab::from_cache(&kc, &vc, &table, ctx as u64, &spec);
             let (mut pre, mut dec) = (RelErr::default(), RelErr::default());
             let last = ctx as usize - 1;
             for (r, pos) in [0usize, 1, 63, 64, 127, 128, 129, 1000, last / 2, last].into_iter().enumerate() {

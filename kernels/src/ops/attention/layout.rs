@@ -1,9 +1,15 @@
 //! The batches the self-test runs attention on: how `tokens` rows become chunks.
 //!
-//! A layout expands into [`Part`]s (runs of like chunks, in consecutive slots and rows), from
-//! which both the chunk list ([`chunks`]) and, in closed form, the counts the launches depend on
-//! ([`counts`]) follow: the plan property tests walk every count to 2^20, where listing the
-//! chunks of each would be quadratic.
+//! A layout expands into [`Part`]s (runs of like chunks, in consecutive sequences and rows),
+//! from which both the chunk list ([`chunks`]) and, in closed form, the counts the launches
+//! depend on ([`counts`]) follow: the plan property tests walk every count to 2^20, where listing
+//! the chunks of each would be quadratic.
+//!
+//! Every sequence gets a block table as long as it needs, the tables one after another in one
+//! flat table whose blocks are handed out from the top of the cache down ([`scrambled_tables`]):
+//! no sequence's blocks are ascending (a kernel that ignored the table would read other
+//! positions' keys), the first sequence's first block is the highest block of the cache (read
+//! by every layout: key 0 is visible to every query) and the last sequence ends in block 0.
 
 use serde::{Deserialize, Serialize};
 
@@ -173,14 +179,50 @@ pub fn counts(parts: &[Part], tile_rows: u64, route: DecodeRoute) -> BatchCounts
     n
 }
 
-/// The chunks of the parts, in consecutive slots and rows. Callers keep every index within i32
-/// (the plan checks the resulting chunks).
-pub fn chunks(parts: &[Part]) -> Vec<Chunk> {
+/// Blocks of `block_size` positions a sequence of `end` positions needs.
+fn blocks_for(end: u64, block_size: u32) -> u64 {
+    end.div_ceil(block_size.max(1) as u64)
+}
+
+/// Blocks of every sequence's table together (each as long as its sequence needs), in closed form.
+pub fn total_blocks(parts: &[Part], block_size: u32) -> u64 {
+    parts
+        .iter()
+        .map(|p| match *p {
+            Part::Same { count, n_tokens, start } => count * blocks_for(start + n_tokens, block_size),
+            Part::Decodes { count, context } => decode_run_sum(count, context, |p| blocks_for(p as u64 + 1, block_size)),
+        })
+        .sum()
+}
+
+/// The flat block table of a cache of `blocks` blocks, handed out from the top down: entry i
+/// is block `blocks − 1 − i`. Callers keep the count within i32.
+pub fn scrambled_tables(blocks: u64) -> Vec<u32> {
+    (0..blocks).rev().map(|b| b as u32).collect()
+}
+
+/// Rows of the cache up to and including the farthest one any chunk reads: the first
+/// sequence's first block is the cache's last one ([`scrambled_tables`]), read up to the first
+/// chunk's end.
+pub fn farthest_row(parts: &[Part], block_size: u32) -> u64 {
+    let bs = block_size.max(1) as u64;
+    let first_end = match parts.first() {
+        Some(Part::Same { n_tokens, start, .. }) => start + n_tokens,
+        Some(Part::Decodes { count, context }) => decode_position(0, *count, *context) as u64 + 1,
+        None => return 0,
+    };
+    total_blocks(parts, block_size).saturating_sub(1) * bs + first_end.min(bs)
+}
+
+/// The chunks of the parts, in consecutive rows, one sequence each, whose block tables follow
+/// one another in the flat table (each as long as its sequence needs). Callers keep every index
+/// within i32 (the plan checks the resulting chunks).
+pub fn chunks(parts: &[Part], block_size: u32) -> Vec<Chunk> {
     let mut v = Vec::new();
-    let (mut slot, mut row) = (0u32, 0u32);
+    let (mut table, mut row) = (0u64, 0u32);
     let mut push = |start: u32, n: u32| {
-        v.push(Chunk { slot, start_pos: start, n_tokens: n, first_row: row });
-        slot += 1;
+        v.push(Chunk { table: table as u32, start_pos: start, n_tokens: n, first_row: row });
+        table += blocks_for(start as u64 + n as u64, block_size);
         row += n;
     };
     for p in parts {
@@ -217,12 +259,15 @@ mod tests {
             for context in [300u32, 40_960] {
                 for tokens in (1..=140).chain([255, 256, 257, 599, 600, 601, 4095, 8193]) {
                     let parts = layout.parts(tokens, context);
-                    let c = chunks(&parts);
+                    let c = chunks(&parts, 16);
                     assert_eq!(c.len() as u64, slots(&parts));
                     assert_eq!(c.iter().map(|c| c.n_tokens as u64).sum::<u64>(), tokens, "{layout:?} {tokens}");
-                    let spec = AttentionSpec::new(8, 2, 128, slots(&parts) as u32, max_ctx(&parts) as u32);
+                    let tables = scrambled_tables(total_blocks(&parts, 16));
+                    let last = c.last().unwrap();
+                    assert_eq!(last.table as u64 + last.end().div_ceil(16), tables.len() as u64, "the tables fill the cache");
+                    let spec = AttentionSpec::new(8, 2, 128, tables.len() as u32, 16);
                     for route in [DecodeRoute::Split, DecodeRoute::Prefill] {
-                        let plan = BatchPlan::new(&c, tokens, &spec, route).unwrap_or_else(|e| panic!("{layout:?} {tokens}: {e}"));
+                        let plan = BatchPlan::new(&c, &tables, tokens, &spec, route).unwrap_or_else(|e| panic!("{layout:?} {tokens}: {e}"));
                         assert_eq!(counts(&parts, 64, route), plan.counts(), "{layout:?} context {context} tokens {tokens} {route:?}");
                     }
                 }
@@ -230,8 +275,34 @@ mod tests {
         }
     }
 
+    /// The tables are a permutation of the cache's blocks, no sequence's blocks are ascending
+    /// and contiguous, and the highest block is read: it is the first block of the first sequence.
+    #[test]
+    fn tables_are_scrambled_and_reach_the_highest_block() {
+        let t = scrambled_tables(5);
+        assert_eq!(t, vec![4, 3, 2, 1, 0]);
+        // Sequences of 20, 16 and 1 positions: tables of 2, 1 and 1 blocks from entries 0, 2, 3.
+        let parts = [
+            Part::Same { count: 1, n_tokens: 20, start: 0 },
+            Part::Same { count: 1, n_tokens: 6, start: 10 },
+            Part::Decodes { count: 1, context: 1 },
+        ];
+        assert_eq!(chunks(&parts, 16).iter().map(|c| c.table).collect::<Vec<_>>(), vec![0, 2, 3]);
+        assert_eq!(total_blocks(&parts, 16), 4);
+        // 3 prompts of 20 positions in blocks of 16: 6 blocks; block 5 is read to its row 15.
+        let parts = Layout::Runs { len: 20 }.parts(60, 40_960);
+        assert_eq!(farthest_row(&parts, 16), 5 * 16 + 16);
+        // Decode steps: the first is at position 0, so the top block is read at its row 0 only.
+        // Decode steps at 0, 1, 127 and 4095: 1 + 1 + 8 + 256 blocks; the first step reads the top
+        // block at its row 0 only.
+        let parts = Layout::Decode.parts(4, 4096);
+        assert_eq!(total_blocks(&parts, 16), 266);
+        assert_eq!(farthest_row(&parts, 16), 265 * 16 + 1);
+    }
+
     #[test]
     fn layouts_build_the_batches_they_name() {
+        let chunks = |parts: &[Part]| chunks(parts, 16).into_iter().map(|c| Chunk { table: 0, ..c }).collect::<Vec<_>>();
         let c = chunks(&Layout::Prompts { sequences: 4 }.parts(10, 40_960));
         assert_eq!(c.iter().map(|c| c.n_tokens).collect::<Vec<_>>(), vec![2, 2, 3, 3]);
         assert!(c.iter().all(|c| c.start_pos == 0));
@@ -241,7 +312,7 @@ mod tests {
         let c = chunks(&Layout::ContextEnd.parts(64, 40_960));
         assert_eq!((c[0].start_pos, c[0].end()), (40_896, 40_960));
         let c = chunks(&Layout::Continue { cached: 4133 }.parts(5, 40_960));
-        assert_eq!(c, vec![Chunk { slot: 0, start_pos: 4133, n_tokens: 5, first_row: 0 }]);
+        assert_eq!(c, vec![Chunk { table: 0, start_pos: 4133, n_tokens: 5, first_row: 0 }]);
         let c = chunks(&Layout::Mixed.parts(20, 40_960));
         assert_eq!(c.len(), 9);
         assert_eq!((c[0].n_tokens, c[1].n_tokens, c[8].start_pos, c[8].first_row), (12, 1, 40_959, 19));

@@ -1,5 +1,7 @@
-//! The attention self-test: a batch laid out by a [`Layout`], its K/V stored through
-//! `kv_store` (earlier context included), attention launched, sampled rows compared with the twin.
+//! The attention self-test: a batch laid out by a [`Layout`] over a paged cache whose block
+//! tables are scrambled (`layout::scrambled_tables`: the indirection is exercised, and the
+//! highest block is read), its K/V stored through `kv_store` (earlier context included),
+//! attention launched, sampled rows compared with the twin.
 //!
 //! Inputs are pure functions of seeds: Q in ±[`Q_AMPLITUDE`] (softmax peaked enough that each
 //! output depends on particular keys), the batch's K/V rows in ±1, and the context before each
@@ -18,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::layout::{self, Layout, Part};
 use super::{
     AttentionIo, AttentionSpec, BatchCounts, BatchPlan, Chunk, DecodeRoute, DeviceBatch, KERNEL, TOLERANCE, cpu, launch, launches,
-    prefill_tile,
+    physical_row, prefill_tile,
 };
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Launch, PlanError};
@@ -42,6 +44,8 @@ pub struct AttentionCase {
     pub layout: Layout,
     /// Which kernels its 1-token chunks run through.
     pub route: DecodeRoute,
+    /// Positions per cache block (a power of two).
+    pub block_size: u32,
 }
 
 const SEED_Q: u64 = 0x90;
@@ -71,17 +75,42 @@ impl AttentionCase {
         prefill_tile(self.head_dim).map_or(1, |t| t.rows)
     }
 
-    /// The test cache for a batch of `tokens` (one slot per chunk, positions up to what the
-    /// layout reaches) and the layout's parts.
+    /// The test cache for a batch of `tokens` (one sequence per chunk, each with a table of
+    /// blocks for the positions the layout reaches) and the layout's parts.
     pub fn spec(&self, tokens: u64) -> Result<(AttentionSpec, Vec<Part>), PlanError> {
         let parts = self.layout.parts(tokens, self.context);
         let (slots, max_ctx) = (layout::slots(&parts), layout::max_ctx(&parts));
-        let spec = AttentionSpec::new(self.heads, self.kv_heads, self.head_dim, slots.min(I32_MAX) as u32, max_ctx.min(I32_MAX) as u32);
-        if tokens == 0 || tokens > I32_MAX || slots > I32_MAX || max_ctx > I32_MAX || self.context == 0 {
-            let what = format!("{tokens} tokens over {slots} slots of {max_ctx} positions (context {}): each in 1..2^31", self.context);
+        let blocks = layout::total_blocks(&parts, self.block_size);
+        let spec = AttentionSpec::new(self.heads, self.kv_heads, self.head_dim, blocks.min(I32_MAX) as u32, self.block_size);
+        if tokens == 0 || tokens > I32_MAX || blocks > I32_MAX || max_ctx > I32_MAX || self.context == 0 {
+            let what = format!(
+                "{tokens} tokens over {slots} sequences of {max_ctx} positions, {blocks} blocks of {} (context {}): each in 1..2^31",
+                self.block_size, self.context
+            );
             return Err(PlanError::Unsupported { kernel: KERNEL.into(), what, shape: format!("{:?} {}", self.layout, spec.describe()) });
         }
         Ok((spec, parts))
+    }
+
+    /// The batch's chunks and their flat, scrambled block tables.
+    fn batch(&self, parts: &[Part]) -> (Vec<Chunk>, Vec<u32>) {
+        (layout::chunks(parts, self.block_size), layout::scrambled_tables(layout::total_blocks(parts, self.block_size)))
+    }
+
+    /// The first token count at which the farthest cache element read passes 2^31 − 1, if one
+    /// is below 2^31 (the farthest row only grows with the count).
+    fn cache_overflow_count(&self) -> Option<u64> {
+        let kvw = self.kv_heads as u64 * self.head_dim as u64;
+        let passes = |t: u64| layout::farthest_row(&self.layout.parts(t, self.context), self.block_size).saturating_mul(kvw) > I32_MAX + 1;
+        let (mut lo, mut hi) = (1u64, I32_MAX);
+        if !passes(hi) {
+            return None;
+        }
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if passes(mid) { hi = mid } else { lo = mid + 1 }
+        }
+        Some(lo)
     }
 
     /// The spec and the counts the launches depend on, in closed form.
@@ -94,25 +123,46 @@ impl AttentionCase {
 /// Every launch a case of `tokens` makes: the batch's kv_store, then attention's.
 pub fn plans(tokens: u64, c: &AttentionCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
     let (spec, n) = c.counts(tokens)?;
+    if !spec.block_size.is_power_of_two() {
+        return Err(PlanError::Unsupported {
+            kernel: KERNEL.into(),
+            what: format!("block size {}", spec.block_size),
+            shape: spec.describe(),
+        });
+    }
     let mut v = vec![kv_store::plan(tokens, &spec, limits)?];
     v.extend(launches(&n, &spec, limits)?.all());
     Ok(v)
 }
 
 /// Counts this case's plans make critical (the catalogue adds the serving envelope): the query
-/// tile's tails, per layout the 2^31 points of Q/O `(row·n_head + h)·head_dim` and of the cache
-/// offset `((slot·max_ctx + pos)·n_kv + kvh)·head_dim`, and the decode batches whose steps cover
-/// every kind of split (see `layout::decode_position`).
+/// tile's tails, chunks ending on a cache block's boundary ±1, per layout the 2^31 points of Q/O
+/// `(row·n_head + h)·head_dim` and of the farthest cache element read `((block·block_size +
+/// row)·n_kv + kvh)·head_dim`, and the decode batches whose steps cover every kind of split (see
+/// `layout::decode_position`).
 pub fn critical_counts(c: &AttentionCase, _limits: &DeviceLimits) -> Vec<Critical> {
     let bq = c.tile_rows();
-    let (rw, kvw) = (c.heads as u64 * c.head_dim as u64, c.kv_heads as u64 * c.head_dim as u64);
+    let (rw, bs) = (c.heads as u64 * c.head_dim as u64, c.block_size.max(1) as u64);
     let tile = format!("attention: {bq}-row query tile");
     let around = |n: u64, why: &str| {
         [n.saturating_sub(1), n, n + 1].into_iter().filter(|&t| t > 0).map(|t| Critical::new(t, why)).collect::<Vec<_>>()
     };
+    let cache_overflow = |why: &str| {
+        c.cache_overflow_count().map_or(vec![], |t| {
+            vec![
+                Critical::new(t - 1, format!("attention: {why}: farthest cache element read last below 2^31")),
+                Critical::new(t, format!("attention: {why}: farthest cache element read first past 2^31")),
+            ]
+        })
+    };
+    let block = format!("attention: a chunk ending on a {bs}-position block boundary");
     let mut v = vec![Critical::new(1, "attention: a single token")];
     match c.layout {
-        Layout::Prompts { sequences: 1 } => v.extend(tile_tails(bq, true, &[2, 128], &tile)),
+        Layout::Prompts { sequences: 1 } => {
+            v.extend(tile_tails(bq, true, &[2, 128], &tile));
+            v.extend(around(bs, &block));
+            v.extend(around(2 * bs, &block));
+        }
         Layout::Prompts { sequences } => {
             let s = sequences as u64;
             v.extend(tile_tails(s * bq, false, &[1, 2, 32], &format!("{tile} in each of {s} prompts")));
@@ -121,16 +171,16 @@ pub fn critical_counts(c: &AttentionCase, _limits: &DeviceLimits) -> Vec<Critica
         Layout::Runs { len } => {
             let len = len as u64;
             v.extend(overflow_point(rw, "attention: Q/O offset (row·n_head + h)·head_dim passes 2^31 − 1"));
-            v.extend(overflow_point(
-                kvw,
-                &format!("attention: cache offset passes 2^31 − 1 near here (one slot of {len} positions per prompt)"),
-            ));
+            v.extend(cache_overflow(&format!("prompts of {len} positions, {} blocks each", len.div_ceil(bs))));
             v.extend(around(len, &format!("attention: prompts of {len} tokens")));
             v.extend(around(2 * len, &format!("attention: prompts of {len} tokens")));
         }
         Layout::Continue { cached } => {
             v.extend(tile_tails(bq, false, &[1, 2], &format!("{tile} after {cached} cached positions")));
             v.extend((2..=3).map(|t| Critical::new(t, "attention: a few tokens continuing a sequence")));
+            let to_boundary = bs - cached as u64 % bs;
+            v.extend(around(to_boundary, &format!("{block} after {cached} cached positions")));
+            v.extend(around(to_boundary + bs, &format!("{block} after {cached} cached positions")));
         }
         Layout::ContextEnd => {
             v.push(Critical::new(2, "attention: the last 2 positions of the context"));
@@ -143,10 +193,7 @@ pub fn critical_counts(c: &AttentionCase, _limits: &DeviceLimits) -> Vec<Critica
                 }
                 DecodeRoute::Prefill => v.extend([2, 9, 10].map(|t| Critical::new(t, "attention: decode steps as 1-row prefill tiles"))),
             }
-            v.extend(overflow_point(
-                c.context as u64 * kvw,
-                &format!("attention: cache offset of the last decode slot passes 2^31 − 1 ({} positions per slot)", c.context),
-            ));
+            v.extend(cache_overflow(&format!("decode steps over {} positions each", c.context)));
         }
         Layout::Mixed => {
             v.extend((2..=10).map(|t| Critical::new(t, "attention: a prompt beside up to 8 decode steps")));
@@ -160,8 +207,9 @@ fn piece_rows(spec: &AttentionSpec) -> u64 {
     (PIECE_FLOATS / spec.kv_width().max(1)).max(1)
 }
 
-/// All device memory a case allocates: Q, the guarded O, K/V rows with their (slot, pos), both
-/// caches, a history piece, the batch's index arrays and the decode workspace.
+/// All device memory a case allocates: Q, the guarded O, K/V rows with their cache rows, both
+/// caches, a history piece, the batch's index arrays (block tables included) and the decode
+/// workspace.
 pub fn device_bytes(tokens: u64, c: &AttentionCase) -> u64 {
     let (Ok((spec, parts)), Ok((_, n))) = (c.spec(tokens), c.counts(tokens)) else {
         return 0;
@@ -175,7 +223,7 @@ pub fn device_bytes(tokens: u64, c: &AttentionCase) -> u64 {
         + 8 * tokens
         + 2 * 2 * spec.cache_elems()
         + history * (2 * 4 * kvw + 8)
-        + 4 * (4 * chunks + 2 * n.prefill_tiles + 2 * n.decode_splits + chunks + 1)
+        + 4 * (4 * chunks + 2 * n.prefill_tiles + 2 * n.decode_splits + chunks + 1 + spec.blocks as u64)
         + 4 * n.workspace_floats(&spec)
 }
 
@@ -184,12 +232,13 @@ pub fn device_bytes(tokens: u64, c: &AttentionCase) -> u64 {
 struct Inputs<'a> {
     spec: AttentionSpec,
     chunks: &'a [Chunk],
+    tables: &'a [u32],
     /// First history row of each chunk.
     history_at: Vec<u64>,
 }
 
 impl<'a> Inputs<'a> {
-    fn new(spec: AttentionSpec, chunks: &'a [Chunk]) -> Inputs<'a> {
+    fn new(spec: AttentionSpec, chunks: &'a [Chunk], tables: &'a [u32]) -> Inputs<'a> {
         let history_at = chunks
             .iter()
             .scan(0u64, |acc, c| {
@@ -198,10 +247,10 @@ impl<'a> Inputs<'a> {
                 Some(at)
             })
             .collect();
-        Inputs { spec, chunks, history_at }
+        Inputs { spec, chunks, tables, history_at }
     }
 
-    /// Elements `[0, width)` of K and V at `pos` of chunk `c`'s slot, f16-rounded.
+    /// Elements `[0, width)` of K and V at `pos` of chunk `c`'s sequence, f16-rounded.
     fn position(&self, c: usize, pos: u64, k: &mut [f32], v: &mut [f32]) {
         let ch = &self.chunks[c];
         let w = self.spec.kv_width();
@@ -218,7 +267,7 @@ impl<'a> Inputs<'a> {
         }
     }
 
-    /// Positions `0..n` of chunk `c`'s slot, as the twin reads them.
+    /// Positions `0..n` of chunk `c`'s sequence, as the twin reads them.
     fn slab(&self, c: usize, n: u64) -> cpu::Slab {
         let w = self.spec.kv_width() as usize;
         let (mut k, mut v) = (vec![0.0f32; n as usize * w], vec![0.0f32; n as usize * w]);
@@ -226,9 +275,15 @@ impl<'a> Inputs<'a> {
         cpu::Slab { k, v, width: w }
     }
 
-    /// (slot, pos) of every history row, in order: chunk by chunk, positions `0..start_pos`.
-    fn history(&self) -> impl Iterator<Item = (i32, i32)> + '_ {
-        self.chunks.iter().flat_map(|c| (0..c.start_pos as i32).map(move |p| (c.slot as i32, p)))
+    /// The cache row of position `pos` of chunk `c`'s sequence (-1 if its table misses it:
+    /// the plan has checked that it does not).
+    fn row(&self, c: &Chunk, pos: u32) -> i64 {
+        physical_row(&self.tables[c.table as usize..], pos, &self.spec).map_or(-1, |r| r as i64)
+    }
+
+    /// The cache row of every history row, in order: chunk by chunk, positions `0..start_pos`.
+    fn history(&self) -> impl Iterator<Item = i64> + '_ {
+        self.chunks.iter().flat_map(move |c| (0..c.start_pos).map(move |p| self.row(c, p)))
     }
 }
 
@@ -244,15 +299,15 @@ fn store_history(gpu: &Gpu, inputs: &Inputs, kc: &mut CudaSlice<u16>, vc: &mut C
     let mut v = gpu.alloc::<f32>(rows_per_piece * w)?;
     let mut rows = inputs.history();
     for piece in 0.. {
-        let (slots, positions): (Vec<i32>, Vec<i32>) = rows.by_ref().take(rows_per_piece).unzip();
-        if slots.is_empty() {
+        let dest: Vec<i64> = rows.by_ref().take(rows_per_piece).collect();
+        if dest.is_empty() {
             break;
         }
-        let n = slots.len();
+        let n = dest.len();
         fill_uniform(gpu, &mut k, n * w, SEED_K_HISTORY + piece, 1.0)?;
         fill_uniform(gpu, &mut v, n * w, SEED_V_HISTORY + piece, 1.0)?;
-        let (slots, positions) = (gpu.upload(&slots)?, gpu.upload(&positions)?);
-        let src = KvRows { k: k.slice(..n * w), v: v.slice(..n * w), slots: slots.as_view(), positions: positions.as_view() };
+        let dest = gpu.upload(&dest)?;
+        let src = KvRows { k: k.slice(..n * w), v: v.slice(..n * w), dest: dest.as_view() };
         kv_store::launch(gpu, spec, n as u64, &src, &mut kc.as_view_mut(), &mut vc.as_view_mut())?;
         gpu.synchronize()?; // the piece buffers are refilled next round
     }
@@ -265,10 +320,9 @@ fn store_batch(gpu: &Gpu, inputs: &Inputs, tokens: u64, kc: &mut CudaSlice<u16>,
     let (mut k, mut v) = (gpu.alloc::<f32>(n)?, gpu.alloc::<f32>(n)?);
     fill_uniform(gpu, &mut k, n, SEED_K, 1.0)?;
     fill_uniform(gpu, &mut v, n, SEED_V, 1.0)?;
-    let (slots, positions): (Vec<i32>, Vec<i32>) =
-        inputs.chunks.iter().flat_map(|c| (0..c.n_tokens).map(move |i| (c.slot as i32, (c.start_pos + i) as i32))).unzip();
-    let (slots, positions) = (gpu.upload(&slots)?, gpu.upload(&positions)?);
-    let src = KvRows { k: k.as_view(), v: v.as_view(), slots: slots.as_view(), positions: positions.as_view() };
+    let dest: Vec<i64> = inputs.chunks.iter().flat_map(|c| (0..c.n_tokens).map(move |i| inputs.row(c, c.start_pos + i))).collect();
+    let dest = gpu.upload(&dest)?;
+    let src = KvRows { k: k.as_view(), v: v.as_view(), dest: dest.as_view() };
     kv_store::launch(gpu, spec, tokens, &src, &mut kc.as_view_mut(), &mut vc.as_view_mut())?;
     gpu.synchronize()
 }
@@ -281,9 +335,9 @@ struct Row {
     i: u32,
 }
 
-/// Rows to compare, within the CPU budget: the last and first rows, the edges of chunks spread
-/// over the batch (the last chunks hold the farthest slots), the tails of the query tiles and
-/// random rows. The first candidate is always taken. Sorted by chunk, so slabs are made once.
+/// Rows to compare, within the CPU budget: the last and first rows (the first chunk reads the
+/// highest block), the edges of chunks spread over the batch (the last chunks hold block 0 and
+/// the blocks after it), the tails of the query tiles and random rows. The first candidate is always taken. Sorted by chunk, so slabs are made once.
 fn select_rows(chunks: &[Chunk], tokens: u64, spec: &AttentionSpec, tile_rows: u64) -> Vec<Row> {
     let mut candidates = vec![tokens - 1, 0];
     let step = chunks.len().div_ceil(EDGE_CHUNKS).max(1);
@@ -347,7 +401,12 @@ fn compare_stored(gpu: &Gpu, inputs: &Inputs, rows: &[Row], kc: &CudaSlice<u16>,
     let mut bad = 0u64;
     for r in rows.iter().take(STORED_ROWS) {
         let c = &inputs.chunks[r.chunk];
-        let at = cache_offset(c.slot, c.start_pos + r.i, &inputs.spec) as usize;
+        let row = inputs.row(c, c.start_pos + r.i);
+        let Ok(row) = u64::try_from(row) else {
+            bad += 2 * w as u64; // a position its table misses: nothing could have been stored
+            continue;
+        };
+        let at = cache_offset(row, &inputs.spec) as usize;
         for (cache, seed) in [(kc, SEED_K), (vc, SEED_V)] {
             let got = gpu.download_range(cache, at, w)?;
             let want = (0..w).map(|e| f16::from_f32(uniform_f32(seed, r.row * w as u64 + e as u64, 1.0)).to_bits());
@@ -361,11 +420,11 @@ fn compare_stored(gpu: &Gpu, inputs: &Inputs, rows: &[Row], kc: &CudaSlice<u16>,
 /// output written, nothing past the end, sampled rows against the twin, stored rows bit for bit.
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &AttentionCase) -> Result<Outcome, GpuError> {
     let (spec, parts) = c.spec(tokens)?;
-    let chunks = layout::chunks(&parts);
-    let plan = BatchPlan::new(&chunks, tokens, &spec, c.route)?;
+    let (chunks, tables) = c.batch(&parts);
+    let plan = BatchPlan::new(&chunks, &tables, tokens, &spec, c.route)?;
     plan.launches(gpu.limits())?; // a bad shape is refused before anything is allocated
     kv_store::plan(tokens, &spec, gpu.limits())?;
-    let inputs = Inputs::new(spec, &chunks);
+    let inputs = Inputs::new(spec, &chunks, &tables);
     let cache = spec.cache_elems() as usize;
     let (mut kc, mut vc) = (gpu.alloc::<u16>(cache)?, gpu.alloc::<u16>(cache)?);
     store_history(gpu, &inputs, &mut kc, &mut vc)?;
@@ -411,6 +470,7 @@ mod tests {
         context: 40_960,
         layout: Layout::Prompts { sequences: 1 },
         route: DecodeRoute::Split,
+        block_size: 16,
     };
 
     fn counts(c: &AttentionCase) -> Vec<u64> {
@@ -422,15 +482,70 @@ mod tests {
         // Every tail of the 64-row tile, and around 2 and 128 tiles.
         let single = counts(&QWEN);
         assert!((1..128).all(|t| single.contains(&t)) && [8191, 8192, 8193].iter().all(|t| single.contains(t)));
-        // Q/O: 2^31 / (32 · 128) = 524,288; cache with one slot per 61-token prompt: 2^31 / 512.
+        // Q/O: 2^31 / (32 · 128) = 524,288. The cache: a 61-token prompt takes 4 blocks of 16 (64
+        // rows), and the top block is read to its row 15, so 65,536 prompts read up to element
+        // 65,536 · 64 · 512 − 1 = 2^31 − 1 and one more prompt (token 65,536 · 61 + 1) passes it.
         let runs = counts(&AttentionCase { layout: Layout::Runs { len: 61 }, ..QWEN });
-        for t in [524_287, 524_288, 4_194_303, 4_194_304, 60, 61, 62, 121, 122, 123] {
+        for t in [524_287, 524_288, 3_997_696, 3_997_697, 60, 61, 62, 121, 122, 123] {
             assert!(runs.contains(&t), "{t}");
         }
-        // Decode: 102 slots of 40,960 positions x 512 stay below 2^31, 103 pass it.
+        // Decode: a step at position p holds ceil((p + 1) / 16) blocks (a cycle of 9 steps holds
+        // 3,902, the last one 2,560); the top block is read at its row 0 only. 603 steps hold
+        // 261,434 blocks and read below element 2^31, 604 hold 263,994 and read past it.
         let decode = counts(&AttentionCase { layout: Layout::Decode, ..QWEN });
-        assert!(decode.contains(&102) && decode.contains(&103) && (1..=16).all(|t| decode.contains(&t)));
-        assert_eq!(102 * 40_960 * 512 + 40_960 * 512 - 1, 2_160_066_559u64, "the last element of slot 102 is past 2^31");
+        assert!(decode.contains(&603) && decode.contains(&604) && (1..=16).all(|t| decode.contains(&t)));
+        assert_eq!(layout::total_blocks(&Layout::Decode.parts(604, 40_960), 16), 263_994);
+        // Blocks of 16: 4133 cached positions end a block after 11 and 27 more tokens.
+        let cont = counts(&AttentionCase { layout: Layout::Continue { cached: 4133 }, ..QWEN });
+        assert!([10, 11, 12, 26, 27, 28].iter().all(|t| cont.contains(t)), "{cont:?}");
+        assert!([15, 16, 17, 31, 32, 33].iter().all(|t| single.contains(t)));
+    }
+
+    /// The exact point the search finds: one token less stays below 2^31, this one passes it.
+    #[test]
+    fn cache_overflow_count_is_exact() {
+        for layout in [Layout::Runs { len: 61 }, Layout::Decode, Layout::Runs { len: 5 }] {
+            let c = AttentionCase { layout, ..QWEN };
+            let t = c.cache_overflow_count().unwrap();
+            let far = |t| layout::farthest_row(&layout.parts(t, c.context), 16) * 512;
+            assert!(far(t - 1) <= 1 << 31 && far(t) > 1 << 31, "{layout:?} {t}");
+        }
+    }
+
+    /// The tables the self-test runs on read every sequence through the right blocks: the twin
+    /// over a cache filled through `kv_store`'s twin at the scrambled rows equals the twin over
+    /// the same K/V laid out slot-contiguously.
+    #[test]
+    fn scrambled_tables_read_what_was_stored() {
+        let c = AttentionCase { heads: 4, kv_heads: 2, head_dim: 64, context: 300, layout: Layout::Mixed, ..QWEN };
+        let tokens = 40;
+        let (spec, parts) = c.spec(tokens).unwrap();
+        let (chunks, tables) = c.batch(&parts);
+        let inputs = Inputs::new(spec, &chunks, &tables);
+        let w = spec.kv_width() as usize;
+        let (mut kc, mut vc) = (vec![half::f16::ZERO; spec.cache_elems() as usize], vec![half::f16::ZERO; spec.cache_elems() as usize]);
+        for (ci, ch) in chunks.iter().enumerate() {
+            let (mut k, mut v) = (vec![0.0f32; ch.end() as usize * w], vec![0.0f32; ch.end() as usize * w]);
+            for p in 0..ch.end() as usize {
+                inputs.position(ci, p as u64, &mut k[p * w..][..w], &mut v[p * w..][..w]);
+            }
+            let dest = kv_store::destinations(&tables[ch.table as usize..], 0..ch.end() as u32, &spec);
+            assert!(dest.iter().all(|&d| d >= 0));
+            kv_store::kv_store_cpu(&mut kc, &mut vc, &k, &v, &dest, &spec).unwrap();
+        }
+        let rw = spec.row_width() as usize;
+        let q = uniform_row(SEED_Q, 0, tokens as usize * rw, Q_AMPLITUDE);
+        let got = cpu::attention_cpu(&q, &kc, &vc, &chunks, &tables, &spec).unwrap();
+        for (ci, ch) in chunks.iter().enumerate() {
+            let slab = inputs.slab(ci, ch.end());
+            for i in 0..ch.n_tokens {
+                let row = ch.first_row as usize + i as usize;
+                let mut want = vec![0.0f32; rw];
+                cpu::attend_row(&q[row * rw..][..rw], &slab, ch, i, &spec, &mut want);
+                assert_eq!(got[row * rw..][..rw], want[..], "chunk {ci} row {i}");
+            }
+        }
+        assert_eq!(tables[0], spec.blocks - 1, "the first sequence starts in the top block");
     }
 
     #[test]
@@ -455,7 +570,7 @@ mod tests {
         for layout in [Layout::Decode, Layout::Mixed, Layout::Continue { cached: 4133 }, Layout::ContextEnd, Layout::Runs { len: 5 }] {
             for t in (1..=40).chain([102, 103, 1000]) {
                 let parts = layout.parts(t, 40_960);
-                let listed: u64 = layout::chunks(&parts).iter().map(|c| c.start_pos as u64).sum();
+                let listed: u64 = layout::chunks(&parts, 16).iter().map(|c| c.start_pos as u64).sum();
                 assert_eq!(layout::history_rows(&parts), listed, "{layout:?} {t}");
             }
         }
@@ -463,10 +578,10 @@ mod tests {
 
     #[test]
     fn device_bytes_count_the_caches() {
-        // 103 decode steps: two caches of 103 x 40,960 x 512 f16 dominate.
+        // 604 decode steps: two caches of 263,994 blocks x 16 x 512 f16 dominate.
         let c = AttentionCase { layout: Layout::Decode, ..QWEN };
-        let caches = 2 * 2 * 103 * 40_960 * 512u64;
-        let b = device_bytes(103, &c);
+        let caches = 2 * 2 * 263_994 * 16 * 512u64;
+        let b = device_bytes(604, &c);
         assert!(b > caches && b < caches + (1 << 30), "{b}");
         assert_eq!(device_bytes(0, &c), 0);
     }
@@ -475,13 +590,13 @@ mod tests {
     fn selected_rows_stay_within_budget_and_start_with_the_tails() {
         let c = AttentionCase { layout: Layout::Decode, ..QWEN };
         let (spec, parts) = c.spec(103).unwrap();
-        let chunks = layout::chunks(&parts);
+        let (chunks, _) = c.batch(&parts);
         let rows = select_rows(&chunks, 103, &spec, 64);
         assert!(rows.iter().any(|r| r.row == 102) && rows.iter().any(|r| r.row == 0));
         let fma: u64 = rows.iter().map(|r| (chunks[r.chunk].start_pos as u64 + r.i as u64 + 1) * spec.row_width() * 2).sum();
         assert!(fma <= FMA_BUDGET, "{fma}");
         let (spec, parts) = QWEN.spec(16_385).unwrap();
-        let rows = select_rows(&layout::chunks(&parts), 16_385, &spec, 64);
+        let rows = select_rows(&c.batch(&parts).0, 16_385, &spec, 64);
         assert!(rows.iter().any(|r| r.row == 16_384) && rows.len() > 32, "{}", rows.len());
     }
 }
