@@ -98,6 +98,9 @@ pub struct ProgressBoard {
     /// The last layer whose work the device finished in the current step (CUDA), or NONE.
     device_layer: AtomicU64,
     device_ms: AtomicU64,
+    /// 1 when the backend records device progress (CUDA under a supervisor): then the device,
+    /// not the host, says where a hang is.
+    device_tracked: AtomicU64,
 }
 
 /// A copy of the board at one moment.
@@ -113,6 +116,40 @@ pub struct Snapshot {
     pub chunks: u64,
     pub device_layer: Option<u32>,
     pub device_ms: Option<u64>,
+    #[serde(default)]
+    pub device_tracked: bool,
+}
+
+/// Where a stalled step is stuck.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Stuck {
+    /// The layer being computed, when in one.
+    pub layer: Option<u32>,
+    /// The op, when the host is the one stuck (CPU backend, or a host-side wait); on the
+    /// device only the layer is known.
+    pub op: Option<Op>,
+    pub on_device: bool,
+}
+
+impl Snapshot {
+    /// Where the step is stuck. Kernel launches are asynchronous: the host may have queued
+    /// dozens of layers past a hung kernel (until the launch queue fills) before it blocks.
+    /// When the device's progress is tracked, the hung work is in the layer after the last one
+    /// the device finished; otherwise the host's stage is the answer.
+    pub fn stuck(&self) -> Stuck {
+        let host = Stuck { layer: self.layer, op: Some(self.op), on_device: false };
+        if !self.device_tracked {
+            return host;
+        }
+        let device = self.device_layer.map_or(0, |d| d + 1);
+        match self.layer {
+            // The host is still in that layer (or before it): its op is the better answer.
+            Some(l) if l <= device => host,
+            // Past it, or after the last layer (output norm, logits, waiting on the device).
+            _ if matches!(self.op, Op::Embed | Op::Loading | Op::Idle | Op::Step) && self.layer.is_none() => host,
+            _ => Stuck { layer: Some(device), op: None, on_device: true },
+        }
+    }
 }
 
 fn now_ms() -> u64 {
@@ -138,6 +175,7 @@ impl ProgressBoard {
             chunks: AtomicU64::new(0),
             device_layer: AtomicU64::new(NONE),
             device_ms: AtomicU64::new(NONE),
+            device_tracked: AtomicU64::new(0),
         };
         b.touch();
         b
@@ -174,6 +212,11 @@ impl ProgressBoard {
         self.touch();
     }
 
+    /// The backend records device progress (`device_done`) from now on.
+    pub fn track_device(&self) {
+        self.device_tracked.store(1, Ordering::Relaxed);
+    }
+
     /// Nothing to do (after a step, or while waiting for work).
     pub fn idle(&self) {
         self.layer.store(NONE, Ordering::Relaxed);
@@ -194,6 +237,7 @@ impl ProgressBoard {
             chunks: self.chunks.load(Ordering::Relaxed),
             device_layer: opt(self.device_layer.load(Ordering::Relaxed)),
             device_ms: (ms != NONE).then_some(ms),
+            device_tracked: self.device_tracked.load(Ordering::Relaxed) != 0,
         }
     }
 }
@@ -271,6 +315,28 @@ mod tests {
         let s = sup.board().snapshot();
         assert_eq!((s.op, s.layer), (Op::Idle, None));
         assert_eq!(s.device_layer, Some(4), "the device's last layer stays for the report");
+    }
+
+    #[test]
+    fn a_hang_is_placed_on_the_device_when_its_progress_is_tracked() {
+        let b = ProgressBoard::new();
+        b.begin_step(1, 13_502, 1);
+        b.enter(Some(36), Op::Moe);
+        // CPU: the host is the executor.
+        assert_eq!(b.snapshot().stuck(), Stuck { layer: Some(36), op: Some(Op::Moe), on_device: false });
+        b.track_device();
+        b.device_done(4);
+        // The host queued up to layer 36 and blocked; the device never finished layer 5.
+        assert_eq!(b.snapshot().stuck(), Stuck { layer: Some(5), op: None, on_device: true });
+        b.enter(None, Op::DeviceWait);
+        assert_eq!(b.snapshot().stuck().layer, Some(5));
+        // The host itself in the device's layer: its op is known.
+        b.enter(Some(5), Op::Attention);
+        assert_eq!(b.snapshot().stuck(), Stuck { layer: Some(5), op: Some(Op::Attention), on_device: false });
+        // Nothing finished yet, host far ahead: layer 0.
+        b.begin_step(2, 8, 1);
+        b.enter(Some(9), Op::Moe);
+        assert_eq!(b.snapshot().stuck(), Stuck { layer: Some(0), op: None, on_device: true });
     }
 
     #[test]

@@ -10,7 +10,7 @@
 pub mod board;
 pub mod fault;
 
-pub use board::{BoardFile, Op, ProgressBoard, Snapshot};
+pub use board::{BoardFile, Op, ProgressBoard, Snapshot, Stuck};
 pub use fault::{Fault, FaultKind};
 
 enum Board {

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::protocol::{ChildConfig, FromChild, ToChild, WireChunk, backend_name, read_frame, write_frame};
-use super::watchdog::{FailureKind, FailureReport, RecentProgress, ReportChunk, StallClock, backoff, op_name};
+use super::watchdog::{FailureKind, FailureReport, RecentProgress, ReportChunk, StallClock, backoff};
 use super::worker::{Event, Heartbeat, Job, JobEnd, Loaded, WorkerConfig, quarantined, rejected};
 use crate::chat_template::ChatTemplate;
 use crate::gguf::GgufFile;
@@ -622,7 +622,8 @@ impl Supervisor {
             detail,
             engine_pid: pid,
             snapshot,
-            kernels: snapshot.op.kernels(),
+            stuck: snapshot.stuck(),
+            kernels: if snapshot.stuck().on_device { "any kernel of the layer" } else { snapshot.op.kernels() },
             batch,
             recent: self.recent.to_vec(),
         };
@@ -633,8 +634,8 @@ impl Supervisor {
         }
         self.reports += 1;
         if kind == FailureKind::Stall {
-            let layer = snapshot.layer.map_or("none".to_string(), |l| l.to_string());
-            self.hb.record_stall(layer, op_name(snapshot.op));
+            let (layer, op) = report.labels();
+            self.hb.record_stall(layer, op);
         }
         if let Some(plan) = plan {
             self.quarantine.record(&self.sched.stall_shape(plan));

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::monitor::Snapshot;
+use crate::monitor::{Snapshot, Stuck};
 
 /// Watches one step: stalled once `beats` has not moved for `timeout`.
 #[derive(Clone, Debug)]
@@ -101,20 +101,30 @@ pub struct FailureReport {
     pub detail: String,
     pub engine_pid: Option<u32>,
     pub snapshot: Snapshot,
-    /// The CUDA kernels of the op the board names.
+    /// Where the step is stuck: the device's layer when its progress is tracked (the host runs
+    /// ahead of it), else the host's layer and op ([`Snapshot::stuck`]).
+    pub stuck: Stuck,
+    /// The CUDA kernels of the op the board names (every kernel of the layer, when the device
+    /// is the one stuck).
     pub kernels: &'static str,
     pub batch: Vec<ReportChunk>,
     pub recent: Vec<Snapshot>,
 }
 
 impl FailureReport {
-    /// "layer 1, op attn_norm" (or the stage without a layer).
+    /// "layer 1, op attn_norm", "layer 5 on the device" (or the stage without a layer).
     pub fn stage(&self) -> String {
-        let op = op_name(self.snapshot.op);
-        match self.snapshot.layer {
-            Some(l) => format!("layer {l}, op {op}"),
-            None => format!("op {op}"),
+        match (self.stuck.layer, self.stuck.op) {
+            (Some(l), Some(op)) => format!("layer {l}, op {}", op_name(op)),
+            (Some(l), None) => format!("layer {l} on the device"),
+            (None, Some(op)) => format!("op {}", op_name(op)),
+            (None, None) => "the device".into(),
         }
+    }
+
+    /// The `{layer, op}` labels of `brink_stalls_total`.
+    pub fn labels(&self) -> (String, String) {
+        (self.stuck.layer.map_or("none".to_string(), |l| l.to_string()), self.stuck.op.map_or("device".to_string(), op_name))
     }
 
     /// The message the failed requests get.
@@ -178,7 +188,19 @@ mod tests {
     use crate::monitor::Op;
 
     fn snap(step: u64, layer: Option<u32>, op: Op, beats: u64) -> Snapshot {
-        Snapshot { pid: 7, beats, updated_ms: 0, step, op, layer, rows: 100, chunks: 1, device_layer: None, device_ms: None }
+        Snapshot {
+            pid: 7,
+            beats,
+            updated_ms: 0,
+            step,
+            op,
+            layer,
+            rows: 100,
+            chunks: 1,
+            device_layer: None,
+            device_ms: None,
+            device_tracked: false,
+        }
     }
 
     #[test]
@@ -216,6 +238,7 @@ mod tests {
             detail: "no progress for 2.1 s".into(),
             engine_pid: Some(42),
             snapshot: snap(3, Some(1), Op::AttnNorm, 9),
+            stuck: snap(3, Some(1), Op::AttnNorm, 9).stuck(),
             kernels: Op::AttnNorm.kernels(),
             batch: vec![ReportChunk { request: "chatcmpl-4".into(), prompt_tokens: 100, start: 0, len: 64, decode: false }],
             recent: vec![snap(3, Some(0), Op::Moe, 8)],
@@ -232,6 +255,15 @@ mod tests {
         assert_eq!(j["batch"][0]["len"], 64);
         assert_eq!(j["engine_pid"], 42);
         assert_eq!(j["recent"].as_array().unwrap().len(), 1);
+        assert_eq!((j["stuck"]["layer"].as_u64(), j["stuck"]["on_device"].as_bool()), (Some(1), Some(false)));
+        assert_eq!(r.labels(), ("1".to_string(), "attn_norm".to_string()));
+
+        // A GPU hang: the host queued ahead to layer 36; the device finished layer 4.
+        let mut gpu = snap(3, Some(36), Op::Moe, 9);
+        (gpu.device_tracked, gpu.device_layer) = (true, Some(4));
+        let r = FailureReport { snapshot: gpu, stuck: gpu.stuck(), ..r };
+        assert!(r.client_message().contains("layer 5 on the device"), "{}", r.client_message());
+        assert_eq!(r.labels(), ("5".to_string(), "device".to_string()));
     }
 
     #[test]

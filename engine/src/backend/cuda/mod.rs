@@ -205,6 +205,9 @@ impl Backend for CudaBackend {
     }
 
     fn set_monitor(&mut self, monitor: Arc<Monitor>) {
+        if monitor.is_shared() {
+            monitor.board().track_device();
+        }
         self.monitor = monitor;
     }
 
