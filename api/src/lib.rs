@@ -4,6 +4,10 @@
 //! later into `SparkNode` status), the operator reads them. Kubernetes resource types join them
 //! here with the fleet issues.
 
+pub mod device;
+pub mod qualification;
 pub mod selftest;
 
+pub use device::{DeviceInfo, DeviceReport, UnifiedMemory};
+pub use qualification::{FieldChange, Fingerprint, QUALIFICATION_SCHEMA, Qualification, ReportSummary, ServingParams};
 pub use selftest::{CaseReport, CaseResult, DeviceSummary, NegativeControls, Phase, SelfTestReport, Verdict};
