@@ -4,6 +4,7 @@
 //! missing `libcuda`/`libnvrtc` is detected before the first call (cudarc would panic).
 
 pub mod compile;
+pub mod probe;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
