@@ -7,12 +7,15 @@
 //! HTTP server). `up` and the cluster mode `run` arrive with their issues.
 
 mod bench_cmd;
+mod device;
+mod device_cmd;
 mod engine_args;
 mod envelope;
 mod gen_model_cmd;
 mod generate_cmd;
 mod kernels_cmd;
 mod parity_cmd;
+mod qualify;
 mod selftest_cmd;
 mod serve_cmd;
 
@@ -29,6 +32,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Show the GPU (name, capability, memory, driver, CUDA, NVRTC) or why there is none.
+    Device(device_cmd::Args),
     /// Run the kernel threshold self-test (derived critical token counts, negative controls).
     Selftest(selftest_cmd::Args),
     /// Write a synthetic model: deterministic random weights, a small real BPE vocabulary.
@@ -55,6 +60,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Cmd::Selftest(args) => selftest_cmd::run(args),
+        Cmd::Device(args) => device_cmd::run(args),
         Cmd::Kernels(args) => kernels_cmd::run(args),
         Cmd::GenModel(args) => gen_model_cmd::run(args),
         Cmd::Generate(args) => generate_cmd::run(args),
