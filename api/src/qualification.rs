@@ -214,18 +214,19 @@ mod tests {
     #[test]
     fn every_field_moves_the_digest_and_is_named() {
         let base = fingerprint();
-        let edits: Vec<(&str, Box<dyn Fn(&mut Fingerprint)>)> = vec![
-            ("gpuName", Box::new(|f| f.gpu_name = "NVIDIA H200".into())),
-            ("computeCapability", Box::new(|f| f.compute_capability = "9.0".into())),
-            ("driverVersion", Box::new(|f| f.driver_version = None)),
-            ("cudaVersion", Box::new(|f| f.cuda_version = "13.1".into())),
-            ("nvrtcVersion", Box::new(|f| f.nvrtc_version = Some("12.9".into()))),
-            ("agentVersion", Box::new(|f| f.agent_version = "0.2.0".into())),
-            ("kernelSourcesHash", Box::new(|f| f.kernel_sources_hash = "cd".repeat(32))),
-            ("shapeClass", Box::new(|f| f.shape_class = "qwen3moe-h4096-e128-top8-ffn1536".into())),
-            ("serving.maxBatchTokens", Box::new(|f| f.serving.max_batch_tokens = 8192)),
-            ("serving.prefillChunk", Box::new(|f| f.serving.prefill_chunk = 2048)),
-            ("serving.context", Box::new(|f| f.serving.context = 40_960)),
+        type Edit = fn(&mut Fingerprint);
+        let edits: Vec<(&str, Edit)> = vec![
+            ("gpuName", |f| f.gpu_name = "NVIDIA H200".into()),
+            ("computeCapability", |f| f.compute_capability = "9.0".into()),
+            ("driverVersion", |f| f.driver_version = None),
+            ("cudaVersion", |f| f.cuda_version = "13.1".into()),
+            ("nvrtcVersion", |f| f.nvrtc_version = Some("12.9".into())),
+            ("agentVersion", |f| f.agent_version = "0.2.0".into()),
+            ("kernelSourcesHash", |f| f.kernel_sources_hash = "cd".repeat(32)),
+            ("shapeClass", |f| f.shape_class = "qwen3moe-h4096-e128-top8-ffn1536".into()),
+            ("serving.maxBatchTokens", |f| f.serving.max_batch_tokens = 8192),
+            ("serving.prefillChunk", |f| f.serving.prefill_chunk = 2048),
+            ("serving.context", |f| f.serving.context = 40_960),
         ];
         assert_eq!(edits.len(), base.fields().len(), "a fingerprint field without a test edit");
         for (name, edit) in edits {
