@@ -13,13 +13,14 @@ use std::time::Instant;
 use brink_engine::backend::Logits;
 use brink_engine::sampler::argmax;
 use brink_engine::{AnyEngine, EngineOptions, StepItem, open};
-use clap::Args as ClapArgs;
+use clap::{ArgGroup, Args as ClapArgs};
 use serde_json::json;
 
 use crate::engine_args::EngineArgs;
 use crate::http_bench::UrlArgs;
 
 #[derive(ClapArgs)]
+#[command(group(ArgGroup::new("target").args(["model", "url"]).required(true)))]
 pub struct Args {
     /// In process: the model and backend to time (absent with --url).
     #[command(flatten)]

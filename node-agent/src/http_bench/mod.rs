@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use grid::Budget;
 use runner::Target;
 
-/// The flags of the HTTP mode (each needs `--url`).
+/// The flags of the HTTP mode (refused with `--model`).
 #[derive(ClapArgs, Debug)]
 pub struct UrlArgs {
     /// Benchmark a running OpenAI-compatible server at this base URL (http://HOST:PORT) through
@@ -32,34 +32,34 @@ pub struct UrlArgs {
     /// their first word, so no request reuses another's cached prefix. Requests are greedy
     /// (temperature 0); the server may stop before --max-tokens at end of sequence, and the
     /// output tokens reported are the ones its usage counts.
-    #[arg(long, conflicts_with = "model")]
+    #[arg(long)]
     pub url: Option<String>,
     /// The model to request (default: the first one /v1/models lists).
-    #[arg(long, requires = "url")]
+    #[arg(long, conflicts_with = "model")]
     pub model_name: Option<String>,
     /// Prompt lengths in tokens (grid axis).
-    #[arg(long, value_delimiter = ',', default_values_t = [128, 1024, 8192], requires = "url")]
+    #[arg(long, value_delimiter = ',', default_values_t = [128, 1024, 8192], conflicts_with = "model")]
     pub prompt_tokens: Vec<u64>,
     /// Concurrent streaming clients (grid axis).
-    #[arg(long, value_delimiter = ',', default_values_t = [1, 4, 16], requires = "url")]
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 4, 16], conflicts_with = "model")]
     pub concurrency: Vec<usize>,
     /// Tokens to generate per request (grid axis).
-    #[arg(long, value_delimiter = ',', default_values_t = [64, 256], requires = "url")]
+    #[arg(long, value_delimiter = ',', default_values_t = [64, 256], conflicts_with = "model")]
     pub max_tokens: Vec<u64>,
     /// Requests per point, in all (default: 4 per client). Rejected and failed ones count.
-    #[arg(long, conflicts_with = "duration", requires = "url")]
+    #[arg(long, conflicts_with = "duration", conflicts_with = "model")]
     pub requests: Option<u64>,
     /// Seconds per point instead of a request count (requests in flight at the end finish).
-    #[arg(long, requires = "url")]
+    #[arg(long, conflicts_with = "model")]
     pub duration: Option<f64>,
     /// Sent as `Authorization: Bearer KEY`.
-    #[arg(long, requires = "url")]
+    #[arg(long, conflicts_with = "model")]
     pub api_key: Option<String>,
     /// Also write the results as CSV here (one row per point).
-    #[arg(long, requires = "url")]
+    #[arg(long, conflicts_with = "model")]
     pub csv: Option<PathBuf>,
     /// Seed of the prompts' word order (the same seed sends the same prompts).
-    #[arg(long, default_value_t = 0, requires = "url")]
+    #[arg(long, default_value_t = 0, conflicts_with = "model")]
     pub seed: u64,
 }
 
