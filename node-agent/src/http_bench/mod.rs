@@ -81,7 +81,7 @@ pub fn run(a: &UrlArgs, url: &str, json_out: Option<&Path>) -> Result<(), String
         let target = Arc::new(Target { endpoint: endpoint.clone(), model: model.clone(), api_key: a.api_key.clone(), seed: a.seed });
         let mut sizes = Vec::new();
         for &p in &a.prompt_tokens {
-            let c = runner::calibrate(&target, p).await?;
+            let c = runner::calibrate(&target, p, sizes.last().map(|(_, c)| *c)).await?;
             eprintln!("{p}-token prompts: {} words ({} tokens by the server's count)", c.words, c.prompt_tokens);
             sizes.push((p, c));
         }

@@ -59,6 +59,9 @@ fn fatal(end: StreamEnd, url: &str) -> String {
     }
 }
 
+/// The first calibration's probe: long enough to measure tokens per word, short enough to fit.
+const PROBE_WORDS: u64 = 64;
+
 /// Calibration's result for one prompt length.
 #[derive(Clone, Copy, Debug)]
 pub struct Calibrated {
@@ -67,11 +70,16 @@ pub struct Calibrated {
 }
 
 /// Finds the word count whose prompts the server counts as `target` tokens (within 2%, in at most
-/// four one-token requests, keeping the closest). Errors here stop the run: they name the URL.
-pub async fn calibrate(t: &Target, target: u64) -> Result<Calibrated, String> {
+/// four one-token requests, keeping the closest). The first guess comes from an earlier length's
+/// result, else from a short probe: a guess of one token per word could overrun the context
+/// where the right count fits. Errors here stop the run: they name the URL.
+pub async fn calibrate(t: &Target, target: u64, earlier: Option<Calibrated>) -> Result<Calibrated, String> {
     let url = t.endpoint.url("/v1/completions");
     let mut conn = Conn::open(&t.endpoint).await?;
-    let mut words = usize::try_from(target).map_err(|_| format!("--prompt-tokens {target} is too large"))?;
+    let mut words = match earlier {
+        Some(e) => prompt::rescale(e.words, e.prompt_tokens, target),
+        None => target.min(PROBE_WORDS) as usize,
+    };
     let mut best: Option<Calibrated> = None;
     for attempt in 0..4u64 {
         // Nonces from the top of the range: no measured request shares these prompts.
