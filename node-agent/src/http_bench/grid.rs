@@ -71,7 +71,7 @@ fn check_list<T: Copy + PartialOrd + fmt::Display>(flag: &'static str, values: &
         if v > max {
             return Err(err(flag, format!("{v} is above the limit of {max}")));
         }
-        if values[..i].iter().any(|&w| w == v) {
+        if values[..i].contains(&v) {
             return Err(err(flag, format!("{v} is listed twice")));
         }
     }
@@ -133,9 +133,12 @@ mod tests {
         assert_eq!(expand(&[1, 2, 3], &[1, 2], &[5, 6], R8).unwrap().len(), 12);
     }
 
+    /// Prompt tokens, concurrency, max tokens, budget; the flag named and a phrase of the message.
+    type Case = (&'static [u64], &'static [usize], &'static [u64], Budget, &'static str, &'static str);
+
     #[test]
     fn bad_values_name_their_flag() {
-        let cases: [(&[u64], &[usize], &[u64], Budget, &str, &str); 10] = [
+        let cases: [Case; 10] = [
             (&[], &[1], &[1], R8, "--prompt-tokens", "at least one"),
             (&[0], &[1], &[1], R8, "--prompt-tokens", "0 is not positive"),
             (&[128, 64, 128], &[1], &[1], R8, "--prompt-tokens", "128 is listed twice"),
