@@ -103,7 +103,11 @@ fn sweeps_a_grid_against_serve_and_names_bad_servers() {
             let (t, e) = (ttft[q].as_f64().unwrap(), e2e[q].as_f64().unwrap());
             assert!(t > 0.0 && t <= e, "{q}: TTFT {t} > e2e {e}: {p}");
         }
-        assert!(p["mean_output_tokens"].as_f64().unwrap() > 0.0, "{p}");
+        let generated = p["mean_output_tokens"].as_f64().unwrap();
+        assert!(generated > 0.0, "{p}");
+        if generated > 1.0 {
+            assert!(p["itl_s"]["p50"].as_f64().unwrap() >= 0.0, "several tokens, gaps between them: {p}");
+        }
         assert!(p["output_tokens_per_s"].as_f64().unwrap() > 0.0, "{p}");
         let asked = p["prompt_tokens"].as_f64().unwrap();
         let got = p["mean_prompt_tokens"].as_f64().unwrap();
@@ -111,6 +115,20 @@ fn sweeps_a_grid_against_serve_and_names_bad_servers() {
     }
     let csv = std::fs::read_to_string(&csv_path).unwrap();
     assert_eq!(csv.lines().count(), 1 + points.len(), "{csv}");
+
+    // A point by time instead of a request count.
+    let timed = dir.path().join("timed.json");
+    let out = agent()
+        .args(["bench", "--url", &url, "--api-key", "sekrit", "--json", timed.to_str().unwrap()])
+        .args(["--prompt-tokens", "32", "--concurrency", "2", "--max-tokens", "4", "--duration", "0.5"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&timed).unwrap()).unwrap();
+    assert_eq!(doc["settings"]["requests"]["seconds_per_point"], 0.5);
+    let p = &doc["points"][0];
+    assert!(p["requests"].as_u64().unwrap() >= 2, "{p}");
+    assert!(p["duration_s"].as_f64().unwrap() >= 0.5, "{p}");
 
     // The same server without the key: 401, the URL, and what to do.
     let out = agent().args(["bench", "--url", &url]).args(grid).output().unwrap();
