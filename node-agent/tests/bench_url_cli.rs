@@ -175,6 +175,8 @@ fn sweeps_a_grid_against_serve_and_names_bad_servers() {
     failed_with(&out, &["--model", "--url"]);
     let out = agent().args(["bench", "--url", &fake_url, "--model", "x.gguf"]).output().unwrap();
     failed_with(&out, &["--model", "--url"]);
+    let out = agent().args(["bench", "--url", &fake_url, "--backend", "cpu"]).output().unwrap();
+    failed_with(&out, &["--backend", "cannot be used with"]);
     let out = agent().args(["bench", "--concurrency", "2", "--model", "x.gguf"]).output().unwrap();
     failed_with(&out, &["--concurrency", "cannot be used with"]);
 }

@@ -32,7 +32,7 @@ pub struct UrlArgs {
     /// their first word, so no request reuses another's cached prefix. Requests are greedy
     /// (temperature 0); the server may stop before --max-tokens at end of sequence, and the
     /// output tokens reported are the ones its usage counts.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["backend", "context", "prefill_chunk"])]
     pub url: Option<String>,
     /// The model to request (default: the first one /v1/models lists).
     #[arg(long, conflicts_with = "model")]
