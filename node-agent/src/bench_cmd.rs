@@ -1,5 +1,6 @@
 //! `brink-agent bench`: prefill tokens/s at several prompt lengths and decode tokens/s (one
-//! sequence and batches of sequences), as a table and JSON.
+//! sequence and batches of sequences), as a table and JSON. With `--url` instead of `--model`:
+//! a grid against a running server ([`crate::http_bench`]).
 //!
 //! Prompts are deterministic pseudo-random token ids (the numbers depend on lengths, not on
 //! text). Every figure is wall time around calls that return logits to the host, so the GPU
@@ -12,29 +13,34 @@ use std::time::Instant;
 use brink_engine::backend::Logits;
 use brink_engine::sampler::argmax;
 use brink_engine::{AnyEngine, EngineOptions, StepItem, open};
-use clap::Args as ClapArgs;
+use clap::{ArgGroup, Args as ClapArgs};
 use serde_json::json;
 
 use crate::engine_args::EngineArgs;
+use crate::http_bench::UrlArgs;
 
 #[derive(ClapArgs)]
+#[command(group(ArgGroup::new("target").args(["model", "url"]).required(true)))]
 pub struct Args {
+    /// In process: the model and backend to time (absent with --url).
     #[command(flatten)]
-    engine: EngineArgs,
+    engine: Option<EngineArgs>,
+    #[command(flatten)]
+    http: UrlArgs,
     /// Prompt lengths whose prefill is timed.
-    #[arg(long, value_delimiter = ',', default_values_t = [512, 2048, 8192])]
+    #[arg(long, value_delimiter = ',', default_values_t = [512, 2048, 8192], conflicts_with = "url")]
     prompt_lengths: Vec<usize>,
     /// Generated tokens per decode measurement.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, conflicts_with = "url")]
     decode_tokens: usize,
     /// Concurrent sequences for the decode measurements (aggregate tokens/s).
-    #[arg(long, value_delimiter = ',', default_values_t = [1])]
+    #[arg(long, value_delimiter = ',', default_values_t = [1], conflicts_with = "url")]
     sequences: Vec<usize>,
     /// Prompt length before decoding.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, conflicts_with = "url")]
     decode_context: usize,
     /// Timed repetitions of each prefill.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, conflicts_with = "url")]
     repeat: usize,
     /// Also write the results as JSON here.
     #[arg(long)]
@@ -60,7 +66,12 @@ impl Row {
 }
 
 pub fn run(a: Args) -> ExitCode {
-    match bench(a) {
+    let result = match (&a.http.url, &a.engine) {
+        (Some(url), _) => crate::http_bench::run(&a.http, url, a.json.as_deref()),
+        (None, Some(engine)) => bench(&a, engine),
+        (None, None) => Err("give --model FILE (time the engine in process) or --url http://HOST:PORT (benchmark a running server)".into()),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
@@ -80,20 +91,20 @@ fn prompt(len: usize, vocab: usize, salt: u64) -> Vec<u32> {
         .collect()
 }
 
-fn bench(a: Args) -> Result<(), String> {
+fn bench(a: &Args, engine: &EngineArgs) -> Result<(), String> {
     if a.prompt_lengths.contains(&0) || a.sequences.contains(&0) || a.repeat == 0 {
         return Err("--prompt-lengths, --sequences and --repeat must be positive".into());
     }
     let max_prompt = a.prompt_lengths.iter().copied().max().unwrap_or(0);
     let slots = a.sequences.iter().copied().max().unwrap_or(1);
-    let context = a.engine.context.max(max_prompt).max(a.decode_context + a.decode_tokens);
-    let opts = EngineOptions { context, slots, prefill_chunk: a.engine.prefill_chunk, ..EngineOptions::default() };
-    let mut e = open(&a.engine.model, a.engine.backend.resolve(), opts).map_err(|e| e.to_string())?;
+    let context = engine.context.max(max_prompt).max(a.decode_context + a.decode_tokens);
+    let opts = EngineOptions { context, slots, prefill_chunk: engine.prefill_chunk, ..EngineOptions::default() };
+    let mut e = open(&engine.model, engine.backend.resolve(), opts).map_err(|e| e.to_string())?;
     let vocab = e.config().vocab;
     let load = e.load_report();
     eprintln!(
         "loaded {} ({:.2} GiB of tensors) on {} in {:.2} s ({:.2} GB/s)",
-        a.engine.model.display(),
+        engine.model.display(),
         load.tensor_bytes as f64 / (1u64 << 30) as f64,
         e.backend_name(),
         load.seconds,
@@ -124,7 +135,7 @@ fn bench(a: Args) -> Result<(), String> {
             })
             .collect();
         let doc = json!({
-            "model": a.engine.model, "backend": e.backend_name(), "prefill_chunk": opts.prefill_chunk,
+            "model": engine.model, "backend": e.backend_name(), "prefill_chunk": opts.prefill_chunk,
             "load_seconds": load.seconds, "tensor_bytes": load.tensor_bytes, "results": results,
         });
         std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap_or_default()).map_err(|e| format!("{}: {e}", path.display()))?;

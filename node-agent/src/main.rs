@@ -13,6 +13,7 @@ mod engine_args;
 mod envelope;
 mod gen_model_cmd;
 mod generate_cmd;
+mod http_bench;
 mod kernels_cmd;
 mod parity_cmd;
 mod qualify;
@@ -40,7 +41,7 @@ enum Cmd {
     GenModel(gen_model_cmd::Args),
     /// Run a prompt through a GGUF model and print the continuation (greedy at temperature 0).
     Generate(generate_cmd::Args),
-    /// Prefill and decode tokens/s of a model on a backend, as a table and JSON.
+    /// Prefill and decode tokens/s of a model on a backend; with --url, a grid against a running server.
     Bench(bench_cmd::Args),
     /// Compare two backends (default: CUDA against the CPU reference) logit by logit on one model.
     Parity(parity_cmd::Args),

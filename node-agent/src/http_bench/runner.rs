@@ -1,0 +1,209 @@
+//! Runs the grid against the server: calibrates each prompt length's word count on the server's
+//! own token counts, then for each point keeps `concurrency` clients busy until the point's
+//! budget is spent. Every request is recorded as an [`Outcome`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use hyper::StatusCode;
+use indicatif::ProgressBar;
+use serde_json::{Value, json};
+use tokio::task::JoinSet;
+
+use super::client::{Conn, Endpoint, StreamEnd, status_error, stream_completion};
+use super::grid::{Budget, GridPoint};
+use super::prompt;
+use super::sse::excerpt;
+use super::stats::Outcome;
+
+/// What every request of a run shares.
+pub struct Target {
+    pub endpoint: Endpoint,
+    pub model: String,
+    pub api_key: Option<String>,
+    pub seed: u64,
+}
+
+/// The streaming completion request: greedy (`temperature` 0), usage in the last chunk. The
+/// server cannot be told to ignore end-of-sequence, so the output tokens are what `usage` says.
+pub fn completion_body(model: &str, prompt: &str, max_tokens: u64) -> Value {
+    json!({
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "stream": true, "stream_options": {"include_usage": true},
+    })
+}
+
+/// How a request's end counts, and whether its connection may carry the next request.
+pub fn outcome(end: StreamEnd) -> (Outcome, bool) {
+    match end {
+        StreamEnd::Done(s) => (Outcome::Ok(s), true),
+        StreamEnd::Status { status: StatusCode::SERVICE_UNAVAILABLE, retry_after: true, .. } => (Outcome::Rejected, true),
+        StreamEnd::Status { status, .. } => (Outcome::Failed(status.as_u16().to_string()), true),
+        StreamEnd::NotStreaming { .. } => (Outcome::Failed("not streaming".into()), true),
+        StreamEnd::Broken(_) => (Outcome::Failed("stream".into()), false),
+        StreamEnd::Connection(_) => (Outcome::Failed("connection".into()), false),
+    }
+}
+
+/// A request's end as the error that stops the run (calibration must succeed).
+fn fatal(end: StreamEnd, url: &str) -> String {
+    match end {
+        StreamEnd::Done(_) => format!("{url}: finished"),
+        StreamEnd::Status { status, body, .. } => status_error(url, status, &body),
+        StreamEnd::NotStreaming { content_type, body } => format!(
+            "{url}: asked for a stream, got `{content_type}` instead of text/event-stream (does the server support stream: true?): {}",
+            excerpt(&body)
+        ),
+        StreamEnd::Broken(e) | StreamEnd::Connection(e) => format!("{url}: {e}"),
+    }
+}
+
+/// The first calibration's probe: long enough to measure tokens per word, short enough to fit.
+const PROBE_WORDS: u64 = 64;
+
+/// Calibration's result for one prompt length.
+#[derive(Clone, Copy, Debug)]
+pub struct Calibrated {
+    pub words: usize,
+    pub prompt_tokens: u64,
+}
+
+/// Finds the word count whose prompts the server counts as `target` tokens (within 2%, in at most
+/// four one-token requests, keeping the closest). The first guess comes from an earlier length's
+/// result, else from a short probe: a guess of one token per word could overrun the context
+/// where the right count fits. Errors here stop the run: they name the URL.
+pub async fn calibrate(t: &Target, target: u64, earlier: Option<Calibrated>) -> Result<Calibrated, String> {
+    let url = t.endpoint.url("/v1/completions");
+    let mut conn = Conn::open(&t.endpoint).await?;
+    let mut words = match earlier {
+        Some(e) => prompt::rescale(e.words, e.prompt_tokens, target),
+        None => target.min(PROBE_WORDS) as usize,
+    };
+    let mut best: Option<Calibrated> = None;
+    for attempt in 0..4u64 {
+        // Nonces from the top of the range: no measured request shares these prompts.
+        let body = completion_body(&t.model, &prompt::build(words, t.seed, u64::MAX - attempt), 1);
+        let sample = match stream_completion(&mut conn, &t.endpoint, &body, t.api_key.as_deref()).await {
+            StreamEnd::Done(s) => s,
+            other => return Err(format!("sizing a {target}-token prompt: {}", fatal(other, &url))),
+        };
+        let got = Calibrated { words, prompt_tokens: sample.prompt_tokens };
+        if best.is_none_or(|b| got.prompt_tokens.abs_diff(target) < b.prompt_tokens.abs_diff(target)) {
+            best = Some(got);
+        }
+        if prompt::close_enough(got.prompt_tokens, target) {
+            break;
+        }
+        words = prompt::rescale(words, got.prompt_tokens, target);
+        if !conn.usable() {
+            conn = Conn::open(&t.endpoint).await?;
+        }
+    }
+    best.ok_or_else(|| format!("{url}: no calibration request ran"))
+}
+
+/// Runs one point: its outcomes and the wall time from the first request to the last one's end.
+pub async fn run_point(
+    t: Arc<Target>,
+    point: GridPoint,
+    words: usize,
+    budget: Budget,
+    point_index: u64,
+    bar: ProgressBar,
+) -> (Vec<Outcome>, f64) {
+    let next = Arc::new(AtomicU64::new(0));
+    let limit = budget.requests(point.concurrency);
+    let start = Instant::now();
+    let mut clients = JoinSet::new();
+    for _ in 0..point.concurrency {
+        let (t, next, bar) = (t.clone(), next.clone(), bar.clone());
+        clients.spawn(async move {
+            let mut outcomes = Vec::new();
+            let mut conn: Option<Conn> = None;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let more = match (limit, budget) {
+                    (Some(n), _) => i < n,
+                    (None, Budget::Duration(d)) => start.elapsed() < d,
+                    (None, _) => false,
+                };
+                if !more {
+                    break;
+                }
+                let body = completion_body(&t.model, &prompt::build(words, t.seed, (point_index << 40) | i), point.max_tokens);
+                if !conn.as_ref().is_some_and(Conn::usable) {
+                    conn = Conn::open(&t.endpoint).await.ok();
+                }
+                let (o, keep) = match conn.as_mut() {
+                    Some(c) => outcome(stream_completion(c, &t.endpoint, &body, t.api_key.as_deref()).await),
+                    None => (Outcome::Failed("connection".into()), false),
+                };
+                if !keep {
+                    conn = None;
+                }
+                outcomes.push(o);
+                bar.inc(1);
+            }
+            outcomes
+        });
+    }
+    let mut all = Vec::new();
+    while let Some(done) = clients.join_next().await {
+        // A client task cannot panic on a server's answer; if one did, its requests are lost, not the run.
+        if let Ok(outcomes) = done {
+            all.extend(outcomes);
+        }
+    }
+    (all, start.elapsed().as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http_bench::stats::RequestSample;
+
+    #[test]
+    fn request_body_asks_for_a_greedy_stream_with_usage() {
+        let b = completion_body("m", "the of and", 64);
+        assert_eq!(b["stream"], true);
+        assert_eq!(b["stream_options"]["include_usage"], true);
+        assert_eq!((b["temperature"].as_u64(), b["max_tokens"].as_u64(), b["model"].as_str()), (Some(0), Some(64), Some("m")));
+    }
+
+    #[test]
+    fn outcomes_by_how_requests_end() {
+        let status = |code: u16, retry_after: bool| StreamEnd::Status {
+            status: StatusCode::from_u16(code).unwrap(),
+            retry_after,
+            body: String::new(),
+        };
+        let sample = RequestSample { prompt_tokens: 1, output_tokens: 1, ttft_s: 0.1, itl_s: vec![], e2e_s: 0.1 };
+        let cases = [
+            (StreamEnd::Done(sample.clone()), Outcome::Ok(sample), true),
+            (status(503, true), Outcome::Rejected, true),
+            (status(503, false), Outcome::Failed("503".into()), true),
+            (status(500, false), Outcome::Failed("500".into()), true),
+            (status(429, true), Outcome::Failed("429".into()), true),
+            (
+                StreamEnd::NotStreaming { content_type: "application/json".into(), body: "{}".into() },
+                Outcome::Failed("not streaming".into()),
+                true,
+            ),
+            (StreamEnd::Broken("x".into()), Outcome::Failed("stream".into()), false),
+            (StreamEnd::Connection("refused".into()), Outcome::Failed("connection".into()), false),
+        ];
+        for (end, want, keep) in cases {
+            assert_eq!(outcome(end), (want, keep));
+        }
+    }
+
+    #[test]
+    fn fatal_errors_name_the_url() {
+        let url = "http://h:1/v1/completions";
+        let e = fatal(StreamEnd::NotStreaming { content_type: "application/json".into(), body: r#"{"choices":[]}"#.into() }, url);
+        assert!(e.starts_with(url) && e.contains("text/event-stream"), "{e}");
+        let e = fatal(StreamEnd::Status { status: StatusCode::UNAUTHORIZED, retry_after: false, body: String::new() }, url);
+        assert!(e.starts_with(url) && e.contains("--api-key"), "{e}");
+    }
+}

@@ -1,0 +1,182 @@
+//! `brink-agent bench --url` against the real `brink-agent serve --backend cpu` on a tiny
+//! synthetic model: a 2x2x1 grid whose JSON holds what was measured, and the errors a user meets
+//! first (no server, no key, a server that does not stream, a bad grid flag), each naming the URL
+//! or the flag.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use brink_engine::synth::{self, Preset, SynthSpec};
+use serde_json::Value;
+
+fn agent() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_brink-agent"));
+    c.env_remove("BRINK_API_KEYS");
+    c
+}
+
+fn ready(addr: &str) -> bool {
+    let Ok(mut s) = TcpStream::connect(addr) else { return false };
+    let _ = s.write_all(format!("GET /ready HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes());
+    let mut raw = String::new();
+    let _ = s.read_to_string(&mut raw);
+    raw.starts_with("HTTP/1.1 200")
+}
+
+/// `serve` on port 0; returns it with the address it printed once `/ready` answers 200.
+fn serve(args: &[&str]) -> (Child, String) {
+    let mut child = agent().arg("serve").args(args).args(["--port", "0"]).stderr(Stdio::piped()).spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
+            }
+        }
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(60)).expect("serve printed no address");
+    let t0 = Instant::now();
+    while !ready(&addr) {
+        assert!(t0.elapsed() < Duration::from_secs(60), "not ready in 60 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (child, addr)
+}
+
+fn failed_with(out: &Output, needles: &[&str]) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "succeeded: {err}");
+    for n in needles {
+        assert!(err.contains(n), "no `{n}` in: {err}");
+    }
+}
+
+#[test]
+fn sweeps_a_grid_against_serve_and_names_bad_servers() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    synth::generate(&SynthSpec::from_preset(Preset::Tiny), &model, |_, _| {}).unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, "sekrit\n").unwrap();
+    let (mut server, addr) = serve(&[
+        "--model",
+        model.to_str().unwrap(),
+        "--backend",
+        "cpu",
+        "--context",
+        "512",
+        "--slots",
+        "2",
+        "--api-key-file",
+        keys.to_str().unwrap(),
+    ]);
+    let url = format!("http://{addr}");
+    let json_path = dir.path().join("bench.json");
+    let csv_path = dir.path().join("bench.csv");
+    let grid = ["--prompt-tokens", "48,160", "--concurrency", "1,2", "--max-tokens", "8", "--requests", "4"];
+    let out = agent()
+        .args(["bench", "--url", &url, "--api-key", "sekrit", "--json", json_path.to_str().unwrap(), "--csv", csv_path.to_str().unwrap()])
+        .args(grid)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("TTFT p50"), "{stdout}");
+
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    assert_eq!(doc["server"]["url"], url.as_str());
+    assert!(doc["server"]["models"]["data"][0]["id"].is_string(), "{doc}");
+    assert_eq!(doc["settings"]["api_key"], true, "the key itself is not written");
+    assert!(!doc.to_string().contains("sekrit"));
+    let points = doc["points"].as_array().unwrap();
+    let grid_of = |p: &Value| (p["prompt_tokens"].as_u64().unwrap(), p["concurrency"].as_u64().unwrap(), p["max_tokens"].as_u64().unwrap());
+    assert_eq!(points.iter().map(grid_of).collect::<Vec<_>>(), [(48, 1, 8), (48, 2, 8), (160, 1, 8), (160, 2, 8)]);
+    for p in points {
+        assert_eq!(p["requests"].as_u64().unwrap() + p["rejected"].as_u64().unwrap(), 4, "{p}");
+        assert!(p["failed"].as_object().unwrap().is_empty(), "{p}");
+        assert!(p["requests"].as_u64().unwrap() > 0, "{p}");
+        let (ttft, e2e) = (&p["ttft_s"], &p["e2e_s"]);
+        for q in ["mean", "p50", "p90", "p99"] {
+            let (t, e) = (ttft[q].as_f64().unwrap(), e2e[q].as_f64().unwrap());
+            assert!(t > 0.0 && t <= e, "{q}: TTFT {t} > e2e {e}: {p}");
+        }
+        let generated = p["mean_output_tokens"].as_f64().unwrap();
+        assert!(generated > 0.0, "{p}");
+        if generated > 1.0 {
+            assert!(p["itl_s"]["p50"].as_f64().unwrap() >= 0.0, "several tokens, gaps between them: {p}");
+        }
+        assert!(p["output_tokens_per_s"].as_f64().unwrap() > 0.0, "{p}");
+        let asked = p["prompt_tokens"].as_f64().unwrap();
+        let got = p["mean_prompt_tokens"].as_f64().unwrap();
+        assert!((got - asked).abs() <= 0.1 * asked, "asked {asked} prompt tokens, the server counted {got}");
+    }
+    let csv = std::fs::read_to_string(&csv_path).unwrap();
+    assert_eq!(csv.lines().count(), 1 + points.len(), "{csv}");
+
+    // A point by time instead of a request count.
+    let timed = dir.path().join("timed.json");
+    let out = agent()
+        .args(["bench", "--url", &url, "--api-key", "sekrit", "--json", timed.to_str().unwrap()])
+        .args(["--prompt-tokens", "32", "--concurrency", "2", "--max-tokens", "4", "--duration", "0.5"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&timed).unwrap()).unwrap();
+    assert_eq!(doc["settings"]["requests"]["seconds_per_point"], 0.5);
+    let p = &doc["points"][0];
+    assert!(p["requests"].as_u64().unwrap() >= 2, "{p}");
+    assert!(p["duration_s"].as_f64().unwrap() >= 0.5, "{p}");
+
+    // The same server without the key: 401, the URL, and what to do.
+    let out = agent().args(["bench", "--url", &url]).args(grid).output().unwrap();
+    failed_with(&out, &[&format!("{url}/v1/models"), "401", "--api-key"]);
+    let _ = server.kill();
+    let _ = server.wait();
+
+    // Nothing listening there any more.
+    let out = agent().args(["bench", "--url", &url]).args(grid).output().unwrap();
+    failed_with(&out, &["cannot reach", &url]);
+
+    // A server that answers every request with plain JSON.
+    let fake = TcpListener::bind("127.0.0.1:0").unwrap();
+    let fake_url = format!("http://{}", fake.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for mut s in fake.incoming().map_while(Result::ok) {
+            let mut req = Vec::new();
+            let mut buf = [0u8; 4096];
+            // Headers and the (small) body arrive together; the answer does not depend on them.
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => req.extend_from_slice(&buf[..n]),
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            let body = r#"{"object":"list","data":[{"id":"fake"}],"choices":[{"text":"hi"}]}"#;
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let out = agent().args(["bench", "--url", &fake_url]).args(grid).output().unwrap();
+    failed_with(&out, &[&format!("{fake_url}/v1/completions"), "text/event-stream"]);
+
+    // Bad flags, named.
+    let out = agent().args(["bench", "--url", &fake_url, "--concurrency", "0"]).output().unwrap();
+    failed_with(&out, &["--concurrency", "not positive"]);
+    let out = agent().args(["bench", "--url", "https://example.com"]).output().unwrap();
+    failed_with(&out, &["--url https://example.com", "https"]);
+    let out = agent().args(["bench"]).output().unwrap();
+    failed_with(&out, &["--model", "--url"]);
+    let out = agent().args(["bench", "--url", &fake_url, "--model", "x.gguf"]).output().unwrap();
+    failed_with(&out, &["--model", "--url"]);
+    let out = agent().args(["bench", "--url", &fake_url, "--backend", "cpu"]).output().unwrap();
+    failed_with(&out, &["--backend", "cannot be used with"]);
+    let out = agent().args(["bench", "--concurrency", "2", "--model", "x.gguf"]).output().unwrap();
+    failed_with(&out, &["--concurrency", "cannot be used with"]);
+}
