@@ -11,7 +11,6 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use axum::routing::post;
 use brink_engine::server::telemetry::otlp::OtlpConfig;
 use brink_engine::server::telemetry::prometheus::parse_exposition;
 use common::*;
@@ -71,7 +70,10 @@ fn receiver() -> (SocketAddr, Shared) {
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
-            let app = axum::Router::new().route("/v1/metrics", post(metrics)).route("/v1/traces", post(traces)).with_state(state);
+            let app = axum::Router::new()
+                .route("/v1/metrics", axum::routing::post(metrics))
+                .route("/v1/traces", axum::routing::post(traces))
+                .with_state(state);
             axum::serve(listener, app).await.unwrap();
         });
     });
@@ -153,7 +155,14 @@ fn otlp_receives_genai_metrics_and_request_spans_with_chunk_children_and_metrics
         value(name);
     }
 
-    // Stopping flushes the exporters.
+    // The periodic reader exports while the server runs (every 300 ms here)...
+    let t0 = std::time::Instant::now();
+    while received.lock().unwrap().metrics.is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no periodic metric export within 10 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("the first periodic export after {:?}", t0.elapsed());
+    // ... and stopping flushes the exporters.
     stop(server);
     let got = received.lock().unwrap();
     assert!(got.problems.is_empty(), "{:?}", got.problems);
@@ -209,6 +218,7 @@ fn otlp_receives_genai_metrics_and_request_spans_with_chunk_children_and_metrics
         next += len;
     }
     assert_eq!(next, prompt_tokens);
+    eprintln!("OTLP: {} metric exports, {} spans ({} chunks of the chat request)", got.metrics.len(), spans.len(), chunks.len());
     assert!(spans.iter().any(|s| s.name == "text_completion tiny"));
 }
 
@@ -237,6 +247,7 @@ fn a_real_prometheus_scrapes_the_genai_and_brink_series() {
     let out = std::process::Command::new(&script).arg(server.addr.to_string()).arg("tiny").output().unwrap();
     let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{}: {report}", script.display());
+    eprintln!("{report}");
     assert!(report.contains("gen_ai_server_time_to_first_token_seconds_count{gen_ai_request_model=\"tiny\"}: 1 series"), "{report}");
     stop(server);
 }

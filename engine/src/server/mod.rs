@@ -120,7 +120,8 @@ async fn start_otlp(cfg: OtlpConfig, state: &Arc<AppState>) -> Result<OtlpPipeli
     let weak = Arc::downgrade(state);
     let read: Arc<dyn Fn() -> Vec<telemetry::Scalar> + Send + Sync> =
         Arc::new(move || weak.upgrade().map(|s| telemetry::scalars(&s.heartbeat, &s.counters)).unwrap_or_default());
-    let describe = format!("traces to {}, metrics to {}", cfg.traces.as_deref().unwrap_or("(off)"), cfg.metrics.as_deref().unwrap_or("(off)"));
+    let describe =
+        format!("traces to {}, metrics to {}", cfg.traces.as_deref().unwrap_or("(off)"), cfg.metrics.as_deref().unwrap_or("(off)"));
     let (otel, pipeline) = tokio::task::spawn_blocking(move || telemetry::otlp::start(&cfg, read))
         .await
         .map_err(|e| ServeError::Config(format!("starting the OTLP export: {e}")))?
@@ -226,10 +227,10 @@ pub async fn serve_on_with(
     let export_state = pipeline.as_ref().map(|_| state.clone());
     drop(state);
     let _ = tokio::task::spawn_blocking(move || worker.join()).await;
-    if let Some(p) = pipeline {
-        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || p.shutdown()).await {
-            eprintln!("brink serve: flushing the OTLP export: {e}");
-        }
+    if let Some(p) = pipeline
+        && let Ok(Err(e)) = tokio::task::spawn_blocking(move || p.shutdown()).await
+    {
+        eprintln!("brink serve: flushing the OTLP export: {e}");
     }
     drop(export_state);
     match load_error.lock().ok().and_then(|mut e| e.take()) {

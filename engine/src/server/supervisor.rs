@@ -21,8 +21,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::telemetry::{ChunkTrace, GenAiLabels, RequestEnd, RequestTrace};
 use super::protocol::{ChildConfig, FromChild, ToChild, WireChunk, backend_name, read_frame, write_frame};
+use super::telemetry::{ChunkTrace, GenAiLabels, RequestEnd, RequestTrace};
 use super::watchdog::{FailureKind, FailureReport, RecentProgress, ReportChunk, StallClock, backoff};
 use super::worker::{Event, Heartbeat, Job, JobEnd, Loaded, WorkerConfig, quarantined, rejected};
 use crate::chat_template::ChatTemplate;

@@ -14,13 +14,13 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::telemetry::{GenAiLabels, Telemetry};
 use crate::chat_template::ChatTemplate;
 use crate::engine::BackendKind;
 use crate::sampler::SamplingParams;
 use crate::sched::Rejection;
 use crate::serve::{ApiError, ErrorKind};
 use crate::tokenizer::Tokenizer;
-use super::telemetry::{GenAiLabels, Telemetry};
 
 /// One sequence to generate (one choice of a request).
 pub struct Job {

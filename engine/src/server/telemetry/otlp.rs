@@ -113,15 +113,15 @@ impl OtlpPipeline {
     /// timeouts): call it off the async runtime's threads.
     pub fn shutdown(self) -> Result<(), String> {
         let mut errors = Vec::new();
-        if let Some(t) = self.tracer_provider {
-            if let Err(e) = t.shutdown() {
-                errors.push(format!("traces: {e}"));
-            }
+        if let Some(t) = self.tracer_provider
+            && let Err(e) = t.shutdown()
+        {
+            errors.push(format!("traces: {e}"));
         }
-        if let Some(m) = self.meter_provider {
-            if let Err(e) = m.shutdown() {
-                errors.push(format!("metrics: {e}"));
-            }
+        if let Some(m) = self.meter_provider
+            && let Err(e) = m.shutdown()
+        {
+            errors.push(format!("metrics: {e}"));
         }
         if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) }
     }

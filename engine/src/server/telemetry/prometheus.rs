@@ -91,7 +91,10 @@ fn valid_name(n: &str) -> bool {
 }
 
 /// `{k="v",…}` at the start of `s`: the labels and the rest.
-fn parse_labels(s: &str, line_no: usize) -> Result<(Vec<(String, String)>, &str), String> {
+/// Label pairs as read back.
+pub type ReadLabels = Vec<(String, String)>;
+
+fn parse_labels(s: &str, line_no: usize) -> Result<(ReadLabels, &str), String> {
     let err = |what: &str| format!("line {line_no}: {what}");
     let mut rest = s.strip_prefix('{').ok_or_else(|| err("expected `{`"))?;
     let mut labels = Vec::new();
@@ -187,12 +190,11 @@ fn check_buckets(samples: &[Sample]) -> Result<(), String> {
         }
     }
     for s in samples {
-        if let Some(family) = s.name.strip_suffix("_count") {
-            if let Some(&inf) = last.get(&(family.to_string(), s.labels.clone())) {
-                if inf != s.value {
-                    return Err(format!("{family}: the +Inf bucket {inf} is not the count {}", s.value));
-                }
-            }
+        if let Some(family) = s.name.strip_suffix("_count")
+            && let Some(&inf) = last.get(&(family.to_string(), s.labels.clone()))
+            && inf != s.value
+        {
+            return Err(format!("{family}: the +Inf bucket {inf} is not the count {}", s.value));
         }
     }
     Ok(())
