@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
+use super::telemetry::{self, GenAiLabels};
 use super::worker::{Event, Heartbeat, Job, JobEnd, Loaded};
 use crate::serve::error::parse_body;
 use crate::serve::request::check_prompt_fits;
@@ -150,47 +151,7 @@ async fn live(State(s): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(s): State<Arc<AppState>>) -> Response {
-    let hb = &s.heartbeat;
-    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let mut out = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, value: String| {
-        out += &format!("# HELP brink_{name} {help}\n# TYPE brink_{name} {kind}\nbrink_{name} {value}\n");
-    };
-    metric("requests_total", "counter", "Generation requests received.", load(&s.counters.requests).to_string());
-    metric("request_errors_total", "counter", "Generation requests answered with an error.", load(&s.counters.errors).to_string());
-    metric("prompt_tokens_total", "counter", "Prompt tokens admitted.", load(&hb.prompt_tokens).to_string());
-    metric("completion_tokens_total", "counter", "Tokens generated.", load(&hb.completion_tokens).to_string());
-    metric("engine_steps_total", "counter", "Engine forward passes.", load(&hb.steps).to_string());
-    metric("engine_failed_steps_total", "counter", "Engine forward passes that failed.", load(&hb.failed_steps).to_string());
-    metric("requests_running", "gauge", "Sequences in the running batch.", load(&hb.running).to_string());
-    metric("requests_waiting", "gauge", "Sequences waiting for admission.", load(&hb.waiting).to_string());
-    metric("ready", "gauge", "1 once the model is loaded.", u8::from(hb.ready.load(Ordering::Acquire)).to_string());
-    metric(
-        "seconds_since_progress",
-        "gauge",
-        "Seconds since the engine last made progress.",
-        hb.since_progress().as_secs_f64().to_string(),
-    );
-    metric("engine_restarts_total", "counter", "Engine child restarts after a stall or crash.", load(&hb.restarts).to_string());
-    metric(
-        "engine_restart_seconds",
-        "gauge",
-        "Kill (or death) to ready of the last engine restart, without back-off waits.",
-        (load(&hb.last_restart_micros) as f64 / 1e6).to_string(),
-    );
-    metric("engine_pid", "gauge", "The engine child's process id (0 while none runs).", load(&hb.engine_pid).to_string());
-    metric("quarantined_prompts", "gauge", "Prompt lengths under the poison quarantine.", load(&hb.quarantined).to_string());
-    out += "# HELP brink_stalls_total Engine stalls caught by the watchdog, by the layer and op the board named.\n\
-            # TYPE brink_stalls_total counter\n";
-    if let Ok(stalls) = hb.stalls.lock() {
-        for ((layer, op), n) in stalls.iter() {
-            out += &format!("brink_stalls_total{{layer=\"{layer}\",op=\"{op}\"}} {n}\n");
-        }
-    }
-    out += "# HELP brink_time_to_first_token_seconds Time from submission to the first generated token.\n\
-            # TYPE brink_time_to_first_token_seconds summary\n";
-    out += &format!("brink_time_to_first_token_seconds_sum {}\n", load(&hb.ttft_micros_sum) as f64 / 1e6);
-    out += &format!("brink_time_to_first_token_seconds_count {}\n", load(&hb.ttft_count));
+    let out = telemetry::prometheus::render(&s.heartbeat, &telemetry::scalars(&s.heartbeat, &s.counters));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 
@@ -260,7 +221,14 @@ async fn run_request(s: &Arc<AppState>, api: Api, headers: &HeaderMap, body: Bod
         Api::Completion => "cmpl-",
         Api::Messages => "msg_",
     });
-    let mut sub = submit(s, loaded, &req, &id)?;
+    let gen_ai = GenAiLabels {
+        operation: match api {
+            Api::Completion => "text_completion",
+            Api::Chat | Api::Messages => "chat",
+        },
+        model: req.model.clone(),
+    };
+    let mut sub = submit(s, loaded, &req, &id, &gen_ai)?;
     // The first event decides the status: a refusal (full queue, quarantine) is an HTTP error,
     // not a stream that fails; once admitted, a stream starts and a later failure (a stall) is
     // the API's error event.
@@ -310,7 +278,7 @@ pub fn prompt_tokens(loaded: &Loaded, prompt: &Prompt) -> Result<Vec<u32>, ApiEr
     }
 }
 
-fn submit(s: &AppState, loaded: &Loaded, req: &GenerateRequest, request_id: &str) -> Result<Submitted, Failure> {
+fn submit(s: &AppState, loaded: &Loaded, req: &GenerateRequest, request_id: &str, gen_ai: &GenAiLabels) -> Result<Submitted, Failure> {
     let prompt = prompt_tokens(loaded, &req.prompt).map_err(fail)?;
     if prompt.is_empty() {
         return Err(fail(ApiError::invalid("prompt", "the prompt has no tokens")));
@@ -337,6 +305,7 @@ fn submit(s: &AppState, loaded: &Loaded, req: &GenerateRequest, request_id: &str
             stop_tokens: loaded.tokenizer.stop_tokens().to_vec(),
             index,
             request_id: request_id.to_string(),
+            gen_ai: gen_ai.clone(),
             events: tx.clone(),
             cancel,
         };

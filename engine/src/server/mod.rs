@@ -6,6 +6,7 @@
 //!   step at a time, watches it for stalls and restarts it.
 //! - [`child`] — the engine child's side; [`protocol`] — their framed messages.
 //! - [`watchdog`] — stall detection, reports and restart back-off (pure).
+//! - [`telemetry`] — the metrics store behind `/metrics` and the OTLP export, and the spans.
 //!
 //! The server binds first and starts the engine child, so `/health` answers while a large model
 //! loads and `/ready` turns 200 when it is done. On shutdown it stops accepting, lets in-flight
@@ -15,6 +16,7 @@ pub mod child;
 pub mod http;
 pub mod protocol;
 pub mod supervisor;
+pub mod telemetry;
 pub mod watchdog;
 pub mod worker;
 
@@ -26,6 +28,7 @@ use std::time::Duration;
 
 use http::{AppState, HttpCounters};
 use supervisor::{EngineCommand, SupervisorConfig};
+use telemetry::otlp::{OtlpConfig, OtlpPipeline};
 use worker::{Heartbeat, WorkerConfig};
 
 #[derive(Clone, Debug)]
@@ -100,9 +103,39 @@ fn served_models(opts: &ServeOptions) -> Vec<String> {
 }
 
 /// Serves on `listener` until `shutdown` resolves (or the model fails to load), then drains.
+/// Exports over OTLP when the standard `OTEL_EXPORTER_OTLP_*` variables say so.
 pub async fn serve_on(
     listener: tokio::net::TcpListener,
     opts: ServeOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let otlp = OtlpConfig::from_env().map_err(ServeError::Config)?;
+    serve_on_with(listener, opts, otlp, shutdown).await
+}
+
+/// Starts the OTLP exporters (off the runtime's threads: their HTTP clients block) with the
+/// counter and gauge table read from `state`, and installs their instruments.
+async fn start_otlp(cfg: OtlpConfig, state: &Arc<AppState>) -> Result<OtlpPipeline, ServeError> {
+    // Weak: the exporter's callbacks must not keep the state (which holds the exporter) alive.
+    let weak = Arc::downgrade(state);
+    let read: Arc<dyn Fn() -> Vec<telemetry::Scalar> + Send + Sync> =
+        Arc::new(move || weak.upgrade().map(|s| telemetry::scalars(&s.heartbeat, &s.counters)).unwrap_or_default());
+    let describe =
+        format!("traces to {}, metrics to {}", cfg.traces.as_deref().unwrap_or("(off)"), cfg.metrics.as_deref().unwrap_or("(off)"));
+    let (otel, pipeline) = tokio::task::spawn_blocking(move || telemetry::otlp::start(&cfg, read))
+        .await
+        .map_err(|e| ServeError::Config(format!("starting the OTLP export: {e}")))?
+        .map_err(ServeError::Config)?;
+    let _ = state.heartbeat.telemetry.otel.set(otel);
+    eprintln!("brink serve: exporting OTLP ({describe})");
+    Ok(pipeline)
+}
+
+/// [`serve_on`] with the OTLP export given (`None`: none).
+pub async fn serve_on_with(
+    listener: tokio::net::TcpListener,
+    opts: ServeOptions,
+    otlp: Option<OtlpConfig>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     if opts.max_n == 0 {
@@ -126,6 +159,11 @@ pub async fn serve_on(
         max_n: opts.max_n,
         counters: HttpCounters::default(),
     });
+    // Before the supervisor starts, so every request gets its span.
+    let pipeline = match otlp {
+        Some(cfg) => Some(start_otlp(cfg, &state).await?),
+        None => None,
+    };
     let (load_tx, load_rx) = tokio::sync::oneshot::channel::<Result<(), String>>();
     let worker_state = state.clone();
     let sup_cfg = SupervisorConfig {
@@ -185,8 +223,16 @@ pub async fn serve_on(
     if let Ok(mut jobs) = state.jobs.lock() {
         jobs.take();
     }
+    // The export reads the state until its last flush.
+    let export_state = pipeline.as_ref().map(|_| state.clone());
     drop(state);
     let _ = tokio::task::spawn_blocking(move || worker.join()).await;
+    if let Some(p) = pipeline
+        && let Ok(Err(e)) = tokio::task::spawn_blocking(move || p.shutdown()).await
+    {
+        eprintln!("brink serve: flushing the OTLP export: {e}");
+    }
+    drop(export_state);
     match load_error.lock().ok().and_then(|mut e| e.take()) {
         Some(e) => Err(ServeError::Load(e)),
         None => Ok(()),

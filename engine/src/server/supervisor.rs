@@ -22,6 +22,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::protocol::{ChildConfig, FromChild, ToChild, WireChunk, backend_name, read_frame, write_frame};
+use super::telemetry::{ChunkTrace, GenAiLabels, RequestEnd, RequestTrace};
 use super::watchdog::{FailureKind, FailureReport, RecentProgress, ReportChunk, StallClock, backoff};
 use super::worker::{Event, Heartbeat, Job, JobEnd, Loaded, WorkerConfig, quarantined, rejected};
 use crate::chat_template::ChatTemplate;
@@ -205,6 +206,11 @@ struct Active {
     first_token: bool,
     prompt_len: usize,
     request_id: String,
+    gen_ai: GenAiLabels,
+    /// When the first token came (the time per output token counts from it).
+    first_token_at: Option<Instant>,
+    generated: u64,
+    trace: RequestTrace,
 }
 
 enum StepOutcome {
@@ -425,6 +431,7 @@ impl Supervisor {
             Ok(_) => {
                 self.hb.prompt_tokens.fetch_add(prompt_len as u64, Ordering::Relaxed);
                 let _ = job.events.send((job.index, Event::Admitted));
+                let trace = self.hb.telemetry.start_request(&job.gen_ai, &job.request_id, prompt_len);
                 let active = Active {
                     sampling: job.sampling,
                     stop_tokens: job.stop_tokens,
@@ -435,6 +442,10 @@ impl Supervisor {
                     first_token: false,
                     prompt_len,
                     request_id: job.request_id,
+                    gen_ai: job.gen_ai,
+                    first_token_at: None,
+                    generated: 0,
+                    trace,
                 };
                 self.active.insert(id, active);
             }
@@ -459,8 +470,42 @@ impl Supervisor {
         let gone: Vec<SeqId> =
             self.active.iter().filter(|(_, a)| a.events.is_closed() || a.cancel.load(Ordering::Relaxed)).map(|(&id, _)| id).collect();
         for id in gone {
-            self.end(id);
+            let cached = self.sched.cached_tokens(id).unwrap_or(0);
+            if let Some(a) = self.end(id) {
+                // The handler ends a choice at a stop string; a closed channel is a client gone.
+                let reason = if a.cancel.load(Ordering::Relaxed) { "stop" } else { "cancelled" };
+                self.finish_telemetry(a, cached, reason);
+            }
         }
+    }
+
+    /// A request's metrics and the end of its span.
+    fn finish_telemetry(&self, a: Active, cached_tokens: usize, finish_reason: &'static str) {
+        let now = Instant::now();
+        let end = RequestEnd {
+            input_tokens: a.prompt_len as u64,
+            output_tokens: a.generated,
+            cached_tokens: cached_tokens as u64,
+            duration: now.duration_since(a.submitted),
+            decode_time: a.first_token_at.map_or(Duration::ZERO, |t| now.duration_since(t)),
+            finish_reason,
+        };
+        self.hb.telemetry.finish_request(&a.gen_ai, a.trace, &end);
+    }
+
+    /// The prefill chunks of a plan, each a child span of its request's span.
+    fn chunk_spans(&self, plan: &StepPlan, step: u64) -> (Vec<ChunkTrace>, u64, u64) {
+        let (mut spans, mut prefill, mut decode) = (Vec::new(), 0, 0);
+        for c in &plan.chunks {
+            match self.active.get(&c.seq) {
+                Some(a) if c.start_pos < a.prompt_len => {
+                    prefill += c.len as u64;
+                    spans.push(self.hb.telemetry.start_chunk(&a.trace, step, c.start_pos, c.len));
+                }
+                _ => decode += c.len as u64,
+            }
+        }
+        (spans, prefill, decode)
     }
 
     /// One engine step over the scheduler's plan; false when there was nothing to run.
@@ -492,6 +537,8 @@ impl Supervisor {
         }
         self.step_no += 1;
         let step = self.step_no;
+        let (spans, prefill_tokens, decode_tokens) = self.chunk_spans(&plan, step);
+        let t0 = Instant::now();
         let beats = self.board.board().snapshot().beats;
         let ended = std::mem::take(&mut self.ended);
         let sent = match self.child.as_mut() {
@@ -502,6 +549,14 @@ impl Supervisor {
             Ok(()) => self.await_step(step, beats),
             Err(e) => StepOutcome::Gone(e),
         };
+        // The chunks' spans end with the step, before their requests' spans may.
+        match &outcome {
+            StepOutcome::Sampled(_) => {
+                self.hb.telemetry.end_chunks(spans, None);
+                self.hb.telemetry.record_step(prefill_tokens, decode_tokens, t0.elapsed());
+            }
+            StepOutcome::Failed(e) | StepOutcome::Stalled(e) | StepOutcome::Gone(e) => self.hb.telemetry.end_chunks(spans, Some(e)),
+        }
         match outcome {
             StepOutcome::Sampled(tokens) => self.complete(&plan, &tokens),
             StepOutcome::Failed(msg) => self.fail_plan(&plan, &msg),
@@ -555,9 +610,14 @@ impl Supervisor {
             let Some(a) = self.active.get_mut(&e.seq) else { continue };
             if !a.first_token {
                 a.first_token = true;
-                self.hb.ttft_micros_sum.fetch_add(a.submitted.elapsed().as_micros() as u64, Ordering::Relaxed);
+                let now = Instant::now();
+                let ttft = now.duration_since(a.submitted);
+                a.first_token_at = Some(now);
+                self.hb.ttft_micros_sum.fetch_add(ttft.as_micros() as u64, Ordering::Relaxed);
                 self.hb.ttft_count.fetch_add(1, Ordering::Relaxed);
+                self.hb.telemetry.first_token(&a.gen_ai, ttft);
             }
+            a.generated += 1;
             self.hb.completion_tokens.fetch_add(1, Ordering::Relaxed);
             let _ = a.events.send((a.index, Event::Token(e.token)));
             let end = if a.stop_tokens.contains(&e.token) {
@@ -570,7 +630,10 @@ impl Supervisor {
             if let Some(end) = end {
                 let cached_tokens = cached.get(&e.seq).copied().unwrap_or(0);
                 let _ = a.events.send((a.index, Event::Finished { end, cached_tokens }));
-                self.end(e.seq);
+                if let Some(a) = self.end(e.seq) {
+                    let reason = if end == JobEnd::StopToken { "stop" } else { "length" };
+                    self.finish_telemetry(a, cached_tokens, reason);
+                }
             }
         }
     }
@@ -582,6 +645,7 @@ impl Supervisor {
         for c in &plan.chunks {
             if let Some(a) = self.end(c.seq) {
                 let _ = a.events.send((a.index, Event::Failed { error: error.clone(), retry_after: None }));
+                self.hb.telemetry.fail_request(a.trace, &error.message);
             }
         }
         self.hb.beat();
@@ -650,6 +714,7 @@ impl Supervisor {
         for id in lost {
             if let Some(a) = self.active.remove(&id) {
                 let _ = a.events.send((a.index, Event::Failed { error: error.clone(), retry_after: Some(1) }));
+                self.hb.telemetry.fail_request(a.trace, &error.message);
             }
         }
         self.known.clear();
@@ -710,6 +775,7 @@ impl Supervisor {
         let error = ApiError::new(ErrorKind::Overloaded, format!("the engine could not be restarted: {last_error}"));
         for (_, a) in self.active.drain() {
             let _ = a.events.send((a.index, Event::Failed { error: error.clone(), retry_after: None }));
+            self.hb.telemetry.fail_request(a.trace, &error.message);
         }
         self.hb.dead.store(true, Ordering::Release);
     }
@@ -717,5 +783,6 @@ impl Supervisor {
     fn publish(&self) {
         self.hb.running.store(self.sched.running() as u64, Ordering::Relaxed);
         self.hb.waiting.store(self.sched.waiting() as u64, Ordering::Relaxed);
+        self.hb.telemetry.record_kv(&self.sched.kv_stats());
     }
 }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::telemetry::{GenAiLabels, Telemetry};
 use crate::chat_template::ChatTemplate;
 use crate::engine::BackendKind;
 use crate::sampler::SamplingParams;
@@ -30,8 +31,10 @@ pub struct Job {
     pub stop_tokens: Vec<u32>,
     /// The choice index this job answers, echoed in every event.
     pub index: usize,
-    /// The id of the answer (`chatcmpl-…`, `msg_…`), for the stall reports.
+    /// The id of the answer (`chatcmpl-…`, `msg_…`), for the stall reports and the span.
     pub request_id: String,
+    /// The operation and the model the request named, for its metrics and span.
+    pub gen_ai: GenAiLabels,
     pub events: UnboundedSender<(usize, Event)>,
     /// Set by the handler when it ended the choice itself (a stop string): the supervisor cancels it.
     pub cancel: Arc<AtomicBool>,
@@ -91,6 +94,8 @@ pub struct Heartbeat {
     pub ttft_micros_sum: AtomicU64,
     pub ttft_count: AtomicU64,
     pub failed_steps: AtomicU64,
+    /// The GenAI histograms, token rates and KV use, and the OTLP instruments when exporting.
+    pub telemetry: Telemetry,
     epoch: Option<Instant>,
 }
 

@@ -14,8 +14,9 @@ use brink_engine::BackendKind;
 use brink_engine::chat_template::ChatTemplate;
 use brink_engine::gguf::GgufFile;
 use brink_engine::server::supervisor::EngineCommand;
+use brink_engine::server::telemetry::otlp::OtlpConfig;
 use brink_engine::server::worker::WorkerConfig;
-use brink_engine::server::{ServeOptions, serve_on};
+use brink_engine::server::{ServeOptions, serve_on_with};
 use brink_engine::synth::{self, Preset, SynthSpec};
 use brink_engine::tokenizer::Tokenizer;
 use serde_json::Value as Json;
@@ -77,6 +78,11 @@ pub struct Running {
 }
 
 pub fn start(opts: ServeOptions) -> Running {
+    start_with(opts, None)
+}
+
+/// [`start`] with an OTLP export.
+pub fn start_with(opts: ServeOptions, otlp: Option<OtlpConfig>) -> Running {
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -85,7 +91,7 @@ pub fn start(opts: ServeOptions) -> Running {
         let result = rt.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             addr_tx.send(listener.local_addr().unwrap()).unwrap();
-            serve_on(listener, opts, async move {
+            serve_on_with(listener, opts, otlp, async move {
                 let _ = stop_rx.await;
             })
             .await

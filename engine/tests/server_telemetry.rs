@@ -1,0 +1,253 @@
+//! Telemetry end to end: a server on the tiny synthetic model exports over OTLP (http/protobuf)
+//! to a receiver in this test that decodes the real OTLP protobuf (the `opentelemetry-proto`
+//! types), and its `/metrics` text parses strictly and carries the GenAI series.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use brink_engine::server::telemetry::otlp::OtlpConfig;
+use brink_engine::server::telemetry::prometheus::parse_exposition;
+use common::*;
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use prost::Message;
+use serde_json::json;
+
+#[derive(Default)]
+struct Received {
+    metrics: Vec<ExportMetricsServiceRequest>,
+    traces: Vec<ExportTraceServiceRequest>,
+    /// What the receiver could not take (wrong content type, undecodable body).
+    problems: Vec<String>,
+}
+
+type Shared = Arc<Mutex<Received>>;
+
+fn check_content_type(headers: &HeaderMap, got: &mut Received) {
+    let ct = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
+    if ct != "application/x-protobuf" {
+        got.problems.push(format!("content-type {ct:?}"));
+    }
+}
+
+async fn metrics(State(r): State<Shared>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    let mut got = r.lock().unwrap();
+    check_content_type(&headers, &mut got);
+    match ExportMetricsServiceRequest::decode(body) {
+        Ok(m) => got.metrics.push(m),
+        Err(e) => got.problems.push(format!("metrics: {e}")),
+    }
+    StatusCode::OK
+}
+
+async fn traces(State(r): State<Shared>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    let mut got = r.lock().unwrap();
+    check_content_type(&headers, &mut got);
+    match ExportTraceServiceRequest::decode(body) {
+        Ok(t) => got.traces.push(t),
+        Err(e) => got.problems.push(format!("traces: {e}")),
+    }
+    StatusCode::OK
+}
+
+/// An OTLP/HTTP receiver on its own runtime thread.
+fn receiver() -> (SocketAddr, Shared) {
+    let shared = Shared::default();
+    let state = shared.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            let app = axum::Router::new()
+                .route("/v1/metrics", axum::routing::post(metrics))
+                .route("/v1/traces", axum::routing::post(traces))
+                .with_state(state);
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    (rx.recv_timeout(Duration::from_secs(10)).expect("the receiver did not bind"), shared)
+}
+
+fn attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a any_value::Value> {
+    attrs.iter().find(|kv| kv.key == key).and_then(|kv| kv.value.as_ref()).and_then(|v: &AnyValue| v.value.as_ref())
+}
+
+fn int_attr(attrs: &[KeyValue], key: &str) -> i64 {
+    match attr(attrs, key) {
+        Some(any_value::Value::IntValue(v)) => *v,
+        other => panic!("{key}: {other:?} in {attrs:?}"),
+    }
+}
+
+fn str_attr<'a>(attrs: &'a [KeyValue], key: &str) -> &'a str {
+    match attr(attrs, key) {
+        Some(any_value::Value::StringValue(v)) => v,
+        other => panic!("{key}: {other:?} in {attrs:?}"),
+    }
+}
+
+#[test]
+fn otlp_receives_genai_metrics_and_request_spans_with_chunk_children_and_metrics_text_parses() {
+    let (at, received) = receiver();
+    let otlp = OtlpConfig {
+        traces: Some(format!("http://{at}/v1/traces")),
+        metrics: Some(format!("http://{at}/v1/metrics")),
+        service_name: "brink-test".into(),
+        export_interval: Duration::from_millis(300),
+    };
+    let mut opts = options(2, 4, Vec::new());
+    // Small chunks: the prompt goes in several, each a child span.
+    opts.worker.prefill_chunk = 16;
+    let server = start_with(opts, Some(otlp));
+
+    let messages = json!([{"role": "user", "content": "Tell me about paged attention and prefix caches in a few words, please."}]);
+    let prompt_tokens = chat_prompt_tokens(&messages) as i64;
+    assert!(prompt_tokens > 32, "{prompt_tokens} tokens: too short for several chunks");
+    let r = post(server.addr, "/v1/chat/completions", &json!({"model": "tiny", "messages": messages, "max_tokens": 6, "temperature": 0}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let output_tokens = r.json()["usage"]["completion_tokens"].as_i64().unwrap();
+    let r = post(server.addr, "/v1/completions", &json!({"model": "tiny", "prompt": "Once upon a time", "max_tokens": 3}));
+    assert_eq!(r.status, 200, "{}", r.body);
+
+    // The Prometheus text: strict parse, the GenAI series with their labels, the brink_* ones.
+    let text = get(server.addr, "/metrics").body;
+    let samples = parse_exposition(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let one = |name: &str, op: &str| {
+        samples
+            .iter()
+            .find(|s| s.name == name && s.label("gen_ai_operation_name") == Some(op) && s.label("gen_ai_request_model") == Some("tiny"))
+            .unwrap_or_else(|| panic!("no {name} for {op}\n{text}"))
+            .value
+    };
+    assert_eq!(one("gen_ai_server_time_to_first_token_seconds_count", "chat"), 1.0);
+    assert_eq!(one("gen_ai_server_time_to_first_token_seconds_count", "text_completion"), 1.0);
+    assert_eq!(one("gen_ai_server_request_duration_seconds_count", "chat"), 1.0);
+    let usage = |token_type: &str| {
+        samples
+            .iter()
+            .find(|s| {
+                s.name == "gen_ai_client_token_usage_sum"
+                    && s.label("gen_ai_token_type") == Some(token_type)
+                    && s.label("gen_ai_operation_name") == Some("chat")
+            })
+            .unwrap_or_else(|| panic!("no {token_type} usage\n{text}"))
+            .value
+    };
+    assert_eq!((usage("input"), usage("output")), (prompt_tokens as f64, output_tokens as f64));
+    let value = |name: &str| samples.iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no {name}\n{text}")).value;
+    assert_eq!(value("brink_requests_total"), 2.0);
+    assert!(value("brink_prefill_tokens_total") >= prompt_tokens as f64);
+    assert!(value("brink_prefill_seconds_total") > 0.0);
+    assert!(value("brink_kv_blocks_total") > 0.0);
+    for name in ["brink_decode_tokens_total", "brink_kv_blocks_used", "brink_prefix_cached_tokens_total", "brink_engine_restarts_total"] {
+        value(name);
+    }
+
+    // The periodic reader exports while the server runs (every 300 ms here)...
+    let t0 = std::time::Instant::now();
+    while received.lock().unwrap().metrics.is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no periodic metric export within 10 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("the first periodic export after {:?}", t0.elapsed());
+    // ... and stopping flushes the exporters.
+    stop(server);
+    let got = received.lock().unwrap();
+    assert!(got.problems.is_empty(), "{:?}", got.problems);
+
+    // Metrics: the resource names the service; the TTFT histogram counted both requests.
+    let resource_metrics: Vec<_> = got.metrics.iter().flat_map(|m| &m.resource_metrics).collect();
+    assert!(!resource_metrics.is_empty(), "no metrics arrived");
+    let service = resource_metrics[0].resource.as_ref().map(|r| str_attr(&r.attributes, "service.name").to_string());
+    assert_eq!(service.as_deref(), Some("brink-test"));
+    let all: Vec<_> = resource_metrics.iter().flat_map(|r| &r.scope_metrics).flat_map(|s| &s.metrics).collect();
+    let last = |name: &str| all.iter().rev().find(|m| m.name == name).unwrap_or_else(|| panic!("no {name} in the export"));
+    let ttft = last("gen_ai.server.time_to_first_token");
+    assert_eq!(ttft.unit, "s");
+    let Some(Data::Histogram(h)) = &ttft.data else { panic!("{ttft:?}") };
+    let ttft_total: u64 = h.data_points.iter().map(|p| p.count).sum();
+    assert_eq!(ttft_total, 2, "{h:?}");
+    assert!(h.data_points.iter().all(|p| p.explicit_bounds.len() == 16 && str_attr(&p.attributes, "gen_ai.request.model") == "tiny"));
+    let Some(Data::Histogram(u)) = &last("gen_ai.client.token.usage").data else { panic!() };
+    let input: f64 = u.data_points.iter().filter(|p| str_attr(&p.attributes, "gen_ai.token.type") == "input").filter_map(|p| p.sum).sum();
+    assert!(input > prompt_tokens as f64, "both prompts' tokens: {u:?}");
+    let Some(Data::Sum(req)) = &last("brink_requests").data else { panic!() };
+    assert!(req.is_monotonic);
+    assert!(
+        req.data_points.iter().any(|p| p.value == Some(opentelemetry_proto::tonic::metrics::v1::number_data_point::Value::AsDouble(2.0)))
+    );
+    for name in ["gen_ai.server.request.duration", "gen_ai.server.time_per_output_token", "brink_kv_blocks_total", "brink_prefill_tokens"] {
+        last(name);
+    }
+
+    // Spans: the chat request's span, server kind, with its GenAI attributes, and its prefill
+    // chunks as children that cover the prompt.
+    let spans: Vec<&Span> = got.traces.iter().flat_map(|t| &t.resource_spans).flat_map(|r| &r.scope_spans).flat_map(|s| &s.spans).collect();
+    let request = spans.iter().find(|s| s.name == "chat tiny").unwrap_or_else(|| panic!("no request span in {spans:?}"));
+    assert_eq!(request.kind, SpanKind::Server as i32);
+    assert_eq!(str_attr(&request.attributes, "gen_ai.operation.name"), "chat");
+    assert_eq!(str_attr(&request.attributes, "gen_ai.request.model"), "tiny");
+    assert!(str_attr(&request.attributes, "gen_ai.response.id").starts_with("chatcmpl-"));
+    assert_eq!(int_attr(&request.attributes, "gen_ai.usage.input_tokens"), prompt_tokens);
+    assert_eq!(int_attr(&request.attributes, "gen_ai.usage.output_tokens"), output_tokens);
+    let Some(any_value::Value::ArrayValue(reasons)) = attr(&request.attributes, "gen_ai.response.finish_reasons") else { panic!() };
+    assert_eq!(reasons.values.len(), 1);
+    let mut chunks: Vec<&&Span> = spans.iter().filter(|s| s.parent_span_id == request.span_id).collect();
+    assert!(chunks.len() >= 3, "{} chunk spans of a {prompt_tokens}-token prompt in chunks of 16", chunks.len());
+    chunks.sort_by_key(|s| int_attr(&s.attributes, "brink.chunk.start"));
+    let mut next = 0;
+    for c in &chunks {
+        assert_eq!((c.name.as_str(), c.trace_id.as_slice()), ("prefill_chunk", request.trace_id.as_slice()));
+        assert_eq!(int_attr(&c.attributes, "brink.chunk.start"), next, "chunks tile the prompt");
+        let len = int_attr(&c.attributes, "brink.chunk.len");
+        assert!((1..=16).contains(&len));
+        assert!(int_attr(&c.attributes, "brink.step") > 0);
+        assert!(c.start_time_unix_nano >= request.start_time_unix_nano && c.end_time_unix_nano <= request.end_time_unix_nano);
+        next += len;
+    }
+    assert_eq!(next, prompt_tokens);
+    eprintln!("OTLP: {} metric exports, {} spans ({} chunks of the chat request)", got.metrics.len(), spans.len(), chunks.len());
+    assert!(spans.iter().any(|s| s.name == "text_completion tiny"));
+}
+
+/// A real Prometheus (`scripts/prom-check`) scrapes the server and finds the series with their
+/// labels. Skipped without `prometheus` on PATH, unless `BRINK_REQUIRE_PROMETHEUS=1` (CI) makes
+/// that a failure.
+#[test]
+fn a_real_prometheus_scrapes_the_genai_and_brink_series() {
+    let have = std::process::Command::new("prometheus").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !have {
+        assert!(
+            std::env::var("BRINK_REQUIRE_PROMETHEUS").as_deref() != Ok("1"),
+            "BRINK_REQUIRE_PROMETHEUS=1 but no `prometheus` on PATH (apt-get install -y --no-install-recommends prometheus)"
+        );
+        eprintln!("skipped: no `prometheus` on PATH");
+        return;
+    }
+    let server = start(options(1, 4, Vec::new()));
+    let r = post(
+        server.addr,
+        "/v1/chat/completions",
+        &json!({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/prom-check");
+    let out = std::process::Command::new(&script).arg(server.addr.to_string()).arg("tiny").output().unwrap();
+    let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{}: {report}", script.display());
+    eprintln!("{report}");
+    assert!(report.contains("gen_ai_server_time_to_first_token_seconds_count{gen_ai_request_model=\"tiny\"}: 1 series"), "{report}");
+    stop(server);
+}
