@@ -70,6 +70,9 @@ const SOURCES: [KernelSource; 13] = [
 ];
 
 pub struct CudaBackend {
+    /// Device progress for a supervised engine (`progress`), set with a shared monitor.
+    /// First, so it drops (its watcher stopped, its pinned word freed) before the context.
+    device_progress: Option<progress::DeviceProgress>,
     gpu: Gpu,
     allocs: AllocCounter,
     acts: Pool<f32>,
@@ -115,6 +118,7 @@ impl CudaBackend {
             monitor: Arc::new(Monitor::local()),
             rows: 0,
             open_layer: None,
+            device_progress: None,
             allocs,
             gpu,
         })
@@ -201,20 +205,25 @@ impl Backend for CudaBackend {
         }
         self.rows = batch.rows() as u64;
         self.open_layer = None;
+        if let Some(p) = &self.device_progress {
+            p.begin_step();
+        }
         Ok(())
     }
 
     fn set_monitor(&mut self, monitor: Arc<Monitor>) {
+        self.device_progress = None;
         if monitor.is_shared() {
             monitor.board().track_device();
+            self.device_progress = Some(progress::DeviceProgress::new(&self.gpu, &monitor));
         }
         self.monitor = monitor;
     }
 
     fn mark(&mut self, layer: Option<u32>, op: Op) -> Result<()> {
-        if self.monitor.is_shared() && layer != self.open_layer && op != Op::Embed {
+        if let Some(p) = self.device_progress.as_ref().filter(|_| layer != self.open_layer && op != Op::Embed) {
             if let Some(done) = self.open_layer {
-                progress::queue_layer_done(&self.gpu, &self.monitor, done)?;
+                p.queue_layer_done(&self.gpu, &self.monitor, done)?;
             }
             self.open_layer = layer;
         }
