@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use brink_engine::server::supervisor::EngineCommand;
-use brink_engine::server::worker::WorkerConfig;
+use brink_engine::server::jobs::WorkerConfig;
 use brink_engine::server::{ServeOptions, default_stall_dir, load_api_keys, serve};
 use clap::Args as ClapArgs;
 

@@ -3,48 +3,15 @@
 //! first (no server, no key, a server that does not stream, a bad grid flag), each naming the URL
 //! or the flag.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-use brink_engine::synth::{self, Preset, SynthSpec};
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::process::Output;
+use std::time::Duration;
+
+use common::{agent, serve, tiny_model};
 use serde_json::Value;
-
-fn agent() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_brink-agent"));
-    c.env_remove("BRINK_API_KEYS");
-    c
-}
-
-fn ready(addr: &str) -> bool {
-    let Ok(mut s) = TcpStream::connect(addr) else { return false };
-    let _ = s.write_all(format!("GET /ready HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes());
-    let mut raw = String::new();
-    let _ = s.read_to_string(&mut raw);
-    raw.starts_with("HTTP/1.1 200")
-}
-
-/// `serve` on port 0; returns it with the address it printed once `/ready` answers 200.
-fn serve(args: &[&str]) -> (Child, String) {
-    let mut child = agent().arg("serve").args(args).args(["--port", "0"]).stderr(Stdio::piped()).spawn().unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
-            }
-        }
-    });
-    let addr = rx.recv_timeout(Duration::from_secs(60)).expect("serve printed no address");
-    let t0 = Instant::now();
-    while !ready(&addr) {
-        assert!(t0.elapsed() < Duration::from_secs(60), "not ready in 60 s");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    (child, addr)
-}
 
 fn failed_with(out: &Output, needles: &[&str]) {
     let err = String::from_utf8_lossy(&out.stderr);
@@ -57,8 +24,7 @@ fn failed_with(out: &Output, needles: &[&str]) {
 #[test]
 fn sweeps_a_grid_against_serve_and_names_bad_servers() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny.gguf");
-    synth::generate(&SynthSpec::from_preset(Preset::Tiny), &model, |_, _| {}).unwrap();
+    let model = tiny_model(dir.path());
     let keys = dir.path().join("keys");
     std::fs::write(&keys, "sekrit\n").unwrap();
     let (mut server, addr) = serve(&[

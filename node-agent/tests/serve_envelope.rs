@@ -2,15 +2,16 @@
 //! disqualifies the model's class, stops it with an error naming the file, before it binds a
 //! port.
 
+mod common;
+
 use std::path::Path;
-use std::process::Command;
 
 use brink_api::selftest::{SelfTestReport, Verdict};
-use brink_engine::synth::{self, Preset, SynthSpec};
+use common::{agent, tiny_model};
 
 fn report_for(class: &str, verdict: Verdict, path: &Path) {
     // The CPU-only self-test's report, re-labelled: the agent's own output is the format.
-    let out = Command::new(env!("CARGO_BIN_EXE_brink-agent")).args(["selftest", "--json"]).output().unwrap();
+    let out = agent().args(["selftest", "--json"]).output().unwrap();
     let mut r: SelfTestReport = serde_json::from_slice(&out.stdout).unwrap();
     r.shape_class = class.into();
     r.verdict = verdict;
@@ -18,7 +19,7 @@ fn report_for(class: &str, verdict: Verdict, path: &Path) {
 }
 
 fn serve(model: &Path, report: &Path) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_brink-agent"))
+    let out = agent()
         .args(["serve", "--port", "0", "--backend", "cpu", "--model"])
         .arg(model)
         .arg("--selftest-report")
@@ -31,8 +32,7 @@ fn serve(model: &Path, report: &Path) -> (bool, String) {
 #[test]
 fn a_report_for_another_class_or_a_disqualified_one_refuses_to_serve() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny.gguf");
-    synth::generate(&SynthSpec::from_preset(Preset::Tiny), &model, |_, _| {}).unwrap();
+    let model = tiny_model(dir.path());
     let file = brink_engine::gguf::GgufFile::open(&model).unwrap();
     let class = brink_engine::arch::config(&file).unwrap().shape_class();
     let report = dir.path().join("node.json");

@@ -16,8 +16,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
+use super::jobs::{Event, Heartbeat, Job, JobEnd, Loaded};
 use super::telemetry::{self, GenAiLabels};
-use super::worker::{Event, Heartbeat, Job, JobEnd, Loaded};
 use crate::serve::error::parse_body;
 use crate::serve::request::check_prompt_fits;
 use crate::serve::sse::{self, AnthropicStream, ChoiceStream, OpenAiChatStream, OpenAiCompletionStream};

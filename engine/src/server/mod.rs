@@ -1,7 +1,7 @@
 //! The HTTP server over the engine: `brink-agent serve`.
 //!
 //! - [`http`] — the axum routes: OpenAI and Anthropic APIs, health, readiness, liveness, metrics.
-//! - [`worker`] — the jobs and events between the handlers and the supervisor, and its counters.
+//! - [`jobs`] — the jobs and events between the handlers and the supervisor, and its counters.
 //! - [`supervisor`] — the scheduler and the quarantine; runs the engine as a child process, one
 //!   step at a time, watches it for stalls and restarts it.
 //! - [`child`] — the engine child's side; [`protocol`] — their framed messages.
@@ -14,11 +14,11 @@
 
 pub mod child;
 pub mod http;
+pub mod jobs;
 pub mod protocol;
 pub mod supervisor;
 pub mod telemetry;
 pub mod watchdog;
-pub mod worker;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -27,9 +27,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use http::{AppState, HttpCounters};
+use jobs::{Heartbeat, WorkerConfig};
 use supervisor::{EngineCommand, SupervisorConfig};
 use telemetry::otlp::{OtlpConfig, OtlpPipeline};
-use worker::{Heartbeat, WorkerConfig};
 
 #[derive(Clone, Debug)]
 pub struct ServeOptions {

@@ -21,10 +21,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::jobs::{Event, Heartbeat, Job, JobEnd, Loaded, WorkerConfig, quarantined, rejected};
 use super::protocol::{ChildConfig, FromChild, ToChild, WireChunk, backend_name, read_frame, write_frame};
 use super::telemetry::{ChunkTrace, GenAiLabels, RequestEnd, RequestTrace};
 use super::watchdog::{FailureKind, FailureReport, RecentProgress, ReportChunk, StallClock, backoff};
-use super::worker::{Event, Heartbeat, Job, JobEnd, Loaded, WorkerConfig, quarantined, rejected};
 use crate::chat_template::ChatTemplate;
 use crate::gguf::GgufFile;
 use crate::monitor::BoardFile;
@@ -679,6 +679,7 @@ impl Supervisor {
                 })
                 .collect()
         });
+        let stuck = snapshot.stuck();
         let report = FailureReport {
             kind,
             time_unix_ms: unix_ms(),
@@ -686,8 +687,8 @@ impl Supervisor {
             detail,
             engine_pid: pid,
             snapshot,
-            stuck: snapshot.stuck(),
-            kernels: if snapshot.stuck().on_device { "any kernel of the layer" } else { snapshot.op.kernels() },
+            stuck,
+            kernels: if stuck.on_device { "any kernel of the layer" } else { snapshot.op.kernels() },
             batch,
             recent: self.recent.to_vec(),
         };

@@ -15,7 +15,7 @@ use brink_engine::chat_template::ChatTemplate;
 use brink_engine::gguf::GgufFile;
 use brink_engine::server::supervisor::EngineCommand;
 use brink_engine::server::telemetry::otlp::OtlpConfig;
-use brink_engine::server::worker::WorkerConfig;
+use brink_engine::server::jobs::WorkerConfig;
 use brink_engine::server::{ServeOptions, serve_on_with};
 use brink_engine::synth::{self, Preset, SynthSpec};
 use brink_engine::tokenizer::Tokenizer;

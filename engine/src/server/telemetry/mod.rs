@@ -22,7 +22,7 @@ use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer as _};
 use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
 
 use super::http::HttpCounters;
-use super::worker::Heartbeat;
+use super::jobs::Heartbeat;
 use crate::sched::KvStats;
 use histogram::{Histogram, Labels};
 

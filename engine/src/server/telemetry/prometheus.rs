@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use super::histogram::{Histogram, Labels};
 use super::{GenAiMetric, Kind, REQUEST_DURATION, Scalar, TOKEN_USAGE, TPOT, TTFT, Telemetry};
-use crate::server::worker::Heartbeat;
+use crate::server::jobs::Heartbeat;
 
 /// A label value with `\`, `"` and newlines escaped.
 fn escape(v: &str) -> String {
