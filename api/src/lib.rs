@@ -6,8 +6,10 @@
 
 pub mod device;
 pub mod qualification;
+pub mod report;
 pub mod selftest;
 
 pub use device::{DeviceInfo, DeviceReport, UnifiedMemory};
-pub use qualification::{FieldChange, Fingerprint, QUALIFICATION_SCHEMA, Qualification, ReportSummary, ServingParams};
+pub use qualification::{Envelope, FieldChange, Fingerprint, QUALIFICATION_SCHEMA, Qualification, ReportSummary, ServingParams};
+pub use report::{BackendCheck, BenchSummary, ModelSummary, QualificationReport, SuiteResult};
 pub use selftest::{CaseReport, CaseResult, DeviceSummary, NegativeControls, Phase, SelfTestReport, Verdict};

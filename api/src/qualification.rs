@@ -162,6 +162,29 @@ pub struct Qualification {
     pub summary: ReportSummary,
     /// When the self-test finished, RFC 3339 UTC (e.g. `2026-11-30T19:44:52Z`).
     pub qualified_at: String,
+    /// The model-level threshold test's counts, where one ran (`up`, `selftest --model`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_summary: Option<ReportSummary>,
+    /// The verdicts of each suite, the `verdict` above being both together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_verdict: Option<Verdict>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_verdict: Option<Verdict>,
+}
+
+/// The limits a node serves a shape class under: the requested serving parameters, clamped to
+/// the largest token count the self-tests validated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Envelope {
+    /// False when no GPU case ran (the CPU backend): nothing was validated, nothing is clamped.
+    pub validated: bool,
+    /// The largest token count validated (every count up to it that was tested passed).
+    pub validated_tokens: Option<u64>,
+    /// The smallest failing count, when the serving limits were clamped under it.
+    pub first_failure: Option<u64>,
+    pub max_batch_tokens: u64,
+    pub prefill_chunk: u64,
 }
 
 impl Qualification {
@@ -173,6 +196,9 @@ impl Qualification {
             verdict: report.verdict.clone(),
             summary: ReportSummary::from(report),
             qualified_at,
+            model_summary: None,
+            kernel_verdict: None,
+            model_verdict: None,
         }
     }
 }
@@ -259,6 +285,9 @@ mod tests {
             verdict: Verdict::Clamped { max_tokens: 8192, first_failure: 16_384 },
             summary: ReportSummary { derived: 10, executed: 9, passed: 8, failed: 1, hung: 0, skipped: 1, negative_controls_missed: 0 },
             qualified_at: "2026-11-30T19:44:52Z".into(),
+            model_summary: None,
+            kernel_verdict: None,
+            model_verdict: None,
         };
         let json = serde_json::to_string(&q).unwrap();
         assert!(

@@ -19,6 +19,7 @@ mod parity_cmd;
 mod qualify;
 mod selftest_cmd;
 mod serve_cmd;
+mod up;
 
 use std::process::ExitCode;
 
@@ -33,6 +34,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Qualify this machine for a model (the built-in demo model by default), benchmark it, then serve.
+    Up(up::Args),
     /// Show the GPU (name, capability, memory, driver, CUDA, NVRTC) or why there is none.
     Device(device_cmd::Args),
     /// Run the kernel threshold self-test (derived critical token counts, negative controls).
@@ -60,6 +63,7 @@ enum Cmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Cmd::Up(args) => up::run(args),
         Cmd::Selftest(args) => selftest_cmd::run(args),
         Cmd::Device(args) => device_cmd::run(args),
         Cmd::Kernels(args) => kernels_cmd::run(args),

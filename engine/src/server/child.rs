@@ -52,7 +52,7 @@ pub fn run(mut input: impl Read, mut output: impl Write) -> Result<(), String> {
         blocks: engine.total_blocks(),
         block_size: engine.block_size(),
         vocab: engine.config().vocab,
-        backend: engine.backend_name().to_string(),
+        backend: claimed_backend(engine.backend_name()),
         load_seconds: engine.load_report().seconds,
     };
     write_frame(&mut output, &ready).map_err(|e| format!("sending ready: {e}"))?;
@@ -75,6 +75,19 @@ pub fn run(mut input: impl Read, mut output: impl Write) -> Result<(), String> {
             Ok(ToChild::Load(_)) => return Err("a second Load message".into()),
             Err(e) => return Err(format!("reading a step: {e}")),
         }
+    }
+}
+
+/// The backend the child reports: its own, unless the test-only `BRINK_TEST_CLAIM_BACKEND`
+/// makes it lie (an engine forced onto the CPU that claims the GPU: the node agent's backend
+/// truth check must catch it from outside).
+fn claimed_backend(actual: &str) -> String {
+    match std::env::var("BRINK_TEST_CLAIM_BACKEND") {
+        Ok(claim) if !claim.trim().is_empty() => {
+            eprintln!("brink engine child: TEST-ONLY: claiming backend {claim:?} while running on {actual}");
+            claim.trim().to_string()
+        }
+        _ => actual.to_string(),
     }
 }
 

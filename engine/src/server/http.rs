@@ -65,6 +65,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/ready", get(ready))
+        .route("/engine", get(engine_status))
         .route("/live", get(live))
         .route("/metrics", get(metrics))
         .fallback(not_found)
@@ -132,6 +133,36 @@ async fn ready(State(s): State<Arc<AppState>>) -> Response {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "loading the model\n").into_response()
     }
+}
+
+/// What the server says about its engine, as JSON: the node agent checks the claim from
+/// outside (is `engine_pid` among the processes the driver lists on the GPU?).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineStatus {
+    pub ready: bool,
+    /// `cpu` or `cuda`, as the engine child reported it; `None` before the first load.
+    pub backend: Option<String>,
+    /// The engine child's pid; `None` while none runs (loading, restarting).
+    pub engine_pid: Option<u32>,
+    pub context: Option<usize>,
+    pub restarts: u64,
+    pub served_models: Vec<String>,
+}
+
+async fn engine_status(State(s): State<Arc<AppState>>) -> Response {
+    let hb = &s.heartbeat;
+    let loaded = s.loaded.get();
+    let pid = hb.engine_pid.load(Ordering::Relaxed);
+    axum::Json(EngineStatus {
+        ready: hb.ready.load(Ordering::Acquire) && !hb.restarting.load(Ordering::Acquire) && !hb.dead.load(Ordering::Acquire),
+        backend: loaded.map(|l| l.backend.clone()),
+        engine_pid: u32::try_from(pid).ok().filter(|&p| p != 0),
+        context: loaded.map(|l| l.context),
+        restarts: hb.restarts.load(Ordering::Relaxed),
+        served_models: s.served_models.clone(),
+    })
+    .into_response()
 }
 
 async fn live(State(s): State<Arc<AppState>>) -> Response {

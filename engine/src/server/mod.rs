@@ -251,8 +251,8 @@ pub fn serve(host: &str, port: u16, opts: ServeOptions) -> Result<(), ServeError
     })
 }
 
-/// SIGTERM or ctrl-c.
-async fn shutdown_signal() {
+/// SIGTERM or ctrl-c (the stop of `serve`, and of `up` once it serves).
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

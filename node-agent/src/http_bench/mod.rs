@@ -20,8 +20,9 @@ use clap::Args as ClapArgs;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 
-use grid::Budget;
-use runner::Target;
+use grid::{Budget, GridPoint};
+use runner::{Calibrated, Target};
+use stats::PointResult;
 
 /// The flags of the HTTP mode (refused with `--model`).
 #[derive(ClapArgs, Debug)]
@@ -79,20 +80,7 @@ pub fn run(a: &UrlArgs, url: &str, json_out: Option<&Path>) -> Result<(), String
         let model = pick_model(&models, a.model_name.as_deref(), &endpoint.url("/v1/models"))?;
         eprintln!("benchmarking {model} at {} over {} points", endpoint.base, points.len());
         let target = Arc::new(Target { endpoint: endpoint.clone(), model: model.clone(), api_key: a.api_key.clone(), seed: a.seed });
-        let mut sizes = Vec::new();
-        for &p in &a.prompt_tokens {
-            let c = runner::calibrate(&target, p, sizes.last().map(|(_, c)| *c)).await?;
-            eprintln!("{p}-token prompts: {} words ({} tokens by the server's count)", c.words, c.prompt_tokens);
-            sizes.push((p, c));
-        }
-        let mut results = Vec::new();
-        for (i, &point) in points.iter().enumerate() {
-            let words = sizes.iter().find(|(p, _)| *p == point.prompt_tokens).map(|(_, c)| c.words).unwrap_or(1);
-            let bar = progress(point, budget);
-            let (outcomes, wall) = runner::run_point(target.clone(), point, words, budget, i as u64, bar.clone()).await;
-            bar.finish_and_clear();
-            results.push(stats::aggregate(point, &outcomes, wall));
-        }
+        let (sizes, results) = measure(target, &points, budget).await?;
         print!("{}", report::table(&results));
         let settings = json!({
             "url": endpoint.base, "model": model, "prompt_tokens": a.prompt_tokens, "concurrency": a.concurrency,
@@ -111,6 +99,33 @@ pub fn run(a: &UrlArgs, url: &str, json_out: Option<&Path>) -> Result<(), String
         }
         Ok(())
     })
+}
+
+/// Sizes the prompts of every length in `points` on the server's token counts, then runs the
+/// points in order: each prompt length's calibration and each point's figures.
+pub async fn measure(
+    target: Arc<Target>,
+    points: &[GridPoint],
+    budget: Budget,
+) -> Result<(Vec<(u64, Calibrated)>, Vec<PointResult>), String> {
+    let mut sizes: Vec<(u64, Calibrated)> = Vec::new();
+    for p in points.iter().map(|p| p.prompt_tokens) {
+        if sizes.iter().any(|(q, _)| *q == p) {
+            continue;
+        }
+        let c = runner::calibrate(&target, p, sizes.last().map(|(_, c)| *c)).await?;
+        eprintln!("{p}-token prompts: {} words ({} tokens by the server's count)", c.words, c.prompt_tokens);
+        sizes.push((p, c));
+    }
+    let mut results = Vec::new();
+    for (i, &point) in points.iter().enumerate() {
+        let words = sizes.iter().find(|(p, _)| *p == point.prompt_tokens).map(|(_, c)| c.words).unwrap_or(1);
+        let bar = progress(point, budget);
+        let (outcomes, wall) = runner::run_point(target.clone(), point, words, budget, i as u64, bar.clone()).await;
+        bar.finish_and_clear();
+        results.push(stats::aggregate(point, &outcomes, wall));
+    }
+    Ok((sizes, results))
 }
 
 /// The model to request: `--model-name` if the server lists it, else the first listed.

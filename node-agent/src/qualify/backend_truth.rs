@@ -81,6 +81,7 @@ pub enum BackendTruth {
 }
 
 impl BackendTruth {
+    #[cfg(test)]
     pub fn passed(&self) -> bool {
         matches!(self, BackendTruth::Pass { .. })
     }

@@ -160,6 +160,9 @@ mod tests {
                 negative_controls_missed: 0,
             },
             qualified_at: "2026-11-30T19:44:52Z".into(),
+            model_summary: None,
+            kernel_verdict: None,
+            model_verdict: None,
         }
     }
 

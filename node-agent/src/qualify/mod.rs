@@ -1,11 +1,12 @@
-//! Qualification bookkeeping around the self-test: the fingerprint of what is being qualified,
-//! the cache that reuses a result while the fingerprint holds, and backend truth (the engine is
-//! where it says it is, and fast enough). `up` (issue 5, item 1) calls these; until it lands
-//! only the tests do, hence the dead-code allowance outside tests.
-#![cfg_attr(not(test), allow(dead_code))]
+//! Qualification bookkeeping around the self-tests: the fingerprint of what is being qualified,
+//! the cache that reuses a result while the fingerprint holds, backend truth (the engine is
+//! where it says it is, and fast enough), the suites as `up` runs them and the verdict of both
+//! together.
 
 pub mod backend_truth;
 pub mod cache;
+pub mod kernels;
+pub mod verdict;
 
 use std::time::SystemTime;
 
