@@ -52,7 +52,7 @@ pub fn run(mut input: impl Read, mut output: impl Write) -> Result<(), String> {
         blocks: engine.total_blocks(),
         block_size: engine.block_size(),
         vocab: engine.config().vocab,
-        backend: claimed_backend(engine.backend_name()),
+        backend: claimed_backend(engine.backend_name(), &cfg.backend),
         load_seconds: engine.load_report().seconds,
     };
     write_frame(&mut output, &ready).map_err(|e| format!("sending ready: {e}"))?;
@@ -78,17 +78,23 @@ pub fn run(mut input: impl Read, mut output: impl Write) -> Result<(), String> {
     }
 }
 
-/// The backend the child reports: its own, unless the test-only `BRINK_TEST_CLAIM_BACKEND`
-/// makes it lie (an engine forced onto the CPU that claims the GPU: the node agent's backend
-/// truth check must catch it from outside).
-fn claimed_backend(actual: &str) -> String {
-    match std::env::var("BRINK_TEST_CLAIM_BACKEND") {
-        Ok(claim) if !claim.trim().is_empty() => {
-            eprintln!("brink engine child: TEST-ONLY: claiming backend {claim:?} while running on {actual}");
-            claim.trim().to_string()
-        }
-        _ => actual.to_string(),
-    }
+/// The backend the child reports: its own, unless a test-only switch makes it lie, so the node
+/// agent's backend truth check (which looks from outside) can be shown to catch it:
+/// `BRINK_TEST_CLAIM_BACKEND=cuda` claims that backend whatever it runs on; with
+/// `BRINK_TEST_SILENT_CPU=1` the engine runs on the CPU and claims the backend it was asked for
+/// (a silent CPU fallback).
+fn claimed_backend(actual: &str, asked: &str) -> String {
+    let claim = match std::env::var("BRINK_TEST_CLAIM_BACKEND") {
+        Ok(claim) if !claim.trim().is_empty() => claim.trim().to_string(),
+        _ if silent_cpu() => asked.to_string(),
+        _ => return actual.to_string(),
+    };
+    eprintln!("brink engine child: TEST-ONLY: claiming backend {claim:?} while running on {actual}");
+    claim
+}
+
+fn silent_cpu() -> bool {
+    std::env::var("BRINK_TEST_SILENT_CPU").is_ok_and(|v| v == "1")
 }
 
 fn load(cfg: &ChildConfig) -> Result<(Box<dyn AnyEngine>, Arc<Monitor>), String> {
@@ -96,7 +102,7 @@ fn load(cfg: &ChildConfig) -> Result<(Box<dyn AnyEngine>, Arc<Monitor>), String>
     let board = BoardFile::open(&cfg.board).map_err(|e| format!("progress board {}: {e}", cfg.board.display()))?;
     let monitor = Arc::new(Monitor::shared(board).with_fault(fault));
     monitor.board().enter(None, Op::Loading);
-    let backend = parse_backend(&cfg.backend)?;
+    let backend = if silent_cpu() { crate::BackendKind::Cpu } else { parse_backend(&cfg.backend)? };
     let opts = EngineOptions {
         context: cfg.context,
         slots: cfg.slots.max(1),
