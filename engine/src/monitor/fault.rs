@@ -2,17 +2,39 @@
 //! steps whose batch reaches a number of rows (so a "poison" prompt can be told from the small
 //! requests around it).
 //!
-//! Spec: `hang:layer=N[,min-rows=R]` or `fail:layer=N[,min-rows=R]`. A hang on the CPU backend
-//! is a blocking wait; on the CUDA backend it is the negative control's tail-skip kernel, a real
-//! warp deadlock on the device. A fail returns an error from the layer.
+//! Spec: `hang:layer=N[,min-rows=R]`, `fail:layer=N[,min-rows=R]` or
+//! `launch-error:layer=N[,min-rows=R]`. A hang on the CPU backend is a blocking wait; on the CUDA
+//! backend it is the negative control's tail-skip kernel, a real warp deadlock on the device. A
+//! fail returns an error from the layer; a launch error returns one shaped as the CUDA backend's
+//! rejected launch (kernel [`INJECTED_KERNEL`]), so the launch-error accounting is tested on
+//! any machine.
 
 use std::fmt;
 use std::str::FromStr;
+
+use crate::model::{BackendError, KernelLaunchFailure};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FaultKind {
     Hang,
     Fail,
+    LaunchError,
+}
+
+/// The kernel an injected launch error names.
+pub const INJECTED_KERNEL: &str = "injected_fault";
+
+/// The error a `launch-error` fault makes `backend` return at `layer`.
+pub fn injected_launch_error(backend: &'static str, layer: u32, op: impl fmt::Debug) -> BackendError {
+    let launch = KernelLaunchFailure {
+        kernel: INJECTED_KERNEL.into(),
+        phase: "launch".into(),
+        error: "CUDA_ERROR_INVALID_VALUE".into(),
+        sticky: false,
+    };
+    let mut e = BackendError::new(backend, format!("injected launch error at layer {layer} ({op:?}): kernel {INJECTED_KERNEL}"));
+    e.launch = Some(launch);
+    e
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +57,7 @@ impl fmt::Display for Fault {
         let kind = match self.kind {
             FaultKind::Hang => "hang",
             FaultKind::Fail => "fail",
+            FaultKind::LaunchError => "launch-error",
         };
         write!(f, "{kind}:layer={},min-rows={}", self.layer, self.min_rows)
     }
@@ -44,11 +67,12 @@ impl FromStr for Fault {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Fault, String> {
-        let usage = "expected hang:layer=N[,min-rows=R] or fail:layer=N[,min-rows=R]";
+        let usage = "expected hang:layer=N[,min-rows=R], fail:layer=N[,min-rows=R] or launch-error:layer=N[,min-rows=R]";
         let (kind, rest) = s.split_once(':').ok_or_else(|| format!("fault {s:?}: {usage}"))?;
         let kind = match kind.trim() {
             "hang" => FaultKind::Hang,
             "fail" => FaultKind::Fail,
+            "launch-error" => FaultKind::LaunchError,
             other => return Err(format!("fault {s:?}: unknown kind {other:?}; {usage}")),
         };
         let (mut layer, mut min_rows) = (None, 1u64);
@@ -80,6 +104,11 @@ mod tests {
         let f: Fault = "fail:layer=0".parse().unwrap();
         assert_eq!(f.fires(0, 1), Some(FaultKind::Fail));
         assert_eq!(f.to_string().parse::<Fault>().unwrap(), f);
+        let f: Fault = "launch-error:layer=1,min-rows=2".parse().unwrap();
+        assert_eq!((f.fires(1, 2), f.to_string().parse::<Fault>().unwrap()), (Some(FaultKind::LaunchError), f));
+        let e = injected_launch_error("cpu", 1, "AttnNorm");
+        assert_eq!(e.launch.as_ref().map(|l| l.kernel.as_str()), Some(INJECTED_KERNEL));
+        assert!(e.to_string().contains("injected launch error at layer 1"), "{e}");
     }
 
     #[test]
