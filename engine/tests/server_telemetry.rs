@@ -251,3 +251,46 @@ fn a_real_prometheus_scrapes_the_genai_and_brink_series() {
     assert!(report.contains("gen_ai_server_time_to_first_token_seconds_count{gen_ai_request_model=\"tiny\"}: 1 series"), "{report}");
     stop(server);
 }
+
+/// A step that fails on a kernel launch reaches the supervisor typed, through the child's
+/// protocol: `brink_kernel_launch_errors_total{kernel,phase}` counts it, the requests of that
+/// step fail, and the engine serves on. The CPU backend launches no kernels, so the failure is
+/// the test-only `launch-error` fault, shaped as the CUDA backend's rejected launch.
+#[test]
+fn a_kernel_launch_error_in_the_engine_child_is_counted_by_kernel() {
+    let mut opts = options(1, 4, Vec::new());
+    // Only steps of at least 40 rows: the long prompt below, not the short ones.
+    opts.inject_fault = Some("launch-error:layer=1,min-rows=40".into());
+    let server = start(opts);
+    let launch_errors = |server: &Running| {
+        let text = get(server.addr, "/metrics").body;
+        let samples = parse_exposition(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert!(text.contains("# TYPE brink_kernel_launch_errors_total counter"), "{text}");
+        let failed = samples.iter().find(|s| s.name == "brink_engine_failed_steps_total").unwrap().value;
+        let series: Vec<(String, String, f64)> = samples
+            .iter()
+            .filter(|s| s.name == "brink_kernel_launch_errors_total")
+            .map(|s| (s.label("kernel").unwrap_or("").to_string(), s.label("phase").unwrap_or("").to_string(), s.value))
+            .collect();
+        (series, failed)
+    };
+    let short = json!({"model": "tiny", "prompt": "Hi", "max_tokens": 2});
+    assert_eq!(post(server.addr, "/v1/completions", &short).status, 200);
+    // No launch has failed: the counter is there with no series.
+    assert_eq!(launch_errors(&server), (vec![], 0.0));
+
+    let long = json!({"model": "tiny", "prompt": "word ".repeat(60), "max_tokens": 2});
+    let r = post(server.addr, "/v1/completions", &long);
+    assert_eq!(r.status, 500, "{}", r.body);
+    assert!(r.body.contains("injected launch error") && r.body.contains("injected_fault"), "{}", r.body);
+    assert_eq!(launch_errors(&server), (vec![("injected_fault".to_string(), "launch".to_string(), 1.0)], 1.0));
+
+    // Not sticky: the same engine child serves on.
+    assert_eq!(post(server.addr, "/v1/completions", &short).status, 200);
+    let r = post(server.addr, "/v1/completions", &long);
+    assert_eq!(r.status, 500, "{}", r.body);
+    assert_eq!(launch_errors(&server).0, [("injected_fault".to_string(), "launch".to_string(), 2.0)]);
+    let text = get(server.addr, "/metrics").body;
+    assert!(text.contains("brink_engine_restarts_total 0"), "{text}");
+    stop(server);
+}
