@@ -13,6 +13,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use brink_engine::server::telemetry::otlp::OtlpConfig;
 use brink_engine::server::telemetry::prometheus::parse_exposition;
+use brink_engine::server::telemetry::{Kind, NodeMetrics, Scalar};
 use common::*;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -110,6 +111,18 @@ fn otlp_receives_genai_metrics_and_request_spans_with_chunk_children_and_metrics
     let mut opts = options(2, 4, Vec::new());
     // Small chunks: the prompt goes in several, each a child span.
     opts.worker.prefill_chunk = 16;
+    // Node gauges as the agent passes them (its real ones: node-agent/tests/serve_metrics.rs).
+    opts.node_metrics = Some(NodeMetrics::new(|| {
+        vec![Scalar {
+            name: "brink_selftest_cases",
+            kind: Kind::Gauge,
+            help: "Self-test cases by result and suite.",
+            samples: vec![
+                (vec![("result", "passed".to_string()), ("suite", "kernel".to_string())], 11.0),
+                (vec![("result", "hung".to_string()), ("suite", "kernel".to_string())], 2.0),
+            ],
+        }]
+    }));
     let server = start_with(opts, Some(otlp));
 
     let messages = json!([{"role": "user", "content": "Tell me about paged attention and prefix caches in a few words, please."}]);
@@ -148,6 +161,7 @@ fn otlp_receives_genai_metrics_and_request_spans_with_chunk_children_and_metrics
     assert_eq!((usage("input"), usage("output")), (prompt_tokens as f64, output_tokens as f64));
     let value = |name: &str| samples.iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no {name}\n{text}")).value;
     assert_eq!(value("brink_requests_total"), 2.0);
+    assert_eq!(samples.iter().find(|s| s.name == "brink_selftest_cases" && s.label("result") == Some("hung")).map(|s| s.value), Some(2.0));
     assert!(value("brink_prefill_tokens_total") >= prompt_tokens as f64);
     assert!(value("brink_prefill_seconds_total") > 0.0);
     assert!(value("brink_kv_blocks_total") > 0.0);
@@ -191,6 +205,21 @@ fn otlp_receives_genai_metrics_and_request_spans_with_chunk_children_and_metrics
     for name in ["gen_ai.server.request.duration", "gen_ai.server.time_per_output_token", "brink_kv_blocks_total", "brink_prefill_tokens"] {
         last(name);
     }
+    // The agent's node gauges travel with the server's, attributes and all.
+    let Some(Data::Gauge(cases)) = &last("brink_selftest_cases").data else { panic!() };
+    let mut node_cases: Vec<(String, String, Option<f64>)> = cases
+        .data_points
+        .iter()
+        .map(|p| {
+            let v = match p.value {
+                Some(opentelemetry_proto::tonic::metrics::v1::number_data_point::Value::AsDouble(v)) => Some(v),
+                _ => None,
+            };
+            (str_attr(&p.attributes, "result").to_string(), str_attr(&p.attributes, "suite").to_string(), v)
+        })
+        .collect();
+    node_cases.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(node_cases, [("hung".into(), "kernel".into(), Some(2.0)), ("passed".into(), "kernel".into(), Some(11.0))]);
 
     // Spans: the chat request's span, server kind, with its GenAI attributes, and its prefill
     // chunks as children that cover the prompt.
