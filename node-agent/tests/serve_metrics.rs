@@ -3,17 +3,28 @@
 //! in its `/metrics` text (parsed strictly) and, scraped by a real Prometheus
 //! (`scripts/prom-check`), through Prometheus's query API with their labels.
 //!
+//! The same gauges leave the agent over OTLP to a receiver that decodes the real protobuf.
+//!
 //! CPU only: CI has no NVML, so the GPU gauges (`brink_gpu_*`) must be absent there — not zero.
 //! On a machine with NVML they must be there instead.
 
 mod common;
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use brink_api::selftest::{SelfTestReport, Verdict};
 use brink_engine::server::telemetry::prometheus::{Sample, parse_exposition};
-use common::{agent, http, serve, tiny_model};
+use common::{agent, http, serve, serve_with_env, tiny_model};
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
+use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+use opentelemetry_proto::tonic::metrics::v1::number_data_point;
+use prost::Message;
 
 /// The CPU self-test's own report, re-labelled for `class` with distinctive counts.
 fn write_report(class: &str, path: &Path) {
@@ -120,5 +131,135 @@ fn prometheus_check(addr: &str, class: &str, nvml: bool) {
     eprintln!("{report}");
     for (q, _) in &expects {
         assert!(report.contains(&format!("{q}: ")), "{q} not checked: {report}");
+    }
+}
+
+/// Exported metrics as a minimal OTLP/HTTP receiver got them (decoded with the real OTLP types).
+type Exports = Arc<Mutex<Vec<ExportMetricsServiceRequest>>>;
+
+/// One HTTP/1.1 request off `r`: (path, body); `None` when the connection closed.
+fn read_request(r: &mut BufReader<TcpStream>) -> Option<(String, Vec<u8>)> {
+    let mut line = String::new();
+    r.read_line(&mut line).ok().filter(|&n| n > 0)?;
+    let path = line.split_whitespace().nth(1)?.to_string();
+    let mut length = 0;
+    loop {
+        let mut h = String::new();
+        r.read_line(&mut h).ok().filter(|&n| n > 0)?;
+        if h == "\r\n" {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':')
+            && k.eq_ignore_ascii_case("content-length")
+        {
+            length = v.trim().parse().ok()?;
+        }
+    }
+    let mut body = vec![0; length];
+    r.read_exact(&mut body).ok()?;
+    Some((path, body))
+}
+
+/// A receiver on its own threads: every `/v1/metrics` body it gets is decoded and kept.
+fn otlp_receiver() -> (String, Exports) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let exports = Exports::default();
+    let kept = exports.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().map_while(Result::ok) {
+            let kept = kept.clone();
+            std::thread::spawn(move || {
+                let mut w = conn.try_clone().unwrap();
+                let mut r = BufReader::new(conn);
+                while let Some((path, body)) = read_request(&mut r) {
+                    if path == "/v1/metrics" {
+                        let m = ExportMetricsServiceRequest::decode(body.as_slice()).expect("not an OTLP metrics request");
+                        kept.lock().unwrap().push(m);
+                    }
+                    let _ = w.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n");
+                }
+            });
+        }
+    });
+    (addr, exports)
+}
+
+/// An attribute as `key=value` (string values; `?` for others).
+fn attr(kv: &KeyValue) -> String {
+    match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+        Some(any_value::Value::StringValue(s)) => format!("{}={s}", kv.key),
+        _ => format!("{}=?", kv.key),
+    }
+}
+
+/// The gauge `name`'s points in the latest export that has it: (attributes as `k=v`, value).
+fn gauge_points(exports: &[ExportMetricsServiceRequest], name: &str) -> Option<Vec<(Vec<String>, f64)>> {
+    let m = exports
+        .iter()
+        .rev()
+        .flat_map(|e| &e.resource_metrics)
+        .flat_map(|r| &r.scope_metrics)
+        .flat_map(|s| &s.metrics)
+        .find(|m| m.name == name)?;
+    let Some(Data::Gauge(g)) = &m.data else { panic!("{name} is not a gauge: {m:?}") };
+    Some(
+        g.data_points
+            .iter()
+            .map(|p| {
+                let attrs = p.attributes.iter().map(attr).collect();
+                let v = match p.value {
+                    Some(number_data_point::Value::AsDouble(v)) => v,
+                    Some(number_data_point::Value::AsInt(v)) => v as f64,
+                    None => f64::NAN,
+                };
+                (attrs, v)
+            })
+            .collect(),
+    )
+}
+
+/// The same node gauges leave the real agent over OTLP when `OTEL_EXPORTER_OTLP_*` is set.
+#[test]
+fn serve_exports_the_node_gauges_over_otlp() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let file = brink_engine::gguf::GgufFile::open(&model).unwrap();
+    let class = brink_engine::arch::config(&file).unwrap().shape_class();
+    let report = dir.path().join("node.json");
+    write_report(&class, &report);
+    let (at, exports) = otlp_receiver();
+    let endpoint = format!("http://{at}/v1/metrics");
+    let (mut child, _addr) = serve_with_env(
+        &["--backend", "cpu", "--model", model.to_str().unwrap(), "--selftest-report", report.to_str().unwrap()],
+        &[("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", &endpoint), ("OTEL_METRIC_EXPORT_INTERVAL", "200"), ("OTEL_TRACES_EXPORTER", "none")],
+    );
+    let t0 = Instant::now();
+    let (states, cases, memory) = loop {
+        {
+            let got = exports.lock().unwrap();
+            let read = |name| gauge_points(&got, name);
+            if let (Some(s), Some(c), Some(m)) =
+                (read("brink_qualified"), read("brink_selftest_cases"), read("brink_node_memory_available_bytes"))
+            {
+                break (s, c, m);
+            }
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "no export with the node gauges within 20 s");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Prometheus label names become OTel attribute names (`shape_class` → `shape.class`, as the
+    // server's `attributes` maps every label; Prometheus' OTLP ingestion maps them back).
+    let current: Vec<&Vec<String>> = states.iter().filter(|(_, v)| *v == 1.0).map(|(a, _)| a).collect();
+    assert_eq!(current, [&vec![format!("shape.class={class}"), "state=qualified".to_string()]], "{states:?}");
+    assert_eq!(states.len(), 4, "{states:?}");
+    let passed = cases.iter().find(|(a, _)| a.contains(&"result=passed".to_string()) && a.contains(&"suite=kernel".to_string()));
+    assert_eq!(passed.map(|(_, v)| *v), Some(11.0), "{cases:?}");
+    assert!(memory.len() == 1 && memory[0].1 > 0.0, "{memory:?}");
+    if !nvml_present() {
+        let got = exports.lock().unwrap();
+        assert!(gauge_points(&got, "brink_gpu_temperature_celsius").is_none(), "no NVML: no GPU gauge may be exported");
     }
 }
