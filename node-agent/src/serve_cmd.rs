@@ -37,8 +37,8 @@ pub struct Args {
     /// Where stall and crash reports (JSON) go (default: $BRINK_STATE_DIR/stalls, else ./brink-stalls).
     #[arg(long)]
     stall_dir: Option<PathBuf>,
-    /// TEST ONLY: make the engine hang or fail at a layer (hang:layer=N[,min-rows=R] or
-    /// fail:layer=N[,min-rows=R]); also env BRINK_INJECT_FAULT. Never in production.
+    /// TEST ONLY: make the engine hang, fail or fail a kernel launch at a layer
+    /// (hang:layer=N[,min-rows=R], fail:…, launch-error:…); also env BRINK_INJECT_FAULT. Never in production.
     #[arg(long, hide_short_help = true)]
     inject_fault: Option<String>,
     /// Smallest prefill chunk a prompt that stalled the engine is retried in before it is refused.

@@ -107,4 +107,22 @@ mod tests {
         assert_eq!(unique.len(), names.len(), "a name twice: {names:?}");
         assert!(provider(None).read().iter().all(|s| !s.name.starts_with("brink_selftest") && s.name != "brink_qualified"));
     }
+
+    /// docs/metrics.md names every node gauge.
+    #[test]
+    fn every_node_gauge_is_documented() {
+        let doc = include_str!("../../../docs/metrics.md");
+        let q = QualificationMetrics {
+            shape_class: "c".into(),
+            verdict: Verdict::Qualified { max_tokens: 1 },
+            kernel: CaseCounts::default(),
+            model: Some(CaseCounts::default()),
+        };
+        let m = meminfo::NodeMemory { total: 2, available: 1, page_cache: 1 };
+        let table = [gpu::scalars(&[]), memory::scalars(&m), q.scalars()].concat();
+        assert_eq!(table.len(), 13);
+        for s in table {
+            assert!(doc.contains(&format!("`{}`", s.name)), "{} is not in docs/metrics.md", s.name);
+        }
+    }
 }

@@ -512,6 +512,20 @@ mod tests {
         assert_eq!(calls.load(Ordering::Relaxed), 2, "read at every call, not cached here");
     }
 
+    /// docs/metrics.md names every series the server exposes.
+    #[test]
+    fn every_series_is_documented() {
+        let doc = include_str!("../../../../docs/metrics.md");
+        let hb = Heartbeat::new();
+        let mut names: Vec<String> = scalars(&hb, &HttpCounters::default()).iter().map(|s| s.name.to_string()).collect();
+        names.extend([TTFT, TPOT, REQUEST_DURATION, TOKEN_USAGE].iter().map(|m| m.prom.to_string()));
+        names.push("brink_time_to_first_token_seconds".into());
+        for n in names {
+            // Pairs share a row: `brink_prefill_tokens_total`, `brink_prefill_seconds_total`.
+            assert!(doc.contains(&format!("`{n}`")), "{n} is not in docs/metrics.md");
+        }
+    }
+
     #[test]
     fn step_time_splits_by_token_count() {
         let s = Duration::from_secs;
