@@ -323,3 +323,38 @@ fn a_kernel_launch_error_in_the_engine_child_is_counted_by_kernel() {
     assert!(text.contains("brink_engine_restarts_total 0"), "{text}");
     stop(server);
 }
+
+/// A sticky launch error (the CUDA context is lost) is counted, then handled as a crash: the
+/// child is killed and restarted with a report, the step's request gets a 503, and the next
+/// request runs on the fresh child.
+#[test]
+fn a_sticky_kernel_launch_error_restarts_the_engine_child() {
+    let mut opts = options(1, 4, Vec::new());
+    opts.inject_fault = Some("sticky-launch-error:layer=1,min-rows=40".into());
+    let dir = opts.stall_dir.clone();
+    let server = start(opts);
+    let metric = |name: &str, labels: &[(&str, &str)]| {
+        let text = get(server.addr, "/metrics").body;
+        let samples = parse_exposition(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        samples.iter().find(|s| s.name == name && labels.iter().all(|(k, v)| s.label(k) == Some(*v))).map(|s| s.value)
+    };
+    let first_pid = metric("brink_engine_pid", &[]).unwrap();
+    let long = json!({"model": "tiny", "prompt": "word ".repeat(60), "max_tokens": 2});
+    let r = post(server.addr, "/v1/completions", &long);
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(r.body.contains("sticky CUDA error in kernel injected_fault"), "{}", r.body);
+    assert_eq!(metric("brink_kernel_launch_errors_total", &[("kernel", "injected_fault"), ("phase", "execution")]), Some(1.0));
+    // The request is answered before the new child is up; the restart is counted once it is.
+    let t0 = std::time::Instant::now();
+    while metric("brink_engine_restarts_total", &[]) != Some(1.0) {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no restart within 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let short = json!({"model": "tiny", "prompt": "Hi", "max_tokens": 2});
+    assert_eq!(post(server.addr, "/v1/completions", &short).status, 200);
+    assert_ne!(metric("brink_engine_pid", &[]), Some(first_pid), "the child was replaced");
+    let reports: Vec<String> =
+        std::fs::read_dir(&dir).map(|d| d.flatten().filter_map(|e| std::fs::read_to_string(e.path()).ok()).collect()).unwrap_or_default();
+    assert!(reports.iter().any(|r| r.contains("\"crash\"") && r.contains("sticky CUDA error")), "{reports:?}");
+    stop(server);
+}

@@ -239,7 +239,7 @@ impl Backend for CudaBackend {
             Some(FaultKind::Hang) => brink_kernels::ops::latent_proj::queue_hang(&self.gpu)
                 .map_err(|e| fail(format!("injecting a hang at layer {}: {e}", layer.unwrap_or(0)))),
             Some(FaultKind::Fail) => Err(fail(format!("injected fault at layer {} ({op:?})", layer.unwrap_or(0)))),
-            Some(FaultKind::LaunchError) => Err(crate::monitor::injected_launch_error(NAME, layer.unwrap_or(0), op)),
+            Some(FaultKind::LaunchError { sticky }) => Err(crate::monitor::injected_launch_error(NAME, layer.unwrap_or(0), op, sticky)),
         }
     }
 
