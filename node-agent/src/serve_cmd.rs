@@ -38,7 +38,7 @@ pub struct Args {
     #[arg(long)]
     stall_dir: Option<PathBuf>,
     /// TEST ONLY: make the engine hang, fail or fail a kernel launch at a layer
-    /// (hang:layer=N[,min-rows=R], fail:…, launch-error:…); also env BRINK_INJECT_FAULT. Never in production.
+    /// (hang:layer=N[,min-rows=R], fail:…, launch-error:…, sticky-launch-error:…); also env BRINK_INJECT_FAULT. Never in production.
     #[arg(long, hide_short_help = true)]
     inject_fault: Option<String>,
     /// Smallest prefill chunk a prompt that stalled the engine is retried in before it is refused.
