@@ -76,7 +76,7 @@ pub struct BenchSummary {
     pub generated_tokens: u64,
     /// Prompt tokens over the time to first token, one stream (median request).
     pub prefill_tokens_per_s: f64,
-    /// One over the median inter-token latency, one stream.
+    /// One over the time per output token, one stream: (median e2e − median TTFT) / (tokens − 1).
     pub decode_tokens_per_s: f64,
     pub ttft_p50_s: f64,
     pub itl_p50_s: f64,

@@ -13,6 +13,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use brink_engine::server::telemetry::otlp::OtlpConfig;
 use brink_engine::server::telemetry::prometheus::parse_exposition;
+use brink_engine::server::telemetry::{Kind, NodeMetrics, Scalar};
 use common::*;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -110,6 +111,18 @@ fn otlp_receives_genai_metrics_and_request_spans_with_chunk_children_and_metrics
     let mut opts = options(2, 4, Vec::new());
     // Small chunks: the prompt goes in several, each a child span.
     opts.worker.prefill_chunk = 16;
+    // Node gauges as the agent passes them (its real ones: node-agent/tests/serve_metrics.rs).
+    opts.node_metrics = Some(NodeMetrics::new(|| {
+        vec![Scalar {
+            name: "brink_selftest_cases",
+            kind: Kind::Gauge,
+            help: "Self-test cases by result and suite.",
+            samples: vec![
+                (vec![("result", "passed".to_string()), ("suite", "kernel".to_string())], 11.0),
+                (vec![("result", "hung".to_string()), ("suite", "kernel".to_string())], 2.0),
+            ],
+        }]
+    }));
     let server = start_with(opts, Some(otlp));
 
     let messages = json!([{"role": "user", "content": "Tell me about paged attention and prefix caches in a few words, please."}]);
@@ -148,6 +161,7 @@ fn otlp_receives_genai_metrics_and_request_spans_with_chunk_children_and_metrics
     assert_eq!((usage("input"), usage("output")), (prompt_tokens as f64, output_tokens as f64));
     let value = |name: &str| samples.iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no {name}\n{text}")).value;
     assert_eq!(value("brink_requests_total"), 2.0);
+    assert_eq!(samples.iter().find(|s| s.name == "brink_selftest_cases" && s.label("result") == Some("hung")).map(|s| s.value), Some(2.0));
     assert!(value("brink_prefill_tokens_total") >= prompt_tokens as f64);
     assert!(value("brink_prefill_seconds_total") > 0.0);
     assert!(value("brink_kv_blocks_total") > 0.0);
@@ -191,6 +205,21 @@ fn otlp_receives_genai_metrics_and_request_spans_with_chunk_children_and_metrics
     for name in ["gen_ai.server.request.duration", "gen_ai.server.time_per_output_token", "brink_kv_blocks_total", "brink_prefill_tokens"] {
         last(name);
     }
+    // The agent's node gauges travel with the server's, attributes and all.
+    let Some(Data::Gauge(cases)) = &last("brink_selftest_cases").data else { panic!() };
+    let mut node_cases: Vec<(String, String, Option<f64>)> = cases
+        .data_points
+        .iter()
+        .map(|p| {
+            let v = match p.value {
+                Some(opentelemetry_proto::tonic::metrics::v1::number_data_point::Value::AsDouble(v)) => Some(v),
+                _ => None,
+            };
+            (str_attr(&p.attributes, "result").to_string(), str_attr(&p.attributes, "suite").to_string(), v)
+        })
+        .collect();
+    node_cases.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(node_cases, [("hung".into(), "kernel".into(), Some(2.0)), ("passed".into(), "kernel".into(), Some(11.0))]);
 
     // Spans: the chat request's span, server kind, with its GenAI attributes, and its prefill
     // chunks as children that cover the prompt.
@@ -249,5 +278,83 @@ fn a_real_prometheus_scrapes_the_genai_and_brink_series() {
     assert!(out.status.success(), "{}: {report}", script.display());
     eprintln!("{report}");
     assert!(report.contains("gen_ai_server_time_to_first_token_seconds_count{gen_ai_request_model=\"tiny\"}: 1 series"), "{report}");
+    stop(server);
+}
+
+/// A step that fails on a kernel launch reaches the supervisor typed, through the child's
+/// protocol: `brink_kernel_launch_errors_total{kernel,phase}` counts it, the requests of that
+/// step fail, and the engine serves on. The CPU backend launches no kernels, so the failure is
+/// the test-only `launch-error` fault, shaped as the CUDA backend's rejected launch.
+#[test]
+fn a_kernel_launch_error_in_the_engine_child_is_counted_by_kernel() {
+    let mut opts = options(1, 4, Vec::new());
+    // Only steps of at least 40 rows: the long prompt below, not the short ones.
+    opts.inject_fault = Some("launch-error:layer=1,min-rows=40".into());
+    let server = start(opts);
+    let launch_errors = |server: &Running| {
+        let text = get(server.addr, "/metrics").body;
+        let samples = parse_exposition(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert!(text.contains("# TYPE brink_kernel_launch_errors_total counter"), "{text}");
+        let failed = samples.iter().find(|s| s.name == "brink_engine_failed_steps_total").unwrap().value;
+        let series: Vec<(String, String, f64)> = samples
+            .iter()
+            .filter(|s| s.name == "brink_kernel_launch_errors_total")
+            .map(|s| (s.label("kernel").unwrap_or("").to_string(), s.label("phase").unwrap_or("").to_string(), s.value))
+            .collect();
+        (series, failed)
+    };
+    let short = json!({"model": "tiny", "prompt": "Hi", "max_tokens": 2});
+    assert_eq!(post(server.addr, "/v1/completions", &short).status, 200);
+    // No launch has failed: the counter is there with no series.
+    assert_eq!(launch_errors(&server), (vec![], 0.0));
+
+    let long = json!({"model": "tiny", "prompt": "word ".repeat(60), "max_tokens": 2});
+    let r = post(server.addr, "/v1/completions", &long);
+    assert_eq!(r.status, 500, "{}", r.body);
+    assert!(r.body.contains("injected launch error") && r.body.contains("injected_fault"), "{}", r.body);
+    assert_eq!(launch_errors(&server), (vec![("injected_fault".to_string(), "launch".to_string(), 1.0)], 1.0));
+
+    // Not sticky: the same engine child serves on.
+    assert_eq!(post(server.addr, "/v1/completions", &short).status, 200);
+    let r = post(server.addr, "/v1/completions", &long);
+    assert_eq!(r.status, 500, "{}", r.body);
+    assert_eq!(launch_errors(&server).0, [("injected_fault".to_string(), "launch".to_string(), 2.0)]);
+    let text = get(server.addr, "/metrics").body;
+    assert!(text.contains("brink_engine_restarts_total 0"), "{text}");
+    stop(server);
+}
+
+/// A sticky launch error (the CUDA context is lost) is counted, then handled as a crash: the
+/// child is killed and restarted with a report, the step's request gets a 503, and the next
+/// request runs on the fresh child.
+#[test]
+fn a_sticky_kernel_launch_error_restarts_the_engine_child() {
+    let mut opts = options(1, 4, Vec::new());
+    opts.inject_fault = Some("sticky-launch-error:layer=1,min-rows=40".into());
+    let dir = opts.stall_dir.clone();
+    let server = start(opts);
+    let metric = |name: &str, labels: &[(&str, &str)]| {
+        let text = get(server.addr, "/metrics").body;
+        let samples = parse_exposition(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        samples.iter().find(|s| s.name == name && labels.iter().all(|(k, v)| s.label(k) == Some(*v))).map(|s| s.value)
+    };
+    let first_pid = metric("brink_engine_pid", &[]).unwrap();
+    let long = json!({"model": "tiny", "prompt": "word ".repeat(60), "max_tokens": 2});
+    let r = post(server.addr, "/v1/completions", &long);
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(r.body.contains("sticky CUDA error in kernel injected_fault"), "{}", r.body);
+    assert_eq!(metric("brink_kernel_launch_errors_total", &[("kernel", "injected_fault"), ("phase", "execution")]), Some(1.0));
+    // The request is answered before the new child is up; the restart is counted once it is.
+    let t0 = std::time::Instant::now();
+    while metric("brink_engine_restarts_total", &[]) != Some(1.0) {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no restart within 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let short = json!({"model": "tiny", "prompt": "Hi", "max_tokens": 2});
+    assert_eq!(post(server.addr, "/v1/completions", &short).status, 200);
+    assert_ne!(metric("brink_engine_pid", &[]), Some(first_pid), "the child was replaced");
+    let reports: Vec<String> =
+        std::fs::read_dir(&dir).map(|d| d.flatten().filter_map(|e| std::fs::read_to_string(e.path()).ok()).collect()).unwrap_or_default();
+    assert!(reports.iter().any(|r| r.contains("\"crash\"") && r.contains("sticky CUDA error")), "{reports:?}");
     stop(server);
 }

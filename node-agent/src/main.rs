@@ -15,6 +15,7 @@ mod gen_model_cmd;
 mod generate_cmd;
 mod http_bench;
 mod kernels_cmd;
+mod node_metrics;
 mod parity_cmd;
 mod qualify;
 mod selftest_cmd;

@@ -4,13 +4,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use brink_engine::server::supervisor::EngineCommand;
 use brink_engine::server::jobs::WorkerConfig;
+use brink_engine::server::supervisor::EngineCommand;
 use brink_engine::server::{ServeOptions, default_stall_dir, load_api_keys, serve};
 use clap::Args as ClapArgs;
 
 use crate::engine_args::EngineArgs;
 use crate::envelope::{self, Envelope};
+use crate::node_metrics::{self, QualificationMetrics};
 
 #[derive(ClapArgs)]
 pub struct Args {
@@ -36,8 +37,8 @@ pub struct Args {
     /// Where stall and crash reports (JSON) go (default: $BRINK_STATE_DIR/stalls, else ./brink-stalls).
     #[arg(long)]
     stall_dir: Option<PathBuf>,
-    /// TEST ONLY: make the engine hang or fail at a layer (hang:layer=N[,min-rows=R] or
-    /// fail:layer=N[,min-rows=R]); also env BRINK_INJECT_FAULT. Never in production.
+    /// TEST ONLY: make the engine hang, fail or fail a kernel launch at a layer
+    /// (hang:layer=N[,min-rows=R], fail:…, launch-error:…, sticky-launch-error:…); also env BRINK_INJECT_FAULT. Never in production.
     #[arg(long, hide_short_help = true)]
     inject_fault: Option<String>,
     /// Smallest prefill chunk a prompt that stalled the engine is retried in before it is refused.
@@ -60,9 +61,9 @@ pub struct Args {
 }
 
 /// `--max-batch-tokens` and `--prefill-chunk`, clamped to the self-test's envelope if a report
-/// is given.
-fn batch_limits(a: &Args) -> Result<(usize, usize), String> {
-    let Some(path) = &a.selftest_report else { return Ok((a.max_batch_tokens, a.engine.prefill_chunk)) };
+/// is given; and the report's gauges.
+fn batch_limits(a: &Args) -> Result<(usize, usize, Option<QualificationMetrics>), String> {
+    let Some(path) = &a.selftest_report else { return Ok((a.max_batch_tokens, a.engine.prefill_chunk, None)) };
     let report = envelope::read_report(path)?;
     let model = &a.engine.model;
     let file = brink_engine::gguf::GgufFile::open(model).map_err(|e| format!("{}: {e}", model.display()))?;
@@ -76,7 +77,7 @@ fn batch_limits(a: &Args) -> Result<(usize, usize), String> {
         ),
         Envelope::Unvalidated(why) => eprintln!("brink serve: {}: no GPU envelope to clamp to ({why})", path.display()),
     }
-    Ok((batch, chunk))
+    Ok((batch, chunk, Some(QualificationMetrics::new(&report, None))))
 }
 
 pub fn run(a: Args) -> ExitCode {
@@ -101,7 +102,7 @@ pub fn run(a: Args) -> ExitCode {
     };
     let state_dir = std::env::var_os("BRINK_STATE_DIR").map(PathBuf::from);
     let inject_fault = a.inject_fault.clone().or_else(|| std::env::var("BRINK_INJECT_FAULT").ok().filter(|s| !s.trim().is_empty()));
-    let (max_batch_tokens, prefill_chunk) = match batch_limits(&a) {
+    let (max_batch_tokens, prefill_chunk, qualification) = match batch_limits(&a) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("error: {e}");
@@ -127,6 +128,7 @@ pub fn run(a: Args) -> ExitCode {
         quarantine_min_chunk: a.quarantine_min_chunk,
         grace: Duration::from_secs(a.grace),
         max_n: 8,
+        node_metrics: Some(node_metrics::provider(qualification)),
     };
     match serve(&a.host, a.port, opts) {
         Ok(()) => ExitCode::SUCCESS,

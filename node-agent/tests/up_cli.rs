@@ -55,6 +55,11 @@ fn up_qualifies_benchmarks_and_serves_the_demo_model() {
     let answer: Value = serde_json::from_str(&answer).unwrap();
     assert!(answer["usage"]["completion_tokens"].as_u64().unwrap() >= 1, "{answer}");
     assert_eq!(http(&addr, "GET", "/ready", "").0, 200);
+    // The node's qualification is on /metrics: both suites' cases and the combined state.
+    let (_, metrics) = http(&addr, "GET", "/metrics", "");
+    for needle in [r#"suite="kernel""#, r#"suite="model""#, r#"state="notQualified"} 1"#, "brink_node_memory_total_bytes"] {
+        assert!(metrics.contains(needle), "no {needle} on /metrics");
+    }
 
     let r = report(&state);
     assert_eq!(r["ok"], true, "{r:#}");

@@ -5,5 +5,5 @@ pub mod error;
 pub mod tensors;
 
 pub use config::{AttentionConfig, Hyper, ModelConfig, MoeConfig};
-pub use error::{BackendError, ModelError};
+pub use error::{BackendError, KernelLaunchFailure, ModelError};
 pub use tensors::{HostTensor, MatrixDims, TensorReader};

@@ -2,17 +2,37 @@
 //! steps whose batch reaches a number of rows (so a "poison" prompt can be told from the small
 //! requests around it).
 //!
-//! Spec: `hang:layer=N[,min-rows=R]` or `fail:layer=N[,min-rows=R]`. A hang on the CPU backend
-//! is a blocking wait; on the CUDA backend it is the negative control's tail-skip kernel, a real
-//! warp deadlock on the device. A fail returns an error from the layer.
+//! Spec: `hang:layer=N[,min-rows=R]`, `fail:layer=N[,min-rows=R]`,
+//! `launch-error:layer=N[,min-rows=R]` or `sticky-launch-error:…`. A hang on the CPU backend is a blocking wait; on the CUDA
+//! backend it is the negative control's tail-skip kernel, a real warp deadlock on the device. A
+//! fail returns an error from the layer; a launch error returns one shaped as the CUDA backend's
+//! rejected launch (kernel [`INJECTED_KERNEL`]), so the launch-error accounting is tested on
+//! any machine; a sticky one claims the CUDA context is lost (the supervisor must restart the
+//! engine child).
 
 use std::fmt;
 use std::str::FromStr;
+
+use crate::model::{BackendError, KernelLaunchFailure};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FaultKind {
     Hang,
     Fail,
+    LaunchError { sticky: bool },
+}
+
+/// The kernel an injected launch error names.
+pub const INJECTED_KERNEL: &str = "injected_fault";
+
+/// The error a `launch-error` fault makes `backend` return at `layer`; a sticky one names the
+/// error CUDA leaves a context unusable after.
+pub fn injected_launch_error(backend: &'static str, layer: u32, op: impl fmt::Debug, sticky: bool) -> BackendError {
+    let (phase, error) = if sticky { ("execution", "CUDA_ERROR_ILLEGAL_ADDRESS") } else { ("launch", "CUDA_ERROR_INVALID_VALUE") };
+    let launch = KernelLaunchFailure { kernel: INJECTED_KERNEL.into(), phase: phase.into(), error: error.into(), sticky };
+    let mut e = BackendError::new(backend, format!("injected launch error at layer {layer} ({op:?}): kernel {INJECTED_KERNEL}"));
+    e.launch = Some(launch);
+    e
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +55,8 @@ impl fmt::Display for Fault {
         let kind = match self.kind {
             FaultKind::Hang => "hang",
             FaultKind::Fail => "fail",
+            FaultKind::LaunchError { sticky: false } => "launch-error",
+            FaultKind::LaunchError { sticky: true } => "sticky-launch-error",
         };
         write!(f, "{kind}:layer={},min-rows={}", self.layer, self.min_rows)
     }
@@ -44,11 +66,13 @@ impl FromStr for Fault {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Fault, String> {
-        let usage = "expected hang:layer=N[,min-rows=R] or fail:layer=N[,min-rows=R]";
+        let usage = "expected hang:layer=N[,min-rows=R], or fail:, launch-error: or sticky-launch-error: with the same keys";
         let (kind, rest) = s.split_once(':').ok_or_else(|| format!("fault {s:?}: {usage}"))?;
         let kind = match kind.trim() {
             "hang" => FaultKind::Hang,
             "fail" => FaultKind::Fail,
+            "launch-error" => FaultKind::LaunchError { sticky: false },
+            "sticky-launch-error" => FaultKind::LaunchError { sticky: true },
             other => return Err(format!("fault {s:?}: unknown kind {other:?}; {usage}")),
         };
         let (mut layer, mut min_rows) = (None, 1u64);
@@ -80,6 +104,16 @@ mod tests {
         let f: Fault = "fail:layer=0".parse().unwrap();
         assert_eq!(f.fires(0, 1), Some(FaultKind::Fail));
         assert_eq!(f.to_string().parse::<Fault>().unwrap(), f);
+        let f: Fault = "launch-error:layer=1,min-rows=2".parse().unwrap();
+        assert_eq!((f.fires(1, 2), f.to_string().parse::<Fault>().unwrap()), (Some(FaultKind::LaunchError { sticky: false }), f));
+        let f: Fault = "sticky-launch-error:layer=0".parse().unwrap();
+        assert_eq!((f.kind, f.to_string().parse::<Fault>().unwrap()), (FaultKind::LaunchError { sticky: true }, f));
+        let e = injected_launch_error("cpu", 1, "AttnNorm", false);
+        let l = e.launch.as_ref().unwrap();
+        assert_eq!((l.kernel.as_str(), l.phase.as_str(), l.sticky), (INJECTED_KERNEL, "launch", false));
+        assert!(e.to_string().contains("injected launch error at layer 1"), "{e}");
+        let l = injected_launch_error("cuda", 0, "Embed", true).launch.unwrap();
+        assert_eq!((l.phase.as_str(), l.error.as_str(), l.sticky), ("execution", "CUDA_ERROR_ILLEGAL_ADDRESS", true));
     }
 
     #[test]

@@ -11,7 +11,7 @@ pub mod board;
 pub mod fault;
 
 pub use board::{BoardFile, Op, ProgressBoard, Snapshot, Stuck};
-pub use fault::{Fault, FaultKind};
+pub use fault::{Fault, FaultKind, INJECTED_KERNEL, injected_launch_error};
 
 enum Board {
     Local(ProgressBoard),

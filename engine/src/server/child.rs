@@ -13,6 +13,7 @@ use std::sync::Arc;
 use super::protocol::{ChildConfig, FrameError, FromChild, ToChild, WireChunk, parse_backend, read_frame, write_frame};
 use crate::backend::Logits;
 use crate::engine::{AnyEngine, EngineOptions, StepItem};
+use crate::model::KernelLaunchFailure;
 use crate::monitor::{BoardFile, Fault, Monitor, Op};
 use crate::sampler::Sampler;
 use crate::sched::SeqId;
@@ -66,7 +67,7 @@ pub fn run(mut input: impl Read, mut output: impl Write) -> Result<(), String> {
                 }
                 let answer = match run_step(engine.as_mut(), &mut samplers, &chunks) {
                     Ok(tokens) => FromChild::Sampled { step, tokens },
-                    Err(message) => FromChild::StepFailed { step, message },
+                    Err(StepFailure { message, launch }) => FromChild::StepFailed { step, message, launch },
                 };
                 monitor.board().idle();
                 write_frame(&mut output, &answer).map_err(|e| format!("sending step {step}: {e}"))?;
@@ -117,34 +118,48 @@ fn load(cfg: &ChildConfig) -> Result<(Box<dyn AnyEngine>, Arc<Monitor>), String>
     Ok((engine, monitor))
 }
 
+/// Why a step failed, with the kernel launch behind it when that is the cause.
+#[derive(Debug)]
+struct StepFailure {
+    message: String,
+    launch: Option<KernelLaunchFailure>,
+}
+
+impl From<String> for StepFailure {
+    fn from(message: String) -> Self {
+        StepFailure { message, launch: None }
+    }
+}
+
 /// One engine step over `chunks`; one sampled token per chunk that asked for logits.
-fn run_step(engine: &mut dyn AnyEngine, samplers: &mut HashMap<SeqId, Sampler>, chunks: &[WireChunk]) -> Result<Vec<u32>, String> {
+fn run_step(engine: &mut dyn AnyEngine, samplers: &mut HashMap<SeqId, Sampler>, chunks: &[WireChunk]) -> Result<Vec<u32>, StepFailure> {
     for c in chunks {
         if let Some(p) = c.sampling {
             samplers.insert(c.seq, Sampler::new(p.into()));
         }
         if c.logits && !samplers.contains_key(&c.seq) {
-            return Err(format!("sequence {}: logits asked for but no sampling params were ever sent", c.seq));
+            return Err(format!("sequence {}: logits asked for but no sampling params were ever sent", c.seq).into());
         }
     }
     let mut items = Vec::with_capacity(chunks.len());
     for c in chunks {
-        let start_pos = u32::try_from(c.start_pos).map_err(|_| format!("sequence {}: position {} is past u32", c.seq, c.start_pos))?;
+        let start_pos = u32::try_from(c.start_pos)
+            .map_err(|_| StepFailure::from(format!("sequence {}: position {} is past u32", c.seq, c.start_pos)))?;
         let logits = if c.logits { Logits::Last } else { Logits::None };
         // The sequence's block table from the supervisor's scheduler: the engine reads and
         // writes its KV through it (the engine checks it covers the chunk).
         items.push(StepItem { blocks: &c.blocks, start_pos, tokens: &c.tokens, logits });
     }
-    let logits = engine.step(&items).map_err(|e| e.to_string())?;
+    let logits = engine.step(&items).map_err(|e| StepFailure { message: e.to_string(), launch: e.kernel_launch().cloned() })?;
     let vocab = engine.config().vocab;
     let rows = chunks.iter().filter(|c| c.logits).count();
     if logits.len() != rows * vocab {
-        return Err(format!("the engine returned {} logits for {rows} rows of {vocab}", logits.len()));
+        return Err(format!("the engine returned {} logits for {rows} rows of {vocab}", logits.len()).into());
     }
     let mut out = Vec::with_capacity(rows);
     for (row, c) in chunks.iter().filter(|c| c.logits).enumerate() {
         // Checked above: every chunk with logits has a sampler.
-        let Some(s) = samplers.get_mut(&c.seq) else { return Err(format!("sequence {}: no sampler", c.seq)) };
+        let Some(s) = samplers.get_mut(&c.seq) else { return Err(format!("sequence {}: no sampler", c.seq).into()) };
         out.push(s.sample(&logits[row * vocab..(row + 1) * vocab]));
     }
     Ok(out)

@@ -54,6 +54,9 @@ pub struct ServeOptions {
     pub grace: Duration,
     /// The most choices (`n`) per request.
     pub max_n: usize,
+    /// The agent's node gauges (memory, GPU sensors, qualification), read at every `/metrics`
+    /// scrape and OTLP collection beside the server's own.
+    pub node_metrics: Option<telemetry::NodeMetrics>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -148,6 +151,9 @@ pub async fn serve_on_with(
         return Err(ServeError::Config("--stall-timeout must be above 0".into()));
     }
     let heartbeat = Arc::new(Heartbeat::new());
+    if let Some(node) = &opts.node_metrics {
+        let _ = heartbeat.telemetry.node.set(node.clone());
+    }
     let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
     let state = Arc::new(AppState {
         jobs: Mutex::new(Some(jobs_tx)),

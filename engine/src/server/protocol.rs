@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::BackendKind;
+use crate::model::KernelLaunchFailure;
 use crate::sampler::SamplingParams;
 use crate::sched::SeqId;
 
@@ -118,10 +119,13 @@ pub enum FromChild {
         step: u64,
         tokens: Vec<u32>,
     },
-    /// The step failed; the engine is still usable.
+    /// The step failed; the engine is still usable unless `launch` is sticky.
     StepFailed {
         step: u64,
         message: String,
+        /// The kernel launch that failed, when that is why (the supervisor counts them).
+        #[serde(default)]
+        launch: Option<KernelLaunchFailure>,
     },
 }
 
@@ -218,7 +222,17 @@ mod tests {
             },
             FromChild::LoadFailed("no file".into()),
             FromChild::Sampled { step: 2, tokens: vec![5, 6] },
-            FromChild::StepFailed { step: 3, message: "injected fault at layer 1".into() },
+            FromChild::StepFailed { step: 3, message: "injected fault at layer 1".into(), launch: None },
+            FromChild::StepFailed {
+                step: 4,
+                message: "cuda backend: moe expert GEMV: kernel moe_gemv_q4_0 ...".into(),
+                launch: Some(KernelLaunchFailure {
+                    kernel: "moe_gemv_q4_0".into(),
+                    phase: "launch".into(),
+                    error: "CUDA_ERROR_INVALID_VALUE".into(),
+                    sticky: false,
+                }),
+            },
         ]);
         let p = SamplingParams { temperature: 0.5, top_k: 3, top_p: 0.8, seed: 11 };
         let back: SamplingParams = WireSampling::from(p).into();
@@ -227,6 +241,16 @@ mod tests {
             assert_eq!(parse_backend(backend_name(k)).unwrap(), k);
         }
         assert!(parse_backend("tpu").unwrap_err().contains("tpu"));
+    }
+
+    /// A child built before the field existed is still understood.
+    #[test]
+    fn a_step_failure_without_a_launch_field_reads_as_none() {
+        let old = br#"{"StepFailed":{"step":7,"message":"boom"}}"#;
+        let mut buf = (old.len() as u32).to_le_bytes().to_vec();
+        buf.extend_from_slice(old);
+        let m: FromChild = read_frame(&mut buf.as_slice()).unwrap();
+        assert_eq!(m, FromChild::StepFailed { step: 7, message: "boom".into(), launch: None });
     }
 
     #[test]

@@ -27,6 +27,7 @@ use super::telemetry::{ChunkTrace, GenAiLabels, RequestEnd, RequestTrace};
 use super::watchdog::{FailureKind, FailureReport, RecentProgress, ReportChunk, StallClock, backoff};
 use crate::chat_template::ChatTemplate;
 use crate::gguf::GgufFile;
+use crate::model::KernelLaunchFailure;
 use crate::monitor::BoardFile;
 use crate::sampler::SamplingParams;
 use crate::sched::{Finish, KvBlocks, Quarantine, Request, SchedConfig, Scheduler, SeqId, SeqLimits, StepLimits, StepPlan, Verdict};
@@ -215,7 +216,8 @@ struct Active {
 
 enum StepOutcome {
     Sampled(Vec<u32>),
-    Failed(String),
+    /// The step failed in the child, on a kernel launch when the second part says so.
+    Failed(String, Option<KernelLaunchFailure>),
     Stalled(String),
     Gone(String),
 }
@@ -555,11 +557,24 @@ impl Supervisor {
                 self.hb.telemetry.end_chunks(spans, None);
                 self.hb.telemetry.record_step(prefill_tokens, decode_tokens, t0.elapsed());
             }
-            StepOutcome::Failed(e) | StepOutcome::Stalled(e) | StepOutcome::Gone(e) => self.hb.telemetry.end_chunks(spans, Some(e)),
+            StepOutcome::Failed(e, _) | StepOutcome::Stalled(e) | StepOutcome::Gone(e) => self.hb.telemetry.end_chunks(spans, Some(e)),
         }
         match outcome {
             StepOutcome::Sampled(tokens) => self.complete(&plan, &tokens),
-            StepOutcome::Failed(msg) => self.fail_plan(&plan, &msg),
+            StepOutcome::Failed(msg, launch) => {
+                if let Some(l) = &launch {
+                    self.hb.telemetry.record_kernel_launch_error(l);
+                }
+                match launch {
+                    // The child's CUDA context is unusable after a sticky error: treat it as a
+                    // crash (kill, report, quarantine the shape, restart) rather than fail every
+                    // later step on the same dead context.
+                    Some(l) if l.sticky => {
+                        self.engine_failed(FailureKind::Crash, format!("a sticky CUDA error in kernel {}: {msg}", l.kernel), Some(&plan))
+                    }
+                    _ => self.fail_plan(&plan, &msg),
+                }
+            }
             StepOutcome::Stalled(detail) => self.engine_failed(FailureKind::Stall, detail, Some(&plan)),
             StepOutcome::Gone(detail) => self.engine_failed(FailureKind::Crash, detail, Some(&plan)),
         }
@@ -574,7 +589,9 @@ impl Supervisor {
             let Some(child) = &self.child else { return StepOutcome::Gone("no engine child".into()) };
             match child.rx.recv_timeout(POLL) {
                 Ok(ChildMsg::Frame(FromChild::Sampled { step: s, tokens })) if s == step => return StepOutcome::Sampled(tokens),
-                Ok(ChildMsg::Frame(FromChild::StepFailed { step: s, message })) if s == step => return StepOutcome::Failed(message),
+                Ok(ChildMsg::Frame(FromChild::StepFailed { step: s, message, launch })) if s == step => {
+                    return StepOutcome::Failed(message, launch);
+                }
                 Ok(ChildMsg::Frame(other)) => return StepOutcome::Gone(format!("an unexpected answer to step {step}: {other:?}")),
                 Ok(ChildMsg::Gone(why)) => return StepOutcome::Gone(why),
                 Err(RecvTimeoutError::Disconnected) => return StepOutcome::Gone("the pipe reader ended".into()),

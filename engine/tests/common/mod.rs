@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use brink_engine::BackendKind;
 use brink_engine::chat_template::ChatTemplate;
 use brink_engine::gguf::GgufFile;
+use brink_engine::server::jobs::WorkerConfig;
 use brink_engine::server::supervisor::EngineCommand;
 use brink_engine::server::telemetry::otlp::OtlpConfig;
-use brink_engine::server::jobs::WorkerConfig;
 use brink_engine::server::{ServeOptions, serve_on_with};
 use brink_engine::synth::{self, Preset, SynthSpec};
 use brink_engine::tokenizer::Tokenizer;
@@ -56,6 +56,7 @@ pub fn options(slots: usize, max_queue: usize, api_keys: Vec<String>) -> ServeOp
         quarantine_min_chunk: 8,
         grace: Duration::from_secs(5),
         max_n: 4,
+        node_metrics: None,
     }
 }
 

@@ -28,6 +28,22 @@ pub fn parse_meminfo(text: &str, file: &str) -> Result<UnifiedMemory, MeminfoErr
     Ok(UnifiedMemory { total, available })
 }
 
+/// The node's memory as its gauges show it (bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeMemory {
+    pub total: u64,
+    pub available: u64,
+    /// The kernel's page cache (`Cached`): file pages it hands back on demand. On GB10 this is
+    /// what `cuMemGetInfo` leaves out of its free figure after a model file was read.
+    pub page_cache: u64,
+}
+
+/// [`parse_meminfo`] plus the page cache.
+pub fn parse_node_memory(text: &str, file: &str) -> Result<NodeMemory, MeminfoError> {
+    let UnifiedMemory { total, available } = parse_meminfo(text, file)?;
+    Ok(NodeMemory { total, available, page_cache: field(text, file, "Cached")? })
+}
+
 fn field(text: &str, file: &str, name: &'static str) -> Result<u64, MeminfoError> {
     let line = text
         .lines()
@@ -89,6 +105,14 @@ mod tests {
         // Fits u64 in KiB, not in bytes.
         let text = format!("MemTotal: {} kB\nMemAvailable: 1 kB\n", u64::MAX / 512);
         assert!(matches!(parse_meminfo(&text, F), Err(MeminfoError::Malformed { field: "MemTotal", .. })));
+    }
+
+    #[test]
+    fn node_memory_adds_the_page_cache_not_swap_cached() {
+        let m = parse_node_memory(&format!("SwapCached: 7 kB\n{GB10}"), F).unwrap();
+        assert_eq!(m, NodeMemory { total: 128_452_436 * 1024, available: 119_803_584 * 1024, page_cache: 21_000_000 * 1024 });
+        let e = parse_node_memory("MemTotal: 8 kB\nMemAvailable: 4 kB\nSwapCached: 1 kB\n", F).unwrap_err();
+        assert_eq!(e.to_string(), "/proc/meminfo: no Cached line");
     }
 
     #[test]

@@ -41,11 +41,19 @@ pub fn summarise(results: &[PointResult], concurrency: usize) -> Result<BenchSum
     };
     // A stream that stopped after one token has no inter-token gap: no decode figure.
     let itl = single.itl_s.ok_or("the single-stream requests produced no second token: no decode speed to measure")?;
+    let e2e = single.e2e_s.ok_or("no single-stream request finished")?;
+    let output = single.mean_output_tokens.unwrap_or(0.0);
+    // Time per output token as vLLM's benchmarks define it, (e2e - ttft) / (tokens - 1): robust
+    // to events that arrive together, which make the median inter-token gap 0 on a fast model.
+    let tpot = (e2e.p50 - ttft.p50) / (output - 1.0);
+    if !(output > 1.0 && tpot > 0.0) {
+        return Err(format!("no decode time to measure ({output:.1} tokens per request)"));
+    }
     Ok(BenchSummary {
         prompt_tokens: prompt.round() as u64,
         generated_tokens: single.mean_output_tokens.map_or(0, |t| t.round() as u64),
         prefill_tokens_per_s: prompt / ttft.p50,
-        decode_tokens_per_s: 1.0 / itl.p50,
+        decode_tokens_per_s: 1.0 / tpot,
         ttft_p50_s: ttft.p50,
         itl_p50_s: itl.p50,
         concurrency: many.concurrency as u64,
@@ -77,7 +85,7 @@ mod tests {
             total_tokens_per_s: 1.0,
             ttft_s: Some(s(ttft)),
             itl_s: itl.map(s),
-            e2e_s: None,
+            e2e_s: Some(s(ttft + 63.0 * itl.unwrap_or(0.0))),
         }
     }
 

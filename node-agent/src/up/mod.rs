@@ -26,6 +26,10 @@ use brink_kernels::selftest::session;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::engine_args::BackendArg;
+use crate::node_metrics::{
+    self,
+    qualification::{CaseCounts, QualificationMetrics},
+};
 use crate::qualify::backend_truth::{BackendTruth, ClaimedBackend, ThroughputFloor};
 use crate::qualify::{self, cache, verdict};
 
@@ -250,7 +254,13 @@ fn up(a: Args) -> Result<ExitCode, String> {
     };
     report.envelope = Some(envelope);
 
-    let opts = serve_options(&a, &model_path, backend, context, &envelope, &state_dir)?;
+    let gauges = QualificationMetrics {
+        shape_class: shape_class.clone(),
+        verdict: node_verdict.clone(),
+        kernel: CaseCounts::from_summary(&report.kernels.summary),
+        model: Some(CaseCounts::from_summary(&report.model_test.summary)),
+    };
+    let opts = serve_options(&a, &model_path, backend, context, &envelope, &state_dir, gauges)?;
     let mut running = server::start(&a.host, a.port, opts)?;
     let url = format!("http://{}", running.addr);
     eprintln!("brink up: listening on {url} (loading {})", model_path.display());
@@ -366,6 +376,7 @@ fn serve_options(
     context: usize,
     envelope: &brink_api::Envelope,
     state_dir: &Path,
+    gauges: QualificationMetrics,
 ) -> Result<ServeOptions, String> {
     let program = std::env::current_exe().map_err(|e| format!("finding this program to run the engine child: {e}"))?;
     let usize_of = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
@@ -388,6 +399,7 @@ fn serve_options(
         quarantine_min_chunk: 64,
         grace: Duration::from_secs(30),
         max_n: 8,
+        node_metrics: Some(node_metrics::provider(Some(gauges))),
     })
 }
 

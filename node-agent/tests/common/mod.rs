@@ -43,7 +43,14 @@ pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
 /// Starts `serve` with `args` on port 0; returns it with the address it printed, once `/ready`
 /// answers 200. Its log is echoed to the test's stderr (and always drained, so it never blocks).
 pub fn serve(args: &[&str]) -> (Child, String) {
-    let mut child = agent().arg("serve").args(args).args(["--port", "0"]).stderr(Stdio::piped()).spawn().unwrap();
+    serve_with_env(args, &[])
+}
+
+/// [`serve`] with environment variables set for it.
+pub fn serve_with_env(args: &[&str], env: &[(&str, &str)]) -> (Child, String) {
+    let mut cmd = agent();
+    cmd.envs(env.iter().copied());
+    let mut child = cmd.arg("serve").args(args).args(["--port", "0"]).stderr(Stdio::piped()).spawn().unwrap();
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

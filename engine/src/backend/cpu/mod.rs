@@ -162,6 +162,7 @@ impl Backend for CpuBackend {
             None => Ok(()),
             Some(FaultKind::Hang) => monitor::block_forever(),
             Some(FaultKind::Fail) => Err(err(format!("injected fault at layer {} ({op:?})", layer.unwrap_or(0)))),
+            Some(FaultKind::LaunchError { sticky }) => Err(monitor::injected_launch_error(NAME, layer.unwrap_or(0), op, sticky)),
         }
     }
 

@@ -8,14 +8,14 @@
 //! The batch plan (tile map, decode splits) is built and uploaded once per batch, at the first
 //! layer, and reused by the others: every layer has the same chunks and the same attention shape.
 
-use brink_kernels::cuda::Gpu;
+use brink_kernels::cuda::{Gpu, GpuError};
 use brink_kernels::ops::attention::{self as kattn, AttentionIo, BatchPlan, DecodeRoute, DeviceBatch};
 use brink_kernels::ops::kv_store::{self, KvRows};
 
 use super::batch_state::BatchState;
 use super::buffers::{AllocCounter, CudaAct, Grow};
-use super::fail;
 use super::kv::KvCache;
+use super::{fail, gpu_fail};
 use crate::backend::{AttentionSpec, Chunk, KvSpec};
 use crate::model::BackendError;
 
@@ -50,8 +50,8 @@ impl AttnMaps {
     /// The device plan for `spec`, and the decode workspace it needs.
     fn plan(&mut self, gpu: &Gpu, rows: usize, spec: &kattn::AttentionSpec) -> Result<(&DeviceBatch, &mut Grow<f32>), BackendError> {
         if self.device.as_ref().is_none_or(|d| d.plan().spec() != spec) {
-            let plan =
-                BatchPlan::new(&self.chunks, &self.tables, rows as u64, spec, DecodeRoute::Split).map_err(|e| fail(e.to_string()))?;
+            let plan = BatchPlan::new(&self.chunks, &self.tables, rows as u64, spec, DecodeRoute::Split)
+                .map_err(|e| gpu_fail("attention plan", &GpuError::Plan(e)))?;
             self.workspace.ensure(gpu, plan.workspace_floats().max(1) as usize).map_err(|e| fail(format!("attention workspace: {e}")))?;
             self.device = Some(DeviceBatch::upload(gpu, plan).map_err(|e| fail(e.to_string()))?);
         }
@@ -115,7 +115,7 @@ pub(crate) fn attention(
     let n = rows * k.width();
     let src = KvRows { k: k.buf.slice(0..n), v: v.buf.slice(0..n), dest: batch.dest.slice(0..rows) };
     kv_store::launch(gpu, &kspec, rows as u64, &src, &mut layer.k.as_view_mut(), &mut layer.v.as_view_mut())
-        .map_err(|e| fail(e.to_string()))?;
+        .map_err(|e| gpu_fail("kv_store", &e))?;
     let (device, workspace) = batch.attn.plan(gpu, rows, &kspec)?;
     let qn = rows * q.width();
     let io = AttentionIo {
@@ -125,5 +125,5 @@ pub(crate) fn attention(
         out: out.buf.slice_mut(0..qn),
         workspace: workspace.as_view_mut(),
     };
-    kattn::launch(gpu, device, io).map_err(|e| fail(e.to_string()))
+    kattn::launch(gpu, device, io).map_err(|e| gpu_fail(format_args!("attention (layer {})", spec.layer), &e))
 }

@@ -13,8 +13,8 @@ use brink_kernels::quant::{BLOCK_Q8_1_BYTES, QK, WeightType};
 use cudarc::driver::CudaSlice;
 
 use super::buffers::Grow;
-use super::fail;
 use super::weights::{CudaWeight, WeightData};
+use super::{fail, gpu_fail};
 use crate::model::{BackendError, MatrixDims};
 use brink_kernels::ops::dense_f32::{self, DenseF32Case};
 
@@ -64,7 +64,7 @@ pub(crate) fn project(
     out: &mut CudaSlice<f32>,
 ) -> Result<(), BackendError> {
     let n = w.rows();
-    let failed = |e: GpuError| fail(format!("projection by {}: {e}", w.name()));
+    let failed = |e: GpuError| gpu_fail(format_args!("projection by {}", w.name()), &e);
     match &w.data {
         WeightData::Blocks { wtype, bytes } => {
             quantize_rows(gpu, x, rows, k, xq).map_err(failed)?;
@@ -84,7 +84,7 @@ pub(crate) fn dense_f32(
     out: &mut CudaSlice<f32>,
 ) -> Result<(), BackendError> {
     let case = DenseF32Case { n: n as u32, k: k as u32 };
-    let failed = |e: GpuError| fail(format!("dense_f32 [rows={rows} k={k} n={n}]: {e}"));
+    let failed = |e: GpuError| gpu_fail(format_args!("dense_f32 [rows={rows} k={k} n={n}]"), &e);
     if x.len() < rows * k || out.len() < rows * n {
         return Err(fail(format!("dense_f32: buffers of {} and {} values for [{rows}, {k}] -> [{rows}, {n}]", x.len(), out.len())));
     }

@@ -6,8 +6,8 @@ use brink_kernels::ops::embed::{self, BadIds, EmbedCase, TableType};
 
 use super::batch_state::{BatchState, row_runs};
 use super::buffers::CudaAct;
-use super::fail;
 use super::weights::{CudaWeight, WeightData};
+use super::{fail, gpu_fail};
 use crate::model::{BackendError, MatrixDims};
 
 /// `out [rows, hidden]` = the table rows of the batch's tokens. An id outside the table reads
@@ -33,7 +33,7 @@ pub(crate) fn embed(gpu: &Gpu, batch: &BatchState, table: &CudaWeight, bad: &mut
             embed::launch(gpu, rows as u64, &EmbedCase { vocab, hidden, table: TableType::F32 }, &ids, &values.as_view(), &mut o, bad)
         }
     };
-    launched.map_err(|e| what(e.to_string()))
+    launched.map_err(|e| gpu_fail(format_args!("embed from {}", table.name()), &e))
 }
 
 /// Copies the rows `rows` of `x` into `out`, one device-to-device copy per run of consecutive

@@ -51,6 +51,11 @@ pub(crate) fn fail(message: impl Into<String>) -> BackendError {
     BackendError::new(NAME, message)
 }
 
+/// A GPU error in `context`; a failed kernel launch stays typed (the server counts them per kernel).
+pub(crate) fn gpu_fail(context: impl std::fmt::Display, e: &GpuError) -> BackendError {
+    BackendError::from_gpu(NAME, context, e)
+}
+
 /// Kernel families the backend launches: compiled (or taken from the disk cache) when the
 /// backend opens, so a compile error shows then rather than in the middle of a step.
 const SOURCES: [KernelSource; 13] = [
@@ -234,6 +239,7 @@ impl Backend for CudaBackend {
             Some(FaultKind::Hang) => brink_kernels::ops::latent_proj::queue_hang(&self.gpu)
                 .map_err(|e| fail(format!("injecting a hang at layer {}: {e}", layer.unwrap_or(0)))),
             Some(FaultKind::Fail) => Err(fail(format!("injected fault at layer {} ({op:?})", layer.unwrap_or(0)))),
+            Some(FaultKind::LaunchError { sticky }) => Err(crate::monitor::injected_launch_error(NAME, layer.unwrap_or(0), op, sticky)),
         }
     }
 

@@ -26,8 +26,8 @@ use cudarc::driver::{CudaSlice, PushKernelArg};
 
 use super::buffers::{AllocCounter, CudaAct, Grow};
 use super::dense::{dense_f32, project_q8_1, q8_1_bytes, quantize_rows};
-use super::fail;
 use super::weights::{CudaWeight, WeightData};
+use super::{fail, gpu_fail};
 use crate::backend::{MoeSpec, MoeWeights};
 use crate::model::{BackendError, MatrixDims};
 
@@ -110,7 +110,7 @@ struct Experts<'a> {
 impl Experts<'_> {
     /// A kernel error of `stage` with this tensor named.
     fn failed(&self, stage: &'static str) -> impl Fn(GpuError) -> BackendError + '_ {
-        move |e| fail(format!("moe expert {stage} {}: {e}", self.name))
+        move |e| gpu_fail(format_args!("moe expert {stage} {}", self.name), &e)
     }
 }
 
@@ -153,7 +153,7 @@ pub(crate) fn moe(
     let gate = experts(w.gate, (d.hidden, d.ffn, d.experts)).map_err(shapes)?;
     let up = experts(w.up, (d.hidden, d.ffn, d.experts)).map_err(shapes)?;
     let down = experts(w.down, (d.ffn, d.hidden, d.experts)).map_err(shapes)?;
-    let failed = |e: GpuError| fail(format!("moe ({} tokens, {} experts, top {}): {e}", d.tokens, d.experts, d.top_k));
+    let failed = |e: GpuError| gpu_fail(format_args!("moe ({} tokens, {} experts, top {})", d.tokens, d.experts, d.top_k), &e);
     let path = routed_path(d.tokens);
     route(gpu, s, x, w.router, &d, spec.norm_top_k, path)?;
     match path {
@@ -184,7 +184,7 @@ fn route(
     renormalize: bool,
     path: RoutedPath,
 ) -> Result<(), BackendError> {
-    let failed = |e: GpuError| fail(format!("moe router {}: {e}", router.name()));
+    let failed = |e: GpuError| gpu_fail(format_args!("moe router {}", router.name()), &e);
     let quantized_router = matches!(router.data, WeightData::Blocks { .. });
     if quantized_router || path == RoutedPath::Gemv {
         quantize_rows(gpu, &x.buf, d.tokens, d.hidden, &mut s.xq).map_err(failed)?;
@@ -282,7 +282,7 @@ fn swiglu(
     width: usize,
 ) -> Result<(), BackendError> {
     let input = brink_kernels::ops::swiglu::GateUp::Separate { gate, up };
-    brink_kernels::ops::swiglu::launch_f32(gpu, rows as u64, width as u32, input, act).map_err(|e| fail(format!("moe swiglu: {e}")))
+    brink_kernels::ops::swiglu::launch_f32(gpu, rows as u64, width as u32, input, act).map_err(|e| gpu_fail("moe swiglu", &e))
 }
 
 /// `out[t] = Σ_j weights[t·k + j] · down[t·k + j]`. The `moe_combine` kernel through its own

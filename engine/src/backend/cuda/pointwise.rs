@@ -8,8 +8,8 @@ use brink_kernels::ops::rope::{self, RopeSpec, RopeTable};
 
 use super::batch_state::BatchState;
 use super::buffers::CudaAct;
-use super::fail;
 use super::weights::{CudaWeight, WeightData};
+use super::{fail, gpu_fail};
 use crate::model::{BackendError, MatrixDims};
 
 /// Groups of `group` values in a row of `width` (1 for a whole-row norm, the head count for the
@@ -29,7 +29,8 @@ pub(crate) fn rms_norm(gpu: &Gpu, x: &CudaAct, w: &CudaWeight, eps: f32, out: &m
     };
     let groups = norm_groups(x.width(), w.row_len()).map_err(what)?;
     let case = RmsNormCase { width: w.row_len() as u32, rows_per_token: groups as u32, eps };
-    rmsnorm::launch(gpu, x.rows() as u64, &case, &x.view(), &scale.as_view(), &mut out.view_mut()).map_err(|e| what(e.to_string()))
+    rmsnorm::launch(gpu, x.rows() as u64, &case, &x.view(), &scale.as_view(), &mut out.view_mut())
+        .map_err(|e| gpu_fail(format_args!("rms_norm by {}", w.name()), &e))
 }
 
 /// The frequency table of `spec`, made on first use (one per model in practice).
@@ -61,7 +62,8 @@ pub(crate) fn rope(
     let heads = norm_groups(x.width(), head_dim).map_err(what)?;
     let t = table(gpu, tables, RopeSpec { head_dim: head_dim as u32, theta }).map_err(what)?;
     let positions = batch.positions.slice(0..rows);
-    rope::launch(gpu, rows as u64, heads as u32, t, &positions, &mut x.view_mut()).map_err(|e| what(e.to_string()))
+    rope::launch(gpu, rows as u64, heads as u32, t, &positions, &mut x.view_mut())
+        .map_err(|e| gpu_fail(format_args!("rope (head_dim {head_dim}, theta {theta})"), &e))
 }
 
 /// `x += y` (the residual connections).
@@ -70,7 +72,7 @@ pub(crate) fn add(gpu: &Gpu, x: &mut CudaAct, y: &CudaAct) -> Result<(), Backend
         return Err(fail(format!("add: [{}, {}] + [{}, {}]", x.rows(), x.width(), y.rows(), y.width())));
     }
     let n = x.len() as u64;
-    brink_kernels::ops::add::launch_in_place(gpu, n, &mut x.view_mut(), &y.view()).map_err(|e| fail(e.to_string()))
+    brink_kernels::ops::add::launch_in_place(gpu, n, &mut x.view_mut(), &y.view()).map_err(|e| gpu_fail("add", &e))
 }
 
 #[cfg(test)]

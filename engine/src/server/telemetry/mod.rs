@@ -9,13 +9,18 @@
 //!
 //! The supervisor records here as steps run; a request's span and its prefill chunks' child spans
 //! are made only while an OTLP exporter is installed.
+//!
+//! Node gauges (memory, GPU sensors, the qualification) are not the server's to know: the agent
+//! passes a [`NodeMetrics`] provider, read at every scrape and every OTLP collection, so this
+//! crate stays free of NVML.
 
 pub mod histogram;
 pub mod otlp;
 pub mod prometheus;
 
-use std::sync::OnceLock;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer as _};
@@ -23,6 +28,7 @@ use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
 
 use super::http::HttpCounters;
 use super::jobs::Heartbeat;
+use crate::model::KernelLaunchFailure;
 use crate::sched::KvStats;
 use histogram::{Histogram, Labels};
 
@@ -159,7 +165,33 @@ pub struct Telemetry {
     pub kv_blocks_used: AtomicU64,
     /// Full blocks kept for prefix reuse that no sequence holds.
     pub kv_blocks_cached: AtomicU64,
+    /// Failed kernel launches by (kernel, phase), as the engine child reported them.
+    pub kernel_launch_errors: Mutex<BTreeMap<(String, String), u64>>,
+    /// The agent's node gauges, appended to the table at every read.
+    pub node: OnceLock<NodeMetrics>,
     pub otel: OnceLock<Otel>,
+}
+
+/// The agent's node gauges (memory, GPU sensors, qualification): called at every `/metrics`
+/// scrape and OTLP collection, so it must be cheap (cache slow sources). Names must not repeat
+/// the server's own (a repeated one is dropped, keeping the exposition valid).
+#[derive(Clone)]
+pub struct NodeMetrics(pub Arc<dyn Fn() -> Vec<Scalar> + Send + Sync>);
+
+impl NodeMetrics {
+    pub fn new(read: impl Fn() -> Vec<Scalar> + Send + Sync + 'static) -> NodeMetrics {
+        NodeMetrics(Arc::new(read))
+    }
+
+    pub fn read(&self) -> Vec<Scalar> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for NodeMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NodeMetrics(..)")
+    }
 }
 
 impl Default for Telemetry {
@@ -177,6 +209,8 @@ impl Default for Telemetry {
             kv_blocks_total: AtomicU64::new(0),
             kv_blocks_used: AtomicU64::new(0),
             kv_blocks_cached: AtomicU64::new(0),
+            kernel_launch_errors: Mutex::new(BTreeMap::new()),
+            node: OnceLock::new(),
             otel: OnceLock::new(),
         }
     }
@@ -253,6 +287,13 @@ impl Telemetry {
         self.decode_tokens.fetch_add(decode_tokens, Ordering::Relaxed);
         self.prefill_micros.fetch_add(p.as_micros() as u64, Ordering::Relaxed);
         self.decode_micros.fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// A step failed on a kernel launch (the engine child said which).
+    pub fn record_kernel_launch_error(&self, failure: &KernelLaunchFailure) {
+        if let Ok(mut m) = self.kernel_launch_errors.lock() {
+            *m.entry((failure.kernel.clone(), failure.phase.clone())).or_default() += 1;
+        }
     }
 
     pub fn record_kv(&self, kv: &KvStats) {
@@ -337,8 +378,20 @@ impl Scalar {
     }
 }
 
-/// Every `brink_*` counter and gauge, read from the stores.
+/// Every `brink_*` counter and gauge, read from the stores, then the agent's node gauges.
 pub fn scalars(hb: &Heartbeat, http: &HttpCounters) -> Vec<Scalar> {
+    let mut table = server_scalars(hb, http);
+    if let Some(node) = hb.telemetry.node.get() {
+        for s in node.read() {
+            if !table.iter().any(|t| t.name == s.name) {
+                table.push(s);
+            }
+        }
+    }
+    table
+}
+
+fn server_scalars(hb: &Heartbeat, http: &HttpCounters) -> Vec<Scalar> {
     let n = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
     let secs = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e6;
     let one = |name, kind, help, value: f64| Scalar { name, kind, help, samples: vec![(Vec::new(), value)] };
@@ -348,6 +401,11 @@ pub fn scalars(hb: &Heartbeat, http: &HttpCounters) -> Vec<Scalar> {
         .stalls
         .lock()
         .map(|m| m.iter().map(|((layer, op), &c)| (vec![("layer", layer.clone()), ("op", op.clone())], c as f64)).collect())
+        .unwrap_or_default();
+    let launch_errors = t
+        .kernel_launch_errors
+        .lock()
+        .map(|m| m.iter().map(|((kernel, phase), &c)| (vec![("kernel", kernel.clone()), ("phase", phase.clone())], c as f64)).collect())
         .unwrap_or_default();
     vec![
         one("brink_requests_total", Counter, "Generation requests received.", n(&http.requests)),
@@ -374,6 +432,13 @@ pub fn scalars(hb: &Heartbeat, http: &HttpCounters) -> Vec<Scalar> {
             kind: Counter,
             help: "Engine stalls caught by the watchdog, by the layer and op the board named.",
             samples: stalls,
+        },
+        Scalar {
+            name: "brink_kernel_launch_errors_total",
+            kind: Counter,
+            help: "Engine steps failed by a kernel launch, by kernel and phase (plan: refused against the device's limits; launch: \
+                   rejected by the driver; execution: a fault found by the diagnostic synchronise). None on the CPU backend.",
+            samples: launch_errors,
         },
         one("brink_prefill_tokens_total", Counter, "Prompt tokens computed by prefill chunks.", n(&t.prefill_tokens)),
         one(
@@ -404,6 +469,62 @@ pub fn scalars(hb: &Heartbeat, http: &HttpCounters) -> Vec<Scalar> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn launch_failure(kernel: &str, phase: &str) -> KernelLaunchFailure {
+        KernelLaunchFailure { kernel: kernel.into(), phase: phase.into(), error: "CUDA_ERROR_INVALID_VALUE".into(), sticky: false }
+    }
+
+    #[test]
+    fn kernel_launch_errors_are_counted_by_kernel_and_phase() {
+        let hb = Heartbeat::new();
+        let table = |hb: &Heartbeat| {
+            scalars(hb, &HttpCounters::default()).into_iter().find(|s| s.name == "brink_kernel_launch_errors_total").unwrap()
+        };
+        // The CPU backend never fails a launch: the counter is there, with no series.
+        let none = table(&hb);
+        assert_eq!((none.kind, none.samples.len()), (Kind::Counter, 0));
+        for (k, p) in [("moe_gemv_q4_0", "launch"), ("moe_gemv_q4_0", "launch"), ("router", "plan")] {
+            hb.telemetry.record_kernel_launch_error(&launch_failure(k, p));
+        }
+        let got: Vec<(String, String, f64)> = table(&hb).samples.into_iter().map(|(l, v)| (l[0].1.clone(), l[1].1.clone(), v)).collect();
+        assert_eq!(got, [("moe_gemv_q4_0".into(), "launch".into(), 2.0), ("router".into(), "plan".into(), 1.0)]);
+    }
+
+    #[test]
+    fn node_metrics_are_appended_and_may_not_shadow_the_servers() {
+        let hb = Heartbeat::new();
+        let server = scalars(&hb, &HttpCounters::default()).len();
+        let gauge = |name, v| Scalar { name, kind: Kind::Gauge, help: "h", samples: vec![(vec![("gpu_uuid", "GPU-1".to_string())], v)] };
+        let calls = Arc::new(AtomicU64::new(0));
+        let c = calls.clone();
+        hb.telemetry
+            .node
+            .set(NodeMetrics::new(move || {
+                c.fetch_add(1, Ordering::Relaxed);
+                vec![gauge("brink_gpu_temperature_celsius", 61.0), gauge("brink_requests_total", 99.0)]
+            }))
+            .unwrap();
+        let table = scalars(&hb, &HttpCounters::default());
+        assert_eq!(table.len(), server + 1, "the repeated name is dropped");
+        assert_eq!(table.last().unwrap().samples[0].1, 61.0);
+        assert_ne!(table.iter().find(|s| s.name == "brink_requests_total").unwrap().samples[0].1, 99.0);
+        scalars(&hb, &HttpCounters::default());
+        assert_eq!(calls.load(Ordering::Relaxed), 2, "read at every call, not cached here");
+    }
+
+    /// docs/metrics.md names every series the server exposes.
+    #[test]
+    fn every_series_is_documented() {
+        let doc = include_str!("../../../../docs/metrics.md");
+        let hb = Heartbeat::new();
+        let mut names: Vec<String> = scalars(&hb, &HttpCounters::default()).iter().map(|s| s.name.to_string()).collect();
+        names.extend([TTFT, TPOT, REQUEST_DURATION, TOKEN_USAGE].iter().map(|m| m.prom.to_string()));
+        names.push("brink_time_to_first_token_seconds".into());
+        for n in names {
+            // Pairs share a row: `brink_prefill_tokens_total`, `brink_prefill_seconds_total`.
+            assert!(doc.contains(&format!("`{n}`")), "{n} is not in docs/metrics.md");
+        }
+    }
 
     #[test]
     fn step_time_splits_by_token_count() {
