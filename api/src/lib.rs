@@ -5,9 +5,11 @@
 //! here with the fleet issues.
 
 pub mod device;
+pub mod model_test;
 pub mod qualification;
 pub mod selftest;
 
 pub use device::{DeviceInfo, DeviceReport, UnifiedMemory};
+pub use model_test::{MODEL_TEST_SCHEMA, ModelTestReport};
 pub use qualification::{FieldChange, Fingerprint, QUALIFICATION_SCHEMA, Qualification, ReportSummary, ServingParams};
 pub use selftest::{CaseReport, CaseResult, DeviceSummary, NegativeControls, Phase, SelfTestReport, Verdict};
