@@ -10,6 +10,6 @@ pub mod qualification;
 pub mod selftest;
 
 pub use device::{DeviceInfo, DeviceReport, UnifiedMemory};
-pub use model_test::{MODEL_TEST_SCHEMA, ModelTestReport};
+pub use model_test::{MODEL_TEST_SCHEMA, ModelTestReport, SelfTestWithModel};
 pub use qualification::{FieldChange, Fingerprint, QUALIFICATION_SCHEMA, Qualification, ReportSummary, ServingParams};
 pub use selftest::{CaseReport, CaseResult, DeviceSummary, NegativeControls, Phase, SelfTestReport, Verdict};

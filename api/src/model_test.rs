@@ -69,3 +69,12 @@ impl ModelTestReport {
         matches!(self.verdict, Verdict::Qualified { .. } | Verdict::Clamped { .. })
     }
 }
+
+/// `brink-agent selftest --model FILE --json`: the kernel self-test for the model's shape class
+/// and the model-level test of the file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SelfTestWithModel {
+    pub kernels: crate::selftest::SelfTestReport,
+    pub model: ModelTestReport,
+}

@@ -90,8 +90,8 @@ fn fatal(out: &mut impl Write, error: String) -> i32 {
     1
 }
 
-/// Loads the engine of `cfg` with `fault` armed; the device's limits on CUDA.
-fn load(cfg: &WorkerConfig, fault: Option<Fault>) -> Result<(Box<dyn AnyEngine>, Option<DeviceLimits>), String> {
+/// Loads the engine of `cfg`; the device's limits on CUDA.
+fn load(cfg: &WorkerConfig) -> Result<(Box<dyn AnyEngine>, Option<DeviceLimits>), String> {
     let block_size = brink_kernels::ops::attention::DEFAULT_BLOCK_SIZE as u64;
     let context = cfg.context.max(1);
     // The engine's cache is `slots` sequences of `context` positions: enough of them to hold the pool.
@@ -103,7 +103,7 @@ fn load(cfg: &WorkerConfig, fault: Option<Fault>) -> Result<(Box<dyn AnyEngine>,
         block_size: block_size as usize,
     };
     let named = |e: crate::model::ModelError| format!("{}: {e}", cfg.model.display());
-    let (mut engine, limits): (Box<dyn AnyEngine>, _) = match cfg.backend.as_str() {
+    let (engine, limits): (Box<dyn AnyEngine>, _) = match cfg.backend.as_str() {
         "cpu" => (Box::new(Engine::load(&cfg.model, crate::backend::cpu::CpuBackend::new(), opts).map_err(named)?), None),
         "cuda" => {
             let backend = crate::backend::cuda::CudaBackend::new().map_err(|e| format!("CUDA backend: {e}"))?;
@@ -112,7 +112,6 @@ fn load(cfg: &WorkerConfig, fault: Option<Fault>) -> Result<(Box<dyn AnyEngine>,
         }
         other => return Err(format!("unknown backend {other:?} (expected cpu or cuda)")),
     };
-    engine.set_monitor(Arc::new(Monitor::local().with_fault(fault)));
     Ok((engine, limits))
 }
 
@@ -139,7 +138,7 @@ pub fn serve(cfg: &WorkerConfig, input: impl BufRead, mut out: impl Write) -> i3
     if let Some(f) = fault {
         eprintln!("brink model-test worker: TEST-ONLY fault injection armed: {f}");
     }
-    let (mut engine, limits) = match load(cfg, fault) {
+    let (mut engine, limits) = match load(cfg) {
         Ok(l) => l,
         Err(e) => return fatal(&mut out, e),
     };
@@ -150,6 +149,8 @@ pub fn serve(cfg: &WorkerConfig, input: impl BufRead, mut out: impl Write) -> i3
         Ok(c) => c,
         Err(e) => return fatal(&mut out, format!("calibration prefill failed: {e}")),
     };
+    // Armed after the calibration: a fault that hangs its steps must hang cases, not the start.
+    engine.set_monitor(Arc::new(Monitor::local().with_fault(fault)));
     let ready = ModelWorkerMsg::Ready {
         backend: engine.backend_name().to_string(),
         shape_class: engine.config().shape_class(),

@@ -6,6 +6,7 @@
 
 pub mod backend_truth;
 pub mod cache;
+pub mod model_test;
 
 use std::time::SystemTime;
 
