@@ -167,9 +167,23 @@ pub fn run(
 
     let t = Instant::now();
     let total = d.cases.len();
+    let mut stopped: Option<String> = None;
     for (index, case) in d.cases.iter().enumerate() {
+        if let Some(why) = &stopped {
+            report.cases.push(skipped(case, why));
+            continue;
+        }
         let deadline = opts.deadline.deadline(case, tps);
         let answer = child.request(case, deadline, |m| matches!(m, ModelWorkerMsg::Result { id, .. } if *id == case.id));
+        if let Answer::RestartFailed { detail } = &answer {
+            // A device that does not come back after a kill would fail every restart, each after
+            // the startup timeout: the cases left (none smaller than the one that killed it) are
+            // listed as not run, and the hang or failure before them decides the verdict.
+            let why = format!("not run: {detail}");
+            report.cases.push(skipped(case, &why));
+            stopped = Some(why);
+            continue;
+        }
         let mut r = judge(case, &answer, deadline);
         if let Some(f) = &fault {
             r.detail = format!("{} (TEST-ONLY fault armed: {f})", r.detail);
@@ -249,6 +263,7 @@ pub fn judge(case: &ModelCase, answer: &Answer<ModelWorkerMsg>, deadline: Durati
             r.wall_ms = *wall_ms;
             r.detail = format!("unexpected worker message: {msg:?}");
         }
+        Answer::RestartFailed { detail } => r.detail = format!("not run: {detail}"),
     }
     r
 }
@@ -291,6 +306,56 @@ mod tests {
         };
         assert_eq!(judge(&case(7), &err, d).result, CaseResult::Failed);
         assert_eq!(skipped(&case(9), "cap").result, CaseResult::Skipped);
+    }
+
+    /// A scripted worker: ready at its first start, then it hangs on every case; every later
+    /// start exits at once (a device that does not come back after the kill).
+    #[test]
+    fn a_hang_then_a_failed_restart_stops_the_run_with_the_rest_listed_as_not_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("tiny.gguf");
+        crate::synth::generate(&crate::synth::SynthSpec::from_preset(crate::synth::Preset::Tiny), &model, |_, _| {}).unwrap();
+        let calibration = super::super::worker::Calibration { tokens: 256, seconds: 0.1 };
+        let ready = ModelWorkerMsg::Ready {
+            backend: "cpu".into(),
+            shape_class: String::new(),
+            context: 4096,
+            limits: None,
+            load_seconds: 0.0,
+            calibration,
+            fault: None,
+        };
+        let starts = dir.path().join("starts");
+        let script = format!(
+            "if [ -e '{0}' ]; then exit 9; fi; touch '{0}'; echo '{1}'; while read -r line; do exec sleep 600; done",
+            starts.display(),
+            serde_json::to_string(&ready).unwrap()
+        );
+        let serving = ServingParams { max_batch_tokens: 16_384, prefill_chunk: 4096, context: 0 };
+        let mut opts = Options::new(model, BackendKind::Cpu, serving, "test");
+        opts.max_tokens = Some(4);
+        opts.deadline = DeadlinePolicy { factor: 0.0, floor: Duration::from_millis(300) };
+        opts.startup_timeout = Duration::from_secs(5);
+        let t0 = Instant::now();
+        let r = run(
+            &opts,
+            move |_| {
+                let mut c = Command::new("sh");
+                c.arg("-c").arg(&script);
+                c
+            },
+            &mut |_| {},
+        );
+        assert!(t0.elapsed() < Duration::from_secs(5), "one deadline and one failed restart: {:?}", t0.elapsed());
+        assert_eq!(r.shape_class, "qwen3moe-h256-e16-top4-ffn256");
+        assert_eq!(r.serving.context, 4096, "the engine's context is reported");
+        assert_eq!(r.hung, 1, "{:?}", r.cases);
+        assert_eq!(r.cases[0].id, "model/single/t1");
+        // Counts 1..=4: 1, 2, 3 and 4 single, 4 as four sequences; the 4 after the hang not run.
+        let not_run = r.cases.iter().filter(|c| c.detail.starts_with("not run: could not restart")).count();
+        assert_eq!(not_run, 4, "{:?}", r.cases);
+        assert_eq!(r.executed, 1);
+        assert!(matches!(&r.verdict, Verdict::Disqualified { reason } if reason.contains("at 1 tokens")), "{:?}", r.verdict);
     }
 
     #[test]

@@ -24,10 +24,14 @@ pub enum Answer<M> {
     Hung {
         wall_ms: f64,
     },
-    /// The child died (crash, exit without an answer, or a protocol error), or could not be restarted.
+    /// The child died (crash, exit without an answer, or a protocol error).
     Died {
         detail: String,
         wall_ms: f64,
+    },
+    /// No child to send the request to: a fresh one did not get ready (the request was not sent).
+    RestartFailed {
+        detail: String,
     },
 }
 
@@ -161,7 +165,7 @@ impl<M: DeserializeOwned + Debug + Send + 'static> DeadlineChild<M> {
             Some(w) => w,
             None => match self.spawn_ready() {
                 Ok((w, _)) => w,
-                Err(s) => return Answer::Died { detail: format!("could not restart the worker: {s:?}"), wall_ms: 0.0 },
+                Err(s) => return Answer::RestartFailed { detail: format!("could not restart the worker: {s:?}") },
             },
         };
         let t0 = Instant::now();

@@ -80,6 +80,7 @@ impl Runner {
             Answer::Reply { msg, wall_ms } => Returned::WorkerDied { detail: format!("unexpected worker message: {msg:?}"), wall_ms },
             Answer::Hung { wall_ms } => Returned::Hung { wall_ms },
             Answer::Died { detail, wall_ms } => Returned::WorkerDied { detail, wall_ms },
+            Answer::RestartFailed { detail } => Returned::WorkerDied { detail, wall_ms: 0.0 },
         }
     }
 }
