@@ -5,11 +5,13 @@
 //! here with the fleet issues.
 
 pub mod device;
+pub mod model_test;
 pub mod qualification;
 pub mod report;
 pub mod selftest;
 
 pub use device::{DeviceInfo, DeviceReport, UnifiedMemory};
+pub use model_test::{MODEL_TEST_SCHEMA, ModelTestReport, SelfTestWithModel};
 pub use qualification::{Envelope, FieldChange, Fingerprint, QUALIFICATION_SCHEMA, Qualification, ReportSummary, ServingParams};
 pub use report::{BackendCheck, BenchSummary, ModelSummary, QualificationReport, SuiteResult};
 pub use selftest::{CaseReport, CaseResult, DeviceSummary, NegativeControls, Phase, SelfTestReport, Verdict};

@@ -128,3 +128,24 @@ impl SelfTestReport {
         matches!(self.verdict, Verdict::Qualified { .. } | Verdict::Clamped { .. })
     }
 }
+
+/// The design's rule over executed cases, shared by the kernel and the model-level tests:
+/// qualified when nothing failed (up to the largest passing count); clamped under the first
+/// failure when every failure lies above every pass; disqualified when a failure (or hang) lies
+/// below a passing count, or at one token (chunking cannot avoid either). Cases of negative
+/// controls (kernel `neg_*`) and cases that did not run are not counted.
+pub fn threshold_verdict(cases: &[CaseReport]) -> Verdict {
+    let fixed = || cases.iter().filter(|c| !c.kernel.starts_with("neg_"));
+    let max_pass = fixed().filter(|c| c.result == CaseResult::Passed).map(|c| c.tokens).max();
+    let first_fail = fixed().filter(|c| matches!(c.result, CaseResult::Failed | CaseResult::Hung)).min_by_key(|c| c.tokens);
+    match (first_fail, max_pass) {
+        (None, max) => Verdict::Qualified { max_tokens: max.unwrap_or(0) },
+        (Some(f), Some(p)) if p > f.tokens => Verdict::Disqualified {
+            reason: format!("{} fails at {} tokens but {} tokens pass: chunking cannot avoid it ({})", f.kernel, f.tokens, p, f.detail),
+        },
+        (Some(f), _) if f.tokens <= 1 => {
+            Verdict::Disqualified { reason: format!("{} fails at {} tokens ({})", f.kernel, f.tokens, f.detail) }
+        }
+        (Some(f), _) => Verdict::Clamped { max_tokens: f.tokens - 1, first_failure: f.tokens },
+    }
+}

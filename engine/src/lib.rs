@@ -12,6 +12,7 @@
 //! - [`sched`]: the serving scheduler's pure logic: paged KV blocks with prefix reuse, the step
 //!   planner, admission control, the poison quarantine.
 //! - [`monitor`]: the progress board the watchdog reads, and test-only fault injection.
+//! - [`qualify`]: the model-level threshold test (critical counts through the whole model).
 
 pub mod arch;
 pub mod backend;
@@ -22,6 +23,7 @@ pub mod gguf;
 pub mod model;
 pub mod monitor;
 pub mod parity;
+pub mod qualify;
 pub mod sampler;
 pub mod sched;
 pub mod serve;

@@ -56,6 +56,9 @@ enum Cmd {
     /// Internal: the self-test's child process (reads cases on stdin, answers on stdout).
     #[command(name = "__selftest-worker", hide = true)]
     SelftestWorker,
+    /// Internal: the model-level test's child process (its configuration as one JSON argument).
+    #[command(name = "__model-test-worker", hide = true)]
+    ModelTestWorker { config: String },
     /// Internal: `serve`'s engine process (the supervisor's protocol on stdin/stdout).
     #[command(name = "engine-child", hide = true)]
     EngineChild,
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
             let code = brink_kernels::selftest::worker::serve(std::io::stdin().lock(), std::io::stdout().lock());
             ExitCode::from(code as u8)
         }
+        Cmd::ModelTestWorker { config } => ExitCode::from(brink_engine::qualify::worker::main_stdio(&config) as u8),
         Cmd::EngineChild => ExitCode::from(brink_engine::server::child::main_stdio() as u8),
     }
 }

@@ -1,15 +1,21 @@
 //! `brink-agent selftest`: derive the critical cases, run them in a child process with
 //! deadlines, print the report (table, or JSON with `--json`), exit non-zero unless qualified.
+//! With `--model FILE`: the kernel cases of that model's shape class, then the model-level
+//! threshold test of the file (whole forward passes at the critical counts), both reported.
 
-use std::path::PathBuf;
-use std::process::{Command, ExitCode};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
 
-use brink_api::selftest::{CaseResult, Verdict};
+use brink_api::selftest::Verdict;
+use brink_api::{ModelTestReport, SelfTestWithModel, ServingParams};
+use brink_engine::gguf::GgufFile;
 use brink_kernels::selftest::report::render;
-use brink_kernels::selftest::runner::Runner;
-use brink_kernels::selftest::session::{self, Options, Progress};
+use brink_kernels::selftest::session::{self, Options};
 use brink_kernels::thresholds::ModelShape;
-use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::engine_args::BackendArg;
+use crate::qualify::model_test;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -42,10 +48,45 @@ pub struct Args {
     /// Device memory the cases may use in GiB (default: free memory minus a 4 GiB reserve).
     #[arg(long, value_name = "GIB", allow_negative_numbers = true)]
     memory_budget_gib: Option<f64>,
+    /// A GGUF model: qualify its shape class, then run the model-level threshold test (whole
+    /// forward passes at the critical counts, compared with each sequence computed alone).
+    #[arg(long, value_name = "FILE")]
+    model: Option<PathBuf>,
+    /// Backend of the model-level test: auto takes cuda when a GPU is present, else cpu.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto, requires = "model")]
+    backend: BackendArg,
+    /// Model-level counts above N are listed as skipped (default: 16 on the cpu backend, every
+    /// count up to --max-batch-tokens on cuda).
+    #[arg(long, value_name = "N", requires = "model", value_parser = clap::value_parser!(u64).range(1..))]
+    model_max_tokens: Option<u64>,
+    /// KV positions per sequence of the model-level test (default: the model's context).
+    #[arg(long, value_name = "N", requires = "model", value_parser = clap::value_parser!(u64).range(1..))]
+    context: Option<u64>,
+    /// Smallest deadline of a model-level case in milliseconds (each case gets this plus 10x its
+    /// calibrated work).
+    #[arg(long, value_name = "MS", default_value_t = 10_000, requires = "model", value_parser = clap::value_parser!(u64).range(1..))]
+    model_deadline_floor_ms: u64,
+}
+
+/// The model's shape class from its header, or an error naming the file.
+fn model_shape(path: &Path) -> Result<ModelShape, String> {
+    let file = GgufFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let config = brink_engine::arch::config(&file).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(brink_engine::qualify::kernel_shape(&config))
 }
 
 pub fn run(args: Args) -> ExitCode {
-    let mut opts = Options::new(ModelShape::qwen3_30b_a3b(), env!("CARGO_PKG_VERSION"));
+    let shape = match &args.model {
+        Some(path) => match model_shape(path) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("error: --model {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => ModelShape::qwen3_30b_a3b(),
+    };
+    let mut opts = Options::new(shape, env!("CARGO_PKG_VERSION"));
     opts.serving.max_batch_tokens = args.max_batch_tokens;
     opts.serving.prefill_chunk = args.prefill_chunk;
     opts.max_tokens = Some(args.max_tokens);
@@ -66,37 +107,39 @@ pub fn run(args: Args) -> ExitCode {
         }
         opts.memory_budget_bytes = Some((g * (1u64 << 30) as f64) as u64);
     }
-    let exe = match std::env::current_exe() {
-        Ok(e) => e,
+    let report = match crate::qualify::kernels::run(&opts) {
+        Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot find this executable to start the self-test worker: {e}");
+            eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let mut runner = Runner::new(move || {
-        let mut c = Command::new(&exe);
-        c.arg("__selftest-worker");
-        c
+    let model = args.model.as_deref().map(|path| {
+        let serving = ServingParams {
+            max_batch_tokens: args.max_batch_tokens,
+            prefill_chunk: args.prefill_chunk,
+            context: args.context.unwrap_or(0),
+        };
+        let mut mopts = model_test::options(path, args.backend.resolve(), serving, args.model_max_tokens);
+        mopts.deadline.floor = Duration::from_millis(args.model_deadline_floor_ms);
+        model_test::run_with_progress(&mopts)
     });
-    let bar = ProgressBar::hidden();
-    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} self-test {pos}/{len} [{elapsed}] {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    bar.set_message("opening the GPU and compiling kernels");
-    let report = session::run(&mut runner, &opts, &mut |p| match p {
-        Progress::Derived { cases, .. } => bar.set_length(cases as u64),
-        Progress::Case { index, report, .. } => {
-            bar.set_position(index as u64 + 1);
-            bar.set_message(report.id.clone());
-            if matches!(report.result, CaseResult::Failed | CaseResult::Hung | CaseResult::Missed) {
-                bar.println(format!("{:?} {}: {}", report.result, report.id, report.detail));
-            }
-        }
-    });
-    bar.finish_and_clear();
-    let table = render(&report);
-    let json = match serde_json::to_string_pretty(&report) {
+    let kernels_ok = match report.verdict {
+        Verdict::Qualified { .. } | Verdict::Clamped { .. } => true,
+        // No GPU: the plans were checked and all fit; say so and succeed.
+        Verdict::NotQualified { .. } => report.failed == 0,
+        _ => false,
+    };
+    let ok = kernels_ok && model.as_ref().is_none_or(ModelTestReport::ok);
+    let mut table = render(&report);
+    if let Some(m) = &model {
+        table = format!("kernel self-test\n{table}\nmodel-level threshold test\n{}", brink_engine::qualify::render::render(m));
+    }
+    let json = match &model {
+        None => serde_json::to_string_pretty(&report),
+        Some(m) => serde_json::to_string_pretty(&SelfTestWithModel { kernels: report, model: m.clone() }),
+    };
+    let json = match json {
         Ok(j) => j,
         Err(e) => {
             eprintln!("error: cannot serialise the report: {e}");
@@ -115,10 +158,5 @@ pub fn run(args: Args) -> ExitCode {
     } else {
         print!("{table}");
     }
-    match report.verdict {
-        Verdict::Qualified { .. } | Verdict::Clamped { .. } => ExitCode::SUCCESS,
-        // No GPU: the plans were checked and all fit; say so and succeed.
-        Verdict::NotQualified { .. } if report.failed == 0 => ExitCode::SUCCESS,
-        _ => ExitCode::FAILURE,
-    }
+    if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }

@@ -2,8 +2,9 @@
 //! steps whose batch reaches a number of rows (so a "poison" prompt can be told from the small
 //! requests around it).
 //!
-//! Spec: `hang:layer=N[,min-rows=R]`, `fail:layer=N[,min-rows=R]`,
-//! `launch-error:layer=N[,min-rows=R]` or `sticky-launch-error:…`. A hang on the CPU backend is a blocking wait; on the CUDA
+//! Spec: `hang:layer=N[,min-rows=R][,max-rows=M]`, `fail:…`, `launch-error:…` or
+//! `sticky-launch-error:…` with the same keys (`max-rows` makes small steps fail, as a tail bug
+//! does, while larger ones pass). A hang on the CPU backend is a blocking wait; on the CUDA
 //! backend it is the negative control's tail-skip kernel, a real warp deadlock on the device. A
 //! fail returns an error from the layer; a launch error returns one shaped as the CUDA backend's
 //! rejected launch (kernel [`INJECTED_KERNEL`]), so the launch-error accounting is tested on
@@ -41,12 +42,14 @@ pub struct Fault {
     pub layer: u32,
     /// Steps with fewer rows run normally.
     pub min_rows: u64,
+    /// Steps with more rows run normally (`None`: no upper bound).
+    pub max_rows: Option<u64>,
 }
 
 impl Fault {
     /// The fault to inject when `layer` of a step of `rows` rows starts, if any.
     pub fn fires(&self, layer: u32, rows: u64) -> Option<FaultKind> {
-        (layer == self.layer && rows >= self.min_rows).then_some(self.kind)
+        (layer == self.layer && rows >= self.min_rows && self.max_rows.is_none_or(|m| rows <= m)).then_some(self.kind)
     }
 }
 
@@ -58,7 +61,11 @@ impl fmt::Display for Fault {
             FaultKind::LaunchError { sticky: false } => "launch-error",
             FaultKind::LaunchError { sticky: true } => "sticky-launch-error",
         };
-        write!(f, "{kind}:layer={},min-rows={}", self.layer, self.min_rows)
+        write!(f, "{kind}:layer={},min-rows={}", self.layer, self.min_rows)?;
+        match self.max_rows {
+            Some(m) => write!(f, ",max-rows={m}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -66,7 +73,7 @@ impl FromStr for Fault {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Fault, String> {
-        let usage = "expected hang:layer=N[,min-rows=R], or fail:, launch-error: or sticky-launch-error: with the same keys";
+        let usage = "expected hang:layer=N[,min-rows=R][,max-rows=M], or fail:, launch-error: or sticky-launch-error: with the same keys";
         let (kind, rest) = s.split_once(':').ok_or_else(|| format!("fault {s:?}: {usage}"))?;
         let kind = match kind.trim() {
             "hang" => FaultKind::Hang,
@@ -75,18 +82,19 @@ impl FromStr for Fault {
             "sticky-launch-error" => FaultKind::LaunchError { sticky: true },
             other => return Err(format!("fault {s:?}: unknown kind {other:?}; {usage}")),
         };
-        let (mut layer, mut min_rows) = (None, 1u64);
+        let (mut layer, mut min_rows, mut max_rows) = (None, 1u64, None);
         for part in rest.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (key, value) = part.split_once('=').ok_or_else(|| format!("fault {s:?}: {part:?} is not key=value; {usage}"))?;
             let n: u64 = value.trim().parse().map_err(|_| format!("fault {s:?}: {key}={value:?} is not a number"))?;
             match key.trim() {
                 "layer" => layer = Some(u32::try_from(n).map_err(|_| format!("fault {s:?}: layer {n} is too large"))?),
                 "min-rows" => min_rows = n.max(1),
+                "max-rows" => max_rows = Some(n),
                 other => return Err(format!("fault {s:?}: unknown key {other:?}; {usage}")),
             }
         }
         let layer = layer.ok_or_else(|| format!("fault {s:?}: layer=N is required; {usage}"))?;
-        Ok(Fault { kind, layer, min_rows })
+        Ok(Fault { kind, layer, min_rows, max_rows })
     }
 }
 
@@ -97,7 +105,7 @@ mod tests {
     #[test]
     fn specs_parse_and_fire_on_their_layer_and_size() {
         let f: Fault = "hang:layer=2,min-rows=1000".parse().unwrap();
-        assert_eq!(f, Fault { kind: FaultKind::Hang, layer: 2, min_rows: 1000 });
+        assert_eq!(f, Fault { kind: FaultKind::Hang, layer: 2, min_rows: 1000, max_rows: None });
         assert_eq!(f.fires(2, 1000), Some(FaultKind::Hang));
         assert_eq!(f.fires(2, 999), None);
         assert_eq!(f.fires(1, 5000), None);
@@ -114,6 +122,9 @@ mod tests {
         assert!(e.to_string().contains("injected launch error at layer 1"), "{e}");
         let l = injected_launch_error("cuda", 0, "Embed", true).launch.unwrap();
         assert_eq!((l.phase.as_str(), l.error.as_str(), l.sticky), ("execution", "CUDA_ERROR_ILLEGAL_ADDRESS", true));
+        let f: Fault = "fail:layer=0,max-rows=3".parse().unwrap();
+        assert_eq!((f.fires(0, 1), f.fires(0, 3), f.fires(0, 4)), (Some(FaultKind::Fail), Some(FaultKind::Fail), None));
+        assert_eq!(f.to_string().parse::<Fault>().unwrap(), f);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 pub mod case;
 pub mod catalogue;
+pub mod deadline;
 pub mod report;
 pub mod runner;
 pub mod session;

@@ -105,19 +105,7 @@ pub fn verdict(cases: &[CaseReport], executed_any: bool, negative: &NegativeCont
         let ids: Vec<&str> = cases.iter().filter(|c| c.result == CaseResult::Missed).map(|c| c.id.as_str()).collect();
         return Verdict::Disqualified { reason: format!("the self-test cannot fail: negative control(s) not flagged: {}", ids.join(", ")) };
     }
-    let fixed = || cases.iter().filter(|c| !c.kernel.starts_with("neg_"));
-    let max_pass = fixed().filter(|c| c.result == CaseResult::Passed).map(|c| c.tokens).max();
-    let first_fail = fixed().filter(|c| matches!(c.result, CaseResult::Failed | CaseResult::Hung)).min_by_key(|c| c.tokens);
-    match (first_fail, max_pass) {
-        (None, max) => Verdict::Qualified { max_tokens: max.unwrap_or(0) },
-        (Some(f), Some(p)) if p > f.tokens => Verdict::Disqualified {
-            reason: format!("{} fails at {} tokens but {} tokens pass: chunking cannot avoid it ({})", f.kernel, f.tokens, p, f.detail),
-        },
-        (Some(f), _) if f.tokens <= 1 => {
-            Verdict::Disqualified { reason: format!("{} fails at {} tokens ({})", f.kernel, f.tokens, f.detail) }
-        }
-        (Some(f), _) => Verdict::Clamped { max_tokens: f.tokens - 1, first_failure: f.tokens },
-    }
+    brink_api::selftest::threshold_verdict(cases)
 }
 
 pub fn count_negative(cases: &[CaseReport]) -> NegativeControls {

@@ -6,6 +6,7 @@
 pub mod backend_truth;
 pub mod cache;
 pub mod kernels;
+pub mod model_test;
 pub mod verdict;
 
 use std::time::SystemTime;

@@ -193,7 +193,7 @@ fn up(a: Args) -> Result<ExitCode, String> {
         }
         _ => {
             let kernels = phases.run("kernel self-test", || kernel_suite(&a, &config, backend))?;
-            let model_test = phases.run("model-level threshold test", || model_suite(&a, &model_path, backend, serving))?;
+            let model_test = phases.run("model-level threshold test", || model_suite(&a, &model_path, backend, serving));
             (kernels, model_test, false)
         }
     };
@@ -345,7 +345,7 @@ fn kernel_suite(a: &Args, config: &ModelConfig, backend: BackendKind) -> Result<
             verdict: Verdict::NotQualified { reason: "--backend cpu: the engine does not run the GPU kernels".into() },
         });
     }
-    let mut opts = session::Options::new(qualify::kernels::shape_of(config), env!("CARGO_PKG_VERSION"));
+    let mut opts = session::Options::new(brink_engine::qualify::kernel_shape(config), env!("CARGO_PKG_VERSION"));
     opts.serving.max_batch_tokens = a.max_batch_tokens;
     opts.serving.prefill_chunk = a.prefill_chunk;
     if a.no_negative_controls {
@@ -359,14 +359,23 @@ fn kernel_suite(a: &Args, config: &ModelConfig, backend: BackendKind) -> Result<
     Ok(SuiteResult { summary: ReportSummary::from(&report), verdict: report.verdict })
 }
 
-/// The model-level threshold test.
-fn model_suite(a: &Args, model: &Path, backend: BackendKind, serving: ServingParams) -> Result<SuiteResult, String> {
-    let max_tokens = a.model_test_max_tokens.unwrap_or(match backend {
-        BackendKind::Cuda => serving.max_batch_tokens,
-        BackendKind::Cpu => 1024,
-    });
-    let _ = (model, max_tokens);
-    Ok(SuiteResult { summary: ReportSummary::default(), verdict: Verdict::NotQualified { reason: "MODEL TEST NOT WIRED YET".into() } })
+/// The model-level threshold test (prefills at the derived counts through the whole model).
+fn model_suite(a: &Args, model: &Path, backend: BackendKind, serving: ServingParams) -> SuiteResult {
+    let opts = qualify::model_test::options(model, backend, serving, a.model_test_max_tokens);
+    let r = qualify::model_test::run_with_progress(&opts);
+    for c in r.cases.iter().filter(|c| matches!(c.result, brink_api::CaseResult::Failed | brink_api::CaseResult::Hung)) {
+        eprintln!("brink up: model case {} {:?}: {}", c.id, c.result, c.detail);
+    }
+    let summary = ReportSummary {
+        derived: r.derived,
+        executed: r.executed,
+        passed: r.passed,
+        failed: r.failed,
+        hung: r.hung,
+        skipped: r.skipped,
+        negative_controls_missed: 0,
+    };
+    SuiteResult { summary, verdict: r.verdict }
 }
 
 fn serve_options(

@@ -1,0 +1,306 @@
+//! Which forward passes the model-level threshold test runs, derived, never chosen by hand.
+//!
+//! The counts are the kernel catalogue's critical counts for the model's shape class, the
+//! serving envelope and the device's limits (the union over every kernel), kept where a forward
+//! pass can reach them: at most `max_batch_tokens` rows, since the scheduler never runs more
+//! in one step. Each count runs in each batch composition of `thresholds::compositions`
+//! (one prompt; four sequences; a prefill beside eight decode rows), so a packed batch hits
+//! the count as a single prompt does. Pure: tested without a model.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use brink_api::ServingParams;
+use brink_kernels::limits::DeviceLimits;
+use brink_kernels::selftest::catalogue;
+use brink_kernels::thresholds::{ModelShape, Serving, compositions};
+use serde::{Deserialize, Serialize};
+
+/// Tokens each decode sequence holds before the step that decodes one more: long enough that
+/// its decode row attends over a cache, short enough to cost nothing.
+pub const DECODE_PROMPT: u64 = 5;
+
+/// Decode rows beside the prefill in a mixed batch (as `thresholds::compositions` builds it).
+pub const DECODE_ROWS: u64 = 8;
+
+/// Chunk of the reference computation: each sequence alone, in chunks of 128 tokens. A full
+/// multiple of the 64-row tiles, far below every grid and index limit, and itself a count the
+/// test covers; a different batch geometry from the step under test, which is the point.
+pub const REFERENCE_CHUNK: u64 = 128;
+
+/// Largest normalised max abs difference (`max |step - reference| / max |reference|` over a
+/// sequence's last-position logits) that passes. Both sides run on the same backend with the
+/// same per-row quantization; only the batch shape differs (tile tails, GEMV vs GEMM, attention
+/// split), which reorders sums: ~1e-6 on the CPU, ~1e-3 on CUDA. A near-tie in a router's top-k
+/// can still send one token to another expert and move its row by ~0.1 (as in the parity
+/// tests), while a broken tail, an overflowed index or a dropped tile moves it by O(1): 0.3
+/// sits between. NaN or infinity always fails.
+pub const TOLERANCE: f64 = 0.3;
+
+/// How a case's count is split into sequences.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Composition {
+    /// One prompt of `count` tokens.
+    Single,
+    /// Four prompts whose lengths sum to `count` (a scheduler packing medium prompts).
+    FourSeqs,
+    /// A prefill chunk of `count - 8` tokens beside 8 decode rows of other sequences.
+    MixedDecode,
+}
+
+impl Composition {
+    /// The `kernel` column of the report.
+    pub fn kernel(self) -> &'static str {
+        match self {
+            Composition::Single => "model/single",
+            Composition::FourSeqs => "model/4-seqs",
+            Composition::MixedDecode => "model/mixed-decode",
+        }
+    }
+}
+
+/// One forward pass to test: the step's rows per sequence, and why the count is critical.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelCase {
+    /// e.g. `model/4-seqs/t8192`.
+    pub id: String,
+    pub composition: Composition,
+    /// Rows of the step: the critical count.
+    pub tokens: u64,
+    /// Rows each sequence puts in the step (decode sequences: 1).
+    pub batch: Vec<u64>,
+    pub reasons: Vec<String>,
+}
+
+/// A sequence of a case: positions already cached before the step, and rows in the step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqPlan {
+    pub cached: u64,
+    pub rows: u64,
+}
+
+impl SeqPlan {
+    pub fn len(&self) -> u64 {
+        self.cached + self.rows
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl ModelCase {
+    pub fn sequences(&self) -> Vec<SeqPlan> {
+        self.batch
+            .iter()
+            .enumerate()
+            .map(|(i, &rows)| {
+                let decode = self.composition == Composition::MixedDecode && i > 0;
+                SeqPlan { cached: if decode { DECODE_PROMPT } else { 0 }, rows }
+            })
+            .collect()
+    }
+
+    /// KV blocks of `block_size` positions the case's sequences hold at once.
+    pub fn blocks_needed(&self, block_size: u64) -> u64 {
+        self.sequences().iter().map(|s| s.len().div_ceil(block_size)).sum()
+    }
+
+    /// Tokens the worker runs through the model for this case: the decode sequences' prompts,
+    /// the step, and every sequence again for its reference.
+    pub fn work_tokens(&self) -> u64 {
+        self.sequences().iter().map(|s| s.cached + s.rows + s.len()).sum()
+    }
+
+    /// The longest sequence (it must fit in the context).
+    pub fn longest(&self) -> u64 {
+        self.sequences().iter().map(SeqPlan::len).max().unwrap_or(0)
+    }
+}
+
+/// Every derived case, and the critical counts behind them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Derivation {
+    /// Distinct counts a step can reach, with their reasons.
+    pub counts: Vec<(u64, Vec<String>)>,
+    /// Distinct counts of the kernel catalogue above `max_batch_tokens` (no step runs them).
+    pub unreachable: u64,
+    /// Cases to run, smallest count first.
+    pub cases: Vec<ModelCase>,
+    /// Derived cases that will not run, and why.
+    pub skipped: Vec<(ModelCase, String)>,
+}
+
+/// The catalogue's critical counts for `shape` on `limits`, each with its reasons (`reason
+/// [kernel, ...]`), split into those `<= max_batch_tokens` and the number above.
+pub fn critical_counts(shape: &ModelShape, serving: &ServingParams, limits: &DeviceLimits) -> (Vec<(u64, Vec<String>)>, u64) {
+    let kernel_serving = Serving { max_batch_tokens: serving.max_batch_tokens, prefill_chunk: serving.prefill_chunk };
+    // Every derived count, whatever the memory or a cap would let the kernel test run.
+    let opts = catalogue::Options { memory_budget_bytes: u64::MAX, negative_controls: false, max_tokens: None };
+    let cat = catalogue::derive(shape, &kernel_serving, limits, &opts);
+    let mut by_count: BTreeMap<u64, Vec<(String, Vec<String>)>> = BTreeMap::new();
+    for case in cat.cases.iter().chain(cat.skipped.iter().map(|(c, _)| c)) {
+        let reasons = by_count.entry(case.tokens).or_default();
+        for r in &case.reasons {
+            match reasons.iter_mut().find(|(text, _)| text == r) {
+                Some((_, kernels)) if kernels.contains(&case.kernel) => {}
+                Some((_, kernels)) => kernels.push(case.kernel.clone()),
+                None => reasons.push((r.clone(), vec![case.kernel.clone()])),
+            }
+        }
+    }
+    let unreachable = by_count.range(serving.max_batch_tokens + 1..).count() as u64;
+    let counts = by_count
+        .into_iter()
+        .filter(|&(t, _)| t >= 1 && t <= serving.max_batch_tokens)
+        .map(|(t, reasons)| (t, reasons.into_iter().map(|(text, kernels)| format!("{text} [{}]", kernels.join(", "))).collect()))
+        .collect();
+    (counts, unreachable)
+}
+
+fn composition_of(batch: &[u64]) -> Composition {
+    // `compositions` builds one prompt, four sequences, then a prefill and 8 decode rows.
+    match batch.len() {
+        1 => Composition::Single,
+        4 => Composition::FourSeqs,
+        _ => Composition::MixedDecode,
+    }
+}
+
+/// Every case for the counts of [`critical_counts`]: count x composition. Cases above
+/// `max_tokens`, or with a sequence longer than `context`, are listed as skipped with the reason.
+pub fn derive(shape: &ModelShape, serving: &ServingParams, limits: &DeviceLimits, max_tokens: Option<u64>, context: u64) -> Derivation {
+    let (counts, unreachable) = critical_counts(shape, serving, limits);
+    let (mut cases, mut skipped) = (Vec::new(), Vec::new());
+    for (tokens, reasons) in &counts {
+        for batch in compositions(*tokens) {
+            let composition = composition_of(&batch);
+            let case = ModelCase {
+                id: format!("{}/t{tokens}", composition.kernel()),
+                composition,
+                tokens: *tokens,
+                batch,
+                reasons: reasons.clone(),
+            };
+            if let Some(max) = max_tokens.filter(|&m| *tokens > m) {
+                skipped.push((case, format!("above the model test's cap of {max} tokens (--model-max-tokens)")));
+            } else if case.longest() > context {
+                let why = format!("a sequence of {} tokens does not fit the context of {context}", case.longest());
+                skipped.push((case, why));
+            } else {
+                cases.push(case);
+            }
+        }
+    }
+    Derivation { counts, unreachable, cases, skipped }
+}
+
+/// The KV blocks the worker's pool needs for every case up to `max_count` tokens: the largest
+/// case is a mixed batch (a prefill plus 8 decode sequences) or 4 sequences, each rounding up.
+pub fn pool_blocks(max_count: u64, block_size: u64) -> u64 {
+    max_count.div_ceil(block_size) + 4 + DECODE_ROWS * (DECODE_PROMPT + 1).div_ceil(block_size)
+}
+
+/// A case's deadline: `floor + factor x` the time its work takes at the calibrated throughput.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeadlinePolicy {
+    pub factor: f64,
+    pub floor: Duration,
+}
+
+impl Default for DeadlinePolicy {
+    /// Factor 10 over a calibration that already runs the slowest path (small reference chunks):
+    /// a large step runs faster per token, and attention's growth with the count up to the
+    /// envelope stays well inside 10x on the models served. The 10 s floor absorbs scheduling
+    /// noise, first-touch allocation and a cold cache on small cases; a hang is still caught in
+    /// seconds.
+    fn default() -> Self {
+        DeadlinePolicy { factor: 10.0, floor: Duration::from_secs(10) }
+    }
+}
+
+impl DeadlinePolicy {
+    pub fn deadline(&self, case: &ModelCase, tokens_per_s: f64) -> Duration {
+        let tps = if tokens_per_s.is_finite() && tokens_per_s > 0.0 { tokens_per_s } else { 1.0 };
+        let work = Duration::from_secs_f64((case.work_tokens() as f64 / tps * self.factor).min(86_400.0));
+        self.floor + work
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serving(max_batch_tokens: u64) -> ServingParams {
+        ServingParams { max_batch_tokens, prefill_chunk: 4096, context: 40_960 }
+    }
+
+    #[test]
+    fn counts_are_the_catalogues_within_the_batch_envelope() {
+        let shape = ModelShape::qwen3_30b_a3b();
+        let limits = DeviceLimits::gb10();
+        let (counts, unreachable) = critical_counts(&shape, &serving(16_384), &limits);
+        let opts = catalogue::Options { memory_budget_bytes: u64::MAX, negative_controls: false, max_tokens: None };
+        let cat = catalogue::derive(&shape, &Serving { max_batch_tokens: 16_384, prefill_chunk: 4096 }, &limits, &opts);
+        let all: std::collections::BTreeSet<u64> = cat.cases.iter().chain(cat.skipped.iter().map(|(c, _)| c)).map(|c| c.tokens).collect();
+        let ours: Vec<u64> = counts.iter().map(|(t, _)| *t).collect();
+        let expect: Vec<u64> = all.iter().copied().filter(|&t| t <= 16_384).collect();
+        assert_eq!(ours, expect);
+        assert_eq!(unreachable as usize, all.len() - expect.len());
+        assert!(unreachable > 0, "the 2^31 overflow points lie far above any batch");
+        for t in [1, 63, 64, 65, 4095, 4096, 4097, 8191, 8192, 16_383, 16_384] {
+            assert!(ours.contains(&t), "{t} missing");
+        }
+        assert!(!ours.contains(&16_385), "max batch tokens + 1 is never a step");
+        let reasons = &counts.iter().find(|(t, _)| *t == 8192).unwrap().1;
+        assert!(reasons.iter().any(|r| r.contains("top_k 8 on grid.z")), "{reasons:?}");
+    }
+
+    #[test]
+    fn every_composition_sums_to_its_count_and_caps_skip_with_a_reason() {
+        let shape = ModelShape::qwen3_30b_a3b();
+        let d = derive(&shape, &serving(16_384), &DeviceLimits::gb10(), Some(1024), 40_960);
+        assert!(!d.cases.is_empty() && !d.skipped.is_empty());
+        for c in d.cases.iter().chain(d.skipped.iter().map(|(c, _)| c)) {
+            assert_eq!(c.batch.iter().sum::<u64>(), c.tokens, "{}", c.id);
+            assert!(c.tokens <= 16_384);
+            assert!(!c.reasons.is_empty(), "{}", c.id);
+        }
+        assert!(d.cases.iter().all(|c| c.tokens <= 1024));
+        assert!(d.skipped.iter().all(|(c, why)| c.tokens > 1024 && why.contains("cap of 1024")));
+        // Each count in each composition its size allows.
+        let at = |t: u64| d.cases.iter().filter(|c| c.tokens == t).map(|c| c.composition).collect::<Vec<_>>();
+        assert_eq!(at(1), vec![Composition::Single]);
+        assert_eq!(at(64), vec![Composition::Single, Composition::FourSeqs, Composition::MixedDecode]);
+        let mixed = d.cases.iter().find(|c| c.id == "model/mixed-decode/t64").unwrap();
+        assert_eq!(mixed.batch, [vec![56], vec![1; 8]].concat());
+        assert_eq!(mixed.sequences()[1], SeqPlan { cached: DECODE_PROMPT, rows: 1 });
+        assert_eq!(d.cases.len() + d.skipped.len(), d.counts.iter().map(|(t, _)| compositions(*t).len()).sum::<usize>());
+    }
+
+    #[test]
+    fn a_short_context_skips_what_does_not_fit_and_the_pool_holds_the_largest_case() {
+        let shape = ModelShape::qwen3_30b_a3b();
+        let d = derive(&shape, &serving(16_384), &DeviceLimits::gb10(), None, 4096);
+        let single = d.skipped.iter().find(|(c, _)| c.id == "model/single/t8192").unwrap();
+        assert!(single.1.contains("context of 4096"), "{}", single.1);
+        // 4 x 2048 fits.
+        assert!(d.cases.iter().any(|c| c.id == "model/4-seqs/t8192"));
+        let most = d.cases.iter().map(|c| c.blocks_needed(16)).max().unwrap();
+        assert!(most <= pool_blocks(16_384, 16));
+        for c in &d.cases {
+            assert!(c.blocks_needed(16) <= pool_blocks(c.tokens, 16), "{}", c.id);
+        }
+    }
+
+    #[test]
+    fn deadlines_grow_with_the_work_above_a_floor() {
+        let p = DeadlinePolicy { factor: 10.0, floor: Duration::from_secs(2) };
+        let case = |t: u64| ModelCase { id: String::new(), composition: Composition::Single, tokens: t, batch: vec![t], reasons: vec![] };
+        // 100 tokens stepped + 100 of reference at 100 tok/s = 2 s of work, x10, + 2 s.
+        assert_eq!(p.deadline(&case(100), 100.0), Duration::from_secs(22));
+        assert!(p.deadline(&case(1000), 100.0) > p.deadline(&case(100), 100.0));
+        assert_eq!(p.deadline(&case(1), f64::NAN), Duration::from_secs(22));
+    }
+}
