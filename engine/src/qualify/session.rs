@@ -23,8 +23,8 @@ use crate::model::ModelError;
 /// CPU has no launch geometry to qualify (its kernels index with `usize`), so there the test
 /// checks the batching and the graph: 16 covers every decode batch size (the GEMV range), four
 /// sequences from 4 and a prefill beside 8 decode rows from 9. Each case costs about twice its
-/// count in tokens plus 88 for the decode prompts: the demo model runs its 37 cases in ~12 s on
-/// a busy 2-core machine (cap 32: 85 cases, ~45 s), so `up` on a CPU and CI stay fast. On CUDA
+/// count in tokens plus 88 for the decode prompts: the demo model runs its 37 cases in 7-14 s on
+/// a shared 2-core machine (cap 32: 85 cases, ~45 s), so `up` on a CPU and CI stay fast. On CUDA
 /// every reachable count runs (up to max batch tokens).
 pub const CPU_DEFAULT_MAX_TOKENS: u64 = 16;
 
