@@ -67,6 +67,10 @@ fn up_qualifies_benchmarks_and_serves_the_demo_model() {
     assert_eq!(r["url"].as_str(), Some(format!("http://{addr}").as_str()));
     assert!(r["kernels"]["summary"]["derived"].as_u64().unwrap() > 100, "{r:#}");
     assert_eq!(r["kernels"]["verdict"]["state"], "notQualified");
+    // The model-level test ran whole forward passes on the CPU backend, and they all passed.
+    let m = &r["modelTest"]["summary"];
+    assert!(m["executed"].as_u64().unwrap() > 10 && m["passed"] == m["executed"], "{r:#}");
+    assert_eq!(r["modelTest"]["verdict"]["state"], "qualified");
     assert!(r["bench"]["decodeTokensPerS"].as_f64().unwrap() > 0.0);
     assert_eq!(r["backendTruth"]["state"], "pass");
     assert_eq!(r["reused"], false);
