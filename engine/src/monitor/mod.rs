@@ -81,6 +81,12 @@ pub fn block_forever() -> ! {
     }
 }
 
+impl Default for Monitor {
+    fn default() -> Self {
+        Monitor::local()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,11 +100,5 @@ mod tests {
         assert_eq!(m.enter(Some(0), Op::AttnNorm, 8), None);
         assert_eq!(m.board().snapshot().layer, Some(0));
         assert_eq!(Monitor::local().enter(Some(1), Op::AttnNorm, 8), None);
-    }
-}
-
-impl Default for Monitor {
-    fn default() -> Self {
-        Monitor::local()
     }
 }

@@ -145,6 +145,7 @@ pub fn serve(cfg: &WorkerConfig, input: impl BufRead, mut out: impl Write) -> i3
     let gpu = cfg.backend == BackendKind::Cuda.name();
     let pool_blocks = u32::try_from(cfg.pool_blocks.min(engine.total_blocks() as u64)).unwrap_or(u32::MAX);
     let mut pool = BlockPool::new(pool_blocks);
+    let mut references = exec::References::default();
     let calibration = match calibrate(engine.as_mut(), &mut pool) {
         Ok(c) => c,
         Err(e) => return fatal(&mut out, format!("calibration prefill failed: {e}")),
@@ -173,7 +174,7 @@ pub fn serve(cfg: &WorkerConfig, input: impl BufRead, mut out: impl Write) -> i3
             Err(e) => return fatal(&mut out, format!("bad case line: {e}")),
         };
         let t = Instant::now();
-        let outcome = exec::run_case(engine.as_mut(), &mut pool, &case);
+        let outcome = exec::run_case(engine.as_mut(), &mut pool, &mut references, &case);
         let failed = matches!(outcome, ModelOutcome::Error { .. });
         let msg = ModelWorkerMsg::Result { id: case.id, outcome, wall_ms: t.elapsed().as_secs_f64() * 1e3 };
         if send(&mut out, &msg).is_err() {

@@ -1,6 +1,7 @@
 //! The model-level threshold test as the agent runs it (`selftest --model`, `up`): the engine's
 //! [`brink_engine::qualify`] session, its worker started as `brink-agent __model-test-worker`.
 
+use std::io::IsTerminal;
 use std::path::Path;
 use std::process::Command;
 
@@ -36,6 +37,7 @@ pub fn run_with(opts: &Options, progress: &mut dyn FnMut(Progress)) -> ModelTest
 
 /// [`run_with`] showing a progress bar on stderr (`selftest --model`, `up`).
 pub fn run_with_progress(opts: &Options) -> ModelTestReport {
+    let tty = std::io::stderr().is_terminal();
     let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
     bar.set_style(
         ProgressStyle::with_template("{spinner} model test {pos}/{len} [{elapsed}] {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -47,10 +49,14 @@ pub fn run_with_progress(opts: &Options) -> ModelTestReport {
             bar.println(format!("model loaded in {load_seconds:.1}s; calibration {tokens_per_s:.0} tok/s"));
         }
         Progress::Derived { cases, .. } => bar.set_length(cases as u64),
-        Progress::Case { index, report, .. } => {
+        Progress::Case { index, total, report } => {
             bar.set_position(index as u64 + 1);
             bar.set_message(report.id.clone());
-            if matches!(report.result, CaseResult::Failed | CaseResult::Hung) {
+            // Without a terminal the bar draws nothing: a line per case keeps the log readable
+            // evidence of where the time went (and where a run was cut short).
+            if !tty {
+                eprintln!("model test {}/{total} {} {:?} {:.0} ms", index + 1, report.id, report.result, report.wall_ms);
+            } else if matches!(report.result, CaseResult::Failed | CaseResult::Hung) {
                 bar.println(format!("{:?} {}: {}", report.result, report.id, report.detail));
             }
         }
