@@ -3,6 +3,11 @@
 
 use clap::{Parser, Subcommand};
 
+// The placement and lifecycle decisions; the controllers that call them arrive next, so
+// nothing in the binary uses them yet.
+#[allow(dead_code, unused_imports)]
+mod decide;
+
 #[derive(Parser)]
 #[command(name = "brink-operator", version, about = "brink's fleet operator")]
 struct Cli {

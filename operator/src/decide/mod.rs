@@ -1,0 +1,22 @@
+//! The operator's decisions, pure: no Kubernetes client, no I/O, no clock (time is an input).
+//! The controllers map API objects into the views of `inputs`, call these, and turn the
+//! results into writes, conditions and Events.
+
+mod eligibility;
+pub mod heartbeat;
+pub mod inputs;
+pub mod lifecycle;
+pub mod placement;
+pub mod reason;
+
+#[cfg(test)]
+mod tests;
+
+pub use heartbeat::{HeartbeatHistory, HeartbeatPolicy, HeartbeatState, Outage};
+pub use inputs::{
+    ClassQualification, DecideError, DeploymentView, MemoryNeed, NodeView, OnSelfTestFailure, Resident, Spread, Taint, TaintEffect,
+    Toleration,
+};
+pub use lifecycle::{Lifecycle, Replacement, ReplicaView, lifecycle};
+pub use placement::{Assignment, Placement, place};
+pub use reason::Reason;

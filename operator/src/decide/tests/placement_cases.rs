@@ -1,0 +1,523 @@
+//! `place`: one table, each case also run with the nodes in every rotation of both orders.
+
+use brink_api::Verdict;
+
+use super::*;
+
+struct Case {
+    name: &'static str,
+    nodes: Vec<NodeView>,
+    dep: DeploymentView,
+    count: u64,
+    /// (node, maxBatchTokens, prefillChunk, validated), in placement order.
+    placed: Vec<(&'static str, u64, u64, bool)>,
+    /// (node, text its reasons must contain), for nodes not chosen.
+    reasons: Vec<(&'static str, &'static str)>,
+    /// Text the condition message must contain (empty: there must be none).
+    message: &'static str,
+    qualify: Vec<&'static str>,
+}
+
+fn case(name: &'static str, nodes: Vec<NodeView>, dep: DeploymentView, count: u64) -> Case {
+    Case { name, nodes, dep, count, placed: vec![], reasons: vec![], message: "", qualify: vec![] }
+}
+
+impl Case {
+    fn placed(mut self, p: &[(&'static str, u64, u64, bool)]) -> Case {
+        self.placed = p.to_vec();
+        self
+    }
+    fn on(self, nodes: &[&'static str]) -> Case {
+        let p: Vec<_> = nodes.iter().map(|n| (*n, 8192, 2048, true)).collect();
+        self.placed(&p)
+    }
+    fn why(mut self, node: &'static str, text: &'static str) -> Case {
+        self.reasons.push((node, text));
+        self
+    }
+    fn message(mut self, text: &'static str) -> Case {
+        self.message = text;
+        self
+    }
+    fn qualify(mut self, nodes: &[&'static str]) -> Case {
+        self.qualify = nodes.to_vec();
+        self
+    }
+}
+
+fn cases() -> Vec<Case> {
+    use TaintEffect::*;
+    let other = "ai/other";
+    vec![
+        case("one healthy node", vec![node("a")], dep(), 1).on(&["a"]),
+        case("cordoned", vec![with("a", |n| n.unschedulable = true), node("b")], dep(), 1).on(&["b"]).why("a", "cordoned"),
+        case("NoSchedule taint blocks", vec![with("a", |n| n.taints = vec![taint("gpu-broken", NoSchedule)]), node("b")], dep(), 1)
+            .on(&["b"])
+            .why("a", "taint gpu-broken=true:NoSchedule"),
+        case("NoExecute taint blocks", vec![with("a", |n| n.taints = vec![taint("gpu-broken", NoExecute)]), node("b")], dep(), 1)
+            .on(&["b"])
+            .why("a", "taint gpu-broken=true:NoExecute"),
+        // The preference outranks load: b is busier but untainted.
+        case(
+            "PreferNoSchedule node is used last",
+            vec![
+                with("a", |n| n.taints = vec![taint("maint", PreferNoSchedule)]),
+                with("b", |n| n.residents = vec![resident("x", other, 50 * GIB)]),
+            ],
+            dep(),
+            1,
+        )
+        .on(&["b"])
+        .why("a", "fits, but"),
+        case(
+            "PreferNoSchedule node is used when it is the only one",
+            vec![with("a", |n| n.taints = vec![taint("maint", PreferNoSchedule)])],
+            dep(),
+            1,
+        )
+        .on(&["a"]),
+        case(
+            "a tolerated taint does not block",
+            vec![with("a", |n| n.taints = vec![taint("dedicated", NoSchedule)])],
+            dep_with(|d| d.tolerations = vec![Toleration { key: Some("dedicated".into()), value: None, effect: None }]),
+            1,
+        )
+        .on(&["a"]),
+        case(
+            "a toleration of another effect does not tolerate",
+            vec![with("a", |n| n.taints = vec![taint("dedicated", NoSchedule)])],
+            dep_with(|d| d.tolerations = vec![Toleration { key: Some("dedicated".into()), value: None, effect: Some(NoExecute) }]),
+            1,
+        )
+        .why("a", "taint dedicated=true:NoSchedule")
+        .message("1 of 1 replicas cannot be placed; 1 nodes: 1 taint dedicated=true:NoSchedule"),
+        case(
+            "a toleration of another value does not tolerate",
+            vec![with("a", |n| n.taints = vec![taint("dedicated", NoExecute)])],
+            dep_with(|d| d.tolerations = vec![Toleration { key: Some("dedicated".into()), value: Some("false".into()), effect: None }]),
+            1,
+        )
+        .why("a", "taint dedicated=true:NoExecute")
+        .message("1 taint dedicated=true:NoExecute"),
+        case("heartbeat expired", vec![with("a", |n| n.heartbeat = expired(10)), node("b")], dep(), 1)
+            .on(&["b"])
+            .why("a", "heartbeat expired 10 s ago"),
+        case("heartbeat lost", vec![with("a", |n| n.heartbeat = expired(600))], dep(), 1)
+            .why("a", "heartbeat expired 600 s ago")
+            .message("1 nodes: 1 heartbeat expired"),
+        case("heartbeat settling after an outage", vec![with("a", |n| n.heartbeat = settling(30)), node("b")], dep(), 1)
+            .on(&["b"])
+            .why("a", "heartbeat back for 30 s after an outage (settling for 120 s)"),
+        case("settled: 120 s fresh", vec![with("a", |n| n.heartbeat = settling(120))], dep(), 1).on(&["a"]),
+        case("heartbeat flapping", vec![with("a", |n| n.heartbeat = flapping()), node("b")], dep(), 1)
+            .on(&["b"])
+            .why("a", "heartbeat flapping: 3 outages within 600 s"),
+        case("no heartbeat lease", vec![with("a", |n| n.heartbeat = HeartbeatHistory::new(40)), node("b")], dep(), 1)
+            .on(&["b"])
+            .why("a", "no heartbeat lease"),
+        case("never qualified: qualification requested", vec![with("a", |n| n.classes.clear()), node("b")], dep(), 1)
+            .on(&["b"])
+            .why("a", "not qualified for class qwen3moe-h2048-e128-top8-ffn768 (no result yet; qualification requested)")
+            .qualify(&["a"]),
+        // A cordoned node is not asked to qualify: it could not serve anyway.
+        case(
+            "never qualified and cordoned: not asked",
+            vec![with("a", |n| {
+                n.classes.clear();
+                n.unschedulable = true
+            })],
+            dep(),
+            1,
+        )
+        .why("a", "cordoned"),
+        case(
+            "never qualified, qualification not required: unvalidated",
+            vec![with("a", |n| n.classes.clear())],
+            dep_with(|d| d.require_qualified = false),
+            1,
+        )
+        .placed(&[("a", 8192, 2048, false)]),
+        case(
+            "disqualified",
+            vec![with("a", |n| {
+                n.classes.insert(CLASS.into(), ClassQualification::Done(Verdict::Disqualified { reason: "tail bug at 5 tokens".into() }));
+            })],
+            dep_with(|d| d.require_qualified = false),
+            1,
+        )
+        .why("a", "(disqualified: tail bug at 5 tokens)")
+        .message("1 nodes: 1 not qualified for qwen3moe"),
+        case(
+            "qualifying now",
+            vec![with("a", |n| {
+                n.classes.insert(CLASS.into(), ClassQualification::InProgress);
+            })],
+            dep_with(|d| d.require_qualified = false),
+            1,
+        )
+        .why("a", "(qualifying now)"),
+        case(
+            "stale qualification",
+            vec![with("a", |n| {
+                n.classes.insert(CLASS.into(), ClassQualification::Stale { changed: "driverVersion changed: 580 -> 590".into() });
+            })],
+            dep(),
+            1,
+        )
+        .why("a", "(stale, re-qualifying: driverVersion changed: 580 -> 590)"),
+        case(
+            "nothing executed, qualification required",
+            vec![with("a", |n| {
+                n.classes.insert(CLASS.into(), ClassQualification::Done(Verdict::NotQualified { reason: "no GPU".into() }));
+            })],
+            dep(),
+            1,
+        )
+        .why("a", "(nothing executed: no GPU)"),
+        case(
+            "nothing executed, qualification not required: unvalidated",
+            vec![with("a", |n| {
+                n.classes.insert(CLASS.into(), ClassQualification::Done(Verdict::NotQualified { reason: "no GPU".into() }));
+            })],
+            dep_with(|d| d.require_qualified = false),
+            1,
+        )
+        .placed(&[("a", 8192, 2048, false)]),
+        case(
+            "another class's result does not count",
+            vec![with("a", |n| {
+                n.classes = BTreeMap::from([("llama-other".to_string(), qualified(16_384))]);
+            })],
+            dep(),
+            1,
+        )
+        .why("a", "no result yet")
+        .qualify(&["a"]),
+        // Memory boundaries: need 20 GiB.
+        case("memory: exact fit", vec![with("a", |n| n.allocatable_bytes = 20 * GIB)], dep(), 1).on(&["a"]),
+        case("memory: one byte short", vec![with("a", |n| n.allocatable_bytes = 20 * GIB - 1)], dep(), 1)
+            .why("a", "memory: needs 20.00 GiB, has 20.00 GiB (after residents and a 0.00 GiB reserve), 1 B short")
+            .message("1 of 1 replicas cannot be placed; 1 nodes: 1 insufficient memory (needs 20.00 GiB)"),
+        case(
+            "memory: the reserve fits exactly",
+            vec![with("a", |n| n.allocatable_bytes = 24 * GIB)],
+            dep_with(|d| d.reserve_bytes = 4 * GIB),
+            1,
+        )
+        .on(&["a"]),
+        case(
+            "memory: the reserve one byte over",
+            vec![with("a", |n| n.allocatable_bytes = 24 * GIB)],
+            dep_with(|d| d.reserve_bytes = 4 * GIB + 1),
+            1,
+        )
+        .why("a", "1 B short"),
+        case(
+            "memory: residents of every deployment count",
+            vec![with("a", |n| {
+                n.allocatable_bytes = 60 * GIB;
+                n.residents = vec![resident("x", "ai/other", 30 * GIB), resident("y", "ml/third", 10 * GIB)];
+            })],
+            dep(),
+            1,
+        )
+        .on(&["a"]),
+        case(
+            "memory: residents one byte over",
+            vec![with("a", |n| {
+                n.allocatable_bytes = 60 * GIB;
+                n.residents = vec![resident("x", "ai/other", 30 * GIB), resident("y", "ml/third", 10 * GIB + 1)];
+            })],
+            dep(),
+            1,
+        )
+        .why("a", "1 B short"),
+        case(
+            "memory: an overcommitted node has none",
+            vec![with("a", |n| n.residents = vec![resident("x", "ai/other", 150 * GIB)])],
+            dep(),
+            1,
+        )
+        .why("a", "has 0.00 GiB"),
+        // 10 GiB of weights + 64 KiB/token x 32768 tokens x 4 sequences (8 GiB) = 18 GiB.
+        case(
+            "memory: model plus KV, exact",
+            vec![with("a", |n| n.allocatable_bytes = 18 * GIB)],
+            dep_with(|d| {
+                d.memory = MemoryNeed::Model { model_bytes: 10 * GIB, kv_bytes_per_token: 64 << 10, context: 32_768, concurrency: 4 }
+            }),
+            1,
+        )
+        .on(&["a"]),
+        case(
+            "memory: model plus KV, one byte short",
+            vec![with("a", |n| n.allocatable_bytes = 18 * GIB - 1)],
+            dep_with(|d| {
+                d.memory = MemoryNeed::Model { model_bytes: 10 * GIB, kv_bytes_per_token: 64 << 10, context: 32_768, concurrency: 4 }
+            }),
+            1,
+        )
+        .why("a", "needs 18.00 GiB"),
+        // Envelopes: request 8192 / 2048.
+        case(
+            "Clamp at envelope == request",
+            vec![with("a", |n| {
+                n.classes.insert(CLASS.into(), qualified(8192));
+            })],
+            dep(),
+            1,
+        )
+        .on(&["a"]),
+        case(
+            "Refuse at envelope == request",
+            vec![with("a", |n| {
+                n.classes.insert(CLASS.into(), clamped(8192, 8193));
+            })],
+            dep_with(|d| d.on_self_test_failure = OnSelfTestFailure::Refuse),
+            1,
+        )
+        .on(&["a"]),
+        case(
+            "Clamp below request: batch clamped",
+            vec![with("a", |n| {
+                n.classes.insert(CLASS.into(), clamped(4096, 6144));
+            })],
+            dep(),
+            1,
+        )
+        .placed(&[("a", 4096, 2048, true)]),
+        case(
+            "Clamp below the chunk: both clamped",
+            vec![with("a", |n| {
+                n.classes.insert(CLASS.into(), clamped(1024, 1025));
+            })],
+            dep(),
+            1,
+        )
+        .placed(&[("a", 1024, 1024, true)]),
+        case(
+            "Refuse one token below request",
+            vec![with("a", |n| {
+                n.classes.insert(CLASS.into(), clamped(8191, 8192));
+            })],
+            dep_with(|d| d.on_self_test_failure = OnSelfTestFailure::Refuse),
+            1,
+        )
+        .why("a", "envelope 8191 tokens for class qwen3moe-h2048-e128-top8-ffn768 below requested 8192 under onSelfTestFailure Refuse")
+        .message("1 envelope below requested 8192 tokens (Refuse)"),
+        case(
+            "Refuse uses the node whose envelope covers",
+            vec![
+                with("a", |n| {
+                    n.classes.insert(CLASS.into(), clamped(4096, 6144));
+                }),
+                node("b"),
+            ],
+            dep_with(|d| d.on_self_test_failure = OnSelfTestFailure::Refuse),
+            1,
+        )
+        .on(&["b"])
+        .why("a", "envelope 4096"),
+        case(
+            "a zero envelope serves nothing",
+            vec![with("a", |n| {
+                n.classes.insert(CLASS.into(), qualified(0));
+            })],
+            dep(),
+            1,
+        )
+        .why("a", "validated no batch size"),
+        case(
+            "node selector",
+            vec![
+                with("a", |n| {
+                    n.labels.insert(GPU_LABEL.into(), "NVIDIA-H200".into());
+                }),
+                with("b", |n| n.labels.clear()),
+                node("c"),
+            ],
+            dep_with(|d| {
+                d.node_selector.insert(GPU_LABEL.into(), "NVIDIA-GB10".into());
+            }),
+            1,
+        )
+        .on(&["c"])
+        .why("a", "node selector mismatch: nvidia.com/gpu.product=NVIDIA-H200, wanted NVIDIA-GB10")
+        .why("b", "node selector mismatch: no label nvidia.com/gpu.product (wanted NVIDIA-GB10)"),
+        case(
+            "least loaded first",
+            vec![
+                with("a", |n| n.residents = vec![resident("x", other, 30 * GIB)]),
+                with("b", |n| n.residents = vec![resident("y", other, 10 * GIB)]),
+                with("c", |n| n.residents = vec![resident("z", other, 20 * GIB)]),
+            ],
+            dep(),
+            2,
+        )
+        .on(&["b", "c"])
+        .why("a", "fits, but"),
+        case(
+            "load is relative to the node's memory",
+            vec![
+                with("a", |n| {
+                    n.allocatable_bytes = 200 * GIB;
+                    n.residents = vec![resident("x", other, 40 * GIB)];
+                }),
+                with("b", |n| n.residents = vec![resident("y", other, 30 * GIB)]),
+            ],
+            dep(),
+            1,
+        )
+        .on(&["a"]),
+        case("equal nodes: the name decides", vec![node("c"), node("a"), node("b")], dep(), 1).on(&["a"]),
+        case(
+            "one per node: an existing replica counts",
+            vec![with("a", |n| n.residents = vec![resident("chat-0", DEP, 20 * GIB)]), node("b")],
+            dep(),
+            1,
+        )
+        .on(&["b"])
+        .why("a", "already hosts a replica of this deployment"),
+        case("one per node: more replicas than nodes", vec![node("a"), node("b")], dep(), 3)
+            .on(&["a", "b"])
+            .message("1 of 3 replicas cannot be placed; 2 nodes: 2 already hosts a replica (one per node)"),
+        // need 20: a 100, b 50, c 30. Fewest own replicas first, then load: a b c | a (0.2) b (0.4;
+        // c has 10 left) | a (0.4 vs b full).
+        case(
+            "prefer spread over uneven nodes",
+            vec![node("a"), with("b", |n| n.allocatable_bytes = 50 * GIB), with("c", |n| n.allocatable_bytes = 30 * GIB)],
+            dep_with(|d| d.spread = Spread::Prefer),
+            6,
+        )
+        .on(&["a", "b", "c", "a", "b", "a"]),
+        case(
+            "prefer spread: existing replicas count",
+            vec![with("a", |n| n.residents = vec![resident("chat-0", DEP, 20 * GIB), resident("chat-1", DEP, 20 * GIB)]), node("b")],
+            dep_with(|d| d.spread = Spread::Prefer),
+            3,
+        )
+        .on(&["b", "b", "a"]),
+        case(
+            "prefer spread: memory shrinks as replicas land",
+            vec![with("a", |n| n.allocatable_bytes = 50 * GIB)],
+            dep_with(|d| d.spread = Spread::Prefer),
+            3,
+        )
+        .on(&["a", "a"])
+        .message("1 of 3 replicas cannot be placed; 1 nodes: 1 insufficient memory (needs 20.00 GiB)"),
+        case("no nodes", vec![], dep(), 1).message("1 of 1 replicas cannot be placed; no nodes"),
+        case("nothing to place", vec![node("a")], dep(), 0).why("a", "fits, but"),
+        case(
+            "every reason is listed",
+            vec![with("a", |n| {
+                n.unschedulable = true;
+                n.taints = vec![taint("z-last", NoExecute), taint("a-first", NoSchedule)];
+                n.heartbeat = expired(5);
+                n.allocatable_bytes = GIB;
+                n.classes.insert(CLASS.into(), ClassQualification::InProgress);
+            })],
+            dep(),
+            1,
+        )
+        .why(
+            "a",
+            "cordoned; taint a-first=true:NoSchedule; taint z-last=true:NoExecute; heartbeat expired 5 s ago; not qualified for class",
+        )
+        .why("a", "qualifying now); memory: needs 20.00 GiB, has 1.00 GiB")
+        .message("1 nodes: 1 cordoned, 1 heartbeat expired, 1 insufficient memory (needs 20.00 GiB), 1 not qualified for"),
+        case(
+            "the summary counts nodes per reason, most first",
+            vec![
+                with("a", |n| n.unschedulable = true),
+                with("b", |n| n.unschedulable = true),
+                with("c", |n| n.allocatable_bytes = GIB),
+                with("d", |n| n.heartbeat = expired(1)),
+                with("e", |n| n.unschedulable = true),
+            ],
+            dep(),
+            2,
+        )
+        .message("2 of 2 replicas cannot be placed; 5 nodes: 3 cordoned, 1 heartbeat expired, 1 insufficient memory (needs 20.00 GiB)"),
+    ]
+}
+
+fn reasons_text(p: &Placement, node: &str) -> Option<String> {
+    p.not_chosen.iter().find(|(n, _)| n == node).map(|(_, rs)| rs.iter().map(|r| r.to_string()).collect::<Vec<_>>().join("; "))
+}
+
+#[test]
+fn placement_table() {
+    let cases = cases();
+    assert!(cases.len() >= 50, "{} cases", cases.len());
+    // Every case runs; the failures are reported together.
+    let failures: Vec<String> =
+        cases.iter().filter_map(|c| std::panic::catch_unwind(|| check(c)).err().map(|e| panic_text(&*e, c.name))).collect();
+    assert!(failures.is_empty(), "{} of the placement cases failed:\n{}", failures.len(), failures.join("\n"));
+}
+
+pub(super) fn panic_text(e: &(dyn std::any::Any + Send), name: &str) -> String {
+    let text = e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()));
+    format!("{name}: {}", text.unwrap_or_default())
+}
+
+fn check(c: &Case) {
+    {
+        let first = place(&c.dep, &c.nodes, c.count, NOW, &POLICY).unwrap_or_else(|e| panic!("{}: {e}", c.name));
+        let got: Vec<(&str, u64, u64, bool)> = first
+            .assignments
+            .iter()
+            .map(|a| (a.node.as_str(), a.limits.max_batch_tokens, a.limits.prefill_chunk, a.limits.validated))
+            .collect();
+        assert_eq!(got, c.placed, "{}: assignments", c.name);
+        for a in &first.assignments {
+            assert_eq!(a.memory_bytes, c.dep.memory_bytes().unwrap(), "{}", c.name);
+        }
+        assert_eq!(first.unplaced, c.count - c.placed.len() as u64, "{}: unplaced", c.name);
+        for (node, text) in &c.reasons {
+            let r = reasons_text(&first, node).unwrap_or_else(|| panic!("{}: {node} was chosen", c.name));
+            assert!(r.contains(text), "{}: {node}: {r:?} lacks {text:?}", c.name);
+        }
+        // Every node is either chosen or has a reason.
+        let chosen: std::collections::BTreeSet<&str> = got.iter().map(|g| g.0).collect();
+        assert_eq!(chosen.len() + first.not_chosen.len(), c.nodes.len(), "{}", c.name);
+        assert!(first.not_chosen.iter().all(|(n, rs)| !rs.is_empty() && !chosen.contains(n.as_str())), "{}", c.name);
+        // A message exactly when a replica is unplaced, naming the counts (and `c.message`).
+        match &first.message {
+            None => assert!(first.unplaced == 0 && c.message.is_empty(), "{}: no message", c.name),
+            Some(m) => {
+                let counts = format!("{} of {} replicas cannot be placed; ", first.unplaced, c.count);
+                assert!(first.unplaced > 0 && m.starts_with(&counts) && m.contains(c.message), "{}: {m:?} lacks {:?}", c.name, c.message);
+            }
+        }
+        assert_eq!(first.qualify, c.qualify, "{}: qualify", c.name);
+        for order in orders(&c.nodes) {
+            assert_eq!(place(&c.dep, &order, c.count, NOW, &POLICY).unwrap(), first, "{}: depends on the input order", c.name);
+        }
+    }
+}
+
+#[test]
+fn bad_deployments_are_refused_with_the_field() {
+    let model =
+        |kv: u64, context: u64, concurrency: u64| MemoryNeed::Model { model_bytes: GIB, kv_bytes_per_token: kv, context, concurrency };
+    let table: Vec<(DeploymentView, &str)> = vec![
+        (dep_with(|d| d.max_batch_tokens = 0), "ModelDeployment ai/chat: spec.serving.maxBatchTokens: must be at least 1"),
+        (dep_with(|d| d.prefill_chunk = 0), "spec.serving.prefillChunk: must be at least 1"),
+        (dep_with(|d| d.prefill_chunk = 8193), "spec.serving.prefillChunk: 8193 exceeds serving.maxBatchTokens 8192"),
+        (dep_with(|d| d.memory = model(1, 0, 1)), "spec.serving.context: must be at least 1"),
+        (dep_with(|d| d.memory = model(1, 1, 0)), "spec.serving.concurrency: must be at least 1"),
+        (
+            dep_with(|d| d.memory = model(1 << 40, 1 << 20, 1 << 10)),
+            "memory need: model 1073741824 B + KV 1099511627776 B/token x context 1048576 x concurrency 1024 exceeds 2^64 bytes",
+        ),
+        (dep_with(|d| d.memory = model(u64::MAX - GIB + 1, 1, 1)), "exceeds 2^64 bytes"),
+    ];
+    for (d, want) in table {
+        let err = place(&d, &[node("a")], 1, NOW, &POLICY).unwrap_err().to_string();
+        assert!(err.contains(want), "{err:?} lacks {want:?}");
+    }
+    // One byte under the overflow is fine.
+    assert!(place(&dep_with(|d| d.memory = model(u64::MAX - GIB, 1, 1)), &[node("a")], 1, NOW, &POLICY).is_ok());
+    let err = place(&dep(), &[node("a"), node("b"), node("a")], 1, NOW, &POLICY).unwrap_err();
+    assert_eq!(err, DecideError::DuplicateNode("a".into()));
+}
