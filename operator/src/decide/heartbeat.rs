@@ -26,7 +26,7 @@ pub struct HeartbeatPolicy {
     pub grace_s: u64,
     /// How long a heartbeat must be fresh after an outage before new replicas go to the node.
     pub settle_s: u64,
-    /// Outages within `flap_window_s` that make a node flapping.
+    /// Outages within `flap_window_s` that make a node flapping; 0 turns the rule off.
     pub flap_count: usize,
     pub flap_window_s: u64,
 }
@@ -138,7 +138,8 @@ impl HeartbeatHistory {
         {
             self.expiry_seen = true;
         }
-        let horizon = now_s.saturating_sub(policy.flap_window_s);
+        // Kept for the flap window, and for the settle time (which may be longer).
+        let horizon = now_s.saturating_sub(policy.flap_window_s.max(policy.settle_s));
         self.outages.retain(|o| o.renewed_at_s >= horizon);
         if self.outages.len() > MAX_OUTAGES {
             self.outages.drain(..self.outages.len() - MAX_OUTAGES);
@@ -198,7 +199,8 @@ mod tests {
     fn states_over_time() {
         use HeartbeatState::*;
         // (name, gaps, now, observe every, expected)
-        let table: Vec<(&str, Vec<(u64, u64)>, u64, u64, HeartbeatState)> = vec![
+        type Row = (&'static str, Vec<(u64, u64)>, u64, u64, HeartbeatState);
+        let table: Vec<Row> = vec![
             ("steady", vec![], 1000, 5, Fresh),
             ("a gap shorter than the lease is no outage", vec![(500, 530)], 1000, 5, Fresh),
             // Last renewal 490, expired at 530; at 560 expired 30 s: within the 60 s grace.
@@ -257,6 +259,21 @@ mod tests {
         assert!(h.outages.is_empty());
         assert_eq!(h.assess(140, &P), HeartbeatState::Fresh);
         assert_eq!(h.assess(141, &P), HeartbeatState::Expired { for_s: 1 });
+    }
+
+    #[test]
+    fn a_settle_time_longer_than_the_flap_window_holds() {
+        let p = HeartbeatPolicy { settle_s: 900, flap_window_s: 600, ..P };
+        let mut h = HeartbeatHistory::new(40);
+        h.observe(Some(0), 40, 0, &p);
+        h.observe(Some(0), 40, 50, &p);
+        h.observe(Some(100), 40, 100, &p);
+        for t in (100..=1000).step_by(10) {
+            h.observe(Some(t), 40, t, &p);
+        }
+        assert_eq!(h.outages, vec![Outage { expired_at_s: 40, renewed_at_s: 100 }]);
+        assert_eq!(h.assess(999, &p), HeartbeatState::Settling { fresh_for_s: 899, settle_s: 900 });
+        assert_eq!(h.assess(1000, &p), HeartbeatState::Fresh);
     }
 
     #[test]

@@ -136,6 +136,10 @@ pub enum MemoryNeed {
     Model { model_bytes: u64, kv_bytes_per_token: u64, context: u64, concurrency: u64 },
 }
 
+/// Replicas one deployment may ask for: far above any fleet of these nodes, low enough that a
+/// typo cannot keep a reconcile busy placing billions.
+pub const MAX_REPLICAS: u64 = 10_000;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeploymentView {
     /// `namespace/name`: matched against [`Resident::deployment`].
@@ -198,7 +202,14 @@ impl DeploymentView {
         if let MemoryNeed::Model { concurrency: 0, .. } = self.memory {
             return bad("serving.concurrency", "must be at least 1".into());
         }
-        self.memory_bytes().map(|_| ())
+        if self.replicas > MAX_REPLICAS {
+            return bad("replicas", format!("{} exceeds the limit of {MAX_REPLICAS}", self.replicas));
+        }
+        // A replica that needs no memory would fit any number of times: the model has bytes.
+        match self.memory_bytes()? {
+            0 => bad("memory", "a replica needs 0 bytes: the model's size is missing".into()),
+            _ => Ok(()),
+        }
     }
 
     pub fn tolerates(&self, taint: &Taint) -> bool {
@@ -211,8 +222,20 @@ impl DeploymentView {
 pub enum DecideError {
     DuplicateNode(String),
     DuplicateReplica(String),
-    MemoryOverflow { deployment: String, detail: String },
-    InvalidServing { deployment: String, field: &'static str, why: String },
+    /// More new replicas asked of one placement than [`MAX_REPLICAS`].
+    TooManyReplicas {
+        deployment: String,
+        count: u64,
+    },
+    MemoryOverflow {
+        deployment: String,
+        detail: String,
+    },
+    InvalidServing {
+        deployment: String,
+        field: &'static str,
+        why: String,
+    },
 }
 
 impl fmt::Display for DecideError {
@@ -220,6 +243,9 @@ impl fmt::Display for DecideError {
         match self {
             DecideError::DuplicateNode(n) => write!(f, "node {n} listed twice"),
             DecideError::DuplicateReplica(r) => write!(f, "replica {r} listed twice"),
+            DecideError::TooManyReplicas { deployment, count } => {
+                write!(f, "ModelDeployment {deployment}: {count} new replicas asked of one placement (limit {MAX_REPLICAS})")
+            }
             DecideError::MemoryOverflow { deployment, detail } => write!(f, "ModelDeployment {deployment}: memory need: {detail}"),
             DecideError::InvalidServing { deployment, field, why } => write!(f, "ModelDeployment {deployment}: spec.{field}: {why}"),
         }

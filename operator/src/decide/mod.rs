@@ -14,8 +14,8 @@ mod tests;
 
 pub use heartbeat::{HeartbeatHistory, HeartbeatPolicy, HeartbeatState, Outage};
 pub use inputs::{
-    ClassQualification, DecideError, DeploymentView, MemoryNeed, NodeView, OnSelfTestFailure, Resident, Spread, Taint, TaintEffect,
-    Toleration,
+    ClassQualification, DecideError, DeploymentView, MAX_REPLICAS, MemoryNeed, NodeView, OnSelfTestFailure, Resident, Spread, Taint,
+    TaintEffect, Toleration,
 };
 pub use lifecycle::{Lifecycle, Replacement, ReplicaView, lifecycle};
 pub use placement::{Assignment, Placement, place};

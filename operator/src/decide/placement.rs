@@ -13,7 +13,7 @@ use brink_api::Envelope;
 
 use super::eligibility::{self, Static};
 use super::heartbeat::HeartbeatPolicy;
-use super::inputs::{DecideError, DeploymentView, NodeView, Spread, sorted_nodes};
+use super::inputs::{DecideError, DeploymentView, MAX_REPLICAS, NodeView, Spread, sorted_nodes};
 use super::reason::{Reason, unplaced_summary};
 
 /// One new replica and where it goes.
@@ -36,7 +36,8 @@ pub struct Placement {
     pub unplaced: u64,
     /// For the replicas' condition when `unplaced > 0`.
     pub message: Option<String>,
-    /// Nodes that never qualified the class and pass every other static check: ask their agents.
+    /// Under `requireQualified`, nodes that never qualified the class and pass every other
+    /// static check: ask their agents to qualify it.
     pub qualify: Vec<String>,
 }
 
@@ -82,6 +83,9 @@ impl Candidate<'_> {
 /// replicas are the nodes' residents whose deployment is `dep.key`.
 pub fn place(dep: &DeploymentView, nodes: &[NodeView], count: u64, now_s: u64, policy: &HeartbeatPolicy) -> Result<Placement, DecideError> {
     dep.validate()?;
+    if count > MAX_REPLICAS {
+        return Err(DecideError::TooManyReplicas { deployment: dep.key.clone(), count });
+    }
     let need = dep.memory_bytes()?;
     let mut candidates: Vec<Candidate> = sorted_nodes(nodes)?
         .into_iter()
@@ -147,7 +151,7 @@ pub fn place(dep: &DeploymentView, nodes: &[NodeView], count: u64, now_s: u64, p
                 (c.node.name.clone(), reasons)
             })
             .collect();
-        unplaced_summary(unplaced, count, candidates.len(), &all)
+        unplaced_summary(unplaced, count, &all)
     });
     Ok(Placement { assignments, not_chosen, unplaced, message, qualify })
 }

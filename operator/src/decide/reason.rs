@@ -98,8 +98,10 @@ impl fmt::Display for Reason {
 }
 
 /// A condition message for replicas that could not be placed, in the style of the scheduler's
-/// `0/5 nodes are available: ...`: each reason kind with how many nodes gave it, most first.
-pub fn unplaced_summary(unplaced: u64, wanted: u64, nodes: usize, reasons: &[(String, Vec<Reason>)]) -> String {
+/// `0/5 nodes are available: ...`: how many nodes could still take one, then each reason kind
+/// with how many nodes gave it, most first. `reasons` has every node, with no reasons for one
+/// that could take a replica.
+pub fn unplaced_summary(unplaced: u64, wanted: u64, reasons: &[(String, Vec<Reason>)]) -> String {
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     for (_, rs) in reasons {
         // A node with two memory reasons counts once per kind.
@@ -112,11 +114,12 @@ pub fn unplaced_summary(unplaced: u64, wanted: u64, nodes: usize, reasons: &[(St
     }
     let mut by_count: Vec<(String, usize)> = counts.into_iter().collect();
     by_count.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    let detail = if nodes == 0 {
+    let detail = if reasons.is_empty() {
         "no nodes".to_string()
     } else {
+        let available = reasons.iter().filter(|(_, rs)| rs.is_empty()).count();
         let list: Vec<String> = by_count.iter().map(|(k, n)| format!("{n} {k}")).collect();
-        format!("{} nodes: {}", nodes, list.join(", "))
+        format!("{available}/{} nodes available: {}", reasons.len(), list.join(", "))
     };
     format!("{unplaced} of {wanted} replicas cannot be placed; {detail}")
 }

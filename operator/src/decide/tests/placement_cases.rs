@@ -90,7 +90,7 @@ fn cases() -> Vec<Case> {
             1,
         )
         .why("a", "taint dedicated=true:NoSchedule")
-        .message("1 of 1 replicas cannot be placed; 1 nodes: 1 taint dedicated=true:NoSchedule"),
+        .message("1 of 1 replicas cannot be placed; 0/1 nodes available: 1 taint dedicated=true:NoSchedule"),
         case(
             "a toleration of another value does not tolerate",
             vec![with("a", |n| n.taints = vec![taint("dedicated", NoExecute)])],
@@ -104,7 +104,7 @@ fn cases() -> Vec<Case> {
             .why("a", "heartbeat expired 10 s ago"),
         case("heartbeat lost", vec![with("a", |n| n.heartbeat = expired(600))], dep(), 1)
             .why("a", "heartbeat expired 600 s ago")
-            .message("1 nodes: 1 heartbeat expired"),
+            .message("0/1 nodes available: 1 heartbeat expired"),
         case("heartbeat settling after an outage", vec![with("a", |n| n.heartbeat = settling(30)), node("b")], dep(), 1)
             .on(&["b"])
             .why("a", "heartbeat back for 30 s after an outage (settling for 120 s)"),
@@ -146,7 +146,7 @@ fn cases() -> Vec<Case> {
             1,
         )
         .why("a", "(disqualified: tail bug at 5 tokens)")
-        .message("1 nodes: 1 not qualified for qwen3moe"),
+        .message("0/1 nodes available: 1 not qualified for qwen3moe"),
         case(
             "qualifying now",
             vec![with("a", |n| {
@@ -197,7 +197,7 @@ fn cases() -> Vec<Case> {
         case("memory: exact fit", vec![with("a", |n| n.allocatable_bytes = 20 * GIB)], dep(), 1).on(&["a"]),
         case("memory: one byte short", vec![with("a", |n| n.allocatable_bytes = 20 * GIB - 1)], dep(), 1)
             .why("a", "memory: needs 20.00 GiB, has 20.00 GiB (after residents and a 0.00 GiB reserve), 1 B short")
-            .message("1 of 1 replicas cannot be placed; 1 nodes: 1 insufficient memory (needs 20.00 GiB)"),
+            .message("1 of 1 replicas cannot be placed; 0/1 nodes available: 1 insufficient memory (needs 20.00 GiB)"),
         case(
             "memory: the reserve fits exactly",
             vec![with("a", |n| n.allocatable_bytes = 24 * GIB)],
@@ -380,7 +380,7 @@ fn cases() -> Vec<Case> {
         .why("a", "already hosts a replica of this deployment"),
         case("one per node: more replicas than nodes", vec![node("a"), node("b")], dep(), 3)
             .on(&["a", "b"])
-            .message("1 of 3 replicas cannot be placed; 2 nodes: 2 already hosts a replica (one per node)"),
+            .message("1 of 3 replicas cannot be placed; 0/2 nodes available: 2 already hosts a replica (one per node)"),
         // need 20: a 100, b 50, c 30. Fewest own replicas first, then load: a b c | a (0.2) b (0.4;
         // c has 10 left) | a (0.4 vs b full).
         case(
@@ -404,7 +404,7 @@ fn cases() -> Vec<Case> {
             3,
         )
         .on(&["a", "a"])
-        .message("1 of 3 replicas cannot be placed; 1 nodes: 1 insufficient memory (needs 20.00 GiB)"),
+        .message("1 of 3 replicas cannot be placed; 0/1 nodes available: 1 insufficient memory (needs 20.00 GiB)"),
         case("no nodes", vec![], dep(), 1).message("1 of 1 replicas cannot be placed; no nodes"),
         case("nothing to place", vec![node("a")], dep(), 0).why("a", "fits, but"),
         case(
@@ -424,7 +424,7 @@ fn cases() -> Vec<Case> {
             "cordoned; taint a-first=true:NoSchedule; taint z-last=true:NoExecute; heartbeat expired 5 s ago; not qualified for class",
         )
         .why("a", "qualifying now); memory: needs 20.00 GiB, has 1.00 GiB")
-        .message("1 nodes: 1 cordoned, 1 heartbeat expired, 1 insufficient memory (needs 20.00 GiB), 1 not qualified for"),
+        .message("0/1 nodes available: 1 cordoned, 1 heartbeat expired, 1 insufficient memory (needs 20.00 GiB), 1 not qualified for"),
         case(
             "the summary counts nodes per reason, most first",
             vec![
@@ -437,7 +437,7 @@ fn cases() -> Vec<Case> {
             dep(),
             2,
         )
-        .message("2 of 2 replicas cannot be placed; 5 nodes: 3 cordoned, 1 heartbeat expired, 1 insufficient memory (needs 20.00 GiB)"),
+        .message("2 of 2 replicas cannot be placed; 0/5 nodes available: 3 cordoned, 1 heartbeat expired, 1 insufficient memory (needs 20.00 GiB)"),
     ]
 }
 
@@ -511,6 +511,8 @@ fn bad_deployments_are_refused_with_the_field() {
             "memory need: model 1073741824 B + KV 1099511627776 B/token x context 1048576 x concurrency 1024 exceeds 2^64 bytes",
         ),
         (dep_with(|d| d.memory = model(u64::MAX - GIB + 1, 1, 1)), "exceeds 2^64 bytes"),
+        (dep_with(|d| d.memory = MemoryNeed::Bytes(0)), "spec.memory: a replica needs 0 bytes"),
+        (dep_with(|d| d.replicas = MAX_REPLICAS + 1), "spec.replicas: 10001 exceeds the limit of 10000"),
     ];
     for (d, want) in table {
         let err = place(&d, &[node("a")], 1, NOW, &POLICY).unwrap_err().to_string();
@@ -518,6 +520,13 @@ fn bad_deployments_are_refused_with_the_field() {
     }
     // One byte under the overflow is fine.
     assert!(place(&dep_with(|d| d.memory = model(u64::MAX - GIB, 1, 1)), &[node("a")], 1, NOW, &POLICY).is_ok());
+    assert!(place(&dep_with(|d| d.replicas = MAX_REPLICAS), &[node("a")], 1, NOW, &POLICY).is_ok());
+    let err = place(&dep(), &[node("a")], MAX_REPLICAS + 1, NOW, &POLICY).unwrap_err().to_string();
+    assert_eq!(err, "ModelDeployment ai/chat: 10001 new replicas asked of one placement (limit 10000)");
+    // The most a call may ask for, on a node with room for all: placed, one each.
+    let big = place(&dep_with(|d| d.spread = Spread::Prefer), &[with("a", |n| n.allocatable_bytes = u64::MAX)], MAX_REPLICAS, NOW, &POLICY)
+        .unwrap();
+    assert_eq!((big.assignments.len() as u64, big.unplaced), (MAX_REPLICAS, 0));
     let err = place(&dep(), &[node("a"), node("b"), node("a")], 1, NOW, &POLICY).unwrap_err();
     assert_eq!(err, DecideError::DuplicateNode("a".into()));
 }

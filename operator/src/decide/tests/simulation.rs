@@ -46,7 +46,9 @@ fn mv(t: u64, from: &str, to: &str) -> (u64, String, String) {
 #[test]
 fn flapping_heartbeats_do_not_bounce_replicas() {
     // (name, gaps, moves, when a takes replicas again)
-    let table: Vec<(&str, Vec<(&str, u64, u64)>, Vec<(u64, String, String)>, Option<u64>)> = vec![
+    type Gap = (&'static str, u64, u64);
+    type Move = (u64, String, String);
+    let table: Vec<(&str, Vec<Gap>, Vec<Move>, Option<u64>)> = vec![
         ("steady", vec![], vec![], None),
         // Renewed at 990, expired at 1030, back at 1070: 40 s, under the 60 s grace.
         ("one blip under the grace", vec![("a", 1000, 1070)], vec![], None),
