@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use brink_api::Verdict;
 
 use super::eligibility::schedulability;
-use super::heartbeat::HeartbeatPolicy;
+use super::heartbeat::{HeartbeatPolicy, HeartbeatState};
 use super::inputs::{ClassQualification, DecideError, DeploymentView, NodeView, sorted_nodes};
 use super::reason::Reason;
 
@@ -45,6 +45,11 @@ pub struct Lifecycle {
     pub remove: Vec<String>,
     /// New replicas to place: the shortfall plus one per replacement.
     pub place: u64,
+    /// Replicas kept on a node whose heartbeat expired within the grace: for a `Degraded`
+    /// condition, not for action.
+    pub held: Vec<Replacement>,
+    /// Seconds until the first held replica's grace ends: requeue then to decide again.
+    pub recheck_in_s: Option<u64>,
 }
 
 /// Decides for `replicas` of `dep` at `now_s`.
@@ -95,7 +100,17 @@ pub fn lifecycle(
         })
         .collect();
     let place = dep.replicas.saturating_sub(replicas.len() as u64) + replace.len() as u64;
-    Ok(Lifecycle { replace, remove, place })
+    let mut held = Vec::new();
+    let mut recheck_in_s: Option<u64> = None;
+    for r in remaining.iter().filter(|r| !due.contains_key(r.name.as_str())) {
+        let Some(node) = nodes.get(r.node.as_str()) else { continue };
+        if let state @ HeartbeatState::Expired { for_s } = node.heartbeat.assess(now_s, policy) {
+            held.push(Replacement { replica: r.name.clone(), node: r.node.clone(), reasons: vec![Reason::Heartbeat(state)] });
+            let left = policy.grace_s.saturating_sub(for_s);
+            recheck_in_s = Some(recheck_in_s.map_or(left, |s| s.min(left)));
+        }
+    }
+    Ok(Lifecycle { replace, remove, place, held, recheck_in_s })
 }
 
 /// Why a replica on `node` must leave it (empty: it stays).

@@ -16,10 +16,24 @@ struct Case {
     remove: Vec<&'static str>,
     place: u64,
     dep: DeploymentView,
+    /// Replicas held on an expired heartbeat, and the recheck.
+    held: Vec<&'static str>,
+    recheck: Option<u64>,
 }
 
 fn case(name: &'static str, nodes: Vec<NodeView>, replicas: &[(&'static str, &'static str, bool)], wanted: u64) -> Case {
-    Case { name, nodes, replicas: replicas.to_vec(), wanted, replace: vec![], remove: vec![], place: 0, dep: dep() }
+    Case {
+        name,
+        nodes,
+        replicas: replicas.to_vec(),
+        wanted,
+        replace: vec![],
+        remove: vec![],
+        place: 0,
+        dep: dep(),
+        held: vec![],
+        recheck: None,
+    }
 }
 
 impl Case {
@@ -33,6 +47,11 @@ impl Case {
     }
     fn dep(mut self, edit: impl FnOnce(&mut DeploymentView)) -> Case {
         edit(&mut self.dep);
+        self
+    }
+    fn held(mut self, rs: &[&'static str], recheck: u64) -> Case {
+        self.held = rs.to_vec();
+        self.recheck = Some(recheck);
         self
     }
     fn place(mut self, n: u64) -> Case {
@@ -76,7 +95,30 @@ fn cases() -> Vec<Case> {
         .dep(|d| d.tolerations = vec![Toleration { key: Some("dedicated".into()), value: Some("false".into()), effect: Some(NoExecute) }])
         .replace("r", "taint dedicated=true:NoExecute")
         .place(1),
-        one("heartbeat expired within the grace keeps", |n| n.heartbeat = expired(59)),
+        one("heartbeat expired within the grace keeps", |n| n.heartbeat = expired(59)).held(&["r"], 1),
+        one("heartbeat just expired keeps", |n| n.heartbeat = expired(1)).held(&["r"], 59),
+        case(
+            "held replicas recheck at the first grace's end",
+            vec![
+                with("a", |n| n.heartbeat = expired(10)),
+                with("b", |n| n.heartbeat = expired(45)),
+                with("c", |n| n.heartbeat = expired(60)),
+            ],
+            &[("r1", "a", true), ("r2", "b", true), ("r3", "c", true)],
+            3,
+        )
+        .held(&["r1", "r2"], 15)
+        .replace("r3", "heartbeat expired 60 s ago")
+        .place(1),
+        // A replica removed by the scale-down is not held.
+        case(
+            "held and scaled down",
+            vec![with("a", |n| n.heartbeat = expired(10)), node("b")],
+            &[("r1", "a", true), ("r2", "b", false)],
+            1,
+        )
+        .remove(&["r2"])
+        .held(&["r1"], 50),
         one("heartbeat expired at the grace is replaced", |n| n.heartbeat = expired(60))
             .replace("r", "heartbeat expired 60 s ago")
             .place(1),
@@ -185,6 +227,8 @@ fn lifecycle_table() {
         }
         assert_eq!(got.remove, c.remove, "{}: remove", c.name);
         assert_eq!(got.place, c.place, "{}: place", c.name);
+        let held: Vec<&str> = got.held.iter().map(|r| r.replica.as_str()).collect();
+        assert_eq!((held, got.recheck_in_s), (c.held.clone(), c.recheck), "{}: held", c.name);
         for nodes in orders(&c.nodes) {
             for reps in orders(&replicas) {
                 assert_eq!(lifecycle(&d, &reps, &nodes, NOW, &POLICY).unwrap(), got, "{}: depends on the input order", c.name);

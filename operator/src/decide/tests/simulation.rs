@@ -48,7 +48,8 @@ fn flapping_heartbeats_do_not_bounce_replicas() {
     // (name, gaps, moves, when a takes replicas again)
     type Gap = (&'static str, u64, u64);
     type Move = (u64, String, String);
-    let table: Vec<(&str, Vec<Gap>, Vec<Move>, Option<u64>)> = vec![
+    type Row = (&'static str, Vec<Gap>, Vec<Move>, Option<u64>);
+    let table: Vec<Row> = vec![
         ("steady", vec![], vec![], None),
         // Renewed at 990, expired at 1030, back at 1070: 40 s, under the 60 s grace.
         ("one blip under the grace", vec![("a", 1000, 1070)], vec![], None),
