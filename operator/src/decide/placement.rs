@@ -57,6 +57,13 @@ impl Candidate<'_> {
         self.node.allocatable_bytes.saturating_sub(self.committed).saturating_sub(reserve)
     }
 
+    /// The static reasons, then memory and spread as they stand now.
+    fn all_reasons(&self, dep: &DeploymentView, need: u64) -> Vec<Reason> {
+        let mut reasons = self.checks.reasons.clone();
+        reasons.extend(self.dynamic_reasons(dep, need));
+        reasons
+    }
+
     fn dynamic_reasons(&self, dep: &DeploymentView, need: u64) -> Vec<Reason> {
         let mut reasons = Vec::new();
         if dep.spread == Spread::OnePerNode && self.own > 0 {
@@ -127,8 +134,7 @@ pub fn place(dep: &DeploymentView, nodes: &[NodeView], count: u64, now_s: u64, p
         .iter()
         .filter(|c| c.placed == 0)
         .map(|c| {
-            let mut reasons = c.checks.reasons.clone();
-            reasons.extend(c.dynamic_reasons(dep, need));
+            let mut reasons = c.all_reasons(dep, need);
             if reasons.is_empty() {
                 reasons.push(Reason::NotNeeded);
             }
@@ -143,14 +149,7 @@ pub fn place(dep: &DeploymentView, nodes: &[NodeView], count: u64, now_s: u64, p
         .collect();
     let message = (unplaced > 0).then(|| {
         // Nodes that took replicas in this call are full now; say why for them too.
-        let all: Vec<(String, Vec<Reason>)> = candidates
-            .iter()
-            .map(|c| {
-                let mut reasons = c.checks.reasons.clone();
-                reasons.extend(c.dynamic_reasons(dep, need));
-                (c.node.name.clone(), reasons)
-            })
-            .collect();
+        let all: Vec<(String, Vec<Reason>)> = candidates.iter().map(|c| (c.node.name.clone(), c.all_reasons(dep, need))).collect();
         unplaced_summary(unplaced, count, &all)
     });
     Ok(Placement { assignments, not_chosen, unplaced, message, qualify })
