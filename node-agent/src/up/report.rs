@@ -101,7 +101,7 @@ pub fn render(r: &QualificationReport) -> String {
         Some(b) => {
             let _ = writeln!(
                 s,
-                "bench        prefill {:.1} tok/s ({}-token prompt, TTFT p50 {:.3} s), decode {:.1} tok/s (ITL p50 {:.1} ms); {} streams {:.1} tok/s; {} requests, {} failed",
+                "bench        prefill {:.1} tok/s ({}-token prompt, TTFT p50 {:.3} s), decode {:.1} tok/s (from the time per output token; ITL p50 {:.1} ms); {} streams {:.1} tok/s; {} requests, {} failed",
                 b.prefill_tokens_per_s,
                 b.prompt_tokens,
                 b.ttft_p50_s,
