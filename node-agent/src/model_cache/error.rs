@@ -37,6 +37,8 @@ pub enum CacheError {
     Header { path: PathBuf, message: String },
     #[error("the disk budget: {0}")]
     NoRoom(#[from] NoRoom),
+    #[error("model {sha256} is already being downloaded by another task; try again when it is done")]
+    Busy { sha256: String },
     #[error("a background task failed: {0}")]
     Task(String),
 }

@@ -83,6 +83,20 @@ pub struct ModelCache {
     client: reqwest::Client,
     /// Serialises the index's read-modify-write cycles within this process.
     index_lock: Mutex<()>,
+    /// Keys being downloaded: two downloads of one model would append to one partial file.
+    downloading: Mutex<HashSet<String>>,
+}
+
+/// Holds a key in `downloading` until dropped (also when the download's future is dropped).
+struct InFlight<'a> {
+    set: &'a Mutex<HashSet<String>>,
+    key: String,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.set.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&self.key);
+    }
 }
 
 impl ModelCache {
@@ -99,7 +113,7 @@ impl ModelCache {
             .read_timeout(config.read_timeout)
             .build()
             .map_err(|e| CacheError::Http { url: "(building the HTTP client)".into(), message: e.to_string() })?;
-        Ok(ModelCache { config, client, index_lock: Mutex::new(()) })
+        Ok(ModelCache { config, client, index_lock: Mutex::new(()), downloading: Mutex::new(HashSet::new()) })
     }
 
     pub fn root(&self) -> &Path {
@@ -129,6 +143,7 @@ impl ModelCache {
                 if let Some(hit) = self.touch(&key)? {
                     return hit;
                 }
+                let _in_flight = self.claim(&key)?;
                 self.download(&key, parts, credentials.as_ref(), in_use, progress).await
             }
         }
@@ -137,6 +152,14 @@ impl ModelCache {
     fn lock(&self) -> MutexGuard<'_, ()> {
         // A panic elsewhere while holding the lock left no half-written index (writes are atomic).
         self.index_lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn claim(&self, key: &str) -> Result<InFlight<'_>, CacheError> {
+        let mut set = self.downloading.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !set.insert(key.to_string()) {
+            return Err(CacheError::Busy { sha256: key.to_string() });
+        }
+        Ok(InFlight { set: &self.downloading, key: key.to_string() })
     }
 
     fn models_dir(&self) -> PathBuf {

@@ -425,3 +425,64 @@ async fn a_file_that_is_not_a_model_is_kept_with_the_reason() {
     assert!(matches!(ensure(&cache, &http(&server, "j.gguf", &sha), &[]).await, Err(CacheError::Header { .. })));
     assert_eq!(server.seen().len(), 1);
 }
+
+#[tokio::test]
+async fn a_split_model_is_fetched_part_by_part_and_named_for_the_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let (whole, _) = tiny_model(dir.path(), 0);
+    // The same tensors written as two parts, with the writer the synthesiser planned.
+    let file = brink_engine::gguf::GgufFile::open(dir.path().join("tiny-0.gguf")).unwrap();
+    let plan = SynthSpec::from_preset(Preset::Tiny).plan().unwrap();
+    let data: Vec<&[u8]> = plan
+        .writer
+        .tensors()
+        .iter()
+        .map(|t| {
+            let info = file.tensor(&t.name).unwrap();
+            &whole[info.file_offset() as usize..(info.file_offset() + info.size()) as usize]
+        })
+        .collect();
+    let paths = plan.writer.write_split_files(&dir.path().join("split"), 2, &data).unwrap();
+    let mut files = HashMap::new();
+    let mut parts = Vec::new();
+    let mut size = 0;
+    for (i, path) in paths.iter().enumerate() {
+        let bytes = std::fs::read(path).unwrap();
+        size += bytes.len() as u64;
+        parts.push(HttpPart { url: String::new(), sha256: download::hex(&Sha256::digest(&bytes)) });
+        files.insert(format!("p{i}.gguf"), bytes);
+    }
+    let server = Server::start(Behaviour { files, ..Behaviour::default() }).await;
+    for (i, part) in parts.iter_mut().enumerate() {
+        part.url = server.url(&format!("p{i}.gguf"));
+    }
+    let cache = ModelCache::open(config(&dir.path().join("cache"), 10 * size)).unwrap();
+    let mut parts_seen = HashSet::new();
+    let source = ModelSource::Http { parts: parts.clone(), credentials: None };
+    let got = cache
+        .ensure(&source, &HashSet::new(), &mut |part, _| {
+            parts_seen.insert(part);
+        })
+        .await
+        .unwrap();
+    let key = &parts[0].sha256;
+    let models = cache.root().join("models");
+    assert_eq!(got.path, models.join(format!("{key}-00001-of-00002.gguf")));
+    assert_eq!(std::fs::read(models.join(format!("{key}-00002-of-00002.gguf"))).unwrap(), std::fs::read(&paths[1]).unwrap());
+    assert_eq!((got.size, got.facts.experts, parts_seen), (size, 16, HashSet::from([0, 1])));
+    assert_eq!(cache.entries().unwrap()[0].files.len(), 2);
+}
+
+#[tokio::test]
+async fn one_model_is_downloaded_by_one_task_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, sha) = tiny_model(dir.path(), 0);
+    let server = Server::start(Behaviour { files: HashMap::from([("m.gguf".to_string(), model.clone())]), ..Behaviour::default() }).await;
+    let cache = ModelCache::open(config(&dir.path().join("cache"), 10 * model.len() as u64)).unwrap();
+    let source = http(&server, "m.gguf", &sha);
+    let (first, second) = tokio::join!(ensure(&cache, &source, &[]), ensure(&cache, &source, &[]));
+    let busy = [&first, &second].iter().filter(|r| matches!(r, Err(CacheError::Busy { .. }))).count();
+    assert_eq!((busy, first.is_ok() || second.is_ok()), (1, true), "{first:?} {second:?}");
+    // The claim is released: a third call finds the model cached.
+    assert!(!ensure(&cache, &source, &[]).await.unwrap().fetched);
+}
