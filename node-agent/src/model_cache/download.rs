@@ -97,6 +97,8 @@ async fn attempt_once(
     };
     let mut response = match request.send().await {
         Ok(r) => r,
+        // A URL that cannot be requested at all does not get better with retries.
+        Err(e) if e.is_builder() => return Err(CacheError::Http { url: url.to_string(), message: error_chain(&e) }),
         Err(e) => return Ok(Attempt::Retry(error_chain(&e))),
     };
     let status = response.status().as_u16();

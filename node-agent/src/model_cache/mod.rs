@@ -105,9 +105,6 @@ impl ModelCache {
         for dir in [config.root.join("models"), config.root.join("partial")] {
             std::fs::create_dir_all(&dir).map_err(|e| CacheError::io("creating the cache directory", &dir, e))?;
         }
-        // reqwest is built without a default TLS provider (ring instead of aws-lc-rs's C build);
-        // an error only says one is installed already.
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
             .read_timeout(config.read_timeout)

@@ -486,3 +486,22 @@ async fn one_model_is_downloaded_by_one_task_at_a_time() {
     // The claim is released: a third call finds the model cached.
     assert!(!ensure(&cache, &source, &[]).await.unwrap().fetched);
 }
+
+#[tokio::test]
+async fn https_speaks_tls_and_a_bad_url_fails_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(Behaviour::default()).await;
+    let cache = ModelCache::open(CacheConfig { attempts: 2, ..config(&dir.path().join("cache"), 1 << 20) }).unwrap();
+    let sha = "a".repeat(64);
+    let source = |url: String| ModelSource::Http { parts: vec![HttpPart { url, sha256: sha.clone() }], credentials: None };
+    // TLS to a plain-HTTP server: the handshake runs (TLS is built in) and fails, retried.
+    let https = server.url("m.gguf").replace("http://", "https://");
+    let err = ensure(&cache, &source(https.clone()), &[]).await.unwrap_err();
+    assert!(matches!(err, CacheError::Interrupted { attempts: 2, .. }), "{err:?}");
+    assert!(err.to_string().starts_with(&https), "{err}");
+    for bad in ["not a url", "ftp://example.invalid/m.gguf"] {
+        let err = ensure(&cache, &source(bad.to_string()), &[]).await.unwrap_err();
+        assert!(matches!(err, CacheError::Http { .. }), "{bad}: {err:?}");
+        assert!(err.to_string().starts_with(bad), "{err}");
+    }
+}
