@@ -146,6 +146,27 @@ impl ModelCache {
         }
     }
 
+    /// Removes the partial downloads whose sha256 is not in `wanted` (lowercase; the part
+    /// digests of every `Model` that still exists, those downloading now included): an
+    /// abandoned download would otherwise hold its bytes of the budget forever. Returns the
+    /// bytes freed.
+    pub fn prune_partials(&self, wanted: &HashSet<String>) -> Result<u64, CacheError> {
+        let dir = self.config.root.join("partial");
+        let read = std::fs::read_dir(&dir).map_err(|e| CacheError::io("listing", &dir, e))?;
+        let mut freed = 0;
+        for item in read {
+            let path = item.map_err(|e| CacheError::io("listing", &dir, e))?.path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            if name.strip_suffix(".part").is_some_and(|sha| wanted.contains(sha)) {
+                continue;
+            }
+            let len = std::fs::metadata(&path).map_err(|e| CacheError::io("reading the size of", &path, e))?.len();
+            std::fs::remove_file(&path).map_err(|e| CacheError::io("removing the abandoned download", &path, e))?;
+            freed += len;
+        }
+        Ok(freed)
+    }
+
     fn lock(&self) -> MutexGuard<'_, ()> {
         // A panic elsewhere while holding the lock left no half-written index (writes are atomic).
         self.index_lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner())

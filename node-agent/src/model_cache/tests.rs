@@ -505,3 +505,24 @@ async fn https_speaks_tls_and_a_bad_url_fails_at_once() {
         assert!(err.to_string().starts_with(bad), "{err}");
     }
 }
+
+#[tokio::test]
+async fn abandoned_partials_count_against_the_budget_until_pruned() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, sha) = tiny_model(dir.path(), 0);
+    let size = model.len() as u64;
+    let server = Server::start(Behaviour { files: HashMap::from([("m.gguf".to_string(), model.clone())]), ..Behaviour::default() }).await;
+    let root = dir.path().join("cache");
+    let cache = ModelCache::open(config(&root, size + size / 2)).unwrap();
+    let abandoned = "b".repeat(64);
+    std::fs::write(root.join("partial").join(format!("{abandoned}.part")), vec![0u8; (size / 2 + 1) as usize]).unwrap();
+    std::fs::write(root.join("partial").join(format!("{sha}.part")), &model[..10]).unwrap();
+    let err = ensure(&cache, &http(&server, "m.gguf", &sha), &[]).await.unwrap_err();
+    let CacheError::NoRoom(no_room) = &err else { panic!("{err:?}") };
+    assert_eq!(no_room.other_used, size / 2 + 1, "the partial being resumed is not counted twice");
+    assert_eq!(cache.prune_partials(&HashSet::from([sha.clone()])).unwrap(), size / 2 + 1);
+    assert_eq!(partial_files(&root), 1, "the wanted partial is kept");
+    let got = ensure(&cache, &http(&server, "m.gguf", &sha), &[]).await.unwrap();
+    assert_eq!(server.seen().last().unwrap().range, Some("bytes=10-".to_string()));
+    assert_eq!(std::fs::read(got.path).unwrap(), model);
+}
