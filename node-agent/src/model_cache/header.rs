@@ -1,0 +1,34 @@
+//! The facts a `Model`'s status carries, read from the GGUF header with the engine's reader
+//! (no tensor data is touched): architecture, experts, top_k, shape class and quant types.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use brink_engine::gguf::GgufFile;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeaderFacts {
+    pub arch: String,
+    pub experts: u64,
+    pub top_k: u64,
+    /// The kernels' qualification key, e.g. `qwen3moe-h2048-e128-top8-ffn768`.
+    pub shape_class: String,
+    /// The distinct tensor types, sorted by name (ggml's names, e.g. `f32`, `q8_0`).
+    pub quant_types: Vec<String>,
+}
+
+/// Reads the header of the model at `path` (any part of a split model). The error is the
+/// engine's message: it names the file, the key or the tensor.
+pub fn read(path: &Path) -> Result<HeaderFacts, String> {
+    let file = GgufFile::open(path).map_err(|e| e.to_string())?;
+    let config = brink_engine::arch::config(&file).map_err(|e| e.to_string())?;
+    let quant_types: BTreeSet<String> = file.tensors().iter().map(|t| t.ggml_type().to_string()).collect();
+    Ok(HeaderFacts {
+        arch: config.arch.clone(),
+        experts: config.moe.experts as u64,
+        top_k: config.moe.top_k as u64,
+        shape_class: config.shape_class(),
+        quant_types: quant_types.into_iter().collect(),
+    })
+}
