@@ -1,6 +1,10 @@
 //! The `brink.dev/v1alpha1` Kubernetes resources (one module per kind) and their conditions.
 //! The CRDs are generated from these types (`brink-operator crds`), never written by hand.
 
+// kube's `printcolumn(name = .., type_ = ..)` repeats keys inside one derive attribute, which
+// clippy mistakes for duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
 pub mod conditions;
 pub mod model;
 pub mod model_deployment;
