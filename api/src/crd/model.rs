@@ -38,7 +38,8 @@ pub struct ModelSpec {
     pub source: ModelSource,
     /// SHA-256 of the file, 64 lower-case hex digits (a single-file model).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^[0-9a-f]{64}$"))]
+    // maxLength as well as the pattern: the API server's CEL cost estimate (spec == oldSelf) needs bounds.
+    #[schemars(length(min = 64, max = 64), regex(pattern = r"^[0-9a-f]{64}$"))]
     pub sha256: Option<String>,
     #[serde(default)]
     pub format: ModelFormat,
@@ -51,7 +52,7 @@ pub struct ModelSpec {
 
 /// Where the file comes from: exactly one of `https`, `nodePath`, `pvc`.
 #[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[x_kube(validation = Rule::new("[has(self.https), has(self.nodePath), has(self.pvc)].filter(x, x).size() == 1")
+#[x_kube(validation = Rule::new("(has(self.https) ? 1 : 0) + (has(self.nodePath) ? 1 : 0) + (has(self.pvc) ? 1 : 0) == 1")
     .message("source must set exactly one of https, nodePath, pvc"))]
 #[serde(rename_all = "camelCase")]
 pub struct ModelSource {
@@ -116,7 +117,8 @@ pub struct ModelPart {
     /// File name relative to the source's directory.
     #[schemars(length(max = 1024), regex(pattern = RELATIVE_PATH))]
     pub file: String,
-    #[schemars(regex(pattern = r"^[0-9a-f]{64}$"))]
+    // maxLength as well as the pattern: the API server's CEL cost estimate (spec == oldSelf) needs bounds.
+    #[schemars(length(min = 64, max = 64), regex(pattern = r"^[0-9a-f]{64}$"))]
     pub sha256: String,
 }
 
