@@ -120,17 +120,18 @@ pub struct ShapeQualification {
     /// The limits the node serves this class under (clamped below the first failure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub envelope: Option<Envelope>,
-    /// The first failing or hung cases, at most [`MAX_FAILING_CASES`].
+    /// The failing or hung cases with the fewest tokens (at most 16).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub failing_cases: Vec<FailingCase>,
 }
 
-/// [`Verdict`](crate::Verdict) is an internally tagged enum: as JSON Schema a `oneOf` whose
-/// branches give `state` different values, which a structural CRD schema cannot express (and
-/// kube's schema rewriter refuses). In the CRD each verdict is this flat object instead: the same
-/// JSON, with the variant's fields optional. (Verdict's variant fields are snake_case on the
-/// wire: `rename_all` on an enum renames its variants only.)
+// `Verdict` is an internally tagged enum: as JSON Schema a `oneOf` whose branches give `state`
+// different values, which a structural CRD schema cannot express (and kube's schema rewriter
+// refuses). In the CRD each verdict is this flat object instead: the same JSON, with the
+// variant's fields optional. (Verdict's variant fields are snake_case on the wire: `rename_all`
+// on an enum renames its variants only.) The doc comment below is the CRD's description.
+/// The self-test's verdict: `state`, and the fields that state has.
 #[derive(JsonSchema)]
 #[allow(dead_code)] // Only its schema is used.
 pub(crate) struct FlatVerdict {
