@@ -2,8 +2,9 @@
 //!
 //! One source of truth: the agent writes these (as JSON from `brink-agent selftest --json`, and
 //! later into `SparkNode` status), the operator reads them. Kubernetes resource types join them
-//! here with the fleet issues.
+//! in [`crd`] (group `brink.dev`, version `v1alpha1`).
 
+pub mod crd;
 pub mod device;
 pub mod model_test;
 pub mod qualification;

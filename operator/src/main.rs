@@ -1,5 +1,7 @@
-//! brink-operator. Today it prints the JSON schema of the wire types it will read from nodes
-//! (the self-test report); the controllers and `crds` arrive with the fleet issues.
+//! brink-operator. Today it prints the CRDs of the `brink.dev` group (`crds`) and the JSON schema
+//! of the self-test report agents publish (`schema`); the controllers arrive with the fleet issues.
+
+mod crds;
 
 use clap::{Parser, Subcommand};
 
@@ -19,10 +21,23 @@ struct Cli {
 enum Cmd {
     /// Print the JSON schema of the node self-test report that agents publish.
     Schema,
+    /// Print every brink.dev CustomResourceDefinition as one multi-document YAML
+    /// (`brink-operator crds | kubectl apply -f -`).
+    Crds,
 }
 
 fn main() -> std::process::ExitCode {
     match Cli::parse().command {
+        Cmd::Crds => match crds::render() {
+            Ok(yaml) => {
+                print!("{yaml}");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: cannot render the CRDs as YAML: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        },
         Cmd::Schema => {
             let schema = schemars::schema_for!(brink_api::SelfTestReport);
             match serde_json::to_string_pretty(&schema) {

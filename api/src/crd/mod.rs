@@ -1,0 +1,41 @@
+//! The `brink.dev/v1alpha1` Kubernetes resources (one module per kind) and their conditions.
+//! The CRDs are generated from these types (`brink-operator crds`), never written by hand.
+
+// kube's `printcolumn(name = .., type_ = ..)` repeats keys inside one derive attribute, which
+// clippy mistakes for duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
+pub mod conditions;
+pub mod model;
+pub mod model_deployment;
+pub mod model_replica;
+pub mod spark_node;
+
+#[cfg(test)]
+mod tests;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+pub use conditions::{BadReason, Condition, ConditionStatus, ConditionType, condition, find_condition, is_true, set_condition};
+pub use model::{
+    CachePhase, HttpsSource, Model, ModelFormat, ModelPart, ModelSource, ModelSpec, ModelStatus, NodeCache, NodePathSource, PvcSource,
+    SecretRef,
+};
+pub use model_deployment::{
+    EngineBuild, ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus, ModelRef, OnSelfTestFailure, Placement, Rollout,
+    RolloutPhase, RolloutStatus, RolloutStrategy, Serving, Spread,
+};
+pub use model_replica::{DownloadProgress, ModelReplica, ModelReplicaSpec, ModelReplicaStatus, ReplicaPhase, StallReport, Throughput};
+pub use spark_node::{
+    Capacity, FailingCase, HostedReplica, MAX_FAILING_CASES, NodeFingerprint, ShapeQualification, SparkNode, SparkNodeSpec,
+    SparkNodeStatus, failing_cases,
+};
+
+pub const GROUP: &str = "brink.dev";
+pub const VERSION: &str = "v1alpha1";
+
+/// Every CRD of the group, in the order `brink-operator crds` prints them.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    vec![SparkNode::crd(), Model::crd(), ModelDeployment::crd(), ModelReplica::crd()]
+}

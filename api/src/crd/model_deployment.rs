@@ -1,0 +1,225 @@
+//! `ModelDeployment`: what a user asks for: a model, how many replicas, which engine build, the
+//! serving limits, where replicas may go and what to do when a node's self-test falls short.
+
+use std::collections::BTreeMap;
+
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::conditions::Condition;
+use crate::qualification::ServingParams;
+
+#[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "brink.dev",
+    version = "v1alpha1",
+    kind = "ModelDeployment",
+    namespaced,
+    status = "ModelDeploymentStatus",
+    derive = "PartialEq",
+    shortname = "mdep",
+    category = "brink",
+    doc = "A model served by a set of replicas, each on one qualified DGX Spark node.",
+    scale(spec_replicas_path = ".spec.replicas", status_replicas_path = ".status.replicas", label_selector_path = ".status.selector"),
+    printcolumn(name = "Model", type_ = "string", json_path = ".spec.modelRef.name"),
+    printcolumn(name = "Desired", type_ = "integer", json_path = ".spec.replicas"),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
+    printcolumn(name = "Engine", type_ = "string", json_path = ".spec.engine.version"),
+    printcolumn(name = "Rollout", type_ = "string", json_path = ".status.rollout.phase"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelDeploymentSpec {
+    pub model_ref: ModelRef,
+    /// How many replicas to run; the `/scale` subresource reads and writes it.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 0))]
+    pub replicas: i32,
+    pub engine: EngineBuild,
+    pub serving: Serving,
+    #[serde(default)]
+    pub placement: Placement,
+    #[serde(default)]
+    pub on_self_test_failure: OnSelfTestFailure,
+    #[serde(default)]
+    pub rollout: Rollout,
+}
+
+fn default_replicas() -> i32 {
+    1
+}
+
+/// A `Model` in the deployment's namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelRef {
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    pub name: String,
+}
+
+/// The engine build replicas run: a change of either field is rolled out canary-first.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineBuild {
+    /// Container image of `brink-agent` (e.g. `ghcr.io/brink/agent:0.2.0@sha256:...`).
+    #[schemars(length(min = 1, max = 512), regex(pattern = r"^\S+$"))]
+    pub image: String,
+    /// The agent version inside the image: part of every qualification fingerprint.
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"^\S+$"))]
+    pub version: String,
+}
+
+/// Serving limits a replica starts with (clamped to the node's validated envelope under `Clamp`).
+#[derive(KubeSchema, Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[x_kube(validation = Rule::new("self.prefillChunk <= self.maxBatchTokens").message("serving.prefillChunk must not exceed serving.maxBatchTokens"))]
+#[serde(rename_all = "camelCase")]
+pub struct Serving {
+    /// Context length: tokens per sequence.
+    #[schemars(range(min = 1, max = 16_777_216))]
+    pub context: u64,
+    /// Most tokens in one engine step (all sequences together).
+    #[schemars(range(min = 1, max = 16_777_216))]
+    pub max_batch_tokens: u64,
+    /// Most prompt tokens of one sequence prefilled in one step.
+    #[schemars(range(min = 1, max = 16_777_216))]
+    pub prefill_chunk: u64,
+    /// Sequences served at once.
+    #[schemars(range(min = 1, max = 4096))]
+    pub concurrency: u32,
+    /// Share of the memory left after the weights that the KV cache may take, in (0, 1].
+    #[schemars(extend("minimum" = 0.0, "exclusiveMinimum" = true, "maximum" = 1.0))]
+    pub kv_fraction: f64,
+}
+
+impl Serving {
+    /// The parameters a qualification fingerprint is keyed by.
+    pub fn params(&self) -> ServingParams {
+        ServingParams { max_batch_tokens: self.max_batch_tokens, prefill_chunk: self.prefill_chunk, context: self.context }
+    }
+}
+
+/// Where replicas may go.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    /// Labels a node must carry (as a Pod's `nodeSelector`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default)]
+    pub spread: Spread,
+    /// Only nodes whose `SparkNode` reports the model's shape class qualified (or clamped) take a
+    /// replica. Off only for experiments: an unqualified node may serve wrong tokens.
+    #[serde(default = "default_true")]
+    pub require_qualified: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+// Written out: a derived Default would turn `requireQualified` off for a deployment that omits
+// `placement` (and the CRD schema's default, which the API server applies, comes from here).
+impl Default for Placement {
+    fn default() -> Placement {
+        Placement { node_selector: BTreeMap::new(), spread: Spread::default(), require_qualified: true }
+    }
+}
+
+/// How replicas of one deployment share nodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Spread {
+    /// At most one replica per node: a replica that finds no free node stays Pending and says so.
+    PerNode,
+    /// Distinct nodes while there are any; then nodes are shared.
+    #[default]
+    BestEffort,
+}
+
+/// What a node whose self-test validated less than `serving.maxBatchTokens` gets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum OnSelfTestFailure {
+    /// Serve with batch and chunk clamped to the validated envelope (long prompts go in chunks).
+    #[default]
+    Clamp,
+    /// Do not place a replica there.
+    Refuse,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Rollout {
+    #[serde(default)]
+    pub strategy: RolloutStrategy,
+    /// How long the canary may take to serve and pass its threshold test before it is rolled back.
+    #[serde(default = "default_progress_deadline")]
+    #[schemars(range(min = 30, max = 86_400))]
+    pub progress_deadline_seconds: u32,
+}
+
+fn default_progress_deadline() -> u32 {
+    900
+}
+
+impl Default for Rollout {
+    fn default() -> Rollout {
+        Rollout { strategy: RolloutStrategy::default(), progress_deadline_seconds: default_progress_deadline() }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum RolloutStrategy {
+    /// One node first; the rest only once that replica serves and passes its threshold test.
+    #[default]
+    Canary,
+    /// Every replica at once (a deployment with one replica, or a fleet being rebuilt).
+    AllAtOnce,
+}
+
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelDeploymentStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Replicas that exist (the `/scale` subresource's status).
+    #[serde(default)]
+    pub replicas: i32,
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Replicas on the current model and engine build.
+    #[serde(default)]
+    pub updated_replicas: i32,
+    /// Label selector of the replica Pods, serialised (`/scale` needs it for autoscalers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    pub phase: RolloutPhase,
+    /// Hash of the model and engine build being rolled out.
+    pub revision: String,
+    /// The revision replicas fall back to when the canary fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_revision: Option<String>,
+    /// The `ModelReplica` that carries the canary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary_replica: Option<String>,
+    /// Why the rollout is where it is (e.g. the canary's failing threshold case).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum RolloutPhase {
+    Canary,
+    Progressing,
+    Complete,
+    RolledBack,
+}

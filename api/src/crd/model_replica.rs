@@ -1,0 +1,148 @@
+//! `ModelReplica`: one replica of a deployment bound to one node. The operator writes the spec
+//! and owns the replica Pod through it; the Pod's agent writes the status.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::conditions::Condition;
+use super::model_deployment::{EngineBuild, Serving};
+use crate::qualification::Envelope;
+
+#[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "brink.dev",
+    version = "v1alpha1",
+    kind = "ModelReplica",
+    namespaced,
+    status = "ModelReplicaStatus",
+    derive = "PartialEq",
+    shortname = "mrep",
+    category = "brink",
+    doc = "One replica of a ModelDeployment, bound to one node; owns its replica Pod.",
+    printcolumn(name = "Deployment", type_ = "string", json_path = ".spec.deployment"),
+    printcolumn(name = "Node", type_ = "string", json_path = ".spec.node"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Endpoint", type_ = "string", json_path = ".status.endpoint", priority = 1),
+    printcolumn(name = "Restarts", type_ = "integer", json_path = ".status.restarts"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[x_kube(validation = Rule::new("self.node == oldSelf.node").message("a replica is bound to its node: create a new replica to move it"))]
+#[serde(rename_all = "camelCase")]
+pub struct ModelReplicaSpec {
+    /// The owning `ModelDeployment` (same namespace).
+    #[schemars(length(min = 1, max = 253))]
+    pub deployment: String,
+    /// The Kubernetes `Node` (and `SparkNode`) the replica runs on.
+    #[schemars(length(min = 1, max = 253))]
+    pub node: String,
+    /// The `Model` (same namespace).
+    #[schemars(length(min = 1, max = 253))]
+    pub model: String,
+    /// Hash of the model and engine build: what a rollout compares.
+    #[schemars(length(min = 1, max = 128))]
+    pub revision: String,
+    pub engine: EngineBuild,
+    /// The limits this replica serves under: the deployment's, clamped to the node's envelope.
+    pub serving: Serving,
+}
+
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelReplicaStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default)]
+    pub phase: ReplicaPhase,
+    /// `host:port` of the engine's HTTP server, once serving.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Model download progress on the node, while `Downloading`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub download: Option<DownloadProgress>,
+    /// The envelope the replica's own self-test validated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envelope: Option<Envelope>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throughput: Option<Throughput>,
+    /// Engine restarts since the replica was created.
+    #[serde(default)]
+    pub restarts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_stall: Option<StallReport>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// Pending → Downloading → Loading → SelfTesting → Serving, or Failed / Stalled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ReplicaPhase {
+    #[default]
+    Pending,
+    Downloading,
+    Loading,
+    SelfTesting,
+    Serving,
+    /// Gave up (a failed self-test under `Refuse`, a checksum that never matches).
+    Failed,
+    /// Work was pending and the engine's progress heartbeat stopped.
+    Stalled,
+}
+
+impl ReplicaPhase {
+    /// Whether the agent may report `next` after `self`. Start-up only moves forward (a cached
+    /// model skips `Downloading`); any phase may fail or stall; a stalled engine restarts into
+    /// `Loading`; a failed replica is retried from `Pending`. A report that breaks this is a bug
+    /// or a stale writer, and the operator ignores it instead of acting on it.
+    pub fn may_move_to(self, next: ReplicaPhase) -> bool {
+        use ReplicaPhase::*;
+        let rank = |p: ReplicaPhase| match p {
+            Pending => Some(0),
+            Downloading => Some(1),
+            Loading => Some(2),
+            SelfTesting => Some(3),
+            Serving => Some(4),
+            Failed | Stalled => None,
+        };
+        match (self, next) {
+            (a, b) if a == b => true,
+            (_, Failed | Stalled) => true,
+            (Stalled, Loading | Pending) => true,
+            (Failed, Pending) => true,
+            (a, b) => matches!((rank(a), rank(b)), (Some(x), Some(y)) if y > x),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DownloadProgress {
+    pub bytes_done: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_total: Option<u64>,
+}
+
+/// Measured by the agent over its last window of requests.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Throughput {
+    pub prefill_tokens_per_second: f64,
+    pub decode_tokens_per_second: f64,
+}
+
+/// The evidence kept when the progress heartbeat stopped, before the restart.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StallReport {
+    pub at: Time,
+    /// Where it stopped: `request`, `chunk`, `layer` or `kernel`, with its name or index.
+    pub stage: String,
+    /// Tokens in the batch that was in flight.
+    pub batch_tokens: u64,
+    /// Sequences in that batch.
+    pub sequences: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
