@@ -148,6 +148,21 @@ impl From<&SelfTestReport> for ReportSummary {
     }
 }
 
+impl From<&crate::model_test::ModelTestReport> for ReportSummary {
+    /// The model-level test has no negative controls.
+    fn from(r: &crate::model_test::ModelTestReport) -> ReportSummary {
+        ReportSummary {
+            derived: r.derived,
+            executed: r.executed,
+            passed: r.passed,
+            failed: r.failed,
+            hung: r.hung,
+            skipped: r.skipped,
+            negative_controls_missed: 0,
+        }
+    }
+}
+
 /// A qualification result under its fingerprint: what the agent caches on the node and
 /// publishes for the operator.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use brink_kernels::limits::DeviceLimits;
+use brink_kernels::selftest::deadline::send_line;
 use serde::{Deserialize, Serialize};
 
 use super::cases::{ModelCase, REFERENCE_CHUNK};
@@ -79,14 +80,8 @@ pub enum ModelWorkerMsg {
     },
 }
 
-fn send(out: &mut impl Write, msg: &ModelWorkerMsg) -> std::io::Result<()> {
-    let line = serde_json::to_string(msg).map_err(std::io::Error::other)?;
-    writeln!(out, "{line}")?;
-    out.flush()
-}
-
 fn fatal(out: &mut impl Write, error: String) -> i32 {
-    let _ = send(out, &ModelWorkerMsg::Fatal { error });
+    let _ = send_line(out, &ModelWorkerMsg::Fatal { error });
     1
 }
 
@@ -161,7 +156,7 @@ pub fn serve(cfg: &WorkerConfig, input: impl BufRead, mut out: impl Write) -> i3
         calibration,
         fault: fault.map(|f| f.to_string()),
     };
-    if send(&mut out, &ready).is_err() {
+    if send_line(&mut out, &ready).is_err() {
         return 1;
     }
     for line in input.lines() {
@@ -177,7 +172,7 @@ pub fn serve(cfg: &WorkerConfig, input: impl BufRead, mut out: impl Write) -> i3
         let outcome = exec::run_case(engine.as_mut(), &mut pool, &mut references, &case);
         let failed = matches!(outcome, ModelOutcome::Error { .. });
         let msg = ModelWorkerMsg::Result { id: case.id, outcome, wall_ms: t.elapsed().as_secs_f64() * 1e3 };
-        if send(&mut out, &msg).is_err() {
+        if send_line(&mut out, &msg).is_err() {
             return 1;
         }
         if failed && gpu {

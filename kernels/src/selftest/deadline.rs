@@ -13,6 +13,14 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+/// The child's side: writes `msg` as one JSON line and flushes it, so the parent, which waits
+/// on lines, sees it at once.
+pub fn send_line(out: &mut impl Write, msg: &impl Serialize) -> std::io::Result<()> {
+    let line = serde_json::to_string(msg).map_err(std::io::Error::other)?;
+    writeln!(out, "{line}")?;
+    out.flush()
+}
+
 /// What came back for one request (with the parent's wall time from sending it).
 #[derive(Clone, Debug)]
 pub enum Answer<M> {

@@ -10,6 +10,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::case::{Case, Outcome};
+use super::deadline::send_line;
 use crate::cuda::{DeviceInfo, Gpu, GpuError};
 use crate::limits::DeviceLimits;
 use crate::sources;
@@ -41,12 +42,6 @@ pub enum WorkerMsg {
     },
 }
 
-fn send(out: &mut impl Write, msg: &WorkerMsg) -> std::io::Result<()> {
-    let line = serde_json::to_string(msg).map_err(std::io::Error::other)?;
-    writeln!(out, "{line}")?;
-    out.flush()
-}
-
 /// Runs the worker loop; returns the process exit code.
 pub fn serve(input: impl BufRead, mut out: impl Write) -> i32 {
     let gpu = match Gpu::open(0) {
@@ -63,7 +58,7 @@ pub fn serve(input: impl BufRead, mut out: impl Write) -> i32 {
         }
     }
     let ready = WorkerMsg::Ready { limits: gpu.limits().clone(), info: gpu.info().clone(), compile_seconds: start.elapsed().as_secs_f64() };
-    if send(&mut out, &ready).is_err() {
+    if send_line(&mut out, &ready).is_err() {
         return 1;
     }
     for line in input.lines() {
@@ -79,7 +74,7 @@ pub fn serve(input: impl BufRead, mut out: impl Write) -> i32 {
         let outcome = super::execute(&gpu, &case);
         let sticky = matches!(&outcome, Outcome::LaunchError(e) if e.sticky);
         let msg = WorkerMsg::Result { id: case.id, outcome, wall_ms: t.elapsed().as_secs_f64() * 1e3 };
-        if send(&mut out, &msg).is_err() {
+        if send_line(&mut out, &msg).is_err() {
             return 1;
         }
         if sticky {
@@ -90,6 +85,6 @@ pub fn serve(input: impl BufRead, mut out: impl Write) -> i32 {
 }
 
 fn exit_after(out: &mut impl Write, msg: &WorkerMsg, code: i32) -> i32 {
-    let _ = send(out, msg);
+    let _ = send_line(out, msg);
     code
 }

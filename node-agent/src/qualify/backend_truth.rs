@@ -5,6 +5,8 @@
 
 use std::fmt;
 
+use brink_api::BackendCheck;
+
 /// The backend the engine reports it runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClaimedBackend {
@@ -66,30 +68,9 @@ pub struct Evidence {
     pub floor: ThroughputFloor,
 }
 
-#[derive(Clone, Debug, PartialEq)]
-pub enum BackendTruth {
-    Pass {
-        detail: String,
-    },
-    Fail {
-        reasons: Vec<String>,
-    },
-    /// Nothing failed, but the GPU claim could not be confirmed: not a pass.
-    Unverified {
-        reason: String,
-    },
-}
-
-impl BackendTruth {
-    #[cfg(test)]
-    pub fn passed(&self) -> bool {
-        matches!(self, BackendTruth::Pass { .. })
-    }
-}
-
-/// Judges the evidence. Every failure is named (both, when both happen); a failure outranks
+/// Judges the evidence (never [`BackendCheck::NotRun`]). Every failure is named (both, when both happen); a failure outranks
 /// an unverifiable claim, since a crawl is a crawl whatever the driver says.
-pub fn judge(e: &Evidence) -> BackendTruth {
+pub fn judge(e: &Evidence) -> BackendCheck {
     let mut reasons = Vec::new();
     let mut unverified = None;
     let mut held = String::new();
@@ -126,13 +107,13 @@ pub fn judge(e: &Evidence) -> BackendTruth {
     };
     match speed {
         Ok(speed) if reasons.is_empty() => match unverified {
-            Some(why) => BackendTruth::Unverified { reason: format!("{why} ({speed})") },
-            None => BackendTruth::Pass { detail: format!("{held}{speed}") },
+            Some(why) => BackendCheck::Unverified { reason: format!("{why} ({speed})") },
+            None => BackendCheck::Pass { detail: format!("{held}{speed}") },
         },
-        Ok(_) => BackendTruth::Fail { reasons },
+        Ok(_) => BackendCheck::Fail { reasons },
         Err(slow) => {
             reasons.push(slow);
-            BackendTruth::Fail { reasons }
+            BackendCheck::Fail { reasons }
         }
     }
 }
@@ -156,7 +137,7 @@ mod tests {
     #[test]
     fn a_good_engine_passes() {
         let t = judge(&evidence(GPU0, on_gpu(&[17, ENGINE]), 85.0, 20.0));
-        assert_eq!(t, BackendTruth::Pass { detail: "pid 4242 holds GPU 0 (3.00 GiB); 85.0 tok/s at or above the floor of 20".into() });
+        assert_eq!(t, BackendCheck::Pass { detail: "pid 4242 holds GPU 0 (3.00 GiB); 85.0 tok/s at or above the floor of 20".into() });
         assert!(t.passed());
         // Exactly at the floor passes; memory the driver cannot report is no failure.
         let holders = GpuHolders::Listed(vec![GpuProcess { pid: ENGINE, used_bytes: None }]);
@@ -167,24 +148,24 @@ mod tests {
     fn an_engine_forced_onto_the_cpu_while_claiming_the_gpu_fails() {
         // The engine says cuda; the driver lists only someone else (or nobody) on GPU 0.
         let t = judge(&evidence(GPU0, on_gpu(&[17]), 85.0, 20.0));
-        assert_eq!(t, BackendTruth::Fail { reasons: vec!["claims cuda but pid 4242 does not hold GPU 0 (it is held by pid 17)".into()] });
+        assert_eq!(t, BackendCheck::Fail { reasons: vec!["claims cuda but pid 4242 does not hold GPU 0 (it is held by pid 17)".into()] });
         let t = judge(&evidence(ClaimedBackend::Cuda { ordinal: 1 }, on_gpu(&[]), 85.0, 20.0));
-        assert_eq!(t, BackendTruth::Fail { reasons: vec!["claims cuda but pid 4242 does not hold GPU 1 (no process holds it)".into()] });
+        assert_eq!(t, BackendCheck::Fail { reasons: vec!["claims cuda but pid 4242 does not hold GPU 1 (no process holds it)".into()] });
     }
 
     #[test]
     fn a_crawl_fails() {
         let t = judge(&evidence(GPU0, on_gpu(&[ENGINE]), 1.2, 20.0));
-        assert_eq!(t, BackendTruth::Fail { reasons: vec!["1.2 tok/s below the floor of 20".into()] });
+        assert_eq!(t, BackendCheck::Fail { reasons: vec!["1.2 tok/s below the floor of 20".into()] });
         // On the CPU the floor is the only check.
         let t = judge(&evidence(ClaimedBackend::Cpu, GpuHolders::Unavailable("no NVML".into()), 0.5, 2.0));
-        assert_eq!(t, BackendTruth::Fail { reasons: vec!["0.5 tok/s below the floor of 2".into()] });
+        assert_eq!(t, BackendCheck::Fail { reasons: vec!["0.5 tok/s below the floor of 2".into()] });
     }
 
     #[test]
     fn both_failures_are_named() {
         let t = judge(&evidence(GPU0, on_gpu(&[]), 1.2, 20.0));
-        let BackendTruth::Fail { reasons } = t else { panic!("{t:?}") };
+        let BackendCheck::Fail { reasons } = t else { panic!("{t:?}") };
         assert_eq!(reasons.len(), 2, "{reasons:?}");
         assert!(reasons[0].starts_with("claims cuda but pid 4242") && reasons[1] == "1.2 tok/s below the floor of 20");
     }
@@ -193,7 +174,7 @@ mod tests {
     fn nvml_unavailable_is_unverified_not_a_pass() {
         let why = "NVML unavailable (libnvidia-ml): a libloading error occurred";
         let t = judge(&evidence(GPU0, GpuHolders::Unavailable(why.into()), 85.0, 20.0));
-        let BackendTruth::Unverified { reason } = &t else { panic!("{t:?}") };
+        let BackendCheck::Unverified { reason } = &t else { panic!("{t:?}") };
         assert!(
             reason.starts_with("cannot confirm that pid 4242 holds GPU 0: NVML unavailable") && reason.ends_with("floor of 20)"),
             "{reason}"
@@ -201,20 +182,20 @@ mod tests {
         assert!(!t.passed());
         // ...unless it crawls as well: then it fails.
         let t = judge(&evidence(GPU0, GpuHolders::Unavailable(why.into()), 1.0, 20.0));
-        assert!(matches!(t, BackendTruth::Fail { .. }), "{t:?}");
+        assert!(matches!(t, BackendCheck::Fail { .. }), "{t:?}");
     }
 
     #[test]
     fn a_cpu_claim_above_the_floor_passes_without_nvml() {
         let t = judge(&evidence(ClaimedBackend::Cpu, GpuHolders::Unavailable("no NVML".into()), 9.0, 2.0));
-        assert_eq!(t, BackendTruth::Pass { detail: "9.0 tok/s at or above the floor of 2".into() });
+        assert_eq!(t, BackendCheck::Pass { detail: "9.0 tok/s at or above the floor of 2".into() });
     }
 
     #[test]
     fn an_unmeasured_throughput_fails() {
         for bad in [f64::NAN, f64::INFINITY, -1.0] {
             let t = judge(&evidence(GPU0, on_gpu(&[ENGINE]), bad, 20.0));
-            let BackendTruth::Fail { reasons } = &t else { panic!("{bad}: {t:?}") };
+            let BackendCheck::Fail { reasons } = &t else { panic!("{bad}: {t:?}") };
             assert!(reasons[0].starts_with("throughput not measured"), "{reasons:?}");
         }
     }

@@ -13,16 +13,19 @@ use std::time::SystemTime;
 
 use brink_api::{DeviceInfo, Fingerprint, ServingParams};
 
-use backend_truth::{BackendTruth, ClaimedBackend, Evidence, GpuHolders, ThroughputFloor};
+use brink_api::BackendCheck;
+
+use backend_truth::{ClaimedBackend, Evidence, GpuHolders, ThroughputFloor};
 
 /// The fingerprint of qualifying `shape_class` with `serving` on `device` with this build.
-pub fn fingerprint(device: &DeviceInfo, shape_class: &str, serving: ServingParams) -> Fingerprint {
+/// `None`: the engine runs on the CPU, which uses no GPU, so the GPU's place says `cpu`.
+pub fn fingerprint(device: Option<&DeviceInfo>, shape_class: &str, serving: ServingParams) -> Fingerprint {
     Fingerprint {
-        gpu_name: device.name.clone(),
-        compute_capability: device.compute_capability.clone(),
-        driver_version: device.driver_version.clone(),
-        cuda_version: device.cuda_version.clone(),
-        nvrtc_version: device.nvrtc_version.clone(),
+        gpu_name: device.map_or_else(|| "cpu".into(), |d| d.name.clone()),
+        compute_capability: device.map_or_else(|| "-".into(), |d| d.compute_capability.clone()),
+        driver_version: device.and_then(|d| d.driver_version.clone()),
+        cuda_version: device.map_or_else(|| "-".into(), |d| d.cuda_version.clone()),
+        nvrtc_version: device.and_then(|d| d.nvrtc_version.clone()),
         agent_version: env!("CARGO_PKG_VERSION").into(),
         kernel_sources_hash: brink_kernels::sources::sources_hash(),
         shape_class: shape_class.into(),
@@ -38,7 +41,7 @@ pub fn check_backend(
     engine_pid: u32,
     tokens_per_s: f64,
     floor: ThroughputFloor,
-) -> BackendTruth {
+) -> BackendCheck {
     let holders = match (claimed, device) {
         (ClaimedBackend::Cpu, _) => GpuHolders::Listed(Vec::new()),
         // CUDA found no device: nobody can hold one, whatever NVML would say.
@@ -70,11 +73,11 @@ mod tests {
         d.uuid = "GPU-00000000-0000-0000-0000-000000000000".into();
         let floor = ThroughputFloor::new(1.0).unwrap();
         let t = check_backend(Some(&d), ClaimedBackend::Cuda { ordinal: 0 }, std::process::id(), 50.0, floor);
-        assert!(matches!(&t, BackendTruth::Unverified { reason } if reason.contains("cannot confirm")), "{t:?}");
+        assert!(matches!(&t, BackendCheck::Unverified { reason } if reason.contains("cannot confirm")), "{t:?}");
         // Claiming CUDA where discovery found no GPU fails outright.
         let t = check_backend(None, ClaimedBackend::Cuda { ordinal: 0 }, 7, 50.0, floor);
         assert!(
-            matches!(&t, BackendTruth::Fail { reasons } if reasons[0].starts_with("claims cuda but pid 7 does not hold GPU 0")),
+            matches!(&t, BackendCheck::Fail { reasons } if reasons[0].starts_with("claims cuda but pid 7 does not hold GPU 0")),
             "{t:?}"
         );
         assert!(check_backend(None, ClaimedBackend::Cpu, 7, 50.0, floor).passed());
@@ -102,7 +105,7 @@ mod tests {
     fn the_fingerprint_takes_the_device_and_this_build() {
         let device = device();
         let serving = ServingParams { max_batch_tokens: 16_384, prefill_chunk: 4096, context: 32_768 };
-        let fp = fingerprint(&device, "qwen3moe-h2048-e128-top8-ffn768", serving);
+        let fp = fingerprint(Some(&device), "qwen3moe-h2048-e128-top8-ffn768", serving);
         assert_eq!((fp.gpu_name.as_str(), fp.compute_capability.as_str(), fp.driver_version.as_deref()), ("NVIDIA H200", "9.0", None));
         assert_eq!(fp.agent_version, env!("CARGO_PKG_VERSION"));
         assert_eq!(fp.kernel_sources_hash, brink_kernels::sources::sources_hash());

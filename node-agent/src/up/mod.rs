@@ -13,10 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use brink_api::{
-    BackendCheck, DeviceInfo, DeviceReport, Fingerprint, ModelSummary, Phase, QualificationReport, ReportSummary, ServingParams,
-    SuiteResult, Verdict,
-};
+use brink_api::{BackendCheck, DeviceInfo, ModelSummary, Phase, QualificationReport, ReportSummary, ServingParams, SuiteResult, Verdict};
 use brink_engine::BackendKind;
 use brink_engine::model::ModelConfig;
 use brink_engine::server::ServeOptions;
@@ -30,7 +27,7 @@ use crate::node_metrics::{
     self,
     qualification::{CaseCounts, QualificationMetrics},
 };
-use crate::qualify::backend_truth::{BackendTruth, ClaimedBackend, ThroughputFloor};
+use crate::qualify::backend_truth::{ClaimedBackend, ThroughputFloor};
 use crate::qualify::{self, cache, verdict};
 
 #[derive(clap::Args)]
@@ -174,7 +171,9 @@ fn up(a: Args) -> Result<ExitCode, String> {
     let shape_class = config.shape_class();
     let context = if a.context == 0 || a.context > config.context { config.context } else { a.context };
     let serving = ServingParams { max_batch_tokens: a.max_batch_tokens, prefill_chunk: a.prefill_chunk, context: context as u64 };
-    let fingerprint = fingerprint(&device, backend, &shape_class, serving);
+    // On the CPU backend the GPU is not part of what is qualified (the engine does not use it).
+    let gpu = device.device.as_ref().filter(|_| backend == BackendKind::Cuda);
+    let fingerprint = qualify::fingerprint(gpu, &shape_class, serving);
 
     let cache_path = cache::path(&state_dir, &shape_class);
     let decision = if a.requalify {
@@ -311,32 +310,6 @@ fn read_config(model: &Path) -> Result<ModelConfig, String> {
     brink_engine::arch::config(&file).map_err(|e| format!("--model {}: {e}", model.display()))
 }
 
-/// The fingerprint of what is qualified. On the CPU backend the GPU is not part of it (the
-/// engine does not use it), so its place says `cpu`.
-fn fingerprint(device: &DeviceReport, backend: BackendKind, shape_class: &str, serving: ServingParams) -> Fingerprint {
-    match (&device.device, backend) {
-        (Some(d), BackendKind::Cuda) => qualify::fingerprint(d, shape_class, serving),
-        _ => {
-            let cpu = DeviceInfo {
-                ordinal: 0,
-                name: "cpu".into(),
-                uuid: String::new(),
-                compute_capability: "-".into(),
-                sm_count: 0,
-                total_mem_bytes: 0,
-                free_mem_bytes: 0,
-                max_grid_dim: [0; 3],
-                driver_version: None,
-                cuda_version: "-".into(),
-                nvrtc_version: None,
-                integrated: false,
-                unified_memory: None,
-            };
-            qualify::fingerprint(&cpu, shape_class, serving)
-        }
-    }
-}
-
 /// The kernel self-test for the model's shape class, or why it has nothing to run.
 fn kernel_suite(a: &Args, config: &ModelConfig, backend: BackendKind) -> Result<SuiteResult, String> {
     if backend == BackendKind::Cpu && a.backend == BackendArg::Cpu {
@@ -366,16 +339,7 @@ fn model_suite(a: &Args, model: &Path, backend: BackendKind, serving: ServingPar
     for c in r.cases.iter().filter(|c| matches!(c.result, brink_api::CaseResult::Failed | brink_api::CaseResult::Hung)) {
         eprintln!("brink up: model case {} {:?}: {}", c.id, c.result, c.detail);
     }
-    let summary = ReportSummary {
-        derived: r.derived,
-        executed: r.executed,
-        passed: r.passed,
-        failed: r.failed,
-        hung: r.hung,
-        skipped: r.skipped,
-        negative_controls_missed: 0,
-    };
-    SuiteResult { summary, verdict: r.verdict }
+    SuiteResult { summary: ReportSummary::from(&r), verdict: r.verdict }
 }
 
 fn serve_options(
@@ -433,11 +397,7 @@ fn backend_truth(
         Some("cpu") => ClaimedBackend::Cpu,
         other => return BackendCheck::Fail { reasons: vec![format!("the engine reports backend {other:?}, neither cpu nor cuda")] },
     };
-    let mut check = match qualify::check_backend(device, claimed, pid, decode_tokens_per_s, floor) {
-        BackendTruth::Pass { detail } => BackendCheck::Pass { detail },
-        BackendTruth::Fail { reasons } => BackendCheck::Fail { reasons },
-        BackendTruth::Unverified { reason } => BackendCheck::Unverified { reason },
-    };
+    let mut check = qualify::check_backend(device, claimed, pid, decode_tokens_per_s, floor);
     let claimed_name = claimed.to_string();
     if claimed_name != asked.name() {
         let why = format!("asked for the {} backend, the engine reports {claimed_name}", asked.name());
