@@ -309,6 +309,15 @@ mod tests {
             json.contains("\"qualifiedAt\"") && json.contains("\"kernelSourcesHash\"") && json.contains("\"maxBatchTokens\""),
             "{json}"
         );
+        assert!(json.contains(r#""verdict":{"state":"clamped","maxTokens":8192,"firstFailure":16384}"#), "{json}");
         assert_eq!(serde_json::from_str::<Qualification>(&json).unwrap(), q);
+    }
+
+    #[test]
+    fn verdicts_cached_in_snake_case_still_read() {
+        let old: Verdict = serde_json::from_str(r#"{"state":"clamped","max_tokens":8191,"first_failure":8192}"#).unwrap();
+        assert_eq!(old, Verdict::Clamped { max_tokens: 8191, first_failure: 8192 });
+        let old: Verdict = serde_json::from_str(r#"{"state":"qualified","max_tokens":5}"#).unwrap();
+        assert_eq!(old, Verdict::Qualified { max_tokens: 5 });
     }
 }

@@ -66,12 +66,22 @@ pub struct NegativeControls {
 
 /// What the self-test says about serving this shape class on this node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(tag = "state", rename_all = "camelCase")]
+// Fields camelCase like every other brink wire type (`rename_all` alone renames only the
+// variants); the snake_case aliases still read qualification caches written before that.
+#[serde(tag = "state", rename_all = "camelCase", rename_all_fields = "camelCase")]
 pub enum Verdict {
     /// Every executed case passed; `maxTokens` is the largest count executed.
-    Qualified { max_tokens: u64 },
+    Qualified {
+        #[serde(alias = "max_tokens")]
+        max_tokens: u64,
+    },
     /// Every failure lies above every pass: serve with batch and chunk clamped to `maxTokens`.
-    Clamped { max_tokens: u64, first_failure: u64 },
+    Clamped {
+        #[serde(alias = "max_tokens")]
+        max_tokens: u64,
+        #[serde(alias = "first_failure")]
+        first_failure: u64,
+    },
     /// A failure below a passing count (a tail bug) or a self-test that cannot fail.
     Disqualified { reason: String },
     /// Nothing was executed (no GPU): plans and thresholds were checked on the CPU.

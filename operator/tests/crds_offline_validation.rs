@@ -58,7 +58,7 @@ fn spark_node() -> Value {
                                           "cudaVersion": "13.0", "nvrtcVersion": "13.0", "agentVersion": "0.2.0",
                                           "kernelSourcesHash": "ab".repeat(32), "shapeClass": "qwen3moe-h2048-e128-top8-ffn768",
                                           "serving": {"maxBatchTokens": 16384, "prefillChunk": 4096, "context": 32768}},
-                          "verdict": {"state": "clamped", "max_tokens": 8191, "first_failure": 8192},
+                          "verdict": {"state": "clamped", "maxTokens": 8191, "firstFailure": 8192},
                           "summary": {"derived": 10, "executed": 10, "passed": 9, "failed": 1, "hung": 0, "skipped": 0,
                                       "negativeControlsMissed": 0}}}],
                       "conditions": [{"type": "Ready", "status": "True", "reason": "Heartbeat", "message": "",

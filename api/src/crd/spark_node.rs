@@ -129,10 +129,10 @@ pub struct ShapeQualification {
 // `Verdict` is an internally tagged enum: as JSON Schema a `oneOf` whose branches give `state`
 // different values, which a structural CRD schema cannot express (and kube's schema rewriter
 // refuses). In the CRD each verdict is this flat object instead: the same JSON, with the
-// variant's fields optional. (Verdict's variant fields are snake_case on the wire: `rename_all`
-// on an enum renames its variants only.) The doc comment below is the CRD's description.
+// variant's fields optional. The doc comment below is the CRD's description.
 /// The self-test's verdict: `state`, and the fields that state has.
 #[derive(JsonSchema)]
+#[serde(rename_all = "camelCase")]
 #[allow(dead_code)] // Only its schema is used.
 pub(crate) struct FlatVerdict {
     state: VerdictState,

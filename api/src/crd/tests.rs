@@ -391,7 +391,7 @@ fn spark_node_json() -> Value {
                                     "shapeClass": "qwen3moe-h2048-e128-top8-ffn768",
                                     "serving": {"maxBatchTokens": 16_384, "prefillChunk": 4096, "context": 32_768}},
                     "digest": "cd".repeat(32),
-                    "verdict": {"state": "clamped", "max_tokens": 8191, "first_failure": 8192},
+                    "verdict": {"state": "clamped", "maxTokens": 8191, "firstFailure": 8192},
                     "summary": {"derived": 412, "executed": 400, "passed": 398, "failed": 2, "hung": 0, "skipped": 12, "negativeControlsMissed": 0},
                     "qualifiedAt": "2026-11-30T19:44:52Z"
                 },
