@@ -5,16 +5,10 @@
 
 use std::path::Path;
 
-use brink_api::selftest::{SCHEMA_VERSION, SelfTestReport, Verdict};
+use brink_api::qualification::{Envelope, ServingParams};
+use brink_api::selftest::{SCHEMA_VERSION, SelfTestReport};
 
-/// What a report allows for `shape_class`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Envelope {
-    /// Batches up to this many tokens were validated.
-    Validated(usize),
-    /// The report ran no GPU case (a CPU-only machine): nothing to clamp to.
-    Unvalidated(String),
-}
+use crate::qualify::verdict;
 
 /// Reads `path` (the JSON of `brink-agent selftest --json`).
 pub fn read_report(path: &Path) -> Result<SelfTestReport, String> {
@@ -22,8 +16,9 @@ pub fn read_report(path: &Path) -> Result<SelfTestReport, String> {
     serde_json::from_str(&text).map_err(|e| format!("--selftest-report {}: not a self-test report: {e}", path.display()))
 }
 
-/// The envelope `report` gives the model of `shape_class`, or why it may not be served.
-pub fn envelope(report: &SelfTestReport, shape_class: &str, path: &Path) -> Result<Envelope, String> {
+/// The limits `requested` are served under for the model of `shape_class` according to
+/// `report` (the same rule `up` applies to its own verdict), or why it may not be served.
+pub fn envelope(report: &SelfTestReport, shape_class: &str, path: &Path, requested: ServingParams) -> Result<Envelope, String> {
     let file = path.display();
     if report.schema != SCHEMA_VERSION {
         return Err(format!("{file}: report schema {} (this agent reads {SCHEMA_VERSION}); run the self-test again", report.schema));
@@ -34,29 +29,13 @@ pub fn envelope(report: &SelfTestReport, shape_class: &str, path: &Path) -> Resu
             report.shape_class
         ));
     }
-    let tokens = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
-    match &report.verdict {
-        Verdict::Qualified { max_tokens } | Verdict::Clamped { max_tokens, .. } if *max_tokens > 0 => {
-            Ok(Envelope::Validated(tokens(*max_tokens)))
-        }
-        Verdict::Qualified { .. } | Verdict::Clamped { .. } => Err(format!("{file}: the report validates no batch size (0 tokens)")),
-        Verdict::Disqualified { reason } => Err(format!("{file}: this node is disqualified for {shape_class}: {reason}")),
-        Verdict::NotQualified { reason } => Ok(Envelope::Unvalidated(reason.clone())),
-    }
-}
-
-/// `max_batch_tokens` and `prefill_chunk` clamped to the envelope.
-pub fn clamp(max_batch_tokens: usize, prefill_chunk: usize, env: &Envelope) -> (usize, usize) {
-    match *env {
-        Envelope::Validated(max) => (max_batch_tokens.min(max), prefill_chunk.min(max)),
-        Envelope::Unvalidated(_) => (max_batch_tokens, prefill_chunk),
-    }
+    verdict::envelope(&report.verdict, requested).map_err(|e| format!("{file}: {shape_class}: {e}"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use brink_api::selftest::{DeviceSummary, NegativeControls};
+    use brink_api::selftest::{DeviceSummary, NegativeControls, Verdict};
 
     const CLASS: &str = "qwen3moe-h2048-e128-top8-ffn768";
 
@@ -92,22 +71,30 @@ mod tests {
         }
     }
 
+    const ASKED: ServingParams = ServingParams { max_batch_tokens: 16_384, prefill_chunk: 4096, context: 32_768 };
+
+    /// `(max batch tokens, prefill chunk, validated)` of an envelope.
+    fn limits(e: &Envelope) -> (u64, u64, bool) {
+        (e.max_batch_tokens, e.prefill_chunk, e.validated)
+    }
+
     #[test]
-    fn verdicts_become_envelopes_or_refusals() {
+    fn verdicts_become_clamped_limits_or_refusals() {
         let p = Path::new("node.json");
-        let cases: [(Verdict, Result<Envelope, &str>); 6] = [
-            (Verdict::Qualified { max_tokens: 16_384 }, Ok(Envelope::Validated(16_384))),
-            (Verdict::Clamped { max_tokens: 8191, first_failure: 8192 }, Ok(Envelope::Validated(8191))),
+        let cases: [(Verdict, Result<(u64, u64, bool), &str>); 7] = [
+            (Verdict::Qualified { max_tokens: 32_768 }, Ok((16_384, 4096, true))),
+            (Verdict::Qualified { max_tokens: 16_384 }, Ok((16_384, 4096, true))),
+            (Verdict::Clamped { max_tokens: 8191, first_failure: 8192 }, Ok((8191, 4096, true))),
+            (Verdict::Clamped { max_tokens: 2047, first_failure: 2048 }, Ok((2047, 2047, true))),
             (Verdict::Clamped { max_tokens: 0, first_failure: 1 }, Err("no batch size")),
-            (Verdict::Disqualified { reason: "attn fails at 63 tokens but 64 pass".into() }, Err("disqualified for qwen3moe")),
-            (Verdict::NotQualified { reason: "no GPU".into() }, Ok(Envelope::Unvalidated("no GPU".into()))),
-            (Verdict::Qualified { max_tokens: 0 }, Err("0 tokens")),
+            (Verdict::Disqualified { reason: "attn fails at 63 tokens but 64 pass".into() }, Err("disqualified: attn fails at 63")),
+            (Verdict::NotQualified { reason: "no GPU".into() }, Ok((16_384, 4096, false))),
         ];
         for (verdict, want) in cases {
-            let got = envelope(&report(verdict.clone()), CLASS, p);
+            let got = envelope(&report(verdict.clone()), CLASS, p, ASKED);
             match (got, want) {
-                (Ok(g), Ok(w)) => assert_eq!(g, w, "{verdict:?}"),
-                (Err(e), Err(needle)) => assert!(e.contains(needle) && e.contains("node.json"), "{verdict:?}: {e}"),
+                (Ok(g), Ok(w)) => assert_eq!(limits(&g), w, "{verdict:?}"),
+                (Err(e), Err(needle)) => assert!(e.contains(needle) && e.contains("node.json") && e.contains(CLASS), "{verdict:?}: {e}"),
                 (g, w) => panic!("{verdict:?}: got {g:?}, want {w:?}"),
             }
         }
@@ -116,11 +103,11 @@ mod tests {
     #[test]
     fn another_shape_class_or_schema_is_refused() {
         let p = Path::new("node.json");
-        let e = envelope(&report(Verdict::Qualified { max_tokens: 8 }), "qwen3moe-h4096-e128-top8-ffn1536", p).unwrap_err();
+        let e = envelope(&report(Verdict::Qualified { max_tokens: 8 }), "qwen3moe-h4096-e128-top8-ffn1536", p, ASKED).unwrap_err();
         assert!(e.contains("qualifies shape class qwen3moe-h2048") && e.contains("h4096"), "{e}");
         let mut old = report(Verdict::Qualified { max_tokens: 8 });
         old.schema = SCHEMA_VERSION + 1;
-        assert!(envelope(&old, CLASS, p).unwrap_err().contains("schema"));
+        assert!(envelope(&old, CLASS, p, ASKED).unwrap_err().contains("schema"));
     }
 
     /// The engine names a model's class as the self-test names the class it qualifies.
@@ -151,14 +138,6 @@ mod tests {
             norm_eps: a.norm_eps,
         };
         assert_eq!(config.shape_class(), s.name);
-    }
-
-    #[test]
-    fn clamping_takes_the_smaller_of_the_request_and_the_envelope() {
-        assert_eq!(clamp(16_384, 4096, &Envelope::Validated(8191)), (8191, 4096));
-        assert_eq!(clamp(16_384, 16_384, &Envelope::Validated(8191)), (8191, 8191));
-        assert_eq!(clamp(2048, 512, &Envelope::Validated(8191)), (2048, 512));
-        assert_eq!(clamp(2048, 512, &Envelope::Unvalidated("cpu".into())), (2048, 512));
     }
 
     #[test]

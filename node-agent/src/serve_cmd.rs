@@ -9,8 +9,11 @@ use brink_engine::server::supervisor::EngineCommand;
 use brink_engine::server::{ServeOptions, default_stall_dir, load_api_keys, serve};
 use clap::Args as ClapArgs;
 
+use brink_api::qualification::ServingParams;
+use brink_api::selftest::Verdict;
+
 use crate::engine_args::EngineArgs;
-use crate::envelope::{self, Envelope};
+use crate::envelope;
 use crate::node_metrics::{self, QualificationMetrics};
 
 #[derive(ClapArgs)]
@@ -68,16 +71,30 @@ fn batch_limits(a: &Args) -> Result<(usize, usize, Option<QualificationMetrics>)
     let model = &a.engine.model;
     let file = brink_engine::gguf::GgufFile::open(model).map_err(|e| format!("{}: {e}", model.display()))?;
     let class = brink_engine::arch::config(&file).map_err(|e| format!("{}: {e}", model.display()))?.shape_class();
-    let env = envelope::envelope(&report, &class, path)?;
-    let (batch, chunk) = envelope::clamp(a.max_batch_tokens, a.engine.prefill_chunk, &env);
-    match &env {
-        Envelope::Validated(max) => eprintln!(
+    let requested = ServingParams {
+        max_batch_tokens: a.max_batch_tokens as u64,
+        prefill_chunk: a.engine.prefill_chunk as u64,
+        context: a.engine.context as u64,
+    };
+    let env = envelope::envelope(&report, &class, path, requested)?;
+    // Both are at most the requested usize values.
+    let (batch, chunk) = (env.max_batch_tokens as usize, env.prefill_chunk as usize);
+    match env.validated_tokens {
+        Some(max) => eprintln!(
             "brink serve: {class} validated up to {max} tokens per batch ({}): max batch tokens {batch}, prefill chunk {chunk}",
             path.display()
         ),
-        Envelope::Unvalidated(why) => eprintln!("brink serve: {}: no GPU envelope to clamp to ({why})", path.display()),
+        None => eprintln!("brink serve: {}: no GPU envelope to clamp to ({})", path.display(), unvalidated_reason(&report.verdict)),
     }
     Ok((batch, chunk, Some(QualificationMetrics::new(&report, None))))
+}
+
+/// Why a report that validated nothing did not (the only verdict without a token count that serves).
+fn unvalidated_reason(v: &Verdict) -> &str {
+    match v {
+        Verdict::NotQualified { reason } | Verdict::Disqualified { reason } => reason,
+        Verdict::Qualified { .. } | Verdict::Clamped { .. } => "no count validated",
+    }
 }
 
 pub fn run(a: Args) -> ExitCode {
