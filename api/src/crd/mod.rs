@@ -9,7 +9,10 @@ pub mod conditions;
 pub mod model;
 pub mod model_deployment;
 pub mod model_replica;
+pub mod regression_sweep;
 pub mod spark_node;
+pub mod sweep_result;
+pub mod sweep_run;
 
 #[cfg(test)]
 mod tests;
@@ -27,6 +30,10 @@ pub use model_deployment::{
     RolloutPhase, RolloutStatus, RolloutStrategy, Serving, Spread,
 };
 pub use model_replica::{DownloadProgress, ModelReplica, ModelReplicaSpec, ModelReplicaStatus, ReplicaPhase, StallReport, Throughput};
+pub use regression_sweep::{
+    BaselineKind, BaselinePolicy, ConcurrencyPolicy, GridPoint, RegressionSweep, RegressionSweepSpec, RegressionSweepStatus, SweepSelfTest,
+    SweepVerdict, Tolerance, WorkloadGrid,
+};
 pub use spark_node::{
     Capacity, FailingCase, HostedReplica, MAX_FAILING_CASES, NodeFingerprint, ShapeQualification, SparkNode, SparkNodeSpec,
     SparkNodeStatus, failing_cases,
@@ -35,7 +42,22 @@ pub use spark_node::{
 pub const GROUP: &str = "brink.dev";
 pub const VERSION: &str = "v1alpha1";
 
+pub use sweep_result::{
+    Judgement, PointFigures, ResultState, SelfTestOutcome, SweepResult, SweepResultSpec, SweepResultStatus, result_name,
+};
+pub use sweep_run::{
+    ExtraCase, Finding, MAX_FINDINGS, NodeProgress, NodeRunState, RunCounts, RunPhase, SweepRun, SweepRunSpec, SweepRunStatus,
+};
+
 /// Every CRD of the group, in the order `brink-operator crds` prints them.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![SparkNode::crd(), Model::crd(), ModelDeployment::crd(), ModelReplica::crd()]
+    vec![
+        SparkNode::crd(),
+        Model::crd(),
+        ModelDeployment::crd(),
+        ModelReplica::crd(),
+        RegressionSweep::crd(),
+        SweepRun::crd(),
+        SweepResult::crd(),
+    ]
 }

@@ -8,6 +8,8 @@ use serde_json::{Value, json};
 
 use super::*;
 
+mod sweep;
+
 fn crd(kind: &str) -> CustomResourceDefinition {
     crds().into_iter().find(|c| c.spec.names.kind == kind).unwrap_or_else(|| panic!("no CRD of kind {kind}"))
 }
@@ -43,16 +45,20 @@ fn cel(kind: &str, object: &Value, old: Option<&Value>) -> Vec<String> {
 }
 
 #[test]
-fn four_crds_in_the_brink_group() {
+fn seven_crds_in_the_brink_group() {
     let all = crds();
     let kinds: Vec<_> = all.iter().map(|c| c.spec.names.kind.as_str()).collect();
-    assert_eq!(kinds, ["SparkNode", "Model", "ModelDeployment", "ModelReplica"]);
+    assert_eq!(kinds, ["SparkNode", "Model", "ModelDeployment", "ModelReplica", "RegressionSweep", "SweepRun", "SweepResult"]);
     let expected = [
         ("SparkNode", "sparknodes", "Cluster", Some("snode")),
         ("Model", "models", "Namespaced", None),
         ("ModelDeployment", "modeldeployments", "Namespaced", Some("mdep")),
         ("ModelReplica", "modelreplicas", "Namespaced", Some("mrep")),
+        ("RegressionSweep", "regressionsweeps", "Namespaced", Some("rsweep")),
+        ("SweepRun", "sweepruns", "Namespaced", Some("srun")),
+        ("SweepResult", "sweepresults", "Namespaced", Some("sres")),
     ];
+    assert_eq!(all.len(), expected.len());
     for (c, (kind, plural, scope, short)) in all.iter().zip(expected) {
         assert_eq!(c.spec.group, GROUP);
         assert_eq!(c.spec.names.kind, kind);
@@ -297,7 +303,10 @@ fn cel_rules_pass_static_analysis() {
             }
         }
     }
-    assert_eq!(checked, 7, "rules: Model spec 3 + source 1, ModelDeployment serving 1, ModelReplica spec 1 + serving 1");
+    assert_eq!(
+        checked, 10,
+        "rules: Model spec 3 + source 1, ModelDeployment serving 1, ModelReplica spec 1 + serving 1, RegressionSweep spec 1, SweepRun spec 1, SweepResult spec 1"
+    );
 }
 
 fn model_json() -> Value {
