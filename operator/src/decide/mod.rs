@@ -8,6 +8,7 @@ pub mod inputs;
 pub mod lifecycle;
 pub mod placement;
 pub mod reason;
+pub mod sweep;
 
 #[cfg(test)]
 mod tests;
