@@ -8,6 +8,7 @@ pub mod inputs;
 pub mod lifecycle;
 pub mod placement;
 pub mod reason;
+pub mod rollout;
 
 #[cfg(test)]
 mod tests;
@@ -20,3 +21,7 @@ pub use inputs::{
 pub use lifecycle::{Lifecycle, Replacement, ReplicaView, lifecycle};
 pub use placement::{Assignment, Placement, place};
 pub use reason::Reason;
+pub use rollout::{
+    EventType, Recreate, RolloutCondition, RolloutDecision, RolloutError, RolloutEvent, RolloutPolicy, RolloutReplica, RolloutSpec,
+    ThresholdTest, decide_rollout,
+};

@@ -2,6 +2,8 @@
 
 mod lifecycle_cases;
 mod placement_cases;
+mod rollout_cases;
+mod rollout_flows;
 mod simulation;
 
 use std::collections::BTreeMap;
