@@ -9,6 +9,7 @@ pub mod lifecycle;
 pub mod placement;
 pub mod reason;
 pub mod rollout;
+pub mod rollout_view;
 
 #[cfg(test)]
 mod tests;
@@ -21,6 +22,7 @@ pub use inputs::{
 pub use lifecycle::{Lifecycle, Replacement, ReplicaView, lifecycle};
 pub use placement::{Assignment, Placement, place};
 pub use reason::Reason;
+pub use rollout_view::{kube_event, revision, rollout_condition, rollout_replica};
 pub use rollout::{
     EventType, Recreate, RolloutCondition, RolloutDecision, RolloutError, RolloutEvent, RolloutPolicy, RolloutReplica, RolloutSpec,
     ThresholdTest, decide_rollout,

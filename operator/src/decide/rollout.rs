@@ -149,6 +149,11 @@ pub enum RolloutError {
     EmptyRevision {
         field: String,
     },
+    /// A `ModelReplica` without a field the rollout needs (an object not from the API server).
+    MissingField {
+        replica: String,
+        field: String,
+    },
 }
 
 impl fmt::Display for RolloutError {
@@ -156,6 +161,7 @@ impl fmt::Display for RolloutError {
         match self {
             RolloutError::DuplicateReplica(r) => write!(f, "replica {r} listed twice"),
             RolloutError::EmptyRevision { field } => write!(f, "{field}: empty revision (a hash of the model and engine build)"),
+            RolloutError::MissingField { replica, field } => write!(f, "ModelReplica {replica:?}: no {field}"),
         }
     }
 }

@@ -50,7 +50,8 @@ enum Want {
 fn decision_table() {
     let other = || held_by(Some(OTHER), Some(0), Some(15));
     // (name, lease read, seen unchanged since (s, relative to now=0), leading, want)
-    let cases: Vec<(&str, Option<LeaseSpec>, Option<i64>, bool, Want)> = vec![
+    type Case = (&'static str, Option<LeaseSpec>, Option<i64>, bool, Want);
+    let cases: Vec<Case> = vec![
         ("missing: create", None, None, false, Want::Create),
         ("missing while leading (deleted): create again", None, None, true, Want::Create),
         ("released (no holder): acquire at once", Some(held_by(None, Some(0), Some(15))), Some(0), false, Want::Acquire(5)),
