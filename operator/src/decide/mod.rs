@@ -22,8 +22,8 @@ pub use inputs::{
 pub use lifecycle::{Lifecycle, Replacement, ReplicaView, lifecycle};
 pub use placement::{Assignment, Placement, place};
 pub use reason::Reason;
-pub use rollout_view::{kube_event, revision, rollout_condition, rollout_replica};
 pub use rollout::{
     EventType, Recreate, RolloutCondition, RolloutDecision, RolloutError, RolloutEvent, RolloutPolicy, RolloutReplica, RolloutSpec,
     ThresholdTest, decide_rollout,
 };
+pub use rollout_view::{kube_event, revision, rollout_condition, rollout_replica};
