@@ -8,6 +8,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use futures::future::{Fuse, FusedFuture, FutureExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -89,13 +90,22 @@ pub async fn run_as_leader<F: Future>(
         }
     }
 
-    // Leading. A renewal must succeed within two thirds of the duration: a candidate that saw
-    // our last write takes over one full duration later, so we stop a third before that.
+    // Leading. The work runs while renewals are in flight (they are polled side by side). A
+    // renewal must succeed within two thirds of the duration, whether the API server answers
+    // or hangs: a candidate that saw our last write takes over one full duration later, so we
+    // stop the work a third before that.
     let renew_deadline = duration - retry;
     let mut last_renew = Instant::now();
+    let mut problem = String::from("no answer from the API server");
     let mut work = Box::pin(work());
+    let tick = sleep(retry);
+    let deadline = sleep(renew_deadline);
+    let renewal = Fuse::terminated();
+    tokio::pin!(tick, deadline, renewal);
     loop {
         tokio::select! {
+            // In this order: at the deadline, a renewal that would start or end then is too late.
+            biased;
             out = &mut work => {
                 let released = lease.release(identity, &clock).await;
                 return Ok(Outcome::Finished { output: out, released });
@@ -106,15 +116,15 @@ pub async fn run_as_leader<F: Future>(
                 let released = lease.release(identity, &clock).await;
                 return Ok(Outcome::Shutdown { released });
             }
-            _ = sleep(retry) => {
-                // A 409 means someone wrote since our read: read once more to see who holds it.
-                let mut step = lease.try_acquire(identity, true, &mut None, &clock, duration).await;
-                if matches!(step, Ok(Step::Raced)) {
-                    step = lease.try_acquire(identity, true, &mut None, &clock, duration).await;
-                }
-                let why = match step {
+            _ = &mut deadline => {
+                return Ok(Outcome::Lost { holder: None, why: format!("not renewed for {:?}: {problem}", last_renew.elapsed()) });
+            }
+            step = &mut renewal => {
+                tick.as_mut().reset(Instant::now() + retry);
+                problem = match step {
                     Ok(Step::Holding) => {
                         last_renew = Instant::now();
+                        deadline.as_mut().reset(last_renew + renew_deadline);
                         continue;
                     }
                     Ok(Step::Lost(holder)) => return Ok(Outcome::Lost { why: format!("the Lease is held by {holder}"), holder: Some(holder) }),
@@ -122,9 +132,9 @@ pub async fn run_as_leader<F: Future>(
                     Ok(Step::Waiting(_)) => "the Lease is held by another".to_string(),
                     Err(e) => lease.error("renew", e).to_string(),
                 };
-                if last_renew.elapsed() >= renew_deadline {
-                    return Ok(Outcome::Lost { holder: None, why: format!("not renewed for {:?}: {why}", last_renew.elapsed()) });
-                }
+            }
+            _ = &mut tick, if renewal.is_terminated() => {
+                renewal.set(lease.renew(identity, &clock, duration).fuse());
             }
         }
     }
@@ -206,6 +216,15 @@ impl LeaseApi {
             None => ObjectMeta { name: Some(self.name.clone()), namespace: Some(self.namespace.clone()), ..ObjectMeta::default() },
         };
         Lease { metadata, spec: Some(spec) }
+    }
+
+    /// Renews a Lease we hold. A 409 means someone wrote since our read: read once more to
+    /// see who holds it now.
+    async fn renew(&self, me: &str, clock: &Clock, duration: Duration) -> Result<Step, KubeError> {
+        match self.try_acquire(me, true, &mut None, clock, duration).await? {
+            Step::Raced => self.try_acquire(me, true, &mut None, clock, duration).await,
+            step => Ok(step),
+        }
     }
 
     /// Clears the holder if the Lease is still ours. Best effort: returns whether it was

@@ -406,10 +406,9 @@ async fn renewals_that_keep_failing_give_up_before_a_successor_may_take_over() {
     let (_, send) = expect(&mut handle, "POST", COLLECTION).await;
     respond(send, 201, &lease("1", Some(ME), 0));
     let start = tokio::time::Instant::now();
-    for _ in 0..2 {
-        let (_, send) = expect(&mut handle, "GET", PATH).await;
-        respond(send, 503, &status(503, "ServiceUnavailable"));
-    }
+    // The renewal at 5 s fails; the next would start at 10 s, when the deadline has come.
+    let (_, send) = expect(&mut handle, "GET", PATH).await;
+    respond(send, 503, &status(503, "ServiceUnavailable"));
     let out = task.await.unwrap().unwrap();
     // 10 s without a renewal: two thirds of 15 s.
     assert_eq!(start.elapsed(), Duration::from_secs(10));
@@ -447,4 +446,26 @@ async fn standby_errors_and_bad_input() {
         let err = run_as_leader(client.clone(), NS, NAME, id, d, || async {}, std::future::pending()).await.unwrap_err();
         assert!(err.to_string().contains(says), "{err}");
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_renewal_the_api_server_never_answers_stops_the_work_at_the_deadline() {
+    let (client, mut handle) = mock_client();
+    let f = flags();
+    let (_finish, finish_rx) = tokio::sync::oneshot::channel();
+    let task =
+        tokio::spawn(run_as_leader(client, NS, NAME, ME, D, work(finish_rx, f.started.clone(), f.dropped.clone()), std::future::pending()));
+    let (_, send) = expect(&mut handle, "GET", PATH).await;
+    respond(send, 404, &status(404, "NotFound"));
+    let (_, send) = expect(&mut handle, "POST", COLLECTION).await;
+    respond(send, 201, &lease("1", Some(ME), 0));
+    let start = tokio::time::Instant::now();
+    // The renewal's read hangs: no answer is ever sent (kube's own timeout is minutes).
+    let (_, _hung) = expect(&mut handle, "GET", PATH).await;
+    assert_eq!(start.elapsed(), Duration::from_secs(5));
+    assert!(!f.dropped.load(Ordering::SeqCst), "the work keeps running while a renewal is in flight");
+    let out = task.await.unwrap().unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(10));
+    assert_eq!(out, Outcome::Lost { holder: None, why: "not renewed for 10s: no answer from the API server".into() });
+    assert!(f.dropped.load(Ordering::SeqCst));
 }
