@@ -409,11 +409,20 @@ impl Ctx<'_> {
 
     /// After a rollback: replicas return to the previous revision; the failed one is not retried.
     fn hold_rollback(&self, p: &RolloutStatus) -> Step {
-        let Some(stable) = p.previous_revision.clone().or_else(|| self.most_common_other()) else {
-            // Nothing to fall back to (a status without a previous revision): go forward.
-            return self.roll_forward(None, None, false);
-        };
         let failed = self.desired();
+        let Some(stable) = p.previous_revision.clone().or_else(|| self.most_common_other()) else {
+            // A status without a previous revision (written by hand?) and no replica on another
+            // one: nothing to return to, and the failed revision is still not retried.
+            let message = format!("revision {failed} was rolled back and there is no previous revision to return to");
+            return Step {
+                status: RolloutStatus { message: Some(message.clone()), ..p.clone() },
+                recreate: vec![],
+                new_replica_revision: failed.to_string(),
+                condition: progressing(ConditionStatus::False, "RolledBack", message),
+                recheck_in_s: None,
+                stuck: None,
+            };
+        };
         let batch = self.batch(&stable, Some(failed), RolloutStrategy::Canary);
         // The status keeps the reason of the rollback as written; the condition adds the progress.
         let why = p.message.clone().unwrap_or_else(|| format!("revision {failed} was rolled back"));

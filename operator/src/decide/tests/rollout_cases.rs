@@ -546,6 +546,15 @@ fn cases() -> Vec<Case> {
         .recreate(&[("a", "r1")])
         .cond(False, "RolledBack"),
         case(
+            "rolled back without a previous revision (hand-written status): nothing moves",
+            spec("r2", 2),
+            Some(status(RolledBack, "r2", None, Some("a"))),
+            vec![starting("a", "n-a", "r2", 2_000, Failed), rep("b", "n-b", "r2")],
+        )
+        .expect(RolledBack, None, Some("a"), "r2")
+        .cond(False, "RolledBack")
+        .says(&["no previous revision to return to"]),
+        case(
             "rollback then a new revision: a new canary from the previous",
             spec("r3", 3),
             Some(status(RolledBack, "r2", Some("r1"), Some("a"))),
