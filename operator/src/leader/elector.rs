@@ -62,7 +62,10 @@ pub async fn run_as_leader<F: Future>(
         return Err(LeaderError::Invalid(format!("identity {identity:?}, namespace {namespace:?} and name {name:?} must not be empty")));
     }
     if duration < Duration::from_secs(3) || duration.as_secs() > i32::MAX as u64 {
-        return Err(LeaderError::Invalid(format!("lease duration {duration:?} must be at least 3 s (renewed every third)")));
+        return Err(LeaderError::Invalid(format!(
+            "lease duration {duration:?} must be from 3 s (it is renewed every third) to {} s",
+            i32::MAX
+        )));
     }
     let lease = LeaseApi { api: Api::namespaced(client, namespace), namespace: namespace.into(), name: name.into() };
     let clock = Clock::start();
