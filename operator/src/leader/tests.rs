@@ -442,7 +442,11 @@ async fn standby_errors_and_bad_input() {
     assert!(handle.next_request().await.is_none());
 
     let (client, _handle) = mock_client();
-    for (id, d, says) in [("", D, "must not be empty"), (ME, Duration::from_secs(2), "at least 3 s")] {
+    for (id, d, says) in [
+        ("", D, "must not be empty"),
+        (ME, Duration::from_secs(2), "must be from 3 s"),
+        (ME, Duration::from_secs(1 << 32), "to 2147483647 s"),
+    ] {
         let err = run_as_leader(client.clone(), NS, NAME, id, d, || async {}, std::future::pending()).await.unwrap_err();
         assert!(err.to_string().contains(says), "{err}");
     }
