@@ -9,6 +9,9 @@ use clap::{Parser, Subcommand};
 // nothing in the binary uses them yet.
 #[allow(dead_code, unused_imports)]
 mod decide;
+// Leader election; the controllers' wiring calls `leader::run_as_leader`.
+#[allow(dead_code, unused_imports)]
+mod leader;
 
 #[derive(Parser)]
 #[command(name = "brink-operator", version, about = "brink's fleet operator")]

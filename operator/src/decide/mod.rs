@@ -8,6 +8,8 @@ pub mod inputs;
 pub mod lifecycle;
 pub mod placement;
 pub mod reason;
+pub mod rollout;
+pub mod rollout_view;
 pub mod sweep;
 
 #[cfg(test)]
@@ -21,3 +23,8 @@ pub use inputs::{
 pub use lifecycle::{Lifecycle, Replacement, ReplicaView, lifecycle};
 pub use placement::{Assignment, Placement, place};
 pub use reason::Reason;
+pub use rollout::{
+    EventType, Recreate, RolloutCondition, RolloutDecision, RolloutError, RolloutEvent, RolloutPolicy, RolloutReplica, RolloutSpec,
+    ThresholdTest, decide_rollout,
+};
+pub use rollout_view::{kube_event, revision, rollout_condition, rollout_replica};

@@ -2,6 +2,9 @@
 
 mod lifecycle_cases;
 mod placement_cases;
+mod rollout_cases;
+mod rollout_flows;
+mod rollout_view_cases;
 mod simulation;
 
 use std::collections::BTreeMap;
