@@ -65,6 +65,22 @@ fn spark_node() -> Value {
                                       "lastTransitionTime": "2026-11-30T19:44:52Z"}]}})
 }
 
+fn sweep() -> Value {
+    json!({"apiVersion": "brink.dev/v1alpha1", "kind": "RegressionSweep", "metadata": {"name": "nightly", "namespace": "n"},
+           "spec": {"schedule": "0 2 * * *", "concurrencyPolicy": "Forbid", "startingDeadlineSeconds": 3600,
+                    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB10"}, "maxConcurrentNodes": 2, "modelRef": {"name": "q"},
+                    "workload": {"promptTokens": [512, 8192], "concurrency": [1, 8], "generatedTokens": [128]},
+                    "baseline": {"policy": "LastPassing", "tolerance": {"throughputPercent": 10, "latencyPercent": 20}}}})
+}
+
+fn sweep_result() -> Value {
+    json!({"apiVersion": "brink.dev/v1alpha1", "kind": "SweepResult", "metadata": {"name": "nightly-1-spark-01", "namespace": "n"},
+           "spec": {"run": "nightly-1", "node": "spark-01"},
+           "status": {"state": "Done", "points": [{"point": {"promptTokens": 512, "concurrency": 1, "generatedTokens": 128},
+                                                    "requests": 16, "failed": 0, "outputTokensPerS": 70.4, "ttftP50S": 0.22}],
+                      "judgement": {"verdict": "Pass"}}})
+}
+
 /// `base` with the value at a JSON pointer replaced (`Value::Null` removes it).
 fn with(mut v: Value, pointer: &str, value: Value) -> Value {
     let (parent, key) = pointer.rsplit_once('/').expect("pointer");
@@ -73,7 +89,10 @@ fn with(mut v: Value, pointer: &str, value: Value) -> Value {
         Value::Null => {
             p.as_object_mut().expect("object").remove(key);
         }
-        value => p[key] = value,
+        value => match key.parse::<usize>() {
+            Ok(i) if p.is_array() => p[i] = value,
+            _ => p[key] = value,
+        },
     }
     v
 }
@@ -121,6 +140,14 @@ fn examples() -> Vec<Value> {
         bad("no node", replica(), "/spec/node", Value::Null),
         bad("verdict state passed", spark_node(), "/status/qualifications/0/qualification/verdict/state", json!("passed")),
         bad("condition without reason", spark_node(), "/status/conditions/0/reason", Value::Null),
+        ok("full", sweep()),
+        ok("full", sweep_result()),
+        bad("concurrency policy Sometimes", sweep(), "/spec/concurrencyPolicy", json!("Sometimes")),
+        bad("empty grid", sweep(), "/spec/workload/promptTokens", json!([])),
+        bad("prompt of 0 tokens", sweep(), "/spec/workload/promptTokens/0", json!(0)),
+        bad("no model", sweep(), "/spec/modelRef", Value::Null),
+        bad("zero nodes at once", sweep(), "/spec/maxConcurrentNodes", json!(0)),
+        bad("verdict Fine", sweep_result(), "/status/judgement/verdict", json!("Fine")),
     ]
 }
 
@@ -143,6 +170,6 @@ fn crds_pass_kubernetes_validate_and_their_schemas_sort_examples() {
     eprint!("{report}");
     assert!(check.status.success(), "crd_check.py failed:\n{report}{}", String::from_utf8_lossy(&check.stderr));
     // Every CRD and every example was looked at (a script that skipped them would also exit 0).
-    assert_eq!(report.lines().filter(|l| l.starts_with("ok   CRD ")).count(), 4, "{report}");
+    assert_eq!(report.lines().filter(|l| l.starts_with("ok   CRD ")).count(), brink_api::crd::crds().len(), "{report}");
     assert_eq!(report.lines().filter(|l| l.starts_with("ok   ") && !l.starts_with("ok   CRD ")).count(), examples.len(), "{report}");
 }
