@@ -2,7 +2,8 @@
 //!
 //! One source of truth: the agent writes these (as JSON from `brink-agent selftest --json`, and
 //! later into `SparkNode` status), the operator reads them. Kubernetes resource types join them
-//! in [`crd`] (group `brink.dev`, version `v1alpha1`).
+//! in [`crd`] (group `brink.dev`, version `v1alpha1`); [`sweep`] holds the rules sweep results
+//! are judged by, which both sides apply.
 
 pub mod crd;
 pub mod device;
@@ -10,6 +11,7 @@ pub mod model_test;
 pub mod qualification;
 pub mod report;
 pub mod selftest;
+pub mod sweep;
 
 pub use device::{DeviceInfo, DeviceReport, UnifiedMemory};
 pub use model_test::{MODEL_TEST_SCHEMA, ModelTestReport, SelfTestWithModel};

@@ -1,41 +1,12 @@
-//! Baseline selection, history pruning, the run summary and stall shapes as next cases.
+//! History pruning, the run summary and stall shapes as next cases.
 
 use std::collections::BTreeSet;
 
 use brink_api::crd::conditions::Time;
-use brink_api::crd::{BaselineKind, NodeRunState, StallReport, SweepVerdict};
+use brink_api::crd::{NodeRunState, StallReport, SweepVerdict};
 
-use crate::decide::sweep::baseline::{PastResult, baseline_run};
 use crate::decide::sweep::history::{FinishedRun, prune};
 use crate::decide::sweep::summary::{NodeOutcome, counts, message, stall_cases, top_findings, verdict};
-
-fn past(run: &str, t: i64, node: &str, v: Option<SweepVerdict>) -> PastResult {
-    PastResult { run: run.into(), scheduled_s: t, node: node.into(), verdict: v }
-}
-
-#[test]
-fn last_passing_is_per_node_and_skips_bad_and_unjudged_runs() {
-    use SweepVerdict::*;
-    let h = vec![
-        past("r1", 100, "a", Some(Pass)),
-        past("r1", 100, "b", Some(Pass)),
-        past("r2", 200, "a", Some(Regressed)),
-        past("r2", 200, "b", Some(Pass)),
-        past("r3", 300, "a", None),
-        past("r3", 300, "b", Some(Outlier)),
-        past("r4", 400, "a", Some(Pass)), // scheduled after the run being judged
-    ];
-    let at = |node, now| baseline_run(BaselineKind::LastPassing, None, node, now, &h);
-    assert_eq!(at("a", 350), Some("r1"));
-    assert_eq!(at("b", 350), Some("r2"));
-    assert_eq!(at("a", 500), Some("r4"));
-    assert_eq!(at("c", 500), None, "a new node has no baseline");
-    assert_eq!(at("a", 100), None, "not its own run");
-    // Pinned: that run's result, whatever its verdict; none if the node was not in it.
-    assert_eq!(baseline_run(BaselineKind::Pinned, Some("r2"), "a", 350, &h), Some("r2"));
-    assert_eq!(baseline_run(BaselineKind::Pinned, Some("r9"), "a", 350, &h), None);
-    assert_eq!(baseline_run(BaselineKind::Pinned, None, "a", 350, &h), None);
-}
 
 #[test]
 fn pruning_keeps_the_newest_and_every_baseline() {

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use brink_api::crd::{Finding, GridPoint, PointFigures, SweepVerdict};
+use crate::crd::{Finding, GridPoint, PointFigures, SweepVerdict};
 
 use super::judge::{Metric, change_percent};
 

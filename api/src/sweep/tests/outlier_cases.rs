@@ -1,10 +1,10 @@
 //! Fleet outliers over many nodes with noise: the slow node is found, noise is not, different
 //! hardware is never compared, small groups are left alone.
 
-use brink_api::crd::{PointFigures, SweepVerdict};
+use crate::crd::{PointFigures, SweepVerdict};
 
 use super::fig;
-use crate::decide::sweep::outliers::{MIN_PEERS, NodeFigures, outliers};
+use crate::sweep::outliers::{MIN_PEERS, NodeFigures, outliers};
 
 /// Deterministic noise in [-amp, +amp] (a small LCG: the same fleet every run).
 fn noise(seed: &mut u64, amp: f64) -> f64 {

@@ -1,15 +1,15 @@
 //! A node's verdict against its baseline: each metric at, just inside and just beyond its
 //! tolerance in the worse and the better direction; failures, hangs, lost and timed-out nodes.
 
-use brink_api::crd::{FailingCase, NodeRunState, ResultState, SelfTestOutcome, SweepResultStatus, SweepVerdict, Tolerance};
-use brink_api::qualification::ReportSummary;
+use crate::crd::{FailingCase, NodeRunState, ResultState, SelfTestOutcome, SweepResultStatus, SweepVerdict, Tolerance};
+use crate::qualification::ReportSummary;
 
 use super::fig;
-use crate::decide::sweep::judge::{NodeInput, judge};
+use crate::sweep::judge::{NodeInput, judge};
 
 const TOL: Tolerance = Tolerance { throughput_percent: 10, latency_percent: 20 };
 
-fn result(points: Vec<brink_api::crd::PointFigures>) -> SweepResultStatus {
+fn result(points: Vec<crate::crd::PointFigures>) -> SweepResultStatus {
     SweepResultStatus { state: ResultState::Done, points, ..SweepResultStatus::default() }
 }
 

@@ -1,7 +1,7 @@
 //! One node's verdict in a run: its self-test, each grid point's failures and hangs, and each
 //! point's figures against the node's baseline with the sweep's tolerances.
 
-use brink_api::crd::{Finding, NodeRunState, PointFigures, ResultState, SweepResultStatus, SweepVerdict, Tolerance};
+use crate::crd::{Finding, NodeRunState, PointFigures, ResultState, SweepResultStatus, SweepVerdict, Tolerance};
 
 /// A metric a grid point is judged on, and which way is worse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

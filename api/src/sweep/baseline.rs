@@ -1,7 +1,7 @@
 //! Which earlier result each node is compared with: its own result in the latest earlier run
 //! where it passed (`LastPassing`), or its result in the run the user pinned (`Pinned`).
 
-use brink_api::crd::{BaselineKind, SweepVerdict};
+use crate::crd::{BaselineKind, SweepVerdict};
 
 /// One node's judged result in an earlier run of the same sweep.
 #[derive(Clone, Debug, PartialEq, Eq)]
