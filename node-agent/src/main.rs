@@ -23,6 +23,7 @@ mod parity_cmd;
 mod qualify;
 mod selftest_cmd;
 mod serve_cmd;
+mod sweep;
 mod up;
 
 use std::process::ExitCode;
@@ -54,6 +55,10 @@ enum Cmd {
     Parity(parity_cmd::Args),
     /// Serve a model over HTTP: OpenAI /v1/chat/completions, /v1/completions, Anthropic /v1/messages.
     Serve(serve_cmd::Args),
+    /// One node's regression sweep here and now: self-test and benchmark grid, judged against a baseline result.
+    Sweep(sweep::Args),
+    /// Print sweep results (files or `kubectl get sweepresults -o json`) as a table, JSON or CSV, or a node's trend.
+    SweepReport(sweep::ReportArgs),
     /// Compile every kernel with NVRTC for the given archs and print ptxas's resource report.
     Kernels(kernels_cmd::Args),
     /// Internal: the self-test's child process (reads cases on stdin, answers on stdout).
@@ -79,6 +84,8 @@ fn main() -> ExitCode {
         Cmd::Bench(args) => bench_cmd::run(args),
         Cmd::Parity(args) => parity_cmd::run(args),
         Cmd::Serve(args) => serve_cmd::run(args),
+        Cmd::Sweep(args) => sweep::run(args),
+        Cmd::SweepReport(args) => sweep::run_report(args),
         Cmd::SelftestWorker => {
             let code = brink_kernels::selftest::worker::serve(std::io::stdin().lock(), std::io::stdout().lock());
             ExitCode::from(code as u8)

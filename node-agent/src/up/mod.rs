@@ -5,9 +5,9 @@
 //! print the report (and write it as JSON), then serve — or refuse, saying why.
 
 mod bench;
-mod demo_model;
+pub(crate) mod demo_model;
 mod report;
-mod server;
+pub(crate) mod server;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -16,17 +16,11 @@ use std::time::{Duration, Instant};
 use brink_api::{BackendCheck, DeviceInfo, ModelSummary, Phase, QualificationReport, ReportSummary, ServingParams, SuiteResult, Verdict};
 use brink_engine::BackendKind;
 use brink_engine::model::ModelConfig;
-use brink_engine::server::ServeOptions;
-use brink_engine::server::jobs::WorkerConfig;
-use brink_engine::server::supervisor::EngineCommand;
 use brink_kernels::selftest::session;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::engine_args::BackendArg;
-use crate::node_metrics::{
-    self,
-    qualification::{CaseCounts, QualificationMetrics},
-};
+use crate::node_metrics::qualification::{CaseCounts, QualificationMetrics};
 use crate::qualify::backend_truth::{ClaimedBackend, ThroughputFloor};
 use crate::qualify::{self, cache, verdict};
 
@@ -259,7 +253,16 @@ fn up(a: Args) -> Result<ExitCode, String> {
         kernel: CaseCounts::from_summary(&report.kernels.summary),
         model: Some(CaseCounts::from_summary(&report.model_test.summary)),
     };
-    let opts = serve_options(&a, &model_path, backend, context, &envelope, &state_dir, gauges)?;
+    let opts = server::options(&server::EngineSpec {
+        model: &model_path,
+        backend,
+        slots: a.slots,
+        context,
+        envelope: &envelope,
+        stall_timeout: a.stall_timeout,
+        state_dir: &state_dir,
+        gauges: Some(gauges),
+    })?;
     let mut running = server::start(&a.host, a.port, opts)?;
     let url = format!("http://{}", running.addr);
     eprintln!("brink up: listening on {url} (loading {})", model_path.display());
@@ -340,40 +343,6 @@ fn model_suite(a: &Args, model: &Path, backend: BackendKind, serving: ServingPar
         eprintln!("brink up: model case {} {:?}: {}", c.id, c.result, c.detail);
     }
     SuiteResult { summary: ReportSummary::from(&r), verdict: r.verdict }
-}
-
-fn serve_options(
-    a: &Args,
-    model: &Path,
-    backend: BackendKind,
-    context: usize,
-    envelope: &brink_api::Envelope,
-    state_dir: &Path,
-    gauges: QualificationMetrics,
-) -> Result<ServeOptions, String> {
-    let program = std::env::current_exe().map_err(|e| format!("finding this program to run the engine child: {e}"))?;
-    let usize_of = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
-    Ok(ServeOptions {
-        worker: WorkerConfig {
-            model: model.to_path_buf(),
-            backend,
-            slots: a.slots.max(1),
-            context,
-            max_batch_tokens: usize_of(envelope.max_batch_tokens),
-            prefill_chunk: usize_of(envelope.prefill_chunk),
-            max_queue: 64,
-        },
-        engine: EngineCommand { program, args: vec!["engine-child".into()] },
-        model_name: None,
-        api_keys: Vec::new(),
-        stall_timeout: Duration::from_secs_f64(a.stall_timeout),
-        stall_dir: state_dir.join("stalls"),
-        inject_fault: std::env::var("BRINK_INJECT_FAULT").ok().filter(|s| !s.trim().is_empty()),
-        quarantine_min_chunk: 64,
-        grace: Duration::from_secs(30),
-        max_n: 8,
-        node_metrics: Some(node_metrics::provider(Some(gauges))),
-    })
 }
 
 /// Backend truth for the engine the server reports: the claim (`GET /engine`) against the

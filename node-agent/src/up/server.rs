@@ -3,15 +3,62 @@
 //! (`GET /engine`) and stop it again if the node may not serve.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use brink_api::Envelope;
+use brink_engine::BackendKind;
 use brink_engine::server::http::EngineStatus;
+use brink_engine::server::jobs::WorkerConfig;
+use brink_engine::server::supervisor::EngineCommand;
 use brink_engine::server::{ServeError, ServeOptions, serve_on, shutdown_signal};
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::http_bench::client::{self, Endpoint};
+use crate::node_metrics::{self, qualification::QualificationMetrics};
+
+/// The engine a local server runs (`up`, local sweeps): batch and chunk from the envelope.
+pub struct EngineSpec<'a> {
+    pub model: &'a Path,
+    pub backend: BackendKind,
+    pub slots: usize,
+    pub context: usize,
+    pub envelope: &'a Envelope,
+    pub stall_timeout: f64,
+    /// Stall reports go under `<state>/stalls`.
+    pub state_dir: &'a Path,
+    /// The node's qualification gauges on `/metrics`.
+    pub gauges: Option<QualificationMetrics>,
+}
+
+/// The supervisor's options for `spec`, with this executable as the engine child.
+pub fn options(spec: &EngineSpec<'_>) -> Result<ServeOptions, String> {
+    let program = std::env::current_exe().map_err(|e| format!("finding this program to run the engine child: {e}"))?;
+    let usize_of = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+    Ok(ServeOptions {
+        worker: WorkerConfig {
+            model: spec.model.to_path_buf(),
+            backend: spec.backend,
+            slots: spec.slots.max(1),
+            context: spec.context,
+            max_batch_tokens: usize_of(spec.envelope.max_batch_tokens),
+            prefill_chunk: usize_of(spec.envelope.prefill_chunk),
+            max_queue: 64,
+        },
+        engine: EngineCommand { program, args: vec!["engine-child".into()] },
+        model_name: None,
+        api_keys: Vec::new(),
+        stall_timeout: Duration::from_secs_f64(spec.stall_timeout),
+        stall_dir: spec.state_dir.join("stalls"),
+        inject_fault: std::env::var("BRINK_INJECT_FAULT").ok().filter(|s| !s.trim().is_empty()),
+        quarantine_min_chunk: 64,
+        grace: Duration::from_secs(30),
+        max_n: 8,
+        node_metrics: Some(node_metrics::provider(spec.gauges.clone())),
+    })
+}
 
 pub struct Running {
     pub rt: Runtime,

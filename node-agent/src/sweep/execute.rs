@@ -1,0 +1,160 @@
+//! Runs one node's part of a sweep: the threshold self-test (in its child process), then the
+//! model served by a local server and the benchmark grid through its HTTP API, point by point
+//! with a deadline each, and returns the `SweepResult` status. Whatever fails is recorded in the
+//! result (never a panic, never a hang past the deadlines): a sweep must report a broken node.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use brink_api::crd::{GridPoint, NodeFingerprint, ResultState, SweepResultStatus, SweepSelfTest, WorkloadGrid};
+use brink_api::qualification::Envelope;
+use brink_api::{DeviceReport, ServingParams, Verdict};
+use brink_engine::BackendKind;
+use brink_kernels::selftest::session;
+use indicatif::ProgressBar;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use super::figures;
+use crate::http_bench::grid::{self, Budget};
+use crate::http_bench::runner::{self, Target};
+use crate::http_bench::stats;
+use crate::qualify::{self, verdict};
+use crate::up::server;
+
+/// What one node runs.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub model: PathBuf,
+    pub backend: BackendKind,
+    pub grid: WorkloadGrid,
+    pub self_test: SweepSelfTest,
+    /// False while serving replicas are resident: the negative controls' deliberate hangs
+    /// would occupy their GPU.
+    pub negative_controls_allowed: bool,
+    pub max_batch_tokens: u64,
+    pub prefill_chunk: u64,
+    /// KV positions per sequence (0: the model's).
+    pub context: usize,
+    pub slots: usize,
+    pub point_timeout: Duration,
+    pub load_timeout: Duration,
+    pub stall_timeout: f64,
+    pub state_dir: PathBuf,
+}
+
+/// The result of running `plan` on this node (`device` as discovered).
+pub fn execute(plan: &Plan, device: &DeviceReport) -> SweepResultStatus {
+    let mut r = SweepResultStatus { state: ResultState::Running, started_at: Some(now()), ..SweepResultStatus::default() };
+    if let Err(e) = run(plan, device, &mut r) {
+        r.error = Some(e);
+    }
+    r.state = if r.error.is_some() { ResultState::Failed } else { ResultState::Done };
+    r.finished_at = Some(now());
+    r
+}
+
+fn now() -> Time {
+    Time(Timestamp::now())
+}
+
+fn run(plan: &Plan, device: &DeviceReport, r: &mut SweepResultStatus) -> Result<(), String> {
+    let file = brink_engine::gguf::GgufFile::open(&plan.model).map_err(|e| format!("{}: {e}", plan.model.display()))?;
+    let config = brink_engine::arch::config(&file).map_err(|e| format!("{}: {e}", plan.model.display()))?;
+    drop(file);
+    let context = if plan.context == 0 || plan.context > config.context { config.context } else { plan.context };
+    let serving = ServingParams { max_batch_tokens: plan.max_batch_tokens, prefill_chunk: plan.prefill_chunk, context: context as u64 };
+    let gpu = device.device.as_ref().filter(|_| plan.backend == BackendKind::Cuda);
+    r.fingerprint = Some(NodeFingerprint::of(&qualify::fingerprint(gpu, &config.shape_class(), serving)));
+
+    let mut node_verdict = Verdict::NotQualified { reason: "the sweep ran no self-test".into() };
+    if plan.self_test.enabled {
+        let mut opts = session::Options::new(brink_engine::qualify::kernel_shape(&config), env!("CARGO_PKG_VERSION"));
+        opts.serving.max_batch_tokens = plan.max_batch_tokens;
+        opts.serving.prefill_chunk = plan.prefill_chunk;
+        let controls = plan.self_test.negative_controls && plan.negative_controls_allowed;
+        if !controls {
+            opts.negative_controls = false;
+            opts.negative_controls_off_reason = Some(
+                if plan.negative_controls_allowed { "selfTest.negativeControls is false" } else { "serving replicas resident" }.into(),
+            );
+        }
+        let report = qualify::kernels::run(&opts).map_err(|e| format!("self-test: {e}"))?;
+        r.self_test = Some(figures::self_test_outcome(&report));
+        node_verdict = report.verdict;
+    }
+    // The grid runs within what the self-test validated, like serving would.
+    let envelope: Envelope = verdict::envelope(&node_verdict, serving).map_err(|e| format!("not benchmarked: {e}"))?;
+
+    let opts = server::options(&server::EngineSpec {
+        model: &plan.model,
+        backend: plan.backend,
+        slots: plan.slots,
+        context,
+        envelope: &envelope,
+        stall_timeout: plan.stall_timeout,
+        state_dir: &plan.state_dir,
+        gauges: None,
+    })?;
+    let mut running = server::start("127.0.0.1", 0, opts)?;
+    let outcome = (|| {
+        let status = running.wait_ready(plan.load_timeout).map_err(|e| format!("the engine did not start: {e}"))?;
+        let model = status.served_models.first().cloned().unwrap_or_else(|| "brink".into());
+        let target = Arc::new(Target { endpoint: running.endpoint.clone(), model, api_key: None, seed: 0 });
+        r.points = running.rt.block_on(grid_points(target, &plan.grid, plan.point_timeout))?;
+        Ok(())
+    })();
+    running.stop();
+    outcome
+}
+
+/// Every point of `grid` in order, each under `deadline` (a point that does not finish counts
+/// its requests as unanswered: a hang, not a slow number).
+async fn grid_points(target: Arc<Target>, g: &WorkloadGrid, deadline: Duration) -> Result<Vec<brink_api::crd::PointFigures>, String> {
+    let budget = Budget::Requests(u64::from(g.requests_per_point));
+    let mut sizes: Vec<(u32, runner::Calibrated)> = Vec::new();
+    let mut out = Vec::new();
+    for (i, point) in g.points().into_iter().enumerate() {
+        let words = match sizes.iter().find(|(p, _)| *p == point.prompt_tokens) {
+            Some((_, c)) => c.words,
+            None => {
+                let c = runner::calibrate(&target, u64::from(point.prompt_tokens), sizes.last().map(|(_, c)| *c))
+                    .await
+                    .map_err(|e| format!("{point}: calibrating the prompt: {e}"))?;
+                sizes.push((point.prompt_tokens, c));
+                c.words
+            }
+        };
+        out.push(run_point(&target, point, words, budget, i as u64, deadline).await);
+    }
+    Ok(out)
+}
+
+async fn run_point(
+    target: &Arc<Target>,
+    point: GridPoint,
+    words: usize,
+    budget: Budget,
+    index: u64,
+    deadline: Duration,
+) -> brink_api::crd::PointFigures {
+    let bench_point = grid::GridPoint {
+        prompt_tokens: u64::from(point.prompt_tokens),
+        concurrency: point.concurrency as usize,
+        max_tokens: u64::from(point.generated_tokens),
+    };
+    let run = runner::run_point(target.clone(), bench_point, words, budget, index, ProgressBar::hidden());
+    let figures = match tokio::time::timeout(deadline, run).await {
+        Ok((outcomes, wall)) => figures::point_figures(point, &stats::aggregate(bench_point, &outcomes, wall)),
+        Err(_) => figures::timed_out(point, budget.requests(bench_point.concurrency).unwrap_or(0)),
+    };
+    eprintln!(
+        "brink sweep: {point}: {} ok, {} failed, {} unanswered, {} output tok/s",
+        figures.requests,
+        figures.failed,
+        figures.timed_out,
+        figures.output_tokens_per_s.map_or_else(|| "-".into(), |v| format!("{v:.1}"))
+    );
+    figures
+}

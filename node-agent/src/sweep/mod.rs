@@ -1,0 +1,220 @@
+//! `brink-agent sweep`: one node's part of a regression sweep, run here and now — the threshold
+//! self-test, then the benchmark grid against the model served by a local server — written as a
+//! `SweepResult` and judged against a baseline result (a file from an earlier sweep, or
+//! `kubectl get sweepresult NAME -o json`). In the fleet the agent runs the same executor for
+//! the operator's `SweepRun`s. `brink-agent sweep-report` prints results and a node's trend.
+
+mod execute;
+mod figures;
+mod report_cmd;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use brink_api::crd::{Judgement, NodeRunState, SweepResult, SweepResultSpec, SweepSelfTest, SweepVerdict, Tolerance, WorkloadGrid};
+use brink_api::sweep::judge::{NodeInput, judge};
+use brink_engine::BackendKind;
+
+use crate::engine_args::BackendArg;
+use crate::qualify::cache;
+
+pub use execute::{Plan, execute};
+pub use report_cmd::{ReportArgs, run_report};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// GGUF model (default: the built-in demo model, as `up` uses).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    backend: BackendArg,
+    /// Prompt lengths of the grid, in tokens (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "128")]
+    prompt_tokens: Vec<u32>,
+    /// Concurrent streams of the grid (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    concurrency: Vec<u32>,
+    /// Tokens generated per request (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "32")]
+    generated_tokens: Vec<u32>,
+    /// Requests per grid point.
+    #[arg(long, default_value_t = 8)]
+    requests_per_point: u32,
+    /// Skip the threshold self-test (benchmark only).
+    #[arg(long)]
+    no_self_test: bool,
+    /// Do not run the self-test's deliberately broken kernels.
+    #[arg(long)]
+    no_negative_controls: bool,
+    /// A `SweepResult` (JSON) of an earlier sweep of this node to judge against.
+    #[arg(long, value_name = "FILE")]
+    baseline: Option<PathBuf>,
+    /// Tokens/s may fall this many percent below the baseline.
+    #[arg(long, default_value_t = Tolerance::default().throughput_percent)]
+    throughput_tolerance: u32,
+    /// Time to first token and inter-token latency may rise this many percent.
+    #[arg(long, default_value_t = Tolerance::default().latency_percent)]
+    latency_tolerance: u32,
+    /// Name of this run (default: local-<unix minutes>).
+    #[arg(long)]
+    run: Option<String>,
+    /// Node name in the result (default: $NODE_NAME, else the host name).
+    #[arg(long)]
+    node: Option<String>,
+    /// Write the `SweepResult` as JSON here (default: <state>/sweeps/<run>-<node>.json).
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Print the result as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
+    max_batch_tokens: u64,
+    #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u64).range(1..))]
+    prefill_chunk: u64,
+    /// KV positions per sequence (0: the model's trained context).
+    #[arg(long, default_value_t = 0)]
+    context: usize,
+    #[arg(long, default_value_t = 4)]
+    slots: usize,
+    /// Seconds a grid point may take before its unanswered requests count as hung.
+    #[arg(long, default_value_t = 600)]
+    point_timeout: u64,
+    #[arg(long, default_value_t = 900)]
+    load_timeout: u64,
+    #[arg(long, default_value_t = 120.0)]
+    stall_timeout: f64,
+    /// As `up`'s (qualifications, the demo model; results under <state>/sweeps/).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+}
+
+/// The grid from the flags, checked against the same bounds as the CRD's.
+pub fn grid(prompt: &[u32], concurrency: &[u32], generated: &[u32], requests: u32) -> Result<WorkloadGrid, String> {
+    let check = |flag: &str, v: &[u32], max: u32| -> Result<(), String> {
+        if v.is_empty() || v.len() > 16 {
+            return Err(format!("{flag}: give 1 to 16 values, got {}", v.len()));
+        }
+        match v.iter().find(|&&x| x == 0 || x > max) {
+            Some(x) => Err(format!("{flag}: {x} is outside 1..={max}")),
+            None => Ok(()),
+        }
+    };
+    check("--prompt-tokens", prompt, 1 << 20)?;
+    check("--concurrency", concurrency, 1024)?;
+    check("--generated-tokens", generated, 65_536)?;
+    if requests == 0 || requests > 10_000 {
+        return Err(format!("--requests-per-point: {requests} is outside 1..=10000"));
+    }
+    Ok(WorkloadGrid {
+        prompt_tokens: prompt.to_vec(),
+        concurrency: concurrency.to_vec(),
+        generated_tokens: generated.to_vec(),
+        requests_per_point: requests,
+    })
+}
+
+/// Reads a `SweepResult` written by `sweep` or by `kubectl get sweepresult -o json`.
+pub fn read_result(path: &Path) -> Result<SweepResult, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: not a SweepResult: {e}", path.display()))
+}
+
+pub fn run(a: Args) -> ExitCode {
+    match sweep(a) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Exit 0 when the verdict is `Pass`, 1 otherwise (a regression is news), 2 for bad input.
+fn sweep(a: Args) -> Result<ExitCode, String> {
+    let grid = grid(&a.prompt_tokens, &a.concurrency, &a.generated_tokens, a.requests_per_point)?;
+    if !(a.stall_timeout.is_finite() && a.stall_timeout > 0.0) {
+        return Err(format!("--stall-timeout {}: expected a positive number of seconds", a.stall_timeout));
+    }
+    let baseline = a.baseline.as_deref().map(read_result).transpose().map_err(|e| format!("--baseline {e}"))?;
+    let state_dir = a
+        .state_dir
+        .clone()
+        .or_else(|| cache::state_dir(|k| std::env::var(k).ok()))
+        .ok_or("no state directory: pass --state-dir, or set BRINK_STATE_DIR or HOME")?;
+    let node = a.node.clone().or_else(|| std::env::var("NODE_NAME").ok()).unwrap_or_else(host_name);
+    let run = a.run.clone().unwrap_or_else(|| {
+        let minutes = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 60);
+        format!("local-{minutes}")
+    });
+    let device = crate::device::discover(0).report;
+    let backend = match (a.backend, device.gpu) {
+        (BackendArg::Cuda, false) => {
+            return Err(format!("--backend cuda: {}", device.no_gpu_reason.as_deref().unwrap_or("no CUDA GPU found")));
+        }
+        (BackendArg::Cpu, _) | (BackendArg::Auto, false) => BackendKind::Cpu,
+        (BackendArg::Cuda | BackendArg::Auto, true) => BackendKind::Cuda,
+    };
+    let model = match &a.model {
+        Some(p) => p.clone(),
+        None => crate::up::demo_model::ensure(&state_dir)?.0,
+    };
+    let plan = Plan {
+        model,
+        backend,
+        grid,
+        self_test: SweepSelfTest { enabled: !a.no_self_test, negative_controls: !a.no_negative_controls },
+        negative_controls_allowed: true,
+        max_batch_tokens: a.max_batch_tokens,
+        prefill_chunk: a.prefill_chunk,
+        context: a.context,
+        slots: a.slots,
+        point_timeout: Duration::from_secs(a.point_timeout.max(1)),
+        load_timeout: Duration::from_secs(a.load_timeout),
+        stall_timeout: a.stall_timeout,
+        state_dir: state_dir.clone(),
+    };
+    eprintln!("brink sweep: run {run} on {node} ({} backend, {} grid points)", backend.name(), plan.grid.points().len());
+    let mut status = execute(&plan, &device);
+    let tolerance = Tolerance { throughput_percent: a.throughput_tolerance, latency_percent: a.latency_tolerance };
+    let base_status = baseline.as_ref().and_then(|b| b.status.as_ref());
+    let (verdict, findings) = judge(&NodeInput {
+        node: &node,
+        state: NodeRunState::Done,
+        message: None,
+        result: Some(&status),
+        baseline: base_status,
+        tolerance,
+    });
+    status.judgement = Some(Judgement { verdict, baseline_run: baseline.as_ref().map(|b| b.spec.run.clone()), findings });
+
+    let name = brink_api::crd::result_name(&run, &node);
+    let mut result = SweepResult::new(&name, SweepResultSpec { run: run.clone(), node: node.clone() });
+    result.status = Some(status);
+    let out = a.out.clone().unwrap_or_else(|| state_dir.join("sweeps").join(format!("{name}.json")));
+    write_json(&out, &result)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&result).map_err(|e| e.to_string())?);
+    } else if let Some(s) = &result.status {
+        print!("{}", figures::table(&node, &run, s));
+        println!("result       {}", out.display());
+    }
+    Ok(if verdict == SweepVerdict::Pass { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn write_json(path: &Path, result: &SweepResult) -> Result<(), String> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let text = serde_json::to_string_pretty(result).map_err(|e| e.to_string())?;
+    std::fs::write(path, text + "\n").map_err(|e| format!("--out {}: {e}", path.display()))
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".into())
+}
