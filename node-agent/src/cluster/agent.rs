@@ -187,8 +187,7 @@ impl Agent {
             let st = self.state();
             (qualify_plan::pending(&requested, &st.qualifications, &st.fingerprint), st.replicas.len())
         };
-        // Classes no longer asked for are no longer waiting.
-        let blocked_before = self.state().blocked.clone();
+        // Rebuilt each round: classes no longer asked for are no longer waiting.
         let mut blocked = BTreeMap::new();
         let mut next = None;
         for (i, class) in pending.iter().enumerate() {
@@ -203,12 +202,13 @@ impl Agent {
             }
         }
         let Some((class, more)) = next else {
-            let changed = blocked != blocked_before || self.state().qualifying.is_some();
-            if changed {
+            let changed = {
                 let mut st = self.state();
+                let changed = st.blocked != blocked || st.qualifying.is_some();
                 st.blocked = blocked;
                 st.qualifying = None;
-            }
+                changed
+            };
             if changed {
                 self.write_status().await?;
             }

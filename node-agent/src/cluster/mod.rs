@@ -81,6 +81,9 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> ExitCode {
+    // Two providers are compiled in (see Cargo.toml): pick one before any TLS client is built.
+    // An error means one is installed already, which is as good.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -138,3 +138,144 @@ fn qualified(s: &NodeState) -> (ConditionStatus, &'static str, String) {
         (true, _) => (ConditionStatus::False, "NotQualified", message),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use brink_api::{DeviceInfo, Fingerprint, QUALIFICATION_SCHEMA, Qualification, ReportSummary, ServingParams, UnifiedMemory};
+
+    fn at(s: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000 + s).unwrap())
+    }
+
+    fn fp() -> NodeFingerprint {
+        NodeFingerprint {
+            gpu_name: "NVIDIA GB10".into(),
+            compute_capability: "12.1".into(),
+            driver_version: Some("580.95.05".into()),
+            cuda_version: "13.0".into(),
+            nvrtc_version: Some("13.0".into()),
+            agent_version: "0.1.0".into(),
+            kernel_sources_hash: "ab".repeat(32),
+        }
+    }
+
+    fn gb10() -> DeviceInfo {
+        DeviceInfo {
+            ordinal: 0,
+            name: "NVIDIA GB10".into(),
+            uuid: "GPU-1".into(),
+            compute_capability: "12.1".into(),
+            sm_count: 48,
+            total_mem_bytes: 128 << 30,
+            free_mem_bytes: 100 << 30,
+            max_grid_dim: [2_147_483_647, 65_535, 65_535],
+            driver_version: Some("580.95.05".into()),
+            cuda_version: "13.0".into(),
+            nvrtc_version: Some("13.0".into()),
+            integrated: true,
+            unified_memory: Some(UnifiedMemory { total: 128 << 30, available: 100 << 30 }),
+        }
+    }
+
+    fn result(class: &str, verdict: Verdict, driver: &str) -> ShapeQualification {
+        let n = NodeFingerprint { driver_version: Some(driver.into()), ..fp() };
+        let f = Fingerprint {
+            gpu_name: n.gpu_name,
+            compute_capability: n.compute_capability,
+            driver_version: n.driver_version,
+            cuda_version: n.cuda_version,
+            nvrtc_version: n.nvrtc_version,
+            agent_version: n.agent_version,
+            kernel_sources_hash: n.kernel_sources_hash,
+            shape_class: class.into(),
+            serving: ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: 4096 },
+        };
+        ShapeQualification {
+            shape_class: class.into(),
+            qualification: Qualification {
+                schema: QUALIFICATION_SCHEMA,
+                digest: f.digest(),
+                fingerprint: f,
+                verdict,
+                summary: ReportSummary::default(),
+                qualified_at: "2027-01-15T08:00:00Z".into(),
+                model_summary: None,
+                kernel_verdict: None,
+                model_verdict: None,
+            },
+            envelope: None,
+            failing_cases: Vec::new(),
+        }
+    }
+
+    fn cond(s: &SparkNodeStatus, t: &str) -> (String, String, String) {
+        let c = s.conditions.iter().find(|c| c.type_ == t).unwrap();
+        (c.status.clone(), c.reason.clone(), c.message.clone())
+    }
+
+    #[test]
+    fn device_and_results_become_the_status() {
+        let q = |max| Verdict::Qualified { max_tokens: max };
+        let c = |max, f| Verdict::Clamped { max_tokens: max, first_failure: f };
+        let d = |r: &str| Verdict::Disqualified { reason: r.into() };
+        // (name, results, want Qualified (status, reason, message))
+        let cases: Vec<(&str, Vec<ShapeQualification>, (&str, &str, &str))> = vec![
+            ("none yet", vec![], ("Unknown", "NoResults", "no shape class has been qualified on this node")),
+            ("one qualified", vec![result("a", q(8192), "580.95.05")], ("True", "Qualified", "a qualified to 8192 tokens")),
+            (
+                "clamped counts as qualified",
+                vec![result("a", c(4096, 4097), "580.95.05")],
+                ("True", "Qualified", "a clamped to 4096 tokens (first failure at 4097)"),
+            ),
+            (
+                "one good, one bad",
+                vec![result("a", q(8192), "580.95.05"), result("b", d("tail bug at 37"), "580.95.05")],
+                ("True", "PartlyQualified", "a qualified to 8192 tokens; b disqualified: tail bug at 37"),
+            ),
+            ("only bad", vec![result("b", d("tail bug at 37"), "580.95.05")], ("False", "NotQualified", "b disqualified: tail bug at 37")),
+            // A result from before a driver upgrade is not adopted: nothing current.
+            (
+                "stale results are dropped",
+                vec![result("a", q(8192), "575.1")],
+                ("Unknown", "NoResults", "no shape class has been qualified on this node"),
+            ),
+        ];
+        for (name, results, want) in cases {
+            let mut st = NodeState::new(DeviceReport::found(gb10()), fp(), None);
+            st.adopt(&results);
+            let s = st.status(at(0));
+            assert_eq!(cond(&s, "Qualified"), (want.0.into(), want.1.into(), want.2.into()), "{name}");
+            assert_eq!(s.device.as_ref().map(|d| d.name.as_str()), Some("NVIDIA GB10"), "{name}");
+            assert!(s.no_gpu_reason.is_none(), "{name}");
+            assert_eq!(s.fingerprint, Some(fp()), "{name}");
+            assert_eq!((s.agent_version.as_str(), s.kernel_sources_hash.len()), ("0.1.0", 64), "{name}");
+        }
+    }
+
+    #[test]
+    fn no_gpu_is_said_plainly_and_conditions_keep_their_transition_times() {
+        let mut st = NodeState::new(DeviceReport::none("no CUDA driver (libcuda.so) on this machine"), fp(), None);
+        let s = st.status(at(0));
+        assert!(s.device.is_none());
+        assert_eq!(s.no_gpu_reason.as_deref(), Some("no CUDA driver (libcuda.so) on this machine"));
+        assert_eq!(cond(&s, "Ready"), ("True".into(), "AgentRunning".into(), "the node agent is running".into()));
+        assert_eq!(cond(&s, "Progressing").1, "Idle");
+        st.qualifying = Some(("a".into(), 2));
+        let s = st.status(at(10));
+        assert_eq!(
+            cond(&s, "Progressing"),
+            ("True".into(), "Qualifying".into(), "running the kernel self-test for a (2 more waiting)".into())
+        );
+        let ready_since = |s: &SparkNodeStatus| s.conditions.iter().find(|c| c.type_ == "Ready").unwrap().last_transition_time.clone();
+        assert_eq!(ready_since(&s), at(0), "Ready did not change: its transition time stays");
+        st.qualifying = None;
+        st.blocked.insert("b".into(), "no model of this class is in the node's cache yet".into());
+        assert_eq!(cond(&st.status(at(15)), "Progressing").1, "WaitingForModel");
+        st.liveness = Liveness::Stopping;
+        let s = st.status(at(20));
+        assert_eq!(cond(&s, "Ready").0, "False");
+        assert_eq!(cond(&s, "Ready").1, "AgentStopping");
+        assert_eq!(ready_since(&s), at(20));
+    }
+}
