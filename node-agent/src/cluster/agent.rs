@@ -19,7 +19,7 @@ use serde_json::json;
 
 use super::cache_plan;
 use super::errors::{ApiProblem, Call, explain};
-use super::lease::{self, LeaseError, Renewed};
+use super::lease::{self, LeaseError, RenewOutcome};
 use super::node_status::{Liveness, NodeState};
 use super::qualifier::{Qualifier, QualifyError, QualifyJob};
 use super::qualify_plan;
@@ -136,8 +136,8 @@ impl Agent {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), &s.lease_namespace);
         let now = self.probes.now.clone();
         match lease::renew(&leases, &s.lease_namespace, &s.node, s.lease_seconds, move || now()).await {
-            Ok(Renewed::Created | Renewed::Renewed) => {}
-            Ok(Renewed::HeldByOther { holder }) => {
+            Ok(RenewOutcome::Created | RenewOutcome::Renewed) => {}
+            Ok(RenewOutcome::HeldByOther { holder }) => {
                 return Err(AgentError::Lease(format!(
                     "Lease {}/{} is held by {holder:?}, not this node: is a second agent running for node {}?",
                     s.lease_namespace,
@@ -239,9 +239,10 @@ impl Agent {
         Ok(Some(class))
     }
 
-    /// One model-cache round: every Model a replica on this node uses is made present
-    /// (downloaded, or verified in place), its status and its replicas' download progress
-    /// written; models evicted to make room are marked so in their status.
+    /// One model-cache round: every Model a replica on this node uses (and one Model of each
+    /// shape class waiting to be qualified) is made present (downloaded, or verified in place),
+    /// its status and its replicas' download progress written; models evicted to make room are
+    /// marked so in their status.
     pub async fn sync_models(&self, cache: &ModelCache) -> Result<(), AgentError> {
         let node = self.settings.node.clone();
         let replicas: Vec<ModelReplica> = Api::all(self.client.clone())
@@ -270,7 +271,9 @@ impl Agent {
         if changed {
             self.write_status().await?;
         }
-        let wanted = cache_plan::wanted(&node, &replicas);
+        let mut wanted = cache_plan::wanted(&node, &replicas);
+        let waiting: Vec<String> = self.state().blocked.keys().cloned().collect();
+        wanted.extend(cache_plan::for_qualification(&waiting, &models, &wanted));
         let in_use: HashSet<String> =
             wanted.iter().filter_map(|w| by_name.get(&(w.namespace.clone(), w.model.clone())).and_then(|m| cache_plan::key(m))).collect();
         // A partial download of a Model that no longer exists would hold its bytes forever.

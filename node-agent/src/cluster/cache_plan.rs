@@ -56,6 +56,33 @@ pub fn wanted(node: &str, replicas: &[ModelReplica]) -> Vec<Wanted> {
         .collect()
 }
 
+/// Models to fetch so that the classes waiting for one can be qualified (the self-test takes a
+/// class's full shape from a model's header): per class, the first Model by namespace and name
+/// whose status names that class, unless a Model of the class is already wanted. A node the
+/// operator asks to qualify a class before placing a replica there would otherwise wait forever.
+pub fn for_qualification(waiting: &[String], models: &[Model], wanted: &[Wanted]) -> Vec<Wanted> {
+    let class_of = |ns: &str, name: &str| {
+        models
+            .iter()
+            .find(|m| m.namespace().as_deref() == Some(ns) && m.name_any() == name)
+            .and_then(|m| m.status.as_ref()?.shape_class.clone())
+    };
+    let covered: Vec<String> = wanted.iter().filter_map(|w| class_of(&w.namespace, &w.model)).collect();
+    let mut sorted: Vec<&Model> = models.iter().collect();
+    sorted.sort_by_key(|m| (m.namespace(), m.name_any()));
+    let mut out = Vec::new();
+    for class in waiting.iter().filter(|c| !covered.contains(c)) {
+        let first = sorted.iter().find(|m| m.status.as_ref().and_then(|s| s.shape_class.as_ref()) == Some(class));
+        if let Some(m) = first {
+            let w = Wanted { namespace: m.namespace().unwrap_or_default(), model: m.name_any(), replicas: Vec::new() };
+            if !out.contains(&w) {
+                out.push(w);
+            }
+        }
+    }
+    out
+}
+
 /// The cache key of `model` (its single file's sha256, or its first part's), lowercase.
 pub fn key(model: &Model) -> Option<String> {
     match (&model.spec.sha256, &model.spec.parts) {
@@ -242,6 +269,38 @@ mod tests {
             h.iter().map(|h| (h.namespace.as_str(), h.name.as_str(), h.memory_bytes)).collect::<Vec<_>>(),
             vec![("ai", "r1", 100), ("ai", "r2", 100), ("ai", "r4", 0), ("ml", "r1", 0)]
         );
+    }
+
+    #[test]
+    fn models_are_fetched_for_waiting_classes() {
+        let sha = "ab".repeat(32);
+        let of_class = |ns: &str, name: &str, class: Option<&str>| {
+            let mut m = model(https("https://h/m.gguf"), Some(&sha), None);
+            m.metadata.namespace = Some(ns.into());
+            m.metadata.name = Some(name.into());
+            m.status = class.map(|c| ModelStatus { shape_class: Some(c.into()), ..ModelStatus::default() });
+            m
+        };
+        let models = vec![
+            of_class("ml", "b", Some("c1")),
+            of_class("ai", "z", Some("c1")),
+            of_class("ai", "y", Some("c2")),
+            of_class("ai", "x", None),
+        ];
+        let w = |ns: &str, m: &str| Wanted { namespace: ns.into(), model: m.into(), replicas: Vec::new() };
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        // (name, waiting classes, already wanted, want)
+        type Case = (&'static str, Vec<String>, Vec<Wanted>, Vec<Wanted>);
+        let cases: Vec<Case> = vec![
+            ("nothing waits", s(&[]), vec![], vec![]),
+            ("first model of the class by namespace/name", s(&["c1"]), vec![], vec![w("ai", "z")]),
+            ("two classes", s(&["c2", "c1"]), vec![], vec![w("ai", "y"), w("ai", "z")]),
+            ("a replica's model already covers the class", s(&["c1"]), vec![w("ml", "b")], vec![]),
+            ("no model names the class yet", s(&["c9"]), vec![], vec![]),
+        ];
+        for (name, waiting, wanted, want) in cases {
+            assert_eq!(for_qualification(&waiting, &models, &wanted), want, "{name}");
+        }
     }
 
     #[test]

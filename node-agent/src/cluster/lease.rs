@@ -67,7 +67,7 @@ pub fn next_step(current: Option<&Lease>, name: &str, namespace: &str, holder: &
 }
 
 #[derive(Clone, Debug, PartialEq)]
-pub enum Renewed {
+pub enum RenewOutcome {
     Created,
     Renewed,
     /// Another holder has it; nothing was written.
@@ -92,14 +92,14 @@ pub async fn renew(
     holder: &str,
     duration_s: i32,
     now: impl Fn() -> Timestamp,
-) -> Result<Renewed, LeaseError> {
+) -> Result<RenewOutcome, LeaseError> {
     let name = lease_name(holder);
     for _ in 0..RENEW_ATTEMPTS {
         let current = api.get_opt(&name).await?;
         let written = match next_step(current.as_ref(), &name, namespace, holder, duration_s, now()) {
-            LeaseStep::HeldByOther { holder, .. } => return Ok(Renewed::HeldByOther { holder }),
-            LeaseStep::Create(lease) => api.create(&PostParams::default(), &lease).await.map(|_| Renewed::Created),
-            LeaseStep::Replace(lease) => api.replace(&name, &PostParams::default(), &lease).await.map(|_| Renewed::Renewed),
+            LeaseStep::HeldByOther { holder, .. } => return Ok(RenewOutcome::HeldByOther { holder }),
+            LeaseStep::Create(lease) => api.create(&PostParams::default(), &lease).await.map(|_| RenewOutcome::Created),
+            LeaseStep::Replace(lease) => api.replace(&name, &PostParams::default(), &lease).await.map(|_| RenewOutcome::Renewed),
         };
         match written {
             Ok(r) => return Ok(r),

@@ -220,7 +220,8 @@ mod tests {
         let c = |max, f| Verdict::Clamped { max_tokens: max, first_failure: f };
         let d = |r: &str| Verdict::Disqualified { reason: r.into() };
         // (name, results, want Qualified (status, reason, message))
-        let cases: Vec<(&str, Vec<ShapeQualification>, (&str, &str, &str))> = vec![
+        type Case = (&'static str, Vec<ShapeQualification>, (&'static str, &'static str, &'static str));
+        let cases: Vec<Case> = vec![
             ("none yet", vec![], ("Unknown", "NoResults", "no shape class has been qualified on this node")),
             ("one qualified", vec![result("a", q(8192), "580.95.05")], ("True", "Qualified", "a qualified to 8192 tokens")),
             (

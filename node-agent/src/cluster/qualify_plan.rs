@@ -79,7 +79,8 @@ mod tests {
     fn table() {
         let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
         // (name, requested, results (class, driver), want)
-        let cases: Vec<(&str, Vec<String>, Vec<(&str, &str)>, Vec<String>)> = vec![
+        type Case = (&'static str, Vec<String>, Vec<(&'static str, &'static str)>, Vec<String>);
+        let cases: Vec<Case> = vec![
             ("nothing asked", s(&[]), vec![("a", "580")], s(&[])),
             ("asked, none done", s(&["a", "b"]), vec![], s(&["a", "b"])),
             ("operator's order kept", s(&["b", "a"]), vec![], s(&["b", "a"])),

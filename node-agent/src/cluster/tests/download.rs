@@ -133,7 +133,8 @@ async fn a_model_is_downloaded_verified_and_its_status_written() {
     finish(task).await.unwrap();
     assert_eq!(seen.lock().unwrap().len(), 1);
     assert!(seen.lock().unwrap()[0].starts_with("GET /m.gguf"));
-    assert_eq!(cache.entries().unwrap().iter().map(|e| e.sha256.clone()).collect::<Vec<_>>(), [sha.clone()]);
+    let entries = cache.entries().unwrap();
+    assert_eq!((entries.len(), entries[0].sha256.as_str()), (1, sha.as_str()));
 
     // Second round: the Model says Ready on n1 and the cache holds it: no download, no writes.
     let ready_status = json!({"cache": [{"node": "n1", "phase": "Ready", "bytesDone": size, "bytesTotal": size}]});
