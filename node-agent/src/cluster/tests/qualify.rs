@@ -4,7 +4,6 @@
 use std::sync::Mutex;
 
 use brink_api::crd::ShapeQualification;
-use brink_api::{Envelope, Fingerprint, QUALIFICATION_SCHEMA, Qualification, ReportSummary, ServingParams, Verdict};
 use serde_json::json;
 
 use super::*;
@@ -25,40 +24,7 @@ impl Qualifier for Fake {
 
     fn qualify(&self, job: &QualifyJob) -> Result<ShapeQualification, QualifyError> {
         self.jobs.lock().unwrap().push(job.clone());
-        let n = node_fingerprint();
-        let fp = Fingerprint {
-            gpu_name: n.gpu_name,
-            compute_capability: n.compute_capability,
-            driver_version: n.driver_version,
-            cuda_version: n.cuda_version,
-            nvrtc_version: n.nvrtc_version,
-            agent_version: n.agent_version,
-            kernel_sources_hash: n.kernel_sources_hash,
-            shape_class: job.shape_class.clone(),
-            serving: ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: 4096 },
-        };
-        Ok(ShapeQualification {
-            shape_class: job.shape_class.clone(),
-            qualification: Qualification {
-                schema: QUALIFICATION_SCHEMA,
-                digest: fp.digest(),
-                fingerprint: fp,
-                verdict: Verdict::Clamped { max_tokens: 4096, first_failure: 4097 },
-                summary: ReportSummary { derived: 10, executed: 10, passed: 9, failed: 1, ..ReportSummary::default() },
-                qualified_at: "2027-01-15T08:00:00Z".into(),
-                model_summary: None,
-                kernel_verdict: None,
-                model_verdict: None,
-            },
-            envelope: Some(Envelope {
-                validated: true,
-                validated_tokens: Some(4096),
-                first_failure: Some(4097),
-                max_batch_tokens: 4096,
-                prefill_chunk: 2048,
-            }),
-            failing_cases: Vec::new(),
-        })
+        Ok(shape_result(&job.shape_class, None))
     }
 }
 

@@ -126,3 +126,45 @@ async fn stopping_sets_ready_false() {
     assert_eq!((ready["status"].as_str(), ready["reason"].as_str()), (Some("False"), Some("AgentStopping")));
     finish(task).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_restart_keeps_the_results_that_still_hold() {
+    let (agent, mut api) = agent();
+    let task = tokio::spawn(async move { agent.start().await });
+    api.expect("GET", LIST, 200, json!({"apiVersion": "brink.dev/v1alpha1", "kind": "SparkNodeList", "metadata": {}, "items": []})).await;
+    api.expect(
+        "GET",
+        "/api/v1/nodes/n1",
+        200,
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "uid": "node-uid-1"}}),
+    )
+    .await;
+    // Written by this agent before it restarted: one result still current, one from before a driver upgrade.
+    let previous = json!({
+        "agentVersion": env!("CARGO_PKG_VERSION"),
+        "kernelSourcesHash": "ab".repeat(32),
+        "qualifications": [shape_result("kept", None), shape_result("stale", Some("575.1"))],
+    });
+    api.expect(
+        "PATCH",
+        "/apis/brink.dev/v1alpha1/sparknodes/n1?&force=true&fieldManager=brink-agent",
+        200,
+        spark_node(&[], Some(previous)),
+    )
+    .await;
+    let lease = json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "brink-node-n1", "namespace": "brink", "resourceVersion": "3"},
+        "spec": {"holderIdentity": "n1", "leaseDurationSeconds": 40, "renewTime": "2027-01-15T07:59:00.000000Z"}
+    });
+    api.expect("GET", "/apis/coordination.k8s.io/v1/namespaces/brink/leases/brink-node-n1", 200, lease.clone()).await;
+    api.expect("PUT", "/apis/coordination.k8s.io/v1/namespaces/brink/leases/brink-node-n1?", 200, lease).await;
+    let st = api
+        .expect("PATCH", "/apis/brink.dev/v1alpha1/sparknodes/n1/status?&force=true&fieldManager=brink-agent", 200, spark_node(&[], None))
+        .await;
+    let classes: Vec<&str> =
+        st.body["status"]["qualifications"].as_array().unwrap().iter().map(|q| q["shapeClass"].as_str().unwrap()).collect();
+    assert_eq!(classes, ["kept"]);
+    assert_eq!(condition(&st.body["status"], "Qualified")["reason"], "Qualified");
+    finish(task).await.unwrap();
+}
