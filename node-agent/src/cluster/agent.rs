@@ -336,16 +336,12 @@ impl Agent {
         // The cache reports per part; the status shows the model's bytes so far.
         let latest: Arc<Mutex<Option<DownloadProgress>>> = Arc::new(Mutex::new(None));
         let sink = latest.clone();
-        let single = matches!(&source, crate::model_cache::ModelSource::Http { parts, .. } if parts.len() == 1);
-        // Parts download one after another: the ones before `part` are complete.
-        let mut totals: Vec<u64> = Vec::new();
+        let mut tally = cache_plan::PartTally::new(match &source {
+            crate::model_cache::ModelSource::Http { parts, .. } => parts.len(),
+            crate::model_cache::ModelSource::Local { .. } => 1,
+        });
         let mut on_progress = move |part: usize, p: Progress| {
-            if totals.len() <= part {
-                totals.resize(part + 1, 0);
-            }
-            totals[part] = p.total;
-            let before: u64 = totals[..part].iter().sum();
-            let done = DownloadProgress { bytes_done: before + p.bytes, bytes_total: single.then_some(p.total) };
+            let done = tally.update(part, p);
             *sink.lock().unwrap_or_else(|e| e.into_inner()) = Some(done);
         };
         let ensure = cache.ensure(&source, in_use, &mut on_progress);

@@ -206,6 +206,29 @@ pub fn replica_download(namespace: &str, name: &str, download: Option<DownloadPr
     })
 }
 
+/// A model's download progress from the cache's per-part reports. Parts download one after
+/// another, so every part before the one reporting is complete; the total is known once every
+/// part has said its size.
+pub struct PartTally {
+    totals: Vec<Option<u64>>,
+}
+
+impl PartTally {
+    pub fn new(parts: usize) -> PartTally {
+        PartTally { totals: vec![None; parts.max(1)] }
+    }
+
+    pub fn update(&mut self, part: usize, p: crate::model_cache::Progress) -> DownloadProgress {
+        if self.totals.len() <= part {
+            self.totals.resize(part + 1, None);
+        }
+        self.totals[part] = Some(p.total);
+        let before: u64 = self.totals[..part].iter().map(|t| t.unwrap_or(0)).sum();
+        let total = self.totals.iter().try_fold(0u64, |sum, t| t.map(|t| sum.saturating_add(t)));
+        DownloadProgress { bytes_done: before.saturating_add(p.bytes), bytes_total: total }
+    }
+}
+
 /// This node's entry in `model`'s status, if any.
 pub fn our_entry<'a>(model: &'a Model, node: &str) -> Option<&'a NodeCache> {
     model.status.as_ref()?.cache.iter().find(|c| c.node == node)
@@ -300,6 +323,28 @@ mod tests {
         ];
         for (name, waiting, wanted, want) in cases {
             assert_eq!(for_qualification(&waiting, &models, &wanted), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn progress_over_parts() {
+        use crate::model_cache::Progress;
+        let p = |bytes, total| Progress { bytes, total };
+        let d = |done, total| DownloadProgress { bytes_done: done, bytes_total: total };
+        let mut one = PartTally::new(1);
+        assert_eq!(one.update(0, p(0, 100)), d(0, Some(100)));
+        assert_eq!(one.update(0, p(60, 100)), d(60, Some(100)));
+        let mut three = PartTally::new(3);
+        // (part, bytes, part size, want done, want total)
+        let steps: [(usize, u64, u64, u64, Option<u64>); 5] = [
+            (0, 10, 100, 10, None),
+            (0, 100, 100, 100, None),
+            (1, 5, 50, 105, None),
+            (2, 0, 30, 150, Some(180)),
+            (2, 30, 30, 180, Some(180)),
+        ];
+        for (part, bytes, size, done, total) in steps {
+            assert_eq!(three.update(part, p(bytes, size)), d(done, total), "part {part} at {bytes}");
         }
     }
 
