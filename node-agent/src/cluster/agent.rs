@@ -183,17 +183,23 @@ impl Agent {
         let nodes: Api<SparkNode> = Api::all(self.client.clone());
         let me = nodes.get(node).await.map_err(|e| self.problem(Call::new("get", "sparknodes", Some(node)), e))?;
         let requested = me.spec.shape_classes;
-        let (pending, resident) = {
+        let (pending, resident, local) = {
             let st = self.state();
-            (qualify_plan::pending(&requested, &st.qualifications, &st.fingerprint), st.replicas.len())
+            (qualify_plan::pending(&requested, &st.qualifications, &st.fingerprint), st.replicas.len(), st.local_models.clone())
+        };
+        let job = |class: &str| QualifyJob {
+            shape_class: class.to_string(),
+            negative_controls: qualify_plan::negative_controls(resident),
+            model_file: local.get(class).cloned(),
         };
         // Rebuilt each round: classes no longer asked for are no longer waiting.
         let mut blocked = BTreeMap::new();
         let mut next = None;
         for (i, class) in pending.iter().enumerate() {
-            match qualifier.check(class) {
+            let candidate = job(class);
+            match qualifier.check(&candidate) {
                 Ok(()) => {
-                    next = Some((class.clone(), pending.len() - i - 1));
+                    next = Some((candidate, pending.len() - i - 1));
                     break;
                 }
                 Err(why) => {
@@ -201,7 +207,7 @@ impl Agent {
                 }
             }
         }
-        let Some((class, more)) = next else {
+        let Some((job, more)) = next else {
             let changed = {
                 let mut st = self.state();
                 let changed = st.blocked != blocked || st.qualifying.is_some();
@@ -214,13 +220,13 @@ impl Agent {
             }
             return Ok(None);
         };
+        let class = job.shape_class.clone();
         {
             let mut st = self.state();
             st.blocked = blocked;
             st.qualifying = Some((class.clone(), more));
         }
         self.write_status().await?;
-        let job = QualifyJob { shape_class: class.clone(), negative_controls: qualify_plan::negative_controls(resident) };
         let run = tokio::task::spawn_blocking(move || qualifier.qualify(&job)).await;
         let outcome = run.unwrap_or_else(|e| Err(QualifyError::Failed(format!("the qualification task failed: {e}"))));
         {
@@ -271,6 +277,8 @@ impl Agent {
         if changed {
             self.write_status().await?;
         }
+        let local = cache_plan::local_models(&node, &models, &self.settings.pvc_root);
+        self.state().local_models = local;
         let mut wanted = cache_plan::wanted(&node, &replicas);
         let waiting: Vec<String> = self.state().blocked.keys().cloned().collect();
         wanted.extend(cache_plan::for_qualification(&waiting, &models, &wanted));

@@ -6,7 +6,7 @@
 //! and agents on different nodes never clobber each other.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use brink_api::crd::{CachePhase, DownloadProgress, HostedReplica, Model, ModelReplica, ModelStatus, NodeCache};
 use k8s_openapi::ByteString;
@@ -78,6 +78,22 @@ pub fn for_qualification(waiting: &[String], models: &[Model], wanted: &[Wanted]
             if !out.contains(&w) {
                 out.push(w);
             }
+        }
+    }
+    out
+}
+
+/// The verified local model files (node path, PVC) on `node`, by the shape class their Model's
+/// status names: those whose cache entry for this node says Ready.
+pub fn local_models(node: &str, models: &[Model], pvc_root: &Path) -> BTreeMap<String, PathBuf> {
+    let mut out = BTreeMap::new();
+    for m in models {
+        let Some(class) = m.status.as_ref().and_then(|s| s.shape_class.clone()) else { continue };
+        if !our_entry(m, node).is_some_and(|e| e.phase == CachePhase::Ready) {
+            continue;
+        }
+        if let Ok(ModelSource::Local { path, .. }) = source(m, None, pvc_root) {
+            out.entry(class).or_insert(path);
         }
     }
     out
@@ -346,6 +362,33 @@ mod tests {
         for (part, bytes, size, done, total) in steps {
             assert_eq!(three.update(part, p(bytes, size)), d(done, total), "part {part} at {bytes}");
         }
+    }
+
+    #[test]
+    fn local_files_by_class() {
+        let sha = "ab".repeat(32);
+        let status = |class: &str, node: &str, phase: CachePhase| ModelStatus {
+            shape_class: Some(class.into()),
+            cache: vec![NodeCache { node: node.into(), phase, bytes_done: 0, bytes_total: None, message: None, updated_at: None }],
+            ..ModelStatus::default()
+        };
+        let local = |name: &str, path: &str, st: Option<ModelStatus>| {
+            let mut m = model(Src { https: None, node_path: Some(NodePathSource { path: path.into() }), pvc: None }, Some(&sha), None);
+            m.metadata.name = Some(name.into());
+            m.status = st;
+            m
+        };
+        let mut remote = model(https("https://h/m.gguf"), Some(&sha), None);
+        remote.status = Some(status("c3", "n1", CachePhase::Ready));
+        let models = vec![
+            local("a", "/m/a.gguf", Some(status("c1", "n1", CachePhase::Ready))),
+            local("b", "/m/b.gguf", Some(status("c2", "n1", CachePhase::Failed))),
+            local("c", "/m/c.gguf", Some(status("c2", "n2", CachePhase::Ready))),
+            local("d", "/m/d.gguf", None),
+            remote,
+        ];
+        let got = local_models("n1", &models, Path::new("/pvc"));
+        assert_eq!(got, BTreeMap::from([("c1".to_string(), PathBuf::from("/m/a.gguf"))]));
     }
 
     #[test]

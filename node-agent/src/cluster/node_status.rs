@@ -35,6 +35,9 @@ pub struct NodeState {
     /// Requested classes that cannot be qualified yet, and why (e.g. no model file of the class
     /// on this node to take the full kernel shape from).
     pub blocked: BTreeMap<String, String>,
+    /// Model files on the node outside the cache (node paths, PVCs) verified here, by shape
+    /// class: the self-test takes a class's full shape from one of them.
+    pub local_models: BTreeMap<String, std::path::PathBuf>,
     pub liveness: Liveness,
     pub heartbeat: Option<Time>,
     pub conditions: Vec<Condition>,
@@ -52,6 +55,7 @@ impl NodeState {
             replicas: Vec::new(),
             qualifying: None,
             blocked: BTreeMap::new(),
+            local_models: BTreeMap::new(),
             liveness: Liveness::Running,
             heartbeat: None,
             conditions: Vec::new(),

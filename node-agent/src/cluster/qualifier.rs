@@ -19,6 +19,9 @@ pub struct QualifyJob {
     pub shape_class: String,
     /// `Err(why)`: the negative controls are off (replicas are resident).
     pub negative_controls: Result<(), String>,
+    /// A verified model file of the class outside the cache (a node path or PVC), if one is
+    /// known: where the class's full shape is read from.
+    pub model_file: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -34,7 +37,7 @@ pub enum QualifyError {
 /// Runs to completion on a blocking thread: a self-test takes minutes.
 pub trait Qualifier: Send + Sync + 'static {
     /// Whether `shape_class` can be qualified now (quick); `Err(why)` leaves it waiting.
-    fn check(&self, shape_class: &str) -> Result<(), String>;
+    fn check(&self, job: &QualifyJob) -> Result<(), String>;
     fn qualify(&self, job: &QualifyJob) -> Result<ShapeQualification, QualifyError>;
 }
 
@@ -53,11 +56,11 @@ pub struct SelfTest {
 }
 
 impl Qualifier for SelfTest {
-    fn check(&self, shape_class: &str) -> Result<(), String> {
+    fn check(&self, job: &QualifyJob) -> Result<(), String> {
         match &self.device {
             // Nothing to execute: the result (not qualified, and why) is immediate.
             None => Ok(()),
-            Some(_) => self.shape(shape_class).map(|_| ()).map_err(|e| e.to_string()),
+            Some(_) => self.shape(job).map(|_| ()).map_err(|e| e.to_string()),
         }
     }
 
@@ -69,7 +72,7 @@ impl Qualifier for SelfTest {
             let q = not_executed(qualify::fingerprint(None, class, serving), reason);
             return Ok(ShapeQualification { shape_class: class.into(), qualification: q, envelope: None, failing_cases: Vec::new() });
         };
-        let shape = self.shape(class)?;
+        let shape = self.shape(job)?;
         let serving =
             ServingParams { max_batch_tokens: self.max_batch_tokens, prefill_chunk: self.prefill_chunk, context: u64::from(shape.context) };
         let fp = qualify::fingerprint(Some(device), class, serving);
@@ -98,17 +101,25 @@ impl Qualifier for SelfTest {
 }
 
 impl SelfTest {
-    /// The class's full kernel shape: from a cached model of the class (the class name holds
-    /// only the dimensions that name it, not vocabulary, attention or context), else the
-    /// built-in class it may be.
-    fn shape(&self, class: &str) -> Result<ModelShape, QualifyError> {
+    /// The class's full kernel shape (the class name holds only the dimensions that name it,
+    /// not vocabulary, attention or context): from the job's model file, else a cached model of
+    /// the class, else the built-in class it may be.
+    fn shape(&self, job: &QualifyJob) -> Result<ModelShape, QualifyError> {
+        let class = job.shape_class.as_str();
         let index = Index::load(&self.cache_root).map_err(|e| QualifyError::Failed(e.to_string()))?;
-        let cached = index.entries.iter().find(|e| e.header.as_ref().is_ok_and(|f| f.shape_class == class) && !e.files.is_empty());
-        if let Some(entry) = cached {
-            let path = self.cache_root.join("models").join(&entry.files[0]);
+        let cached = index
+            .entries
+            .iter()
+            .find(|e| e.header.as_ref().is_ok_and(|f| f.shape_class == class) && !e.files.is_empty())
+            .map(|e| self.cache_root.join("models").join(&e.files[0]));
+        if let Some(path) = job.model_file.clone().or(cached) {
             let file = brink_engine::gguf::GgufFile::open(&path).map_err(|e| QualifyError::Failed(format!("{}: {e}", path.display())))?;
             let config = brink_engine::arch::config(&file).map_err(|e| QualifyError::Failed(format!("{}: {e}", path.display())))?;
-            return Ok(brink_engine::qualify::kernel_shape(&config));
+            let shape = brink_engine::qualify::kernel_shape(&config);
+            if shape.name != class {
+                return Err(QualifyError::Failed(format!("{}: its shape class is {}, not {class}", path.display(), shape.name)));
+            }
+            return Ok(shape);
         }
         let builtin = ModelShape::qwen3_30b_a3b();
         if builtin.name == class {
@@ -132,5 +143,91 @@ pub fn not_executed(fingerprint: brink_api::Fingerprint, reason: String) -> Qual
         model_summary: None,
         kernel_verdict: None,
         model_verdict: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use brink_engine::synth::{Preset, SynthSpec};
+
+    fn device() -> DeviceInfo {
+        DeviceInfo {
+            ordinal: 0,
+            name: "NVIDIA GB10".into(),
+            uuid: "GPU-1".into(),
+            compute_capability: "12.1".into(),
+            sm_count: 48,
+            total_mem_bytes: 128 << 30,
+            free_mem_bytes: 100 << 30,
+            max_grid_dim: [2_147_483_647, 65_535, 65_535],
+            driver_version: Some("580.95.05".into()),
+            cuda_version: "13.0".into(),
+            nvrtc_version: Some("13.0".into()),
+            integrated: true,
+            unified_memory: None,
+        }
+    }
+
+    fn self_test(dir: &std::path::Path, device: Option<DeviceInfo>) -> SelfTest {
+        SelfTest {
+            device,
+            no_gpu_reason: Some("no CUDA driver (libcuda.so) on this machine".into()),
+            state_dir: dir.join("state"),
+            cache_root: dir.join("cache"),
+            max_batch_tokens: 8192,
+            prefill_chunk: 2048,
+        }
+    }
+
+    fn job(class: &str, model_file: Option<PathBuf>) -> QualifyJob {
+        QualifyJob { shape_class: class.into(), negative_controls: Ok(()), model_file }
+    }
+
+    #[test]
+    fn the_full_shape_comes_from_a_model_file_of_the_class() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("tiny.gguf");
+        brink_engine::synth::generate(&SynthSpec::from_preset(Preset::Tiny), &file, |_, _| {}).unwrap();
+        let class = crate::model_cache::header::read(&file).unwrap().shape_class;
+        let t = self_test(dir.path(), Some(device()));
+        assert_eq!(t.check(&job(&class, Some(file.clone()))), Ok(()));
+        let other = t.check(&job("qwen3moe-h9-e9-top9-ffn9", Some(file.clone()))).unwrap_err();
+        assert!(other.contains(&format!("its shape class is {class}, not qwen3moe-h9-e9-top9-ffn9")), "{other}");
+        let none = t.check(&job(&class, None)).unwrap_err();
+        assert!(none.starts_with("no model of this class is in the node's cache yet"), "{none}");
+        // The built-in class needs no file.
+        assert_eq!(t.check(&job(&ModelShape::qwen3_30b_a3b().name, None)), Ok(()));
+    }
+
+    #[test]
+    fn ups_cached_result_is_reused_without_running_the_self_test() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("tiny.gguf");
+        brink_engine::synth::generate(&SynthSpec::from_preset(Preset::Tiny), &file, |_, _| {}).unwrap();
+        let class = crate::model_cache::header::read(&file).unwrap().shape_class;
+        let t = self_test(dir.path(), Some(device()));
+        let shape = t.shape(&job(&class, Some(file.clone()))).unwrap();
+        let serving = ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: u64::from(shape.context) };
+        let fp = qualify::fingerprint(Some(&device()), &class, serving);
+        let mut q = not_executed(fp, String::new());
+        q.verdict = Verdict::Clamped { max_tokens: 4096, first_failure: 4097 };
+        cache::write(&cache::path(&t.state_dir, &class), &q).unwrap();
+        let got = t.qualify(&job(&class, Some(file))).unwrap();
+        assert_eq!(got.qualification, q);
+        let envelope = got.envelope.unwrap();
+        assert_eq!((envelope.max_batch_tokens, envelope.first_failure), (4096, Some(4097)));
+    }
+
+    #[test]
+    fn no_gpu_is_a_result_saying_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = self_test(dir.path(), None);
+        assert_eq!(t.check(&job("any-class", None)), Ok(()));
+        let got = t.qualify(&job("any-class", None)).unwrap();
+        assert_eq!(got.qualification.verdict, Verdict::NotQualified { reason: "no CUDA driver (libcuda.so) on this machine".into() });
+        assert_eq!(got.qualification.fingerprint.gpu_name, "cpu");
+        assert_eq!(got.qualification.digest, got.qualification.fingerprint.digest());
+        assert!(got.envelope.is_none() && got.failing_cases.is_empty());
     }
 }

@@ -18,8 +18,8 @@ struct Fake {
 }
 
 impl Qualifier for Fake {
-    fn check(&self, class: &str) -> Result<(), String> {
-        if class.starts_with("later-") { Err("no model of this class is in the node's cache yet".into()) } else { Ok(()) }
+    fn check(&self, job: &QualifyJob) -> Result<(), String> {
+        if job.shape_class.starts_with("later-") { Err("no model of this class is in the node's cache yet".into()) } else { Ok(()) }
     }
 
     fn qualify(&self, job: &QualifyJob) -> Result<ShapeQualification, QualifyError> {
@@ -55,7 +55,11 @@ async fn a_requested_class_is_qualified_and_written() {
     assert!(p["message"].as_str().unwrap().starts_with("later-c0: no model"), "{p}");
     assert_eq!(finish(task).await.unwrap().as_deref(), Some("c1"));
     let jobs = fake.jobs.lock().unwrap().clone();
-    assert_eq!(jobs, vec![QualifyJob { shape_class: "c1".into(), negative_controls: Ok(()) }], "no replica resident: negative controls on");
+    assert_eq!(
+        jobs,
+        vec![QualifyJob { shape_class: "c1".into(), negative_controls: Ok(()), model_file: None }],
+        "no replica resident: negative controls on"
+    );
 
     // The next round takes c2; after it, nothing is left and nothing is written.
     let (a, q) = (agent.clone(), fake.clone() as Arc<dyn Qualifier>);
