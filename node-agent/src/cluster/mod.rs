@@ -238,6 +238,8 @@ fn triggers(client: &Client, node: &str) -> futures::stream::BoxStream<'static, 
         models.default_backoff().map(|r| r.map(|_| ())).boxed(),
     ])
     .filter_map(quiet)
+    // Ended (never, in practice): yields nothing more instead of being polled past its end.
+    .fuse()
     .boxed()
 }
 
