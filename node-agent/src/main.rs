@@ -4,9 +4,11 @@
 //! self-test), `kernels` (compile every kernel for given archs), and the engine's commands:
 //! `gen-model` (synthetic GGUF models), `generate`, `bench` and `parity` (CUDA against the CPU
 //! reference). `serve` (the OpenAI- and Anthropic-compatible
-//! HTTP server). `up` and the cluster mode `run` arrive with their issues.
+//! HTTP server), `up` (qualify, benchmark and serve one machine) and `run` (cluster mode: the
+//! DaemonSet's process, see `cluster`).
 
 mod bench_cmd;
+mod cluster;
 mod device;
 mod device_cmd;
 mod engine_args;
@@ -15,8 +17,6 @@ mod gen_model_cmd;
 mod generate_cmd;
 mod http_bench;
 mod kernels_cmd;
-// `run` (cluster mode, the next step of issue 6) is its caller; until then only its tests use it.
-#[allow(dead_code)]
 mod model_cache;
 mod node_metrics;
 mod parity_cmd;
@@ -41,6 +41,8 @@ struct Cli {
 enum Cmd {
     /// Qualify this machine for a model (the built-in demo model by default), benchmark it, then serve.
     Up(up::Args),
+    /// Cluster mode (the DaemonSet): keep this node's SparkNode and heartbeat Lease, qualify on demand, cache models.
+    Run(cluster::Args),
     /// Show the GPU (name, capability, memory, driver, CUDA, NVRTC) or why there is none.
     Device(device_cmd::Args),
     /// Run the kernel threshold self-test (derived critical token counts, negative controls).
@@ -76,6 +78,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Cmd::Up(args) => up::run(args),
+        Cmd::Run(args) => cluster::run(args),
         Cmd::Selftest(args) => selftest_cmd::run(args),
         Cmd::Device(args) => device_cmd::run(args),
         Cmd::Kernels(args) => kernels_cmd::run(args),

@@ -61,6 +61,7 @@ impl Index {
         write().map_err(|source| CacheError::io("writing the index", &path, source))
     }
 
+    #[allow(dead_code)] // The tests' reader; the agent looks entries up mutably (`get_mut`).
     pub fn get(&self, sha256: &str) -> Option<&Entry> {
         self.entries.iter().find(|e| e.sha256 == sha256)
     }

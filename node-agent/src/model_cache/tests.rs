@@ -19,6 +19,7 @@ use super::*;
 /// One request as the server saw it.
 #[derive(Clone, Debug)]
 struct Seen {
+    #[allow(dead_code)] // Shown through Debug when an assertion on `seen()` fails.
     path: String,
     range: Option<String>,
     status: u16,

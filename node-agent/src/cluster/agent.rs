@@ -1,0 +1,428 @@
+//! The agent's Kubernetes I/O: start-up checks, the SparkNode (created owned by its Node,
+//! status applied whole), the heartbeat, a qualification round and a model-cache round. Only
+//! ordinary `kube::Api` calls; every decision is made by the pure modules beside this one.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use brink_api::UnifiedMemory;
+use brink_api::crd::{CachePhase, Capacity, DownloadProgress, Model, ModelReplica, SparkNode};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+use super::cache_plan;
+use super::errors::{ApiProblem, Call, explain};
+use super::lease::{self, LeaseError, RenewOutcome};
+use super::node_status::{Liveness, NodeState};
+use super::qualifier::{Qualifier, QualifyError, QualifyJob};
+use super::qualify_plan;
+use crate::model_cache::{CacheError, ModelCache, Progress};
+
+/// The SparkNode's field manager (one per node is not needed: the object is this node's alone).
+pub const MANAGER: &str = "brink-agent";
+
+/// The field manager for what this node writes into shared objects (a Model's per-node cache
+/// entry, a replica's download progress): one per node, so agents never take each other's
+/// fields.
+pub fn node_manager(node: &str) -> String {
+    format!("brink-agent-{node}")
+}
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub node: String,
+    pub lease_namespace: String,
+    pub lease_seconds: i32,
+    /// The API server's URL, for error messages.
+    pub api_url: String,
+    /// Where the DaemonSet mounts PVCs: `<root>/<claimName>`.
+    pub pvc_root: PathBuf,
+    /// Bytes of unified memory kept free for the OS and the agent.
+    pub reserved_memory_bytes: u64,
+    /// How often download progress is written while a model downloads.
+    pub progress_every: Duration,
+}
+
+/// What the agent reads from its surroundings, replaceable in tests.
+#[derive(Clone)]
+pub struct Probes {
+    pub now: Arc<dyn Fn() -> Timestamp + Send + Sync>,
+    /// Unified memory as the OS reports it (`/proc/meminfo`), None when unreadable.
+    pub memory: Arc<dyn Fn() -> Option<UnifiedMemory> + Send + Sync>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("{0}")]
+    Api(#[from] ApiProblem),
+    #[error("the heartbeat Lease: {0}")]
+    Lease(String),
+    #[error("Node {node} does not exist: --node-name (NODE_NAME, from the downward API's spec.nodeName) must name this node")]
+    NoNode { node: String },
+    #[error("the model cache: {0}")]
+    Cache(#[from] CacheError),
+}
+
+pub struct Agent {
+    client: Client,
+    pub settings: Settings,
+    probes: Probes,
+    state: Mutex<NodeState>,
+    /// Serialises status writes, so an older status is never applied after a newer one.
+    writing: tokio::sync::Mutex<()>,
+}
+
+impl Agent {
+    pub fn new(client: Client, settings: Settings, probes: Probes, state: NodeState) -> Agent {
+        Agent { client, settings, probes, state: Mutex::new(state), writing: tokio::sync::Mutex::new(()) }
+    }
+
+    fn state(&self) -> MutexGuard<'_, NodeState> {
+        // Nothing holding the lock can leave the state half-updated (plain assignments).
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn now(&self) -> Time {
+        Time((self.probes.now)())
+    }
+
+    fn problem(&self, call: Call<'_>, e: kube::Error) -> AgentError {
+        AgentError::Api(explain(call, &self.settings.api_url, &e))
+    }
+
+    /// Start-up: the API answers and has the CRDs, the Node exists, the SparkNode exists (owned
+    /// by the Node), the Lease is renewed and the status written with Ready=True.
+    pub async fn start(&self) -> Result<(), AgentError> {
+        let node = self.settings.node.clone();
+        let nodes: Api<SparkNode> = Api::all(self.client.clone());
+        nodes.list(&ListParams::default().limit(1)).await.map_err(|e| self.problem(Call::new("list", "sparknodes", None), e))?;
+        let core: Api<Node> = Api::all(self.client.clone());
+        let k8s_node = match core.get_opt(&node).await {
+            Ok(Some(n)) => n,
+            Ok(None) => return Err(AgentError::NoNode { node }),
+            Err(e) => return Err(self.problem(Call::new("get", "nodes", Some(&node)), e)),
+        };
+        let uid = k8s_node.metadata.uid.unwrap_or_default();
+        // Owned by its Node: deleting the Node collects the SparkNode.
+        let body = json!({
+            "apiVersion": "brink.dev/v1alpha1",
+            "kind": "SparkNode",
+            "metadata": {
+                "name": node,
+                "ownerReferences": [{ "apiVersion": "v1", "kind": "Node", "name": node, "uid": uid }],
+            },
+        });
+        let pp = PatchParams::apply(MANAGER).force();
+        let current = nodes
+            .patch(&node, &pp, &Patch::Apply(&body))
+            .await
+            .map_err(|e| self.problem(Call::new("patch", "sparknodes", Some(&node)), e))?;
+        if let Some(status) = &current.status {
+            self.state().adopt(&status.qualifications);
+        }
+        self.heartbeat().await
+    }
+
+    /// Renews the Lease, then writes the status with the heartbeat time and fresh capacity.
+    pub async fn heartbeat(&self) -> Result<(), AgentError> {
+        let s = &self.settings;
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &s.lease_namespace);
+        let now = self.probes.now.clone();
+        match lease::renew(&leases, &s.lease_namespace, &s.node, s.lease_seconds, move || now()).await {
+            Ok(RenewOutcome::Created | RenewOutcome::Renewed) => {}
+            Ok(RenewOutcome::HeldByOther { holder }) => {
+                return Err(AgentError::Lease(format!(
+                    "Lease {}/{} is held by {holder:?}, not this node: is a second agent running for node {}?",
+                    s.lease_namespace,
+                    lease::lease_name(&s.node),
+                    s.node
+                )));
+            }
+            Err(LeaseError::Api(e)) => return Err(self.problem(Call::new("update", "leases", Some(&lease::lease_name(&s.node))), e)),
+            Err(e @ LeaseError::Conflicts { .. }) => return Err(AgentError::Lease(e.to_string())),
+        }
+        {
+            let mut st = self.state();
+            st.heartbeat = Some(self.now());
+            st.capacity = (self.probes.memory)().map(|m| capacity(m, &st, s.reserved_memory_bytes));
+        }
+        self.write_status().await
+    }
+
+    /// Applies the whole status.
+    pub async fn write_status(&self) -> Result<(), AgentError> {
+        let _one_at_a_time = self.writing.lock().await;
+        let status = self.state().status(self.now());
+        let node = &self.settings.node;
+        let body = json!({ "apiVersion": "brink.dev/v1alpha1", "kind": "SparkNode", "metadata": { "name": node }, "status": status });
+        let nodes: Api<SparkNode> = Api::all(self.client.clone());
+        nodes
+            .patch_status(node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
+            .await
+            .map_err(|e| self.problem(Call::new("patch", "sparknodes/status", Some(node)), e))?;
+        Ok(())
+    }
+
+    /// Marks the agent stopping (Ready=False, `AgentStopping`).
+    pub async fn stop(&self) -> Result<(), AgentError> {
+        self.state().liveness = Liveness::Stopping;
+        self.write_status().await
+    }
+
+    /// Qualifies at most one requested class that has no current result. Returns the class
+    /// qualified, if any.
+    pub async fn qualify_round(&self, qualifier: Arc<dyn Qualifier>) -> Result<Option<String>, AgentError> {
+        let node = &self.settings.node;
+        let nodes: Api<SparkNode> = Api::all(self.client.clone());
+        let me = nodes.get(node).await.map_err(|e| self.problem(Call::new("get", "sparknodes", Some(node)), e))?;
+        let requested = me.spec.shape_classes;
+        let (pending, resident, local) = {
+            let st = self.state();
+            (qualify_plan::pending(&requested, &st.qualifications, &st.fingerprint), st.replicas.len(), st.local_models.clone())
+        };
+        let job = |class: &str| QualifyJob {
+            shape_class: class.to_string(),
+            negative_controls: qualify_plan::negative_controls(resident),
+            model_file: local.get(class).cloned(),
+        };
+        // Rebuilt each round: classes no longer asked for are no longer waiting.
+        let mut blocked = BTreeMap::new();
+        let mut next = None;
+        for (i, class) in pending.iter().enumerate() {
+            let candidate = job(class);
+            match qualifier.check(&candidate) {
+                Ok(()) => {
+                    next = Some((candidate, pending.len() - i - 1));
+                    break;
+                }
+                Err(why) => {
+                    blocked.insert(class.clone(), why);
+                }
+            }
+        }
+        let Some((job, more)) = next else {
+            let changed = {
+                let mut st = self.state();
+                let changed = st.blocked != blocked || st.qualifying.is_some();
+                st.blocked = blocked;
+                st.qualifying = None;
+                changed
+            };
+            if changed {
+                self.write_status().await?;
+            }
+            return Ok(None);
+        };
+        let class = job.shape_class.clone();
+        {
+            let mut st = self.state();
+            st.blocked = blocked;
+            st.qualifying = Some((class.clone(), more));
+        }
+        self.write_status().await?;
+        let run = tokio::task::spawn_blocking(move || qualifier.qualify(&job)).await;
+        let outcome = run.unwrap_or_else(|e| Err(QualifyError::Failed(format!("the qualification task failed: {e}"))));
+        {
+            let mut st = self.state();
+            st.qualifying = None;
+            match outcome {
+                Ok(result) => {
+                    st.qualifications.insert(class.clone(), result);
+                }
+                Err(QualifyError::Unresolved(why) | QualifyError::Failed(why)) => {
+                    st.blocked.insert(class.clone(), why);
+                }
+            }
+        }
+        self.write_status().await?;
+        Ok(Some(class))
+    }
+
+    /// One model-cache round: every Model a replica on this node uses (and one Model of each
+    /// shape class waiting to be qualified) is made present (downloaded, or verified in place),
+    /// its status and its replicas' download progress written; models evicted to make room are
+    /// marked so in their status.
+    pub async fn sync_models(&self, cache: &ModelCache) -> Result<(), AgentError> {
+        let node = self.settings.node.clone();
+        let replicas: Vec<ModelReplica> = Api::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| self.problem(Call::new("list", "modelreplicas", None), e))?
+            .items;
+        let models: Vec<Model> = Api::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| self.problem(Call::new("list", "models", None), e))?
+            .items;
+        let by_name: BTreeMap<(String, String), &Model> = models
+            .iter()
+            .map(|m| ((m.metadata.namespace.clone().unwrap_or_default(), m.metadata.name.clone().unwrap_or_default()), m))
+            .collect();
+        let sizes: BTreeMap<String, u64> =
+            by_name.iter().filter_map(|((ns, name), m)| Some((format!("{ns}/{name}"), m.status.as_ref()?.size_bytes?))).collect();
+        let hosted = cache_plan::hosted(&node, &replicas, &sizes);
+        let changed = {
+            let mut st = self.state();
+            let changed = st.replicas != hosted;
+            st.replicas = hosted;
+            changed
+        };
+        if changed {
+            self.write_status().await?;
+        }
+        let local = cache_plan::local_models(&node, &models, &self.settings.pvc_root);
+        self.state().local_models = local;
+        let mut wanted = cache_plan::wanted(&node, &replicas);
+        let waiting: Vec<String> = self.state().blocked.keys().cloned().collect();
+        wanted.extend(cache_plan::for_qualification(&waiting, &models, &wanted));
+        let in_use: HashSet<String> =
+            wanted.iter().filter_map(|w| by_name.get(&(w.namespace.clone(), w.model.clone())).and_then(|m| cache_plan::key(m))).collect();
+        // A partial download of a Model that no longer exists would hold its bytes forever.
+        let every_part: HashSet<String> = models.iter().flat_map(all_digests).collect();
+        let freed = cache.prune_partials(&every_part)?;
+        if freed > 0 {
+            eprintln!("brink-agent run: removed {freed} bytes of abandoned partial downloads");
+        }
+        let before: HashSet<String> = cache.entries()?.into_iter().map(|e| e.sha256).collect();
+        for w in &wanted {
+            let Some(model) = by_name.get(&(w.namespace.clone(), w.model.clone())) else {
+                eprintln!("brink-agent run: replicas {:?} use Model {}/{}, which does not exist", w.replicas, w.namespace, w.model);
+                continue;
+            };
+            let ready_here = cache_plan::our_entry(model, &node).is_some_and(|e| e.phase == CachePhase::Ready);
+            let key = cache_plan::key(model);
+            let local = model.spec.source.https.is_none();
+            if ready_here && (local || key.as_ref().is_some_and(|k| before.contains(k))) {
+                continue;
+            }
+            self.fetch(cache, model, w, &in_use).await?;
+        }
+        let after: HashSet<String> = cache.entries()?.into_iter().map(|e| e.sha256).collect();
+        for model in &models {
+            let evicted = cache_plan::key(model).is_some_and(|k| before.contains(&k) && !after.contains(&k));
+            if evicted && cache_plan::our_entry(model, &node).is_some_and(|e| e.phase == CachePhase::Ready) {
+                let message = Some("evicted to make room for a model a replica on this node uses".to_string());
+                let entry = cache_plan::entry(&node, CachePhase::Evicted, 0, None, message, self.now());
+                self.apply_model(model, cache_plan::model_status(model, entry, None)).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes one model present, writing its progress and outcome.
+    async fn fetch(&self, cache: &ModelCache, model: &Model, w: &cache_plan::Wanted, in_use: &HashSet<String>) -> Result<(), AgentError> {
+        let node = self.settings.node.clone();
+        let credentials = match cache_plan::secret_name(model) {
+            None => Ok(None),
+            Some(secret) => {
+                let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &w.namespace);
+                match secrets.get(secret).await {
+                    Ok(s) => cache_plan::credentials(&format!("{}/{secret}", w.namespace), &s.data.unwrap_or_default()).map(Some),
+                    Err(e) => Err(explain(Call::new("get", "secrets", Some(secret)), &self.settings.api_url, &e).to_string()),
+                }
+            }
+        };
+        let source = credentials.and_then(|c| cache_plan::source(model, c, &self.settings.pvc_root));
+        let source = match source {
+            Ok(s) => s,
+            Err(why) => {
+                let entry = cache_plan::entry(&node, CachePhase::Failed, 0, None, Some(why), self.now());
+                return self.apply_model(model, cache_plan::model_status(model, entry, None)).await;
+            }
+        };
+        let entry = cache_plan::entry(&node, CachePhase::Downloading, 0, None, None, self.now());
+        self.apply_model(model, cache_plan::model_status(model, entry, None)).await?;
+        self.apply_downloads(w, Some(DownloadProgress { bytes_done: 0, bytes_total: None })).await?;
+
+        // The cache reports per part; the status shows the model's bytes so far.
+        let latest: Arc<Mutex<Option<DownloadProgress>>> = Arc::new(Mutex::new(None));
+        let sink = latest.clone();
+        let mut tally = cache_plan::PartTally::new(match &source {
+            crate::model_cache::ModelSource::Http { parts, .. } => parts.len(),
+            crate::model_cache::ModelSource::Local { .. } => 1,
+        });
+        let mut on_progress = move |part: usize, p: Progress| {
+            let done = tally.update(part, p);
+            *sink.lock().unwrap_or_else(|e| e.into_inner()) = Some(done);
+        };
+        let ensure = cache.ensure(&source, in_use, &mut on_progress);
+        tokio::pin!(ensure);
+        let every = self.settings.progress_every;
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        let outcome = loop {
+            tokio::select! {
+                r = &mut ensure => break r,
+                _ = tick.tick() => {
+                    let p = latest.lock().unwrap_or_else(|e| e.into_inner()).take();
+                    if let Some(p) = p {
+                        let entry = cache_plan::entry(&node, CachePhase::Downloading, p.bytes_done, p.bytes_total, None, self.now());
+                        // Progress is best effort: a failed write is retried at the next tick.
+                        if let Err(e) = self.apply_model(model, cache_plan::model_status(model, entry, None)).await {
+                            eprintln!("brink-agent run: {e}");
+                        }
+                        if let Err(e) = self.apply_downloads(w, Some(p)).await {
+                            eprintln!("brink-agent run: {e}");
+                        }
+                    }
+                }
+            }
+        };
+        let body = match &outcome {
+            Ok(m) => {
+                let entry = cache_plan::entry(&node, CachePhase::Ready, m.size, Some(m.size), None, self.now());
+                cache_plan::model_status(model, entry, Some((&m.facts, m.size)))
+            }
+            Err(e) => {
+                let entry = cache_plan::entry(&node, CachePhase::Failed, 0, None, Some(e.to_string()), self.now());
+                cache_plan::model_status(model, entry, None)
+            }
+        };
+        self.apply_model(model, body).await?;
+        self.apply_downloads(w, None).await
+    }
+
+    async fn apply_model(&self, model: &Model, body: serde_json::Value) -> Result<(), AgentError> {
+        let ns = model.metadata.namespace.clone().unwrap_or_default();
+        let name = model.metadata.name.clone().unwrap_or_default();
+        let api: Api<Model> = Api::namespaced(self.client.clone(), &ns);
+        let pp = PatchParams::apply(&node_manager(&self.settings.node)).force();
+        api.patch_status(&name, &pp, &Patch::Apply(&body))
+            .await
+            .map_err(|e| self.problem(Call::new("patch", "models/status", Some(&name)), e))?;
+        Ok(())
+    }
+
+    async fn apply_downloads(&self, w: &cache_plan::Wanted, progress: Option<DownloadProgress>) -> Result<(), AgentError> {
+        let api: Api<ModelReplica> = Api::namespaced(self.client.clone(), &w.namespace);
+        let pp = PatchParams::apply(&node_manager(&self.settings.node)).force();
+        for name in &w.replicas {
+            let body = cache_plan::replica_download(&w.namespace, name, progress);
+            api.patch_status(name, &pp, &Patch::Apply(&body))
+                .await
+                .map_err(|e| self.problem(Call::new("patch", "modelreplicas/status", Some(name)), e))?;
+        }
+        Ok(())
+    }
+}
+
+/// Every file digest of `model`, lowercase (the names of its partial downloads).
+fn all_digests(model: &Model) -> Vec<String> {
+    let parts = model.spec.parts.iter().flatten().map(|p| p.sha256.to_ascii_lowercase());
+    model.spec.sha256.iter().map(|s| s.to_ascii_lowercase()).chain(parts).collect()
+}
+
+/// The node's capacity: unified memory from the OS, what its replicas' models take, the reserve.
+pub fn capacity(memory: UnifiedMemory, state: &NodeState, reserved: u64) -> Capacity {
+    Capacity {
+        unified_memory: memory,
+        resident_replica_bytes: state.replicas.iter().map(|r| r.memory_bytes).fold(0u64, u64::saturating_add),
+        reserved_bytes: reserved,
+    }
+}

@@ -1,0 +1,477 @@
+//! The model-cache decisions of cluster mode (pure): which `Model`s this node must hold (those
+//! its `ModelReplica`s use), what the cache takes as their source, and the status documents the
+//! agent applies (its node's entry in the `Model`'s cache list and the header facts; a
+//! replica's download progress). Applied with the field manager `brink-agent-<node>`: the
+//! `Model`'s `status.cache` is a list-map keyed by `node`, so each node's agent owns its entry
+//! and agents on different nodes never clobber each other.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use brink_api::crd::{CachePhase, DownloadProgress, HostedReplica, Model, ModelReplica, ModelStatus, NodeCache};
+use k8s_openapi::ByteString;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use serde_json::{Value, json};
+
+use crate::model_cache::{Credentials, HeaderFacts, HttpPart, ModelSource};
+
+/// A Model this node must hold, with the replicas on this node that use it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wanted {
+    pub namespace: String,
+    pub model: String,
+    pub replicas: Vec<String>,
+}
+
+/// The replicas bound to `node`, as the SparkNode lists them. `sizes`: a Model's size in bytes
+/// by `namespace/name`, where its status says it (the weights; the KV cache is the replica
+/// Pod's memory request, which the operator computes).
+pub fn hosted(node: &str, replicas: &[ModelReplica], sizes: &BTreeMap<String, u64>) -> Vec<HostedReplica> {
+    let mut out: Vec<HostedReplica> = replicas
+        .iter()
+        .filter(|r| r.spec.node == node && r.metadata.deletion_timestamp.is_none())
+        .map(|r| {
+            let namespace = r.namespace().unwrap_or_default();
+            let memory_bytes = sizes.get(&format!("{namespace}/{}", r.spec.model)).copied().unwrap_or(0);
+            HostedReplica { namespace, name: r.name_any(), model: r.spec.model.clone(), memory_bytes }
+        })
+        .collect();
+    out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    out
+}
+
+/// The Models the replicas on `node` use, by namespace and name, each once.
+pub fn wanted(node: &str, replicas: &[ModelReplica]) -> Vec<Wanted> {
+    let mut by_model: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for r in replicas.iter().filter(|r| r.spec.node == node && r.metadata.deletion_timestamp.is_none()) {
+        by_model.entry((r.namespace().unwrap_or_default(), r.spec.model.clone())).or_default().push(r.name_any());
+    }
+    by_model
+        .into_iter()
+        .map(|((namespace, model), mut replicas)| {
+            replicas.sort();
+            Wanted { namespace, model, replicas }
+        })
+        .collect()
+}
+
+/// Models to fetch so that the classes waiting for one can be qualified (the self-test takes a
+/// class's full shape from a model's header): per class, the first Model by namespace and name
+/// whose status names that class, unless a Model of the class is already wanted. A node the
+/// operator asks to qualify a class before placing a replica there would otherwise wait forever.
+pub fn for_qualification(waiting: &[String], models: &[Model], wanted: &[Wanted]) -> Vec<Wanted> {
+    let class_of = |ns: &str, name: &str| {
+        models
+            .iter()
+            .find(|m| m.namespace().as_deref() == Some(ns) && m.name_any() == name)
+            .and_then(|m| m.status.as_ref()?.shape_class.clone())
+    };
+    let covered: Vec<String> = wanted.iter().filter_map(|w| class_of(&w.namespace, &w.model)).collect();
+    let mut sorted: Vec<&Model> = models.iter().collect();
+    sorted.sort_by_key(|m| (m.namespace(), m.name_any()));
+    let mut out = Vec::new();
+    for class in waiting.iter().filter(|c| !covered.contains(c)) {
+        let first = sorted.iter().find(|m| m.status.as_ref().and_then(|s| s.shape_class.as_ref()) == Some(class));
+        if let Some(m) = first {
+            let w = Wanted { namespace: m.namespace().unwrap_or_default(), model: m.name_any(), replicas: Vec::new() };
+            if !out.contains(&w) {
+                out.push(w);
+            }
+        }
+    }
+    out
+}
+
+/// The verified local model files (node path, PVC) on `node`, by the shape class their Model's
+/// status names: those whose cache entry for this node says Ready.
+pub fn local_models(node: &str, models: &[Model], pvc_root: &Path) -> BTreeMap<String, PathBuf> {
+    let mut out = BTreeMap::new();
+    for m in models {
+        let Some(class) = m.status.as_ref().and_then(|s| s.shape_class.clone()) else { continue };
+        if !our_entry(m, node).is_some_and(|e| e.phase == CachePhase::Ready) {
+            continue;
+        }
+        if let Ok(ModelSource::Local { path, .. }) = source(m, None, pvc_root) {
+            out.entry(class).or_insert(path);
+        }
+    }
+    out
+}
+
+/// The cache key of `model` (its single file's sha256, or its first part's), lowercase.
+pub fn key(model: &Model) -> Option<String> {
+    match (&model.spec.sha256, &model.spec.parts) {
+        (Some(sha), _) => Some(sha.to_ascii_lowercase()),
+        (None, Some(parts)) => parts.first().map(|p| p.sha256.to_ascii_lowercase()),
+        (None, None) => None,
+    }
+}
+
+/// The Secret a Model's https source names, if any.
+pub fn secret_name(model: &Model) -> Option<&str> {
+    model.spec.source.https.as_ref()?.credentials_secret_ref.as_ref().map(|s| s.name.as_str())
+}
+
+/// What the cache downloads or verifies for `model`. A PVC is read where the DaemonSet mounts
+/// it: `<pvc_root>/<claimName>/<path>`.
+pub fn source(model: &Model, credentials: Option<Credentials>, pvc_root: &Path) -> Result<ModelSource, String> {
+    let name = format!("Model {}/{}", model.namespace().unwrap_or_default(), model.name_any());
+    let spec = &model.spec;
+    if let Some(https) = &spec.source.https {
+        let parts = match (&spec.sha256, &spec.parts) {
+            (Some(sha), None) => vec![HttpPart { url: https.url.clone(), sha256: sha.clone() }],
+            (None, Some(parts)) => {
+                let dir = if https.url.ends_with('/') { https.url.clone() } else { format!("{}/", https.url) };
+                parts.iter().map(|p| HttpPart { url: format!("{dir}{}", p.file), sha256: p.sha256.clone() }).collect()
+            }
+            _ => return Err(format!("{name}: spec must set exactly one of sha256 and parts")),
+        };
+        return Ok(ModelSource::Http { parts, credentials });
+    }
+    let path = match (&spec.source.node_path, &spec.source.pvc) {
+        (Some(p), None) => Path::new(&p.path).to_path_buf(),
+        (None, Some(pvc)) => pvc_root.join(&pvc.claim_name).join(&pvc.path),
+        _ => return Err(format!("{name}: spec.source must set exactly one of https, nodePath, pvc")),
+    };
+    match (&spec.sha256, &spec.parts) {
+        (Some(sha), None) => Ok(ModelSource::Local { path, sha256: sha.clone() }),
+        (None, Some(_)) => Err(format!(
+            "{name}: a split GGUF (parts) from a node path or PVC is not supported by the cache yet: serve it over https, or merge the parts"
+        )),
+        _ => Err(format!("{name}: spec must set exactly one of sha256 and parts")),
+    }
+}
+
+/// Credentials from the Secret's data: `token` (bearer), or `username` and `password` (basic).
+pub fn credentials(secret: &str, data: &BTreeMap<String, ByteString>) -> Result<Credentials, String> {
+    let text = |key: &str| -> Result<Option<String>, String> {
+        data.get(key)
+            .map(|b| String::from_utf8(b.0.clone()).map(|s| s.trim_end_matches(['\r', '\n']).to_string()))
+            .transpose()
+            .map_err(|_| format!("Secret {secret}: key `{key}` is not UTF-8"))
+    };
+    match (text("token")?, text("username")?, text("password")?) {
+        (Some(token), _, _) if !token.is_empty() => Ok(Credentials::Bearer(token)),
+        (_, Some(user), Some(password)) => Ok(Credentials::Basic { user, password }),
+        _ => Err(format!("Secret {secret}: expected key `token`, or keys `username` and `password`")),
+    }
+}
+
+/// This node's cache entry.
+pub fn entry(node: &str, phase: CachePhase, bytes_done: u64, bytes_total: Option<u64>, message: Option<String>, now: Time) -> NodeCache {
+    NodeCache { node: node.into(), phase, bytes_done, bytes_total, message, updated_at: Some(now) }
+}
+
+/// The server-side-apply body for `model`'s status from this node: its cache entry, and the
+/// header facts when this node has them and the status holds none or the same ones (agents
+/// that agree co-own the facts; one that read something else does not overwrite them).
+pub fn model_status(model: &Model, entry: NodeCache, facts: Option<(&HeaderFacts, u64)>) -> Value {
+    let mut status = json!({ "cache": [entry] });
+    if let Some((facts, size)) = facts {
+        let ours = header_status(facts, size);
+        let theirs = model.status.clone().unwrap_or_default();
+        let empty = theirs.architecture.is_none() && theirs.shape_class.is_none();
+        let same = theirs.architecture == ours.architecture
+            && theirs.experts == ours.experts
+            && theirs.top_k == ours.top_k
+            && theirs.size_bytes == ours.size_bytes
+            && theirs.quant_types == ours.quant_types
+            && theirs.shape_class == ours.shape_class;
+        if empty || same {
+            let map = status.as_object_mut().expect("a JSON object literal");
+            if let Ok(Value::Object(fields)) = serde_json::to_value(&ours) {
+                map.extend(fields);
+            }
+        }
+    }
+    json!({
+        "apiVersion": "brink.dev/v1alpha1",
+        "kind": "Model",
+        "metadata": { "name": model.name_any(), "namespace": model.namespace() },
+        "status": status,
+    })
+}
+
+/// The Model status fields the GGUF header gives (quant types in ggml's upper-case spelling).
+pub fn header_status(facts: &HeaderFacts, size: u64) -> ModelStatus {
+    ModelStatus {
+        architecture: Some(facts.arch.clone()),
+        experts: u32::try_from(facts.experts).ok(),
+        top_k: u32::try_from(facts.top_k).ok(),
+        size_bytes: Some(size),
+        quant_types: facts.quant_types.iter().map(|t| t.to_ascii_uppercase()).collect(),
+        shape_class: Some(facts.shape_class.clone()),
+        cache: Vec::new(),
+        conditions: Vec::new(),
+    }
+}
+
+/// The server-side-apply body for a replica's `status.download` (None: the download is over,
+/// and applying without the field removes it).
+pub fn replica_download(namespace: &str, name: &str, download: Option<DownloadProgress>) -> Value {
+    let status = match download {
+        Some(d) => json!({ "download": d }),
+        None => json!({}),
+    };
+    json!({
+        "apiVersion": "brink.dev/v1alpha1",
+        "kind": "ModelReplica",
+        "metadata": { "name": name, "namespace": namespace },
+        "status": status,
+    })
+}
+
+/// A model's download progress from the cache's per-part reports. Parts download one after
+/// another, so every part before the one reporting is complete; the total is known once every
+/// part has said its size.
+pub struct PartTally {
+    totals: Vec<Option<u64>>,
+}
+
+impl PartTally {
+    pub fn new(parts: usize) -> PartTally {
+        PartTally { totals: vec![None; parts.max(1)] }
+    }
+
+    pub fn update(&mut self, part: usize, p: crate::model_cache::Progress) -> DownloadProgress {
+        if self.totals.len() <= part {
+            self.totals.resize(part + 1, None);
+        }
+        self.totals[part] = Some(p.total);
+        let before: u64 = self.totals[..part].iter().map(|t| t.unwrap_or(0)).sum();
+        let total = self.totals.iter().try_fold(0u64, |sum, t| t.map(|t| sum.saturating_add(t)));
+        DownloadProgress { bytes_done: before.saturating_add(p.bytes), bytes_total: total }
+    }
+}
+
+/// This node's entry in `model`'s status, if any.
+pub fn our_entry<'a>(model: &'a Model, node: &str) -> Option<&'a NodeCache> {
+    model.status.as_ref()?.cache.iter().find(|c| c.node == node)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use brink_api::crd::{
+        EngineBuild, HttpsSource, ModelFormat, ModelPart, ModelReplicaSpec, ModelSource as Src, ModelSpec, NodePathSource, PvcSource,
+        SecretRef, Serving,
+    };
+
+    pub fn replica(ns: &str, name: &str, node: &str, model: &str) -> ModelReplica {
+        let mut r = ModelReplica::new(
+            name,
+            ModelReplicaSpec {
+                deployment: "d".into(),
+                node: node.into(),
+                model: model.into(),
+                revision: "r1".into(),
+                engine: EngineBuild { image: "brink:1".into(), version: "0.1.0".into() },
+                serving: Serving { context: 4096, max_batch_tokens: 8192, prefill_chunk: 2048, concurrency: 4, kv_fraction: 0.5 },
+            },
+        );
+        r.metadata.namespace = Some(ns.into());
+        r
+    }
+
+    fn model(source: Src, sha: Option<&str>, parts: Option<Vec<ModelPart>>) -> Model {
+        let mut m = Model::new("m", ModelSpec { source, sha256: sha.map(Into::into), format: ModelFormat::Gguf, parts });
+        m.metadata.namespace = Some("ai".into());
+        m
+    }
+
+    fn https(url: &str) -> Src {
+        Src {
+            https: Some(HttpsSource { url: url.into(), credentials_secret_ref: Some(SecretRef { name: "hf".into() }) }),
+            node_path: None,
+            pvc: None,
+        }
+    }
+
+    #[test]
+    fn wanted_models_are_those_of_this_nodes_replicas() {
+        let rs = vec![
+            replica("ai", "r2", "n1", "qwen"),
+            replica("ai", "r1", "n1", "qwen"),
+            replica("ai", "r3", "n2", "qwen"),
+            replica("ml", "r1", "n1", "qwen"),
+            replica("ai", "r4", "n1", "other"),
+        ];
+        let w = wanted("n1", &rs);
+        let got: Vec<(&str, &str, Vec<&str>)> =
+            w.iter().map(|w| (w.namespace.as_str(), w.model.as_str(), w.replicas.iter().map(|s| s.as_str()).collect())).collect();
+        assert_eq!(got, vec![("ai", "other", vec!["r4"]), ("ai", "qwen", vec!["r1", "r2"]), ("ml", "qwen", vec!["r1"])]);
+        assert!(wanted("n3", &rs).is_empty());
+        let sizes = BTreeMap::from([("ai/qwen".to_string(), 100u64)]);
+        let h = hosted("n1", &rs, &sizes);
+        assert_eq!(
+            h.iter().map(|h| (h.namespace.as_str(), h.name.as_str(), h.memory_bytes)).collect::<Vec<_>>(),
+            vec![("ai", "r1", 100), ("ai", "r2", 100), ("ai", "r4", 0), ("ml", "r1", 0)]
+        );
+    }
+
+    #[test]
+    fn models_are_fetched_for_waiting_classes() {
+        let sha = "ab".repeat(32);
+        let of_class = |ns: &str, name: &str, class: Option<&str>| {
+            let mut m = model(https("https://h/m.gguf"), Some(&sha), None);
+            m.metadata.namespace = Some(ns.into());
+            m.metadata.name = Some(name.into());
+            m.status = class.map(|c| ModelStatus { shape_class: Some(c.into()), ..ModelStatus::default() });
+            m
+        };
+        let models = vec![
+            of_class("ml", "b", Some("c1")),
+            of_class("ai", "z", Some("c1")),
+            of_class("ai", "y", Some("c2")),
+            of_class("ai", "x", None),
+        ];
+        let w = |ns: &str, m: &str| Wanted { namespace: ns.into(), model: m.into(), replicas: Vec::new() };
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        // (name, waiting classes, already wanted, want)
+        type Case = (&'static str, Vec<String>, Vec<Wanted>, Vec<Wanted>);
+        let cases: Vec<Case> = vec![
+            ("nothing waits", s(&[]), vec![], vec![]),
+            ("first model of the class by namespace/name", s(&["c1"]), vec![], vec![w("ai", "z")]),
+            ("two classes", s(&["c2", "c1"]), vec![], vec![w("ai", "y"), w("ai", "z")]),
+            ("a replica's model already covers the class", s(&["c1"]), vec![w("ml", "b")], vec![]),
+            ("no model names the class yet", s(&["c9"]), vec![], vec![]),
+        ];
+        for (name, waiting, wanted, want) in cases {
+            assert_eq!(for_qualification(&waiting, &models, &wanted), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn progress_over_parts() {
+        use crate::model_cache::Progress;
+        let p = |bytes, total| Progress { bytes, total };
+        let d = |done, total| DownloadProgress { bytes_done: done, bytes_total: total };
+        let mut one = PartTally::new(1);
+        assert_eq!(one.update(0, p(0, 100)), d(0, Some(100)));
+        assert_eq!(one.update(0, p(60, 100)), d(60, Some(100)));
+        let mut three = PartTally::new(3);
+        // (part, bytes, part size, want done, want total)
+        let steps: [(usize, u64, u64, u64, Option<u64>); 5] = [
+            (0, 10, 100, 10, None),
+            (0, 100, 100, 100, None),
+            (1, 5, 50, 105, None),
+            (2, 0, 30, 150, Some(180)),
+            (2, 30, 30, 180, Some(180)),
+        ];
+        for (part, bytes, size, done, total) in steps {
+            assert_eq!(three.update(part, p(bytes, size)), d(done, total), "part {part} at {bytes}");
+        }
+    }
+
+    #[test]
+    fn local_files_by_class() {
+        let sha = "ab".repeat(32);
+        let status = |class: &str, node: &str, phase: CachePhase| ModelStatus {
+            shape_class: Some(class.into()),
+            cache: vec![NodeCache { node: node.into(), phase, bytes_done: 0, bytes_total: None, message: None, updated_at: None }],
+            ..ModelStatus::default()
+        };
+        let local = |name: &str, path: &str, st: Option<ModelStatus>| {
+            let mut m = model(Src { https: None, node_path: Some(NodePathSource { path: path.into() }), pvc: None }, Some(&sha), None);
+            m.metadata.name = Some(name.into());
+            m.status = st;
+            m
+        };
+        let mut remote = model(https("https://h/m.gguf"), Some(&sha), None);
+        remote.status = Some(status("c3", "n1", CachePhase::Ready));
+        let models = vec![
+            local("a", "/m/a.gguf", Some(status("c1", "n1", CachePhase::Ready))),
+            local("b", "/m/b.gguf", Some(status("c2", "n1", CachePhase::Failed))),
+            local("c", "/m/c.gguf", Some(status("c2", "n2", CachePhase::Ready))),
+            local("d", "/m/d.gguf", None),
+            remote,
+        ];
+        let got = local_models("n1", &models, Path::new("/pvc"));
+        assert_eq!(got, BTreeMap::from([("c1".to_string(), PathBuf::from("/m/a.gguf"))]));
+    }
+
+    #[test]
+    fn sources() {
+        let sha = "ab".repeat(32);
+        let root = Path::new("/mnt/pvc");
+        let one = model(https("https://h/m.gguf"), Some(&sha), None);
+        assert_eq!(key(&one), Some(sha.clone()));
+        assert_eq!(secret_name(&one), Some("hf"));
+        let creds = Some(Credentials::Bearer("t".into()));
+        assert_eq!(
+            source(&one, creds.clone(), root).unwrap(),
+            ModelSource::Http { parts: vec![HttpPart { url: "https://h/m.gguf".into(), sha256: sha.clone() }], credentials: creds }
+        );
+        let parts = vec![
+            ModelPart { file: "m-00001-of-00002.gguf".into(), sha256: "CD".repeat(32) },
+            ModelPart { file: "m-00002-of-00002.gguf".into(), sha256: sha.clone() },
+        ];
+        let split = model(https("https://h/dir"), None, Some(parts.clone()));
+        assert_eq!(key(&split), Some("cd".repeat(32)));
+        let ModelSource::Http { parts: got, .. } = source(&split, None, root).unwrap() else { panic!() };
+        assert_eq!(
+            got.iter().map(|p| p.url.as_str()).collect::<Vec<_>>(),
+            ["https://h/dir/m-00001-of-00002.gguf", "https://h/dir/m-00002-of-00002.gguf"]
+        );
+        let node =
+            model(Src { https: None, node_path: Some(NodePathSource { path: "/models/q.gguf".into() }), pvc: None }, Some(&sha), None);
+        assert_eq!(source(&node, None, root).unwrap(), ModelSource::Local { path: "/models/q.gguf".into(), sha256: sha.clone() });
+        let pvc = model(
+            Src { https: None, node_path: None, pvc: Some(PvcSource { claim_name: "weights".into(), path: "q/m.gguf".into() }) },
+            Some(&sha),
+            None,
+        );
+        assert_eq!(source(&pvc, None, root).unwrap(), ModelSource::Local { path: "/mnt/pvc/weights/q/m.gguf".into(), sha256: sha.clone() });
+        let split_local =
+            model(Src { https: None, node_path: Some(NodePathSource { path: "/models".into() }), pvc: None }, None, Some(parts));
+        assert!(source(&split_local, None, root).unwrap_err().contains("Model ai/m: a split GGUF"));
+        let neither = model(Src { https: None, node_path: None, pvc: None }, Some(&sha), None);
+        assert!(source(&neither, None, root).unwrap_err().contains("exactly one of https, nodePath, pvc"));
+    }
+
+    #[test]
+    fn secret_keys() {
+        let data = |kv: &[(&str, &[u8])]| kv.iter().map(|(k, v)| (k.to_string(), ByteString(v.to_vec()))).collect::<BTreeMap<_, _>>();
+        assert_eq!(credentials("s", &data(&[("token", b"abc\n")])).unwrap(), Credentials::Bearer("abc".into()));
+        assert_eq!(
+            credentials("s", &data(&[("username", b"u"), ("password", b"p")])).unwrap(),
+            Credentials::Basic { user: "u".into(), password: "p".into() }
+        );
+        assert!(credentials("s", &data(&[("username", b"u")])).unwrap_err().contains("Secret s: expected key `token`"));
+        assert!(credentials("s", &data(&[("token", &[0xff, 0xfe])])).unwrap_err().contains("`token` is not UTF-8"));
+    }
+
+    #[test]
+    fn facts_are_written_when_empty_or_equal_only() {
+        let facts = HeaderFacts {
+            arch: "qwen3moe".into(),
+            experts: 16,
+            top_k: 4,
+            shape_class: "qwen3moe-h256-e16-top4-ffn256".into(),
+            quant_types: vec!["f32".into(), "q8_0".into()],
+        };
+        let now = Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap());
+        let e = entry("n1", CachePhase::Ready, 10, Some(10), None, now);
+        let mut m = model(https("https://h/m.gguf"), Some(&"ab".repeat(32)), None);
+        let body = model_status(&m, e.clone(), Some((&facts, 10)));
+        assert_eq!(body["status"]["architecture"], "qwen3moe");
+        assert_eq!(body["status"]["quantTypes"], json!(["F32", "Q8_0"]));
+        assert_eq!(body["status"]["cache"][0]["node"], "n1");
+        assert_eq!(body["status"]["cache"][0]["phase"], "Ready");
+        assert_eq!(body["metadata"], json!({"name": "m", "namespace": "ai"}));
+        // Equal facts from another node: co-owned.
+        m.status = Some(header_status(&facts, 10));
+        assert_eq!(model_status(&m, e.clone(), Some((&facts, 10)))["status"]["experts"], 16);
+        // Different facts: this node's are not forced over them.
+        m.status = Some(ModelStatus { architecture: Some("other".into()), ..ModelStatus::default() });
+        let body = model_status(&m, e.clone(), Some((&facts, 10)));
+        assert!(body["status"].get("architecture").is_none(), "{body}");
+        assert!(model_status(&m, e, None)["status"].get("shapeClass").is_none());
+        assert_eq!(replica_download("ai", "r1", None)["status"], json!({}));
+        assert_eq!(
+            replica_download("ai", "r1", Some(DownloadProgress { bytes_done: 5, bytes_total: Some(9) }))["status"],
+            json!({"download": {"bytesDone": 5, "bytesTotal": 9}})
+        );
+    }
+}
