@@ -204,6 +204,7 @@ fn finish_update(st: &mut State, t: &Target, name: &str, existing: &Value, mut n
             only_status["metadata"]["managedFields"] = new.pointer("/metadata/managedFields").cloned().unwrap_or(json!([]));
         }
         new = only_status;
+        apply_defaults(&mut new, t.kind);
     } else {
         let managed = new.pointer("/metadata/managedFields").cloned();
         keep_server_metadata(&mut new, existing)?;
@@ -237,6 +238,11 @@ fn finish_update(st: &mut State, t: &Target, name: &str, existing: &Value, mut n
     if opts.dry_run {
         return Ok(new);
     }
+    if unchanged(&new, existing) {
+        // As etcd's guaranteed update: a write that changes nothing is not stored, gets no new
+        // resourceVersion and wakes no watch (a controller re-applying the same status does not loop).
+        return Ok(existing.clone());
+    }
     let key = t.key(name);
     let deleting = new.pointer("/metadata/deletionTimestamp").is_some();
     let finalizers_left = new.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|f| !f.is_empty());
@@ -248,6 +254,23 @@ fn finish_update(st: &mut State, t: &Target, name: &str, existing: &Value, mut n
         return Ok(removed);
     }
     Ok(st.store.put(key, new))
+}
+
+/// Equal but for the resourceVersion and the times in `managedFields`.
+fn unchanged(new: &Value, existing: &Value) -> bool {
+    let normalise = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("resourceVersion");
+            if let Some(entries) = m.get_mut("managedFields").and_then(Value::as_array_mut) {
+                for e in entries.iter_mut().filter_map(Value::as_object_mut) {
+                    e.remove("time");
+                }
+            }
+        }
+        v
+    };
+    normalise(new) == normalise(existing)
 }
 
 pub fn replace(st: &mut State, t: &Target, name: &str, body: Value, sub: &str, opts: &WriteOptions) -> ApiResult<Value> {

@@ -73,9 +73,28 @@ async fn generation_bumps_only_on_spec_changes() {
     let scaled = deps.patch("g", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 4}}))).await.unwrap();
     assert_eq!(generation(&scaled), 2);
 
-    let same = deps.replace("g", &PostParams::default(), &scaled).await.unwrap();
+    let mut relabelled = scaled.clone();
+    relabelled.metadata.labels.get_or_insert_default().insert("team".into(), "b".into());
+    let same = deps.replace("g", &PostParams::default(), &relabelled).await.unwrap();
     assert_eq!(generation(&same), 2, "a replace with an unchanged spec");
     assert_ne!(same.resource_version(), scaled.resource_version());
+}
+
+#[tokio::test]
+async fn a_write_that_changes_nothing_keeps_the_resource_version() {
+    let (d, deps, _) = double_with_apis();
+    let created = deps.create(&PostParams::default(), &deployment("noop", 1)).await.unwrap();
+    let status = Patch::Apply(json!({"apiVersion": "brink.dev/v1alpha1", "kind": "ModelDeployment", "status": {"replicas": 1}}));
+    let first = deps.patch_status("noop", &PatchParams::apply("op"), &status).await.unwrap();
+    let rv = d.resource_version();
+    let again = deps.patch_status("noop", &PatchParams::apply("op"), &status).await.unwrap();
+    let replaced = deps.replace("noop", &PostParams::default(), &again).await.unwrap();
+    let merged = deps.patch("noop", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 1}}))).await.unwrap();
+    assert_eq!(d.resource_version(), rv, "no-op writes are not stored");
+    for o in [&again, &replaced, &merged] {
+        assert_eq!(o.resource_version(), first.resource_version());
+    }
+    assert_ne!(first.resource_version(), created.resource_version());
 }
 
 #[tokio::test]
