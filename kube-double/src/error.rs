@@ -12,7 +12,7 @@ pub struct ApiError {
     pub reason: String,
     pub message: String,
     /// `details.name` / `details.group` / `details.kind` of the object the error is about.
-    pub details: Option<ErrorDetails>,
+    pub details: Option<Box<ErrorDetails>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,7 +29,7 @@ impl ApiError {
     }
 
     pub fn with_details(mut self, name: &str, group: &str, plural: &str) -> Self {
-        self.details = Some(ErrorDetails { name: name.to_string(), group: group.to_string(), kind: plural.to_string() });
+        self.details = Some(Box::new(ErrorDetails { name: name.to_string(), group: group.to_string(), kind: plural.to_string() }));
         self
     }
 

@@ -276,7 +276,8 @@ mod tests {
             }})
         );
         assert_eq!(FieldSet::from_fields_v1(&fv1), set);
-        let ready = [PathElement::Field("status".into()), PathElement::Field("conditions".into()), PathElement::Key("{\"type\":\"Ready\"}".into())];
+        let ready =
+            [PathElement::Field("status".into()), PathElement::Field("conditions".into()), PathElement::Key("{\"type\":\"Ready\"}".into())];
         assert!(set.contains(&ready));
         assert_eq!(value_at(&v, &ready, kind).unwrap()["status"], "True");
         assert_eq!(display_path(&ready), ".status.conditions[type=\"Ready\"]");

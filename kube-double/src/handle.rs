@@ -59,10 +59,7 @@ impl KubeDouble {
     /// Stores an object as a create would (uid, resourceVersion, generation 1, timestamps,
     /// schema defaults, an `Update` managedFields entry for `seed`) but keeps its status, and
     /// emits ADDED. Its `metadata.namespace` picks the namespace of a namespaced kind.
-    pub fn seed<K: Resource<DynamicType = ()> + Serialize>(&self, obj: &K) -> ApiResult<K>
-    where
-        K: DeserializeOwned,
-    {
+    pub fn seed<K: Resource<DynamicType = ()> + Serialize + DeserializeOwned>(&self, obj: &K) -> ApiResult<K> {
         let v = serde_json::to_value(obj).map_err(|e| ApiError::bad_request(format!("seed: the object does not serialise: {e}")))?;
         let stored = self.seed_value(v)?;
         serde_json::from_value(stored).map_err(|e| ApiError::bad_request(format!("seed: the stored object does not deserialise: {e}")))
@@ -71,7 +68,8 @@ impl KubeDouble {
     /// [`KubeDouble::seed`] for an untyped object (`apiVersion` and `kind` required).
     pub fn seed_value(&self, obj: Value) -> ApiResult<Value> {
         let mut st = self.state();
-        let api_version = obj.get("apiVersion").and_then(Value::as_str).ok_or_else(|| ApiError::bad_request("seed: apiVersion is required"))?;
+        let api_version =
+            obj.get("apiVersion").and_then(Value::as_str).ok_or_else(|| ApiError::bad_request("seed: apiVersion is required"))?;
         let kind_name = obj.get("kind").and_then(Value::as_str).ok_or_else(|| ApiError::bad_request("seed: kind is required"))?;
         let kind = st.registry.by_kind(api_version, kind_name)?.clone();
         let namespace = obj.pointer("/metadata/namespace").and_then(Value::as_str).map(str::to_string);

@@ -215,14 +215,20 @@ pub fn builtin_kinds() -> Vec<ResourceKind> {
     for (p, k) in pod_spec_keys("spec.template.spec") {
         deployment.insert(p, k.into_iter().map(str::to_string).collect());
     }
-    let deployment_scale = ScalePaths {
-        spec_replicas: json_path(".spec.replicas"),
-        status_replicas: json_path(".status.replicas"),
-        label_selector: None,
-    };
+    let deployment_scale =
+        ScalePaths { spec_replicas: json_path(".spec.replicas"), status_replicas: json_path(".status.replicas"), label_selector: None };
     vec![
         builtin("", "v1", "Pod", "pods", true, true, None, pod),
-        builtin("", "v1", "Service", "services", true, true, None, keys(&[("spec.ports", &["port", "protocol"]), ("status.conditions", &["type"])])),
+        builtin(
+            "",
+            "v1",
+            "Service",
+            "services",
+            true,
+            true,
+            None,
+            keys(&[("spec.ports", &["port", "protocol"]), ("status.conditions", &["type"])]),
+        ),
         builtin("", "v1", "ConfigMap", "configmaps", true, false, None, keys(&[])),
         builtin("", "v1", "Secret", "secrets", true, false, None, keys(&[])),
         builtin("", "v1", "ServiceAccount", "serviceaccounts", true, false, None, keys(&[])),

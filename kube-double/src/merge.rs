@@ -147,7 +147,8 @@ mod tests {
     fn strategic_merge_merges_list_maps_and_replaces_atomic_lists() {
         let reg = KindRegistry::standard();
         let pod = reg.get("", "v1", "pods").unwrap();
-        let mut live = json!({"spec": {"containers": [{"name": "a", "image": "1"}, {"name": "b", "image": "1"}], "tolerations": [{"key": "x"}]}});
+        let mut live =
+            json!({"spec": {"containers": [{"name": "a", "image": "1"}, {"name": "b", "image": "1"}], "tolerations": [{"key": "x"}]}});
         let patch = json!({"spec": {
             "containers": [{"name": "b", "image": "2"}, {"name": "c", "image": "3"}, {"name": "a", "$patch": "delete"}],
             "tolerations": [{"key": "y"}]
@@ -164,7 +165,11 @@ mod tests {
         let reg = KindRegistry::standard();
         let kind = reg.get("brink.dev", "v1alpha1", "sparknodes").unwrap();
         let mut live = json!({"status": {"conditions": [{"type": "A", "status": "True"}, {"type": "B", "status": "False"}], "x": 1}});
-        let removed = FieldSet::from_value(&json!({"status": {"conditions": [{"type": "A", "status": "True"}, {"type": "B", "status": "False"}], "x": 1}}), kind).unwrap();
+        let removed = FieldSet::from_value(
+            &json!({"status": {"conditions": [{"type": "A", "status": "True"}, {"type": "B", "status": "False"}], "x": 1}}),
+            kind,
+        )
+        .unwrap();
         let others = FieldSet::from_value(&json!({"status": {"conditions": [{"type": "B", "status": "False"}]}}), kind).unwrap();
         prune(&mut live, &removed, &others, kind, "");
         assert_eq!(live, json!({"status": {"conditions": [{"type": "B", "status": "False"}]}}));

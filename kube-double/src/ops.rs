@@ -28,7 +28,9 @@ impl PatchKind {
             Some("application/merge-patch+json") => Ok(Self::Merge),
             Some("application/strategic-merge-patch+json") => Ok(Self::Strategic),
             Some("application/apply-patch+yaml") | Some("application/apply-patch+cbor") => Ok(Self::Apply),
-            other => Err(ApiError::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format: {other:?}"))),
+            other => {
+                Err(ApiError::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format: {other:?}")))
+            }
         }
     }
 }
@@ -64,8 +66,12 @@ impl Target<'_> {
     /// Namespaced kinds need a namespace in the path for anything but list and watch.
     pub fn check_scope(&self) -> ApiResult<()> {
         match (self.kind.namespaced, self.namespace) {
-            (true, None) => Err(ApiError::new(404, "NotFound", format!("{} is namespaced: the path needs /namespaces/<ns>/", self.kind.plural))),
-            (false, Some(_)) => Err(ApiError::new(404, "NotFound", format!("{} is cluster-scoped: the path has a namespace", self.kind.plural))),
+            (true, None) => {
+                Err(ApiError::new(404, "NotFound", format!("{} is namespaced: the path needs /namespaces/<ns>/", self.kind.plural)))
+            }
+            (false, Some(_)) => {
+                Err(ApiError::new(404, "NotFound", format!("{} is cluster-scoped: the path has a namespace", self.kind.plural)))
+            }
             _ => Ok(()),
         }
     }
@@ -176,7 +182,9 @@ pub fn create(st: &mut State, t: &Target, mut body: Value, opts: &WriteOptions) 
 fn keep_server_metadata(new: &mut Value, existing: &Value) -> ApiResult<()> {
     let old = existing.get("metadata").cloned().unwrap_or_default();
     let m = meta_mut(new)?;
-    for f in ["name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "managedFields"] {
+    for f in
+        ["name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "managedFields"]
+    {
         match old.get(f) {
             Some(v) => m.insert(f.to_string(), v.clone()),
             None => m.remove(f),
@@ -186,8 +194,17 @@ fn keep_server_metadata(new: &mut Value, existing: &Value) -> ApiResult<()> {
     Ok(())
 }
 
+/// How an update arrived: through which subresource, by whom, and whether server-side apply
+/// already recorded its ownership.
+struct Via<'a> {
+    sub: &'a str,
+    opts: &'a WriteOptions,
+    applied: bool,
+}
+
 /// The common tail of every update: subresource isolation, generation, ownership, finalizers.
-fn finish_update(st: &mut State, t: &Target, name: &str, existing: &Value, mut new: Value, sub: &str, opts: &WriteOptions, applied: bool) -> ApiResult<Value> {
+fn finish_update(st: &mut State, t: &Target, name: &str, existing: &Value, mut new: Value, via: Via) -> ApiResult<Value> {
+    let Via { sub, opts, applied } = via;
     type_meta(&mut new, t.kind)?;
     if sub == "status" {
         // A status write changes only the status.
@@ -277,10 +294,13 @@ pub fn replace(st: &mut State, t: &Target, name: &str, body: Value, sub: &str, o
     t.check_scope()?;
     let existing = st.store.get(&t.key(name)).cloned().ok_or_else(|| t.not_found(name))?;
     if meta(&body, "name").is_some_and(|n| n != name) {
-        return Err(ApiError::bad_request(format!("the name of the object ({:?}) does not match the name on the URL ({name})", meta(&body, "name"))));
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({:?}) does not match the name on the URL ({name})",
+            meta(&body, "name")
+        )));
     }
     check_stale(&body, &existing, t, name)?;
-    finish_update(st, t, name, &existing, body, sub, opts, false)
+    finish_update(st, t, name, &existing, body, Via { sub, opts, applied: false })
 }
 
 /// YAML or JSON (an apply patch may be either).
@@ -288,7 +308,8 @@ pub fn parse_body(bytes: &[u8], yaml_ok: bool) -> ApiResult<Value> {
     match serde_json::from_slice(bytes) {
         Ok(v) => Ok(v),
         Err(e) if yaml_ok => {
-            let text = std::str::from_utf8(bytes).map_err(|_| ApiError::bad_request(format!("the body is neither JSON ({e}) nor UTF-8 YAML")))?;
+            let text =
+                std::str::from_utf8(bytes).map_err(|_| ApiError::bad_request(format!("the body is neither JSON ({e}) nor UTF-8 YAML")))?;
             serde_saphyr::from_str(text).map_err(|y| ApiError::bad_request(format!("the body is neither JSON ({e}) nor YAML ({y})")))
         }
         Err(e) => Err(ApiError::bad_request(format!("the body is not JSON: {e}"))),
@@ -297,60 +318,64 @@ pub fn parse_body(bytes: &[u8], yaml_ok: bool) -> ApiResult<Value> {
 
 pub fn patch(st: &mut State, t: &Target, name: &str, patch: Value, kind: PatchKind, sub: &str, opts: &WriteOptions) -> ApiResult<Value> {
     t.check_scope()?;
-    let key = t.key(name);
-    let existing = st.store.get(&key).cloned();
     if kind == PatchKind::Apply {
-        if opts.manager.is_empty() {
-            return Err(ApiError::bad_request("PATCH with apply requires a fieldManager"));
-        }
-        let now = st.clock.now();
-        let who = Applier { manager: &opts.manager, force: opts.force, subresource: sub, now: &now };
-        return match existing {
-            Some(existing) => {
-                check_stale(&patch, &existing, t, name)?;
-                let merged = apply(&existing, &patch, t.kind, &who)?;
-                finish_update(st, t, name, &existing, merged, sub, opts, true)
-            }
-            None if sub.is_empty() => {
-                // Apply creates: the applied config on an empty object, then the create rules.
-                let mut skeleton = json!({"metadata": {"name": name}});
-                if let Some(ns) = t.namespace {
-                    skeleton["metadata"]["namespace"] = json!(ns);
-                }
-                let mut merged = apply(&skeleton, &patch, t.kind, &who)?;
-                let managed = merged.pointer("/metadata/managedFields").cloned();
-                if let Some(m) = merged.get_mut("metadata").and_then(Value::as_object_mut) {
-                    m.remove("managedFields");
-                }
-                let created = create(st, t, merged, &WriteOptions { dry_run: true, ..opts.clone() })?;
-                let mut created = created;
-                created["metadata"]["managedFields"] = managed.unwrap_or(json!([]));
-                if opts.dry_run {
-                    return Ok(created);
-                }
-                Ok(st.store.put(key, created))
-            }
-            None => Err(t.not_found(name)),
-        };
+        return server_side_apply(st, t, name, &patch, sub, opts);
     }
-    let existing = existing.ok_or_else(|| t.not_found(name))?;
+    let existing = st.store.get(&t.key(name)).cloned().ok_or_else(|| t.not_found(name))?;
     let mut patched = existing.clone();
-    match kind {
-        PatchKind::Json => json_patch(&mut patched, &patch)?,
-        PatchKind::Merge => json_patch::merge(&mut patched, &patch),
-        PatchKind::Strategic => merge_by_keys(&mut patched, &patch, t.kind, "", true)?,
-        PatchKind::Apply => unreachable_apply()?,
-    }
+    patch_document(&mut patched, &patch, kind, t.kind)?;
     if meta(&patched, "resourceVersion") != meta(&existing, "resourceVersion") {
         // The patch carried a resourceVersion precondition that no longer holds.
         return Err(ApiError::stale(&t.kind.plural, &t.kind.group, name));
     }
-    finish_update(st, t, name, &existing, patched, sub, opts, false)
+    finish_update(st, t, name, &existing, patched, Via { sub, opts, applied: false })
 }
 
-/// Apply patches return before the other kinds are matched.
-fn unreachable_apply() -> ApiResult<()> {
-    Err(ApiError::new(500, "InternalError", "apply patch reached the non-apply path"))
+/// A patch's effect on a document, without ownership. An apply patch here (only `/scale` gets
+/// one) merges like a strategic merge without directives.
+fn patch_document(target: &mut Value, patch: &Value, kind: PatchKind, rk: &ResourceKind) -> ApiResult<()> {
+    match kind {
+        PatchKind::Json => json_patch(target, patch),
+        PatchKind::Merge => {
+            json_patch::merge(target, patch);
+            Ok(())
+        }
+        PatchKind::Strategic => merge_by_keys(target, patch, rk, "", true),
+        PatchKind::Apply => merge_by_keys(target, patch, rk, "", false),
+    }
+}
+
+/// `application/apply-patch+yaml`: ownership-aware merge; creates the object when it is missing.
+fn server_side_apply(st: &mut State, t: &Target, name: &str, patch: &Value, sub: &str, opts: &WriteOptions) -> ApiResult<Value> {
+    if opts.manager.is_empty() {
+        return Err(ApiError::bad_request("PATCH with apply requires a fieldManager"));
+    }
+    let key = t.key(name);
+    let now = st.clock.now();
+    let who = Applier { manager: &opts.manager, force: opts.force, subresource: sub, now: &now };
+    match st.store.get(&key).cloned() {
+        Some(existing) => {
+            check_stale(patch, &existing, t, name)?;
+            let merged = apply(&existing, patch, t.kind, &who)?;
+            finish_update(st, t, name, &existing, merged, Via { sub, opts, applied: true })
+        }
+        None if sub.is_empty() => {
+            // The applied config on an empty object, then the create rules (which drop managedFields).
+            let mut skeleton = json!({"metadata": {"name": name}});
+            if let Some(ns) = t.namespace {
+                skeleton["metadata"]["namespace"] = json!(ns);
+            }
+            let merged = apply(&skeleton, patch, t.kind, &who)?;
+            let managed = merged.pointer("/metadata/managedFields").cloned().unwrap_or(json!([]));
+            let mut created = create(st, t, merged, &WriteOptions { dry_run: true, ..opts.clone() })?;
+            created["metadata"]["managedFields"] = managed;
+            if opts.dry_run {
+                return Ok(created);
+            }
+            Ok(st.store.put(key, created))
+        }
+        None => Err(t.not_found(name)),
+    }
 }
 
 /// How deleting an owner treats its dependents.
@@ -480,10 +505,11 @@ pub fn write_scale(st: &mut State, t: &Target, name: &str, scale: &Value, opts: 
     if replicas < 0 {
         return Err(ApiError::invalid(format!("spec.replicas: Invalid value: {replicas}: must be greater than or equal to 0")));
     }
-    let paths = t.kind.scale.clone().ok_or_else(|| ApiError::new(404, "NotFound", format!("{} has no scale subresource", t.kind.plural)))?;
+    let paths =
+        t.kind.scale.clone().ok_or_else(|| ApiError::new(404, "NotFound", format!("{} has no scale subresource", t.kind.plural)))?;
     let mut new = existing.clone();
     set_path(&mut new, &paths.spec_replicas, json!(replicas))?;
-    let stored = finish_update(st, t, name, &existing, new, "", opts, false)?;
+    let stored = finish_update(st, t, name, &existing, new, Via { sub: "", opts, applied: false })?;
     scale_of(&stored, t.kind)
 }
 
@@ -491,10 +517,7 @@ pub fn write_scale(st: &mut State, t: &Target, name: &str, scale: &Value, opts: 
 pub fn patch_scale(st: &mut State, t: &Target, name: &str, patch: &Value, kind: PatchKind, opts: &WriteOptions) -> ApiResult<Value> {
     let existing = get(st, t, name)?;
     let mut scale = scale_of(&existing, t.kind)?;
-    match kind {
-        PatchKind::Json => json_patch(&mut scale, patch)?,
-        PatchKind::Merge | PatchKind::Strategic | PatchKind::Apply => json_patch::merge(&mut scale, patch),
-    }
+    patch_document(&mut scale, patch, kind, t.kind)?;
     write_scale(st, t, name, &scale, opts)
 }
 

@@ -39,18 +39,21 @@ fn split_top_level(s: &str) -> Vec<&str> {
 }
 
 fn set_values(s: &str, whole: &str) -> ApiResult<Vec<String>> {
-    let inner = s
-        .trim()
-        .strip_prefix('(')
-        .and_then(|r| r.strip_suffix(')'))
-        .ok_or_else(|| ApiError::bad_request(format!("unable to parse requirement: expected a parenthesised value set in {whole:?}")))?;
+    let inner =
+        s.trim().strip_prefix('(').and_then(|r| r.strip_suffix(')')).ok_or_else(|| {
+            ApiError::bad_request(format!("unable to parse requirement: expected a parenthesised value set in {whole:?}"))
+        })?;
     Ok(inner.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect())
 }
 
 fn label_key(k: &str, whole: &str) -> ApiResult<String> {
     let k = k.trim();
     let valid = !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c));
-    if valid { Ok(k.to_string()) } else { Err(ApiError::bad_request(format!("unable to parse requirement: invalid label key {k:?} in {whole:?}"))) }
+    if valid {
+        Ok(k.to_string())
+    } else {
+        Err(ApiError::bad_request(format!("unable to parse requirement: invalid label key {k:?} in {whole:?}")))
+    }
 }
 
 impl LabelSelector {

@@ -144,17 +144,23 @@ impl DoubleService {
             (&Method::PATCH, Some(name)) => {
                 let pk = PatchKind::from_content_type(req.content_type.as_deref())?;
                 let patch = ops::parse_body(&req.body, pk == PatchKind::Apply)?;
-                let out = if sub == "scale" { ops::patch_scale(st, &t, name, &patch, pk, &opts)? } else { ops::patch(st, &t, name, patch, pk, sub, &opts)? };
+                let out = if sub == "scale" {
+                    ops::patch_scale(st, &t, name, &patch, pk, &opts)?
+                } else {
+                    ops::patch(st, &t, name, patch, pk, sub, &opts)?
+                };
                 Ok(Reply::Json(200, out))
             }
             (&Method::DELETE, Some(name)) if sub.is_empty() => {
                 let options = if req.body.is_empty() { json!({}) } else { body()? };
-                let policy = Propagation::parse(options.get("propagationPolicy").and_then(Value::as_str).or(req.query.get("propagationPolicy")))?;
+                let policy =
+                    Propagation::parse(options.get("propagationPolicy").and_then(Value::as_str).or(req.query.get("propagationPolicy")))?;
                 ops::delete(st, &t, name, &options, policy, opts.dry_run).map(|v| Reply::Json(200, v))
             }
             (&Method::DELETE, None) => {
                 let options = if req.body.is_empty() { json!({}) } else { body()? };
-                let policy = Propagation::parse(options.get("propagationPolicy").and_then(Value::as_str).or(req.query.get("propagationPolicy")))?;
+                let policy =
+                    Propagation::parse(options.get("propagationPolicy").and_then(Value::as_str).or(req.query.get("propagationPolicy")))?;
                 let listed = list(st, &rp, &kind, &req.query)?;
                 let mut deleted = Vec::new();
                 for item in listed["items"].as_array().cloned().unwrap_or_default() {
@@ -212,14 +218,21 @@ fn list(st: &State, rp: &ResourcePath, kind: &crate::kinds::ResourceKind, q: &Qu
         return Err(ApiError::new(404, "NotFound", format!("{} is cluster-scoped: the path has a namespace", kind.plural)));
     }
     let filter = filter_for(rp, kind, q, None)?;
-    let items: Vec<Value> =
-        st.store.list(&kind.group, &kind.plural, filter.namespace.as_deref()).into_iter().filter(|(k, v)| filter.matches(k, v)).map(|(_, v)| v.clone()).collect();
+    let items: Vec<Value> = st
+        .store
+        .list(&kind.group, &kind.plural, filter.namespace.as_deref())
+        .into_iter()
+        .filter(|(k, v)| filter.matches(k, v))
+        .map(|(_, v)| v.clone())
+        .collect();
     let (rv, offset) = match q.get("continue").filter(|c| !c.is_empty()) {
         Some(token) => {
             let parsed = token.split_once('/').and_then(|(rv, off)| Some((rv.parse::<u64>().ok()?, off.parse::<usize>().ok()?)));
             let (rv, off) = parsed.ok_or_else(|| ApiError::bad_request(format!("invalid continue token {token:?}")))?;
             if rv < st.store.history_floor() {
-                return Err(ApiError::gone("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter."));
+                return Err(ApiError::gone(
+                    "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
+                ));
             }
             (rv, off)
         }

@@ -117,8 +117,11 @@ pub fn apply(live: &Value, applied: &Value, kind: &ResourceKind, who: &Applier) 
                 conflicts.iter().map(|(m, p)| format!("conflict with \"{m}\" using {}: {}", kind.api_version(), display_path(p))).collect();
             let plural = if n == 1 { "conflict" } else { "conflicts" };
             let name = live.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
-            return Err(ApiError::new(409, "Conflict", format!("Apply failed with {n} {plural}: {}", lines.join("; ")))
-                .with_details(name, &kind.group, &kind.plural));
+            return Err(ApiError::new(409, "Conflict", format!("Apply failed with {n} {plural}: {}", lines.join("; "))).with_details(
+                name,
+                &kind.group,
+                &kind.plural,
+            ));
         }
         for (_, path) in &conflicts {
             let taken = FieldSet::single(path);
@@ -129,7 +132,8 @@ pub fn apply(live: &Value, applied: &Value, kind: &ResourceKind, who: &Applier) 
     }
 
     // Fields this manager applied before and no longer does: removed unless someone else owns them.
-    let previous = entries.iter().find(|e| e.same_owner(who.manager, "Apply", who.subresource)).map(|e| e.fields.clone()).unwrap_or_default();
+    let previous =
+        entries.iter().find(|e| e.same_owner(who.manager, "Apply", who.subresource)).map(|e| e.fields.clone()).unwrap_or_default();
     let removed = previous.difference(&new_set);
     let mut others = FieldSet::default();
     for e in entries.iter().filter(|e| !e.same_owner(who.manager, "Apply", who.subresource)) {
@@ -153,7 +157,14 @@ pub fn apply(live: &Value, applied: &Value, kind: &ResourceKind, who: &Applier) 
 
 /// Records a non-apply write (create, replace, patch) by `manager`: it takes ownership of every
 /// field whose value it changed, others lose those fields, and fields the write removed leave every set.
-pub fn record_update(old: Option<&Value>, new: &mut Value, kind: &ResourceKind, manager: &str, subresource: &str, now: &str) -> ApiResult<()> {
+pub fn record_update(
+    old: Option<&Value>,
+    new: &mut Value,
+    kind: &ResourceKind,
+    manager: &str,
+    subresource: &str,
+    now: &str,
+) -> ApiResult<()> {
     let empty = json!({});
     let old_view = tracked_view(old.unwrap_or(&empty), kind, subresource);
     let new_view = tracked_view(new, kind, subresource);
@@ -231,9 +242,15 @@ mod tests {
         // The operator changing the agent's field is a conflict naming the agent.
         let d = apply(&b, &json!({"status": {"conditions": [cond("Ready", "False")]}}), &k, &who("operator", false)).unwrap_err();
         assert_eq!(d.code, 409);
-        assert!(d.message.contains("conflict with \"agent\"") && d.message.contains(".status.conditions[type=\"Ready\"].status"), "{}", d.message);
+        assert!(
+            d.message.contains("conflict with \"agent\"") && d.message.contains(".status.conditions[type=\"Ready\"].status"),
+            "{}",
+            d.message
+        );
         // Forced, the operator takes it over; the agent's later re-apply of the old value conflicts.
-        let e = apply(&b, &json!({"status": {"conditions": [cond("Ready", "False"), cond("Cordoned", "False")]}}), &k, &who("operator", true)).unwrap();
+        let e =
+            apply(&b, &json!({"status": {"conditions": [cond("Ready", "False"), cond("Cordoned", "False")]}}), &k, &who("operator", true))
+                .unwrap();
         assert_eq!(types(&e), ["\"Ready\"=\"False\"", "\"Cordoned\"=\"False\""]);
         let f = apply(&e, &json!({"status": {"conditions": [cond("Ready", "True")]}}), &k, &who("agent", false)).unwrap_err();
         assert!(f.message.contains("conflict with \"operator\""), "{}", f.message);
@@ -245,7 +262,13 @@ mod tests {
     #[test]
     fn update_takes_ownership_of_changed_fields() {
         let k = node_kind();
-        let live = apply(&json!({"metadata": {"name": "n"}}), &json!({"status": {"conditions": [cond("Ready", "True")]}}), &k, &who("agent", false)).unwrap();
+        let live = apply(
+            &json!({"metadata": {"name": "n"}}),
+            &json!({"status": {"conditions": [cond("Ready", "True")]}}),
+            &k,
+            &who("agent", false),
+        )
+        .unwrap();
         let mut new = live.clone();
         new["status"]["conditions"][0]["status"] = json!("False");
         record_update(Some(&live), &mut new, &k, "kubectl", "status", "t").unwrap();

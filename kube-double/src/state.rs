@@ -55,7 +55,11 @@ pub struct RecordedRequest {
 impl RecordedRequest {
     /// `PATCH /apis/brink.dev/v1alpha1/sparknodes/n/status?fieldManager=agent`.
     pub fn line(&self) -> String {
-        if self.query.is_empty() { format!("{} {}", self.method, self.path) } else { format!("{} {}?{}", self.method, self.path, self.query) }
+        if self.query.is_empty() {
+            format!("{} {}", self.method, self.path)
+        } else {
+            format!("{} {}?{}", self.method, self.path, self.query)
+        }
     }
 
     pub fn query_param(&self, name: &str) -> Option<String> {

@@ -35,7 +35,13 @@ fn bookmark(api_version: &str, kind: &str, rv: u64, initial_events_end: bool) ->
 
 /// Opens a watch: computes the initial events and registers for the rest under one lock, so no
 /// change can fall between them.
-pub fn open(state: &Arc<Mutex<State>>, filter: WatchFilter, params: WatchParams, api_version: String, kind: String) -> ApiResult<BoxStream<'static, Bytes>> {
+pub fn open(
+    state: &Arc<Mutex<State>>,
+    filter: WatchFilter,
+    params: WatchParams,
+    api_version: String,
+    kind: String,
+) -> ApiResult<BoxStream<'static, Bytes>> {
     let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
     let mut initial: Vec<Bytes> = Vec::new();
     {

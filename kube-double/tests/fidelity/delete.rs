@@ -53,14 +53,19 @@ async fn deleting_an_owner_collects_its_dependents() {
 
     let owner = deps.create(&PostParams::default(), &deployment("qwen3", 2)).await.unwrap();
     let other = deps.create(&PostParams::default(), &deployment("other", 1)).await.unwrap();
-    let rep = reps.create(&PostParams::default(), &serde_json::from_value(replica_json("qwen3-a", owner_ref(&owner))).unwrap()).await.unwrap();
+    let rep =
+        reps.create(&PostParams::default(), &serde_json::from_value(replica_json("qwen3-a", owner_ref(&owner))).unwrap()).await.unwrap();
     // A grandchild: the replica's Pod, owned by the replica.
     let rep_ref = json!({"apiVersion": "brink.dev/v1alpha1", "kind": "ModelReplica", "name": rep.name_any(), "uid": rep.uid().unwrap()});
-    pods.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "qwen3-a-pod", "ownerReferences": [rep_ref]}})).unwrap())
-        .await
-        .unwrap();
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "qwen3-a-pod", "ownerReferences": [rep_ref]}})).unwrap(),
+    )
+    .await
+    .unwrap();
     // Owned by both deployments: survives, losing the dangling reference.
-    let shared: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "shared", "ownerReferences": [owner_ref(&owner), owner_ref(&other)]}})).unwrap();
+    let shared: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "shared", "ownerReferences": [owner_ref(&owner), owner_ref(&other)]}})).unwrap();
     cms.create(&PostParams::default(), &shared).await.unwrap();
     // Unrelated.
     cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "unrelated"}})).unwrap()).await.unwrap();
@@ -89,11 +94,17 @@ async fn orphan_propagation_keeps_dependents_without_the_reference() {
 async fn delete_preconditions_are_checked() {
     let (_d, deps, _) = double_with_apis();
     let created = deps.create(&PostParams::default(), &deployment("pre", 1)).await.unwrap();
-    let dp = DeleteParams { preconditions: Some(Preconditions { uid: Some("not-the-uid".into()), resource_version: None }), ..Default::default() };
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions { uid: Some("not-the-uid".into()), resource_version: None }),
+        ..Default::default()
+    };
     let err = api_error(deps.delete("pre", &dp).await);
     assert_eq!(err.code, 409);
     assert!(err.message.contains("Precondition failed: UID"), "{}", err.message);
-    let dp = DeleteParams { preconditions: Some(Preconditions { uid: created.uid(), resource_version: created.resource_version() }), ..Default::default() };
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions { uid: created.uid(), resource_version: created.resource_version() }),
+        ..Default::default()
+    };
     deps.delete("pre", &dp).await.unwrap();
     assert_eq!(api_error(deps.get("pre").await).code, 404);
     let _ = ModelDeployment::kind(&());

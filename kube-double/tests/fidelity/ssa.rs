@@ -37,14 +37,18 @@ async fn two_managers_share_status_conditions_entry_by_entry() {
         v["metadata"]["managedFields"].as_array().unwrap().iter().find(|e| e["manager"] == m).unwrap()["fieldsV1"]["f:status"]["f:conditions"].clone()
     };
     let agent_fields = entry(&raw(&b), "brink-agent");
-    assert!(agent_fields.get("k:{\"type\":\"Ready\"}").is_some() && agent_fields.get("k:{\"type\":\"Degraded\"}").is_none(), "{agent_fields}");
+    assert!(
+        agent_fields.get("k:{\"type\":\"Ready\"}").is_some() && agent_fields.get("k:{\"type\":\"Degraded\"}").is_none(),
+        "{agent_fields}"
+    );
 
     // The agent re-applies without Qualified: only that entry goes, the operator's stays.
     let c = apply_as(&nodes, "brink-agent", false, apply_status(vec![cond("Ready", "True")])).await.unwrap();
     assert_eq!(conditions(&raw(&c)), ["Ready=True", "Degraded=False"]);
 
     // The operator setting the agent's Ready: a conflict naming the agent and the field.
-    let err = api_error(apply_as(&nodes, "brink-operator", false, apply_status(vec![cond("Degraded", "False"), cond("Ready", "False")])).await);
+    let err =
+        api_error(apply_as(&nodes, "brink-operator", false, apply_status(vec![cond("Degraded", "False"), cond("Ready", "False")])).await);
     assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
     assert!(err.message.contains("conflict with \"brink-agent\""), "{}", err.message);
     assert!(err.message.contains(".status.conditions[type=\"Ready\"].status"), "{}", err.message);
@@ -73,7 +77,8 @@ async fn qualifications_merge_by_shape_class_across_managers() {
     };
     apply("qualifier-a", body(vec![q("moe-30b", "qualified")])).await;
     let n = apply("qualifier-b", body(vec![q("moe-235b", "failed")])).await;
-    let classes: Vec<_> = n.data["status"]["qualifications"].as_array().unwrap().iter().map(|q| q["shapeClass"].as_str().unwrap().to_string()).collect();
+    let classes: Vec<_> =
+        n.data["status"]["qualifications"].as_array().unwrap().iter().map(|q| q["shapeClass"].as_str().unwrap().to_string()).collect();
     assert_eq!(classes, ["moe-30b", "moe-235b"]);
     let n = apply("qualifier-a", body(vec![])).await;
     assert_eq!(n.data["status"]["qualifications"].as_array().unwrap().len(), 1);
@@ -97,8 +102,7 @@ async fn apply_creates_and_removes_fields_the_manager_dropped() {
 
     // Another writer's merge patch (an Update) takes the fields it changed: the deployer's next
     // apply of its own replicas value conflicts with it, and the other writer's label survives.
-    let mut pp = PatchParams::default();
-    pp.field_manager = Some("kubectl-edit".into());
+    let pp = PatchParams { field_manager: Some("kubectl-edit".into()), ..Default::default() };
     deps.patch("ssa", &pp, &Patch::Merge(json!({"metadata": {"labels": {"owner": "ops"}}, "spec": {"replicas": 4}}))).await.unwrap();
     let err = api_error(deps.patch("ssa", &PatchParams::apply("deployer"), &Patch::Apply(&body)).await);
     assert!(err.message.contains("conflict with \"kubectl-edit\"") && err.message.contains(".spec.replicas"), "{}", err.message);

@@ -137,10 +137,15 @@ async fn controller_reconciles_a_deployment_created_after_it_started() {
         let generation = obj.metadata.generation.unwrap_or(0);
         if obj.status.as_ref().and_then(|s| s.observed_generation) != Some(generation) {
             let patch = json!({"status": {"observedGeneration": generation, "replicas": 0}});
-            ctx.api.patch_status(&obj.name_any(), &PatchParams::apply("brink-operator"), &Patch::Apply(json!({
-                "apiVersion": "brink.dev/v1alpha1", "kind": "ModelDeployment", "status": patch["status"]
-            })))
-            .await?;
+            ctx.api
+                .patch_status(
+                    &obj.name_any(),
+                    &PatchParams::apply("brink-operator"),
+                    &Patch::Apply(json!({
+                        "apiVersion": "brink.dev/v1alpha1", "kind": "ModelDeployment", "status": patch["status"]
+                    })),
+                )
+                .await?;
         }
         let _ = ctx.seen.send(format!("{}@{generation}", obj.name_any()));
         Ok(Action::await_change())

@@ -130,9 +130,13 @@ async fn status_subresource_isolates_status_from_spec() {
 async fn scale_subresource_reads_and_writes_replicas() {
     let (d, deps, _) = double_with_apis();
     deps.create(&PostParams::default(), &deployment("sc", 3)).await.unwrap();
-    deps.patch_status("sc", &PatchParams::default(), &Patch::Merge(json!({"status": {"replicas": 2, "selector": "brink.dev/deployment=sc"}})))
-        .await
-        .unwrap();
+    deps.patch_status(
+        "sc",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"replicas": 2, "selector": "brink.dev/deployment=sc"}})),
+    )
+    .await
+    .unwrap();
 
     let scale = deps.get_scale("sc").await.unwrap();
     assert_eq!(scale.spec.as_ref().and_then(|s| s.replicas), Some(3));
@@ -169,7 +173,10 @@ async fn list_filters_by_selectors_and_pages() {
         cms.create(&PostParams::default(), &cm).await.unwrap();
     }
     let other: Api<ConfigMap> = Api::namespaced(d.client(), "other");
-    other.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "x", "labels": {"tier": "gpu"}}})).unwrap()).await.unwrap();
+    other
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "x", "labels": {"tier": "gpu"}}})).unwrap())
+        .await
+        .unwrap();
 
     let names = |l: kube::core::ObjectList<ConfigMap>| l.items.iter().map(|c| c.name_any()).collect::<Vec<_>>();
     assert_eq!(names(cms.list(&ListParams::default().labels("tier=gpu")).await.unwrap()), ["cm0", "cm1", "cm3"]);
@@ -202,12 +209,14 @@ async fn strategic_merge_merges_containers_by_name_and_json_patch_tests_hold() {
     pods.create(&PostParams::default(), &pod).await.unwrap();
     let patch = json!({"spec": {"containers": [{"name": "engine", "image": "e:2"}]}});
     let p = pods.patch("p", &PatchParams::default(), &Patch::Strategic(patch.clone())).await.unwrap();
-    let images: Vec<_> = p.spec.as_ref().unwrap().containers.iter().map(|c| format!("{}={}", c.name, c.image.as_deref().unwrap_or(""))).collect();
+    let images: Vec<_> =
+        p.spec.as_ref().unwrap().containers.iter().map(|c| format!("{}={}", c.name, c.image.as_deref().unwrap_or(""))).collect();
     assert_eq!(images, ["engine=e:2", "sidecar=s:1"], "strategic merge keeps the other container");
     let p = pods.patch("p", &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
     assert_eq!(p.spec.unwrap().containers.len(), 1, "a JSON merge patch replaces the list");
 
-    let failing_test: json_patch::Patch = serde_json::from_value(json!([{"op": "test", "path": "/metadata/name", "value": "not-p"}])).unwrap();
+    let failing_test: json_patch::Patch =
+        serde_json::from_value(json!([{"op": "test", "path": "/metadata/name", "value": "not-p"}])).unwrap();
     let err = api_error(pods.patch("p", &PatchParams::default(), &Patch::<()>::Json(failing_test)).await);
     assert_eq!(err.code, 422);
 }
