@@ -350,6 +350,15 @@ fn server_side_apply(st: &mut State, t: &Target, name: &str, patch: &Value, sub:
     if opts.manager.is_empty() {
         return Err(ApiError::bad_request("PATCH with apply requires a fieldManager"));
     }
+    if !patch.is_object() {
+        return Err(ApiError::bad_request("an apply patch must be an object (the applied configuration)"));
+    }
+    if meta(patch, "name").is_some_and(|n| n != name) {
+        return Err(ApiError::bad_request(format!(
+            "the name of the applied object ({:?}) does not match the name on the URL ({name})",
+            meta(patch, "name")
+        )));
+    }
     let key = t.key(name);
     let now = st.clock.now();
     let who = Applier { manager: &opts.manager, force: opts.force, subresource: sub, now: &now };
@@ -533,4 +542,41 @@ fn set_path(obj: &mut Value, path: &[String], value: Value) -> ApiResult<()> {
         .ok_or_else(|| ApiError::invalid(format!("{}: the parent of {last} is not an object", path.join("."))))?
         .insert(last.clone(), value);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patch_kinds_by_content_type() {
+        let cases = [
+            ("application/json-patch+json", PatchKind::Json),
+            ("application/merge-patch+json", PatchKind::Merge),
+            ("application/strategic-merge-patch+json; charset=utf-8", PatchKind::Strategic),
+            ("application/apply-patch+yaml", PatchKind::Apply),
+        ];
+        for (ct, want) in cases {
+            assert_eq!(PatchKind::from_content_type(Some(ct)).unwrap(), want, "{ct}");
+        }
+        assert_eq!(PatchKind::from_content_type(Some("text/plain")).unwrap_err().code, 415);
+        assert_eq!(PatchKind::from_content_type(None).unwrap_err().code, 415);
+    }
+
+    #[test]
+    fn apply_bodies_may_be_yaml() {
+        let yaml = b"apiVersion: v1\nkind: ConfigMap\ndata:\n  k: v\n";
+        assert_eq!(parse_body(yaml, true).unwrap(), json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": "v"}}));
+        assert_eq!(parse_body(yaml, false).unwrap_err().code, 400);
+        assert_eq!(parse_body(b"{\"a\": 1}", false).unwrap(), json!({"a": 1}));
+    }
+
+    #[test]
+    fn set_path_refuses_non_object_parents() {
+        let mut v = json!({"spec": 5});
+        assert!(set_path(&mut v, &["spec".to_string(), "replicas".to_string()], json!(1)).is_err());
+        let mut v = json!({});
+        set_path(&mut v, &["spec".to_string(), "replicas".to_string()], json!(1)).unwrap();
+        assert_eq!(v, json!({"spec": {"replicas": 1}}));
+    }
 }

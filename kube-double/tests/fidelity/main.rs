@@ -3,6 +3,7 @@
 
 mod delete;
 mod faults;
+mod kinds;
 mod ssa;
 mod watch;
 mod writes;

@@ -1,0 +1,73 @@
+//! Built-in kinds beyond the core group: Leases (leader election's optimistic concurrency) and
+//! events.k8s.io Events (kube's `Recorder`, which creates and then merge-patches a series).
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{ListParams, PostParams};
+use kube::runtime::events::{Event as RecordedEvent, EventType, Recorder, Reporter};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+use crate::{NS, api_error};
+
+#[tokio::test]
+async fn lease_renewals_race_on_the_resource_version() {
+    let d = brink_kube_double::KubeDouble::new();
+    let leases: Api<Lease> = Api::namespaced(d.client(), NS);
+    let lease: Lease = serde_json::from_value(
+        json!({"metadata": {"name": "brink-operator"}, "spec": {"holderIdentity": "a", "leaseDurationSeconds": 15}}),
+    )
+    .unwrap();
+    let created = leases.create(&PostParams::default(), &lease).await.unwrap();
+
+    // Two candidates read the same version; the first renewal wins, the second gets 409.
+    let mut a = created.clone();
+    a.spec.as_mut().unwrap().holder_identity = Some("a".into());
+    a.spec.as_mut().unwrap().lease_transitions = Some(1);
+    let mut b = created;
+    b.spec.as_mut().unwrap().holder_identity = Some("b".into());
+    leases.replace("brink-operator", &PostParams::default(), &a).await.unwrap();
+    let err = api_error(leases.replace("brink-operator", &PostParams::default(), &b).await);
+    assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
+    assert!(err.message.contains("leases.coordination.k8s.io \"brink-operator\""), "{}", err.message);
+    assert_eq!(leases.get("brink-operator").await.unwrap().spec.unwrap().holder_identity.as_deref(), Some("a"));
+}
+
+#[tokio::test]
+async fn recorder_creates_an_event_then_patches_its_series() {
+    let d = brink_kube_double::KubeDouble::new();
+    let recorder = Recorder::new(d.client(), Reporter { controller: "brink-operator".into(), instance: None });
+    let reference = ObjectReference {
+        api_version: Some("brink.dev/v1alpha1".into()),
+        kind: Some("ModelDeployment".into()),
+        name: Some("qwen3".into()),
+        namespace: Some(NS.into()),
+        ..Default::default()
+    };
+    let ev = RecordedEvent {
+        type_: EventType::Normal,
+        reason: "Placed".into(),
+        note: Some("qwen3-x7k2 on spark-02".into()),
+        action: "Place".into(),
+        secondary: None,
+    };
+    recorder.publish(&ev, &reference).await.unwrap();
+    recorder.publish(&ev, &reference).await.unwrap();
+
+    let events: Api<Event> = Api::namespaced(d.client(), NS);
+    let all = events.list(&ListParams::default()).await.unwrap();
+    assert_eq!(all.items.len(), 1, "the second publish patches the first event");
+    let e = &all.items[0];
+    assert_eq!(e.reason.as_deref(), Some("Placed"));
+    assert_eq!(e.series.as_ref().map(|s| s.count), Some(2));
+    let methods: Vec<String> = d.requests().iter().map(|r| format!("{} {}", r.method, r.path)).collect();
+    assert_eq!(
+        methods,
+        [
+            format!("POST /apis/events.k8s.io/v1/namespaces/{NS}/events"),
+            format!("PATCH /apis/events.k8s.io/v1/namespaces/{NS}/events/{}", e.name_any()),
+            format!("GET /apis/events.k8s.io/v1/namespaces/{NS}/events"),
+        ]
+    );
+}
