@@ -43,8 +43,8 @@ impl KubeDouble {
     }
 
     /// Serves another CRD (every served version).
-    pub fn add_crd(&self, crd: &CustomResourceDefinition) -> ApiResult<()> {
-        self.state().registry.add_crd(crd)
+    pub fn add_crd(&self, crd: &CustomResourceDefinition) {
+        self.state().registry.add_crd(crd);
     }
 
     /// A `kube::Client` whose requests this double serves; default namespace `default`.

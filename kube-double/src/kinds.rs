@@ -64,7 +64,7 @@ impl KindRegistry {
             r.insert(k);
         }
         for crd in brink_api::crd::crds() {
-            r.add_crd(&crd).expect("brink's own CRDs are well-formed (checked by brink-api's tests)");
+            r.add_crd(&crd);
         }
         r
     }
@@ -74,16 +74,11 @@ impl KindRegistry {
     }
 
     /// Registers every served version of a CRD.
-    pub fn add_crd(&mut self, crd: &CustomResourceDefinition) -> ApiResult<()> {
+    pub fn add_crd(&mut self, crd: &CustomResourceDefinition) {
         let spec = &crd.spec;
         for v in spec.versions.iter().filter(|v| v.served) {
-            let schema = v
-                .schema
-                .as_ref()
-                .and_then(|s| s.open_api_v3_schema.as_ref())
-                .map(serde_json::to_value)
-                .transpose()
-                .map_err(|e| ApiError::invalid(format!("CRD {}: schema does not serialise: {e}", spec.names.kind)))?;
+            // A typed schema always serialises; `None` only means "no schema" (no defaults, atomic lists).
+            let schema = v.schema.as_ref().and_then(|s| s.open_api_v3_schema.as_ref()).and_then(|s| serde_json::to_value(s).ok());
             let mut list_keys = common_list_keys();
             if let Some(s) = &schema {
                 collect_list_map_keys(s, "", &mut list_keys);
@@ -106,7 +101,6 @@ impl KindRegistry {
                 schema,
             });
         }
-        Ok(())
     }
 
     pub fn get(&self, group: &str, version: &str, plural: &str) -> ApiResult<&ResourceKind> {

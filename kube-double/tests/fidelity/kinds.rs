@@ -71,3 +71,33 @@ async fn recorder_creates_an_event_then_patches_its_series() {
         ]
     );
 }
+
+/// A CRD outside brink's four kinds, served once added.
+#[derive(kube::CustomResource, serde::Serialize, serde::Deserialize, schemars::JsonSchema, Clone, Debug, Default)]
+#[kube(group = "example.dev", version = "v1", kind = "Widget", namespaced, status = "WidgetStatus")]
+pub struct WidgetSpec {
+    size: u32,
+}
+
+#[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema, Clone, Debug, Default)]
+pub struct WidgetStatus {
+    ok: bool,
+}
+
+#[tokio::test]
+async fn added_crds_are_served_with_their_subresources() {
+    use kube::CustomResourceExt;
+    let d = brink_kube_double::KubeDouble::new();
+    let widgets: Api<Widget> = Api::namespaced(d.client(), NS);
+    let w = Widget::new("w", WidgetSpec { size: 1 });
+    assert_eq!(api_error(widgets.create(&PostParams::default(), &w).await).code, 404, "unknown before the CRD is added");
+    d.add_crd(&Widget::crd());
+    let created = widgets.create(&PostParams::default(), &w).await.unwrap();
+    assert_eq!(created.metadata.generation, Some(1));
+    let st = widgets
+        .patch_status("w", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(json!({"status": {"ok": true}})))
+        .await
+        .unwrap();
+    assert!(st.status.unwrap().ok);
+    assert_eq!(st.metadata.generation, Some(1));
+}
