@@ -24,9 +24,28 @@ pub struct ObjectKey {
 pub struct HistoryEvent {
     pub rv: u64,
     pub key: ObjectKey,
-    /// `ADDED`, `MODIFIED` or `DELETED`.
-    pub event_type: &'static str,
+    /// The object before the change (`None` for a creation).
+    pub previous: Option<Value>,
+    /// The object after the change (for a deletion: the last state, with the deletion's resourceVersion).
     pub object: Value,
+    pub deleted: bool,
+}
+
+impl HistoryEvent {
+    /// The event a watch with `filter` sees, if any. As the API server's watch cache does, an
+    /// object that starts matching a selector arrives as ADDED and one that stops matching
+    /// leaves as DELETED.
+    pub fn seen_by(&self, filter: &WatchFilter) -> Option<&'static str> {
+        let before = self.previous.as_ref().is_some_and(|p| filter.matches(&self.key, p));
+        let after = filter.matches(&self.key, &self.object);
+        match (before, after, self.deleted) {
+            (_, true, true) => Some("DELETED"),
+            (true, true, false) => Some("MODIFIED"),
+            (false, true, false) => Some("ADDED"),
+            (true, false, _) => Some("DELETED"),
+            (false, false, _) => None,
+        }
+    }
 }
 
 /// What one watch receives.
@@ -143,9 +162,8 @@ impl Store {
     pub fn put(&mut self, key: ObjectKey, mut obj: Value) -> Value {
         let rv = self.next_rv();
         obj["metadata"]["resourceVersion"] = json!(rv.to_string());
-        let event_type = if self.objects.contains_key(&key) { "MODIFIED" } else { "ADDED" };
-        self.objects.insert(key.clone(), obj.clone());
-        self.record(rv, key, event_type, obj.clone());
+        let previous = self.objects.insert(key.clone(), obj.clone());
+        self.record(HistoryEvent { rv, key, previous, object: obj.clone(), deleted: false });
         obj
     }
 
@@ -153,24 +171,28 @@ impl Store {
     pub fn remove(&mut self, key: &ObjectKey) -> Option<Value> {
         let mut obj = self.objects.remove(key)?;
         let rv = self.next_rv();
+        let previous = Some(obj.clone());
         obj["metadata"]["resourceVersion"] = json!(rv.to_string());
-        self.record(rv, key.clone(), "DELETED", obj.clone());
+        self.record(HistoryEvent { rv, key: key.clone(), previous, object: obj.clone(), deleted: true });
         Some(obj)
     }
 
-    fn record(&mut self, rv: u64, key: ObjectKey, event_type: &'static str, object: Value) {
-        let line = event_line(event_type, &object);
-        self.watchers.retain(|w| !w.filter.matches(&key, &object) || w.tx.send(line.clone()).is_ok());
-        self.history.push_back(HistoryEvent { rv, key, event_type, object });
+    fn record(&mut self, event: HistoryEvent) {
+        self.watchers.retain(|w| match event.seen_by(&w.filter) {
+            Some(event_type) => w.tx.send(event_line(event_type, &event.object)).is_ok(),
+            None => !w.tx.is_closed(),
+        });
+        self.history.push_back(event);
         self.trim_history();
     }
 
-    /// History events after `rv` that pass `filter`; `None` when that part of the history is gone.
-    pub fn events_since(&self, rv: u64, filter: &WatchFilter) -> Option<Vec<&HistoryEvent>> {
+    /// The events after `rv` a watch with `filter` sees, as (type, object); `None` when that part
+    /// of the history is gone.
+    pub fn events_since(&self, rv: u64, filter: &WatchFilter) -> Option<Vec<(&'static str, &Value)>> {
         if rv < self.history_floor {
             return None;
         }
-        Some(self.history.iter().filter(|e| e.rv > rv && filter.matches(&e.key, &e.object)).collect())
+        Some(self.history.iter().filter(|e| e.rv > rv).filter_map(|e| e.seen_by(filter).map(|t| (t, &e.object))).collect())
     }
 
     pub fn add_watcher(&mut self, filter: WatchFilter, tx: mpsc::UnboundedSender<Bytes>) {

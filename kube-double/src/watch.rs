@@ -61,7 +61,7 @@ pub fn open(
             }
         } else if let Some(rv) = from {
             match st.store.events_since(rv, &filter) {
-                Some(events) => initial.extend(events.iter().map(|e| event_line(e.event_type, &e.object))),
+                Some(events) => initial.extend(events.iter().map(|(t, o)| event_line(t, o))),
                 None => {
                     // As the API server: 200, then one ERROR event carrying 410 Gone.
                     let floor = st.store.history_floor();

@@ -181,3 +181,43 @@ async fn controller_reconciles_a_deployment_created_after_it_started() {
     }
     handle.abort();
 }
+
+#[tokio::test]
+async fn a_selector_watch_sees_objects_enter_and_leave_the_selection() {
+    let d = brink_kube_double::KubeDouble::new();
+    let cms: Api<ConfigMap> = Api::namespaced(d.client(), NS);
+    cms.create(&PostParams::default(), &cm("x")).await.unwrap();
+    let from = d.resource_version();
+    let mut stream = cms.watch(&WatchParams::default().labels("tier=gpu"), &from).await.unwrap().boxed();
+    let label = |v: Option<&str>| Patch::Merge(json!({"metadata": {"labels": {"tier": v}}}));
+    cms.patch("x", &PatchParams::default(), &label(Some("gpu"))).await.unwrap();
+    cms.patch("x", &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "2"}}))).await.unwrap();
+    cms.patch("x", &PatchParams::default(), &label(Some("cpu"))).await.unwrap();
+    cms.patch("x", &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "3"}}))).await.unwrap();
+    cms.patch("x", &PatchParams::default(), &label(Some("gpu"))).await.unwrap();
+    cms.delete("x", &DeleteParams::default()).await.unwrap();
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        got.push(match timeout(WAIT, stream.try_next()).await.expect("an event in time").unwrap().unwrap() {
+            WatchEvent::Added(_) => "ADDED",
+            WatchEvent::Modified(_) => "MODIFIED",
+            WatchEvent::Deleted(_) => "DELETED",
+            other => panic!("unexpected {other:?}"),
+        });
+    }
+    // Relabelled in, changed, relabelled out (DELETED), changed unseen, back in, deleted.
+    assert_eq!(got, ["ADDED", "MODIFIED", "DELETED", "ADDED", "DELETED"]);
+
+    // A resumed watch replays the same translation from the history.
+    let mut replay = cms.watch(&WatchParams::default().labels("tier=gpu"), &from).await.unwrap().boxed();
+    let mut again = Vec::new();
+    for _ in 0..5 {
+        again.push(match timeout(WAIT, replay.try_next()).await.expect("an event in time").unwrap().unwrap() {
+            WatchEvent::Added(_) => "ADDED",
+            WatchEvent::Modified(_) => "MODIFIED",
+            WatchEvent::Deleted(_) => "DELETED",
+            other => panic!("unexpected {other:?}"),
+        });
+    }
+    assert_eq!(again, got);
+}
