@@ -152,28 +152,34 @@ impl DoubleService {
                 Ok(Reply::Json(200, out))
             }
             (&Method::DELETE, Some(name)) if sub.is_empty() => {
-                let options = if req.body.is_empty() { json!({}) } else { body()? };
-                let policy =
-                    Propagation::parse(options.get("propagationPolicy").and_then(Value::as_str).or(req.query.get("propagationPolicy")))?;
-                ops::delete(st, &t, name, &options, policy, opts.dry_run).map(|v| Reply::Json(200, v))
+                let (options, policy, dry_run) = delete_options(req)?;
+                ops::delete(st, &t, name, &options, policy, dry_run).map(|v| Reply::Json(200, v))
             }
             (&Method::DELETE, None) => {
-                let options = if req.body.is_empty() { json!({}) } else { body()? };
-                let policy =
-                    Propagation::parse(options.get("propagationPolicy").and_then(Value::as_str).or(req.query.get("propagationPolicy")))?;
+                let (options, policy, dry_run) = delete_options(req)?;
                 let listed = list(st, &rp, &kind, &req.query)?;
                 let mut deleted = Vec::new();
                 for item in listed["items"].as_array().cloned().unwrap_or_default() {
                     let name = item.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
                     let ns = item.pointer("/metadata/namespace").and_then(Value::as_str);
                     let item_t = Target { kind: &kind, namespace: ns };
-                    deleted.push(ops::delete(st, &item_t, name, &options, policy, opts.dry_run)?);
+                    deleted.push(ops::delete(st, &item_t, name, &options, policy, dry_run)?);
                 }
                 Ok(Reply::Json(200, list_body(&kind, st.store.resource_version(), deleted, None)))
             }
             (m, _) => Err(ApiError::method_not_allowed(format!("{m} is not supported on {}", req.path))),
         }
     }
+}
+
+/// `DeleteOptions` from the body (kube sends them there), with the propagation policy and
+/// `dryRun` from it or the query.
+fn delete_options(req: &Incoming) -> ApiResult<(Value, Propagation, bool)> {
+    let options = if req.body.is_empty() { json!({}) } else { ops::parse_body(&req.body, false)? };
+    let policy = Propagation::parse(options.get("propagationPolicy").and_then(Value::as_str).or(req.query.get("propagationPolicy")))?;
+    let dry_run = req.query.get("dryRun") == Some("All")
+        || options.get("dryRun").and_then(Value::as_array).is_some_and(|d| d.iter().any(|v| v == "All"));
+    Ok((options, policy, dry_run))
 }
 
 struct Incoming {

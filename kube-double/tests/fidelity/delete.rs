@@ -109,3 +109,19 @@ async fn delete_preconditions_are_checked() {
     assert_eq!(api_error(deps.get("pre").await).code, 404);
     let _ = ModelDeployment::kind(&());
 }
+
+#[tokio::test]
+async fn delete_collection_by_label_and_dry_run_deletes_nothing() {
+    let d = brink_kube_double::KubeDouble::new();
+    let cms: Api<ConfigMap> = Api::namespaced(d.client(), NS);
+    for (name, tier) in [("a", "gpu"), ("b", "gpu"), ("c", "cpu")] {
+        let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name, "labels": {"tier": tier}}})).unwrap();
+        cms.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    let dry = DeleteParams { dry_run: true, ..Default::default() };
+    cms.delete("a", &dry).await.unwrap();
+    cms.get("a").await.expect("a dry-run delete keeps the object");
+    cms.delete_collection(&DeleteParams::default(), &kube::api::ListParams::default().labels("tier=gpu")).await.unwrap();
+    let left: Vec<String> = cms.list(&Default::default()).await.unwrap().items.iter().map(|c| c.name_any()).collect();
+    assert_eq!(left, ["c"]);
+}

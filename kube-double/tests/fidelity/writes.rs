@@ -50,6 +50,10 @@ async fn create_twice_is_already_exists_and_generate_name_makes_unique_names() {
     assert_ne!(x.name_any(), y.name_any());
     assert_ne!(x.uid(), y.uid());
 
+    let dry = deps.create(&PostParams { dry_run: true, ..Default::default() }, &deployment("dry", 1)).await.unwrap();
+    assert_eq!(dry.metadata.generation, Some(1), "a dry run returns what would be stored");
+    assert_eq!(api_error(deps.get("dry").await).code, 404, "and stores nothing");
+
     let mut nameless = deployment("", 1);
     nameless.metadata.name = None;
     let err = api_error(deps.create(&PostParams::default(), &nameless).await);
