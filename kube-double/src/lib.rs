@@ -10,6 +10,7 @@
 
 mod error;
 mod fieldset;
+mod gc;
 mod handle;
 mod kinds;
 mod merge;

@@ -5,6 +5,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::error::{ApiError, ApiResult};
+use crate::gc::{Propagation, delete_object, remove_object};
 use crate::kinds::ResourceKind;
 use crate::merge::{json_patch, merge_by_keys};
 use crate::schema_defaults::apply_defaults;
@@ -266,9 +267,7 @@ fn finish_update(st: &mut State, t: &Target, name: &str, existing: &Value, mut n
     if deleting && !finalizers_left {
         // The last finalizer is gone: the object goes for real.
         st.store.put(key.clone(), new);
-        let removed = st.store.remove(&key).ok_or_else(|| t.not_found(name))?;
-        collect_garbage(st, &removed, Propagation::Background);
-        return Ok(removed);
+        return remove_object(st, &key).ok_or_else(|| t.not_found(name));
     }
     Ok(st.store.put(key, new))
 }
@@ -387,25 +386,6 @@ fn server_side_apply(st: &mut State, t: &Target, name: &str, patch: &Value, sub:
     }
 }
 
-/// How deleting an owner treats its dependents.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Propagation {
-    /// Dependents are deleted after the owner (`Foreground` is treated the same: see the README).
-    Background,
-    /// Dependents lose their ownerReference and stay.
-    Orphan,
-}
-
-impl Propagation {
-    pub fn parse(s: Option<&str>) -> ApiResult<Self> {
-        match s {
-            None | Some("Background") | Some("Foreground") => Ok(Self::Background),
-            Some("Orphan") => Ok(Self::Orphan),
-            Some(other) => Err(ApiError::bad_request(format!("unknown propagationPolicy {other:?}"))),
-        }
-    }
-}
-
 /// `DeleteOptions`: preconditions and propagation.
 pub fn delete(st: &mut State, t: &Target, name: &str, options: &Value, policy: Propagation, dry_run: bool) -> ApiResult<Value> {
     t.check_scope()?;
@@ -427,54 +407,7 @@ pub fn delete(st: &mut State, t: &Target, name: &str, options: &Value, policy: P
     if dry_run {
         return Ok(existing);
     }
-    let has_finalizers = existing.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|f| !f.is_empty());
-    if has_finalizers {
-        if existing.pointer("/metadata/deletionTimestamp").is_some() {
-            return Ok(existing);
-        }
-        let mut marked = existing.clone();
-        marked["metadata"]["deletionTimestamp"] = json!(st.clock.now());
-        marked["metadata"]["deletionGracePeriodSeconds"] = json!(0);
-        let g = existing.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
-        marked["metadata"]["generation"] = json!(g + 1);
-        return Ok(st.store.put(key, marked));
-    }
-    let removed = st.store.remove(&key).ok_or_else(|| t.not_found(name))?;
-    collect_garbage(st, &removed, policy);
-    Ok(removed)
-}
-
-/// The garbage collector's pass after `owner` is gone: dependents whose every owner is gone are
-/// deleted (respecting their finalizers, and cascading); others lose the dangling reference.
-fn collect_garbage(st: &mut State, owner: &Value, policy: Propagation) {
-    let mut gone: Vec<String> = meta(owner, "uid").into_iter().collect();
-    while let Some(uid) = gone.pop() {
-        for key in st.store.dependents_of(&uid) {
-            let Some(dep) = st.store.get(&key).cloned() else { continue };
-            let refs: Vec<Value> = dep.pointer("/metadata/ownerReferences").and_then(Value::as_array).cloned().unwrap_or_default();
-            let live_owners = refs
-                .iter()
-                .filter(|r| r.get("uid").and_then(Value::as_str).is_some_and(|u| u != uid && st.store.find_uid(u).is_some()))
-                .count();
-            if policy == Propagation::Orphan || live_owners > 0 {
-                let mut kept = dep.clone();
-                kept["metadata"]["ownerReferences"] =
-                    Value::Array(refs.into_iter().filter(|r| r.get("uid").and_then(Value::as_str) != Some(uid.as_str())).collect());
-                st.store.put(key, kept);
-                continue;
-            }
-            let has_finalizers = dep.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|f| !f.is_empty());
-            if has_finalizers {
-                if dep.pointer("/metadata/deletionTimestamp").is_none() {
-                    let mut marked = dep.clone();
-                    marked["metadata"]["deletionTimestamp"] = json!(st.clock.now());
-                    st.store.put(key, marked);
-                }
-            } else if let Some(removed) = st.store.remove(&key) {
-                gone.extend(meta(&removed, "uid"));
-            }
-        }
-    }
+    delete_object(st, &key, policy).ok_or_else(|| t.not_found(name))
 }
 
 /// The `autoscaling/v1` Scale view of an object.

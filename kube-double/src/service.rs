@@ -17,7 +17,8 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use serde_json::{Value, json};
 
 use crate::error::{ApiError, ApiResult};
-use crate::ops::{self, PatchKind, Propagation, Target, WriteOptions};
+use crate::gc::Propagation;
+use crate::ops::{self, PatchKind, Target, WriteOptions};
 use crate::path::{ResourcePath, parse};
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::state::{RecordedRequest, State};

@@ -125,3 +125,41 @@ async fn delete_collection_by_label_and_dry_run_deletes_nothing() {
     let left: Vec<String> = cms.list(&Default::default()).await.unwrap().items.iter().map(|c| c.name_any()).collect();
     assert_eq!(left, ["c"]);
 }
+
+#[tokio::test]
+async fn foreground_deletion_waits_for_dependents() {
+    let (d, deps, _) = double_with_apis();
+    let reps: Api<ModelReplica> = Api::namespaced(d.client(), NS);
+    let owner = deps.create(&PostParams::default(), &deployment("qwen3", 2)).await.unwrap();
+    let mut held = replica_json("held", owner_ref(&owner));
+    held["metadata"]["finalizers"] = json!(["brink.dev/drain"]);
+    reps.create(&PostParams::default(), &serde_json::from_value(held).unwrap()).await.unwrap();
+    reps.create(&PostParams::default(), &serde_json::from_value(replica_json("free", owner_ref(&owner))).unwrap()).await.unwrap();
+
+    deps.delete("qwen3", &DeleteParams::foreground()).await.unwrap();
+    // The free replica went first; the held one is marked; the owner waits for it.
+    assert_eq!(api_error(reps.get("free").await).code, 404);
+    assert!(reps.get("held").await.unwrap().metadata.deletion_timestamp.is_some());
+    let waiting = deps.get("qwen3").await.expect("the owner waits for its dependents");
+    assert!(waiting.metadata.deletion_timestamp.is_some());
+    assert_eq!(waiting.finalizers(), ["foregroundDeletion"]);
+
+    // The last dependent goes; the owner follows.
+    reps.patch("held", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.unwrap();
+    assert_eq!(api_error(reps.get("held").await).code, 404);
+    assert_eq!(api_error(deps.get("qwen3").await).code, 404);
+}
+
+#[tokio::test]
+async fn orphaning_an_owner_held_by_a_finalizer_lets_dependents_go_at_once() {
+    let (d, deps, _) = double_with_apis();
+    let reps: Api<ModelReplica> = Api::namespaced(d.client(), NS);
+    let mut owner = deployment("qwen3", 1);
+    owner.metadata.finalizers = Some(vec!["brink.dev/replicas".into()]);
+    let owner = deps.create(&PostParams::default(), &owner).await.unwrap();
+    reps.create(&PostParams::default(), &serde_json::from_value(replica_json("r", owner_ref(&owner))).unwrap()).await.unwrap();
+    deps.delete("qwen3", &DeleteParams::orphan()).await.unwrap();
+    assert!(reps.get("r").await.unwrap().owner_references().is_empty());
+    deps.patch("qwen3", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.unwrap();
+    reps.get("r").await.expect("an orphan outlives its former owner");
+}
