@@ -1,5 +1,5 @@
 //! The verbs on stored objects: create, replace, patch (merge, JSON, strategic, apply), delete
-//! with finalizers and ownerReference garbage collection, and the `/status` and `/scale`
+//! (preconditions here, finalizers and garbage collection in `gc`), and the `/status` and `/scale`
 //! subresources, with the API server's rules for resourceVersion, generation and status.
 
 use serde_json::{Map, Value, json};

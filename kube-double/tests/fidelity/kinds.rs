@@ -1,6 +1,7 @@
 //! Built-in kinds beyond the core group: Leases (leader election's optimistic concurrency) and
 //! events.k8s.io Events (kube's `Recorder`, which creates and then merge-patches a series).
 
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
@@ -100,4 +101,23 @@ async fn added_crds_are_served_with_their_subresources() {
         .unwrap();
     assert!(st.status.unwrap().ok);
     assert_eq!(st.metadata.generation, Some(1));
+}
+
+#[tokio::test]
+async fn metadata_only_reads_and_watches_work() {
+    use futures::TryStreamExt;
+    use kube::core::PartialObjectMeta;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let d = brink_kube_double::KubeDouble::new();
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(d.client(), NS);
+    let cm = serde_json::from_value(json!({"metadata": {"name": "m", "labels": {"a": "b"}}, "data": {"k": "v"}})).unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    let meta = cms.get_metadata("m").await.unwrap();
+    assert_eq!(meta.metadata.labels.unwrap()["a"], "b");
+    let listed = cms.list_metadata(&ListParams::default()).await.unwrap();
+    assert_eq!(listed.items.len(), 1);
+    let metas: Api<PartialObjectMeta<k8s_openapi::api::core::v1::ConfigMap>> = Api::namespaced(d.client(), NS);
+    let mut stream = watcher(metas, watcher::Config::default()).applied_objects().boxed();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(10), stream.try_next()).await.unwrap().unwrap().unwrap();
+    assert_eq!(first.name_any(), "m");
 }
