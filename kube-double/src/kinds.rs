@@ -37,6 +37,8 @@ pub struct ResourceKind {
     pub list_keys: ListMapKeys,
     /// The CRD's structural schema, for its `default`s; `None` for built-in kinds.
     pub schema: Option<Value>,
+    /// A custom resource: the API server refuses strategic merge patches for these.
+    pub custom: bool,
 }
 
 impl ResourceKind {
@@ -99,6 +101,7 @@ impl KindRegistry {
                 scale,
                 list_keys,
                 schema,
+                custom: true,
             });
         }
     }
@@ -195,6 +198,7 @@ fn builtin(
         scale,
         list_keys,
         schema: None,
+        custom: false,
     }
 }
 

@@ -219,6 +219,13 @@ async fn strategic_merge_merges_containers_by_name_and_json_patch_tests_hold() {
     let p = pods.patch("p", &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
     assert_eq!(p.spec.unwrap().containers.len(), 1, "a JSON merge patch replaces the list");
 
+    // Custom resources refuse strategic merge (no merge keys in Go types): a test that passed here
+    // and failed on a cluster would be worse than useless.
+    let deps: Api<ModelDeployment> = Api::namespaced(d.client(), NS);
+    deps.create(&PostParams::default(), &crate::deployment("sm", 1)).await.unwrap();
+    let err = api_error(deps.patch("sm", &PatchParams::default(), &Patch::Strategic(json!({"spec": {"replicas": 2}}))).await);
+    assert_eq!((err.code, err.reason.as_str()), (415, "UnsupportedMediaType"));
+
     let failing_test: json_patch::Patch =
         serde_json::from_value(json!([{"op": "test", "path": "/metadata/name", "value": "not-p"}])).unwrap();
     let err = api_error(pods.patch("p", &PatchParams::default(), &Patch::<()>::Json(failing_test)).await);
