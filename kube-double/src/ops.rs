@@ -298,6 +298,13 @@ pub fn replace(st: &mut State, t: &Target, name: &str, body: Value, sub: &str, o
             meta(&body, "name")
         )));
     }
+    if t.kind.custom && meta(&body, "resourceVersion").is_none_or(|rv| rv.is_empty()) {
+        // Custom resources allow no unconditional update.
+        return Err(ApiError::invalid(format!(
+            "{}.{} \"{name}\" is invalid: metadata.resourceVersion: Invalid value: 0x0: must be specified for an update",
+            t.kind.plural, t.kind.group
+        )));
+    }
     check_stale(&body, &existing, t, name)?;
     finish_update(st, t, name, &existing, body, Via { sub, opts, applied: false })
 }

@@ -28,6 +28,17 @@ async fn replace_with_a_stale_resource_version_is_409() {
     let stored: ModelDeployment = d.get(Some(NS), "qwen3").unwrap();
     assert_eq!(stored.spec.replicas, 3, "the stale write changed nothing");
 
+    // A custom resource cannot be replaced unconditionally; a ConfigMap can.
+    let mut unconditional = deps.get("qwen3").await.unwrap();
+    unconditional.metadata.resource_version = None;
+    assert_eq!(api_error(deps.replace("qwen3", &PostParams::default(), &unconditional).await).code, 422);
+    let cms: Api<ConfigMap> = Api::namespaced(d.client(), NS);
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "c"}, "data": {"a": "1"}})).unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    let next: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "c"}, "data": {"a": "2"}})).unwrap();
+    let replaced = cms.replace("c", &PostParams::default(), &next).await.unwrap();
+    assert_eq!(replaced.data.unwrap()["a"], "2");
+
     // A merge patch carrying the stale resourceVersion as a precondition fails the same way.
     let patch = json!({"metadata": {"resourceVersion": rv1}, "spec": {"replicas": 9}});
     let err = api_error(deps.patch("qwen3", &PatchParams::default(), &Patch::Merge(&patch)).await);
