@@ -45,7 +45,7 @@ async fn a_requested_class_is_qualified_and_written() {
     assert_eq!(s["qualifications"].as_array().unwrap().len(), 1);
     let q = &s["qualifications"][0];
     assert_eq!(q["shapeClass"], "c1");
-    assert_eq!(q["qualification"]["verdict"], json!({"state": "clamped", "max_tokens": 4096, "first_failure": 4097}));
+    assert_eq!(q["qualification"]["verdict"], json!({"state": "clamped", "maxTokens": 4096, "firstFailure": 4097}));
     assert_eq!(q["envelope"]["maxBatchTokens"], 4096);
     let qualified = condition(s, "Qualified");
     assert_eq!((qualified["status"].as_str(), qualified["reason"].as_str()), (Some("True"), Some("Qualified")));
