@@ -8,6 +8,7 @@ pub mod inputs;
 pub mod lifecycle;
 pub mod placement;
 pub mod reason;
+pub mod revision;
 
 #[cfg(test)]
 mod tests;
@@ -20,3 +21,4 @@ pub use inputs::{
 pub use lifecycle::{Lifecycle, Replacement, ReplicaView, lifecycle};
 pub use placement::{Assignment, Placement, place};
 pub use reason::Reason;
+pub use revision::revision;
