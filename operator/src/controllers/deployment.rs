@@ -19,7 +19,7 @@ use tracing::{info, instrument, warn};
 
 use super::context::{Context, FIELD_MANAGER};
 use super::error::{Error, Result, api_code};
-use super::events::publish;
+use super::events::{publish, replica_ref};
 use super::names::heartbeat_lease;
 use super::plan::{self, Outcome, ReplicaState};
 use super::service;
@@ -57,7 +57,7 @@ pub async fn reconcile(dep: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<A
     let result = reconcile_inner(&dep, &ctx).await;
     if let Err(e) = &result {
         ctx.metrics.error(CONTROLLER, e.kind());
-        publish(&ctx, &dep.object_ref(&()), EventType::Warning, "ReconcileFailed", "Reconcile", e.to_string()).await;
+        publish(&ctx, &dep.object_ref(&()), None, EventType::Warning, "ReconcileFailed", "Reconcile", e.to_string()).await;
     }
     result
 }
@@ -135,7 +135,7 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
                     String::new()
                 };
                 info!(replica = %replica_name, node = %assignment.node, "placed");
-                publish(ctx, &dep.object_ref(&()), EventType::Normal, "Placed", "Place", format!("replica {replica_name} on node {}{clamp}", assignment.node))
+                publish(ctx, &dep.object_ref(&()), Some(r.object_ref(&())), EventType::Normal, "Placed", "Place", format!("replica {replica_name} on node {}{clamp}", assignment.node))
                     .await;
                 created.push(r);
             }
@@ -151,7 +151,7 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
     if !created.is_empty() {
         for r in &life.replace {
             let why: Vec<String> = r.reasons.iter().map(ToString::to_string).collect();
-            publish(ctx, &dep.object_ref(&()), EventType::Normal, "Replacing", "Replace", format!("replica {} on node {}: {}", r.replica, r.node, why.join("; ")))
+            publish(ctx, &dep.object_ref(&()), Some(replica_ref(&ns, &r.replica)), EventType::Normal, "Replacing", "Replace", format!("replica {} on node {}: {}", r.replica, r.node, why.join("; ")))
                 .await;
         }
     }
@@ -171,7 +171,7 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
             Err(e) => return Err(Error::kube(format!("deleting ModelReplica {ns}/{victim}"), e)),
         }
         ctx.metrics.replacements.with_label_values(&[why]).inc();
-        publish(ctx, &dep.object_ref(&()), EventType::Normal, "Deleted", "Delete", format!("replica {victim} ({why})")).await;
+        publish(ctx, &dep.object_ref(&()), Some(replica_ref(&ns, victim)), EventType::Normal, "Deleted", "Delete", format!("replica {victim} ({why})")).await;
         deleted.insert(victim.clone());
     }
 
@@ -182,11 +182,15 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
     if let Some(msg) = &placement.message
         && was.as_ref() != Some(msg)
     {
-        publish(ctx, &dep.object_ref(&()), EventType::Warning, "Unplaced", "Place", msg.clone()).await;
+        publish(ctx, &dep.object_ref(&()), None, EventType::Warning, "Unplaced", "Place", msg.clone()).await;
     }
 
-    let mut states: Vec<ReplicaState> =
-        live.iter().filter(|r| !deleted.contains(&r.name_any())).map(|r| ReplicaState::of(r, Some(&revision))).collect();
+    // Ready means serving on a node that is there and whose heartbeat is not lost.
+    let mut states: Vec<ReplicaState> = live
+        .iter()
+        .filter(|r| !deleted.contains(&r.name_any()))
+        .map(|r| ReplicaState { serving: healthy.contains(&r.name_any()), ..ReplicaState::of(r, Some(&revision)) })
+        .collect();
     states.extend(created.iter().map(|r| ReplicaState::of(r, Some(&revision))));
     let outcome = Outcome {
         replicas: states,

@@ -28,7 +28,7 @@ pub async fn reconcile(replica: Arc<ModelReplica>, ctx: Arc<Context>) -> Result<
     let result = reconcile_inner(&replica, &ctx).await;
     if let Err(e) = &result {
         ctx.metrics.error(CONTROLLER, e.kind());
-        publish(&ctx, &replica.object_ref(&()), EventType::Warning, "ReconcileFailed", "Reconcile", e.to_string()).await;
+        publish(&ctx, &replica.object_ref(&()), None, EventType::Warning, "ReconcileFailed", "Reconcile", e.to_string()).await;
     }
     result
 }
@@ -85,7 +85,7 @@ async fn reconcile_inner(replica: &ModelReplica, ctx: &Context) -> Result<Action
                 Err(e) if api_code(&e) == Some(404) => {}
                 Err(e) => return Err(Error::kube(format!("deleting the outdated Pod {ns}/{name}"), e)),
             }
-            publish(ctx, &replica.object_ref(&()), EventType::Normal, "PodRecreated", "Recreate", format!("Pod {name} differs from the replica's spec; recreating"))
+            publish(ctx, &replica.object_ref(&()), None, EventType::Normal, "PodRecreated", "Recreate", format!("Pod {name} differs from the replica's spec; recreating"))
                 .await;
             // Created by the reconcile its deletion triggers.
             return Ok(Action::requeue(Duration::from_secs(5)));
@@ -103,7 +103,7 @@ async fn reconcile_inner(replica: &ModelReplica, ctx: &Context) -> Result<Action
         write_phase(ctx, &ns, &name, next).await?;
         if next == ReplicaPhase::Failed {
             let note = why.unwrap_or_else(|| "the replica Pod failed".into());
-            publish(ctx, &replica.object_ref(&()), EventType::Warning, "Failed", "Serve", note).await;
+            publish(ctx, &replica.object_ref(&()), None, EventType::Warning, "Failed", "Serve", note).await;
         }
     }
     Ok(Action::requeue(Duration::from_secs(ctx.config.resync_seconds.max(1) * 3)))
