@@ -116,7 +116,9 @@ async fn kube_config(path: Option<&PathBuf>) -> Result<kube::Config, String> {
                 .map_err(|e| format!("using the kubeconfig {}: {e}", p.display()))
         }
         None => kube::Config::infer().await.map_err(|e| {
-            format!("no Kubernetes configuration found (not in a cluster, and no usable $KUBECONFIG or ~/.kube/config): {e}; pass --kubeconfig")
+            format!(
+                "no Kubernetes configuration found (not in a cluster, and no usable $KUBECONFIG or ~/.kube/config): {e}; pass --kubeconfig"
+            )
         }),
     }
 }

@@ -32,15 +32,18 @@ fn replica_create(name: &'static str, node: &'static str) -> Expect {
 }
 
 fn status_apply(check: impl Fn(&Value) + Send + 'static) -> Expect {
-    Expect::new("PATCH", STATUS).query("fieldManager", "brink-operator").query("force", "true").check(move |b| {
-        assert_eq!(b["kind"], "ModelDeployment");
-        assert_eq!(b["metadata"]["name"], "qwen");
-        assert_eq!(b["status"]["selector"], "brink.dev/deployment=qwen");
-        assert_eq!(b["status"]["observedGeneration"], 1);
-        assert!(b["status"].get("rollout").is_none(), "the rollout status is not this controller's: {b}");
-        check(b)
-    })
-    .reply(Reply::EchoOnto(serde_json::to_value(deployment(1)).expect("JSON")))
+    Expect::new("PATCH", STATUS)
+        .query("fieldManager", "brink-operator")
+        .query("force", "true")
+        .check(move |b| {
+            assert_eq!(b["kind"], "ModelDeployment");
+            assert_eq!(b["metadata"]["name"], "qwen");
+            assert_eq!(b["status"]["selector"], "brink.dev/deployment=qwen");
+            assert_eq!(b["status"]["observedGeneration"], 1);
+            assert!(b["status"].get("rollout").is_none(), "the rollout status is not this controller's: {b}");
+            check(b)
+        })
+        .reply(Reply::EchoOnto(serde_json::to_value(deployment(1)).expect("JSON")))
 }
 
 #[tokio::test]
@@ -79,7 +82,8 @@ async fn two_replicas_on_three_qualified_nodes() {
 #[tokio::test]
 async fn a_settled_deployment_writes_nothing_but_its_service() {
     let mut world = World::qualified_fleet(3);
-    world.replicas = vec![replica("qwen-0", "spark-1", Some(ReplicaPhase::Serving)), replica("qwen-1", "spark-2", Some(ReplicaPhase::Serving))];
+    world.replicas =
+        vec![replica("qwen-0", "spark-1", Some(ReplicaPhase::Serving)), replica("qwen-1", "spark-2", Some(ReplicaPhase::Serving))];
     // The status this reconcile would write, already there: no status request.
     let (ctx, handle) = context(&world);
     let script = vec![
@@ -104,7 +108,8 @@ async fn a_settled_deployment_writes_nothing_but_its_service() {
 async fn a_cordoned_node_gets_its_replica_replaced_then_removed_once_the_new_one_serves() {
     let mut world = World::qualified_fleet(3);
     world.nodes[0] = cordoned("spark-1");
-    world.replicas = vec![replica("qwen-0", "spark-1", Some(ReplicaPhase::Serving)), replica("qwen-1", "spark-2", Some(ReplicaPhase::Serving))];
+    world.replicas =
+        vec![replica("qwen-0", "spark-1", Some(ReplicaPhase::Serving)), replica("qwen-1", "spark-2", Some(ReplicaPhase::Serving))];
     let (ctx, handle) = context(&world);
     let script = vec![
         service_apply(),
@@ -130,9 +135,11 @@ async fn a_cordoned_node_gets_its_replica_replaced_then_removed_once_the_new_one
     let (ctx, handle) = context(&world);
     let script = vec![
         service_apply(),
-        Expect::new("DELETE", format!("{REPLICAS}/qwen-0")).check(|b| assert_eq!(b["propagationPolicy"], "Background")).reply(Reply::Json(json!({
-            "apiVersion": "v1", "kind": "Status", "status": "Success", "code": 200
-        }))),
+        Expect::new("DELETE", format!("{REPLICAS}/qwen-0")).check(|b| assert_eq!(b["propagationPolicy"], "Background")).reply(Reply::Json(
+            json!({
+                "apiVersion": "v1", "kind": "Status", "status": "Success", "code": 200
+            }),
+        )),
         Expect::event("Deleted", "qwen").check(|b| assert_eq!(b["related"]["name"], "qwen-0")),
         status_apply(|b| {
             assert_eq!(b["status"]["replicas"], 2);
@@ -174,7 +181,8 @@ async fn a_lost_heartbeat_replaces_and_removes_without_waiting() {
     let (ctx, handle) = context(&world);
     let script = vec![
         service_apply(),
-        Expect::new("DELETE", format!("{REPLICAS}/qwen-0")).reply(Reply::Json(json!({ "apiVersion": "v1", "kind": "Status", "status": "Success", "code": 200 }))),
+        Expect::new("DELETE", format!("{REPLICAS}/qwen-0"))
+            .reply(Reply::Json(json!({ "apiVersion": "v1", "kind": "Status", "status": "Success", "code": 200 }))),
         Expect::event("Deleted", "qwen"),
         status_apply(|b| {
             assert_eq!(b["status"]["replicas"], 1);
@@ -192,11 +200,13 @@ async fn no_qualified_node_asks_for_qualification_and_says_why() {
     world.spark_nodes = vec![spark("spark-1", None), spark("spark-2", None)];
     let (ctx, handle) = context(&world);
     let qualify = |node: &'static str| {
-        Expect::new("PATCH", format!("/apis/brink.dev/v1alpha1/sparknodes/{node}")).query("fieldManager", "brink-operator").check(move |b| {
-            assert_eq!(b["kind"], "SparkNode");
-            assert_eq!(b["metadata"]["name"], node);
-            assert_eq!(b["spec"]["shapeClasses"], json!([CLASS]));
-        })
+        Expect::new("PATCH", format!("/apis/brink.dev/v1alpha1/sparknodes/{node}")).query("fieldManager", "brink-operator").check(
+            move |b| {
+                assert_eq!(b["kind"], "SparkNode");
+                assert_eq!(b["metadata"]["name"], node);
+                assert_eq!(b["spec"]["shapeClasses"], json!([CLASS]));
+            },
+        )
     };
     let script = vec![
         service_apply(),
@@ -221,10 +231,14 @@ async fn no_qualified_node_asks_for_qualification_and_says_why() {
     // Once asked, the class counts as being qualified: not asked again.
     world.spark_nodes.iter_mut().for_each(|s| s.spec.shape_classes = vec![CLASS.into()]);
     let (ctx, handle) = context(&world);
-    let script = vec![service_apply(), Expect::event("Unplaced", "qwen"), status_apply(|b| {
-        let msg = cond(b, "Degraded")["message"].as_str().unwrap_or_default().to_string();
-        assert!(msg.ends_with(&format!("2 not qualified for {CLASS}")), "{msg}");
-    })];
+    let script = vec![
+        service_apply(),
+        Expect::event("Unplaced", "qwen"),
+        status_apply(|b| {
+            let msg = cond(b, "Degraded")["message"].as_str().unwrap_or_default().to_string();
+            assert!(msg.ends_with(&format!("2 not qualified for {CLASS}")), "{msg}");
+        }),
+    ];
     let (r, _) = scenario(handle, script, deployment::reconcile(Arc::new(deployment(2)), ctx)).await;
     r.expect("second reconcile");
 }
@@ -241,7 +255,10 @@ async fn a_conflict_on_the_qualification_request_is_surfaced_and_retried() {
         Expect::event("ReconcileFailed", "qwen").check(|b| {
             assert_eq!(b["type"], "Warning");
             let note = b["note"].as_str().unwrap_or_default();
-            assert!(note.starts_with(&format!("asking SparkNode spark-1 to qualify {CLASS}: conflict with another field manager:")), "{note}");
+            assert!(
+                note.starts_with(&format!("asking SparkNode spark-1 to qualify {CLASS}: conflict with another field manager:")),
+                "{note}"
+            );
             assert!(note.contains("someone"), "{note}");
         }),
     ];
@@ -296,7 +313,8 @@ async fn scale_down_removes_the_surplus() {
     ];
     let (ctx, handle) = context(&world);
     let delete = |name: &'static str| {
-        Expect::new("DELETE", format!("{REPLICAS}/{name}")).reply(Reply::Json(json!({ "apiVersion": "v1", "kind": "Status", "status": "Success", "code": 200 })))
+        Expect::new("DELETE", format!("{REPLICAS}/{name}"))
+            .reply(Reply::Json(json!({ "apiVersion": "v1", "kind": "Status", "status": "Success", "code": 200 })))
     };
     let script = vec![
         service_apply(),
@@ -349,7 +367,8 @@ async fn a_changed_engine_build_replaces_every_replica_and_retires_the_old_once_
     let (ctx, handle) = context(&world);
     let script = vec![
         service_apply(),
-        Expect::new("DELETE", format!("{REPLICAS}/qwen-0")).reply(Reply::Json(json!({ "apiVersion": "v1", "kind": "Status", "status": "Success", "code": 200 }))),
+        Expect::new("DELETE", format!("{REPLICAS}/qwen-0"))
+            .reply(Reply::Json(json!({ "apiVersion": "v1", "kind": "Status", "status": "Success", "code": 200 }))),
         Expect::event("Deleted", "qwen").check(|b| assert_eq!(b["note"], "replica qwen-0 (revision)")),
         status_apply(|b| {
             assert_eq!(b["status"]["replicas"], 1);
@@ -388,4 +407,29 @@ async fn a_missing_model_blocks_with_a_condition() {
     ];
     let (r, _) = scenario(handle, script, deployment::reconcile(Arc::new(deployment(1)), ctx)).await;
     r.expect("reconcile");
+}
+
+#[tokio::test]
+async fn a_node_change_requeues_its_deployments_and_the_unplaced_ones() {
+    use brink_operator::controllers::nodes;
+    use kube::runtime::reflector::ObjectRef;
+
+    let mut world = World::qualified_fleet(2);
+    let mut other = replica("other-0", "spark-2", Some(ReplicaPhase::Serving));
+    other.spec.deployment = "other".into();
+    world.replicas = vec![replica("qwen-0", "spark-1", Some(ReplicaPhase::Serving)), other];
+    let (ctx, _handle) = context(&world);
+    let qwen = ObjectRef::new("qwen").within(NS);
+    let other = ObjectRef::new("other").within(NS);
+    assert_eq!(nodes::requeue_for_node("spark-1", &ctx), vec![qwen.clone()]);
+    assert_eq!(nodes::requeue_for_node("spark-2", &ctx), vec![other.clone()]);
+    assert!(nodes::requeue_for_node("spark-9", &ctx).is_empty());
+    // A deployment with unplaced replicas hears of every node.
+    let stuck = ObjectRef::new("stuck").within(NS);
+    ctx.mark_unplaced(stuck.clone(), true);
+    assert_eq!(nodes::requeue_for_node("spark-9", &ctx), vec![stuck.clone()]);
+    assert_eq!(nodes::requeue_for_node("spark-1", &ctx), vec![qwen, stuck.clone()]);
+    ctx.mark_unplaced(stuck, false);
+    assert!(nodes::requeue_for_node("spark-9", &ctx).is_empty());
+    assert_eq!(nodes::lease_node("brink-node-spark-2").map(|n| nodes::requeue_for_node(n, &ctx)), Some(vec![other]));
 }

@@ -19,9 +19,7 @@ const REPLICA_STATUS: &str = "/apis/brink.dev/v1alpha1/namespaces/llm/modelrepli
 
 /// The Pod body `qwen-0` on spark-1 must create, field by field.
 fn expected_pod_spec() -> Value {
-    let probe = |path: &str, period: i32, failures: i32| {
-        json!({ "httpGet": { "path": path, "port": "http" }, "periodSeconds": period, "failureThreshold": failures, "timeoutSeconds": 5 })
-    };
+    let probe = |path: &str, period: i32, failures: i32| json!({ "httpGet": { "path": path, "port": "http" }, "periodSeconds": period, "failureThreshold": failures, "timeoutSeconds": 5 });
     json!({
         "nodeName": "spark-1",
         "runtimeClassName": "nvidia",
@@ -63,12 +61,15 @@ fn expected_pod_spec() -> Value {
 }
 
 fn phase_apply(phase: &'static str) -> Expect {
-    Expect::new("PATCH", REPLICA_STATUS).query("fieldManager", "brink-operator").query("force", "true").check(move |b| {
-        assert_eq!(b["kind"], "ModelReplica");
-        // Only the phase: every other status field is the agent's.
-        assert_eq!(b["status"], json!({ "phase": phase }));
-    })
-    .reply(Reply::EchoOnto(serde_json::to_value(replica("qwen-0", "spark-1", None)).expect("JSON")))
+    Expect::new("PATCH", REPLICA_STATUS)
+        .query("fieldManager", "brink-operator")
+        .query("force", "true")
+        .check(move |b| {
+            assert_eq!(b["kind"], "ModelReplica");
+            // Only the phase: every other status field is the agent's.
+            assert_eq!(b["status"], json!({ "phase": phase }));
+        })
+        .reply(Reply::EchoOnto(serde_json::to_value(replica("qwen-0", "spark-1", None)).expect("JSON")))
 }
 
 /// The Pod the controller created for `qwen-0`, as the server would return it.
@@ -94,7 +95,10 @@ async fn a_replica_gets_exactly_its_pod() {
             assert_eq!(b["metadata"]["labels"]["brink.dev/replica"], "qwen-0");
             assert_eq!(b["metadata"]["labels"]["brink.dev/revision"], revision());
             let owner = &b["metadata"]["ownerReferences"][0];
-            assert_eq!((owner["kind"].as_str(), owner["name"].as_str(), owner["uid"].as_str()), (Some("ModelReplica"), Some("qwen-0"), Some("uid-qwen-0")));
+            assert_eq!(
+                (owner["kind"].as_str(), owner["name"].as_str(), owner["uid"].as_str()),
+                (Some("ModelReplica"), Some("qwen-0"), Some("uid-qwen-0"))
+            );
             assert_eq!(owner["controller"], true);
             assert_eq!(b["metadata"]["annotations"]["brink.dev/pod-spec-hash"].as_str().map(str::len), Some(16));
             assert_eq!(b["spec"], expected_pod_spec(), "pod spec: {}", serde_json::to_string_pretty(&b["spec"]).unwrap_or_default());
@@ -138,7 +142,8 @@ async fn a_pod_that_differs_is_deleted_for_recreation() {
             .reply(Reply::Json(serde_json::to_value(&old).expect("JSON"))),
         Expect::event("PodRecreated", "qwen-0"),
     ];
-    let (r, _) = scenario(handle, script, replica::reconcile(Arc::new(replica("qwen-0", "spark-1", Some(ReplicaPhase::Pending))), ctx)).await;
+    let (r, _) =
+        scenario(handle, script, replica::reconcile(Arc::new(replica("qwen-0", "spark-1", Some(ReplicaPhase::Pending))), ctx)).await;
     r.expect("reconcile");
 }
 
@@ -155,7 +160,8 @@ async fn a_ready_pod_makes_the_replica_serving_unless_the_agent_reports() {
     let world = World::qualified_fleet(1);
     let (ctx, handle) = context(&world);
     let script = vec![Expect::new("GET", POD).reply(Reply::Json(pod_json.clone())), phase_apply("Serving")];
-    let (r, _) = scenario(handle, script, replica::reconcile(Arc::new(replica("qwen-0", "spark-1", Some(ReplicaPhase::Pending))), ctx)).await;
+    let (r, _) =
+        scenario(handle, script, replica::reconcile(Arc::new(replica("qwen-0", "spark-1", Some(ReplicaPhase::Pending))), ctx)).await;
     r.expect("reconcile");
 
     // The agent wrote `SelfTesting` (its own manager on the status): the Pod's readiness does not override it.
@@ -167,7 +173,8 @@ async fn a_ready_pod_makes_the_replica_serving_unless_the_agent_reports() {
         ..ManagedFieldsEntry::default()
     }]);
     let (ctx, handle) = context(&world);
-    let (r, seen) = scenario(handle, vec![Expect::new("GET", POD).reply(Reply::Json(pod_json))], replica::reconcile(Arc::new(reported), ctx)).await;
+    let (r, seen) =
+        scenario(handle, vec![Expect::new("GET", POD).reply(Reply::Json(pod_json))], replica::reconcile(Arc::new(reported), ctx)).await;
     r.expect("reconcile");
     assert_eq!(seen.len(), 1);
 }
@@ -175,18 +182,24 @@ async fn a_ready_pod_makes_the_replica_serving_unless_the_agent_reports() {
 #[tokio::test]
 async fn a_pod_that_cannot_pull_its_image_fails_the_replica() {
     let mut pod = created_pod().await;
-    pod.status = Some(serde_json::from_value(json!({
-        "phase": "Running",
-        "containerStatuses": [{
-            "name": "engine", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
-            "state": { "waiting": { "reason": "ImagePullBackOff", "message": "manifest unknown" } }
-        }]
-    })).expect("PodStatus"));
+    pod.status = Some(
+        serde_json::from_value(json!({
+            "phase": "Running",
+            "containerStatuses": [{
+                "name": "engine", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
+                "state": { "waiting": { "reason": "ImagePullBackOff", "message": "manifest unknown" } }
+            }]
+        }))
+        .expect("PodStatus"),
+    );
     let world = World::qualified_fleet(1);
     let (ctx, handle) = context(&world);
     let mut reported = replica("qwen-0", "spark-1", Some(ReplicaPhase::Downloading));
-    reported.metadata.managed_fields =
-        Some(vec![ManagedFieldsEntry { manager: Some("brink-agent".into()), subresource: Some("status".into()), ..ManagedFieldsEntry::default() }]);
+    reported.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+        manager: Some("brink-agent".into()),
+        subresource: Some("status".into()),
+        ..ManagedFieldsEntry::default()
+    }]);
     let script = vec![
         Expect::new("GET", POD).reply(Reply::Json(serde_json::to_value(&pod).expect("JSON"))),
         phase_apply("Failed"),
@@ -225,5 +238,10 @@ async fn a_server_error_on_pod_create_fails_the_reconcile() {
     let (r, _) = scenario(handle, script, replica::reconcile(Arc::new(replica("qwen-0", "spark-1", None)), ctx.clone())).await;
     let err = r.expect_err("a 500 fails");
     assert!(err.to_string().starts_with("creating Pod llm/qwen-0:") && err.to_string().contains("admission webhook timed out"), "{err}");
-    assert!(ctx.metrics.render().expect("metrics").contains("brink_operator_reconcile_errors_total{controller=\"modelreplica\",kind=\"api\"} 1"));
+    assert!(
+        ctx.metrics
+            .render()
+            .expect("metrics")
+            .contains("brink_operator_reconcile_errors_total{controller=\"modelreplica\",kind=\"api\"} 1")
+    );
 }

@@ -39,9 +39,18 @@ fn cluster_without_crds() -> String {
             let (code, body) = if path.starts_with("/version") {
                 ("200 OK", r#"{"major":"1","minor":"37","gitVersion":"v1.37.1","gitCommit":"","gitTreeState":"","buildDate":"","goVersion":"","compiler":"","platform":"linux/amd64"}"#.to_string())
             } else {
-                ("404 Not Found", format!(r#"{{"apiVersion":"v1","kind":"Status","status":"Failure","message":"the server could not find the requested resource ({path})","reason":"NotFound","code":404}}"#))
+                (
+                    "404 Not Found",
+                    format!(
+                        r#"{{"apiVersion":"v1","kind":"Status","status":"Failure","message":"the server could not find the requested resource ({path})","reason":"NotFound","code":404}}"#
+                    ),
+                )
             };
-            let _ = write!(stream, "HTTP/1.1 {code}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {code}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
         }
     });
     format!("http://{addr}")

@@ -101,7 +101,14 @@ pub struct HeartbeatBook(Mutex<HashMap<String, HeartbeatHistory>>);
 
 impl HeartbeatBook {
     /// Records the node's Lease as read now and returns its history.
-    pub fn observe(&self, node: &str, renew_s: Option<u64>, lease_duration_s: u64, now_s: u64, policy: &HeartbeatPolicy) -> HeartbeatHistory {
+    pub fn observe(
+        &self,
+        node: &str,
+        renew_s: Option<u64>,
+        lease_duration_s: u64,
+        now_s: u64,
+        policy: &HeartbeatPolicy,
+    ) -> HeartbeatHistory {
         let mut book = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let h = book.entry(node.to_string()).or_insert_with(|| HeartbeatHistory::new(lease_duration_s));
         h.observe(renew_s, lease_duration_s, now_s, policy);

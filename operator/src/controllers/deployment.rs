@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use brink_api::crd::{Model, ModelDeployment, ModelReplica, SparkNode};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -63,7 +63,11 @@ pub async fn reconcile(dep: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<A
 }
 
 async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action> {
-    let ns = dep.namespace().ok_or_else(|| Error::MissingField { kind: "ModelDeployment", name: dep.name_any(), field: "metadata.namespace" })?;
+    let ns = dep.namespace().ok_or_else(|| Error::MissingField {
+        kind: "ModelDeployment",
+        name: dep.name_any(),
+        field: "metadata.namespace",
+    })?;
     let name = dep.name_any();
     let dep_ref = ObjectRef::from_obj(dep);
     let now = ctx.clock.now();
@@ -73,8 +77,11 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
     service::apply(dep, ctx).await?;
 
     let all_replicas = ctx.caches.replicas.state();
-    let ours: Vec<&ModelReplica> =
-        all_replicas.iter().map(|r| r.as_ref()).filter(|r| r.namespace().as_deref() == Some(ns.as_str()) && r.spec.deployment == name).collect();
+    let ours: Vec<&ModelReplica> = all_replicas
+        .iter()
+        .map(|r| r.as_ref())
+        .filter(|r| r.namespace().as_deref() == Some(ns.as_str()) && r.spec.deployment == name)
+        .collect();
     // Names held by any replica of ours, also one being deleted: new names avoid them.
     let taken: BTreeSet<String> = ours.iter().map(|r| r.name_any()).collect();
     let live: Vec<&ModelReplica> = ours.iter().copied().filter(|r| r.metadata.deletion_timestamp.is_none()).collect();
@@ -89,8 +96,11 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
         Err(blocked) => {
             // Nothing is placed or removed while the model is unknown; its arrival requeues.
             ctx.mark_unplaced(dep_ref, true);
-            let outcome =
-                Outcome { replicas: live.iter().map(|r| ReplicaState::of(r, None)).collect(), blocked: Some(blocked), ..Outcome::default() };
+            let outcome = Outcome {
+                replicas: live.iter().map(|r| ReplicaState::of(r, None)).collect(),
+                blocked: Some(blocked),
+                ..Outcome::default()
+            };
             write_status(dep, ctx, &outcome, Time(now)).await?;
             return Ok(Action::requeue(resync));
         }
@@ -108,8 +118,7 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
     let healthy: BTreeSet<String> = live.iter().map(|r| views::replica_view(r)).filter(|r| healthy_on_node(r)).map(|r| r.name).collect();
 
     let outdated = plan::revision_targets(&live, &revision);
-    let current: Vec<ReplicaView> =
-        live.iter().filter(|r| !outdated.contains(&r.name_any())).map(|r| views::replica_view(r)).collect();
+    let current: Vec<ReplicaView> = live.iter().filter(|r| !outdated.contains(&r.name_any())).map(|r| views::replica_view(r)).collect();
     let life = decide::lifecycle(&view, &current, &nodes, now_s, &policy)?;
     let placement = decide::place(&view, &nodes, life.place, now_s, &policy)?;
 
@@ -135,8 +144,16 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
                     String::new()
                 };
                 info!(replica = %replica_name, node = %assignment.node, "placed");
-                publish(ctx, &dep.object_ref(&()), Some(r.object_ref(&())), EventType::Normal, "Placed", "Place", format!("replica {replica_name} on node {}{clamp}", assignment.node))
-                    .await;
+                publish(
+                    ctx,
+                    &dep.object_ref(&()),
+                    Some(r.object_ref(&())),
+                    EventType::Normal,
+                    "Placed",
+                    "Place",
+                    format!("replica {replica_name} on node {}{clamp}", assignment.node),
+                )
+                .await;
                 created.push(r);
             }
             // The name is taken: the replica cache is behind this reconcile's own writes.
@@ -151,8 +168,16 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
     if !created.is_empty() {
         for r in &life.replace {
             let why: Vec<String> = r.reasons.iter().map(ToString::to_string).collect();
-            publish(ctx, &dep.object_ref(&()), Some(replica_ref(&ns, &r.replica)), EventType::Normal, "Replacing", "Replace", format!("replica {} on node {}: {}", r.replica, r.node, why.join("; ")))
-                .await;
+            publish(
+                ctx,
+                &dep.object_ref(&()),
+                Some(replica_ref(&ns, &r.replica)),
+                EventType::Normal,
+                "Replacing",
+                "Replace",
+                format!("replica {} on node {}: {}", r.replica, r.node, why.join("; ")),
+            )
+            .await;
         }
     }
 
@@ -171,14 +196,26 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
             Err(e) => return Err(Error::kube(format!("deleting ModelReplica {ns}/{victim}"), e)),
         }
         ctx.metrics.replacements.with_label_values(&[why]).inc();
-        publish(ctx, &dep.object_ref(&()), Some(replica_ref(&ns, victim)), EventType::Normal, "Deleted", "Delete", format!("replica {victim} ({why})")).await;
+        publish(
+            ctx,
+            &dep.object_ref(&()),
+            Some(replica_ref(&ns, victim)),
+            EventType::Normal,
+            "Deleted",
+            "Delete",
+            format!("replica {victim} ({why})"),
+        )
+        .await;
         deleted.insert(victim.clone());
     }
 
     let unplaced = placement.unplaced > 0;
     ctx.metrics.unplaced.with_label_values(&[ns.as_str(), name.as_str()]).set(i64::try_from(placement.unplaced).unwrap_or(i64::MAX));
     ctx.mark_unplaced(dep_ref, unplaced);
-    let was = dep.status.as_ref().and_then(|s| brink_api::crd::find_condition(&s.conditions, brink_api::crd::ConditionType::Degraded).map(|c| c.message.clone()));
+    let was = dep
+        .status
+        .as_ref()
+        .and_then(|s| brink_api::crd::find_condition(&s.conditions, brink_api::crd::ConditionType::Degraded).map(|c| c.message.clone()));
     if let Some(msg) = &placement.message
         && was.as_ref() != Some(msg)
     {
@@ -202,11 +239,8 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
     };
     write_status(dep, ctx, &outcome, Time(now)).await?;
 
-    let requeue = if stale_cache {
-        Duration::from_secs(1)
-    } else {
-        life.recheck_in_s.map_or(resync, |s| resync.min(Duration::from_secs(s.max(1))))
-    };
+    let requeue =
+        if stale_cache { Duration::from_secs(1) } else { life.recheck_in_s.map_or(resync, |s| resync.min(Duration::from_secs(s.max(1)))) };
     Ok(Action::requeue(requeue))
 }
 

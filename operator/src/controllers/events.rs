@@ -24,7 +24,15 @@ const MAX_NOTE: usize = 1024;
 /// Publishes an Event about `on`. `related` names the other object it concerns (the replica a
 /// deployment's Event is about): kube's recorder folds Events with the same reason, object and
 /// related object into one series, so without it a second placement would only bump a count.
-pub async fn publish(ctx: &Context, on: &ObjectReference, related: Option<ObjectReference>, type_: EventType, reason: &str, action: &str, note: String) {
+pub async fn publish(
+    ctx: &Context,
+    on: &ObjectReference,
+    related: Option<ObjectReference>,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
     let mut note = note;
     if note.len() > MAX_NOTE {
         let mut cut = MAX_NOTE - 3;

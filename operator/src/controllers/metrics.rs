@@ -34,7 +34,10 @@ impl Metrics {
             &["namespace"],
         )?;
         let replacements = IntCounterVec::new(
-            Opts::new("brink_operator_replica_deletions_total", "Replicas deleted, by why (lifecycle: scale-down or replaced; revision: an old model or engine)"),
+            Opts::new(
+                "brink_operator_replica_deletions_total",
+                "Replicas deleted, by why (lifecycle: scale-down or replaced; revision: an old model or engine)",
+            ),
             &["reason"],
         )?;
         let unplaced = IntGaugeVec::new(

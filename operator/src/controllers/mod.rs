@@ -66,14 +66,12 @@ where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
     let (store, writer) = reflector::store();
-    let feed = reflector::reflector(writer, watcher(api, watcher::Config::default().any_semantic()))
-        .default_backoff()
-        .for_each(|event| {
-            if let Err(e) = event {
-                warn!(error = %e, "watch failed; retrying");
-            }
-            futures::future::ready(())
-        });
+    let feed = reflector::reflector(writer, watcher(api, watcher::Config::default().any_semantic())).default_backoff().for_each(|event| {
+        if let Err(e) = event {
+            warn!(error = %e, "watch failed; retrying");
+        }
+        futures::future::ready(())
+    });
     (store, feed)
 }
 

@@ -54,9 +54,11 @@ pub fn free_names(deployment: &str, taken: &BTreeSet<String>, count: usize) -> V
 
 /// A new replica of `dep` where `assignment` put it, serving under the clamped limits.
 pub fn new_replica(dep: &ModelDeployment, name: &str, assignment: &Assignment, revision: &str) -> Result<ModelReplica> {
-    let owner = dep
-        .controller_owner_ref(&())
-        .ok_or_else(|| Error::MissingField { kind: "ModelDeployment", name: dep.name_any(), field: "metadata.uid" })?;
+    let owner = dep.controller_owner_ref(&()).ok_or_else(|| Error::MissingField {
+        kind: "ModelDeployment",
+        name: dep.name_any(),
+        field: "metadata.uid",
+    })?;
     let mut serving = dep.spec.serving;
     serving.max_batch_tokens = assignment.limits.max_batch_tokens;
     serving.prefill_chunk = assignment.limits.prefill_chunk;
@@ -140,12 +142,17 @@ pub fn status(dep: &ModelDeployment, outcome: &Outcome, now: Time) -> Result<Mod
     let changing = outcome.created > 0 || outcome.deleted > 0 || replicas != desired || updated < replicas || ready < replicas;
     let progressing = match (&outcome.blocked, &outcome.unplaced) {
         (Some((reason, msg)), _) => c(ConditionType::Progressing, false, reason, msg.clone())?,
-        (None, Some(msg)) if outcome.created == 0 && outcome.deleted == 0 => c(ConditionType::Progressing, false, "Unplaceable", msg.clone())?,
+        (None, Some(msg)) if outcome.created == 0 && outcome.deleted == 0 => {
+            c(ConditionType::Progressing, false, "Unplaceable", msg.clone())?
+        }
         _ if changing => c(
             ConditionType::Progressing,
             true,
             "ReplicasChanging",
-            format!("{replicas} replicas ({updated} updated, {ready} serving) of {desired} wanted; {} created, {} deleted", outcome.created, outcome.deleted),
+            format!(
+                "{replicas} replicas ({updated} updated, {ready} serving) of {desired} wanted; {} created, {} deleted",
+                outcome.created, outcome.deleted
+            ),
         )?,
         _ => c(ConditionType::Progressing, false, "Complete", format!("{desired} replicas serving the current revision"))?,
     };
@@ -174,4 +181,125 @@ pub fn status(dep: &ModelDeployment, outcome: &Outcome, now: Time) -> Result<Mod
         rollout: None,
         conditions,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn removals_keep_serving_capacity() {
+        // (candidates, healthy, desired) -> deleted now
+        type Case<'a> = (&'a [&'a str], &'a [&'a str], u64, &'a [&'a str]);
+        let cases: &[Case] = &[
+            // Nothing serves: every candidate goes (none of them carries traffic).
+            (&["a", "b"], &[], 1, &["a", "b"]),
+            // Scale 3 -> 1, all serving: two go.
+            (&["a", "b"], &["a", "b", "c"], 1, &["a", "b"]),
+            // A replaced replica that serves waits while its replacement does not.
+            (&["old"], &["old"], 1, &[]),
+            // ...and goes once the replacement serves.
+            (&["old"], &["old", "new"], 1, &["old"]),
+            // Unhealthy candidates go first, whatever the floor.
+            (&["x", "old"], &["old"], 1, &["x"]),
+            // Scale to zero: everything goes.
+            (&["a", "b"], &["a", "b"], 0, &["a", "b"]),
+            // Two retired revisions, one new replica serving of two wanted: one old one stays.
+            (&["o1", "o2"], &["o1", "o2", "n1"], 2, &["o1"]),
+            // A candidate listed twice (scale-down and revision) is deleted once.
+            (&["a", "a"], &[], 1, &["a"]),
+        ];
+        for (candidates, healthy, desired, want) in cases {
+            assert_eq!(removable(&names(candidates), &set(healthy), *desired), names(want), "{candidates:?} {healthy:?} {desired}");
+        }
+    }
+
+    #[test]
+    fn new_names_fill_the_lowest_free_slots() {
+        assert_eq!(free_names("qwen", &set(&[]), 2), ["qwen-0", "qwen-1"]);
+        assert_eq!(free_names("qwen", &set(&["qwen-0", "qwen-2"]), 2), ["qwen-1", "qwen-3"]);
+        assert!(free_names("qwen", &set(&["qwen-0"]), 0).is_empty());
+    }
+
+    fn dep(replicas: i32) -> ModelDeployment {
+        use brink_api::crd::{EngineBuild, ModelDeploymentSpec, ModelRef, Placement, Rollout, Serving};
+        let mut d = ModelDeployment::new(
+            "qwen",
+            ModelDeploymentSpec {
+                model_ref: ModelRef { name: "qwen".into() },
+                replicas,
+                engine: EngineBuild { image: "i".into(), version: "v".into() },
+                serving: Serving { context: 1024, max_batch_tokens: 512, prefill_chunk: 256, concurrency: 1, kv_fraction: 0.5 },
+                placement: Placement::default(),
+                on_self_test_failure: Default::default(),
+                rollout: Rollout::default(),
+            },
+        );
+        d.metadata.namespace = Some("ns".into());
+        d.metadata.generation = Some(3);
+        d
+    }
+
+    fn state(name: &str, serving: bool, updated: bool) -> ReplicaState {
+        ReplicaState { name: name.into(), serving, updated }
+    }
+
+    fn t(s: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(s).expect("time"))
+    }
+
+    #[test]
+    fn status_conditions_follow_the_outcome() {
+        let ready = Outcome { replicas: vec![state("a", true, true), state("b", true, true)], ..Outcome::default() };
+        let s = status(&dep(2), &ready, t(100)).expect("status");
+        assert_eq!((s.replicas, s.ready_replicas, s.updated_replicas, s.observed_generation), (2, 2, 2, Some(3)));
+        let reasons: Vec<(&str, &str, &str)> =
+            s.conditions.iter().map(|c| (c.type_.as_str(), c.status.as_str(), c.reason.as_str())).collect();
+        assert_eq!(
+            reasons,
+            [("Ready", "True", "AllReplicasReady"), ("Progressing", "False", "Complete"), ("Degraded", "False", "AsExpected")]
+        );
+
+        // Later, a replica is lost and cannot be placed: Ready flips (new transition time),
+        // Degraded says why; Progressing stays False (nothing moves) with the reason.
+        let mut d = dep(2);
+        d.status = Some(s);
+        let lost = Outcome {
+            replicas: vec![state("a", true, true)],
+            unplaced: Some("1 of 1 replicas cannot be placed; ...".into()),
+            ..Outcome::default()
+        };
+        let s2 = status(&d, &lost, t(200)).expect("status");
+        let get = |ty: &str| s2.conditions.iter().find(|c| c.type_ == ty).expect("condition").clone();
+        assert_eq!((get("Ready").status.as_str(), get("Ready").last_transition_time.clone()), ("False", t(200)));
+        assert_eq!(
+            (get("Degraded").reason.as_str(), get("Degraded").message.as_str()),
+            ("Unplaced", "1 of 1 replicas cannot be placed; ...")
+        );
+        assert_eq!(get("Progressing").reason, "Unplaceable");
+        // Progressing stayed False: its transition time is the first one.
+        assert_eq!(get("Progressing").last_transition_time, t(100));
+
+        let held = Outcome { replicas: vec![state("a", true, true)], held: vec!["a".into()], ..Outcome::default() };
+        let s3 = status(&dep(1), &held, t(300)).expect("status");
+        assert!(
+            s3.conditions
+                .iter()
+                .any(|c| c.type_ == "Degraded" && c.status == "True" && c.reason == "HeartbeatExpired" && c.message.contains("a"))
+        );
+
+        let blocked = Outcome { blocked: Some(("ModelNotFound", "Model ns/qwen does not exist".into())), ..Outcome::default() };
+        let s4 = status(&dep(1), &blocked, t(400)).expect("status");
+        assert!(s4.conditions.iter().any(|c| c.type_ == "Degraded" && c.reason == "ModelNotFound"));
+        assert!(s4.conditions.iter().any(|c| c.type_ == "Progressing" && c.status == "False" && c.reason == "ModelNotFound"));
+        assert_eq!(s4.selector.as_deref(), Some("brink.dev/deployment=qwen"));
+    }
 }

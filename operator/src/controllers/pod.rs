@@ -62,8 +62,7 @@ pub fn model_mount(model: &Model, cache_dir: &str) -> Result<ModelMount, String>
             (None, Some(first)) => first.sha256.to_ascii_lowercase(),
             (None, None) => return Err(format!("Model {name}: neither spec.sha256 nor spec.parts is set")),
         };
-        let file =
-            if parts.len() > 1 { format!("{key}-00001-of-{:05}.gguf", parts.len()) } else { format!("{key}.gguf") };
+        let file = if parts.len() > 1 { format!("{key}-00001-of-{:05}.gguf", parts.len()) } else { format!("{key}.gguf") };
         let dir = cache_dir.trim_end_matches('/');
         return Ok(ModelMount {
             path: format!("{dir}/models/{file}"),
@@ -90,7 +89,10 @@ pub fn model_mount(model: &Model, cache_dir: &str) -> Result<ModelMount, String>
             },
             volume: Volume {
                 name: "model".into(),
-                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource { claim_name: pvc.claim_name.clone(), read_only: Some(true) }),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: pvc.claim_name.clone(),
+                    read_only: Some(true),
+                }),
                 ..Volume::default()
             },
             mount: read_only("model", PVC_MOUNT),
@@ -127,9 +129,13 @@ fn env(name: &str, value: &str) -> EnvVar {
 /// The Pod `replica` wants, with the hash of its spec in an annotation.
 pub fn desired_pod(replica: &ModelReplica, model: &Model, config: &Config) -> Result<Pod> {
     let name = replica.name_any();
-    let owner =
-        replica.controller_owner_ref(&()).ok_or_else(|| Error::MissingField { kind: "ModelReplica", name: name.clone(), field: "metadata.uid" })?;
-    let mount = model_mount(model, &config.model_cache_dir).map_err(|why| Error::InvalidSpec { what: format!("ModelReplica {name}"), why })?;
+    let owner = replica.controller_owner_ref(&()).ok_or_else(|| Error::MissingField {
+        kind: "ModelReplica",
+        name: name.clone(),
+        field: "metadata.uid",
+    })?;
+    let mount =
+        model_mount(model, &config.model_cache_dir).map_err(|why| Error::InvalidSpec { what: format!("ModelReplica {name}"), why })?;
     let s = &replica.spec;
     let command: Vec<String> = [
         "brink-agent".to_string(),
@@ -163,7 +169,11 @@ pub fn desired_pod(replica: &ModelReplica, model: &Model, config: &Config) -> Re
         name: "engine".into(),
         image: Some(s.engine.image.clone()),
         command: Some(command),
-        ports: Some(vec![ContainerPort { name: Some("http".into()), container_port: i32::from(config.serve_port), ..ContainerPort::default() }]),
+        ports: Some(vec![ContainerPort {
+            name: Some("http".into()),
+            container_port: i32::from(config.serve_port),
+            ..ContainerPort::default()
+        }]),
         env: Some(vec![
             field_env("POD_NAME", "metadata.name"),
             field_env("POD_NAMESPACE", "metadata.namespace"),
@@ -270,4 +280,101 @@ pub fn phase_from_pod(pod: Option<&Pod>) -> (ReplicaPhase, Option<String>) {
     }
     let ready = status.conditions.iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True");
     if ready { (ReplicaPhase::Serving, None) } else { (ReplicaPhase::Loading, None) }
+}
+
+#[cfg(test)]
+mod tests {
+    use brink_api::crd::{ModelPart, ModelSource, ModelSpec, NodePathSource, PvcSource};
+    use k8s_openapi::api::core::v1::{ContainerState, ContainerStateWaiting, ContainerStatus, PodCondition, PodStatus};
+
+    use super::*;
+
+    fn model(source: ModelSource, parts: Option<Vec<ModelPart>>) -> Model {
+        let sha = parts.is_none().then(|| "AB".repeat(32));
+        Model::new("m", ModelSpec { source, sha256: sha, format: Default::default(), parts })
+    }
+
+    fn parts() -> Option<Vec<ModelPart>> {
+        Some(vec![
+            ModelPart { file: "m-00001-of-00002.gguf".into(), sha256: "cd".repeat(32) },
+            ModelPart { file: "m-00002-of-00002.gguf".into(), sha256: "ef".repeat(32) },
+        ])
+    }
+
+    fn https() -> ModelSource {
+        ModelSource {
+            https: Some(brink_api::crd::HttpsSource { url: "https://h/m/".into(), credentials_secret_ref: None }),
+            node_path: None,
+            pvc: None,
+        }
+    }
+
+    #[test]
+    fn the_model_path_follows_the_source() {
+        let m = model_mount(&model(https(), None), "/cache/").expect("mount");
+        assert_eq!(m.path, format!("/cache/models/{}.gguf", "ab".repeat(32)));
+        assert_eq!(m.volume.host_path.as_ref().map(|h| h.path.as_str()), Some("/cache"));
+        assert_eq!(m.mount.read_only, Some(true));
+        // Split: llama.cpp's names under the first part's checksum, as the cache writes them.
+        let m = model_mount(&model(https(), parts()), "/cache").expect("mount");
+        assert_eq!(m.path, format!("/cache/models/{}-00001-of-00002.gguf", "cd".repeat(32)));
+
+        let node_path = |p: &str| ModelSource { https: None, node_path: Some(NodePathSource { path: p.into() }), pvc: None };
+        let m = model_mount(&model(node_path("/data/m.gguf"), None), "/cache").expect("mount");
+        assert_eq!((m.path.as_str(), m.volume.host_path.as_ref().and_then(|h| h.type_.as_deref())), ("/data/m.gguf", Some("File")));
+        let m = model_mount(&model(node_path("/data/m/"), parts()), "/cache").expect("mount");
+        assert_eq!(
+            (m.path.as_str(), m.volume.host_path.as_ref().and_then(|h| h.type_.as_deref())),
+            ("/data/m/m-00001-of-00002.gguf", Some("Directory"))
+        );
+
+        let pvc =
+            ModelSource { https: None, node_path: None, pvc: Some(PvcSource { claim_name: "models".into(), path: "qwen/m.gguf".into() }) };
+        let m = model_mount(&model(pvc, None), "/cache").expect("mount");
+        assert_eq!(m.path, "/models/pvc/qwen/m.gguf");
+        assert_eq!(m.volume.persistent_volume_claim.as_ref().map(|c| (c.claim_name.as_str(), c.read_only)), Some(("models", Some(true))));
+
+        let none = ModelSource { https: None, node_path: None, pvc: None };
+        assert_eq!(
+            model_mount(&model(none, None), "/cache").expect_err("no source"),
+            "Model m: spec.source sets none of https, nodePath, pvc"
+        );
+    }
+
+    fn pod(phase: &str, ready: bool, waiting: Option<&str>) -> Pod {
+        Pod {
+            status: Some(PodStatus {
+                phase: Some(phase.into()),
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: if ready { "True" } else { "False" }.into(),
+                    ..PodCondition::default()
+                }]),
+                container_statuses: waiting.map(|w| {
+                    vec![ContainerStatus {
+                        name: "engine".into(),
+                        state: Some(ContainerState {
+                            waiting: Some(ContainerStateWaiting { reason: Some(w.into()), message: None }),
+                            ..ContainerState::default()
+                        }),
+                        ..ContainerStatus::default()
+                    }]
+                }),
+                ..PodStatus::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    #[test]
+    fn the_phase_follows_the_pod() {
+        assert_eq!(phase_from_pod(None).0, ReplicaPhase::Pending);
+        assert_eq!(phase_from_pod(Some(&pod("Pending", false, None))).0, ReplicaPhase::Pending);
+        assert_eq!(phase_from_pod(Some(&pod("Running", false, None))).0, ReplicaPhase::Loading);
+        assert_eq!(phase_from_pod(Some(&pod("Running", true, None))).0, ReplicaPhase::Serving);
+        assert_eq!(phase_from_pod(Some(&pod("Failed", false, None))).0, ReplicaPhase::Failed);
+        assert_eq!(phase_from_pod(Some(&pod("Running", false, Some("CrashLoopBackOff")))).0, ReplicaPhase::Failed);
+        // Waiting for a reason that passes (creating the container) is still loading.
+        assert_eq!(phase_from_pod(Some(&pod("Running", false, Some("ContainerCreating")))).0, ReplicaPhase::Loading);
+    }
 }

@@ -57,14 +57,21 @@ pub fn phase_update(replica: &ModelReplica, pod_phase: ReplicaPhase) -> Option<R
 }
 
 async fn reconcile_inner(replica: &ModelReplica, ctx: &Context) -> Result<Action> {
-    let ns = replica.namespace().ok_or_else(|| Error::MissingField { kind: "ModelReplica", name: replica.name_any(), field: "metadata.namespace" })?;
+    let ns = replica.namespace().ok_or_else(|| Error::MissingField {
+        kind: "ModelReplica",
+        name: replica.name_any(),
+        field: "metadata.namespace",
+    })?;
     let name = replica.name_any();
     if replica.metadata.deletion_timestamp.is_some() {
         // The Pod goes with it (owner reference).
         return Ok(Action::await_change());
     }
     let Some(model) = ctx.caches.models.get(&ObjectRef::<Model>::new(&replica.spec.model).within(&ns)) else {
-        return Err(Error::InvalidSpec { what: format!("ModelReplica {ns}/{name}"), why: format!("Model {ns}/{} does not exist", replica.spec.model) });
+        return Err(Error::InvalidSpec {
+            what: format!("ModelReplica {ns}/{name}"),
+            why: format!("Model {ns}/{} does not exist", replica.spec.model),
+        });
     };
     let desired = desired_pod(replica, &model, &ctx.config)?;
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
@@ -85,8 +92,16 @@ async fn reconcile_inner(replica: &ModelReplica, ctx: &Context) -> Result<Action
                 Err(e) if api_code(&e) == Some(404) => {}
                 Err(e) => return Err(Error::kube(format!("deleting the outdated Pod {ns}/{name}"), e)),
             }
-            publish(ctx, &replica.object_ref(&()), None, EventType::Normal, "PodRecreated", "Recreate", format!("Pod {name} differs from the replica's spec; recreating"))
-                .await;
+            publish(
+                ctx,
+                &replica.object_ref(&()),
+                None,
+                EventType::Normal,
+                "PodRecreated",
+                "Recreate",
+                format!("Pod {name} differs from the replica's spec; recreating"),
+            )
+            .await;
             // Created by the reconcile its deletion triggers.
             return Ok(Action::requeue(Duration::from_secs(5)));
         }
@@ -122,4 +137,56 @@ async fn write_phase(ctx: &Context, ns: &str, name: &str, phase: ReplicaPhase) -
         .await
         .map_err(|e| Error::kube(format!("writing the phase of ModelReplica {ns}/{name}"), e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use brink_api::crd::{EngineBuild, ModelReplicaSpec, ModelReplicaStatus, Serving};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+
+    use super::*;
+
+    fn replica(phase: Option<ReplicaPhase>, agent: bool) -> ModelReplica {
+        let mut r = ModelReplica::new(
+            "r",
+            ModelReplicaSpec {
+                deployment: "d".into(),
+                node: "n".into(),
+                model: "m".into(),
+                revision: "x".into(),
+                engine: EngineBuild { image: "i".into(), version: "v".into() },
+                serving: Serving { context: 1, max_batch_tokens: 1, prefill_chunk: 1, concurrency: 1, kv_fraction: 1.0 },
+            },
+        );
+        r.status = phase.map(|phase| ModelReplicaStatus { phase, ..ModelReplicaStatus::default() });
+        let manager = if agent { "brink-agent" } else { FIELD_MANAGER };
+        r.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            subresource: Some("status".into()),
+            ..ManagedFieldsEntry::default()
+        }]);
+        r
+    }
+
+    #[test]
+    fn the_pod_phase_is_written_only_where_the_agent_has_not_said_more() {
+        use ReplicaPhase::*;
+        // (current, agent wrote, pod says) -> write
+        let cases = [
+            (None, false, Pending, Some(Pending)),
+            (Some(Pending), false, Loading, Some(Loading)),
+            (Some(Loading), false, Serving, Some(Serving)),
+            (Some(Serving), false, Serving, None),
+            // Backwards is not a move the phases allow (a restarting Pod is the agent's to report).
+            (Some(Serving), false, Loading, None),
+            (Some(SelfTesting), true, Serving, None),
+            (Some(Downloading), true, Loading, None),
+            // A failed Pod fails the replica whoever wrote last.
+            (Some(Serving), true, Failed, Some(Failed)),
+            (Some(Failed), true, Failed, None),
+        ];
+        for (current, agent, pod, want) in cases {
+            assert_eq!(phase_update(&replica(current, agent), pod), want, "{current:?} agent={agent} pod={pod:?}");
+        }
+    }
 }

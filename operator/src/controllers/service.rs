@@ -19,7 +19,11 @@ pub const SERVICE_PORT: i32 = 80;
 
 pub fn desired_service(dep: &ModelDeployment) -> Result<Service> {
     let name = dep.name_any();
-    let owner = dep.controller_owner_ref(&()).ok_or_else(|| Error::MissingField { kind: "ModelDeployment", name: name.clone(), field: "metadata.uid" })?;
+    let owner = dep.controller_owner_ref(&()).ok_or_else(|| Error::MissingField {
+        kind: "ModelDeployment",
+        name: name.clone(),
+        field: "metadata.uid",
+    })?;
     let selector = BTreeMap::from([(DEPLOYMENT_LABEL.to_string(), label_value(&name))]);
     Ok(Service {
         metadata: ObjectMeta {

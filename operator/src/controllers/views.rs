@@ -109,7 +109,11 @@ pub fn node_view(node: &Node, spark: Option<&SparkNode>, heartbeat: HeartbeatHis
 /// Serving and not on its way out.
 pub fn replica_view(replica: &ModelReplica) -> ReplicaView {
     let serving = replica.status.as_ref().is_some_and(|s| s.phase == ReplicaPhase::Serving);
-    ReplicaView { name: replica.name_any(), node: replica.spec.node.clone(), healthy: serving && replica.metadata.deletion_timestamp.is_none() }
+    ReplicaView {
+        name: replica.name_any(),
+        node: replica.spec.node.clone(),
+        healthy: serving && replica.metadata.deletion_timestamp.is_none(),
+    }
 }
 
 /// The `Model` facts a deployment cannot be placed without, or which are missing.
@@ -171,5 +175,134 @@ pub fn deployment_view(dep: &ModelDeployment, facts: &ModelFacts, reserve_bytes:
             crd::OnSelfTestFailure::Clamp => OnSelfTestFailure::Clamp,
             crd::OnSelfTestFailure::Refuse => OnSelfTestFailure::Refuse,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use brink_api::crd::{Capacity, NodeFingerprint, ShapeQualification, SparkNodeSpec, SparkNodeStatus};
+    use brink_api::{QUALIFICATION_SCHEMA, Qualification, ReportSummary, ServingParams, UnifiedMemory, Verdict};
+    use k8s_openapi::api::core::v1::{NodeSpec, Taint as K8sTaint};
+
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn fingerprint(driver: &str) -> Fingerprint {
+        Fingerprint {
+            gpu_name: "NVIDIA GB10".into(),
+            compute_capability: "12.1".into(),
+            driver_version: Some(driver.into()),
+            cuda_version: "13.0".into(),
+            nvrtc_version: None,
+            agent_version: "0.2.0".into(),
+            kernel_sources_hash: "h".into(),
+            shape_class: "c1".into(),
+            serving: ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: 4096 },
+        }
+    }
+
+    fn spark(node_driver: &str, qualified_under: &str) -> SparkNode {
+        let fp = fingerprint(qualified_under);
+        let mut s = SparkNode::new("n1", SparkNodeSpec { shape_classes: vec!["c1".into(), "c2".into()] });
+        s.status = Some(SparkNodeStatus {
+            fingerprint: Some(NodeFingerprint::of(&fingerprint(node_driver))),
+            qualifications: vec![ShapeQualification {
+                shape_class: "c1".into(),
+                qualification: Qualification {
+                    schema: QUALIFICATION_SCHEMA,
+                    digest: fp.digest(),
+                    fingerprint: fp,
+                    verdict: Verdict::Clamped { max_tokens: 4096, first_failure: 8192 },
+                    summary: ReportSummary::default(),
+                    qualified_at: "2026-11-30T00:00:00Z".into(),
+                    model_summary: None,
+                    kernel_verdict: None,
+                    model_verdict: None,
+                },
+                envelope: None,
+                failing_cases: vec![],
+            }],
+            capacity: Some(Capacity {
+                unified_memory: UnifiedMemory { total: 128 * GIB, available: 90 * GIB },
+                resident_replica_bytes: 30 * GIB,
+                reserved_bytes: 8 * GIB,
+            }),
+            ..SparkNodeStatus::default()
+        });
+        s
+    }
+
+    fn node() -> Node {
+        let mut n = Node::default();
+        n.metadata.name = Some("n1".into());
+        n.spec = Some(NodeSpec {
+            unschedulable: Some(true),
+            taints: Some(vec![
+                K8sTaint { key: "gpu".into(), value: Some(String::new()), effect: "NoExecute".into(), ..K8sTaint::default() },
+                K8sTaint { key: "soft".into(), value: Some("x".into()), effect: "PreferNoSchedule".into(), ..K8sTaint::default() },
+                K8sTaint { key: "odd".into(), value: None, effect: "SomethingNew".into(), ..K8sTaint::default() },
+            ]),
+            ..NodeSpec::default()
+        });
+        n
+    }
+
+    #[test]
+    fn a_node_maps_cordon_taints_memory_and_classes() {
+        let v = node_view(&node(), Some(&spark("580", "580")), HeartbeatHistory::new(40), &[]);
+        assert!(v.unschedulable);
+        assert_eq!(
+            v.taints,
+            [
+                Taint { key: "gpu".into(), value: None, effect: TaintEffect::NoExecute },
+                Taint { key: "soft".into(), value: Some("x".into()), effect: TaintEffect::PreferNoSchedule },
+                // An effect this operator does not know blocks rather than being ignored.
+                Taint { key: "odd".into(), value: None, effect: TaintEffect::NoSchedule },
+            ]
+        );
+        // Available plus the residents' memory, minus the node's reserve.
+        assert_eq!(v.allocatable_bytes, (90 + 30 - 8) * GIB);
+        assert_eq!(v.classes["c1"], ClassQualification::Done(Verdict::Clamped { max_tokens: 4096, first_failure: 8192 }));
+        // Asked for and not reported yet.
+        assert_eq!(v.classes["c2"], ClassQualification::InProgress);
+    }
+
+    #[test]
+    fn a_result_under_another_fingerprint_is_stale_and_says_what_changed() {
+        let v = node_view(&node(), Some(&spark("590", "580")), HeartbeatHistory::new(40), &[]);
+        match &v.classes["c1"] {
+            ClassQualification::Stale { changed } => assert!(changed.contains("580") && changed.contains("590"), "{changed}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_node_without_agent_has_no_memory_and_no_classes() {
+        let v = node_view(&node(), None, HeartbeatHistory::new(40), &[]);
+        assert_eq!((v.allocatable_bytes, v.classes.len()), (0, 0));
+    }
+
+    #[test]
+    fn residents_are_counted_from_their_annotation() {
+        let mut r = ModelReplica::new(
+            "qwen-0",
+            brink_api::crd::ModelReplicaSpec {
+                deployment: "qwen".into(),
+                node: "n1".into(),
+                model: "qwen".into(),
+                revision: "r".into(),
+                engine: brink_api::crd::EngineBuild { image: "i".into(), version: "v".into() },
+                serving: brink_api::crd::Serving { context: 1, max_batch_tokens: 1, prefill_chunk: 1, concurrency: 1, kv_fraction: 1.0 },
+            },
+        );
+        r.metadata.namespace = Some("ns".into());
+        r.metadata.annotations = Some([(MEMORY_ANNOTATION.to_string(), (3 * GIB).to_string())].into());
+        let mut elsewhere = r.clone();
+        elsewhere.spec.node = "n2".into();
+        let v = node_view(&node(), None, HeartbeatHistory::new(40), &[&r, &elsewhere]);
+        assert_eq!(v.residents, [Resident { replica: "qwen-0".into(), deployment: "ns/qwen".into(), memory_bytes: 3 * GIB }]);
+        r.metadata.annotations = Some([(MEMORY_ANNOTATION.to_string(), "lots".to_string())].into());
+        assert_eq!(replica_memory(&r), 0);
     }
 }

@@ -72,7 +72,8 @@ mod tests {
         assert_ne!(revision(&model(&a), &engine("img:1a", "b")), revision(&model(&a), &engine("img:1", "ab")));
         let mut split = model(&a);
         split.sha256 = None;
-        split.parts = Some(vec![ModelPart { file: "a-1.gguf".into(), sha256: a.clone() }, ModelPart { file: "a-2.gguf".into(), sha256: a.clone() }]);
+        split.parts =
+            Some(vec![ModelPart { file: "a-1.gguf".into(), sha256: a.clone() }, ModelPart { file: "a-2.gguf".into(), sha256: a.clone() }]);
         assert_ne!(base, revision(&split, &engine("img:1", "0.1")));
     }
 }

@@ -53,7 +53,11 @@ pub fn model() -> Model {
     let mut m = Model::new(
         "qwen",
         ModelSpec {
-            source: ModelSource { https: Some(HttpsSource { url: "https://models.example/qwen.gguf".into(), credentials_secret_ref: None }), node_path: None, pvc: None },
+            source: ModelSource {
+                https: Some(HttpsSource { url: "https://models.example/qwen.gguf".into(), credentials_secret_ref: None }),
+                node_path: None,
+                pvc: None,
+            },
             sha256: Some("ab".repeat(32)),
             format: ModelFormat::Gguf,
             parts: None,
@@ -109,7 +113,8 @@ pub fn cordoned(name: &str) -> Node {
 
 pub fn tainted(name: &str, key: &str, effect: &str) -> Node {
     let mut n = node(name);
-    n.spec = Some(NodeSpec { taints: Some(vec![Taint { key: key.into(), effect: effect.into(), ..Taint::default() }]), ..NodeSpec::default() });
+    n.spec =
+        Some(NodeSpec { taints: Some(vec![Taint { key: key.into(), effect: effect.into(), ..Taint::default() }]), ..NodeSpec::default() });
     n
 }
 
@@ -148,7 +153,11 @@ pub fn spark(name: &str, verdict: Option<Verdict>) -> SparkNode {
     let mut s = SparkNode::new(name, SparkNodeSpec::default());
     s.metadata = meta(name, None, &format!("uid-spark-{name}"));
     s.status = Some(SparkNodeStatus {
-        capacity: Some(Capacity { unified_memory: UnifiedMemory { total: 128 * GIB, available: 120 * GIB }, resident_replica_bytes: 0, reserved_bytes: 0 }),
+        capacity: Some(Capacity {
+            unified_memory: UnifiedMemory { total: 128 * GIB, available: 120 * GIB },
+            resident_replica_bytes: 0,
+            reserved_bytes: 0,
+        }),
         qualifications: verdict.map(qualification).into_iter().collect(),
         ..SparkNodeStatus::default()
     });
@@ -396,7 +405,9 @@ where
     F: std::future::Future<Output = T>,
 {
     let server = serve(handle, script);
-    let out = tokio::time::timeout(Duration::from_secs(5), reconcile).await.expect("the reconcile hung: it sent a request the script does not expect");
+    let out = tokio::time::timeout(Duration::from_secs(5), reconcile)
+        .await
+        .expect("the reconcile hung: it sent a request the script does not expect");
     let seen = tokio::time::timeout(Duration::from_secs(5), server)
         .await
         .expect("an expected request never came")
