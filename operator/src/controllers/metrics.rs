@@ -50,6 +50,11 @@ impl Metrics {
         registry.register(Box::new(placements.clone()))?;
         registry.register(Box::new(replacements.clone()))?;
         registry.register(Box::new(unplaced.clone()))?;
+        // Every controller's series from the start: a scrape before the first reconcile sees 0, not nothing.
+        for c in super::CONTROLLERS {
+            reconciles.with_label_values(&[c]);
+            duration.with_label_values(&[c]);
+        }
         Ok(Metrics { registry, reconciles, errors, duration, placements, replacements, unplaced })
     }
 
@@ -96,6 +101,7 @@ mod tests {
         m.unplaced.with_label_values(&["ns", "d"]).set(1);
         let text = m.render().expect("render");
         assert!(text.contains("brink_operator_reconciles_total{controller=\"deployment\"} 1"), "{text}");
+        assert!(text.contains("brink_operator_reconciles_total{controller=\"modelreplica\"} 0"), "{text}");
         assert!(text.contains("brink_operator_reconcile_errors_total{controller=\"deployment\",kind=\"api\"} 1"), "{text}");
         assert!(text.contains("brink_operator_reconcile_duration_seconds_count{controller=\"deployment\"} 1"), "{text}");
         assert!(text.contains("brink_operator_placements_total{namespace=\"ns\"} 2"), "{text}");

@@ -42,6 +42,9 @@ pub use context::{Caches, Clock, Config, Context, FIELD_MANAGER, FixedClock, Sha
 pub use error::{Error, Result};
 pub use metrics::Metrics;
 
+/// The controllers, by the name their metrics carry.
+pub const CONTROLLERS: [&str; 2] = [deployment::CONTROLLER, replica::CONTROLLER];
+
 /// How long a failed reconcile waits before it is tried again.
 pub fn retry_after(error: &Error) -> Duration {
     match error {
