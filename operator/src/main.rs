@@ -53,6 +53,9 @@ struct RunArgs {
     /// Seconds a replica may take to load its model and pass its model test.
     #[arg(long, default_value_t = 1800)]
     startup_seconds: u32,
+    /// Seconds in-flight reconciles may run after SIGTERM before the operator exits.
+    #[arg(long, default_value_t = 25)]
+    drain_seconds: u64,
 }
 
 fn main() -> ExitCode {
@@ -147,6 +150,7 @@ async fn serve(args: RunArgs) -> Result<(), String> {
             memory_reserve_bytes: args.memory_reserve_bytes,
             serve_port: args.serve_port,
             startup_seconds: args.startup_seconds,
+            drain_seconds: args.drain_seconds,
             ..Config::default()
         },
     });

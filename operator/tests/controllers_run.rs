@@ -159,7 +159,7 @@ fn run_serves_metrics_and_drains_on_sigterm() {
     let port = TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
     let metrics = format!("127.0.0.1:{port}");
     let mut child = Command::new(env!("CARGO_BIN_EXE_brink-operator"))
-        .args(["run", "--metrics-addr", &metrics, "--kubeconfig"])
+        .args(["run", "--drain-seconds", "3", "--metrics-addr", &metrics, "--kubeconfig"])
         .arg(&config)
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
@@ -198,6 +198,8 @@ fn run_serves_metrics_and_drains_on_sigterm() {
     assert!(text.contains("brink_operator_reconciles_total{controller=\"modeldeployment\"} 0"), "{text}");
     assert!(text.contains("brink_operator_reconcile_duration_seconds_count{controller=\"modelreplica\"} 0"), "{text}");
 
+    // Let the controllers' own watches fill their caches (kube's runner starts after them).
+    std::thread::sleep(Duration::from_secs(1));
     let pid = child.id().to_string();
     let killed = Command::new("kill").args(["-TERM", &pid]).status().expect("kill");
     assert!(killed.success());
@@ -211,6 +213,13 @@ fn run_serves_metrics_and_drains_on_sigterm() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "exit {status:?}:\n{}", log.join("\n"));
+    // Drained: every controller stopped on its own, not at the drain limit.
+    for line in rx.try_iter() {
+        log.push(line);
+    }
+    let all = log.join("\n");
+    assert!(all.contains("deployment controller stopped") && all.contains("replica controller stopped"), "{all}");
+    assert!(all.contains("controllers stopped") && !all.contains("did not drain"), "{all}");
 }
 
 #[test]

@@ -68,6 +68,8 @@ pub struct Config {
     pub heartbeat: HeartbeatPolicy,
     /// How often a deployment is decided again with no event (heartbeats expire without one).
     pub resync_seconds: u64,
+    /// How long in-flight reconciles may run after the shutdown signal.
+    pub drain_seconds: u64,
 }
 
 impl Default for Config {
@@ -81,6 +83,8 @@ impl Default for Config {
             heartbeat: HeartbeatPolicy::default(),
             // Twice per default 40 s lease, as the heartbeat rule needs.
             resync_seconds: 20,
+            // Inside the kubelet's default 30 s termination grace.
+            drain_seconds: 25,
         }
     }
 }

@@ -82,8 +82,9 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
         .map(|r| r.as_ref())
         .filter(|r| r.namespace().as_deref() == Some(ns.as_str()) && r.spec.deployment == name)
         .collect();
-    // Names held by any replica of ours, also one being deleted: new names avoid them.
-    let taken: BTreeSet<String> = ours.iter().map(|r| r.name_any()).collect();
+    // Names held by any replica in the namespace, also one being deleted: new names avoid them.
+    let taken: BTreeSet<String> =
+        all_replicas.iter().filter(|r| r.namespace().as_deref() == Some(ns.as_str())).map(|r| r.name_any()).collect();
     let live: Vec<&ModelReplica> = ours.iter().copied().filter(|r| r.metadata.deletion_timestamp.is_none()).collect();
 
     let model = ctx.caches.models.get(&ObjectRef::<Model>::new(&dep.spec.model_ref.name).within(&ns));

@@ -118,11 +118,20 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl Future<Output = ()> + Send 
             futures::join!(deployments(ctx.clone(), shutdown.clone()), replicas(ctx, shutdown));
         }
     };
-    // The feeds stop when the controllers have drained.
+    // The feeds stop when the controllers have drained. The drain is bounded: kube's runner
+    // waits for its own cache before it can finish, and a signal that comes while that cache is
+    // still filling would otherwise hold the process until the kubelet kills it.
+    let limit = Duration::from_secs(shared.config.drain_seconds);
+    let deadline = shutdown.then(move |()| tokio::time::sleep(limit));
     futures::pin_mut!(feeds);
     futures::pin_mut!(controllers);
-    futures::future::select(feeds, controllers).await;
-    info!("controllers stopped");
+    futures::pin_mut!(deadline);
+    match futures::future::select(futures::future::select(feeds, controllers), deadline).await {
+        futures::future::Either::Left(_) => info!("controllers stopped"),
+        futures::future::Either::Right(_) => {
+            warn!(seconds = limit.as_secs(), "controllers did not drain in time after the shutdown signal; exiting")
+        }
+    }
 }
 
 async fn deployments(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
@@ -149,13 +158,16 @@ async fn deployments(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Sen
             futures::future::ready(())
         })
         .await;
+    info!("deployment controller stopped");
 }
 
 async fn replicas(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
     let c = ctx.client.clone();
     let wc = watcher::Config::default().any_semantic();
+    let store = ctx.caches.replicas.clone();
     Controller::new(Api::<ModelReplica>::all(c.clone()), wc.clone())
-        .owns(Api::<Pod>::all(c.clone()), wc.labels(names::REPLICA_LABEL))
+        .owns(Api::<Pod>::all(c.clone()), wc.clone().labels(names::REPLICA_LABEL))
+        .watches(Api::<Model>::all(c.clone()), wc, move |m: Model| nodes::replicas_of_model(&m, &store))
         .graceful_shutdown_on(shutdown)
         .run(replica::reconcile, error_policy, ctx)
         .for_each(|r| {
@@ -165,4 +177,5 @@ async fn replicas(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send +
             futures::future::ready(())
         })
         .await;
+    info!("replica controller stopped");
 }

@@ -46,6 +46,13 @@ pub fn deployments_of_model(model: &Model, deployments: &Store<ModelDeployment>)
         .collect()
 }
 
+/// Replicas that serve the Model (a replica whose Model was missing waits for it).
+pub fn replicas_of_model(model: &Model, replicas: &Store<ModelReplica>) -> Vec<ObjectRef<ModelReplica>> {
+    let ns = model.namespace();
+    let name = model.name_any();
+    replicas.state().iter().filter(|r| r.namespace() == ns && r.spec.model == name).map(|r| ObjectRef::from_obj(r.as_ref())).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
