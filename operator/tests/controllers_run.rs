@@ -161,7 +161,7 @@ fn run_serves_metrics_and_drains_on_sigterm() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_brink-operator"))
         .args(["run", "--drain-seconds", "3", "--metrics-addr", &metrics, "--kubeconfig"])
         .arg(&config)
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", "info,kube_runtime::controller=debug")
         .env("NO_COLOR", "1")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -198,8 +198,10 @@ fn run_serves_metrics_and_drains_on_sigterm() {
     assert!(text.contains("brink_operator_reconciles_total{controller=\"modeldeployment\"} 0"), "{text}");
     assert!(text.contains("brink_operator_reconcile_duration_seconds_count{controller=\"modelreplica\"} 0"), "{text}");
 
-    // Let the controllers' own watches fill their caches (kube's runner starts after them).
-    std::thread::sleep(Duration::from_secs(1));
+    // Both controllers' runners start once their own watches filled their caches (kube logs it
+    // at debug): a signal before that is the bounded-drain case, not the one tested here.
+    wait_for("store is ready, starting runner", &mut log);
+    wait_for("store is ready, starting runner", &mut log);
     let pid = child.id().to_string();
     let killed = Command::new("kill").args(["-TERM", &pid]).status().expect("kill");
     assert!(killed.success());
