@@ -143,6 +143,10 @@ pub struct ModelStatus {
     /// The shape class nodes qualify for (e.g. `qwen3moe-h2048-e128-top8-ffn768`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shape_class: Option<String>,
+    /// KV cache bytes one token takes (every layer, K and V, at the engine's cache type): with
+    /// `serving.context` and `serving.concurrency`, the KV part of a replica's memory request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_bytes_per_token: Option<u64>,
     /// One entry per node that holds or fetches the file (written by that node's agent).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["node".into()]))]

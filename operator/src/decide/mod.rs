@@ -8,6 +8,7 @@ pub mod inputs;
 pub mod lifecycle;
 pub mod placement;
 pub mod reason;
+pub mod revision;
 pub mod rollout;
 pub mod rollout_view;
 pub mod sweep;
@@ -23,8 +24,9 @@ pub use inputs::{
 pub use lifecycle::{Lifecycle, Replacement, ReplicaView, lifecycle};
 pub use placement::{Assignment, Placement, place};
 pub use reason::Reason;
+pub use revision::revision;
 pub use rollout::{
     EventType, Recreate, RolloutCondition, RolloutDecision, RolloutError, RolloutEvent, RolloutPolicy, RolloutReplica, RolloutSpec,
     ThresholdTest, decide_rollout,
 };
-pub use rollout_view::{kube_event, revision, rollout_condition, rollout_replica};
+pub use rollout_view::{kube_event, rollout_condition, rollout_replica};

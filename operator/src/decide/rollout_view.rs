@@ -1,40 +1,11 @@
-//! The seams between the rollout decision and the API objects, pure: the revision of a
-//! deployment, a `ModelReplica` as the rollout sees it, and the decision's condition and Events
+//! The seams between the rollout decision and the API objects, pure: a `ModelReplica` as the rollout sees it, and the decision's condition and Events
 //! as the controller records them.
 
 use brink_api::crd::conditions::Time;
-use brink_api::crd::{BadReason, Condition, ConditionType, EngineBuild, ModelReplica, ModelSpec, condition, find_condition};
+use brink_api::crd::{BadReason, Condition, ConditionType, ModelReplica, condition, find_condition};
 use kube::runtime::events::{Event, EventType as KubeEventType};
-use sha2::{Digest, Sha256};
 
 use super::rollout::{EventType, RolloutCondition, RolloutError, RolloutEvent, RolloutReplica, ThresholdTest};
-
-/// The revision a deployment asks for: what its replicas' bytes and code are. The model by its
-/// checksum (its source may move without a rollout), the engine by image and version. 16 hex
-/// digits of a SHA-256 over length-prefixed fields, stable across operator versions.
-pub fn revision(model: &ModelSpec, engine: &EngineBuild) -> String {
-    let mut h = Sha256::new();
-    let mut field = |tag: &str, value: &str| {
-        for part in [tag, value] {
-            h.update((part.len() as u64).to_le_bytes());
-            h.update(part.as_bytes());
-        }
-    };
-    match (&model.sha256, &model.parts) {
-        (Some(sha), _) => field("model.sha256", sha),
-        (None, Some(parts)) => {
-            for p in parts {
-                field("model.part", &p.file);
-                field("model.part.sha256", &p.sha256);
-            }
-        }
-        // The API rejects a Model with neither; fall back to where it comes from.
-        (None, None) => field("model.source", &serde_json::to_string(&model.source).unwrap_or_default()),
-    }
-    field("engine.image", &engine.image);
-    field("engine.version", &engine.version);
-    h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
-}
 
 /// A `ModelReplica` for the rollout. `node_healthy`: its node is schedulable with a fresh
 /// heartbeat (the lifecycle decision knows). The conventions the agent writes by:

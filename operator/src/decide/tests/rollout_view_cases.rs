@@ -1,52 +1,10 @@
-//! The rollout's seams to the API objects: revision, replica view, condition, Events.
+//! The rollout's seams to the API objects: replica view, condition, Events (the revision is
+//! `decide::revision`, tested there).
 
-use brink_api::crd::{ConditionStatus, ConditionType, EngineBuild, ModelReplica, ModelSpec, ReplicaPhase};
+use brink_api::crd::{ConditionStatus, ConditionType, ModelReplica, ReplicaPhase};
 use serde_json::json;
 
 use super::*;
-
-fn model(v: serde_json::Value) -> ModelSpec {
-    serde_json::from_value(v).unwrap()
-}
-
-fn engine(image: &str, version: &str) -> EngineBuild {
-    EngineBuild { image: image.into(), version: version.into() }
-}
-
-#[test]
-fn revision_is_the_models_checksum_and_the_engine_build() {
-    let single = model(json!({"source": {"https": {"url": "https://models.example/q.gguf"}}, "sha256": "a".repeat(64)}));
-    let e = engine("ghcr.io/brink/agent:0.2.0", "0.2.0");
-    // Reference values from Python's hashlib over the same length-prefixed fields: a change
-    // here re-rolls every deployment in every cluster, so it must be deliberate.
-    assert_eq!(revision(&single, &e), "7541f9f2a860f2fa");
-    let split = model(json!({"source": {"nodePath": {"path": "/models/m/"}}, "parts": [
-        {"file": "m-00001-of-00002.gguf", "sha256": "b".repeat(64)},
-        {"file": "m-00002-of-00002.gguf", "sha256": "c".repeat(64)}]}));
-    assert_eq!(revision(&split, &e), "b868a57fe3f82e6d");
-
-    // The source may move: same bytes, same revision.
-    let moved = model(json!({"source": {"pvc": {"claimName": "models", "path": "q.gguf"}}, "sha256": "a".repeat(64)}));
-    assert_eq!(revision(&moved, &e), revision(&single, &e));
-    // Any change of bytes or build is a new revision.
-    let other_bytes = model(json!({"source": {"https": {"url": "https://models.example/q.gguf"}}, "sha256": "d".repeat(64)}));
-    let all = [
-        revision(&single, &e),
-        revision(&other_bytes, &e),
-        revision(&single, &engine("ghcr.io/brink/agent:0.2.1", "0.2.0")),
-        revision(&single, &engine("ghcr.io/brink/agent:0.2.0", "0.2.1")),
-        revision(&split, &e),
-    ];
-    for (i, a) in all.iter().enumerate() {
-        assert_eq!(a.len(), 16);
-        assert!(a.bytes().all(|b| b.is_ascii_hexdigit()));
-        for b in &all[i + 1..] {
-            assert_ne!(a, b);
-        }
-    }
-    // Length prefixes: moving a character between fields changes the revision.
-    assert_ne!(revision(&single, &engine("ab", "c")), revision(&single, &engine("a", "bc")));
-}
 
 fn replica(conditions: serde_json::Value, created: Option<&str>) -> ModelReplica {
     let mut meta = json!({"name": "chat-0", "namespace": "ai"});

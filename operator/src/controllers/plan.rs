@@ -1,0 +1,305 @@
+//! The deployment controller's pure steps between the decisions and the writes: which replicas
+//! are on an old revision (the rollout seam), which removals may happen now without dropping
+//! serving capacity, the names and objects of new replicas, and the deployment's status.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use brink_api::crd::{
+    Condition, ConditionStatus, ConditionType, ModelDeployment, ModelDeploymentStatus, ModelReplica, ModelReplicaSpec, ReplicaPhase,
+    condition, set_condition,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::{Resource, ResourceExt};
+
+use super::error::{Error, Result};
+use super::names::{DEPLOYMENT_LABEL, REVISION_LABEL, label_value, replica_name, selector};
+use super::views::MEMORY_ANNOTATION;
+use crate::decide::Assignment;
+
+/// The replicas to move to `target`, by name. Today every replica whose revision differs is
+/// replaced at once (AllAtOnce): its replacement is placed like any new replica and it is
+/// retired once enough replicas serve (see [`removable`]).
+///
+/// The rollout decision (`decide::rollout`: canary first, continue only when it serves and
+/// passes its threshold test, else roll back) replaces this function.
+pub fn revision_targets(replicas: &[&ModelReplica], target: &str) -> BTreeSet<String> {
+    replicas.iter().filter(|r| r.spec.revision != target).map(|r| r.name_any()).collect()
+}
+
+/// Which of `candidates` (scale-down victims in the decided order, then retired revisions) may
+/// be deleted now. An unhealthy one goes at once; a healthy one only while the replicas that
+/// serve stay at `min(desired, serving now)`: a replaced replica leaves once its replacement
+/// serves.
+pub fn removable(candidates: &[String], healthy: &BTreeSet<String>, desired: u64) -> Vec<String> {
+    let mut serving = healthy.len() as u64;
+    let floor = desired.min(serving);
+    let mut out: Vec<String> = candidates.iter().filter(|c| !healthy.contains(*c)).cloned().collect();
+    for c in candidates.iter().filter(|c| healthy.contains(*c)) {
+        if serving > floor {
+            serving -= 1;
+            out.push(c.clone());
+        }
+    }
+    let mut seen = BTreeSet::new();
+    out.retain(|c| seen.insert(c.clone()));
+    out
+}
+
+/// The lowest `count` slots whose names are free among `taken` (a deployment's replicas, also
+/// those being deleted): a replica created twice from a stale cache collides (409) instead of
+/// doubling.
+pub fn free_names(deployment: &str, taken: &BTreeSet<String>, count: usize) -> Vec<String> {
+    (0u64..).map(|slot| replica_name(deployment, slot)).filter(|n| !taken.contains(n)).take(count).collect()
+}
+
+/// A new replica of `dep` where `assignment` put it, serving under the clamped limits.
+pub fn new_replica(dep: &ModelDeployment, name: &str, assignment: &Assignment, revision: &str) -> Result<ModelReplica> {
+    let owner = dep.controller_owner_ref(&()).ok_or_else(|| Error::MissingField {
+        kind: "ModelDeployment",
+        name: dep.name_any(),
+        field: "metadata.uid",
+    })?;
+    let mut serving = dep.spec.serving;
+    serving.max_batch_tokens = assignment.limits.max_batch_tokens;
+    serving.prefill_chunk = assignment.limits.prefill_chunk;
+    Ok(ModelReplica {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: dep.namespace(),
+            labels: Some(BTreeMap::from([
+                (DEPLOYMENT_LABEL.to_string(), label_value(&dep.name_any())),
+                (REVISION_LABEL.to_string(), revision.to_string()),
+            ])),
+            annotations: Some(BTreeMap::from([(MEMORY_ANNOTATION.to_string(), assignment.memory_bytes.to_string())])),
+            owner_references: Some(vec![owner]),
+            ..ObjectMeta::default()
+        },
+        spec: ModelReplicaSpec {
+            deployment: dep.name_any(),
+            node: assignment.node.clone(),
+            model: dep.spec.model_ref.name.clone(),
+            revision: revision.to_string(),
+            engine: dep.spec.engine.clone(),
+            serving,
+        },
+        status: None,
+    })
+}
+
+/// What the status is computed from.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// The deployment's replicas after this reconcile's writes (created ones included, deleted
+    /// ones not).
+    pub replicas: Vec<ReplicaState>,
+    pub created: usize,
+    pub deleted: usize,
+    /// Why replicas cannot be placed, when some cannot.
+    pub unplaced: Option<String>,
+    /// Why nothing can be decided (no Model, or one without its facts): `(reason, message)`.
+    pub blocked: Option<(&'static str, String)>,
+    /// Replicas kept on a node whose heartbeat expired within the grace.
+    pub held: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaState {
+    pub name: String,
+    pub serving: bool,
+    pub updated: bool,
+}
+
+impl ReplicaState {
+    pub fn of(r: &ModelReplica, revision: Option<&str>) -> ReplicaState {
+        ReplicaState {
+            name: r.name_any(),
+            serving: r.status.as_ref().is_some_and(|s| s.phase == ReplicaPhase::Serving),
+            updated: revision.is_some_and(|rev| r.spec.revision == rev),
+        }
+    }
+}
+
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// The deployment's status after `outcome`, conditions merged into the current ones (their
+/// transition times kept while their status holds).
+pub fn status(dep: &ModelDeployment, outcome: &Outcome, now: Time) -> Result<ModelDeploymentStatus> {
+    let current = dep.status.clone().unwrap_or_default();
+    let generation = dep.metadata.generation;
+    let desired = dep.spec.replicas.max(0);
+    let replicas = count(outcome.replicas.len());
+    let ready = count(outcome.replicas.iter().filter(|r| r.serving).count());
+    let updated = count(outcome.replicas.iter().filter(|r| r.updated).count());
+    let c = |t, s: bool, reason: &str, msg: String| condition(t, ConditionStatus::from(s), reason, msg, generation, now.clone());
+
+    let ready_cond = if ready >= desired {
+        c(ConditionType::Ready, true, "AllReplicasReady", format!("{ready} of {desired} replicas serving"))?
+    } else {
+        c(ConditionType::Ready, false, "ReplicasNotReady", format!("{ready} of {desired} replicas serving"))?
+    };
+    let changing = outcome.created > 0 || outcome.deleted > 0 || replicas != desired || updated < replicas || ready < replicas;
+    let progressing = match (&outcome.blocked, &outcome.unplaced) {
+        (Some((reason, msg)), _) => c(ConditionType::Progressing, false, reason, msg.clone())?,
+        (None, Some(msg)) if outcome.created == 0 && outcome.deleted == 0 => {
+            c(ConditionType::Progressing, false, "Unplaceable", msg.clone())?
+        }
+        _ if changing => c(
+            ConditionType::Progressing,
+            true,
+            "ReplicasChanging",
+            format!(
+                "{replicas} replicas ({updated} updated, {ready} serving) of {desired} wanted; {} created, {} deleted",
+                outcome.created, outcome.deleted
+            ),
+        )?,
+        _ => c(ConditionType::Progressing, false, "Complete", format!("{desired} replicas serving the current revision"))?,
+    };
+    let degraded = match (&outcome.blocked, &outcome.unplaced, outcome.held.is_empty()) {
+        (Some((reason, msg)), _, _) => c(ConditionType::Degraded, true, reason, msg.clone())?,
+        (None, Some(msg), _) => c(ConditionType::Degraded, true, "Unplaced", msg.clone())?,
+        (None, None, false) => c(
+            ConditionType::Degraded,
+            true,
+            "HeartbeatExpired",
+            format!("replicas {} are on nodes whose heartbeat expired (kept within the grace)", outcome.held.join(", ")),
+        )?,
+        (None, None, true) => c(ConditionType::Degraded, false, "AsExpected", "every wanted replica is placed".to_string())?,
+    };
+    let mut conditions: Vec<Condition> = current.conditions.clone();
+    for cond in [ready_cond, progressing, degraded] {
+        set_condition(&mut conditions, cond);
+    }
+    Ok(ModelDeploymentStatus {
+        observed_generation: generation,
+        replicas,
+        ready_replicas: ready,
+        updated_replicas: updated,
+        selector: Some(selector(&dep.name_any())),
+        // Not ours: the rollout decision writes it (an apply that named it would take it over).
+        rollout: None,
+        conditions,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn removals_keep_serving_capacity() {
+        // (candidates, healthy, desired) -> deleted now
+        type Case<'a> = (&'a [&'a str], &'a [&'a str], u64, &'a [&'a str]);
+        let cases: &[Case] = &[
+            // Nothing serves: every candidate goes (none of them carries traffic).
+            (&["a", "b"], &[], 1, &["a", "b"]),
+            // Scale 3 -> 1, all serving: two go.
+            (&["a", "b"], &["a", "b", "c"], 1, &["a", "b"]),
+            // A replaced replica that serves waits while its replacement does not.
+            (&["old"], &["old"], 1, &[]),
+            // ...and goes once the replacement serves.
+            (&["old"], &["old", "new"], 1, &["old"]),
+            // Unhealthy candidates go first, whatever the floor.
+            (&["x", "old"], &["old"], 1, &["x"]),
+            // Scale to zero: everything goes.
+            (&["a", "b"], &["a", "b"], 0, &["a", "b"]),
+            // Two retired revisions, one new replica serving of two wanted: one old one stays.
+            (&["o1", "o2"], &["o1", "o2", "n1"], 2, &["o1"]),
+            // A candidate listed twice (scale-down and revision) is deleted once.
+            (&["a", "a"], &[], 1, &["a"]),
+        ];
+        for (candidates, healthy, desired, want) in cases {
+            assert_eq!(removable(&names(candidates), &set(healthy), *desired), names(want), "{candidates:?} {healthy:?} {desired}");
+        }
+    }
+
+    #[test]
+    fn new_names_fill_the_lowest_free_slots() {
+        assert_eq!(free_names("qwen", &set(&[]), 2), ["qwen-0", "qwen-1"]);
+        assert_eq!(free_names("qwen", &set(&["qwen-0", "qwen-2"]), 2), ["qwen-1", "qwen-3"]);
+        assert!(free_names("qwen", &set(&["qwen-0"]), 0).is_empty());
+    }
+
+    fn dep(replicas: i32) -> ModelDeployment {
+        use brink_api::crd::{EngineBuild, ModelDeploymentSpec, ModelRef, Placement, Rollout, Serving};
+        let mut d = ModelDeployment::new(
+            "qwen",
+            ModelDeploymentSpec {
+                model_ref: ModelRef { name: "qwen".into() },
+                replicas,
+                engine: EngineBuild { image: "i".into(), version: "v".into() },
+                serving: Serving { context: 1024, max_batch_tokens: 512, prefill_chunk: 256, concurrency: 1, kv_fraction: 0.5 },
+                placement: Placement::default(),
+                on_self_test_failure: Default::default(),
+                rollout: Rollout::default(),
+            },
+        );
+        d.metadata.namespace = Some("ns".into());
+        d.metadata.generation = Some(3);
+        d
+    }
+
+    fn state(name: &str, serving: bool, updated: bool) -> ReplicaState {
+        ReplicaState { name: name.into(), serving, updated }
+    }
+
+    fn t(s: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(s).expect("time"))
+    }
+
+    #[test]
+    fn status_conditions_follow_the_outcome() {
+        let ready = Outcome { replicas: vec![state("a", true, true), state("b", true, true)], ..Outcome::default() };
+        let s = status(&dep(2), &ready, t(100)).expect("status");
+        assert_eq!((s.replicas, s.ready_replicas, s.updated_replicas, s.observed_generation), (2, 2, 2, Some(3)));
+        let reasons: Vec<(&str, &str, &str)> =
+            s.conditions.iter().map(|c| (c.type_.as_str(), c.status.as_str(), c.reason.as_str())).collect();
+        assert_eq!(
+            reasons,
+            [("Ready", "True", "AllReplicasReady"), ("Progressing", "False", "Complete"), ("Degraded", "False", "AsExpected")]
+        );
+
+        // Later, a replica is lost and cannot be placed: Ready flips (new transition time),
+        // Degraded says why; Progressing stays False (nothing moves) with the reason.
+        let mut d = dep(2);
+        d.status = Some(s);
+        let lost = Outcome {
+            replicas: vec![state("a", true, true)],
+            unplaced: Some("1 of 1 replicas cannot be placed; ...".into()),
+            ..Outcome::default()
+        };
+        let s2 = status(&d, &lost, t(200)).expect("status");
+        let get = |ty: &str| s2.conditions.iter().find(|c| c.type_ == ty).expect("condition").clone();
+        assert_eq!((get("Ready").status.as_str(), get("Ready").last_transition_time.clone()), ("False", t(200)));
+        assert_eq!(
+            (get("Degraded").reason.as_str(), get("Degraded").message.as_str()),
+            ("Unplaced", "1 of 1 replicas cannot be placed; ...")
+        );
+        assert_eq!(get("Progressing").reason, "Unplaceable");
+        // Progressing stayed False: its transition time is the first one.
+        assert_eq!(get("Progressing").last_transition_time, t(100));
+
+        let held = Outcome { replicas: vec![state("a", true, true)], held: vec!["a".into()], ..Outcome::default() };
+        let s3 = status(&dep(1), &held, t(300)).expect("status");
+        assert!(
+            s3.conditions
+                .iter()
+                .any(|c| c.type_ == "Degraded" && c.status == "True" && c.reason == "HeartbeatExpired" && c.message.contains("a"))
+        );
+
+        let blocked = Outcome { blocked: Some(("ModelNotFound", "Model ns/qwen does not exist".into())), ..Outcome::default() };
+        let s4 = status(&dep(1), &blocked, t(400)).expect("status");
+        assert!(s4.conditions.iter().any(|c| c.type_ == "Degraded" && c.reason == "ModelNotFound"));
+        assert!(s4.conditions.iter().any(|c| c.type_ == "Progressing" && c.status == "False" && c.reason == "ModelNotFound"));
+        assert_eq!(s4.selector.as_deref(), Some("brink.dev/deployment=qwen"));
+    }
+}

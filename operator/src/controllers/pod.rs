@@ -1,0 +1,380 @@
+//! The replica Pod a `ModelReplica` wants, pure: pinned to its node, `brink-agent serve` from
+//! the engine build over the cached model, a memory request for model plus KV, the probes the
+//! design states, GPU access through the NVIDIA runtime class. And the phase a Pod implies.
+
+use std::collections::BTreeMap;
+
+use brink_api::crd::{Model, ModelReplica, ReplicaPhase};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, HostPathVolumeSource, ObjectFieldSelector,
+    PersistentVolumeClaimVolumeSource, Pod, PodSpec, Probe, ResourceRequirements, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{Resource, ResourceExt};
+use sha2::{Digest, Sha256};
+
+use super::context::Config;
+use super::error::{Error, Result};
+use super::names::{DEPLOYMENT_LABEL, POD_SPEC_ANNOTATION, REPLICA_LABEL, REVISION_LABEL, label_value};
+use super::views::replica_memory;
+
+/// Where a PVC source is mounted in the Pod.
+const PVC_MOUNT: &str = "/models/pvc";
+/// The engine's scratch state (stall reports) inside the Pod.
+const STATE_DIR: &str = "/var/lib/brink/state";
+const RUNTIME_CLASS: &str = "nvidia";
+/// Seconds the engine gets to drain after SIGTERM: its own grace (30 s) plus margin.
+const TERMINATION_GRACE_S: i64 = 45;
+
+/// The model file as the Pod sees it, and the volume that brings it there.
+#[derive(Debug, PartialEq)]
+pub struct ModelMount {
+    pub path: String,
+    pub volume: Volume,
+    pub mount: VolumeMount,
+}
+
+fn host_path(name: &str, path: &str, type_: &str) -> Volume {
+    Volume {
+        name: name.into(),
+        host_path: Some(HostPathVolumeSource { path: path.into(), type_: Some(type_.into()) }),
+        ..Volume::default()
+    }
+}
+
+fn read_only(name: &str, at: &str) -> VolumeMount {
+    VolumeMount { name: name.into(), mount_path: at.into(), read_only: Some(true), ..VolumeMount::default() }
+}
+
+/// Where `model`'s file is inside the replica Pod: the agent's cache (an https source, named as
+/// the cache names it: `models/<sha256>.gguf`, or llama.cpp's split names under the first
+/// part's checksum), the node path itself, or the mounted claim.
+pub fn model_mount(model: &Model, cache_dir: &str) -> Result<ModelMount, String> {
+    let spec = &model.spec;
+    let name = model.name_any();
+    let parts = spec.parts.as_deref().unwrap_or_default();
+    let source = &spec.source;
+    if source.https.is_some() {
+        let key = match (&spec.sha256, parts.first()) {
+            (Some(sha), _) => sha.to_ascii_lowercase(),
+            (None, Some(first)) => first.sha256.to_ascii_lowercase(),
+            (None, None) => return Err(format!("Model {name}: neither spec.sha256 nor spec.parts is set")),
+        };
+        let file = if parts.len() > 1 { format!("{key}-00001-of-{:05}.gguf", parts.len()) } else { format!("{key}.gguf") };
+        let dir = cache_dir.trim_end_matches('/');
+        return Ok(ModelMount {
+            path: format!("{dir}/models/{file}"),
+            volume: host_path("model-cache", dir, "Directory"),
+            mount: read_only("model-cache", dir),
+        });
+    }
+    if let Some(np) = &source.node_path {
+        return Ok(match parts.first() {
+            Some(first) => ModelMount {
+                path: format!("{}/{}", np.path.trim_end_matches('/'), first.file),
+                volume: host_path("model", &np.path, "Directory"),
+                mount: read_only("model", &np.path),
+            },
+            None => ModelMount { path: np.path.clone(), volume: host_path("model", &np.path, "File"), mount: read_only("model", &np.path) },
+        });
+    }
+    if let Some(pvc) = &source.pvc {
+        let inner = format!("{PVC_MOUNT}/{}", pvc.path.trim_end_matches('/'));
+        return Ok(ModelMount {
+            path: match parts.first() {
+                Some(first) => format!("{inner}/{}", first.file),
+                None => inner,
+            },
+            volume: Volume {
+                name: "model".into(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: pvc.claim_name.clone(),
+                    read_only: Some(true),
+                }),
+                ..Volume::default()
+            },
+            mount: read_only("model", PVC_MOUNT),
+        });
+    }
+    Err(format!("Model {name}: spec.source sets none of https, nodePath, pvc"))
+}
+
+fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction { path: Some(path.into()), port: IntOrString::String("http".into()), ..HTTPGetAction::default() }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        timeout_seconds: Some(5),
+        ..Probe::default()
+    }
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector { field_path: path.into(), ..ObjectFieldSelector::default() }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+fn env(name: &str, value: &str) -> EnvVar {
+    EnvVar { name: name.into(), value: Some(value.into()), ..EnvVar::default() }
+}
+
+/// The Pod `replica` wants, with the hash of its spec in an annotation.
+pub fn desired_pod(replica: &ModelReplica, model: &Model, config: &Config) -> Result<Pod> {
+    let name = replica.name_any();
+    let owner = replica.controller_owner_ref(&()).ok_or_else(|| Error::MissingField {
+        kind: "ModelReplica",
+        name: name.clone(),
+        field: "metadata.uid",
+    })?;
+    let mount =
+        model_mount(model, &config.model_cache_dir).map_err(|why| Error::InvalidSpec { what: format!("ModelReplica {name}"), why })?;
+    let s = &replica.spec;
+    let command: Vec<String> = [
+        "brink-agent".to_string(),
+        "serve".into(),
+        "--model".into(),
+        mount.path.clone(),
+        "--host".into(),
+        "0.0.0.0".into(),
+        "--port".into(),
+        config.serve_port.to_string(),
+        "--context".into(),
+        s.serving.context.to_string(),
+        "--max-batch-tokens".into(),
+        s.serving.max_batch_tokens.to_string(),
+        "--prefill-chunk".into(),
+        s.serving.prefill_chunk.to_string(),
+        "--slots".into(),
+        s.serving.concurrency.to_string(),
+        "--served-model-name".into(),
+        s.model.clone(),
+    ]
+    .into();
+    let memory = replica_memory(replica);
+    let resources = (memory > 0).then(|| ResourceRequirements {
+        requests: Some(BTreeMap::from([("memory".to_string(), Quantity(memory.to_string()))])),
+        ..ResourceRequirements::default()
+    });
+    // Startup covers the model load and the model-level threshold test (both before `/ready`).
+    let startup_failures = i32::try_from(config.startup_seconds.div_ceil(10).max(1)).unwrap_or(i32::MAX);
+    let container = Container {
+        name: "engine".into(),
+        image: Some(s.engine.image.clone()),
+        command: Some(command),
+        ports: Some(vec![ContainerPort {
+            name: Some("http".into()),
+            container_port: i32::from(config.serve_port),
+            ..ContainerPort::default()
+        }]),
+        env: Some(vec![
+            field_env("POD_NAME", "metadata.name"),
+            field_env("POD_NAMESPACE", "metadata.namespace"),
+            field_env("NODE_NAME", "spec.nodeName"),
+            env("BRINK_REPLICA", &name),
+            env("BRINK_STATE_DIR", STATE_DIR),
+            // The NVIDIA runtime exposes the GPU; GB10 has one, shared by the node's replicas.
+            env("NVIDIA_VISIBLE_DEVICES", "all"),
+            env("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
+        ]),
+        resources,
+        startup_probe: Some(http_probe("/ready", 10, startup_failures)),
+        readiness_probe: Some(http_probe("/ready", 5, 2)),
+        // `/live` follows the progress heartbeat; 60 s covers the supervisor's own engine restart.
+        liveness_probe: Some(http_probe("/live", 10, 6)),
+        volume_mounts: Some(vec![
+            mount.mount.clone(),
+            VolumeMount { name: "state".into(), mount_path: STATE_DIR.into(), ..VolumeMount::default() },
+        ]),
+        ..Container::default()
+    };
+    let spec = PodSpec {
+        node_name: Some(s.node.clone()),
+        runtime_class_name: Some(RUNTIME_CLASS.into()),
+        termination_grace_period_seconds: Some(TERMINATION_GRACE_S),
+        containers: vec![container],
+        volumes: Some(vec![mount.volume, Volume { name: "state".into(), empty_dir: Some(Default::default()), ..Volume::default() }]),
+        ..PodSpec::default()
+    };
+    let hash = spec_hash(&spec)?;
+    let labels = BTreeMap::from([
+        (DEPLOYMENT_LABEL.to_string(), label_value(&s.deployment)),
+        (REPLICA_LABEL.to_string(), label_value(&name)),
+        (REVISION_LABEL.to_string(), s.revision.clone()),
+        ("app.kubernetes.io/name".to_string(), "brink-replica".to_string()),
+        ("app.kubernetes.io/managed-by".to_string(), "brink-operator".to_string()),
+    ]);
+    Ok(Pod {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: replica.namespace(),
+            labels: Some(labels),
+            annotations: Some(BTreeMap::from([(POD_SPEC_ANNOTATION.to_string(), hash)])),
+            owner_references: Some(vec![owner]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(spec),
+        status: None,
+    })
+}
+
+/// A hash of the spec: the Pod spec is immutable in everything this operator sets, so a Pod
+/// whose hash differs from the desired one is recreated (as a ReplicaSet's template hash).
+fn spec_hash(spec: &PodSpec) -> Result<String> {
+    let bytes = serde_json::to_vec(spec).map_err(|source| Error::Serialize { what: "the replica Pod spec", source })?;
+    Ok(Sha256::digest(&bytes).iter().take(8).map(|b| format!("{b:02x}")).collect())
+}
+
+/// What to do with the Pod that exists.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PodAction {
+    Create,
+    Keep,
+    /// It differs from the desired Pod: delete it; the next reconcile creates the new one.
+    Recreate,
+    /// A Pod of that name that this replica does not own: left alone, reported.
+    Foreign,
+}
+
+pub fn pod_action(existing: Option<&Pod>, desired: &Pod, replica: &ModelReplica) -> PodAction {
+    let Some(pod) = existing else { return PodAction::Create };
+    let uid = replica.uid();
+    if !pod.owner_references().iter().any(|o| Some(&o.uid) == uid.as_ref() && o.controller == Some(true)) {
+        return PodAction::Foreign;
+    }
+    if pod.metadata.deletion_timestamp.is_some() {
+        // Going away already: wait for it.
+        return PodAction::Keep;
+    }
+    let hash = |p: &Pod| p.annotations().get(POD_SPEC_ANNOTATION).cloned();
+    if hash(pod) == hash(desired) { PodAction::Keep } else { PodAction::Recreate }
+}
+
+/// Container waiting reasons after which the Pod will not start without a change.
+const STUCK: [&str; 5] = ["CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"];
+
+/// The replica phase the Pod implies, and why when it is `Failed`.
+pub fn phase_from_pod(pod: Option<&Pod>) -> (ReplicaPhase, Option<String>) {
+    let Some(status) = pod.and_then(|p| p.status.as_ref()) else { return (ReplicaPhase::Pending, None) };
+    match status.phase.as_deref() {
+        Some("Failed") | Some("Succeeded") => {
+            let why = status.message.clone().or(status.reason.clone()).unwrap_or_else(|| "the replica Pod exited".into());
+            return (ReplicaPhase::Failed, Some(why));
+        }
+        Some("Running") => {}
+        _ => return (ReplicaPhase::Pending, None),
+    }
+    for c in status.container_statuses.iter().flatten() {
+        if let Some(w) = c.state.as_ref().and_then(|s| s.waiting.as_ref())
+            && let Some(reason) = w.reason.as_deref().filter(|r| STUCK.contains(r))
+        {
+            return (ReplicaPhase::Failed, Some(format!("container {}: {reason}: {}", c.name, w.message.clone().unwrap_or_default())));
+        }
+    }
+    let ready = status.conditions.iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True");
+    if ready { (ReplicaPhase::Serving, None) } else { (ReplicaPhase::Loading, None) }
+}
+
+#[cfg(test)]
+mod tests {
+    use brink_api::crd::{ModelPart, ModelSource, ModelSpec, NodePathSource, PvcSource};
+    use k8s_openapi::api::core::v1::{ContainerState, ContainerStateWaiting, ContainerStatus, PodCondition, PodStatus};
+
+    use super::*;
+
+    fn model(source: ModelSource, parts: Option<Vec<ModelPart>>) -> Model {
+        let sha = parts.is_none().then(|| "AB".repeat(32));
+        Model::new("m", ModelSpec { source, sha256: sha, format: Default::default(), parts })
+    }
+
+    fn parts() -> Option<Vec<ModelPart>> {
+        Some(vec![
+            ModelPart { file: "m-00001-of-00002.gguf".into(), sha256: "cd".repeat(32) },
+            ModelPart { file: "m-00002-of-00002.gguf".into(), sha256: "ef".repeat(32) },
+        ])
+    }
+
+    fn https() -> ModelSource {
+        ModelSource {
+            https: Some(brink_api::crd::HttpsSource { url: "https://h/m/".into(), credentials_secret_ref: None }),
+            node_path: None,
+            pvc: None,
+        }
+    }
+
+    #[test]
+    fn the_model_path_follows_the_source() {
+        let m = model_mount(&model(https(), None), "/cache/").expect("mount");
+        assert_eq!(m.path, format!("/cache/models/{}.gguf", "ab".repeat(32)));
+        assert_eq!(m.volume.host_path.as_ref().map(|h| h.path.as_str()), Some("/cache"));
+        assert_eq!(m.mount.read_only, Some(true));
+        // Split: llama.cpp's names under the first part's checksum, as the cache writes them.
+        let m = model_mount(&model(https(), parts()), "/cache").expect("mount");
+        assert_eq!(m.path, format!("/cache/models/{}-00001-of-00002.gguf", "cd".repeat(32)));
+
+        let node_path = |p: &str| ModelSource { https: None, node_path: Some(NodePathSource { path: p.into() }), pvc: None };
+        let m = model_mount(&model(node_path("/data/m.gguf"), None), "/cache").expect("mount");
+        assert_eq!((m.path.as_str(), m.volume.host_path.as_ref().and_then(|h| h.type_.as_deref())), ("/data/m.gguf", Some("File")));
+        let m = model_mount(&model(node_path("/data/m/"), parts()), "/cache").expect("mount");
+        assert_eq!(
+            (m.path.as_str(), m.volume.host_path.as_ref().and_then(|h| h.type_.as_deref())),
+            ("/data/m/m-00001-of-00002.gguf", Some("Directory"))
+        );
+
+        let pvc =
+            ModelSource { https: None, node_path: None, pvc: Some(PvcSource { claim_name: "models".into(), path: "qwen/m.gguf".into() }) };
+        let m = model_mount(&model(pvc, None), "/cache").expect("mount");
+        assert_eq!(m.path, "/models/pvc/qwen/m.gguf");
+        assert_eq!(m.volume.persistent_volume_claim.as_ref().map(|c| (c.claim_name.as_str(), c.read_only)), Some(("models", Some(true))));
+
+        let none = ModelSource { https: None, node_path: None, pvc: None };
+        assert_eq!(
+            model_mount(&model(none, None), "/cache").expect_err("no source"),
+            "Model m: spec.source sets none of https, nodePath, pvc"
+        );
+    }
+
+    fn pod(phase: &str, ready: bool, waiting: Option<&str>) -> Pod {
+        Pod {
+            status: Some(PodStatus {
+                phase: Some(phase.into()),
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: if ready { "True" } else { "False" }.into(),
+                    ..PodCondition::default()
+                }]),
+                container_statuses: waiting.map(|w| {
+                    vec![ContainerStatus {
+                        name: "engine".into(),
+                        state: Some(ContainerState {
+                            waiting: Some(ContainerStateWaiting { reason: Some(w.into()), message: None }),
+                            ..ContainerState::default()
+                        }),
+                        ..ContainerStatus::default()
+                    }]
+                }),
+                ..PodStatus::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    #[test]
+    fn the_phase_follows_the_pod() {
+        assert_eq!(phase_from_pod(None).0, ReplicaPhase::Pending);
+        assert_eq!(phase_from_pod(Some(&pod("Pending", false, None))).0, ReplicaPhase::Pending);
+        assert_eq!(phase_from_pod(Some(&pod("Running", false, None))).0, ReplicaPhase::Loading);
+        assert_eq!(phase_from_pod(Some(&pod("Running", true, None))).0, ReplicaPhase::Serving);
+        assert_eq!(phase_from_pod(Some(&pod("Failed", false, None))).0, ReplicaPhase::Failed);
+        assert_eq!(phase_from_pod(Some(&pod("Running", false, Some("CrashLoopBackOff")))).0, ReplicaPhase::Failed);
+        // Waiting for a reason that passes (creating the container) is still loading.
+        assert_eq!(phase_from_pod(Some(&pod("Running", false, Some("ContainerCreating")))).0, ReplicaPhase::Loading);
+    }
+}

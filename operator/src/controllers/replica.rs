@@ -1,0 +1,192 @@
+//! The `ModelReplica` controller: one Pod per replica, pinned to the replica's node, recreated
+//! when it differs from the desired one; the replica's phase from its Pod while the agent has
+//! written none more precise.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use brink_api::crd::{Model, ModelReplica, ReplicaPhase};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use tracing::{info, instrument};
+
+use super::context::{Context, FIELD_MANAGER};
+use super::error::{Error, Result, api_code};
+use super::events::publish;
+use super::pod::{PodAction, desired_pod, phase_from_pod, pod_action};
+
+pub const CONTROLLER: &str = "modelreplica";
+
+#[instrument(skip_all, fields(namespace = replica.namespace().unwrap_or_default(), replica = replica.name_any()))]
+pub async fn reconcile(replica: Arc<ModelReplica>, ctx: Arc<Context>) -> Result<Action> {
+    let _timer = ctx.metrics.reconcile(CONTROLLER);
+    let result = reconcile_inner(&replica, &ctx).await;
+    if let Err(e) = &result {
+        ctx.metrics.error(CONTROLLER, e.kind());
+        publish(&ctx, &replica.object_ref(&()), None, EventType::Warning, "ReconcileFailed", "Reconcile", e.to_string()).await;
+    }
+    result
+}
+
+/// Whether a writer other than this operator (the replica Pod's agent) set the status phase.
+fn agent_wrote_status(replica: &ModelReplica) -> bool {
+    replica
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .any(|m| m.subresource.as_deref() == Some("status") && m.manager.as_deref().is_some_and(|w| w != FIELD_MANAGER))
+}
+
+/// The phase to write, if any: a failed Pod always; otherwise the Pod's phase while the agent
+/// has written none (its phases are finer: Downloading, SelfTesting, Stalled).
+pub fn phase_update(replica: &ModelReplica, pod_phase: ReplicaPhase) -> Option<ReplicaPhase> {
+    let current = replica.status.as_ref().map(|s| s.phase);
+    if current == Some(pod_phase) {
+        return None;
+    }
+    if pod_phase == ReplicaPhase::Failed || (!agent_wrote_status(replica) && current.unwrap_or_default().may_move_to(pod_phase)) {
+        return Some(pod_phase);
+    }
+    None
+}
+
+async fn reconcile_inner(replica: &ModelReplica, ctx: &Context) -> Result<Action> {
+    let ns = replica.namespace().ok_or_else(|| Error::MissingField {
+        kind: "ModelReplica",
+        name: replica.name_any(),
+        field: "metadata.namespace",
+    })?;
+    let name = replica.name_any();
+    if replica.metadata.deletion_timestamp.is_some() {
+        // The Pod goes with it (owner reference).
+        return Ok(Action::await_change());
+    }
+    let Some(model) = ctx.caches.models.get(&ObjectRef::<Model>::new(&replica.spec.model).within(&ns)) else {
+        return Err(Error::InvalidSpec {
+            what: format!("ModelReplica {ns}/{name}"),
+            why: format!("Model {ns}/{} does not exist", replica.spec.model),
+        });
+    };
+    let desired = desired_pod(replica, &model, &ctx.config)?;
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let existing = pods.get_opt(&name).await.map_err(|e| Error::kube(format!("reading Pod {ns}/{name}"), e))?;
+    let pod_now = match pod_action(existing.as_ref(), &desired, replica) {
+        PodAction::Keep => existing,
+        PodAction::Create => {
+            let pod = pods
+                .create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() }, &desired)
+                .await
+                .map_err(|e| Error::kube(format!("creating Pod {ns}/{name}"), e))?;
+            info!(node = %replica.spec.node, "replica Pod created");
+            Some(pod)
+        }
+        PodAction::Recreate => {
+            match pods.delete(&name, &DeleteParams::foreground()).await {
+                Ok(_) => {}
+                Err(e) if api_code(&e) == Some(404) => {}
+                Err(e) => return Err(Error::kube(format!("deleting the outdated Pod {ns}/{name}"), e)),
+            }
+            publish(
+                ctx,
+                &replica.object_ref(&()),
+                None,
+                EventType::Normal,
+                "PodRecreated",
+                "Recreate",
+                format!("Pod {name} differs from the replica's spec; recreating"),
+            )
+            .await;
+            // Created by the reconcile its deletion triggers.
+            return Ok(Action::requeue(Duration::from_secs(5)));
+        }
+        PodAction::Foreign => {
+            return Err(Error::InvalidSpec {
+                what: format!("ModelReplica {ns}/{name}"),
+                why: format!("a Pod named {name} exists and is not controlled by this replica; delete or rename it"),
+            });
+        }
+    };
+
+    let (phase, why) = phase_from_pod(pod_now.as_ref());
+    if let Some(next) = phase_update(replica, phase) {
+        write_phase(ctx, &ns, &name, next).await?;
+        if next == ReplicaPhase::Failed {
+            let note = why.unwrap_or_else(|| "the replica Pod failed".into());
+            publish(ctx, &replica.object_ref(&()), None, EventType::Warning, "Failed", "Serve", note).await;
+        }
+    }
+    Ok(Action::requeue(Duration::from_secs(ctx.config.resync_seconds.max(1) * 3)))
+}
+
+/// Applies only `phase`: every other status field stays the agent's.
+async fn write_phase(ctx: &Context, ns: &str, name: &str, phase: ReplicaPhase) -> Result<()> {
+    let patch = json!({
+        "apiVersion": "brink.dev/v1alpha1",
+        "kind": "ModelReplica",
+        "metadata": { "name": name },
+        "status": { "phase": phase },
+    });
+    let api: Api<ModelReplica> = Api::namespaced(ctx.client.clone(), ns);
+    api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
+        .await
+        .map_err(|e| Error::kube(format!("writing the phase of ModelReplica {ns}/{name}"), e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use brink_api::crd::{EngineBuild, ModelReplicaSpec, ModelReplicaStatus, Serving};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+
+    use super::*;
+
+    fn replica(phase: Option<ReplicaPhase>, agent: bool) -> ModelReplica {
+        let mut r = ModelReplica::new(
+            "r",
+            ModelReplicaSpec {
+                deployment: "d".into(),
+                node: "n".into(),
+                model: "m".into(),
+                revision: "x".into(),
+                engine: EngineBuild { image: "i".into(), version: "v".into() },
+                serving: Serving { context: 1, max_batch_tokens: 1, prefill_chunk: 1, concurrency: 1, kv_fraction: 1.0 },
+            },
+        );
+        r.status = phase.map(|phase| ModelReplicaStatus { phase, ..ModelReplicaStatus::default() });
+        let manager = if agent { "brink-agent" } else { FIELD_MANAGER };
+        r.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            subresource: Some("status".into()),
+            ..ManagedFieldsEntry::default()
+        }]);
+        r
+    }
+
+    #[test]
+    fn the_pod_phase_is_written_only_where_the_agent_has_not_said_more() {
+        use ReplicaPhase::*;
+        // (current, agent wrote, pod says) -> write
+        let cases = [
+            (None, false, Pending, Some(Pending)),
+            (Some(Pending), false, Loading, Some(Loading)),
+            (Some(Loading), false, Serving, Some(Serving)),
+            (Some(Serving), false, Serving, None),
+            // Backwards is not a move the phases allow (a restarting Pod is the agent's to report).
+            (Some(Serving), false, Loading, None),
+            (Some(SelfTesting), true, Serving, None),
+            (Some(Downloading), true, Loading, None),
+            // A failed Pod fails the replica whoever wrote last.
+            (Some(Serving), true, Failed, Some(Failed)),
+            (Some(Failed), true, Failed, None),
+        ];
+        for (current, agent, pod, want) in cases {
+            assert_eq!(phase_update(&replica(current, agent), pod), want, "{current:?} agent={agent} pod={pod:?}");
+        }
+    }
+}

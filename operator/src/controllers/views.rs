@@ -1,0 +1,308 @@
+//! API objects into the decisions' views, pure: `SparkNode` + `Node` + heartbeat into a
+//! `NodeView`, `ModelDeployment` + `Model` into a `DeploymentView`, `ModelReplica` into a
+//! `ReplicaView` and a `Resident`. No client, no clock: the callers pass what they read.
+
+use std::collections::BTreeMap;
+
+use brink_api::Fingerprint;
+use brink_api::crd::{self as crd, Model, ModelDeployment, ModelReplica, ReplicaPhase, SparkNode};
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+
+use crate::decide::{
+    ClassQualification, DeploymentView, HeartbeatHistory, MemoryNeed, NodeView, OnSelfTestFailure, ReplicaView, Resident, Spread, Taint,
+    TaintEffect,
+};
+
+/// Annotation on a `ModelReplica`: the memory its Pod requests, written when it is placed, so
+/// that residents are counted from their binding before the agent reports them.
+pub const MEMORY_ANNOTATION: &str = "brink.dev/memory-bytes";
+
+/// `namespace/name`, the key decisions match deployments by.
+pub fn deployment_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+/// A taint's effect; an effect this operator does not know keeps replicas off (it blocks).
+fn effect(s: &str) -> TaintEffect {
+    match s {
+        "PreferNoSchedule" => TaintEffect::PreferNoSchedule,
+        "NoExecute" => TaintEffect::NoExecute,
+        _ => TaintEffect::NoSchedule,
+    }
+}
+
+/// The node's qualification of each class it reported or was asked to qualify.
+fn classes(spark: &SparkNode) -> BTreeMap<String, ClassQualification> {
+    let mut out = BTreeMap::new();
+    // Asked for and not reported yet: the agent is on it (not asked again).
+    for class in &spark.spec.shape_classes {
+        out.insert(class.clone(), ClassQualification::InProgress);
+    }
+    let Some(status) = &spark.status else { return out };
+    for q in &status.qualifications {
+        let state = match &status.fingerprint {
+            Some(node) if !node.covers(&q.qualification.fingerprint) => {
+                let now = Fingerprint {
+                    gpu_name: node.gpu_name.clone(),
+                    compute_capability: node.compute_capability.clone(),
+                    driver_version: node.driver_version.clone(),
+                    cuda_version: node.cuda_version.clone(),
+                    nvrtc_version: node.nvrtc_version.clone(),
+                    agent_version: node.agent_version.clone(),
+                    kernel_sources_hash: node.kernel_sources_hash.clone(),
+                    ..q.qualification.fingerprint.clone()
+                };
+                let changed: Vec<String> = q.qualification.fingerprint.changed_fields(&now).iter().map(ToString::to_string).collect();
+                ClassQualification::Stale { changed: changed.join(", ") }
+            }
+            _ => ClassQualification::Done(q.qualification.verdict.clone()),
+        };
+        out.insert(q.shape_class.clone(), state);
+    }
+    out
+}
+
+/// The memory a replica's Pod requests, from its annotation (0 when absent or unreadable: a
+/// replica created by hand is not counted rather than refused).
+pub fn replica_memory(replica: &ModelReplica) -> u64 {
+    replica.annotations().get(MEMORY_ANNOTATION).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+/// A replica as a resident of its node.
+pub fn resident(replica: &ModelReplica) -> Resident {
+    Resident {
+        replica: replica.name_any(),
+        deployment: deployment_key(&replica.namespace().unwrap_or_default(), &replica.spec.deployment),
+        memory_bytes: replica_memory(replica),
+    }
+}
+
+/// One node as the decisions see it. `spark` is `None` for a Node with no agent yet: it has
+/// no classes and no memory, and its heartbeat history says whether a Lease exists.
+pub fn node_view(node: &Node, spark: Option<&SparkNode>, heartbeat: HeartbeatHistory, replicas: &[&ModelReplica]) -> NodeView {
+    let spec = node.spec.clone().unwrap_or_default();
+    let taints = spec
+        .taints
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| Taint { key: t.key, value: t.value.filter(|v| !v.is_empty()), effect: effect(&t.effect) })
+        .collect();
+    let allocatable_bytes = spark
+        .and_then(|s| s.status.as_ref())
+        .and_then(|s| s.capacity)
+        .map(|c| c.unified_memory.available.saturating_add(c.resident_replica_bytes).saturating_sub(c.reserved_bytes))
+        .unwrap_or(0);
+    let name = node.name_any();
+    NodeView {
+        unschedulable: spec.unschedulable.unwrap_or(false),
+        taints,
+        labels: node.labels().clone(),
+        heartbeat,
+        classes: spark.map(classes).unwrap_or_default(),
+        allocatable_bytes,
+        residents: replicas.iter().filter(|r| r.spec.node == name).map(|r| resident(r)).collect(),
+        name,
+    }
+}
+
+/// Serving and not on its way out.
+pub fn replica_view(replica: &ModelReplica) -> ReplicaView {
+    let serving = replica.status.as_ref().is_some_and(|s| s.phase == ReplicaPhase::Serving);
+    ReplicaView {
+        name: replica.name_any(),
+        node: replica.spec.node.clone(),
+        healthy: serving && replica.metadata.deletion_timestamp.is_none(),
+    }
+}
+
+/// The `Model` facts a deployment cannot be placed without, or which are missing.
+pub struct ModelFacts {
+    pub shape_class: String,
+    pub size_bytes: u64,
+    pub kv_bytes_per_token: u64,
+}
+
+pub fn model_facts(model: &Model) -> Result<ModelFacts, String> {
+    let status = model.status.clone().unwrap_or_default();
+    let mut missing = Vec::new();
+    if status.shape_class.as_deref().is_none_or(str::is_empty) {
+        missing.push("shapeClass");
+    }
+    if status.size_bytes.is_none_or(|s| s == 0) {
+        missing.push("sizeBytes");
+    }
+    if status.kv_bytes_per_token.is_none_or(|s| s == 0) {
+        missing.push("kvBytesPerToken");
+    }
+    if !missing.is_empty() {
+        return Err(format!(
+            "Model {} has no status.{} yet (an agent fills them from the GGUF header once a node holds the file)",
+            model.name_any(),
+            missing.join(", status.")
+        ));
+    }
+    Ok(ModelFacts {
+        shape_class: status.shape_class.unwrap_or_default(),
+        size_bytes: status.size_bytes.unwrap_or_default(),
+        kv_bytes_per_token: status.kv_bytes_per_token.unwrap_or_default(),
+    })
+}
+
+pub fn deployment_view(dep: &ModelDeployment, facts: &ModelFacts, reserve_bytes: u64) -> DeploymentView {
+    let s = &dep.spec;
+    DeploymentView {
+        key: deployment_key(&dep.namespace().unwrap_or_default(), &dep.name_any()),
+        shape_class: facts.shape_class.clone(),
+        memory: MemoryNeed::Model {
+            model_bytes: facts.size_bytes,
+            kv_bytes_per_token: facts.kv_bytes_per_token,
+            context: s.serving.context,
+            concurrency: u64::from(s.serving.concurrency),
+        },
+        reserve_bytes,
+        max_batch_tokens: s.serving.max_batch_tokens,
+        prefill_chunk: s.serving.prefill_chunk,
+        replicas: u64::try_from(s.replicas).unwrap_or(0),
+        node_selector: s.placement.node_selector.clone(),
+        tolerations: Vec::new(),
+        spread: match s.placement.spread {
+            crd::Spread::PerNode => Spread::OnePerNode,
+            crd::Spread::BestEffort => Spread::Prefer,
+        },
+        require_qualified: s.placement.require_qualified,
+        on_self_test_failure: match s.on_self_test_failure {
+            crd::OnSelfTestFailure::Clamp => OnSelfTestFailure::Clamp,
+            crd::OnSelfTestFailure::Refuse => OnSelfTestFailure::Refuse,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use brink_api::crd::{Capacity, NodeFingerprint, ShapeQualification, SparkNodeSpec, SparkNodeStatus};
+    use brink_api::{QUALIFICATION_SCHEMA, Qualification, ReportSummary, ServingParams, UnifiedMemory, Verdict};
+    use k8s_openapi::api::core::v1::{NodeSpec, Taint as K8sTaint};
+
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn fingerprint(driver: &str) -> Fingerprint {
+        Fingerprint {
+            gpu_name: "NVIDIA GB10".into(),
+            compute_capability: "12.1".into(),
+            driver_version: Some(driver.into()),
+            cuda_version: "13.0".into(),
+            nvrtc_version: None,
+            agent_version: "0.2.0".into(),
+            kernel_sources_hash: "h".into(),
+            shape_class: "c1".into(),
+            serving: ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: 4096 },
+        }
+    }
+
+    fn spark(node_driver: &str, qualified_under: &str) -> SparkNode {
+        let fp = fingerprint(qualified_under);
+        let mut s = SparkNode::new("n1", SparkNodeSpec { shape_classes: vec!["c1".into(), "c2".into()] });
+        s.status = Some(SparkNodeStatus {
+            fingerprint: Some(NodeFingerprint::of(&fingerprint(node_driver))),
+            qualifications: vec![ShapeQualification {
+                shape_class: "c1".into(),
+                qualification: Qualification {
+                    schema: QUALIFICATION_SCHEMA,
+                    digest: fp.digest(),
+                    fingerprint: fp,
+                    verdict: Verdict::Clamped { max_tokens: 4096, first_failure: 8192 },
+                    summary: ReportSummary::default(),
+                    qualified_at: "2026-11-30T00:00:00Z".into(),
+                    model_summary: None,
+                    kernel_verdict: None,
+                    model_verdict: None,
+                },
+                envelope: None,
+                failing_cases: vec![],
+            }],
+            capacity: Some(Capacity {
+                unified_memory: UnifiedMemory { total: 128 * GIB, available: 90 * GIB },
+                resident_replica_bytes: 30 * GIB,
+                reserved_bytes: 8 * GIB,
+            }),
+            ..SparkNodeStatus::default()
+        });
+        s
+    }
+
+    fn node() -> Node {
+        let mut n = Node::default();
+        n.metadata.name = Some("n1".into());
+        n.spec = Some(NodeSpec {
+            unschedulable: Some(true),
+            taints: Some(vec![
+                K8sTaint { key: "gpu".into(), value: Some(String::new()), effect: "NoExecute".into(), ..K8sTaint::default() },
+                K8sTaint { key: "soft".into(), value: Some("x".into()), effect: "PreferNoSchedule".into(), ..K8sTaint::default() },
+                K8sTaint { key: "odd".into(), value: None, effect: "SomethingNew".into(), ..K8sTaint::default() },
+            ]),
+            ..NodeSpec::default()
+        });
+        n
+    }
+
+    #[test]
+    fn a_node_maps_cordon_taints_memory_and_classes() {
+        let v = node_view(&node(), Some(&spark("580", "580")), HeartbeatHistory::new(40), &[]);
+        assert!(v.unschedulable);
+        assert_eq!(
+            v.taints,
+            [
+                Taint { key: "gpu".into(), value: None, effect: TaintEffect::NoExecute },
+                Taint { key: "soft".into(), value: Some("x".into()), effect: TaintEffect::PreferNoSchedule },
+                // An effect this operator does not know blocks rather than being ignored.
+                Taint { key: "odd".into(), value: None, effect: TaintEffect::NoSchedule },
+            ]
+        );
+        // Available plus the residents' memory, minus the node's reserve.
+        assert_eq!(v.allocatable_bytes, (90 + 30 - 8) * GIB);
+        assert_eq!(v.classes["c1"], ClassQualification::Done(Verdict::Clamped { max_tokens: 4096, first_failure: 8192 }));
+        // Asked for and not reported yet.
+        assert_eq!(v.classes["c2"], ClassQualification::InProgress);
+    }
+
+    #[test]
+    fn a_result_under_another_fingerprint_is_stale_and_says_what_changed() {
+        let v = node_view(&node(), Some(&spark("590", "580")), HeartbeatHistory::new(40), &[]);
+        match &v.classes["c1"] {
+            ClassQualification::Stale { changed } => assert!(changed.contains("580") && changed.contains("590"), "{changed}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_node_without_agent_has_no_memory_and_no_classes() {
+        let v = node_view(&node(), None, HeartbeatHistory::new(40), &[]);
+        assert_eq!((v.allocatable_bytes, v.classes.len()), (0, 0));
+    }
+
+    #[test]
+    fn residents_are_counted_from_their_annotation() {
+        let mut r = ModelReplica::new(
+            "qwen-0",
+            brink_api::crd::ModelReplicaSpec {
+                deployment: "qwen".into(),
+                node: "n1".into(),
+                model: "qwen".into(),
+                revision: "r".into(),
+                engine: brink_api::crd::EngineBuild { image: "i".into(), version: "v".into() },
+                serving: brink_api::crd::Serving { context: 1, max_batch_tokens: 1, prefill_chunk: 1, concurrency: 1, kv_fraction: 1.0 },
+            },
+        );
+        r.metadata.namespace = Some("ns".into());
+        r.metadata.annotations = Some([(MEMORY_ANNOTATION.to_string(), (3 * GIB).to_string())].into());
+        let mut elsewhere = r.clone();
+        elsewhere.spec.node = "n2".into();
+        let v = node_view(&node(), None, HeartbeatHistory::new(40), &[&r, &elsewhere]);
+        assert_eq!(v.residents, [Resident { replica: "qwen-0".into(), deployment: "ns/qwen".into(), memory_bytes: 3 * GIB }]);
+        r.metadata.annotations = Some([(MEMORY_ANNOTATION.to_string(), "lots".to_string())].into());
+        assert_eq!(replica_memory(&r), 0);
+    }
+}
