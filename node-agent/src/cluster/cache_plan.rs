@@ -202,6 +202,8 @@ pub fn header_status(facts: &HeaderFacts, size: u64) -> ModelStatus {
         size_bytes: Some(size),
         quant_types: facts.quant_types.iter().map(|t| t.to_ascii_uppercase()).collect(),
         shape_class: Some(facts.shape_class.clone()),
+        // Not derived from the header yet: the operator waits for it (ModelNotReady).
+        kv_bytes_per_token: None,
         cache: Vec::new(),
         conditions: Vec::new(),
     }
