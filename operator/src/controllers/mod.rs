@@ -18,6 +18,7 @@ pub mod nodes;
 pub mod plan;
 pub mod pod;
 pub mod replica;
+pub mod rollout;
 pub mod server;
 pub mod service;
 pub mod startup;
