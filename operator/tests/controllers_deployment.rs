@@ -88,7 +88,10 @@ async fn two_replicas_on_three_qualified_nodes() {
         replica_create("qwen-1", "spark-2"),
         Expect::event("Placed", "qwen").check(|b| assert_eq!(b["related"]["name"], "qwen-1")),
         // The first rollout of the revision: nothing ran before, so no canary.
-        rollout_event("RolloutStarted", "Normal").check(|b| assert_eq!(b["note"], "0 of 2 replicas exist; 0/2 serve")),
+        Expect::event("RolloutStarted", "qwen").check(|b| {
+            assert_eq!((b["type"].as_str(), b["action"].as_str()), (Some("Normal"), Some("Rollout")));
+            assert_eq!(b["note"], "0 of 2 replicas exist; 0/2 serve");
+        }),
         status_apply(|b| {
             assert_eq!(b["status"]["replicas"], 2);
             assert_eq!(b["status"]["readyReplicas"], 0);
