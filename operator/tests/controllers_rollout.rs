@@ -441,3 +441,55 @@ async fn a_replica_without_a_creation_time_fails_the_reconcile_with_its_name() {
     let (r, _) = scenario(handle, script, deployment::reconcile(Arc::new(dep), ctx)).await;
     assert!(r.is_err());
 }
+
+#[tokio::test]
+async fn a_server_error_on_the_recreate_fails_the_reconcile_naming_the_revision() {
+    let (dep, new_rev) = upgraded(3);
+    let world = three_serving();
+    let (ctx, handle) = context(&world);
+    let script = vec![
+        service_apply(),
+        recreate_delete("qwen-0"),
+        recreate_create("qwen-0", "spark-1", new_rev.clone(), "0.3.0").reply(Reply::Fail(500, "etcdserver: request timed out")),
+        Expect::event("ReconcileFailed", "qwen").check(move |b| {
+            let note = b["note"].as_str().unwrap_or_default();
+            assert!(note.starts_with(&format!("recreating ModelReplica llm/qwen-0 at revision {new_rev}:")), "{note}");
+            assert!(note.contains("etcdserver: request timed out"), "{note}");
+        }),
+    ];
+    let (r, _) = scenario(handle, script, deployment::reconcile(Arc::new(dep), ctx)).await;
+    assert!(r.is_err());
+}
+
+#[tokio::test]
+async fn a_blocked_reconcile_keeps_the_rollout_status_it_cannot_decide() {
+    // The apply owns status.rollout: one that left it out would remove it.
+    let (mut dep, _) = upgraded(3);
+    let mut world = three_serving();
+    let (ctx, handle) = context(&world);
+    let script = vec![
+        service_apply(),
+        recreate_delete("qwen-0"),
+        recreate_create("qwen-0", "spark-1", upgraded(3).1, "0.3.0"),
+        recreated_event("qwen-0"),
+        rollout_event("CanaryStarted", "Normal"),
+        status_apply(|_| {}),
+    ];
+    let (r, seen) = scenario(handle, script, deployment::reconcile(Arc::new(dep.clone()), ctx)).await;
+    r.expect("pass 1");
+    let before = written(&seen);
+    dep.status = Some(before.clone());
+    // The Model is gone: nothing can be decided.
+    world.models.clear();
+    let (ctx, handle) = context(&world);
+    let rollout = serde_json::to_value(before.rollout.clone()).expect("JSON");
+    let script = vec![
+        service_apply(),
+        status_apply(move |b| {
+            assert_eq!(cond(b, "Progressing")["reason"], "ModelNotFound");
+            assert_eq!(b["status"]["rollout"], rollout);
+        }),
+    ];
+    let (r, _) = scenario(handle, script, deployment::reconcile(Arc::new(dep), ctx)).await;
+    r.expect("blocked");
+}
