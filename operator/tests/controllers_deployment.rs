@@ -7,10 +7,30 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use brink_api::crd::{ModelDeploymentStatus, ReplicaPhase};
+use brink_api::crd::{ConditionStatus, ConditionType, ModelDeploymentStatus, ModelReplica, ReplicaPhase, condition};
 use brink_operator::controllers::{Error, deployment, retry_after};
 use common::*;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
+
+fn at(s: i64) -> Time {
+    Time(Timestamp::from_second(s).expect("valid time"))
+}
+
+/// A replica as the API server and its agent leave it (shadows `common::replica`): created an
+/// hour ago; a Serving one Ready and Qualified for the last 50 minutes, so that the rollout
+/// counts it as proven.
+fn replica(name: &str, node: &str, phase: Option<ReplicaPhase>) -> ModelReplica {
+    let mut r = common::replica(name, node, phase);
+    r.metadata.creation_timestamp = Some(at(NOW_S - 3600));
+    if let Some(s) = r.status.as_mut().filter(|s| s.phase == ReplicaPhase::Serving) {
+        for (t, reason) in [(ConditionType::Ready, "Serving"), (ConditionType::Qualified, "ThresholdTestPassed")] {
+            s.conditions.push(condition(t, ConditionStatus::True, reason, "", None, at(NOW_S - 3000)).expect("condition"));
+        }
+    }
+    r
+}
 
 fn replica_create(name: &'static str, node: &'static str) -> Expect {
     Expect::new("POST", REPLICAS).query("fieldManager", "brink-operator").check(move |b| {
@@ -31,6 +51,14 @@ fn replica_create(name: &'static str, node: &'static str) -> Expect {
     })
 }
 
+/// A rollout Event on the deployment.
+fn rollout_event(reason: &'static str, type_: &'static str) -> Expect {
+    Expect::event(reason, "qwen").check(move |b| {
+        assert_eq!(b["action"], "Rollout", "{b}");
+        assert_eq!(b["type"], type_, "{b}");
+    })
+}
+
 fn status_apply(check: impl Fn(&Value) + Send + 'static) -> Expect {
     Expect::new("PATCH", STATUS)
         .query("fieldManager", "brink-operator")
@@ -40,7 +68,6 @@ fn status_apply(check: impl Fn(&Value) + Send + 'static) -> Expect {
             assert_eq!(b["metadata"]["name"], "qwen");
             assert_eq!(b["status"]["selector"], "brink.dev/deployment=qwen");
             assert_eq!(b["status"]["observedGeneration"], 1);
-            assert!(b["status"].get("rollout").is_none(), "the rollout status is not this controller's: {b}");
             check(b)
         })
         .reply(Reply::EchoOnto(serde_json::to_value(deployment(1)).expect("JSON")))
@@ -60,20 +87,28 @@ async fn two_replicas_on_three_qualified_nodes() {
         }),
         replica_create("qwen-1", "spark-2"),
         Expect::event("Placed", "qwen").check(|b| assert_eq!(b["related"]["name"], "qwen-1")),
+        // The first rollout of the revision: nothing ran before, so no canary.
+        Expect::event("RolloutStarted", "qwen").check(|b| {
+            assert_eq!((b["type"].as_str(), b["action"].as_str()), (Some("Normal"), Some("Rollout")));
+            assert_eq!(b["note"], "0 of 2 replicas exist; 0/2 serve");
+        }),
         status_apply(|b| {
             assert_eq!(b["status"]["replicas"], 2);
             assert_eq!(b["status"]["readyReplicas"], 0);
             assert_eq!(b["status"]["updatedReplicas"], 2);
             assert_eq!(cond(b, "Ready")["status"], "False");
             assert_eq!(cond(b, "Progressing")["status"], "True");
-            assert_eq!(cond(b, "Progressing")["reason"], "ReplicasChanging");
+            assert_eq!(cond(b, "Progressing")["reason"], "RollingOut");
+            assert_eq!(b["status"]["rollout"]["phase"], "Progressing");
+            assert_eq!(b["status"]["rollout"]["revision"], revision());
+            assert!(b["status"]["rollout"].get("previousRevision").is_none(), "{b}");
             assert_eq!(cond(b, "Degraded")["status"], "False");
         }),
     ];
     let (action, seen) = scenario(handle, script, deployment::reconcile(Arc::new(deployment(2)), ctx.clone())).await;
     let action = action.expect("reconcile");
     assert_eq!(format!("{action:?}"), format!("{:?}", kube::runtime::controller::Action::requeue(Duration::from_secs(20))));
-    assert_eq!(seen.len(), 6);
+    assert_eq!(seen.len(), 7);
     let metrics = ctx.metrics.render().expect("metrics");
     assert!(metrics.contains("brink_operator_placements_total{namespace=\"llm\"} 2"), "{metrics}");
     assert!(metrics.contains("brink_operator_unplaced_replicas{deployment=\"qwen\",namespace=\"llm\"} 0"), "{metrics}");
@@ -88,15 +123,18 @@ async fn a_settled_deployment_writes_nothing_but_its_service() {
     let (ctx, handle) = context(&world);
     let script = vec![
         service_apply(),
+        rollout_event("RolloutComplete", "Normal"),
         status_apply(|b| {
             assert_eq!(b["status"]["readyReplicas"], 2);
             assert_eq!(cond(b, "Ready")["status"], "True");
-            assert_eq!(cond(b, "Progressing")["reason"], "Complete");
+            assert_eq!(cond(b, "Progressing")["reason"], "RolloutComplete");
+            assert_eq!(cond(b, "Progressing")["status"], "False");
+            assert_eq!(b["status"]["rollout"]["phase"], "Complete");
         }),
     ];
     let (r, seen) = scenario(handle, script, deployment::reconcile(Arc::new(deployment(2)), ctx.clone())).await;
     r.expect("reconcile");
-    let written: ModelDeploymentStatus = serde_json::from_value(seen[1].body["status"].clone()).expect("status");
+    let written: ModelDeploymentStatus = serde_json::from_value(seen[2].body["status"].clone()).expect("status");
     let mut settled = deployment(2);
     settled.status = Some(written);
     let (ctx, handle) = context(&world);
@@ -119,6 +157,7 @@ async fn a_cordoned_node_gets_its_replica_replaced_then_removed_once_the_new_one
             assert_eq!(b["related"]["name"], "qwen-0");
             assert_eq!(b["note"], "replica qwen-0 on node spark-1: cordoned");
         }),
+        rollout_event("RolloutComplete", "Normal"),
         // qwen-0 still serves: it stays until its replacement does.
         status_apply(|b| {
             assert_eq!(b["status"]["replicas"], 3);
@@ -141,6 +180,7 @@ async fn a_cordoned_node_gets_its_replica_replaced_then_removed_once_the_new_one
             }),
         )),
         Expect::event("Deleted", "qwen").check(|b| assert_eq!(b["related"]["name"], "qwen-0")),
+        rollout_event("RolloutComplete", "Normal"),
         status_apply(|b| {
             assert_eq!(b["status"]["replicas"], 2);
             assert_eq!(b["status"]["readyReplicas"], 2);
@@ -167,6 +207,7 @@ async fn a_lost_heartbeat_replaces_and_removes_without_waiting() {
             let note = b["note"].as_str().unwrap_or_default();
             assert!(note.starts_with("replica qwen-0 on node spark-1: heartbeat expired 200 s ago"), "{note}");
         }),
+        rollout_event("RolloutComplete", "Normal"),
         // qwen-0 reports Serving, but from a node that lost its heartbeat that is not believed.
         status_apply(|b| {
             assert_eq!(b["status"]["replicas"], 2);
@@ -177,17 +218,23 @@ async fn a_lost_heartbeat_replaces_and_removes_without_waiting() {
     r.expect("first reconcile");
 
     // The replacement is still loading; the lost node's replica goes anyway (it serves no one).
-    world.replicas.push(replica("qwen-1", "spark-2", Some(ReplicaPhase::Loading)));
+    let mut loading = replica("qwen-1", "spark-2", Some(ReplicaPhase::Loading));
+    loading.metadata.creation_timestamp = Some(at(NOW_S - 10));
+    world.replicas.push(loading);
     let (ctx, handle) = context(&world);
     let script = vec![
         service_apply(),
         Expect::new("DELETE", format!("{REPLICAS}/qwen-0"))
             .reply(Reply::Json(json!({ "apiVersion": "v1", "kind": "Status", "status": "Success", "code": 200 }))),
         Expect::event("Deleted", "qwen"),
+        // (A fresh status: the rollout waits for the loading replica, within its deadline.)
+        rollout_event("RolloutStarted", "Normal"),
         status_apply(|b| {
             assert_eq!(b["status"]["replicas"], 1);
             assert_eq!(b["status"]["readyReplicas"], 0);
             assert_eq!(cond(b, "Ready")["status"], "False");
+            let msg = b["status"]["rollout"]["message"].as_str().unwrap_or_default().to_string();
+            assert!(msg.starts_with("waiting for qwen-1 (phase Loading, not Ready, threshold test pending)"), "{msg}");
         }),
     ];
     let (r, _) = scenario(handle, script, deployment::reconcile(Arc::new(deployment(1)), ctx)).await;
@@ -212,6 +259,7 @@ async fn no_qualified_node_asks_for_qualification_and_says_why() {
         service_apply(),
         qualify("spark-1"),
         qualify("spark-2"),
+        rollout_event("RolloutStarted", "Normal"),
         Expect::event("Unplaced", "qwen").check(|b| assert_eq!(b["type"], "Warning")),
         status_apply(|b| {
             assert_eq!(b["status"]["replicas"], 0);
@@ -233,6 +281,7 @@ async fn no_qualified_node_asks_for_qualification_and_says_why() {
     let (ctx, handle) = context(&world);
     let script = vec![
         service_apply(),
+        rollout_event("RolloutStarted", "Normal"),
         Expect::event("Unplaced", "qwen"),
         status_apply(|b| {
             let msg = cond(b, "Degraded")["message"].as_str().unwrap_or_default().to_string();
@@ -296,6 +345,7 @@ async fn a_name_taken_by_a_replica_the_cache_has_not_seen_stops_and_requeues_soo
     let script = vec![
         service_apply(),
         replica_create("qwen-0", "spark-1").reply(Reply::Fail(409, "modelreplicas.brink.dev \"qwen-0\" already exists")),
+        rollout_event("RolloutStarted", "Normal"),
         status_apply(|b| assert_eq!(b["status"]["replicas"], 0)),
     ];
     let (r, _) = scenario(handle, script, deployment::reconcile(Arc::new(deployment(2)), ctx)).await;
@@ -322,6 +372,7 @@ async fn scale_down_removes_the_surplus() {
         Expect::event("Deleted", "qwen").check(|b| assert_eq!(b["related"]["name"], "qwen-0")),
         delete("qwen-1"),
         Expect::event("Deleted", "qwen").check(|b| assert_eq!(b["related"]["name"], "qwen-1")),
+        rollout_event("RolloutComplete", "Normal"),
         status_apply(|b| {
             assert_eq!(b["status"]["replicas"], 1);
             assert_eq!(b["status"]["readyReplicas"], 1);
@@ -333,7 +384,7 @@ async fn scale_down_removes_the_surplus() {
 }
 
 #[tokio::test]
-async fn a_changed_engine_build_replaces_every_replica_and_retires_the_old_once_new_ones_serve() {
+async fn a_changed_engine_build_recreates_the_only_replica_in_place_as_the_canary() {
     let mut world = World::qualified_fleet(2);
     world.replicas = vec![replica("qwen-0", "spark-1", Some(ReplicaPhase::Serving))];
     let mut dep = deployment(1);
@@ -343,36 +394,59 @@ async fn a_changed_engine_build_replaces_every_replica_and_retires_the_old_once_
     assert_ne!(new_rev, revision());
     let (ctx, handle) = context(&world);
     let rev = new_rev.clone();
+    let rev2 = new_rev.clone();
     let script = vec![
         service_apply(),
-        // spark-1 already hosts qwen-0 (one per node): the new revision goes to spark-2.
-        Expect::new("POST", REPLICAS).check(move |b| {
-            assert_eq!(b["metadata"]["name"], "qwen-1");
-            assert_eq!(b["spec"]["node"], "spark-2");
+        // Recreated, not edited, and not moved: deleted (only the replica the cache saw) and
+        // created again under its name on its node.
+        Expect::new("DELETE", format!("{REPLICAS}/qwen-0"))
+            .check(|b| assert_eq!(b, &json!({ "propagationPolicy": "Background", "preconditions": { "uid": "uid-qwen-0" } })))
+            .reply(Reply::Json(json!({ "apiVersion": "v1", "kind": "Status", "status": "Success", "code": 200 }))),
+        Expect::new("POST", REPLICAS).query("fieldManager", "brink-operator").check(move |b| {
+            assert_eq!(b["metadata"]["name"], "qwen-0");
+            assert!(b["metadata"].get("uid").is_none() && b["metadata"].get("resourceVersion").is_none(), "{b}");
+            assert_eq!(b["metadata"]["labels"]["brink.dev/revision"], rev.as_str());
+            assert_eq!(b["spec"]["node"], "spark-1");
             assert_eq!(b["spec"]["revision"], rev.as_str());
             assert_eq!(b["spec"]["engine"]["version"], "0.3.0");
+            assert!(b.get("status").is_none(), "{b}");
+            // The way back, kept on the replica itself: no other replica runs the old revision.
+            let record: Value =
+                serde_json::from_str(b["metadata"]["annotations"]["brink.dev/previous-template"].as_str().expect("record")).expect("JSON");
+            assert_eq!(record["revision"], revision());
+            assert_eq!(record["engine"]["version"], "0.2.0");
         }),
-        Expect::event("Placed", "qwen"),
-        status_apply(|b| {
-            assert_eq!(b["status"]["replicas"], 2);
+        Expect::event("Recreated", "qwen").check(|b| assert_eq!(b["related"]["name"], "qwen-0")),
+        rollout_event("CanaryStarted", "Normal"),
+        status_apply(move |b| {
+            assert_eq!(b["status"]["replicas"], 1);
             assert_eq!(b["status"]["updatedReplicas"], 1);
+            assert_eq!(b["status"]["readyReplicas"], 0);
+            let r = &b["status"]["rollout"];
+            assert_eq!((r["phase"].as_str(), r["canaryReplica"].as_str()), (Some("Canary"), Some("qwen-0")));
+            assert_eq!((r["revision"].as_str(), r["previousRevision"].as_str()), (Some(rev2.as_str()), Some(revision().as_str())));
+            assert_eq!(cond(b, "Progressing")["reason"], "CanaryStarted");
         }),
     ];
-    let (r, _) = scenario(handle, script, deployment::reconcile(Arc::new(dep.clone()), ctx)).await;
-    r.expect("first reconcile");
+    let (r, seen) = scenario(handle, script, deployment::reconcile(Arc::new(dep.clone()), ctx.clone())).await;
+    let action = r.expect("first reconcile");
+    // Decided again once the progress deadline (900 s) could have passed: sooner, at the resync.
+    assert_eq!(format!("{action:?}"), format!("{:?}", kube::runtime::controller::Action::requeue(Duration::from_secs(20))));
+    assert!(ctx.metrics.render().expect("metrics").contains("brink_operator_replica_deletions_total{reason=\"revision\"} 1"));
 
-    let mut serving_new = replica("qwen-1", "spark-2", Some(ReplicaPhase::Serving));
-    serving_new.spec.revision = new_rev;
-    world.replicas.push(serving_new);
+    // The canary serves and passed its test for long enough: the rollout is complete.
+    let mut canary = replica("qwen-0", "spark-1", Some(ReplicaPhase::Serving));
+    canary.spec.revision = new_rev;
+    world.replicas = vec![canary];
+    dep.status = Some(serde_json::from_value(seen[5].body["status"].clone()).expect("status"));
     let (ctx, handle) = context(&world);
     let script = vec![
         service_apply(),
-        Expect::new("DELETE", format!("{REPLICAS}/qwen-0"))
-            .reply(Reply::Json(json!({ "apiVersion": "v1", "kind": "Status", "status": "Success", "code": 200 }))),
-        Expect::event("Deleted", "qwen").check(|b| assert_eq!(b["note"], "replica qwen-0 (revision)")),
+        rollout_event("RolloutComplete", "Normal"),
         status_apply(|b| {
-            assert_eq!(b["status"]["replicas"], 1);
-            assert_eq!(b["status"]["updatedReplicas"], 1);
+            assert_eq!(b["status"]["rollout"]["phase"], "Complete");
+            assert_eq!(b["status"]["readyReplicas"], 1);
+            assert_eq!(cond(b, "Progressing")["reason"], "RolloutComplete");
         }),
     ];
     let (r, _) = scenario(handle, script, deployment::reconcile(Arc::new(dep), ctx)).await;

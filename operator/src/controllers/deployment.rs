@@ -1,6 +1,7 @@
 //! The `ModelDeployment` controller: maps the caches into the decisions' views, calls
-//! `lifecycle` and `place`, and turns their answers into writes: new `ModelReplica`s, deleted
-//! ones, shape classes asked of unqualified nodes, the Service, Events and the status.
+//! `lifecycle`, `place` and `rollout`, and turns their answers into writes: new
+//! `ModelReplica`s, deleted ones, ones recreated at another revision, shape classes asked of
+//! unqualified nodes, the Service, Events and the status (`status.rollout` included).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use std::time::Duration;
 use brink_api::crd::{Model, ModelDeployment, ModelReplica, SparkNode};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
@@ -22,6 +23,7 @@ use super::error::{Error, Result, api_code};
 use super::events::{publish, replica_ref};
 use super::names::heartbeat_lease;
 use super::plan::{self, Outcome, ReplicaState};
+use super::rollout::{self, Template};
 use super::service;
 use super::views;
 use crate::decide::{self, NodeView, ReplicaView};
@@ -100,6 +102,8 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
             let outcome = Outcome {
                 replicas: live.iter().map(|r| ReplicaState::of(r, None)).collect(),
                 blocked: Some(blocked),
+                // Nothing was decided: the last rollout status stands.
+                rollout: dep.status.as_ref().and_then(|s| s.rollout.clone()),
                 ..Outcome::default()
             };
             write_status(dep, ctx, &outcome, Time(now)).await?;
@@ -116,25 +120,31 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
     let healthy_on_node = |r: &ReplicaView| {
         r.healthy && nodes.iter().find(|n| n.name == r.node).is_some_and(|n| !n.heartbeat.assess(now_s, &policy).evicts())
     };
-    let healthy: BTreeSet<String> = live.iter().map(|r| views::replica_view(r)).filter(|r| healthy_on_node(r)).map(|r| r.name).collect();
+    let current: Vec<ReplicaView> = live.iter().map(|r| views::replica_view(r)).collect();
+    let healthy: BTreeSet<String> = current.iter().filter(|r| healthy_on_node(r)).map(|r| r.name.clone()).collect();
 
-    let outdated = plan::revision_targets(&live, &revision);
-    let current: Vec<ReplicaView> = live.iter().filter(|r| !outdated.contains(&r.name_any())).map(|r| views::replica_view(r)).collect();
+    // Replicas of every revision count: the rollout moves them between revisions in place.
     let life = decide::lifecycle(&view, &current, &nodes, now_s, &policy)?;
     let placement = decide::place(&view, &nodes, life.place, now_s, &policy)?;
+    let decision = rollout::decide(dep, &revision, &live, &rollout::healthy_nodes(&nodes, now_s, &policy), now_s)?;
+    let desired = Template { memory_bytes: Some(view.memory_bytes()?), ..Template::desired(dep, &revision) };
 
     // Qualification asked of nodes that never ran the class.
     for node in &placement.qualify {
         request_qualification(ctx, node, &facts.shape_class).await?;
     }
 
-    // New replicas.
+    // New replicas, at the revision the rollout allows: not an unproven one while a canary is out.
     let api: Api<ModelReplica> = Api::namespaced(ctx.client.clone(), &ns);
     let names = plan::free_names(&name, &taken, placement.assignments.len());
+    let template = match placement.assignments.is_empty() {
+        true => desired.clone(),
+        false => rollout::template_for(&decision.new_replica_revision, &desired, &live)?,
+    };
     let mut created = Vec::new();
     let mut stale_cache = false;
     for (assignment, replica_name) in placement.assignments.iter().zip(&names) {
-        let replica = plan::new_replica(dep, replica_name, assignment, &revision)?;
+        let replica = plan::new_replica(dep, replica_name, assignment, &template)?;
         match api.create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() }, &replica).await {
             Ok(r) => {
                 ctx.metrics.placements.with_label_values(&[ns.as_str()]).inc();
@@ -182,21 +192,43 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
         }
     }
 
-    // Removals: scale-down victims in the decided order, then replicas of old revisions.
-    let mut candidates = life.remove.clone();
-    candidates.extend(outdated.iter().cloned());
-    let remove = plan::removable(&candidates, &healthy, view.replicas);
+    // Revision changes: each named replica deleted and created again, same name and node. One
+    // that lifecycle takes out this pass is left to it (the next pass decides again).
+    let leaving: BTreeSet<&str> = life.replace.iter().map(|r| r.replica.as_str()).chain(life.remove.iter().map(String::as_str)).collect();
+    let mut recreated: Vec<ModelReplica> = Vec::new();
+    for change in decision.recreate.iter().filter(|c| !leaving.contains(c.replica.as_str())) {
+        let Some(old) = live.iter().find(|r| r.name_any() == change.replica) else { continue };
+        let template = rollout::template_for(&change.revision, &desired, &live)?;
+        match recreate(&api, old, &template).await? {
+            Some(r) => {
+                ctx.metrics.replacements.with_label_values(&["revision"]).inc();
+                info!(replica = %change.replica, node = %change.node, revision = %change.revision, "recreated");
+                publish(
+                    ctx,
+                    &dep.object_ref(&()),
+                    Some(r.object_ref(&())),
+                    EventType::Normal,
+                    "Recreated",
+                    "Rollout",
+                    format!("replica {} on node {} at revision {}: {}", change.replica, change.node, change.revision, change.why),
+                )
+                .await;
+                recreated.push(r);
+            }
+            None => stale_cache = true,
+        }
+    }
+
+    // Removals: scale-down victims in the decided order, and replaced replicas.
+    let remove = plan::removable(&life.remove, &healthy, view.replicas);
     let mut deleted = BTreeSet::new();
     for victim in &remove {
-        // Lifecycle's removals cover both scale-down and replaced replicas (a replaced one is
-        // surplus once its replacement exists).
-        let why = if outdated.contains(victim) { "revision" } else { "lifecycle" };
         match api.delete(victim, &DeleteParams::background()).await {
             Ok(_) => {}
             Err(e) if api_code(&e) == Some(404) => {}
             Err(e) => return Err(Error::kube(format!("deleting ModelReplica {ns}/{victim}"), e)),
         }
-        ctx.metrics.replacements.with_label_values(&[why]).inc();
+        ctx.metrics.replacements.with_label_values(&["lifecycle"]).inc();
         publish(
             ctx,
             &dep.object_ref(&()),
@@ -204,10 +236,17 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
             EventType::Normal,
             "Deleted",
             "Delete",
-            format!("replica {victim} ({why})"),
+            format!("replica {victim} (lifecycle)"),
         )
         .await;
         deleted.insert(victim.clone());
+    }
+
+    // The rollout's steps, each recorded once (the decision compares with the last status).
+    for event in &decision.events {
+        if let Err(e) = ctx.recorder.publish(&decide::kube_event(event), &dep.object_ref(&())).await {
+            warn!(reason = event.reason, error = %e, "could not write an Event");
+        }
     }
 
     let unplaced = placement.unplaced > 0;
@@ -224,24 +263,27 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
     }
 
     // Ready means serving on a node that is there and whose heartbeat is not lost.
+    let gone = |n: &str| deleted.contains(n) || recreated.iter().any(|r| r.name_any() == n);
     let mut states: Vec<ReplicaState> = live
         .iter()
-        .filter(|r| !deleted.contains(&r.name_any()))
+        .filter(|r| !gone(&r.name_any()))
         .map(|r| ReplicaState { serving: healthy.contains(&r.name_any()), ..ReplicaState::of(r, Some(&revision)) })
         .collect();
-    states.extend(created.iter().map(|r| ReplicaState::of(r, Some(&revision))));
+    states.extend(created.iter().chain(&recreated).map(|r| ReplicaState::of(r, Some(&revision))));
     let outcome = Outcome {
         replicas: states,
-        created: created.len(),
-        deleted: deleted.len(),
+        created: created.len() + recreated.len(),
+        deleted: deleted.len() + recreated.len(),
         unplaced: placement.message.clone(),
         blocked: None,
         held: life.held.iter().map(|h| h.replica.clone()).collect(),
+        rollout: Some(decision.status.clone()),
+        rollout_condition: Some(decide::rollout_condition(&decision.condition, dep.metadata.generation, Time(now))?),
     };
     write_status(dep, ctx, &outcome, Time(now)).await?;
 
-    let requeue =
-        if stale_cache { Duration::from_secs(1) } else { life.recheck_in_s.map_or(resync, |s| resync.min(Duration::from_secs(s.max(1)))) };
+    let recheck = [life.recheck_in_s, decision.recheck_in_s].into_iter().flatten().min();
+    let requeue = if stale_cache { Duration::from_secs(1) } else { recheck.map_or(resync, |s| resync.min(Duration::from_secs(s.max(1)))) };
     Ok(Action::requeue(requeue))
 }
 
@@ -269,12 +311,40 @@ async fn request_qualification(ctx: &Context, node: &str, class: &str) -> Result
     Ok(())
 }
 
-/// Applies the status when it changed (forced: the operator is the only writer of these fields).
+/// `old` deleted and created again at `template`'s revision. The delete is conditional on the
+/// uid the cache holds, so that a cache behind this operator's own recreate does not delete the
+/// new replica: that conflict, or a create whose name is still taken, returns `None` (decide
+/// again soon).
+async fn recreate(api: &Api<ModelReplica>, old: &ModelReplica, template: &Template) -> Result<Option<ModelReplica>> {
+    let name = old.name_any();
+    let ns = old.namespace().unwrap_or_default();
+    let uid = old.uid().ok_or_else(|| Error::MissingField { kind: "ModelReplica", name: name.clone(), field: "metadata.uid" })?;
+    let params = DeleteParams::background().preconditions(Preconditions { uid: Some(uid), resource_version: None });
+    match api.delete(&name, &params).await {
+        Ok(_) => {}
+        Err(e) if api_code(&e) == Some(404) => {}
+        Err(e) if api_code(&e) == Some(409) => {
+            warn!(replica = %name, "replica changed since the cache saw it; deciding again");
+            return Ok(None);
+        }
+        Err(e) => return Err(Error::kube(format!("deleting ModelReplica {ns}/{name} to recreate it"), e)),
+    }
+    let post = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
+    match api.create(&post, &rollout::recreated(old, template)).await {
+        Ok(r) => Ok(Some(r)),
+        Err(e) if api_code(&e) == Some(409) => {
+            warn!(replica = %name, "replica name still taken; deciding again");
+            Ok(None)
+        }
+        Err(e) => Err(Error::kube(format!("recreating ModelReplica {ns}/{name} at revision {}", template.revision), e)),
+    }
+}
+
+/// Applies the status when it changed (forced: the operator is the only writer of these
+/// fields, `rollout` included).
 async fn write_status(dep: &ModelDeployment, ctx: &Context, outcome: &Outcome, now: Time) -> Result<()> {
     let status = plan::status(dep, outcome, now)?;
-    let mut current = dep.status.clone().unwrap_or_default();
-    current.rollout = None;
-    if current == status {
+    if dep.status.as_ref() == Some(&status) {
         return Ok(());
     }
     let ns = dep.namespace().unwrap_or_default();

@@ -2,7 +2,7 @@
 //! [`crate::decide`] (pure) and write through ordinary `kube::Api` calls:
 //!
 //! - [`deployment`]: `ModelDeployment` → `ModelReplica`s, qualification requests, its Service
-//!   ([`service`]) and status ([`plan`]);
+//!   ([`service`]), the rollout of a changed revision ([`rollout`]) and status ([`plan`]);
 //! - [`replica`]: `ModelReplica` → its Pod ([`pod`]) and the phase the Pod implies;
 //! - [`nodes`]: Node, SparkNode and heartbeat Lease changes re-queue the deployments they concern.
 //!
@@ -18,6 +18,7 @@ pub mod nodes;
 pub mod plan;
 pub mod pod;
 pub mod replica;
+pub mod rollout;
 pub mod server;
 pub mod service;
 pub mod startup;

@@ -1,33 +1,25 @@
-//! The deployment controller's pure steps between the decisions and the writes: which replicas
-//! are on an old revision (the rollout seam), which removals may happen now without dropping
-//! serving capacity, the names and objects of new replicas, and the deployment's status.
+//! The deployment controller's pure steps between the decisions and the writes: which removals
+//! may happen now without dropping serving capacity, the names and objects of new replicas,
+//! and the deployment's status. Which replicas change revision is the rollout's (see
+//! [`super::rollout`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use brink_api::crd::{
     Condition, ConditionStatus, ConditionType, ModelDeployment, ModelDeploymentStatus, ModelReplica, ModelReplicaSpec, ReplicaPhase,
-    condition, set_condition,
+    RolloutPhase, RolloutStatus, condition, set_condition,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::{Resource, ResourceExt};
 
 use super::error::{Error, Result};
 use super::names::{DEPLOYMENT_LABEL, REVISION_LABEL, label_value, replica_name, selector};
+use super::rollout::Template;
 use super::views::MEMORY_ANNOTATION;
 use crate::decide::Assignment;
 
-/// The replicas to move to `target`, by name. Today every replica whose revision differs is
-/// replaced at once (AllAtOnce): its replacement is placed like any new replica and it is
-/// retired once enough replicas serve (see [`removable`]).
-///
-/// The rollout decision (`decide::rollout`: canary first, continue only when it serves and
-/// passes its threshold test, else roll back) replaces this function.
-pub fn revision_targets(replicas: &[&ModelReplica], target: &str) -> BTreeSet<String> {
-    replicas.iter().filter(|r| r.spec.revision != target).map(|r| r.name_any()).collect()
-}
-
-/// Which of `candidates` (scale-down victims in the decided order, then retired revisions) may
-/// be deleted now. An unhealthy one goes at once; a healthy one only while the replicas that
+/// Which of `candidates` (scale-down victims in the decided order, replaced replicas) may be
+/// deleted now. An unhealthy one goes at once; a healthy one only while the replicas that
 /// serve stay at `min(desired, serving now)`: a replaced replica leaves once its replacement
 /// serves.
 pub fn removable(candidates: &[String], healthy: &BTreeSet<String>, desired: u64) -> Vec<String> {
@@ -52,8 +44,9 @@ pub fn free_names(deployment: &str, taken: &BTreeSet<String>, count: usize) -> V
     (0u64..).map(|slot| replica_name(deployment, slot)).filter(|n| !taken.contains(n)).take(count).collect()
 }
 
-/// A new replica of `dep` where `assignment` put it, serving under the clamped limits.
-pub fn new_replica(dep: &ModelDeployment, name: &str, assignment: &Assignment, revision: &str) -> Result<ModelReplica> {
+/// A new replica of `dep` at `template`'s revision where `assignment` put it, serving under the
+/// clamped limits.
+pub fn new_replica(dep: &ModelDeployment, name: &str, assignment: &Assignment, template: &Template) -> Result<ModelReplica> {
     let owner = dep.controller_owner_ref(&()).ok_or_else(|| Error::MissingField {
         kind: "ModelDeployment",
         name: dep.name_any(),
@@ -68,18 +61,21 @@ pub fn new_replica(dep: &ModelDeployment, name: &str, assignment: &Assignment, r
             namespace: dep.namespace(),
             labels: Some(BTreeMap::from([
                 (DEPLOYMENT_LABEL.to_string(), label_value(&dep.name_any())),
-                (REVISION_LABEL.to_string(), revision.to_string()),
+                (REVISION_LABEL.to_string(), template.revision.clone()),
             ])),
-            annotations: Some(BTreeMap::from([(MEMORY_ANNOTATION.to_string(), assignment.memory_bytes.to_string())])),
+            annotations: Some(BTreeMap::from([(
+                MEMORY_ANNOTATION.to_string(),
+                template.memory_bytes.unwrap_or(assignment.memory_bytes).to_string(),
+            )])),
             owner_references: Some(vec![owner]),
             ..ObjectMeta::default()
         },
         spec: ModelReplicaSpec {
             deployment: dep.name_any(),
             node: assignment.node.clone(),
-            model: dep.spec.model_ref.name.clone(),
-            revision: revision.to_string(),
-            engine: dep.spec.engine.clone(),
+            model: template.model.clone(),
+            revision: template.revision.clone(),
+            engine: template.engine.clone(),
             serving,
         },
         status: None,
@@ -100,6 +96,11 @@ pub struct Outcome {
     pub blocked: Option<(&'static str, String)>,
     /// Replicas kept on a node whose heartbeat expired within the grace.
     pub held: Vec<String>,
+    /// The rollout's status, written as is (the previous one while nothing is decided: an
+    /// apply that left it out would remove it).
+    pub rollout: Option<RolloutStatus>,
+    /// The rollout's `Progressing` condition, when it decided.
+    pub rollout_condition: Option<Condition>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,11 +141,16 @@ pub fn status(dep: &ModelDeployment, outcome: &Outcome, now: Time) -> Result<Mod
         c(ConditionType::Ready, false, "ReplicasNotReady", format!("{ready} of {desired} replicas serving"))?
     };
     let changing = outcome.created > 0 || outcome.deleted > 0 || replicas != desired || updated < replicas || ready < replicas;
-    let progressing = match (&outcome.blocked, &outcome.unplaced) {
-        (Some((reason, msg)), _) => c(ConditionType::Progressing, false, reason, msg.clone())?,
-        (None, Some(msg)) if outcome.created == 0 && outcome.deleted == 0 => {
+    // A rollout under way (or rolled back) says how it stands, unless nothing can be placed;
+    // once it is complete, replica churn (scale, replacements) shows first.
+    let rollout_active = outcome.rollout.as_ref().is_some_and(|r| r.phase != RolloutPhase::Complete);
+    let progressing = match (&outcome.blocked, &outcome.unplaced, outcome.rollout_condition.clone()) {
+        (Some((reason, msg)), _, _) => c(ConditionType::Progressing, false, reason, msg.clone())?,
+        // Nothing can move: that says more than any step the rollout waits for.
+        (None, Some(msg), _) if outcome.created == 0 && outcome.deleted == 0 => {
             c(ConditionType::Progressing, false, "Unplaceable", msg.clone())?
         }
+        (None, _, Some(rc)) if rollout_active => rc,
         _ if changing => c(
             ConditionType::Progressing,
             true,
@@ -154,6 +160,7 @@ pub fn status(dep: &ModelDeployment, outcome: &Outcome, now: Time) -> Result<Mod
                 outcome.created, outcome.deleted
             ),
         )?,
+        (_, _, Some(rc)) => rc,
         _ => c(ConditionType::Progressing, false, "Complete", format!("{desired} replicas serving the current revision"))?,
     };
     let degraded = match (&outcome.blocked, &outcome.unplaced, outcome.held.is_empty()) {
@@ -177,8 +184,7 @@ pub fn status(dep: &ModelDeployment, outcome: &Outcome, now: Time) -> Result<Mod
         ready_replicas: ready,
         updated_replicas: updated,
         selector: Some(selector(&dep.name_any())),
-        // Not ours: the rollout decision writes it (an apply that named it would take it over).
-        rollout: None,
+        rollout: outcome.rollout.clone(),
         conditions,
     })
 }
