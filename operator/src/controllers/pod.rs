@@ -239,6 +239,9 @@ pub enum PodAction {
     Keep,
     /// It differs from the desired Pod: delete it; the next reconcile creates the new one.
     Recreate,
+    /// The Pod of an earlier replica of the same name (a rollout recreates replicas under their
+    /// name): garbage collection removes it once its owner is gone; wait, then create ours.
+    Predecessor,
     /// A Pod of that name that this replica does not own: left alone, reported.
     Foreign,
 }
@@ -246,8 +249,15 @@ pub enum PodAction {
 pub fn pod_action(existing: Option<&Pod>, desired: &Pod, replica: &ModelReplica) -> PodAction {
     let Some(pod) = existing else { return PodAction::Create };
     let uid = replica.uid();
-    if !pod.owner_references().iter().any(|o| Some(&o.uid) == uid.as_ref() && o.controller == Some(true)) {
-        return PodAction::Foreign;
+    let controller = pod.owner_references().iter().find(|o| o.controller == Some(true));
+    match controller {
+        Some(o) if Some(&o.uid) == uid.as_ref() => {}
+        Some(o)
+            if o.kind == "ModelReplica" && o.api_version.starts_with("brink.dev/") && Some(&o.name) == replica.metadata.name.as_ref() =>
+        {
+            return PodAction::Predecessor;
+        }
+        _ => return PodAction::Foreign,
     }
     if pod.metadata.deletion_timestamp.is_some() {
         // Going away already: wait for it.
@@ -376,5 +386,40 @@ mod tests {
         assert_eq!(phase_from_pod(Some(&pod("Running", false, Some("CrashLoopBackOff")))).0, ReplicaPhase::Failed);
         // Waiting for a reason that passes (creating the container) is still loading.
         assert_eq!(phase_from_pod(Some(&pod("Running", false, Some("ContainerCreating")))).0, ReplicaPhase::Loading);
+    }
+
+    #[test]
+    fn a_same_named_pod_is_ours_a_predecessors_or_foreign() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+        let replica: ModelReplica = serde_json::from_value(serde_json::json!({
+            "apiVersion": "brink.dev/v1alpha1", "kind": "ModelReplica",
+            "metadata": {"name": "chat-0", "namespace": "ai", "uid": "new-uid"},
+            "spec": {"deployment": "chat", "node": "spark-1", "model": "m", "revision": "r2",
+                     "engine": {"image": "i", "version": "v"},
+                     "serving": {"context": 4096, "maxBatchTokens": 2048, "prefillChunk": 512, "concurrency": 4, "kvFraction": 0.5}}
+        }))
+        .expect("replica");
+        let pod = |kind: &str, name: &str, uid: &str| {
+            let mut p = Pod::default();
+            p.metadata.name = Some("chat-0".into());
+            p.metadata.owner_references = Some(vec![OwnerReference {
+                api_version: if kind == "ModelReplica" { "brink.dev/v1alpha1".into() } else { "apps/v1".into() },
+                kind: kind.into(),
+                name: name.into(),
+                uid: uid.into(),
+                controller: Some(true),
+                block_owner_deletion: None,
+            }]);
+            p
+        };
+        let desired = pod("ModelReplica", "chat-0", "new-uid");
+        assert_eq!(pod_action(None, &desired, &replica), PodAction::Create);
+        assert_eq!(pod_action(Some(&desired), &desired, &replica), PodAction::Keep);
+        assert_eq!(pod_action(Some(&pod("ModelReplica", "chat-0", "old-uid")), &desired, &replica), PodAction::Predecessor);
+        assert_eq!(pod_action(Some(&pod("ModelReplica", "other", "old-uid")), &desired, &replica), PodAction::Foreign);
+        assert_eq!(pod_action(Some(&pod("ReplicaSet", "chat-0", "x")), &desired, &replica), PodAction::Foreign);
+        let mut unowned = desired.clone();
+        unowned.metadata.owner_references = None;
+        assert_eq!(pod_action(Some(&unowned), &desired, &replica), PodAction::Foreign);
     }
 }

@@ -105,6 +105,11 @@ async fn reconcile_inner(replica: &ModelReplica, ctx: &Context) -> Result<Action
             // Created by the reconcile its deletion triggers.
             return Ok(Action::requeue(Duration::from_secs(5)));
         }
+        PodAction::Predecessor => {
+            // A rollout recreated this replica under its name: the old Pod goes with its owner.
+            tracing::debug!(replica = %name, "waiting for the previous replica's Pod to be garbage-collected");
+            return Ok(Action::requeue(Duration::from_secs(2)));
+        }
         PodAction::Foreign => {
             return Err(Error::InvalidSpec {
                 what: format!("ModelReplica {ns}/{name}"),
