@@ -290,3 +290,25 @@ async fn the_flow_converges_through_injected_api_faults() {
     assert!(status_writes >= 2, "{status_writes}");
     fleet.stop().await;
 }
+
+/// Deleting the deployment takes its replicas, their Pods and its Service with it (owner
+/// references, as the API server's garbage collector follows them), and nothing is recreated.
+#[tokio::test(start_paused = true)]
+async fn deleting_the_deployment_removes_everything_it_made() {
+    let fleet = Fleet::start(&three_nodes(true));
+    serving_pair(&fleet).await;
+    let services: Api<Service> = Api::namespaced(fleet.double.client(), NS);
+    assert!(services.get_opt("qwen").await.expect("get Service").is_some());
+
+    fleet.deployments().delete("qwen", &Default::default()).await.expect("delete ModelDeployment");
+    fleet
+        .until("replicas and Pods gone", 30, |s: &Snapshot| {
+            (s.deployment.is_none() && s.replicas.is_empty() && s.pods.is_empty()).then_some(())
+        })
+        .await;
+    fleet.let_pass(90).await;
+    let s = fleet.snapshot().await;
+    assert!(s.deployment.is_none() && s.replicas.is_empty() && s.pods.is_empty(), "{}", s.describe());
+    assert!(services.get_opt("qwen").await.expect("get Service").is_none(), "the Service outlived its deployment");
+    fleet.stop().await;
+}
