@@ -7,8 +7,6 @@
 //! as nothing else runs, so no flow sleeps. Every wait is bounded twice: by the controllers'
 //! own time (what the flow may take under their timers) and by 10 s of real time.
 
-#![allow(dead_code)]
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,7 +76,6 @@ pub struct NodeSetup {
 pub struct Fleet {
     pub double: KubeDouble,
     pub clock: Arc<FixedClock>,
-    now_s: std::sync::Mutex<i64>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -106,7 +103,7 @@ impl Fleet {
         let task = tokio::spawn(controllers::run(shared, async move {
             let _ = stopped.await;
         }));
-        Fleet { double, clock, now_s: std::sync::Mutex::new(NOW_S), stop: Some(stop), task }
+        Fleet { double, clock, stop: Some(stop), task }
     }
 
     /// Stops the controllers and waits for them to drain (a hung drain fails the test).
@@ -132,14 +129,8 @@ impl Fleet {
         self.deployments().create(&Default::default(), &dep).await.expect("create ModelDeployment")
     }
 
-    /// The controllers' clock, in seconds since the epoch.
-    pub fn now_s(&self) -> i64 {
-        *self.now_s.lock().expect("clock")
-    }
-
     /// Moves the controllers' clock to `at_s`.
     pub fn set_clock(&self, at_s: i64) {
-        *self.now_s.lock().expect("clock") = at_s;
         self.clock.set(Timestamp::from_second(at_s).expect("valid time"));
     }
 
