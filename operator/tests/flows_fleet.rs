@@ -312,3 +312,23 @@ async fn deleting_the_deployment_removes_everything_it_made() {
     assert!(services.get_opt("qwen").await.expect("get Service").is_none(), "the Service outlived its deployment");
     fleet.stop().await;
 }
+
+/// A node removed from the cluster: its replica is replaced on the spare node and deleted at
+/// once (a replica on a node that is gone serves nobody).
+#[tokio::test(start_paused = true)]
+async fn a_replica_on_a_removed_node_is_replaced() {
+    let fleet = Fleet::start(&three_nodes(true));
+    serving_pair(&fleet).await;
+
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(fleet.double.client());
+    nodes.delete("spark-1", &Default::default()).await.expect("delete Node");
+    let replaced = map(&[("qwen-1", "spark-2"), ("qwen-2", "spark-3")]);
+    fleet
+        .until("the gone node's replica replaced and deleted", 30, |s: &Snapshot| {
+            (s.placed() == replaced && s.pod_nodes() == replaced && s.replicas.len() == 2 && s.settled(2, 1, "False")).then_some(())
+        })
+        .await;
+    fleet.mark_ready("qwen-2").await;
+    fleet.until("the replacement serving", 30, |s: &Snapshot| s.settled(2, 2, "True").then_some(())).await;
+    fleet.stop().await;
+}
