@@ -1,0 +1,334 @@
+//! Whole flows of the operator (issue 6, "Tests"): the real controllers (`controllers::run`)
+//! against the in-memory API server, the test playing the kubelet, the node agents and the
+//! admin. Each flow asserts the exact objects the controllers leave: which replicas exist, on
+//! which nodes, their Pods, the deployment's status and conditions.
+//!
+//! Placement ties break by node name (equal load), so with three empty qualified nodes a
+//! two-replica deployment lands on spark-1 and spark-2, and spark-3 is the spare.
+
+mod common;
+mod flows;
+
+use std::collections::BTreeMap;
+
+use brink_api::Verdict;
+use brink_api::crd::{ModelReplica, ReplicaPhase, SparkNode};
+use common::{CLASS, NOW_S, NS};
+use flows::{Fleet, NodeSetup, Snapshot};
+use k8s_openapi::api::core::v1::Service;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use serde_json::json;
+
+fn three_nodes(qualified: bool) -> [NodeSetup; 3] {
+    [NodeSetup { name: "spark-1", qualified }, NodeSetup { name: "spark-2", qualified }, NodeSetup { name: "spark-3", qualified }]
+}
+
+fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+/// Waits until `count` replicas exist, then returns where they are (the caller asserts exactly).
+async fn placed(fleet: &Fleet, what: &str, count: usize, within_s: u64) -> BTreeMap<String, String> {
+    fleet.until(what, within_s, |s: &Snapshot| (s.placed().len() >= count).then(|| s.placed())).await
+}
+
+/// Waits until every live replica has its Pod, pinned to the replica's node.
+async fn pods_pinned(fleet: &Fleet, what: &str, want: &BTreeMap<String, String>) {
+    fleet.until(what, 60, |s: &Snapshot| (s.pod_nodes() == *want && s.placed() == *want).then_some(())).await;
+}
+
+/// Deploys two replicas on three qualified nodes and brings them to serving: the state flows
+/// 2, 3 and 5 start from (flow 1 asserts each step of it).
+async fn serving_pair(fleet: &Fleet) {
+    fleet.deploy(2).await;
+    let want = map(&[("qwen-0", "spark-1"), ("qwen-1", "spark-2")]);
+    assert_eq!(placed(fleet, "two replicas placed", 2, 60).await, want);
+    pods_pinned(fleet, "replica Pods created", &want).await;
+    for pod in want.keys() {
+        fleet.mark_ready(pod).await;
+    }
+    fleet.until("both replicas serving", 60, |s: &Snapshot| s.settled(2, 2, "True").then_some(())).await;
+}
+
+/// Flow 1: a deployment of 2 on 3 qualified nodes → 2 replicas on distinct nodes → 2 pinned
+/// Pods → Pods Ready → replicas Serving → status 2 ready, Ready True; the Service selects them.
+#[tokio::test(start_paused = true)]
+async fn a_deployment_is_placed_served_and_selected() {
+    let fleet = Fleet::start(&three_nodes(true));
+    fleet.deploy(2).await;
+
+    let want = map(&[("qwen-0", "spark-1"), ("qwen-1", "spark-2")]);
+    assert_eq!(placed(&fleet, "two replicas placed", 2, 30).await, want);
+    pods_pinned(&fleet, "each replica's Pod on its node", &want).await;
+
+    // Pods not ready yet: the replicas are Pending, nothing serves.
+    let snap = fleet.until("status counts two replicas, none ready", 30, |s: &Snapshot| s.settled(2, 0, "False").then(|| s.placed())).await;
+    assert_eq!(snap, want);
+    let s = fleet.snapshot().await;
+    for r in want.keys() {
+        assert_eq!(s.phase(r), Some(ReplicaPhase::Pending), "{}", s.describe());
+    }
+    assert_eq!(s.condition("Degraded").map(|c| (c.status.as_str(), c.reason.as_str())), Some(("False", "AsExpected")));
+
+    // Resyncs come and go: the controllers create nothing more.
+    fleet.let_pass(90).await;
+    let s = fleet.snapshot().await;
+    assert_eq!((s.placed(), s.pod_nodes()), (want.clone(), want.clone()), "{}", s.describe());
+
+    fleet.mark_ready("qwen-0").await;
+    fleet
+        .until("one replica serving", 30, |s: &Snapshot| {
+            (s.settled(2, 1, "False") && s.phase("qwen-0") == Some(ReplicaPhase::Serving)).then_some(())
+        })
+        .await;
+    fleet.mark_ready("qwen-1").await;
+    let s = fleet
+        .until("both serving, deployment Ready", 30, |s: &Snapshot| {
+            (s.settled(2, 2, "True") && s.phase("qwen-1") == Some(ReplicaPhase::Serving)).then(|| s.condition("Ready").cloned())
+        })
+        .await;
+    let ready = s.expect("Ready condition");
+    assert_eq!((ready.reason.as_str(), ready.message.as_str()), ("AllReplicasReady", "2 of 2 replicas serving"));
+
+    // The Service selects exactly the replica Pods, on their named port.
+    let services: Api<Service> = Api::namespaced(fleet.double.client(), NS);
+    let svc = services.get("qwen").await.expect("the deployment's Service");
+    let spec = svc.spec.expect("Service spec");
+    let selector = spec.selector.expect("Service selector");
+    assert_eq!(selector, map(&[("brink.dev/deployment", "qwen")]));
+    let port = &spec.ports.expect("ports")[0];
+    assert_eq!(
+        (port.port, port.target_port.clone()),
+        (80, Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("http".into())))
+    );
+    let label_selector = selector.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+    let selected = fleet.pods().list(&ListParams::default().labels(&label_selector)).await.expect("list Pods by the Service's selector");
+    let names: Vec<String> = selected.items.iter().map(|p| p.name_any()).collect();
+    assert_eq!(names, ["qwen-0", "qwen-1"]);
+    fleet.stop().await;
+}
+
+/// Flow 2: the node of a replica is cordoned → a replacement on the spare node; the old
+/// replica keeps serving until the replacement serves, then it is deleted with its Pod.
+#[tokio::test(start_paused = true)]
+async fn a_cordoned_nodes_replica_moves_once_its_replacement_serves() {
+    let fleet = Fleet::start(&three_nodes(true));
+    serving_pair(&fleet).await;
+
+    fleet.cordon("spark-1").await;
+    let moving = map(&[("qwen-0", "spark-1"), ("qwen-1", "spark-2"), ("qwen-2", "spark-3")]);
+    assert_eq!(placed(&fleet, "a replacement placed", 3, 30).await, moving);
+    pods_pinned(&fleet, "the replacement's Pod on the spare node", &moving).await;
+
+    // The replacement loads: the cordoned replica still serves and is not deleted.
+    fleet.let_pass(90).await;
+    let s = fleet.snapshot().await;
+    assert_eq!(s.placed(), moving, "{}", s.describe());
+    assert_eq!(s.counts(), Some((3, 2)), "{}", s.describe());
+
+    fleet.mark_ready("qwen-2").await;
+    let moved = map(&[("qwen-1", "spark-2"), ("qwen-2", "spark-3")]);
+    fleet
+        .until("the cordoned replica deleted with its Pod", 30, |s: &Snapshot| {
+            (s.placed() == moved && s.pod_nodes() == moved && s.replicas.len() == 2 && s.settled(2, 2, "True")).then_some(())
+        })
+        .await;
+    fleet.stop().await;
+}
+
+/// Flow 3: a node's heartbeat Lease expires. Within the grace its replica is held (Degraded
+/// says so); past it, the replica is replaced on the spare node and deleted at once (it no
+/// longer counts as serving).
+#[tokio::test(start_paused = true)]
+async fn a_replica_on_a_node_whose_heartbeat_is_lost_is_replaced() {
+    let fleet = Fleet::start(&three_nodes(true));
+    serving_pair(&fleet).await;
+    let pair = map(&[("qwen-0", "spark-1"), ("qwen-1", "spark-2")]);
+
+    // 60 s on: spark-1's agent stopped renewing (its lease of 40 s expired 20 s ago); the
+    // others renewed first, so they are never seen expired. No event says so: the
+    // controllers' resync finds it.
+    let t1 = NOW_S + 60;
+    fleet.renew("spark-2", t1).await;
+    fleet.renew("spark-3", t1).await;
+    fleet.set_clock(t1);
+    let held = fleet
+        .until("the replica held within the grace", 30, |s: &Snapshot| {
+            s.condition("Degraded").filter(|c| c.status == "True" && c.reason == "HeartbeatExpired").cloned()
+        })
+        .await;
+    assert!(held.message.contains("qwen-0"), "{}", held.message);
+    fleet.let_pass(30).await;
+    let s = fleet.snapshot().await;
+    assert_eq!((s.placed(), s.counts()), (pair.clone(), Some((2, 2))), "{}", s.describe());
+
+    // 200 s on: expired 160 s ago, past the 60 s grace.
+    let t2 = NOW_S + 200;
+    fleet.renew("spark-2", t2).await;
+    fleet.renew("spark-3", t2).await;
+    fleet.set_clock(t2);
+    let replaced = map(&[("qwen-1", "spark-2"), ("qwen-2", "spark-3")]);
+    fleet
+        .until("the lost node's replica replaced and deleted", 60, |s: &Snapshot| {
+            (s.placed() == replaced && s.pod_nodes() == replaced && s.replicas.len() == 2).then_some(())
+        })
+        .await;
+    let s = fleet.until("one of two serving", 30, |s: &Snapshot| s.settled(2, 1, "False").then(|| s.condition("Degraded").cloned())).await;
+    assert_eq!(s.map(|c| c.status), Some("False".to_string()));
+
+    fleet.mark_ready("qwen-2").await;
+    fleet.until("the replacement serving", 30, |s: &Snapshot| s.settled(2, 2, "True").then_some(())).await;
+    fleet.stop().await;
+}
+
+/// Flow 4: no node is qualified for the model's class → every node is asked to qualify it
+/// (`spec.shapeClasses`) and the deployment is Degraded, saying why; as agents report
+/// results, replicas are placed on the qualified nodes.
+#[tokio::test(start_paused = true)]
+async fn unqualified_nodes_are_asked_to_qualify_and_then_used() {
+    let fleet = Fleet::start(&three_nodes(false));
+    fleet.deploy(2).await;
+
+    let degraded =
+        fleet.until("Degraded: unplaced", 30, |s: &Snapshot| s.condition("Degraded").filter(|c| c.status == "True").cloned()).await;
+    assert_eq!(degraded.reason, "Unplaced");
+    assert_eq!(degraded.message, format!("2 of 2 replicas cannot be placed; 0/3 nodes available: 3 not qualified for {CLASS}"));
+    let sparks: Api<SparkNode> = Api::all(fleet.double.client());
+    for spark in sparks.list(&ListParams::default()).await.expect("list SparkNodes").items {
+        assert_eq!(spark.spec.shape_classes, [CLASS], "{} was not asked to qualify", spark.name_any());
+    }
+    let s = fleet.snapshot().await;
+    assert!(s.placed().is_empty(), "{}", s.describe());
+    assert_eq!(s.condition("Progressing").map(|c| (c.status.as_str(), c.reason.as_str())), Some(("False", "Unplaceable")));
+
+    fleet.report_qualified("spark-2", Verdict::Qualified { max_tokens: 16_384 }).await;
+    assert_eq!(placed(&fleet, "a replica on the first qualified node", 1, 30).await, map(&[("qwen-0", "spark-2")]));
+    let degraded = fleet
+        .until("still Degraded for the second replica", 30, |s: &Snapshot| {
+            s.condition("Degraded").filter(|c| c.message.starts_with("1 of 1 ")).cloned()
+        })
+        .await;
+    assert_eq!(degraded.status, "True");
+    assert!(degraded.message.contains(&format!("2 not qualified for {CLASS}")), "{}", degraded.message);
+
+    // Clamped: placed with the validated batch size.
+    fleet.report_qualified("spark-3", Verdict::Clamped { max_tokens: 4096, first_failure: 8192 }).await;
+    let both = map(&[("qwen-0", "spark-2"), ("qwen-1", "spark-3")]);
+    assert_eq!(placed(&fleet, "the second replica on the second qualified node", 2, 30).await, both);
+    let s = fleet
+        .until("Degraded cleared", 30, |s: &Snapshot| s.condition("Degraded").filter(|c| c.status == "False").map(|_| s.replicas.clone()))
+        .await;
+    let tokens: BTreeMap<String, u64> = s.iter().map(|r: &ModelReplica| (r.name_any(), r.spec.serving.max_batch_tokens)).collect();
+    assert_eq!(tokens, BTreeMap::from([("qwen-0".to_string(), 8192), ("qwen-1".to_string(), 4096)]));
+    fleet.stop().await;
+}
+
+/// Flow 5: scaled to 1 through the `/scale` subresource → one replica (and its Pod) removed.
+#[tokio::test(start_paused = true)]
+async fn scaling_down_through_the_scale_subresource_removes_one_replica() {
+    let fleet = Fleet::start(&three_nodes(true));
+    serving_pair(&fleet).await;
+
+    let scale = fleet
+        .deployments()
+        .patch_scale("qwen", &PatchParams::default(), &Patch::Merge(json!({ "spec": { "replicas": 1 } })))
+        .await
+        .expect("patch /scale");
+    assert_eq!(scale.spec.and_then(|s| s.replicas), Some(1));
+
+    // Equal nodes and both serving: the lowest name goes.
+    let one = map(&[("qwen-1", "spark-2")]);
+    fleet
+        .until("scaled to one", 30, |s: &Snapshot| {
+            (s.placed() == one && s.pod_nodes() == one && s.replicas.len() == 1 && s.settled(1, 1, "True")).then_some(())
+        })
+        .await;
+    // And it stays one.
+    fleet.let_pass(90).await;
+    let s = fleet.snapshot().await;
+    assert_eq!((s.placed(), s.counts()), (one, Some((1, 1))), "{}", s.describe());
+    fleet.stop().await;
+}
+
+/// Flow 6: API faults on the controllers' writes (a 500 and a 409 on the replica create, a 500
+/// on the Pod create and on the status write): the controllers retry and the flow converges to
+/// the same state as without faults, with no duplicate replica.
+#[tokio::test(start_paused = true)]
+async fn the_flow_converges_through_injected_api_faults() {
+    let fleet = Fleet::start(&three_nodes(true));
+    let post = Some(http::Method::POST);
+    fleet.double.fail_next(post.clone(), "/modelreplicas", 1, 500);
+    fleet.double.fail_next(post.clone(), "/modelreplicas", 1, 409);
+    fleet.double.fail_next(post, "/pods", 1, 500);
+    fleet.double.fail_next(Some(http::Method::PATCH), "/modeldeployments/qwen/status", 1, 500);
+
+    // 15 s is the controllers' wait after an API error: the budget allows a few of them.
+    fleet.deploy(2).await;
+    let want = map(&[("qwen-0", "spark-1"), ("qwen-1", "spark-2")]);
+    assert_eq!(placed(&fleet, "two replicas placed despite the faults", 2, 120).await, want);
+    pods_pinned(&fleet, "Pods created despite a failed create", &want).await;
+    for pod in want.keys() {
+        fleet.mark_ready(pod).await;
+    }
+    fleet.until("both serving", 120, |s: &Snapshot| s.settled(2, 2, "True").then_some(())).await;
+    let s = fleet.snapshot().await;
+    assert_eq!(s.replicas.len(), 2, "{}", s.describe());
+
+    // The faults were met and retried: qwen-0's create was sent at least three times (500,
+    // 409, success), a Pod create once more than there are Pods, the status write again.
+    let log = fleet.double.requests();
+    let creates_of = |plural: &str, name: &str| {
+        log.iter()
+            .filter(|r| r.method == http::Method::POST && r.path.ends_with(&format!("/namespaces/{NS}/{plural}")))
+            .filter(|r| r.body.as_ref().and_then(|b| b.pointer("/metadata/name")).and_then(|n| n.as_str()) == Some(name))
+            .count()
+    };
+    assert!(creates_of("modelreplicas", "qwen-0") >= 3, "{:#?}", fleet.double.request_lines());
+    assert!(creates_of("pods", "qwen-0") + creates_of("pods", "qwen-1") >= 3, "{:#?}", fleet.double.request_lines());
+    let status_writes = log.iter().filter(|r| r.method == http::Method::PATCH && r.path.ends_with("/modeldeployments/qwen/status")).count();
+    assert!(status_writes >= 2, "{status_writes}");
+    fleet.stop().await;
+}
+
+/// Deleting the deployment takes its replicas, their Pods and its Service with it (owner
+/// references, as the API server's garbage collector follows them), and nothing is recreated.
+#[tokio::test(start_paused = true)]
+async fn deleting_the_deployment_removes_everything_it_made() {
+    let fleet = Fleet::start(&three_nodes(true));
+    serving_pair(&fleet).await;
+    let services: Api<Service> = Api::namespaced(fleet.double.client(), NS);
+    assert!(services.get_opt("qwen").await.expect("get Service").is_some());
+
+    fleet.deployments().delete("qwen", &Default::default()).await.expect("delete ModelDeployment");
+    fleet
+        .until("replicas and Pods gone", 30, |s: &Snapshot| {
+            (s.deployment.is_none() && s.replicas.is_empty() && s.pods.is_empty()).then_some(())
+        })
+        .await;
+    fleet.let_pass(90).await;
+    let s = fleet.snapshot().await;
+    assert!(s.deployment.is_none() && s.replicas.is_empty() && s.pods.is_empty(), "{}", s.describe());
+    assert!(services.get_opt("qwen").await.expect("get Service").is_none(), "the Service outlived its deployment");
+    fleet.stop().await;
+}
+
+/// A node removed from the cluster: its replica is replaced on the spare node and deleted at
+/// once (a replica on a node that is gone serves nobody).
+#[tokio::test(start_paused = true)]
+async fn a_replica_on_a_removed_node_is_replaced() {
+    let fleet = Fleet::start(&three_nodes(true));
+    serving_pair(&fleet).await;
+
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(fleet.double.client());
+    nodes.delete("spark-1", &Default::default()).await.expect("delete Node");
+    let replaced = map(&[("qwen-1", "spark-2"), ("qwen-2", "spark-3")]);
+    fleet
+        .until("the gone node's replica replaced and deleted", 30, |s: &Snapshot| {
+            (s.placed() == replaced && s.pod_nodes() == replaced && s.replicas.len() == 2 && s.settled(2, 1, "False")).then_some(())
+        })
+        .await;
+    fleet.mark_ready("qwen-2").await;
+    fleet.until("the replacement serving", 30, |s: &Snapshot| s.settled(2, 2, "True").then_some(())).await;
+    fleet.stop().await;
+}
