@@ -144,6 +144,15 @@ impl KubeDouble {
         self.state().store.resource_version().to_string()
     }
 
+    /// Sets the server's wall clock to `unix_s` seconds now (it advances with tokio's clock):
+    /// a test whose controllers run on a fixed clock makes the server agree with it, as the
+    /// clocks of a real cluster agree (creationTimestamp and the controllers' "now").
+    pub fn set_wall_clock(&self, unix_s: i64) {
+        if let Ok(at) = jiff::Timestamp::from_second(unix_s) {
+            self.state().clock = crate::state::Clock::starting_at(at);
+        }
+    }
+
     /// Drops the watch history, as etcd compaction does: watches from older resourceVersions get 410.
     pub fn compact(&self) {
         self.state().store.compact();

@@ -22,6 +22,11 @@ impl Default for Clock {
 }
 
 impl Clock {
+    /// A clock that reads `at` now and advances with tokio's clock from here.
+    pub fn starting_at(at: Timestamp) -> Self {
+        Self { base: at, start: tokio::time::Instant::now() }
+    }
+
     /// RFC 3339 with second precision, as `metav1.Time` serialises.
     pub fn now(&self) -> String {
         let elapsed = SignedDuration::try_from(self.start.elapsed()).unwrap_or(SignedDuration::ZERO);

@@ -332,3 +332,66 @@ async fn a_replica_on_a_removed_node_is_replaced() {
     fleet.until("the replacement serving", 30, |s: &Snapshot| s.settled(2, 2, "True").then_some(())).await;
     fleet.stop().await;
 }
+
+/// Flow: a new engine build goes to one node first; its threshold test fails there, so the
+/// canary is rolled back to the previous build and the other replica is never touched.
+#[tokio::test(start_paused = true)]
+async fn a_canary_that_fails_its_threshold_test_is_rolled_back() {
+    let fleet = Fleet::start(&three_nodes(true));
+    serving_pair(&fleet).await;
+    let before = fleet.snapshot().await;
+    let uid = |s: &Snapshot, name: &str| s.replicas.iter().find(|r| r.name_any() == name).and_then(|r| r.metadata.uid.clone());
+    let revision = |s: &Snapshot, name: &str| s.replicas.iter().find(|r| r.name_any() == name).map(|r| r.spec.revision.clone());
+    let old_revision = revision(&before, "qwen-0").expect("qwen-0");
+    assert_eq!(revision(&before, "qwen-1").as_ref(), Some(&old_revision));
+    let untouched = uid(&before, "qwen-1");
+
+    // The admin rolls out a new engine build.
+    let patch = json!({"spec": {"engine": {"image": "ghcr.io/brink/agent:0.3.0", "version": "0.3.0"}}});
+    fleet.deployments().patch("qwen", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("new engine build");
+
+    // Exactly one replica is recreated at the new revision: the canary.
+    let canary = fleet
+        .until("a canary at the new revision", 60, |s: &Snapshot| {
+            let new: Vec<&ModelReplica> =
+                s.replicas.iter().filter(|r| r.metadata.deletion_timestamp.is_none() && r.spec.revision != old_revision).collect();
+            (new.len() == 1).then(|| new[0].name_any())
+        })
+        .await;
+    let s = fleet.snapshot().await;
+    let rollout = s.deployment.as_ref().and_then(|d| d.status.as_ref()).and_then(|st| st.rollout.clone()).expect("status.rollout");
+    assert_eq!((format!("{:?}", rollout.phase), rollout.canary_replica.as_deref()), ("Canary".to_string(), Some(canary.as_str())));
+    assert_eq!(rollout.previous_revision.as_deref(), Some(old_revision.as_str()));
+    let other = if canary == "qwen-0" { "qwen-1" } else { "qwen-0" };
+    assert_eq!(revision(&s, other).as_ref(), Some(&old_revision), "{}", s.describe());
+    let canary_uid = uid(&s, &canary);
+
+    // The canary's engine starts and its replica's threshold test fails (the agent says so).
+    let replicas: Api<ModelReplica> = Api::namespaced(fleet.double.client(), NS);
+    let status = json!({
+        "apiVersion": "brink.dev/v1alpha1", "kind": "ModelReplica", "metadata": {"name": canary},
+        "status": {"conditions": [{"type": "Qualified", "status": "False", "reason": "ThresholdFailed",
+                                   "message": "moe_gemm fails at 63 tokens", "lastTransitionTime": "2026-11-30T20:00:00Z"}]}
+    });
+    replicas.patch_status(&canary, &PatchParams::apply("brink-agent").force(), &Patch::Apply(&status)).await.expect("agent status");
+
+    // Rolled back: the canary is recreated at the previous revision, the status says why.
+    let s = fleet
+        .until("the canary rolled back", 120, |s: &Snapshot| {
+            let r = s.deployment.as_ref()?.status.as_ref()?.rollout.as_ref()?;
+            (format!("{:?}", r.phase) == "RolledBack"
+                && revision(s, &canary).as_ref() == Some(&old_revision)
+                && uid(s, &canary) != canary_uid)
+                .then(|| r.message.clone().unwrap_or_default())
+        })
+        .await;
+    assert!(s.contains("moe_gemm fails at 63 tokens"), "{s}");
+    let after = fleet.snapshot().await;
+    assert_eq!(uid(&after, other), untouched, "the replica off the canary's node was never recreated: {}", after.describe());
+    assert_eq!(after.placed().len(), 2, "{}", after.describe());
+    // A rolled-back revision is not tried again while the spec asks for it.
+    fleet.let_pass(120).await;
+    let later = fleet.snapshot().await;
+    assert!(later.replicas.iter().all(|r| r.spec.revision == old_revision), "{}", later.describe());
+    fleet.stop().await;
+}

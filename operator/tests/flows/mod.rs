@@ -85,6 +85,8 @@ impl Fleet {
     /// heartbeat Leases and the Model with its facts, then starts `controllers::run`.
     pub fn start(nodes: &[NodeSetup]) -> Fleet {
         let double = KubeDouble::new();
+        // The API server's clock and the controllers' agree (creation times, rollout deadlines).
+        double.set_wall_clock(NOW_S);
         for n in nodes {
             double.seed(&fresh(common::node(n.name))).expect("seed Node");
             let spark = if n.qualified { common::qualified(n.name) } else { common::spark(n.name, None) };
