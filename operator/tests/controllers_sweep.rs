@@ -1,0 +1,376 @@
+//! The RegressionSweep and SweepRun controllers against a mocked API server: each scenario lists
+//! the exact requests one reconcile sends (method, path, query, body essentials).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use brink_api::crd::{
+    GridPoint, Judgement, NodeFingerprint, NodeProgress, NodeRunState, PointFigures, RegressionSweep, RegressionSweepStatus, ResultState,
+    RunPhase, SweepResult, SweepResultSpec, SweepResultStatus, SweepRun, SweepRunStatus, SweepVerdict, result_name,
+};
+use brink_operator::controllers::sweep::{self, SweepCaches, SweepContext, run_spec, time_of};
+use brink_operator::controllers::sweep_run;
+use brink_operator::decide::sweep::schedule::run_name;
+use common::*;
+use kube::Resource;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+
+const SWEEPS: &str = "/apis/brink.dev/v1alpha1/namespaces/llm/regressionsweeps";
+const RUNS: &str = "/apis/brink.dev/v1alpha1/namespaces/llm/sweepruns";
+const RESULTS: &str = "/apis/brink.dev/v1alpha1/namespaces/llm/sweepresults";
+
+fn store_of<K>(objs: Vec<K>) -> Store<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let (store, mut writer) = reflector::store();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for o in objs {
+        writer.apply_watcher_event(&watcher::Event::InitApply(o));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    std::mem::forget(writer);
+    store
+}
+
+/// An hourly sweep of the nodes labelled `pool=a`, created two days before now, last fired
+/// `last_fired_ago_s` before now.
+fn nightly(last_fired_ago_s: Option<i64>, policy: &str) -> RegressionSweep {
+    let mut s: RegressionSweep = serde_json::from_value(json!({
+        "apiVersion": "brink.dev/v1alpha1",
+        "kind": "RegressionSweep",
+        "metadata": {
+            "name": "nightly", "namespace": NS, "uid": "uid-sweep", "generation": 2, "resourceVersion": "7",
+            "creationTimestamp": time_of(NOW_S - 2 * 86_400),
+        },
+        "spec": {
+            "schedule": "0 * * * *",
+            "concurrencyPolicy": policy,
+            "nodeSelector": { "pool": "a" },
+            "maxConcurrentNodes": 3,
+            "modelRef": { "name": "qwen" },
+            "workload": { "promptTokens": [128], "concurrency": [1], "generatedTokens": [32] },
+        },
+    }))
+    .expect("sweep");
+    s.status = last_fired_ago_s.map(|ago| RegressionSweepStatus { last_schedule_time: Some(time_of(NOW_S - ago)), ..Default::default() });
+    s
+}
+
+fn labelled(name: &str, pool: &str) -> k8s_openapi::api::core::v1::Node {
+    let mut n = node(name);
+    n.metadata.labels = Some(BTreeMap::from([("pool".to_string(), pool.to_string())]));
+    n
+}
+
+/// Three nodes in pool `a` (spark-1..3, qualified, fresh heartbeats), one in pool `b`, and one
+/// in pool `a` without an agent.
+fn fleet() -> World {
+    let mut w = World::qualified_fleet(4);
+    w.nodes =
+        vec![labelled("spark-1", "a"), labelled("spark-2", "a"), labelled("spark-3", "a"), labelled("spark-4", "b"), labelled("bare", "a")];
+    w
+}
+
+fn sweep_context(world: &World, runs: Vec<SweepRun>, results: Vec<SweepResult>) -> (Arc<SweepContext>, Handle) {
+    let (base, handle) = context(world);
+    (Arc::new(SweepContext { base, sweeps: SweepCaches { runs: store_of(runs), results: store_of(results) } }), handle)
+}
+
+/// A run of `nightly` scheduled `ago_s` before now over `nodes`, with its status.
+fn run(ago_s: i64, nodes: &[&str], status: Option<SweepRunStatus>) -> SweepRun {
+    let sweep = nightly(None, "Forbid");
+    let scheduled = NOW_S - ago_s;
+    let name = run_name("nightly", scheduled);
+    let mut r = SweepRun::new(&name, run_spec(&sweep, scheduled, nodes.iter().map(|n| n.to_string()).collect(), &[]));
+    r.metadata.namespace = Some(NS.into());
+    r.metadata.uid = Some(format!("uid-{name}"));
+    r.metadata.resource_version = Some("3".into());
+    r.metadata.owner_references = sweep.controller_owner_ref(&()).map(|o| vec![o]);
+    r.status = status;
+    r
+}
+
+fn running(nodes: &[&str], started_ago_s: i64) -> SweepRunStatus {
+    SweepRunStatus {
+        phase: RunPhase::Running,
+        start_time: Some(time_of(NOW_S - started_ago_s)),
+        nodes: nodes
+            .iter()
+            .map(|n| NodeProgress {
+                node: n.to_string(),
+                state: NodeRunState::Running,
+                started_at: Some(time_of(NOW_S - started_ago_s)),
+                verdict: None,
+                message: None,
+            })
+            .collect(),
+        ..SweepRunStatus::default()
+    }
+}
+
+fn complete(verdict: SweepVerdict) -> SweepRunStatus {
+    SweepRunStatus { phase: RunPhase::Complete, verdict: Some(verdict), completion_time: Some(time_of(NOW_S - 3000)), ..Default::default() }
+}
+
+fn fingerprint() -> NodeFingerprint {
+    NodeFingerprint {
+        gpu_name: "NVIDIA GB10".into(),
+        compute_capability: "12.1".into(),
+        driver_version: Some("580.95.05".into()),
+        cuda_version: "13.0".into(),
+        nvrtc_version: None,
+        agent_version: "0.2.0".into(),
+        kernel_sources_hash: "cafe".into(),
+    }
+}
+
+const POINT: GridPoint = GridPoint { prompt_tokens: 128, concurrency: 1, generated_tokens: 32 };
+
+/// `node`'s result in `run`: Done, one grid point at `tokens_per_s`.
+fn result(run: &SweepRun, node: &str, tokens_per_s: f64, judgement: Option<Judgement>) -> SweepResult {
+    let run_name = run.metadata.name.clone().unwrap_or_default();
+    let name = result_name(&run_name, node);
+    let mut r = SweepResult::new(&name, SweepResultSpec { run: run_name, node: node.into() });
+    r.metadata.namespace = Some(NS.into());
+    r.metadata.uid = Some(format!("uid-{name}"));
+    r.metadata.owner_references = run.controller_owner_ref(&()).map(|o| vec![o]);
+    r.status = Some(SweepResultStatus {
+        state: ResultState::Done,
+        fingerprint: Some(fingerprint()),
+        points: vec![PointFigures {
+            point: POINT,
+            requests: 8,
+            failed: 0,
+            timed_out: 0,
+            output_tokens_per_s: Some(tokens_per_s),
+            ttft_p50_s: Some(0.1),
+            ttft_p99_s: Some(0.2),
+            itl_p50_s: Some(0.02),
+            itl_p99_s: Some(0.03),
+            error: None,
+        }],
+        judgement,
+        ..SweepResultStatus::default()
+    });
+    r
+}
+
+fn pass(baseline: Option<&str>) -> Judgement {
+    Judgement { verdict: SweepVerdict::Pass, baseline_run: baseline.map(String::from), findings: Vec::new() }
+}
+
+fn status_apply(path: String, kind: &'static str, check: impl Fn(&Value) + Send + 'static, onto: Value) -> Expect {
+    Expect::new("PATCH", path)
+        .query("fieldManager", "brink-operator")
+        .query("force", "true")
+        .check(move |b| {
+            assert_eq!(b["kind"], kind, "{b}");
+            check(b)
+        })
+        .reply(Reply::EchoOnto(onto))
+}
+
+fn requeue(s: u64) -> String {
+    format!("{:?}", Action::requeue(Duration::from_secs(s)))
+}
+
+#[tokio::test]
+async fn a_due_firing_creates_the_run_over_the_selected_nodes() {
+    // Hourly; fired an hour ago; now is on the hour: one firing due, none missed.
+    let sweep = nightly(Some(3600), "Forbid");
+    let (ctx, handle) = sweep_context(&fleet(), Vec::new(), Vec::new());
+    let name = run_name("nightly", NOW_S);
+    let expected_name = name.clone();
+    let onto = serde_json::to_value(&sweep).expect("JSON");
+    let script = vec![
+        Expect::new("POST", RUNS).query("fieldManager", "brink-operator").check(move |b| {
+            assert_eq!(b["metadata"]["name"], expected_name.as_str());
+            assert_eq!(b["metadata"]["ownerReferences"][0]["uid"], "uid-sweep");
+            assert_eq!(b["metadata"]["ownerReferences"][0]["kind"], "RegressionSweep");
+            assert_eq!(b["metadata"]["ownerReferences"][0]["controller"], true);
+            assert_eq!(b["spec"]["sweep"], "nightly");
+            assert_eq!(b["spec"]["model"], "qwen");
+            // pool=a with an agent, sorted: spark-4 is in pool b, `bare` has no SparkNode.
+            assert_eq!(b["spec"]["nodes"], json!(["spark-1", "spark-2", "spark-3"]));
+            assert_eq!(b["spec"]["scheduledTime"], "2026-12-01T00:00:00Z");
+            assert_eq!(b["spec"]["maxConcurrentNodes"], 3);
+            assert_eq!(b["spec"]["workload"]["promptTokens"], json!([128]));
+        }),
+        Expect::event("RunCreated", "nightly").check(|b| {
+            assert_eq!(b["note"], "run nightly-29934720 over 3 node(s) for 2026-12-01T00:00:00Z");
+        }),
+        status_apply(
+            format!("{SWEEPS}/nightly/status"),
+            "RegressionSweep",
+            move |b| {
+                let s = &b["status"];
+                assert_eq!(s["lastScheduleTime"], "2026-12-01T00:00:00Z");
+                assert_eq!(s["active"], json!([name.as_str()]));
+                assert_eq!(s["lastRun"], name.as_str());
+                assert_eq!(s["observedGeneration"], 2);
+                assert!(s.get("lastVerdict").is_none(), "{s}");
+                assert_eq!(cond(b, "Progressing")["reason"], "RunActive");
+                assert_eq!(cond(b, "Degraded")["status"], "False");
+            },
+            onto,
+        ),
+    ];
+    let (action, seen) = scenario(handle, script, sweep::reconcile(Arc::new(sweep), ctx)).await;
+    // The next firing is an hour away.
+    assert_eq!(format!("{:?}", action.expect("reconcile")), requeue(3600));
+    assert_eq!(seen.len(), 3);
+}
+
+#[tokio::test]
+async fn forbid_with_an_active_run_creates_nothing_and_says_why() {
+    let sweep = nightly(Some(3600), "Forbid");
+    let active = run(3600, &["spark-1"], Some(running(&["spark-1"], 3000)));
+    let active_name = active.metadata.name.clone().unwrap_or_default();
+    let (ctx, handle) = sweep_context(&fleet(), vec![active], Vec::new());
+    let onto = serde_json::to_value(&sweep).expect("JSON");
+    let note = format!("a firing is due but concurrencyPolicy is Forbid and {active_name} still active");
+    let script = vec![
+        Expect::event("FiringSkipped", "nightly").check(move |b| {
+            assert_eq!(b["type"], "Warning");
+            assert_eq!(b["note"], note.as_str());
+        }),
+        status_apply(
+            format!("{SWEEPS}/nightly/status"),
+            "RegressionSweep",
+            move |b| {
+                let s = &b["status"];
+                // Not started: the last schedule time stays the previous firing's.
+                assert_eq!(s["lastScheduleTime"], "2026-11-30T23:00:00Z");
+                assert_eq!(s["active"], json!([active_name.as_str()]));
+            },
+            onto,
+        ),
+    ];
+    let (action, seen) = scenario(handle, script, sweep::reconcile(Arc::new(sweep), ctx)).await;
+    // Retried at the resync until the active run ends.
+    assert_eq!(format!("{:?}", action.expect("reconcile")), requeue(20));
+    assert!(seen.iter().all(|s| s.method != "POST" || !s.path.ends_with("sweepruns")), "no run may be created");
+}
+
+#[tokio::test]
+async fn a_node_whose_result_is_in_is_judged_against_its_last_passing_run() {
+    // An earlier passing run where spark-1 made 100 tokens/s; now it makes 80 (tolerance 10%).
+    let earlier = run(7200, &["spark-1", "spark-2"], Some(complete(SweepVerdict::Pass)));
+    let now = run(600, &["spark-1", "spark-2"], Some(running(&["spark-1", "spark-2"], 500)));
+    let results = vec![
+        result(&earlier, "spark-1", 100.0, Some(pass(None))),
+        result(&earlier, "spark-2", 100.0, Some(pass(None))),
+        result(&now, "spark-1", 80.0, None),
+    ];
+    let judged = serde_json::to_value(&results[2]).expect("JSON");
+    let earlier_name = earlier.metadata.name.clone().unwrap_or_default();
+    let now_name = now.metadata.name.clone().unwrap_or_default();
+    let (ctx, handle) = sweep_context(&fleet(), vec![earlier, now.clone()], results);
+    let base = earlier_name.clone();
+    let script = vec![
+        status_apply(
+            format!("{RESULTS}/{}/status", result_name(&now_name, "spark-1")),
+            "SweepResult",
+            move |b| {
+                // Only the judgement: the agent owns the rest of the status.
+                assert_eq!(b["status"].as_object().map(|o| o.keys().cloned().collect::<Vec<_>>()), Some(vec!["judgement".to_string()]));
+                let j = &b["status"]["judgement"];
+                assert_eq!(j["verdict"], "Regressed");
+                assert_eq!(j["baselineRun"], base.as_str());
+                assert_eq!(j["findings"].as_array().map(Vec::len), Some(1), "{j}");
+                assert_eq!(j["findings"][0]["metric"], "outputTokensPerS");
+                assert_eq!(j["findings"][0]["changePercent"], -20.0);
+            },
+            judged,
+        ),
+        status_apply(
+            format!("{RUNS}/{now_name}/status"),
+            "SweepRun",
+            |b| {
+                let s = &b["status"];
+                assert_eq!(s["phase"], "Running");
+                assert_eq!(s["nodes"][0]["node"], "spark-1");
+                assert_eq!(s["nodes"][0]["state"], "Done");
+                assert_eq!(s["nodes"][0]["verdict"], "Regressed");
+                assert_eq!(s["nodes"][1]["state"], "Running");
+                assert!(s["nodes"][1].get("verdict").is_none(), "{s}");
+                assert!(s.get("verdict").is_none(), "no run verdict before every node is final: {s}");
+                assert_eq!(s["counts"]["regressed"], 1);
+                assert_eq!(s["message"], "1 of 2 nodes final");
+            },
+            serde_json::to_value(&now).expect("JSON"),
+        ),
+    ];
+    let (action, _) = scenario(handle, script, sweep_run::reconcile(Arc::new(now), ctx)).await;
+    // spark-2 started 500 s ago with a 3600 s timeout: the resync comes first.
+    assert_eq!(format!("{:?}", action.expect("reconcile")), requeue(20));
+}
+
+#[tokio::test]
+async fn a_complete_run_flags_the_outlier_and_writes_its_summary() {
+    let now = run(600, &["spark-1", "spark-2", "spark-3"], Some(running(&["spark-1", "spark-2", "spark-3"], 500)));
+    let now_name = now.metadata.name.clone().unwrap_or_default();
+    // Judged already (no baselines); spark-3 is half as fast as its two identical peers.
+    let results = vec![
+        result(&now, "spark-1", 100.0, Some(pass(None))),
+        result(&now, "spark-2", 100.0, Some(pass(None))),
+        result(&now, "spark-3", 50.0, Some(pass(None))),
+    ];
+    let judged = serde_json::to_value(&results[2]).expect("JSON");
+    let (ctx, handle) = sweep_context(&fleet(), vec![now.clone()], results);
+    let spark3 = result_name(&now_name, "spark-3");
+    let spark3_for_event = spark3.clone();
+    let script = vec![
+        status_apply(
+            format!("{RESULTS}/{spark3}/status"),
+            "SweepResult",
+            |b| {
+                let j = &b["status"]["judgement"];
+                assert_eq!(j["verdict"], "Outlier");
+                assert_eq!(j["findings"][0]["reference"], 100.0);
+                assert_eq!(j["findings"][0]["value"], 50.0);
+                assert_eq!(j["findings"][0]["changePercent"], -50.0);
+            },
+            judged,
+        ),
+        status_apply(
+            format!("{RUNS}/{now_name}/status"),
+            "SweepRun",
+            |b| {
+                let s = &b["status"];
+                assert_eq!(s["phase"], "Complete");
+                assert_eq!(s["verdict"], "Outlier");
+                assert_eq!(s["completionTime"], "2026-12-01T00:00:00Z");
+                assert_eq!(
+                    s["counts"],
+                    json!({ "nodes": 3, "passed": 2, "regressed": 0, "outliers": 1, "failed": 0, "hung": 0, "lost": 0, "skipped": 0 })
+                );
+                assert_eq!(s["message"], "2 passed, 1 outlier of 3 nodes");
+                assert_eq!(s["findings"].as_array().map(Vec::len), Some(1), "{s}");
+                assert_eq!(s["findings"][0]["node"], "spark-3");
+                assert_eq!(s["nodes"][2]["verdict"], "Outlier");
+            },
+            serde_json::to_value(&now).expect("JSON"),
+        ),
+        Expect::new("POST", format!("/apis/events.k8s.io/v1/namespaces/{NS}/events")).check(move |b| {
+            assert_eq!(b["reason"], "Outlier");
+            assert_eq!(b["type"], "Warning");
+            assert_eq!(b["related"]["name"], spark3_for_event.as_str());
+            let note = b["note"].as_str().unwrap_or_default();
+            assert!(note.starts_with("node spark-3: p128xc1xg32: outputTokensPerS 50.0000 is -50.0% from the median 100.0000"), "{note}");
+        }),
+        Expect::new("POST", format!("/apis/events.k8s.io/v1/namespaces/{NS}/events")).check(|b| {
+            assert_eq!(b["reason"], "RunComplete");
+            assert_eq!(b["note"], "Outlier: 2 passed, 1 outlier of 3 nodes");
+        }),
+    ];
+    let (action, _) = scenario(handle, script, sweep_run::reconcile(Arc::new(now), ctx)).await;
+    assert_eq!(format!("{:?}", action.expect("reconcile")), format!("{:?}", Action::await_change()));
+}
