@@ -374,3 +374,167 @@ async fn a_complete_run_flags_the_outlier_and_writes_its_summary() {
     let (action, _) = scenario(handle, script, sweep_run::reconcile(Arc::new(now), ctx)).await;
     assert_eq!(format!("{:?}", action.expect("reconcile")), format!("{:?}", Action::await_change()));
 }
+
+mod flow {
+    //! The real controllers (`controllers::run`) against the in-memory API double: the test plays
+    //! the agents (heartbeat Leases, SweepResults) and reads what the controllers leave.
+
+    use super::*;
+    use brink_kube_double::KubeDouble;
+    use brink_operator::controllers::{self, Config, FixedClock, Metrics, Shared};
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use k8s_openapi::jiff::Timestamp;
+    use kube::Api;
+    use kube::api::{Patch, PatchParams, PostParams};
+
+    /// Polls `read` until it returns something, at most 10 s.
+    async fn eventually<T>(what: &str, mut read: impl FnMut() -> Option<T>) -> T {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(v) = read() {
+                return v;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn renewed(node: &str, at_s: i64) -> Lease {
+        let mut l = lease(node, 0);
+        l.metadata.uid = None;
+        l.metadata.resource_version = None;
+        if let Some(spec) = l.spec.as_mut() {
+            spec.renew_time = Some(MicroTime(Timestamp::from_second(at_s).expect("time")));
+        }
+        l
+    }
+
+    fn fresh<K: Resource<DynamicType = ()>>(mut o: K) -> K {
+        // The double assigns uids and versions as a create would.
+        o.meta_mut().uid = None;
+        o.meta_mut().resource_version = None;
+        o
+    }
+
+    /// The agent's write: the result object (spec), then its measurements (status), as `brink-agent`.
+    async fn agent_writes(client: &kube::Client, r: SweepResult) {
+        let api: Api<SweepResult> = Api::namespaced(client.clone(), NS);
+        let name = r.metadata.name.clone().expect("name");
+        let status = r.status.clone().expect("status");
+        let mut spec_only = fresh(r);
+        spec_only.status = None;
+        spec_only.metadata.owner_references = None;
+        api.create(&PostParams::default(), &spec_only).await.expect("create the result");
+        let patch = json!({ "apiVersion": "brink.dev/v1alpha1", "kind": "SweepResult", "metadata": { "name": name }, "status": status });
+        api.patch_status(&name, &PatchParams::apply("brink-agent"), &Patch::Apply(&patch)).await.expect("write the figures");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_sweep_over_four_nodes_with_a_regression_an_outlier_and_a_lost_node() {
+        let double = KubeDouble::new();
+        let nodes = ["spark-1", "spark-2", "spark-3", "spark-4"];
+        for n in nodes {
+            double.seed(&fresh(labelled(n, "a"))).expect("node");
+            double.seed(&fresh(qualified(n))).expect("spark node");
+            double.seed(&renewed(n, NOW_S - 5)).expect("lease");
+        }
+        // The previous run: spark-1 made 120 tokens/s and spark-2 100, both passed; spark-3 and
+        // spark-4 are new to the sweep (no baseline).
+        let previous = run(3600, &["spark-1", "spark-2"], Some(complete(SweepVerdict::Pass)));
+        let previous_name = previous.metadata.name.clone().expect("name");
+        let mut previous_seeded = fresh(previous.clone());
+        previous_seeded.metadata.owner_references = None;
+        double.seed(&previous_seeded).expect("previous run");
+        for (node, tps) in [("spark-1", 120.0), ("spark-2", 100.0)] {
+            let mut r = fresh(result(&previous, node, tps, Some(pass(None))));
+            r.metadata.owner_references = None;
+            double.seed(&r).expect("previous result");
+        }
+        let mut sweep = fresh(nightly(Some(3600), "Forbid"));
+        sweep.metadata.creation_timestamp = None;
+        sweep.spec.max_concurrent_nodes = 4;
+        double.seed(&sweep).expect("sweep");
+
+        let clock = Arc::new(FixedClock::new(now()));
+        let shared = Shared {
+            client: double.client(),
+            metrics: Arc::new(Metrics::new().expect("metrics")),
+            clock: clock.clone(),
+            config: Config { lease_namespace: LEASE_NS.into(), ..Config::default() },
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let operator = tokio::spawn(controllers::run(Arc::new(shared), async move {
+            let _ = stopped.await;
+        }));
+
+        // The firing due now becomes a run over the four nodes, all started at once.
+        let name = run_name("nightly", NOW_S);
+        let started = eventually("the run to start its four nodes", || {
+            let r: SweepRun = double.get(Some(NS), &name)?;
+            let s = r.status.clone()?;
+            (s.nodes.len() == 4 && s.nodes.iter().all(|n| n.state == NodeRunState::Running)).then_some(r)
+        })
+        .await;
+        assert_eq!(started.spec.nodes, nodes);
+
+        // 200 s later: three agents renewed their heartbeats, spark-4's has been gone 165 s.
+        clock.set(Timestamp::from_second(NOW_S + 200).expect("time"));
+        let leases: Api<Lease> = Api::namespaced(double.client(), LEASE_NS);
+        for n in &nodes[..3] {
+            let patch = json!({ "spec": { "renewTime": MicroTime(Timestamp::from_second(NOW_S + 195).expect("time")) } });
+            leases.patch(&format!("brink-node-{n}"), &PatchParams::default(), &Patch::Merge(&patch)).await.expect("renew");
+        }
+        // spark-1 fell from 120 to 100 tokens/s (-16.7%, tolerance 10%); spark-3 makes 60 where
+        // its identical peers make 100 (-40% from the median, tolerance 15%).
+        let client = double.client();
+        for (node, tps) in [("spark-1", 100.0), ("spark-2", 100.0), ("spark-3", 60.0)] {
+            agent_writes(&client, result(&started, node, tps, None)).await;
+        }
+
+        let done = eventually("the run to complete", || {
+            let r: SweepRun = double.get(Some(NS), &name)?;
+            r.status.clone().filter(|s| s.phase == RunPhase::Complete)
+        })
+        .await;
+        assert_eq!(done.verdict, Some(SweepVerdict::Lost));
+        let c = done.counts;
+        assert_eq!((c.nodes, c.passed, c.regressed, c.outliers, c.lost, c.failed, c.hung), (4, 1, 1, 1, 1, 0, 0), "{c:?}");
+        let states: Vec<(&str, NodeRunState, Option<SweepVerdict>)> =
+            done.nodes.iter().map(|n| (n.node.as_str(), n.state, n.verdict)).collect();
+        assert_eq!(
+            states,
+            [
+                ("spark-1", NodeRunState::Done, Some(SweepVerdict::Regressed)),
+                ("spark-2", NodeRunState::Done, Some(SweepVerdict::Pass)),
+                ("spark-3", NodeRunState::Done, Some(SweepVerdict::Outlier)),
+                ("spark-4", NodeRunState::Lost, Some(SweepVerdict::Lost)),
+            ]
+        );
+        assert_eq!(done.message.as_deref(), Some("1 passed, 1 outlier, 1 regressed, 1 lost of 4 nodes"));
+
+        // The judgements on the results, by the operator, beside the agent's figures.
+        let judged = |node: &str| -> Judgement {
+            let r: SweepResult = double.get(Some(NS), &result_name(&name, node)).expect("result");
+            let s = r.status.expect("status");
+            assert_eq!(s.points.len(), 1, "the agent's figures stay");
+            s.judgement.expect("judgement")
+        };
+        let j1 = judged("spark-1");
+        assert_eq!((j1.verdict, j1.baseline_run.as_deref()), (SweepVerdict::Regressed, Some(previous_name.as_str())));
+        let change = j1.findings[0].change_percent.expect("change");
+        assert!((change - (100.0 / 120.0 - 1.0) * 100.0).abs() < 1e-9, "{change}");
+        assert_eq!(judged("spark-2").verdict, SweepVerdict::Pass);
+        let j3 = judged("spark-3");
+        assert_eq!((j3.verdict, j3.baseline_run), (SweepVerdict::Outlier, None));
+
+        // The sweep reports the run's verdict.
+        eventually("the sweep's last verdict", || {
+            let s: RegressionSweep = double.get(Some(NS), "nightly")?;
+            s.status.filter(|st| st.last_verdict == Some(SweepVerdict::Lost) && st.active.is_empty())
+        })
+        .await;
+        let _ = stop.send(());
+        tokio::time::timeout(Duration::from_secs(30), operator).await.expect("the controllers drain").expect("join");
+    }
+}
