@@ -391,7 +391,12 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
     let (results, f2) = super::cache(Api::<SweepResult>::all(c.clone()));
     let sctx = Arc::new(SweepContext { base: ctx, sweeps: SweepCaches { runs: runs.clone(), results: results.clone() } });
     let controllers = async move {
-        let _ = futures::join!(runs.wait_until_ready(), results.wait_until_ready());
+        // A shutdown while the caches still fill (CRDs missing, API server slow) ends this at once.
+        let ready = futures::future::join(runs.wait_until_ready(), results.wait_until_ready());
+        futures::pin_mut!(ready);
+        if let futures::future::Either::Right(_) = futures::future::select(ready, shutdown.clone()).await {
+            return;
+        }
         futures::join!(sweeps(sctx.clone(), shutdown.clone()), super::sweep_run::controller(sctx, shutdown));
     };
     futures::pin_mut!(controllers);
