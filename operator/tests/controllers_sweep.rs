@@ -375,6 +375,111 @@ async fn a_complete_run_flags_the_outlier_and_writes_its_summary() {
     assert_eq!(format!("{:?}", action.expect("reconcile")), format!("{:?}", Action::await_change()));
 }
 
+#[tokio::test]
+async fn replace_cancels_the_active_run_before_starting_the_new_one() {
+    let sweep = nightly(Some(3600), "Replace");
+    let active = run(3600, &["spark-1"], Some(running(&["spark-1"], 3000)));
+    let old = active.metadata.name.clone().unwrap_or_default();
+    let (ctx, handle) = sweep_context(&fleet(), vec![active.clone()], Vec::new());
+    let new = run_name("nightly", NOW_S);
+    let (old_c, new_c) = (old.clone(), new.clone());
+    let script = vec![
+        status_apply(
+            format!("{RUNS}/{old}/status"),
+            "SweepRun",
+            |b| {
+                assert_eq!(b["status"]["phase"], "Cancelled");
+                assert_eq!(b["status"]["completionTime"], "2026-12-01T00:00:00Z");
+                assert_eq!(b["status"]["message"], "replaced by a newer firing of nightly (concurrencyPolicy Replace)");
+            },
+            serde_json::to_value(&active).expect("JSON"),
+        ),
+        Expect::event("RunCancelled", "nightly"),
+        Expect::new("POST", RUNS).check(move |b| assert_eq!(b["metadata"]["name"], new_c.as_str())),
+        Expect::event("RunCreated", "nightly"),
+        status_apply(
+            format!("{SWEEPS}/nightly/status"),
+            "RegressionSweep",
+            move |b| {
+                // The cancelled run is no longer active.
+                assert_eq!(b["status"]["active"], json!([new.as_str()]));
+                assert_ne!(b["status"]["active"][0], old_c.as_str());
+            },
+            serde_json::to_value(&sweep).expect("JSON"),
+        ),
+    ];
+    let (action, _) = scenario(handle, script, sweep::reconcile(Arc::new(sweep), ctx)).await;
+    assert_eq!(format!("{:?}", action.expect("reconcile")), requeue(3600));
+}
+
+#[tokio::test]
+async fn history_prunes_old_passing_runs_but_keeps_a_baseline() {
+    // Fired on the hour just now (nothing due); one passing run kept.
+    let mut sweep = nightly(Some(0), "Forbid");
+    sweep.spec.successful_runs_history_limit = 1;
+    let oldest = run(3 * 3600, &["spark-1"], Some(complete(SweepVerdict::Pass)));
+    let middle = run(2 * 3600, &["spark-1"], Some(complete(SweepVerdict::Pass)));
+    let newest = run(0, &["spark-1"], Some(complete(SweepVerdict::Pass)));
+    let [oldest_n, middle_n, newest_n] = [&oldest, &middle, &newest].map(|r| r.metadata.name.clone().unwrap_or_default());
+    // The newest run's spark-1 was judged against the oldest run: that one stays.
+    let results = vec![result(&newest, "spark-1", 100.0, Some(pass(Some(&oldest_n))))];
+    let (ctx, handle) = sweep_context(&fleet(), vec![oldest, middle, newest], results);
+    let script = vec![
+        Expect::new("DELETE", format!("{RUNS}/{middle_n}"))
+            .check(|b| assert_eq!(b["propagationPolicy"], "Background"))
+            .reply(Reply::Json(json!({ "apiVersion": "v1", "kind": "Status", "status": "Success", "code": 200 }))),
+        status_apply(
+            format!("{SWEEPS}/nightly/status"),
+            "RegressionSweep",
+            move |b| {
+                let s = &b["status"];
+                assert_eq!(s["lastRun"], newest_n.as_str());
+                assert_eq!(s["lastVerdict"], "Pass");
+                assert_eq!(s["lastSuccessfulTime"], "2026-11-30T23:10:00Z");
+                assert!(s.get("active").is_none(), "{s}");
+                assert_eq!(cond(b, "Progressing")["reason"], "Idle");
+            },
+            serde_json::to_value(&sweep).expect("JSON"),
+        ),
+    ];
+    let (action, seen) = scenario(handle, script, sweep::reconcile(Arc::new(sweep), ctx)).await;
+    assert_eq!(format!("{:?}", action.expect("reconcile")), requeue(3600));
+    assert!(!seen.iter().any(|s| s.path.ends_with(&oldest_n)), "the baseline run must stay");
+}
+
+#[test]
+fn nodes_are_selected_by_label_and_agent_and_sorted() {
+    let w = fleet();
+    let nodes: Vec<Arc<_>> = w.nodes.iter().rev().cloned().map(Arc::new).collect();
+    let sparks: Vec<Arc<_>> = w.spark_nodes.iter().cloned().map(Arc::new).collect();
+    let a = BTreeMap::from([("pool".to_string(), "a".to_string())]);
+    assert_eq!(sweep::select_nodes(&a, &nodes, &sparks), ["spark-1", "spark-2", "spark-3"]);
+    let b = BTreeMap::from([("pool".to_string(), "b".to_string())]);
+    assert_eq!(sweep::select_nodes(&b, &nodes, &sparks), ["spark-4"]);
+    assert_eq!(sweep::select_nodes(&BTreeMap::new(), &nodes, &sparks), ["spark-1", "spark-2", "spark-3", "spark-4"]);
+}
+
+#[test]
+fn outlier_findings_are_replaced_not_repeated() {
+    let outlier = |v: f64| brink_api::crd::Finding {
+        node: "spark-3".into(),
+        verdict: SweepVerdict::Outlier,
+        point: Some(POINT),
+        metric: Some("outputTokensPerS".into()),
+        value: Some(v),
+        reference: Some(100.0),
+        change_percent: Some(v - 100.0),
+        message: format!("{v}"),
+    };
+    let j = sweep_run::with_outliers(&pass(Some("r0")), &[outlier(50.0)]);
+    assert_eq!((j.verdict, j.findings.len(), j.baseline_run.as_deref()), (SweepVerdict::Outlier, 1, Some("r0")));
+    let again = sweep_run::with_outliers(&j, &[outlier(60.0)]);
+    assert_eq!(again.findings.len(), 1);
+    assert_eq!(again.findings[0].value, Some(60.0));
+    // No longer an outlier: back to the verdict of the other findings.
+    assert_eq!(sweep_run::with_outliers(&again, &[]).verdict, SweepVerdict::Pass);
+}
+
 mod flow {
     //! The real controllers (`controllers::run`) against the in-memory API double: the test plays
     //! the agents (heartbeat Leases, SweepResults) and reads what the controllers leave.

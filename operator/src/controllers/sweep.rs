@@ -66,7 +66,7 @@ pub fn time_of(s: i64) -> Time {
 pub fn runs_of(runs: &Store<SweepRun>, namespace: &str, sweep: &str) -> Vec<Arc<SweepRun>> {
     let mut out: Vec<Arc<SweepRun>> =
         runs.state().into_iter().filter(|r| r.namespace().as_deref() == Some(namespace) && r.spec.sweep == sweep).collect();
-    out.sort_by(|a, b| (secs(&a.spec.scheduled_time), a.name_any()).cmp(&(secs(&b.spec.scheduled_time), b.name_any())));
+    out.sort_by_key(|r| (secs(&r.spec.scheduled_time), r.name_any()));
     out
 }
 

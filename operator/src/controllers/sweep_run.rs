@@ -196,7 +196,7 @@ async fn reconcile_inner(run: &SweepRun, sctx: &SweepContext) -> Result<Action> 
         .flat_map(|r| {
             let run_name = r.name_any();
             let at = r.spec.scheduled_time.0.as_second();
-            r.spec.nodes.iter().filter_map(move |node| Some((run_name.clone(), at, node.clone())))
+            r.spec.nodes.iter().map(move |node| (run_name.clone(), at, node.clone()))
         })
         .filter_map(|(run_name, at, node)| {
             let verdict = result_of(&run_name, &node)?.status.as_ref()?.judgement.as_ref().map(|j| j.verdict);
