@@ -630,6 +630,12 @@ mod flow {
         let change = j1.findings[0].change_percent.expect("change");
         assert!((change - (100.0 / 120.0 - 1.0) * 100.0).abs() < 1e-9, "{change}");
         assert_eq!(judged("spark-2").verdict, SweepVerdict::Pass);
+        // spark-4 never wrote a result: the operator wrote one that says what happened.
+        let lost: SweepResult = double.get(Some(NS), &result_name(&name, "spark-4")).expect("a result for the lost node");
+        let ls = lost.status.expect("status");
+        assert_eq!((ls.state, ls.judgement.map(|j| j.verdict)), (ResultState::Failed, Some(SweepVerdict::Lost)));
+        assert_eq!(ls.error.as_deref(), Some("the node or its heartbeat went away mid-sweep"));
+        assert_eq!(lost.metadata.owner_references.expect("owner")[0].name, name);
         let j3 = judged("spark-3");
         assert_eq!((j3.verdict, j3.baseline_run), (SweepVerdict::Outlier, None));
 

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use brink_api::crd::{
-    BaselineKind, Finding, Judgement, ModelReplica, NodeProgress, NodeRunState, RunPhase, SweepResult, SweepResultStatus, SweepRun,
-    SweepRunStatus, SweepVerdict, result_name,
+    BaselineKind, Finding, Judgement, ModelReplica, NodeProgress, NodeRunState, ResultState, RunPhase, SweepResult, SweepResultSpec,
+    SweepResultStatus, SweepRun, SweepRunStatus, SweepVerdict, result_name,
 };
 use brink_api::sweep::baseline::{PastResult, baseline_run};
 use brink_api::sweep::judge::{NodeInput, judge, worst};
@@ -21,7 +21,7 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
@@ -31,7 +31,7 @@ use serde_json::json;
 use tracing::{info, instrument, warn};
 
 use super::context::{Context, FIELD_MANAGER};
-use super::error::{Error, Result};
+use super::error::{Error, Result, api_code};
 use super::events::publish;
 use super::names::heartbeat_lease;
 use super::sweep::{SweepContext, error_policy, is_active, runs_of, time_of};
@@ -225,9 +225,12 @@ async fn reconcile_inner(run: &SweepRun, sctx: &SweepContext) -> Result<Action> 
             tolerance: run.spec.baseline.tolerance,
         });
         let j = Judgement { verdict, baseline_run: base_run, findings };
-        // A node lost before writing anything has no result to carry it: the run's status does.
         if result.is_some() {
             write_judgement(ctx, &ns, &result_name(&name, &step.node), &j).await?;
+        } else {
+            // Lost or timed out before its agent wrote anything: the result says so itself.
+            let why = message.as_deref().unwrap_or("the node ended without a result");
+            record_missing(ctx, run, &ns, &step.node, why, &j).await?;
         }
         judgements.insert(step.node.clone(), j);
     }
@@ -304,6 +307,33 @@ async fn write_judgement(ctx: &Context, ns: &str, result: &str, j: &Judgement) -
         .patch_status(result, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
         .await
         .map_err(|e| Error::kube(format!("writing the judgement of SweepResult {ns}/{result}"), e))?;
+    Ok(())
+}
+
+/// Creates the result of a node that never wrote one (owned by the run, like the agents'), then
+/// its status: `Failed`, why, and the judgement. A result that appears meanwhile is the agent's:
+/// it is left alone and judged on the next reconcile.
+async fn record_missing(ctx: &Context, run: &SweepRun, ns: &str, node: &str, why: &str, j: &Judgement) -> Result<()> {
+    let run_name = run.name_any();
+    let name = result_name(&run_name, node);
+    let mut r = SweepResult::new(&name, SweepResultSpec { run: run_name, node: node.to_string() });
+    r.metadata.namespace = Some(ns.to_string());
+    r.metadata.owner_references = run.controller_owner_ref(&()).map(|o| vec![o]);
+    let api: Api<SweepResult> = Api::namespaced(ctx.client.clone(), ns);
+    match api.create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() }, &r).await {
+        Ok(_) => {}
+        Err(e) if api_code(&e) == Some(409) => return Ok(()),
+        Err(e) => return Err(Error::kube(format!("creating SweepResult {ns}/{name} for a node without one"), e)),
+    }
+    let patch = json!({
+        "apiVersion": "brink.dev/v1alpha1",
+        "kind": "SweepResult",
+        "metadata": { "name": name },
+        "status": { "state": ResultState::Failed, "error": why, "judgement": j },
+    });
+    api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
+        .await
+        .map_err(|e| Error::kube(format!("writing the status of SweepResult {ns}/{name}"), e))?;
     Ok(())
 }
 
