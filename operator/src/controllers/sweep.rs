@@ -270,9 +270,8 @@ async fn reconcile_inner(sweep: &RegressionSweep, sctx: &SweepContext) -> Result
                     time_of(*scheduled_s).0,
                     sweep.spec.starting_deadline_seconds.unwrap_or_default()
                 );
+                // `lastScheduleTime` stays the last firing that started a run (the CRD's meaning).
                 publish(ctx, &on, None, EventType::Warning, "MissedSchedule", "Schedule", note).await;
-                // Recorded as handled, so that the same time is not reported again.
-                last_schedule_s = Some(*scheduled_s);
             }
         }
         for victim in &d.cancel {
