@@ -199,10 +199,11 @@ fn run_serves_metrics_and_drains_on_sigterm() {
     assert!(text.contains("brink_operator_reconciles_total{controller=\"modeldeployment\"} 0"), "{text}");
     assert!(text.contains("brink_operator_reconcile_duration_seconds_count{controller=\"modelreplica\"} 0"), "{text}");
 
-    // Both controllers' runners start once their own watches filled their caches (kube logs it
-    // at debug): a signal before that is the bounded-drain case, not the one tested here.
-    wait_for("store is ready, starting runner", &mut log);
-    wait_for("store is ready, starting runner", &mut log);
+    // Every controller's runner starts once its own watches filled its cache (kube logs it at
+    // debug): a signal before that is the bounded-drain case, not the one tested here.
+    for _ in brink_operator::controllers::CONTROLLERS {
+        wait_for("store is ready, starting runner", &mut log);
+    }
     let pid = child.id().to_string();
     let killed = Command::new("kill").args(["-TERM", &pid]).status().expect("kill");
     assert!(killed.success());
@@ -222,6 +223,7 @@ fn run_serves_metrics_and_drains_on_sigterm() {
     }
     let all = log.join("\n");
     assert!(all.contains("deployment controller stopped") && all.contains("replica controller stopped"), "{all}");
+    assert!(all.contains("regression sweep controller stopped") && all.contains("sweep run controller stopped"), "{all}");
     assert!(all.contains("controllers stopped") && !all.contains("did not drain"), "{all}");
 }
 

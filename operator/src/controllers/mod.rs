@@ -22,6 +22,8 @@ pub mod rollout;
 pub mod server;
 pub mod service;
 pub mod startup;
+pub mod sweep;
+pub mod sweep_run;
 pub mod views;
 
 use std::future::Future;
@@ -44,7 +46,7 @@ pub use error::{Error, Result};
 pub use metrics::Metrics;
 
 /// The controllers, by the name their metrics carry.
-pub const CONTROLLERS: [&str; 2] = [deployment::CONTROLLER, replica::CONTROLLER];
+pub const CONTROLLERS: [&str; 4] = [deployment::CONTROLLER, replica::CONTROLLER, sweep::CONTROLLER, sweep_run::CONTROLLER];
 
 /// How long a failed reconcile waits before it is tried again.
 pub fn retry_after(error: &Error) -> Duration {
@@ -116,7 +118,7 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl Future<Output = ()> + Send 
         async move {
             wait.await;
             info!("caches filled; controllers starting");
-            futures::join!(deployments(ctx.clone(), shutdown.clone()), replicas(ctx, shutdown));
+            futures::join!(deployments(ctx.clone(), shutdown.clone()), replicas(ctx.clone(), shutdown.clone()), sweep::run(ctx, shutdown));
         }
     };
     // The feeds stop when the controllers have drained. The drain is bounded: kube's runner
