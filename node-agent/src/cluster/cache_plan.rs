@@ -5,7 +5,7 @@
 //! `Model`'s `status.cache` is a list-map keyed by `node`, so each node's agent owns its entry
 //! and agents on different nodes never clobber each other.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use brink_api::crd::{CachePhase, DownloadProgress, HostedReplica, Model, ModelReplica, ModelStatus, NodeCache};
@@ -164,26 +164,69 @@ pub fn entry(node: &str, phase: CachePhase, bytes_done: u64, bytes_total: Option
 }
 
 /// The server-side-apply body for `model`'s status from this node: its cache entry, and the
-/// header facts when this node has them and the status holds none or the same ones (agents
-/// that agree co-own the facts; one that read something else does not overwrite them).
+/// header facts (see [`facts_to_apply`]).
 pub fn model_status(model: &Model, entry: NodeCache, facts: Option<(&HeaderFacts, u64)>) -> Value {
-    let mut status = json!({ "cache": [entry] });
+    status_body(model, vec![entry], facts_to_apply(model, facts))
+}
+
+/// The body that writes header facts this node read without caching the model (a Model no
+/// replica here uses): the facts, and this node's cache entry unchanged when it has one (an
+/// apply that left it out would remove it). None when the status already holds these facts
+/// complete, or other ones (nothing to write).
+pub fn facts_status(model: &Model, node: &str, facts: &HeaderFacts, size: u64) -> Option<Value> {
+    let ours = header_status(facts, size);
+    let theirs = model.status.clone().unwrap_or_default();
+    if !agrees(&theirs, &ours) || (!lacks_facts(model) && theirs.kv_bytes_per_token == ours.kv_bytes_per_token) {
+        return None;
+    }
+    Some(status_body(model, our_entry(model, node).cloned().into_iter().collect(), Some(ours)))
+}
+
+/// The header facts this node's apply carries. Ours, when this node read them and the status
+/// holds none or agrees (agents that agree co-own the facts; one that read something else does
+/// not overwrite them). Otherwise the facts the status holds, unchanged: server-side apply
+/// removes a field when the only manager that set it applies without it, so every apply of a
+/// node that once wrote the facts (an eviction's, a progress tick's) must carry them, or the
+/// Model would lose the facts placement needs when the last node that wrote them evicts it.
+pub fn facts_to_apply(model: &Model, facts: Option<(&HeaderFacts, u64)>) -> Option<ModelStatus> {
+    let theirs = model.status.clone().unwrap_or_default();
     if let Some((facts, size)) = facts {
         let ours = header_status(facts, size);
-        let theirs = model.status.clone().unwrap_or_default();
-        let empty = theirs.architecture.is_none() && theirs.shape_class.is_none();
-        let same = theirs.architecture == ours.architecture
-            && theirs.experts == ours.experts
-            && theirs.top_k == ours.top_k
-            && theirs.size_bytes == ours.size_bytes
-            && theirs.quant_types == ours.quant_types
-            && theirs.shape_class == ours.shape_class;
-        if empty || same {
-            let map = status.as_object_mut().expect("a JSON object literal");
-            if let Ok(Value::Object(fields)) = serde_json::to_value(&ours) {
-                map.extend(fields);
-            }
+        if agrees(&theirs, &ours) {
+            return Some(ours);
         }
+    }
+    let held = theirs.architecture.is_some()
+        || theirs.shape_class.is_some()
+        || theirs.size_bytes.is_some()
+        || theirs.kv_bytes_per_token.is_some()
+        || theirs.experts.is_some()
+        || theirs.top_k.is_some()
+        || !theirs.quant_types.is_empty();
+    held.then(|| ModelStatus { cache: Vec::new(), conditions: Vec::new(), ..theirs })
+}
+
+/// Whether `ours` may be written over `theirs`: the status holds no facts, or the same ones (a
+/// status written before `kvBytesPerToken` existed agrees on the rest, and gains it).
+fn agrees(theirs: &ModelStatus, ours: &ModelStatus) -> bool {
+    let empty = theirs.architecture.is_none() && theirs.shape_class.is_none();
+    let same = theirs.architecture == ours.architecture
+        && theirs.experts == ours.experts
+        && theirs.top_k == ours.top_k
+        && theirs.size_bytes == ours.size_bytes
+        && theirs.quant_types == ours.quant_types
+        && theirs.shape_class == ours.shape_class
+        && (theirs.kv_bytes_per_token.is_none() || theirs.kv_bytes_per_token == ours.kv_bytes_per_token);
+    empty || same
+}
+
+fn status_body(model: &Model, cache: Vec<NodeCache>, facts: Option<ModelStatus>) -> Value {
+    let mut status = serde_json::Map::new();
+    if !cache.is_empty() {
+        status.insert("cache".into(), json!(cache));
+    }
+    if let Some(Ok(Value::Object(fields))) = facts.map(|f| serde_json::to_value(&f)) {
+        status.extend(fields);
     }
     json!({
         "apiVersion": "brink.dev/v1alpha1",
@@ -191,6 +234,40 @@ pub fn model_status(model: &Model, entry: NodeCache, facts: Option<(&HeaderFacts
         "metadata": { "name": model.name_any(), "namespace": model.namespace() },
         "status": status,
     })
+}
+
+/// Whether `model`'s status lacks a fact the operator needs before it places a replica of it
+/// (operator/src/controllers/views.rs): the shape class, a non-zero size and KV bytes per token.
+pub fn lacks_facts(model: &Model) -> bool {
+    let Some(s) = &model.status else { return true };
+    s.shape_class.as_deref().is_none_or(str::is_empty) || s.size_bytes.is_none_or(|b| b == 0) || s.kv_bytes_per_token.is_none_or(|b| b == 0)
+}
+
+/// The Models whose facts this node should read this round, by namespace and name: those that
+/// lack a fact, are not being deleted, and were not fetched this round (`fetched`, by namespace
+/// and name: a fetch writes the facts itself, or has just failed and says why in its entry).
+pub fn facts_needed<'a>(models: &'a [Model], fetched: &BTreeSet<(String, String)>) -> Vec<&'a Model> {
+    let mut out: Vec<&Model> = models
+        .iter()
+        .filter(|m| m.metadata.deletion_timestamp.is_none() && lacks_facts(m))
+        .filter(|m| !fetched.contains(&(m.namespace().unwrap_or_default(), m.name_any())))
+        .collect();
+    out.sort_by_key(|m| (m.namespace(), m.name_any()));
+    out
+}
+
+/// Whether a Model whose facts could not be read at `failed` (for the same cache key) is due
+/// another try at `now`: reading a header is cheap, but a broken URL should not be asked every
+/// round by every node.
+pub fn probe_due(failed: Option<&(String, Time)>, key: &str, now: &Time, retry_after: std::time::Duration) -> bool {
+    match failed {
+        None => true,
+        Some((k, _)) if k != key => true,
+        Some((_, at)) => {
+            let elapsed = now.0.duration_since(at.0);
+            elapsed.as_secs_f64() >= retry_after.as_secs_f64()
+        }
+    }
 }
 
 /// The Model status fields the GGUF header gives (quant types in ggml's upper-case spelling).
@@ -202,6 +279,7 @@ pub fn header_status(facts: &HeaderFacts, size: u64) -> ModelStatus {
         size_bytes: Some(size),
         quant_types: facts.quant_types.iter().map(|t| t.to_ascii_uppercase()).collect(),
         shape_class: Some(facts.shape_class.clone()),
+        kv_bytes_per_token: facts.kv_bytes_per_token,
         cache: Vec::new(),
         conditions: Vec::new(),
     }
