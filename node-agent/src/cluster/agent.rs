@@ -365,7 +365,10 @@ impl Agent {
                 }
                 Ok(None) => {}
                 Err(why) => {
-                    eprintln!("brink-agent run: Model {id}: the header facts could not be read (next try in {} s): {why}", FACTS_RETRY.as_secs());
+                    eprintln!(
+                        "brink-agent run: Model {id}: the header facts could not be read (next try in {} s): {why}",
+                        FACTS_RETRY.as_secs()
+                    );
                     self.failures().insert(id, (key, now));
                 }
             }

@@ -51,7 +51,10 @@ pub enum PrefixParse {
 pub fn parse_prefix(prefix: &[u8], file_len: u64, name: &Path) -> PrefixParse {
     match read_header(prefix, file_len, name) {
         Ok(h) => PrefixParse::Complete { data_start: h.data_start },
-        Err(e) if (prefix.len() as u64) < file_len && matches!(&e.kind, ErrorKind::Io { source, .. } if source.kind() == std::io::ErrorKind::UnexpectedEof) => {
+        Err(e)
+            if (prefix.len() as u64) < file_len
+                && matches!(&e.kind, ErrorKind::Io { source, .. } if source.kind() == std::io::ErrorKind::UnexpectedEof) =>
+        {
             PrefixParse::NeedMore
         }
         Err(e) => PrefixParse::Invalid(e),

@@ -5,6 +5,7 @@
 //! does not expect fails the test.
 
 mod download;
+mod facts;
 mod lease_renew;
 mod qualify;
 mod start;
