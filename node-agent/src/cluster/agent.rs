@@ -338,7 +338,8 @@ impl Agent {
     /// without downloading it ([`ModelCache::probe`]: a local file in place, https by `Range`).
     /// Every node's agent may do this; each applies with its own field manager, so agents that
     /// read the same facts co-own them, and one that read other facts writes nothing (see
-    /// [`cache_plan::facts_status`]). A failure is logged and retried after [`FACTS_RETRY`]: it
+    /// [`cache_plan::facts_status`]); the apply carries the listed resourceVersion, so an agent
+    /// whose list is older than another's write gets 409 and decides again next round. A failure is logged and retried after [`FACTS_RETRY`]: it
     /// fails no round, as another node may read the facts, and a local file that is not on this
     /// node is skipped quietly.
     pub async fn fill_facts(&self, cache: &ModelCache, models: &[Model], fetched: &BTreeSet<(String, String)>) -> Result<(), AgentError> {
@@ -359,8 +360,18 @@ impl Agent {
             match found {
                 Ok(Some(f)) => {
                     self.failures().remove(&id);
-                    if let Some(body) = cache_plan::facts_status(model, &node, &f.facts, f.size) {
-                        self.apply_model(model, body).await?;
+                    let Some(body) = cache_plan::facts_status(model, &node, &f.facts, f.size) else { continue };
+                    match self.apply_model_raw(model, body).await {
+                        Ok(()) => {}
+                        // The Model changed since it was listed (another agent wrote facts, or
+                        // it was deleted): the next round decides on what it holds then.
+                        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
+                            eprintln!(
+                                "brink-agent run: Model {id} changed while its facts were read ({}); reading it again next round",
+                                s.code
+                            );
+                        }
+                        Err(e) => return Err(self.problem(Call::new("patch", "models/status", model.metadata.name.as_deref()), e)),
                     }
                 }
                 Ok(None) => {}
@@ -466,14 +477,16 @@ impl Agent {
     }
 
     async fn apply_model(&self, model: &Model, body: serde_json::Value) -> Result<(), AgentError> {
+        let name = model.metadata.name.clone().unwrap_or_default();
+        self.apply_model_raw(model, body).await.map_err(|e| self.problem(Call::new("patch", "models/status", Some(&name)), e))
+    }
+
+    async fn apply_model_raw(&self, model: &Model, body: serde_json::Value) -> Result<(), kube::Error> {
         let ns = model.metadata.namespace.clone().unwrap_or_default();
         let name = model.metadata.name.clone().unwrap_or_default();
         let api: Api<Model> = Api::namespaced(self.client.clone(), &ns);
         let pp = PatchParams::apply(&node_manager(&self.settings.node)).force();
-        api.patch_status(&name, &pp, &Patch::Apply(&body))
-            .await
-            .map_err(|e| self.problem(Call::new("patch", "models/status", Some(&name)), e))?;
-        Ok(())
+        api.patch_status(&name, &pp, &Patch::Apply(&body)).await.map(|_| ())
     }
 
     async fn apply_downloads(&self, w: &cache_plan::Wanted, progress: Option<DownloadProgress>) -> Result<(), AgentError> {

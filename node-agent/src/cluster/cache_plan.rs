@@ -171,15 +171,22 @@ pub fn model_status(model: &Model, entry: NodeCache, facts: Option<(&HeaderFacts
 
 /// The body that writes header facts this node read without caching the model (a Model no
 /// replica here uses): the facts, and this node's cache entry unchanged when it has one (an
-/// apply that left it out would remove it). None when the status already holds these facts
-/// complete, or other ones (nothing to write).
+/// apply that left it out would remove it), applied only if the Model is still at the
+/// resourceVersion it was read at. None when the status already holds these facts complete,
+/// or other ones (nothing to write).
 pub fn facts_status(model: &Model, node: &str, facts: &HeaderFacts, size: u64) -> Option<Value> {
     let ours = header_status(facts, size);
     let theirs = model.status.clone().unwrap_or_default();
     if !agrees(&theirs, &ours) || (!lacks_facts(model) && theirs.kv_bytes_per_token == ours.kv_bytes_per_token) {
         return None;
     }
-    Some(status_body(model, our_entry(model, node).cloned().into_iter().collect(), Some(ours)))
+    let mut body = status_body(model, our_entry(model, node).cloned().into_iter().collect(), Some(ours));
+    // A precondition: two agents that both saw no facts cannot both force theirs; the second
+    // gets 409 and reads the status again.
+    if let Some(rv) = &model.metadata.resource_version {
+        body["metadata"]["resourceVersion"] = json!(rv);
+    }
+    Some(body)
 }
 
 /// The header facts this node's apply carries. Ours, when this node read them and the status
@@ -608,12 +615,14 @@ mod tests {
             ("equal but no KV size", with(ModelStatus { kv_bytes_per_token: None, ..header_status(&facts, 10) }, vec![]), true, false),
             ("other facts", with(header_status(&facts, 11), vec![]), false, false),
         ];
+        m.metadata.resource_version = Some("41".into());
         for (case, status, writes, keeps_entry) in cases {
             m.status = status;
             let body = facts_status(&m, "n1", &facts, 10);
             assert_eq!(body.is_some(), writes, "{case}");
             let Some(body) = body else { continue };
             assert_eq!(body["status"]["kvBytesPerToken"], 8192, "{case}");
+            assert_eq!(body["metadata"], json!({"name": "m", "namespace": "ai", "resourceVersion": "41"}), "{case}");
             assert_eq!(body["status"]["shapeClass"], facts.shape_class, "{case}");
             let cache = body["status"].get("cache");
             if keeps_entry {

@@ -224,3 +224,39 @@ async fn an_unused_local_model_is_read_in_place_and_a_missing_one_skipped() {
     assert_eq!(written.body["status"], expected(&path, size));
     assert!(cache.entries().unwrap().is_empty(), "a local file is not copied into the cache");
 }
+
+#[tokio::test]
+async fn a_second_agent_with_an_older_list_gets_409_and_decides_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, bytes, sha) = synth(dir.path());
+    let size = bytes.len() as u64;
+    let (base, served) = range_server(bytes).await;
+    let url = format!("{base}/m.gguf");
+    let cache = Arc::new(ModelCache::open(CacheConfig::new(dir.path().join("cache"), 1 << 30)).unwrap());
+    let mut listed = model(https(&url), &sha);
+    listed["metadata"]["resourceVersion"] = json!("7");
+
+    let (agent, mut api) = agent();
+    let (a, c) = (agent.clone(), cache.clone());
+    let task = tokio::spawn(async move { a.sync_models(&c).await });
+    api.expect("GET", REPLICAS, 200, list("ModelReplicaList", vec![])).await;
+    api.expect("GET", MODELS, 200, list("ModelList", vec![listed.clone()])).await;
+    api.expect("GET", SECRET, 200, secret()).await;
+    // Another node's agent wrote the facts after this one listed the Model.
+    let conflict = status(409, "Conflict", "the object has been modified; please apply your changes to the latest version");
+    let sent = api.expect("PATCH", MODEL_STATUS, 409, conflict).await;
+    assert_eq!(sent.body["metadata"]["resourceVersion"], "7", "the apply is conditional on what was listed");
+    finish(task).await.expect("a lost race is not an error");
+    let requests = served.lock().unwrap().ranges.len();
+
+    // The next round lists the Model with the other agent's facts: nothing to read or write.
+    let mut written = listed.clone();
+    written["metadata"]["resourceVersion"] = json!("8");
+    written["status"] = expected(&path, size);
+    let (a, c) = (agent.clone(), cache.clone());
+    let task = tokio::spawn(async move { a.sync_models(&c).await });
+    api.expect("GET", REPLICAS, 200, list("ModelReplicaList", vec![])).await;
+    api.expect("GET", MODELS, 200, list("ModelList", vec![written])).await;
+    finish(task).await.unwrap();
+    assert_eq!(served.lock().unwrap().ranges.len(), requests, "no header read for a Model that has its facts");
+}
