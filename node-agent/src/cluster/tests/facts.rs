@@ -16,13 +16,13 @@ use crate::model_cache::{CacheConfig, ModelCache, RangePolicy};
 /// What the server saw: each request's `Range` header (None: a request without one) and the
 /// body bytes it sent in all.
 #[derive(Default)]
-struct Served {
+pub(super) struct Served {
     ranges: Vec<Option<String>>,
     body_bytes: u64,
 }
 
 /// Serves `bytes` at `/m.gguf` to `Authorization: Bearer tok`, honouring `Range: bytes=a-b`.
-async fn range_server(bytes: Vec<u8>) -> (String, Arc<Mutex<Served>>) {
+pub(super) async fn range_server(bytes: Vec<u8>) -> (String, Arc<Mutex<Served>>) {
     let bytes = Arc::new(bytes);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

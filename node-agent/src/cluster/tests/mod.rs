@@ -6,6 +6,7 @@
 
 mod download;
 mod facts;
+mod facts_flow;
 mod lease_renew;
 mod qualify;
 mod start;
