@@ -121,6 +121,13 @@ impl ModelCache {
         for dir in [config.root.join("models"), config.root.join("partial")] {
             std::fs::create_dir_all(&dir).map_err(|e| CacheError::io("creating the cache directory", &dir, e))?;
         }
+        // Header scratch files a stopped process left (no probe runs before the cache is open).
+        let probes = config.root.join("probe");
+        match std::fs::remove_dir_all(&probes) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(CacheError::io("removing old header scratch files", &probes, e)),
+        }
         let client = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
             .read_timeout(config.read_timeout)

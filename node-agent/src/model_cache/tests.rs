@@ -578,6 +578,13 @@ async fn a_split_models_facts_are_read_from_each_parts_header_by_ranges() {
     assert!(server.body_bytes_sent() < size / 2, "{} of {size} bytes", server.body_bytes_sent());
     assert!(!cache.root().join("probe").join(&parts[0].sha256).exists(), "the scratch files are removed");
     assert!(cache.entries().unwrap().is_empty());
+    // Scratch files a stopped agent left are removed when the cache opens.
+    let left = cache.root().join("probe").join("ab".repeat(32));
+    std::fs::create_dir_all(&left).unwrap();
+    std::fs::write(left.join("x.gguf"), b"GGUF").unwrap();
+    drop(cache);
+    let _reopened = ModelCache::open(probe_config(&dir.path().join("cache"))).unwrap();
+    assert!(!dir.path().join("cache/probe").exists());
 }
 
 #[tokio::test]
