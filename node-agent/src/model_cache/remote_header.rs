@@ -138,15 +138,19 @@ async fn fetch_range(
     // Never more than asked for, whatever the server sends.
     let end = want.min(file_len);
     while (prefix.len() as u64) < end {
-        match response.chunk().await.map_err(http_err)? {
-            Some(chunk) => {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
                 let room = (end - prefix.len() as u64) as usize;
                 prefix.extend_from_slice(&chunk[..chunk.len().min(room)]);
             }
-            None => {
-                let message = format!("the connection closed at byte {} of the range {start}-{}", prefix.len(), end - 1);
+            // A range cut short (a dropped connection, a server that caps a range's size) still
+            // moves the prefix on: the caller parses it and asks for the rest from there.
+            Ok(None) | Err(_) if prefix.len() as u64 > start => break,
+            Ok(None) => {
+                let message = format!("the connection closed before the first byte of the range {start}-{}", end - 1);
                 return Err(CacheError::Http { url: url.to_string(), message });
             }
+            Err(e) => return Err(http_err(e)),
         }
     }
     Ok(file_len)

@@ -627,3 +627,17 @@ async fn an_entry_indexed_before_kv_bytes_per_token_is_read_again() {
     assert_eq!(cache.entries().unwrap()[0].header.as_ref().unwrap().kv_bytes_per_token, Some(1024), "saved");
     assert!(cache.indexed_facts(&"0".repeat(64)).unwrap().is_none());
 }
+
+#[tokio::test]
+async fn a_range_cut_short_is_continued_from_where_it_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, sha) = tiny_model(dir.path(), 0);
+    let files = HashMap::from([("m.gguf".to_string(), model)]);
+    let server = Server::start(Behaviour { files, drop_first_after: Some(50), ..Behaviour::default() }).await;
+    let cache = ModelCache::open(probe_config(&dir.path().join("cache"))).unwrap();
+    let got = cache.probe(&http(&server, "m.gguf", &sha)).await.unwrap();
+    assert_eq!(got.facts, header::read(&dir.path().join("tiny-0.gguf")).unwrap());
+    let ranges: Vec<String> = server.seen().into_iter().filter_map(|s| s.range).collect();
+    // The cut range is finished first (the first request's size), then the prefix doubles.
+    assert_eq!(ranges[..3], ["bytes=0-127", "bytes=50-127", "bytes=128-255"], "{ranges:?}");
+}
