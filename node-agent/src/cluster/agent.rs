@@ -2,7 +2,7 @@
 //! status applied whole), the heartbeat, a qualification round and a model-cache round. Only
 //! ordinary `kube::Api` calls; every decision is made by the pure modules beside this one.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -23,7 +23,7 @@ use super::lease::{self, LeaseError, RenewOutcome};
 use super::node_status::{Liveness, NodeState};
 use super::qualifier::{Qualifier, QualifyError, QualifyJob};
 use super::qualify_plan;
-use crate::model_cache::{CacheError, ModelCache, Progress};
+use crate::model_cache::{CacheError, Credentials, ModelCache, ModelFacts, ModelSource, Progress};
 
 /// The SparkNode's field manager (one per node is not needed: the object is this node's alone).
 pub const MANAGER: &str = "brink-agent";
@@ -77,11 +77,24 @@ pub struct Agent {
     state: Mutex<NodeState>,
     /// Serialises status writes, so an older status is never applied after a newer one.
     writing: tokio::sync::Mutex<()>,
+    /// Models whose header facts could not be read, by `namespace/name`: the cache key then
+    /// and when, so a broken source is retried after [`FACTS_RETRY`], not every round.
+    facts_failures: Mutex<BTreeMap<String, (String, Time)>>,
 }
+
+/// How long a Model whose facts could not be read waits before this node tries again.
+pub const FACTS_RETRY: Duration = Duration::from_secs(600);
 
 impl Agent {
     pub fn new(client: Client, settings: Settings, probes: Probes, state: NodeState) -> Agent {
-        Agent { client, settings, probes, state: Mutex::new(state), writing: tokio::sync::Mutex::new(()) }
+        Agent {
+            client,
+            settings,
+            probes,
+            state: Mutex::new(state),
+            writing: tokio::sync::Mutex::new(()),
+            facts_failures: Mutex::new(BTreeMap::new()),
+        }
     }
 
     fn state(&self) -> MutexGuard<'_, NodeState> {
@@ -248,7 +261,8 @@ impl Agent {
     /// One model-cache round: every Model a replica on this node uses (and one Model of each
     /// shape class waiting to be qualified) is made present (downloaded, or verified in place),
     /// its status and its replicas' download progress written; models evicted to make room are
-    /// marked so in their status.
+    /// marked so in their status; then the header facts of Models that lack them are read
+    /// without downloading them (see [`Agent::fill_facts`]).
     pub async fn sync_models(&self, cache: &ModelCache) -> Result<(), AgentError> {
         let node = self.settings.node.clone();
         let replicas: Vec<ModelReplica> = Api::all(self.client.clone())
@@ -291,6 +305,7 @@ impl Agent {
             eprintln!("brink-agent run: removed {freed} bytes of abandoned partial downloads");
         }
         let before: HashSet<String> = cache.entries()?.into_iter().map(|e| e.sha256).collect();
+        let mut fetched = BTreeSet::new();
         for w in &wanted {
             let Some(model) = by_name.get(&(w.namespace.clone(), w.model.clone())) else {
                 eprintln!("brink-agent run: replicas {:?} use Model {}/{}, which does not exist", w.replicas, w.namespace, w.model);
@@ -302,6 +317,7 @@ impl Agent {
             if ready_here && (local || key.as_ref().is_some_and(|k| before.contains(k))) {
                 continue;
             }
+            fetched.insert((w.namespace.clone(), w.model.clone()));
             self.fetch(cache, model, w, &in_use).await?;
         }
         let after: HashSet<String> = cache.entries()?.into_iter().map(|e| e.sha256).collect();
@@ -313,22 +329,94 @@ impl Agent {
                 self.apply_model(model, cache_plan::model_status(model, entry, None)).await?;
             }
         }
+        self.fill_facts(cache, &models, &fetched).await
+    }
+
+    /// Writes the header facts (shape class, size, KV bytes per token) of every Model whose
+    /// status lacks them and that this round did not fetch, so the operator can place a Model
+    /// no replica uses yet: from this node's cache when it holds the file, otherwise read
+    /// without downloading it ([`ModelCache::probe`]: a local file in place, https by `Range`).
+    /// Every node's agent may do this; each applies with its own field manager, so agents that
+    /// read the same facts co-own them, and one that read other facts writes nothing (see
+    /// [`cache_plan::facts_status`]); the apply carries the listed resourceVersion, so an agent
+    /// whose list is older than another's write gets 409 and decides again next round. A failure is logged and retried after [`FACTS_RETRY`]: it
+    /// fails no round, as another node may read the facts, and a local file that is not on this
+    /// node is skipped quietly.
+    pub async fn fill_facts(&self, cache: &ModelCache, models: &[Model], fetched: &BTreeSet<(String, String)>) -> Result<(), AgentError> {
+        let node = self.settings.node.clone();
+        for model in cache_plan::facts_needed(models, fetched) {
+            let namespace = model.metadata.namespace.clone().unwrap_or_default();
+            let id = format!("{namespace}/{}", model.metadata.name.clone().unwrap_or_default());
+            let Some(key) = cache_plan::key(model) else { continue };
+            let now = self.now();
+            if !cache_plan::probe_due(self.failures().get(&id), &key, &now, FACTS_RETRY) {
+                continue;
+            }
+            let found = match cache.indexed_facts(&key) {
+                Ok(Some(f)) => Ok(Some(f)),
+                Ok(None) => self.probe(cache, model, &namespace).await,
+                Err(e) => Err(e.to_string()),
+            };
+            match found {
+                Ok(Some(f)) => {
+                    self.failures().remove(&id);
+                    let Some(body) = cache_plan::facts_status(model, &node, &f.facts, f.size) else { continue };
+                    match self.apply_model_raw(model, body).await {
+                        Ok(()) => {}
+                        // The Model changed since it was listed (another agent wrote facts, or
+                        // it was deleted): the next round decides on what it holds then.
+                        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
+                            eprintln!(
+                                "brink-agent run: Model {id} changed while its facts were read ({}); reading it again next round",
+                                s.code
+                            );
+                        }
+                        Err(e) => return Err(self.problem(Call::new("patch", "models/status", model.metadata.name.as_deref()), e)),
+                    }
+                }
+                Ok(None) => {}
+                Err(why) => {
+                    eprintln!(
+                        "brink-agent run: Model {id}: the header facts could not be read (next try in {} s): {why}",
+                        FACTS_RETRY.as_secs()
+                    );
+                    self.failures().insert(id, (key, now));
+                }
+            }
+        }
         Ok(())
+    }
+
+    fn failures(&self) -> MutexGuard<'_, BTreeMap<String, (String, Time)>> {
+        self.facts_failures.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `model`'s facts read without downloading it; None for a local file not on this node.
+    async fn probe(&self, cache: &ModelCache, model: &Model, namespace: &str) -> Result<Option<ModelFacts>, String> {
+        let credentials = self.credentials(model, namespace).await?;
+        let source = cache_plan::source(model, credentials, &self.settings.pvc_root)?;
+        if let ModelSource::Local { path, .. } = &source
+            && !path.exists()
+        {
+            return Ok(None);
+        }
+        cache.probe(&source).await.map(Some).map_err(|e| e.to_string())
+    }
+
+    /// The credentials from `model`'s Secret, if it names one.
+    async fn credentials(&self, model: &Model, namespace: &str) -> Result<Option<Credentials>, String> {
+        let Some(secret) = cache_plan::secret_name(model) else { return Ok(None) };
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+        match secrets.get(secret).await {
+            Ok(s) => cache_plan::credentials(&format!("{namespace}/{secret}"), &s.data.unwrap_or_default()).map(Some),
+            Err(e) => Err(explain(Call::new("get", "secrets", Some(secret)), &self.settings.api_url, &e).to_string()),
+        }
     }
 
     /// Makes one model present, writing its progress and outcome.
     async fn fetch(&self, cache: &ModelCache, model: &Model, w: &cache_plan::Wanted, in_use: &HashSet<String>) -> Result<(), AgentError> {
         let node = self.settings.node.clone();
-        let credentials = match cache_plan::secret_name(model) {
-            None => Ok(None),
-            Some(secret) => {
-                let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &w.namespace);
-                match secrets.get(secret).await {
-                    Ok(s) => cache_plan::credentials(&format!("{}/{secret}", w.namespace), &s.data.unwrap_or_default()).map(Some),
-                    Err(e) => Err(explain(Call::new("get", "secrets", Some(secret)), &self.settings.api_url, &e).to_string()),
-                }
-            }
-        };
+        let credentials = self.credentials(model, &w.namespace).await;
         let source = credentials.and_then(|c| cache_plan::source(model, c, &self.settings.pvc_root));
         let source = match source {
             Ok(s) => s,
@@ -389,14 +477,16 @@ impl Agent {
     }
 
     async fn apply_model(&self, model: &Model, body: serde_json::Value) -> Result<(), AgentError> {
+        let name = model.metadata.name.clone().unwrap_or_default();
+        self.apply_model_raw(model, body).await.map_err(|e| self.problem(Call::new("patch", "models/status", Some(&name)), e))
+    }
+
+    async fn apply_model_raw(&self, model: &Model, body: serde_json::Value) -> Result<(), kube::Error> {
         let ns = model.metadata.namespace.clone().unwrap_or_default();
         let name = model.metadata.name.clone().unwrap_or_default();
         let api: Api<Model> = Api::namespaced(self.client.clone(), &ns);
         let pp = PatchParams::apply(&node_manager(&self.settings.node)).force();
-        api.patch_status(&name, &pp, &Patch::Apply(&body))
-            .await
-            .map_err(|e| self.problem(Call::new("patch", "models/status", Some(&name)), e))?;
-        Ok(())
+        api.patch_status(&name, &pp, &Patch::Apply(&body)).await.map(|_| ())
     }
 
     async fn apply_downloads(&self, w: &cache_plan::Wanted, progress: Option<DownloadProgress>) -> Result<(), AgentError> {

@@ -5,7 +5,7 @@
 //! `Model`'s `status.cache` is a list-map keyed by `node`, so each node's agent owns its entry
 //! and agents on different nodes never clobber each other.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use brink_api::crd::{CachePhase, DownloadProgress, HostedReplica, Model, ModelReplica, ModelStatus, NodeCache};
@@ -164,26 +164,76 @@ pub fn entry(node: &str, phase: CachePhase, bytes_done: u64, bytes_total: Option
 }
 
 /// The server-side-apply body for `model`'s status from this node: its cache entry, and the
-/// header facts when this node has them and the status holds none or the same ones (agents
-/// that agree co-own the facts; one that read something else does not overwrite them).
+/// header facts (see [`facts_to_apply`]).
 pub fn model_status(model: &Model, entry: NodeCache, facts: Option<(&HeaderFacts, u64)>) -> Value {
-    let mut status = json!({ "cache": [entry] });
+    status_body(model, vec![entry], facts_to_apply(model, facts))
+}
+
+/// The body that writes header facts this node read without caching the model (a Model no
+/// replica here uses): the facts, and this node's cache entry unchanged when it has one (an
+/// apply that left it out would remove it), applied only if the Model is still at the
+/// resourceVersion it was read at. None when the status already holds these facts complete,
+/// or other ones (nothing to write).
+pub fn facts_status(model: &Model, node: &str, facts: &HeaderFacts, size: u64) -> Option<Value> {
+    let ours = header_status(facts, size);
+    let theirs = model.status.clone().unwrap_or_default();
+    if !agrees(&theirs, &ours) || (!lacks_facts(model) && theirs.kv_bytes_per_token == ours.kv_bytes_per_token) {
+        return None;
+    }
+    let mut body = status_body(model, our_entry(model, node).cloned().into_iter().collect(), Some(ours));
+    // A precondition: two agents that both saw no facts cannot both force theirs; the second
+    // gets 409 and reads the status again.
+    if let Some(rv) = &model.metadata.resource_version {
+        body["metadata"]["resourceVersion"] = json!(rv);
+    }
+    Some(body)
+}
+
+/// The header facts this node's apply carries. Ours, when this node read them and the status
+/// holds none or agrees (agents that agree co-own the facts; one that read something else does
+/// not overwrite them). Otherwise the facts the status holds, unchanged: server-side apply
+/// removes a field when the only manager that set it applies without it, so every apply of a
+/// node that once wrote the facts (an eviction's, a progress tick's) must carry them, or the
+/// Model would lose the facts placement needs when the last node that wrote them evicts it.
+pub fn facts_to_apply(model: &Model, facts: Option<(&HeaderFacts, u64)>) -> Option<ModelStatus> {
+    let theirs = model.status.clone().unwrap_or_default();
     if let Some((facts, size)) = facts {
         let ours = header_status(facts, size);
-        let theirs = model.status.clone().unwrap_or_default();
-        let empty = theirs.architecture.is_none() && theirs.shape_class.is_none();
-        let same = theirs.architecture == ours.architecture
-            && theirs.experts == ours.experts
-            && theirs.top_k == ours.top_k
-            && theirs.size_bytes == ours.size_bytes
-            && theirs.quant_types == ours.quant_types
-            && theirs.shape_class == ours.shape_class;
-        if empty || same {
-            let map = status.as_object_mut().expect("a JSON object literal");
-            if let Ok(Value::Object(fields)) = serde_json::to_value(&ours) {
-                map.extend(fields);
-            }
+        if agrees(&theirs, &ours) {
+            return Some(ours);
         }
+    }
+    let held = theirs.architecture.is_some()
+        || theirs.shape_class.is_some()
+        || theirs.size_bytes.is_some()
+        || theirs.kv_bytes_per_token.is_some()
+        || theirs.experts.is_some()
+        || theirs.top_k.is_some()
+        || !theirs.quant_types.is_empty();
+    held.then(|| ModelStatus { cache: Vec::new(), conditions: Vec::new(), ..theirs })
+}
+
+/// Whether `ours` may be written over `theirs`: the status holds no facts, or the same ones (a
+/// status written before `kvBytesPerToken` existed agrees on the rest, and gains it).
+fn agrees(theirs: &ModelStatus, ours: &ModelStatus) -> bool {
+    let empty = theirs.architecture.is_none() && theirs.shape_class.is_none();
+    let same = theirs.architecture == ours.architecture
+        && theirs.experts == ours.experts
+        && theirs.top_k == ours.top_k
+        && theirs.size_bytes == ours.size_bytes
+        && theirs.quant_types == ours.quant_types
+        && theirs.shape_class == ours.shape_class
+        && (theirs.kv_bytes_per_token.is_none() || theirs.kv_bytes_per_token == ours.kv_bytes_per_token);
+    empty || same
+}
+
+fn status_body(model: &Model, cache: Vec<NodeCache>, facts: Option<ModelStatus>) -> Value {
+    let mut status = serde_json::Map::new();
+    if !cache.is_empty() {
+        status.insert("cache".into(), json!(cache));
+    }
+    if let Some(Ok(Value::Object(fields))) = facts.map(|f| serde_json::to_value(&f)) {
+        status.extend(fields);
     }
     json!({
         "apiVersion": "brink.dev/v1alpha1",
@@ -191,6 +241,40 @@ pub fn model_status(model: &Model, entry: NodeCache, facts: Option<(&HeaderFacts
         "metadata": { "name": model.name_any(), "namespace": model.namespace() },
         "status": status,
     })
+}
+
+/// Whether `model`'s status lacks a fact the operator needs before it places a replica of it
+/// (operator/src/controllers/views.rs): the shape class, a non-zero size and KV bytes per token.
+pub fn lacks_facts(model: &Model) -> bool {
+    let Some(s) = &model.status else { return true };
+    s.shape_class.as_deref().is_none_or(str::is_empty) || s.size_bytes.is_none_or(|b| b == 0) || s.kv_bytes_per_token.is_none_or(|b| b == 0)
+}
+
+/// The Models whose facts this node should read this round, by namespace and name: those that
+/// lack a fact, are not being deleted, and were not fetched this round (`fetched`, by namespace
+/// and name: a fetch writes the facts itself, or has just failed and says why in its entry).
+pub fn facts_needed<'a>(models: &'a [Model], fetched: &BTreeSet<(String, String)>) -> Vec<&'a Model> {
+    let mut out: Vec<&Model> = models
+        .iter()
+        .filter(|m| m.metadata.deletion_timestamp.is_none() && lacks_facts(m))
+        .filter(|m| !fetched.contains(&(m.namespace().unwrap_or_default(), m.name_any())))
+        .collect();
+    out.sort_by_key(|m| (m.namespace(), m.name_any()));
+    out
+}
+
+/// Whether a Model whose facts could not be read at `failed` (for the same cache key) is due
+/// another try at `now`: reading a header is cheap, but a broken URL should not be asked every
+/// round by every node.
+pub fn probe_due(failed: Option<&(String, Time)>, key: &str, now: &Time, retry_after: std::time::Duration) -> bool {
+    match failed {
+        None => true,
+        Some((k, _)) if k != key => true,
+        Some((_, at)) => {
+            let elapsed = now.0.duration_since(at.0);
+            elapsed.as_secs_f64() >= retry_after.as_secs_f64()
+        }
+    }
 }
 
 /// The Model status fields the GGUF header gives (quant types in ggml's upper-case spelling).
@@ -202,8 +286,7 @@ pub fn header_status(facts: &HeaderFacts, size: u64) -> ModelStatus {
         size_bytes: Some(size),
         quant_types: facts.quant_types.iter().map(|t| t.to_ascii_uppercase()).collect(),
         shape_class: Some(facts.shape_class.clone()),
-        // Not derived from the header yet: the operator waits for it (ModelNotReady).
-        kv_bytes_per_token: None,
+        kv_bytes_per_token: facts.kv_bytes_per_token,
         cache: Vec::new(),
         conditions: Vec::new(),
     }
@@ -444,36 +527,157 @@ mod tests {
         assert!(credentials("s", &data(&[("token", &[0xff, 0xfe])])).unwrap_err().contains("`token` is not UTF-8"));
     }
 
-    #[test]
-    fn facts_are_written_when_empty_or_equal_only() {
-        let facts = HeaderFacts {
+    fn facts() -> HeaderFacts {
+        HeaderFacts {
             arch: "qwen3moe".into(),
             experts: 16,
             top_k: 4,
             shape_class: "qwen3moe-h256-e16-top4-ffn256".into(),
             quant_types: vec!["f32".into(), "q8_0".into()],
-        };
-        let now = Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap());
-        let e = entry("n1", CachePhase::Ready, 10, Some(10), None, now);
+            kv_bytes_per_token: Some(8192),
+        }
+    }
+
+    fn at(second: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(second).unwrap())
+    }
+
+    #[test]
+    fn facts_are_written_when_empty_or_equal_only() {
+        let facts = facts();
+        let e = entry("n1", CachePhase::Ready, 10, Some(10), None, at(1_800_000_000));
         let mut m = model(https("https://h/m.gguf"), Some(&"ab".repeat(32)), None);
         let body = model_status(&m, e.clone(), Some((&facts, 10)));
         assert_eq!(body["status"]["architecture"], "qwen3moe");
         assert_eq!(body["status"]["quantTypes"], json!(["F32", "Q8_0"]));
+        assert_eq!(body["status"]["kvBytesPerToken"], 8192);
+        assert_eq!(body["status"]["sizeBytes"], 10);
         assert_eq!(body["status"]["cache"][0]["node"], "n1");
         assert_eq!(body["status"]["cache"][0]["phase"], "Ready");
         assert_eq!(body["metadata"], json!({"name": "m", "namespace": "ai"}));
+        // Nothing read and nothing held: no facts.
+        assert_eq!(model_status(&m, e.clone(), None)["status"].as_object().unwrap().keys().collect::<Vec<_>>(), ["cache"]);
         // Equal facts from another node: co-owned.
         m.status = Some(header_status(&facts, 10));
         assert_eq!(model_status(&m, e.clone(), Some((&facts, 10)))["status"]["experts"], 16);
-        // Different facts: this node's are not forced over them.
+        // Written before kvBytesPerToken existed: the rest agrees, so the KV size is added.
+        m.status = Some(ModelStatus { kv_bytes_per_token: None, ..header_status(&facts, 10) });
+        assert_eq!(model_status(&m, e.clone(), Some((&facts, 10)))["status"]["kvBytesPerToken"], 8192);
+        // Different facts: this node's are not forced over them; the status's are carried as they are.
         m.status = Some(ModelStatus { architecture: Some("other".into()), ..ModelStatus::default() });
         let body = model_status(&m, e.clone(), Some((&facts, 10)));
-        assert!(body["status"].get("architecture").is_none(), "{body}");
-        assert!(model_status(&m, e, None)["status"].get("shapeClass").is_none());
+        assert_eq!(body["status"]["architecture"], "other", "{body}");
+        assert!(body["status"].get("shapeClass").is_none() && body["status"].get("kvBytesPerToken").is_none(), "{body}");
+        let other_kv = ModelStatus { kv_bytes_per_token: Some(1), ..header_status(&facts, 10) };
+        m.status = Some(other_kv.clone());
+        assert_eq!(model_status(&m, e.clone(), Some((&facts, 10)))["status"]["kvBytesPerToken"], 1);
         assert_eq!(replica_download("ai", "r1", None)["status"], json!({}));
         assert_eq!(
             replica_download("ai", "r1", Some(DownloadProgress { bytes_done: 5, bytes_total: Some(9) }))["status"],
             json!({"download": {"bytesDone": 5, "bytesTotal": 9}})
         );
+    }
+
+    #[test]
+    fn an_apply_without_facts_keeps_the_facts_the_status_holds() {
+        // Server-side apply drops fields their only manager leaves out: the eviction of the last
+        // node that wrote the facts must not take them from the Model.
+        let mut m = model(https("https://h/m.gguf"), Some(&"ab".repeat(32)), None);
+        let mut held = header_status(&facts(), 10);
+        held.cache = vec![entry("n2", CachePhase::Ready, 10, Some(10), None, at(1))];
+        held.conditions = vec![];
+        m.status = Some(held);
+        let evicted = entry("n1", CachePhase::Evicted, 0, None, Some("evicted".into()), at(2));
+        let body = model_status(&m, evicted, None);
+        let s = &body["status"];
+        assert_eq!(
+            (s["shapeClass"].as_str(), s["sizeBytes"].as_u64(), s["kvBytesPerToken"].as_u64()),
+            (Some(facts().shape_class.as_str()), Some(10), Some(8192))
+        );
+        // Only this node's entry: another node's is that node's to write.
+        assert_eq!(s["cache"].as_array().unwrap().len(), 1);
+        assert_eq!(s["cache"][0]["node"], "n1");
+    }
+
+    #[test]
+    fn facts_read_without_the_model_are_written_only_where_they_add_something() {
+        let facts = facts();
+        let mut m = model(https("https://h/m.gguf"), Some(&"ab".repeat(32)), None);
+        // (case, status, writes, carries this node's entry)
+        let ours = entry("n1", CachePhase::Failed, 0, None, Some("no room".into()), at(1));
+        let theirs = entry("n2", CachePhase::Ready, 10, Some(10), None, at(1));
+        let with = |st: ModelStatus, cache: Vec<NodeCache>| Some(ModelStatus { cache, ..st });
+        let cases: Vec<(&str, Option<ModelStatus>, bool, bool)> = vec![
+            ("no status", None, true, false),
+            ("a cache entry of another node only", with(ModelStatus::default(), vec![theirs.clone()]), true, false),
+            ("this node's failed entry is kept", with(ModelStatus::default(), vec![ours.clone(), theirs.clone()]), true, true),
+            ("complete and equal: nothing to add", with(header_status(&facts, 10), vec![]), false, false),
+            ("equal but no KV size", with(ModelStatus { kv_bytes_per_token: None, ..header_status(&facts, 10) }, vec![]), true, false),
+            ("other facts", with(header_status(&facts, 11), vec![]), false, false),
+        ];
+        m.metadata.resource_version = Some("41".into());
+        for (case, status, writes, keeps_entry) in cases {
+            m.status = status;
+            let body = facts_status(&m, "n1", &facts, 10);
+            assert_eq!(body.is_some(), writes, "{case}");
+            let Some(body) = body else { continue };
+            assert_eq!(body["status"]["kvBytesPerToken"], 8192, "{case}");
+            assert_eq!(body["metadata"], json!({"name": "m", "namespace": "ai", "resourceVersion": "41"}), "{case}");
+            assert_eq!(body["status"]["shapeClass"], facts.shape_class, "{case}");
+            let cache = body["status"].get("cache");
+            if keeps_entry {
+                assert_eq!(cache, Some(&json!([ours])), "{case}");
+            } else {
+                assert!(cache.is_none(), "{case}: {body}");
+            }
+        }
+    }
+
+    #[test]
+    fn which_models_need_facts() {
+        let sha = "ab".repeat(32);
+        let named = |ns: &str, name: &str, status: Option<ModelStatus>| {
+            let mut m = model(https("https://h/m.gguf"), Some(&sha), None);
+            m.metadata.namespace = Some(ns.into());
+            m.metadata.name = Some(name.into());
+            m.status = status;
+            m
+        };
+        let full = header_status(&facts(), 10);
+        let mut deleted = named("ai", "gone", None);
+        deleted.metadata.deletion_timestamp = Some(at(5));
+        let models = vec![
+            named("ai", "z-none", None),
+            named("ai", "complete", Some(full.clone())),
+            named("ai", "no-kv", Some(ModelStatus { kv_bytes_per_token: None, ..full.clone() })),
+            named("ai", "zero-kv", Some(ModelStatus { kv_bytes_per_token: Some(0), ..full.clone() })),
+            named("ai", "zero-size", Some(ModelStatus { size_bytes: Some(0), ..full.clone() })),
+            named("ai", "empty-class", Some(ModelStatus { shape_class: Some(String::new()), ..full.clone() })),
+            named(
+                "ai",
+                "cache-only",
+                Some(ModelStatus { cache: vec![entry("n2", CachePhase::Downloading, 1, None, None, at(1))], ..ModelStatus::default() }),
+            ),
+            named("ai", "fetched", None),
+            named("ml", "a", None),
+            deleted,
+        ];
+        let fetched = BTreeSet::from([("ai".to_string(), "fetched".to_string())]);
+        let got: Vec<String> =
+            facts_needed(&models, &fetched).iter().map(|m| format!("{}/{}", m.namespace().unwrap(), m.name_any())).collect();
+        assert_eq!(got, ["ai/cache-only", "ai/empty-class", "ai/no-kv", "ai/z-none", "ai/zero-kv", "ai/zero-size", "ml/a"]);
+        assert!(!lacks_facts(&models[1]));
+    }
+
+    #[test]
+    fn a_failed_read_waits_before_the_next() {
+        let wait = std::time::Duration::from_secs(600);
+        let failed = ("k1".to_string(), at(1000));
+        assert!(probe_due(None, "k1", &at(1000), wait));
+        assert!(!probe_due(Some(&failed), "k1", &at(1000), wait));
+        assert!(!probe_due(Some(&failed), "k1", &at(1599), wait));
+        assert!(probe_due(Some(&failed), "k1", &at(1600), wait));
+        assert!(probe_due(Some(&failed), "k2", &at(1001), wait), "a new file (spec changed) is read at once");
+        assert!(!probe_due(Some(&failed), "k1", &at(10), wait), "a clock that went back waits");
     }
 }

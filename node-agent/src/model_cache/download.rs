@@ -231,7 +231,7 @@ async fn hash_existing(path: &Path) -> Result<Partial, CacheError> {
 
 /// `Content-Range: bytes START-END/TOTAL` as (Some(START), TOTAL), or `bytes */TOTAL` as
 /// (None, TOTAL); None when absent or malformed.
-fn content_range(response: &reqwest::Response) -> Option<(Option<u64>, u64)> {
+pub(super) fn content_range(response: &reqwest::Response) -> Option<(Option<u64>, u64)> {
     parse_content_range(response.headers().get(reqwest::header::CONTENT_RANGE)?.to_str().ok()?)
 }
 
@@ -248,7 +248,7 @@ fn parse_content_range(value: &str) -> Option<(Option<u64>, u64)> {
 }
 
 /// reqwest's message with its causes ("error sending request: connection reset ...").
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(super) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {

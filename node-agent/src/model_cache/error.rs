@@ -39,6 +39,14 @@ pub enum CacheError {
     NoRoom(#[from] NoRoom),
     #[error("model {sha256} is already being downloaded by another task; try again when it is done")]
     Busy { sha256: String },
+    #[error(
+        "{url}: the GGUF header is not complete in the first {cap} bytes (metadata and tensor infos); raise the header cap or check that the URL is a GGUF file"
+    )]
+    HeaderTooLarge { url: String, cap: u64 },
+    #[error(
+        "{url}: the server ignores Range requests (it answered 200 with the whole file), so the header cannot be read without downloading the model; its facts will be written when a node downloads it"
+    )]
+    NoRanges { url: String },
     #[error("a background task failed: {0}")]
     Task(String),
 }

@@ -1,11 +1,14 @@
 //! The facts a `Model`'s status carries, read from the GGUF header with the engine's reader
-//! (no tensor data is touched): architecture, experts, top_k, shape class and quant types.
+//! (no tensor data is touched): architecture, experts, top_k, shape class, quant types and the
+//! KV cache's bytes per token.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 
 use brink_engine::gguf::GgufFile;
 use serde::{Deserialize, Serialize};
+
+use super::kv_size;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HeaderFacts {
@@ -16,6 +19,10 @@ pub struct HeaderFacts {
     pub shape_class: String,
     /// The distinct tensor types, sorted by name (ggml's names, e.g. `f32`, `q8_0`).
     pub quant_types: Vec<String>,
+    /// KV cache bytes per token (see [`super::kv_size`]). None in index entries written before
+    /// the field existed; [`super::ModelCache`] re-reads those headers.
+    #[serde(default)]
+    pub kv_bytes_per_token: Option<u64>,
 }
 
 /// Reads the header of the model at `path` (any part of a split model). The error is the
@@ -30,5 +37,10 @@ pub fn read(path: &Path) -> Result<HeaderFacts, String> {
         top_k: config.moe.top_k as u64,
         shape_class: config.shape_class(),
         quant_types: quant_types.into_iter().collect(),
+        kv_bytes_per_token: kv_size::kv_bytes_per_token(
+            config.layers as u64,
+            config.attention.kv_heads as u64,
+            config.attention.head_dim as u64,
+        ),
     })
 }

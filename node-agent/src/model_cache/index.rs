@@ -107,6 +107,7 @@ mod tests {
             top_k: 4,
             shape_class: "qwen3moe-h256-e16-top4-ffn256".into(),
             quant_types: vec!["f32".into(), "q8_0".into()],
+            kv_bytes_per_token: Some(8192),
         };
         let mut index = Index::default();
         index.upsert(entry("aa", Ok(facts)));

@@ -12,7 +12,10 @@
 //!
 //! - [`evict`]: the pure disk-budget decision;
 //! - [`download`]: one file over http(s) with resume and sha256;
-//! - [`header`]: the GGUF facts a `Model`'s status carries;
+//! - [`header`]: the GGUF facts a `Model`'s status carries ([`kv_size`]: the KV bytes per token);
+//! - [`remote_header`]: the header of a file over http(s) by `Range` requests, for
+//!   [`ModelCache::probe`], which reads a Model's facts without downloading it (a local source
+//!   is read in place); its sparse scratch files live in `probe/<sha256>/` while it runs;
 //! - [`index`], [`source`], [`error`].
 
 pub mod download;
@@ -20,6 +23,8 @@ pub mod error;
 pub mod evict;
 pub mod header;
 pub mod index;
+pub mod kv_size;
+pub mod remote_header;
 pub mod source;
 
 use std::collections::HashSet;
@@ -31,6 +36,7 @@ pub use download::Progress;
 pub use error::CacheError;
 pub use header::HeaderFacts;
 pub use index::{Entry, Index};
+pub use remote_header::RangePolicy;
 pub use source::{Credentials, HttpPart, ModelSource};
 
 use download::Fetch;
@@ -50,6 +56,8 @@ pub struct CacheConfig {
     pub connect_timeout: Duration,
     /// Longest silence inside a transfer before it counts as broken (and is resumed).
     pub read_timeout: Duration,
+    /// How much of a remote file [`ModelCache::probe`] may read to find its header.
+    pub header_range: RangePolicy,
 }
 
 impl CacheConfig {
@@ -62,6 +70,7 @@ impl CacheConfig {
             retry_delay: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(30),
             read_timeout: Duration::from_secs(60),
+            header_range: RangePolicy::default(),
         }
     }
 }
@@ -76,6 +85,13 @@ pub struct CachedModel {
     pub facts: HeaderFacts,
     /// Whether this call downloaded it (false: it was cached, or is a local file).
     pub fetched: bool,
+}
+
+/// A model's header facts and its size in bytes (all parts), without the model on this node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelFacts {
+    pub facts: HeaderFacts,
+    pub size: u64,
 }
 
 pub struct ModelCache {
@@ -104,6 +120,13 @@ impl ModelCache {
     pub fn open(config: CacheConfig) -> Result<Self, CacheError> {
         for dir in [config.root.join("models"), config.root.join("partial")] {
             std::fs::create_dir_all(&dir).map_err(|e| CacheError::io("creating the cache directory", &dir, e))?;
+        }
+        // Header scratch files a stopped process left (no probe runs before the cache is open).
+        let probes = config.root.join("probe");
+        match std::fs::remove_dir_all(&probes) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(CacheError::io("removing old header scratch files", &probes, e)),
         }
         let client = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
@@ -142,6 +165,57 @@ impl ModelCache {
                 }
                 let _in_flight = self.claim(&key)?;
                 self.download(&key, parts, credentials.as_ref(), in_use, progress).await
+            }
+        }
+    }
+
+    /// The header facts and size of the cached model under `key` (lowercase), if the cache
+    /// holds it and its header was readable. Does not count as a use.
+    pub fn indexed_facts(&self, key: &str) -> Result<Option<ModelFacts>, CacheError> {
+        let _guard = self.lock();
+        let mut index = Index::load(&self.config.root)?;
+        let Some(entry) = index.get_mut(key) else { return Ok(None) };
+        let Some(first) = entry.files.first().map(|f| self.models_dir().join(f)) else { return Ok(None) };
+        if !first.is_file() {
+            return Ok(None);
+        }
+        if refresh_old_facts(entry, &first) {
+            index.save(&self.config.root)?;
+        }
+        let entry = index.get(key).ok_or(CacheError::NoParts)?;
+        Ok(entry.header.as_ref().ok().map(|facts| ModelFacts { facts: facts.clone(), size: entry.size }))
+    }
+
+    /// Reads `source`'s header facts without downloading it: a local file is read in place (its
+    /// sha256 is not checked: hashing tens of GB for a few header fields is what the download
+    /// path does, and the facts are written again from the verified file when a node caches
+    /// it); over http(s), each part's header is fetched with `Range` requests (at most
+    /// `header_range.cap_bytes` per part), written at its offset into a sparse scratch file of
+    /// the part's length, and read by the engine's reader exactly as a downloaded file is.
+    pub async fn probe(&self, source: &ModelSource) -> Result<ModelFacts, CacheError> {
+        let key = source.key()?;
+        match source {
+            ModelSource::Local { path, .. } => {
+                let size = std::fs::metadata(path).map_err(|e| CacheError::io("reading the size of", path, e))?.len();
+                let facts = read_header_blocking(path.clone()).await?;
+                Ok(ModelFacts { facts, size })
+            }
+            ModelSource::Http { parts, credentials } => {
+                let mut headers = Vec::with_capacity(parts.len());
+                for part in parts {
+                    headers.push(remote_header::fetch(&self.client, &part.url, credentials.as_ref(), self.config.header_range).await?);
+                }
+                let dir = self.config.root.join("probe").join(&key);
+                let result = probe_files(&dir, &key, &headers).await;
+                // The scratch files are only needed for the read above.
+                if let Err(e) = std::fs::remove_dir_all(&dir)
+                    && e.kind() != std::io::ErrorKind::NotFound
+                {
+                    eprintln!("brink-agent: removing the header scratch files {}: {e}", dir.display());
+                }
+                let facts = result?;
+                let size = headers.iter().map(|h| h.file_len).fold(0u64, u64::saturating_add);
+                Ok(ModelFacts { facts, size })
             }
         }
     }
@@ -201,6 +275,7 @@ impl ModelCache {
             return Ok(None);
         }
         entry.last_used_ms = now_ms();
+        refresh_old_facts(entry, &files[0]);
         let hit = cached(entry, &files[0], false);
         index.save(&self.config.root)?;
         Ok(Some(hit))
@@ -314,6 +389,49 @@ impl ModelCache {
             .map_err(|message| CacheError::Header { path: path.to_path_buf(), message })?;
         Ok(CachedModel { sha256: key.to_string(), path: path.to_path_buf(), size, facts, fetched: false })
     }
+}
+
+/// Re-reads the header of an entry indexed before the facts had `kv_bytes_per_token`.
+/// Returns whether the entry changed.
+fn refresh_old_facts(entry: &mut Entry, first: &Path) -> bool {
+    if !matches!(&entry.header, Ok(f) if f.kv_bytes_per_token.is_none()) {
+        return false;
+    }
+    entry.header = header::read(first);
+    true
+}
+
+async fn read_header_blocking(path: PathBuf) -> Result<HeaderFacts, CacheError> {
+    let owned = path.clone();
+    tokio::task::spawn_blocking(move || header::read(&owned))
+        .await
+        .map_err(|e| CacheError::Task(e.to_string()))?
+        .map_err(|message| CacheError::Header { path, message })
+}
+
+/// Writes each part's header bytes into a sparse file of the part's length under `dir` (named
+/// as the cache names a model's parts, so a split model's parts find each other) and reads the
+/// facts from the first.
+async fn probe_files(dir: &Path, key: &str, headers: &[remote_header::RemoteHeader]) -> Result<HeaderFacts, CacheError> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(CacheError::io("removing old header scratch files", dir, e)),
+    }
+    std::fs::create_dir_all(dir).map_err(|e| CacheError::io("creating the header scratch directory", dir, e))?;
+    let names = model_file_names(key, headers.len());
+    for (h, name) in headers.iter().zip(&names) {
+        let path = dir.join(name);
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&path)?;
+            std::io::Write::write_all(&mut f, &h.prefix)?;
+            // The length without the bytes: the reader checks every tensor against it.
+            f.set_len(h.file_len)
+        };
+        write().map_err(|e| CacheError::io("writing the header scratch file", &path, e))?;
+    }
+    let first = dir.join(names.first().ok_or(CacheError::NoParts)?);
+    read_header_blocking(first).await
 }
 
 fn cached(entry: &Entry, first: &Path, fetched: bool) -> Result<CachedModel, CacheError> {

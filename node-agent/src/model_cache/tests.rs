@@ -100,7 +100,14 @@ async fn serve_one(stream: tokio::net::TcpStream, state: Arc<Mutex<Behaviour>>) 
             (_, Some(want)) if auth.as_ref() != Some(want) => (401, "HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n".into(), vec![]),
             (None, _) => (404, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n".into(), vec![]),
             (Some(file), _) => {
-                let start = range.as_deref().and_then(|r| r.strip_prefix("bytes=")?.strip_suffix('-')?.parse::<usize>().ok());
+                // `bytes=START-` or `bytes=START-END` (the header probe's bounded ranges).
+                let asked = range.as_deref().and_then(|r| {
+                    let (a, b) = r.strip_prefix("bytes=")?.split_once('-')?;
+                    let end = if b.is_empty() { None } else { Some(b.parse::<usize>().ok()?) };
+                    Some((a.parse::<usize>().ok()?, end))
+                });
+                let start = asked.map(|(a, _)| a);
+                let last = |len: usize| asked.and_then(|(_, b)| b).map_or(len - 1, |b| b.min(len - 1));
                 match start {
                     Some(start) if !s.ignore_range && start >= file.len() => (
                         416,
@@ -108,13 +115,13 @@ async fn serve_one(stream: tokio::net::TcpStream, state: Arc<Mutex<Behaviour>>) 
                         vec![],
                     ),
                     Some(start) if !s.ignore_range => {
+                        let end = last(file.len());
                         let head = format!(
-                            "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {start}-{}/{}\r\nContent-Length: {}\r\n",
-                            file.len() - 1,
+                            "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {start}-{end}/{}\r\nContent-Length: {}\r\n",
                             file.len(),
-                            file.len() - start
+                            end + 1 - start
                         );
-                        (206, head, file[start..].to_vec())
+                        (206, head, file[start..=end].to_vec())
                     }
                     _ => (200, format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n", file.len()), file.clone()),
                 }
@@ -526,4 +533,111 @@ async fn abandoned_partials_count_against_the_budget_until_pruned() {
     let got = ensure(&cache, &http(&server, "m.gguf", &sha), &[]).await.unwrap();
     assert_eq!(server.seen().last().unwrap().range, Some("bytes=10-".to_string()));
     assert_eq!(std::fs::read(got.path).unwrap(), model);
+}
+
+/// Header probes: the policy for small synthetic models, so the prefix must grow.
+fn probe_config(root: &Path) -> CacheConfig {
+    CacheConfig { header_range: RangePolicy { first_bytes: 128, cap_bytes: 1 << 20 }, ..config(root, 1 << 30) }
+}
+
+#[tokio::test]
+async fn a_split_models_facts_are_read_from_each_parts_header_by_ranges() {
+    let dir = tempfile::tempdir().unwrap();
+    let (whole, _) = tiny_model(dir.path(), 0);
+    let file = brink_engine::gguf::GgufFile::open(dir.path().join("tiny-0.gguf")).unwrap();
+    let plan = SynthSpec::from_preset(Preset::Tiny).plan().unwrap();
+    let data: Vec<&[u8]> = plan
+        .writer
+        .tensors()
+        .iter()
+        .map(|t| {
+            let info = file.tensor(&t.name).unwrap();
+            &whole[info.file_offset() as usize..(info.file_offset() + info.size()) as usize]
+        })
+        .collect();
+    let paths = plan.writer.write_split_files(&dir.path().join("split"), 2, &data).unwrap();
+    let (mut files, mut parts, mut size) = (HashMap::new(), Vec::new(), 0);
+    for (i, path) in paths.iter().enumerate() {
+        let bytes = std::fs::read(path).unwrap();
+        size += bytes.len() as u64;
+        parts.push(HttpPart { url: String::new(), sha256: download::hex(&Sha256::digest(&bytes)) });
+        files.insert(format!("p{i}.gguf"), bytes);
+    }
+    let server = Server::start(Behaviour { files, ..Behaviour::default() }).await;
+    for (i, part) in parts.iter_mut().enumerate() {
+        part.url = server.url(&format!("p{i}.gguf"));
+    }
+    let cache = ModelCache::open(probe_config(&dir.path().join("cache"))).unwrap();
+    let got = cache.probe(&ModelSource::Http { parts: parts.clone(), credentials: None }).await.unwrap();
+    // The facts the engine's reader gives for the parts on disk, and every part's bytes.
+    assert_eq!(got, ModelFacts { facts: header::read(&paths[0]).unwrap(), size });
+    assert_eq!(got.facts.kv_bytes_per_token, Some(2 * 2 * 64 * 2 * 2));
+    let seen = server.seen();
+    assert!(seen.iter().all(|s| s.status == 206 && s.range.as_deref().is_some_and(|r| !r.ends_with('-'))), "{seen:?}");
+    assert!(seen.iter().any(|s| s.path == "p1.gguf"), "the second part's header is read too: {seen:?}");
+    assert!(server.body_bytes_sent() < size / 2, "{} of {size} bytes", server.body_bytes_sent());
+    assert!(!cache.root().join("probe").join(&parts[0].sha256).exists(), "the scratch files are removed");
+    assert!(cache.entries().unwrap().is_empty());
+    // Scratch files a stopped agent left are removed when the cache opens.
+    let left = cache.root().join("probe").join("ab".repeat(32));
+    std::fs::create_dir_all(&left).unwrap();
+    std::fs::write(left.join("x.gguf"), b"GGUF").unwrap();
+    drop(cache);
+    let _reopened = ModelCache::open(probe_config(&dir.path().join("cache"))).unwrap();
+    assert!(!dir.path().join("cache/probe").exists());
+}
+
+#[tokio::test]
+async fn a_probe_never_downloads_from_a_server_without_ranges_and_names_a_non_gguf_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, sha) = tiny_model(dir.path(), 0);
+    let mut files = HashMap::from([("m.gguf".to_string(), model)]);
+    let server = Server::start(Behaviour { files: files.clone(), ignore_range: true, ..Behaviour::default() }).await;
+    let cache = ModelCache::open(probe_config(&dir.path().join("cache"))).unwrap();
+    let e = cache.probe(&http(&server, "m.gguf", &sha)).await.unwrap_err();
+    assert!(matches!(e, CacheError::NoRanges { .. }), "{e}");
+    assert!(e.to_string().contains(&server.url("m.gguf")) && e.to_string().contains("ignores Range"), "{e}");
+    assert_eq!(server.seen().len(), 1, "no second request");
+
+    files.insert("text.gguf".into(), b"this is not a model, but it is long enough to be asked for in ranges".repeat(10));
+    let server = Server::start(Behaviour { files, ..Behaviour::default() }).await;
+    let e = cache.probe(&http(&server, "text.gguf", &sha)).await.unwrap_err().to_string();
+    assert!(e.contains(&server.url("text.gguf")) && e.contains("at byte 0") && e.contains("not a GGUF file"), "{e}");
+    let missing = cache.probe(&http(&server, "gone.gguf", &sha)).await.unwrap_err().to_string();
+    assert!(missing.contains("answered 404"), "{missing}");
+}
+
+#[tokio::test]
+async fn an_entry_indexed_before_kv_bytes_per_token_is_read_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, sha) = tiny_model(dir.path(), 0);
+    let server = Server::start(Behaviour { files: HashMap::from([("m.gguf".to_string(), model)]), ..Behaviour::default() }).await;
+    let root = dir.path().join("cache");
+    let cache = ModelCache::open(config(&root, 1 << 30)).unwrap();
+    let want = ensure(&cache, &http(&server, "m.gguf", &sha), &[]).await.unwrap().facts;
+    assert_eq!(want.kv_bytes_per_token, Some(1024));
+    // The index as an older agent wrote it: no kv_bytes_per_token in the facts.
+    let path = root.join(index::INDEX_FILE);
+    let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    json["entries"][0]["header"]["Ok"].as_object_mut().unwrap().remove("kv_bytes_per_token").unwrap();
+    std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+    assert_eq!(cache.entries().unwrap()[0].header.as_ref().unwrap().kv_bytes_per_token, None);
+    let got = cache.indexed_facts(&sha).unwrap().unwrap();
+    assert_eq!(got.facts, want);
+    assert_eq!(cache.entries().unwrap()[0].header.as_ref().unwrap().kv_bytes_per_token, Some(1024), "saved");
+    assert!(cache.indexed_facts(&"0".repeat(64)).unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_range_cut_short_is_continued_from_where_it_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, sha) = tiny_model(dir.path(), 0);
+    let files = HashMap::from([("m.gguf".to_string(), model)]);
+    let server = Server::start(Behaviour { files, drop_first_after: Some(50), ..Behaviour::default() }).await;
+    let cache = ModelCache::open(probe_config(&dir.path().join("cache"))).unwrap();
+    let got = cache.probe(&http(&server, "m.gguf", &sha)).await.unwrap();
+    assert_eq!(got.facts, header::read(&dir.path().join("tiny-0.gguf")).unwrap());
+    let ranges: Vec<String> = server.seen().into_iter().filter_map(|s| s.range).collect();
+    // The cut range is finished first (the first request's size), then the prefix doubles.
+    assert_eq!(ranges[..3], ["bytes=0-127", "bytes=50-127", "bytes=128-255"], "{ranges:?}");
 }

@@ -142,6 +142,9 @@ async fn a_model_is_downloaded_verified_and_its_status_written() {
     assert!(s["shapeClass"].as_str().unwrap().starts_with("qwen3moe-h"), "{s}");
     assert!(s["experts"].as_u64().unwrap() > 0 && s["topK"].as_u64().unwrap() > 0, "{s}");
     assert!(!s["quantTypes"].as_array().unwrap().is_empty(), "{s}");
+    // Tiny: 2 layers x 2 KV heads x 64 dims x (K and V) x 2 bytes (f16).
+    assert_eq!(s["kvBytesPerToken"], 1024);
+    let s = s.clone();
     let r1 = api.expect("PATCH", R1_STATUS, 200, replica("r1", "n1")).await;
     assert_eq!(r1.body["status"], json!({}), "the finished download's progress is removed");
     finish(task).await.unwrap();
@@ -150,14 +153,34 @@ async fn a_model_is_downloaded_verified_and_its_status_written() {
     let entries = cache.entries().unwrap();
     assert_eq!((entries.len(), entries[0].sha256.as_str()), (1, sha.as_str()));
 
-    // Second round: the Model says Ready on n1 and the cache holds it: no download, no writes.
-    let ready_status = json!({"cache": [{"node": "n1", "phase": "Ready", "bytesDone": size, "bytesTotal": size}]});
+    // Second round: the Model says Ready on n1, with the facts, and the cache holds it: no
+    // download, no Model writes.
+    let mut ready_status = s.clone();
+    ready_status["cache"] = json!([{"node": "n1", "phase": "Ready", "bytesDone": size, "bytesTotal": size}]);
     let (a, c) = (agent.clone(), cache.clone());
     let task = tokio::spawn(async move { a.sync_models(&c).await });
     api.expect("GET", REPLICAS, 200, list("ModelReplicaList", vec![replica("r1", "n1")])).await;
-    api.expect("GET", MODELS, 200, list("ModelList", vec![model(&url, &sha, Some(ready_status))])).await;
+    api.expect("GET", MODELS, 200, list("ModelList", vec![model(&url, &sha, Some(ready_status.clone()))])).await;
+    // The Model's size is known now: the replica's memory in the SparkNode says it.
+    let node = api
+        .expect("PATCH", "/apis/brink.dev/v1alpha1/sparknodes/n1/status?&force=true&fieldManager=brink-agent", 200, spark_node(&[], None))
+        .await;
+    assert_eq!(node.body["status"]["replicas"][0]["memoryBytes"], size);
     finish(task).await.unwrap();
     assert_eq!(seen.lock().unwrap().len(), 1, "a cached model is not downloaded again");
+
+    // Third round: the status lost kvBytesPerToken (written by an older agent): the facts come
+    // from the cache, with no request to the file server; this node's entry is kept.
+    let mut old_status = ready_status.clone();
+    old_status.as_object_mut().unwrap().remove("kvBytesPerToken");
+    let (a, c) = (agent.clone(), cache.clone());
+    let task = tokio::spawn(async move { a.sync_models(&c).await });
+    api.expect("GET", REPLICAS, 200, list("ModelReplicaList", vec![replica("r1", "n1")])).await;
+    api.expect("GET", MODELS, 200, list("ModelList", vec![model(&url, &sha, Some(old_status))])).await;
+    let facts = api.expect("PATCH", MODEL_STATUS, 200, model(&url, &sha, None)).await;
+    finish(task).await.unwrap();
+    assert_eq!(facts.body["status"], ready_status, "the facts with kvBytesPerToken and this node's entry");
+    assert_eq!(seen.lock().unwrap().len(), 1, "facts from the cache need no request");
 }
 
 #[tokio::test]
@@ -216,7 +239,9 @@ async fn a_full_budget_evicts_the_unused_model_and_says_so() {
     };
     cache.ensure(&src, &Default::default(), &mut |_, _| {}).await.unwrap();
 
-    let ready = json!({"cache": [{"node": "n1", "phase": "Ready", "bytesDone": size, "bytesTotal": size}]});
+    let facts = cache.entries().unwrap()[0].header.clone().unwrap();
+    let mut ready = serde_json::to_value(crate::cluster::cache_plan::header_status(&facts, size)).unwrap();
+    ready["cache"] = json!([{"node": "n1", "phase": "Ready", "bytesDone": size, "bytesTotal": size}]);
     let (agent, mut api) = agent();
     let (a, c) = (agent.clone(), cache.clone());
     let task = tokio::spawn(async move { a.sync_models(&c).await });
@@ -248,6 +273,9 @@ async fn a_full_budget_evicts_the_unused_model_and_says_so() {
     let entry = &evicted.body["status"]["cache"][0];
     assert_eq!((entry["node"].as_str(), entry["phase"].as_str()), (Some("n1"), Some("Evicted")), "{entry}");
     assert!(entry["message"].as_str().unwrap().starts_with("evicted to make room"), "{entry}");
+    // The facts stay with the Model when its last copy goes: placement needs them.
+    assert_eq!(evicted.body["status"]["shapeClass"], facts.shape_class);
+    assert_eq!(evicted.body["status"]["kvBytesPerToken"], json!(facts.kv_bytes_per_token));
     finish(task).await.unwrap();
     let keys: Vec<String> = cache.entries().unwrap().into_iter().map(|e| e.sha256).collect();
     assert_eq!(keys, vec![new_sha]);

@@ -5,6 +5,8 @@
 //! does not expect fails the test.
 
 mod download;
+mod facts;
+mod facts_flow;
 mod lease_renew;
 mod qualify;
 mod start;
