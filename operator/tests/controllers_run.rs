@@ -80,7 +80,7 @@ fn run_operator(kubeconfig: &std::path::Path) -> (bool, String) {
     }
 }
 
-/// A cluster with the brink.dev CRDs and no objects: discovery lists the four resources, every
+/// A cluster with the brink.dev CRDs and no objects: discovery lists the seven resources, every
 /// list is empty, and every watch stays open with no events (until the test ends).
 fn empty_cluster() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -128,11 +128,14 @@ fn answer_empty(mut stream: std::net::TcpStream) {
                 format!(r#"{{"name":"{name}","singularName":"","namespaced":{namespaced},"kind":"{kind}","verbs":["get","list","watch"]}}"#)
             };
             format!(
-                r#"{{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"brink.dev/v1alpha1","resources":[{},{},{},{}]}}"#,
+                r#"{{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"brink.dev/v1alpha1","resources":[{},{},{},{},{},{},{}]}}"#,
                 resource("sparknodes", "SparkNode", false),
                 resource("models", "Model", true),
                 resource("modeldeployments", "ModelDeployment", true),
-                resource("modelreplicas", "ModelReplica", true)
+                resource("modelreplicas", "ModelReplica", true),
+                resource("regressionsweeps", "RegressionSweep", true),
+                resource("sweepruns", "SweepRun", true),
+                resource("sweepresults", "SweepResult", true)
             )
         } else {
             r#"{"apiVersion":"v1","kind":"List","metadata":{"resourceVersion":"1"},"items":[]}"#.to_string()
@@ -234,7 +237,7 @@ fn run_names_the_missing_crds_and_how_to_install_them() {
     assert!(!ok, "{stderr}");
     assert!(
         stderr.contains(
-            "the brink.dev CRDs are not installed: missing sparknodes.brink.dev, models.brink.dev, modeldeployments.brink.dev, modelreplicas.brink.dev; install them with `brink-operator crds | kubectl apply -f -`"
+            "the brink.dev CRDs are not installed: missing sparknodes.brink.dev, models.brink.dev, modeldeployments.brink.dev, modelreplicas.brink.dev, regressionsweeps.brink.dev, sweepruns.brink.dev, sweepresults.brink.dev; install them with `brink-operator crds | kubectl apply -f -`"
         ),
         "{stderr}"
     );

@@ -3,10 +3,8 @@
 
 use std::collections::BTreeSet;
 
-use kube::{Client, CustomResourceExt};
+use kube::Client;
 use thiserror::Error;
-
-use brink_api::crd::{Model, ModelDeployment, ModelReplica, SparkNode};
 
 #[derive(Debug, Error)]
 pub enum StartupError {
@@ -22,12 +20,10 @@ pub enum StartupError {
     Discovery(#[source] kube::Error),
 }
 
-/// The plural and full name of every CRD the controllers use.
+/// The plural and full name of every CRD of the group: the controllers use them all (the
+/// sweep controllers too), and the chart installs them together.
 fn required() -> Vec<(String, String)> {
-    [SparkNode::crd(), Model::crd(), ModelDeployment::crd(), ModelReplica::crd()]
-        .into_iter()
-        .map(|c| (c.spec.names.plural.clone(), c.metadata.name.unwrap_or_default()))
-        .collect()
+    brink_api::crd::crds().into_iter().map(|c| (c.spec.names.plural.clone(), c.metadata.name.unwrap_or_default())).collect()
 }
 
 /// The names of the required CRDs whose plural is not in `served`.
@@ -55,8 +51,21 @@ mod tests {
     #[test]
     fn names_each_missing_crd() {
         let served: BTreeSet<String> = ["sparknodes", "sparknodes/status", "models"].iter().map(|s| s.to_string()).collect();
-        assert_eq!(missing_crds(&served), ["modeldeployments.brink.dev", "modelreplicas.brink.dev"]);
-        let all: BTreeSet<String> = ["sparknodes", "models", "modeldeployments", "modelreplicas"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(
+            missing_crds(&served),
+            [
+                "modeldeployments.brink.dev",
+                "modelreplicas.brink.dev",
+                "regressionsweeps.brink.dev",
+                "sweepruns.brink.dev",
+                "sweepresults.brink.dev"
+            ]
+        );
+        let all: BTreeSet<String> =
+            ["sparknodes", "models", "modeldeployments", "modelreplicas", "regressionsweeps", "sweepruns", "sweepresults"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
         assert!(missing_crds(&all).is_empty());
         let msg = StartupError::MissingCrds { missing: missing_crds(&BTreeSet::new()) }.to_string();
         assert!(msg.contains("sparknodes.brink.dev") && msg.contains("brink-operator crds | kubectl apply -f -"), "{msg}");
