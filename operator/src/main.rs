@@ -103,6 +103,9 @@ fn main() -> ExitCode {
 }
 
 fn run(args: RunArgs) -> ExitCode {
+    // Two rustls providers may be compiled in (see Cargo.toml): pick one before any TLS client
+    // is built. An error means one is installed already, which is as good.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
