@@ -257,8 +257,8 @@ pub fn serve(host: &str, port: u16, opts: ServeOptions) -> Result<(), ServeError
     })
 }
 
-/// SIGTERM or ctrl-c (the stop of `serve`, and of `up` once it serves).
-pub async fn shutdown_signal() {
+/// SIGTERM (what the kubelet sends) or ctrl-c: how every long-running brink process is stopped.
+pub async fn terminate_or_interrupt() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -277,6 +277,11 @@ pub async fn shutdown_signal() {
         _ = ctrl_c => {}
         _ = term => {}
     }
+}
+
+/// SIGTERM or ctrl-c (the stop of `serve`, and of `up` once it serves).
+pub async fn shutdown_signal() {
+    terminate_or_interrupt().await;
     eprintln!("brink serve: shutting down (finishing in-flight requests)");
 }
 

@@ -171,7 +171,7 @@ async fn main_loop(a: Args) -> Result<(), String> {
     let mut qualifying: Option<JoinHandle<()>> = None;
     let mut syncing: Option<JoinHandle<()>> = None;
     let mut dirty = true;
-    let stop = shutdown_signal();
+    let stop = brink_engine::server::terminate_or_interrupt();
     tokio::pin!(stop);
     loop {
         tokio::select! {
@@ -241,27 +241,4 @@ fn triggers(client: &Client, node: &str) -> futures::stream::BoxStream<'static, 
     // Ended (never, in practice): yields nothing more instead of being polled past its end.
     .fuse()
     .boxed()
-}
-
-/// SIGTERM (the kubelet stopping the Pod) or Ctrl-C.
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }

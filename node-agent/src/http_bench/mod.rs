@@ -21,7 +21,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 
 use grid::{Budget, GridPoint};
-use runner::{Calibrated, Target};
+use runner::{Calibrated, PromptSizes, Target};
 use stats::PointResult;
 
 /// The flags of the HTTP mode (refused with `--model`).
@@ -108,24 +108,23 @@ pub async fn measure(
     points: &[GridPoint],
     budget: Budget,
 ) -> Result<(Vec<(u64, Calibrated)>, Vec<PointResult>), String> {
-    let mut sizes: Vec<(u64, Calibrated)> = Vec::new();
-    for p in points.iter().map(|p| p.prompt_tokens) {
-        if sizes.iter().any(|(q, _)| *q == p) {
-            continue;
-        }
-        let c = runner::calibrate(&target, p, sizes.last().map(|(_, c)| *c)).await?;
+    let mut sizes = PromptSizes::default();
+    for point in points {
+        sizes.words(&target, point.prompt_tokens).await?;
+    }
+    for (p, c) in sizes.calibrated() {
         eprintln!("{p}-token prompts: {} words ({} tokens by the server's count)", c.words, c.prompt_tokens);
-        sizes.push((p, c));
     }
     let mut results = Vec::new();
     for (i, &point) in points.iter().enumerate() {
-        let words = sizes.iter().find(|(p, _)| *p == point.prompt_tokens).map(|(_, c)| c.words).unwrap_or(1);
+        // Calibrated above: no request.
+        let words = sizes.words(&target, point.prompt_tokens).await?;
         let bar = progress(point, budget);
         let (outcomes, wall) = runner::run_point(target.clone(), point, words, budget, i as u64, bar.clone()).await;
         bar.finish_and_clear();
         results.push(stats::aggregate(point, &outcomes, wall));
     }
-    Ok((sizes, results))
+    Ok((sizes.calibrated().to_vec(), results))
 }
 
 /// The model to request: `--model-name` if the server lists it, else the first listed.

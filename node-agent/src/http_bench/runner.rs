@@ -69,6 +69,27 @@ pub struct Calibrated {
     pub prompt_tokens: u64,
 }
 
+/// Each prompt length calibrated once, the next starting from the previous one's result.
+#[derive(Debug, Default)]
+pub struct PromptSizes(Vec<(u64, Calibrated)>);
+
+impl PromptSizes {
+    /// Words for prompts of `prompt_tokens` on `t`'s server, calibrating the length on first use.
+    pub async fn words(&mut self, t: &Target, prompt_tokens: u64) -> Result<usize, String> {
+        if let Some((_, c)) = self.0.iter().find(|(p, _)| *p == prompt_tokens) {
+            return Ok(c.words);
+        }
+        let c = calibrate(t, prompt_tokens, self.0.last().map(|(_, c)| *c)).await?;
+        self.0.push((prompt_tokens, c));
+        Ok(c.words)
+    }
+
+    /// Every length calibrated so far, in order.
+    pub fn calibrated(&self) -> &[(u64, Calibrated)] {
+        &self.0
+    }
+}
+
 /// Finds the word count whose prompts the server counts as `target` tokens (within 2%, in at most
 /// four one-token requests, keeping the closest). The first guess comes from an earlier length's
 /// result, else from a short probe: a guess of one token per word could overrun the context

@@ -113,19 +113,11 @@ fn run(plan: &Plan, device: &DeviceReport, r: &mut SweepResultStatus) -> Result<
 /// its requests as unanswered: a hang, not a slow number).
 async fn grid_points(target: Arc<Target>, g: &WorkloadGrid, deadline: Duration) -> Result<Vec<brink_api::crd::PointFigures>, String> {
     let budget = Budget::Requests(u64::from(g.requests_per_point));
-    let mut sizes: Vec<(u32, runner::Calibrated)> = Vec::new();
+    let mut sizes = runner::PromptSizes::default();
     let mut out = Vec::new();
     for (i, point) in g.points().into_iter().enumerate() {
-        let words = match sizes.iter().find(|(p, _)| *p == point.prompt_tokens) {
-            Some((_, c)) => c.words,
-            None => {
-                let c = runner::calibrate(&target, u64::from(point.prompt_tokens), sizes.last().map(|(_, c)| *c))
-                    .await
-                    .map_err(|e| format!("{point}: calibrating the prompt: {e}"))?;
-                sizes.push((point.prompt_tokens, c));
-                c.words
-            }
-        };
+        let words =
+            sizes.words(&target, u64::from(point.prompt_tokens)).await.map_err(|e| format!("{point}: calibrating the prompt: {e}"))?;
         out.push(run_point(&target, point, words, budget, i as u64, deadline).await);
     }
     Ok(out)

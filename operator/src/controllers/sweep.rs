@@ -100,13 +100,12 @@ pub fn run_spec(sweep: &RegressionSweep, scheduled_s: i64, nodes: Vec<String>, r
     let s = &sweep.spec;
     let ns = sweep.namespace();
     let since = sweep.status.as_ref().and_then(|st| st.last_schedule_time.as_ref()).map_or(i64::MIN, secs);
-    let stalls: Vec<(String, brink_api::crd::StallReport, i64)> = replicas
+    let stalls: Vec<(String, brink_api::crd::StallReport)> = replicas
         .iter()
         .filter(|r| r.namespace() == ns)
         .filter_map(|r| {
             let stall = r.status.as_ref()?.last_stall.clone()?;
-            let at = secs(&stall.at);
-            Some((format!("{}/{}", r.namespace().unwrap_or_default(), r.name_any()), stall, at))
+            Some((format!("{}/{}", r.namespace().unwrap_or_default(), r.name_any()), stall))
         })
         .collect();
     SweepRunSpec {

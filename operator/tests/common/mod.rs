@@ -118,7 +118,8 @@ pub fn tainted(name: &str, key: &str, effect: &str) -> Node {
     n
 }
 
-fn qualification(verdict: Verdict) -> ShapeQualification {
+/// The qualification result for [`CLASS`] a GB10 agent reports.
+pub fn qualification(verdict: Verdict) -> ShapeQualification {
     let fingerprint = Fingerprint {
         gpu_name: "NVIDIA GB10".into(),
         compute_capability: "12.1".into(),

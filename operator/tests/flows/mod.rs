@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use brink_api::Verdict;
 use brink_api::crd::{Condition, ModelDeployment, ModelReplica, ReplicaPhase, SparkNode};
-use brink_api::{Fingerprint, QUALIFICATION_SCHEMA, Qualification, ReportSummary, ServingParams, Verdict};
 use brink_kube_double::KubeDouble;
 use brink_operator::controllers::{self, Config, FixedClock, Metrics, Shared};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -23,7 +23,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use crate::common::{self, CLASS, LEASE_NS, NOW_S, NS};
+use crate::common::{self, LEASE_NS, NOW_S, NS};
 
 /// Real time any one wait may take.
 const REAL_LIMIT: Duration = Duration::from_secs(10);
@@ -39,31 +39,9 @@ fn fresh<K: Resource>(mut obj: K) -> K {
     obj
 }
 
-/// A qualification result for [`CLASS`] as an agent reports it.
+/// A qualification result for `CLASS` as an agent reports it (the apply body's list entry).
 pub fn qualification(verdict: Verdict) -> serde_json::Value {
-    let fingerprint = Fingerprint {
-        gpu_name: "NVIDIA GB10".into(),
-        compute_capability: "12.1".into(),
-        driver_version: Some("580.95.05".into()),
-        cuda_version: "13.0".into(),
-        nvrtc_version: Some("13.0".into()),
-        agent_version: "0.2.0".into(),
-        kernel_sources_hash: "cafe".into(),
-        shape_class: CLASS.into(),
-        serving: ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: 32_768 },
-    };
-    let q = Qualification {
-        schema: QUALIFICATION_SCHEMA,
-        digest: fingerprint.digest(),
-        fingerprint,
-        verdict,
-        summary: ReportSummary::default(),
-        qualified_at: "2026-11-30T23:00:00Z".into(),
-        model_summary: None,
-        kernel_verdict: None,
-        model_verdict: None,
-    };
-    json!({ "shapeClass": CLASS, "qualification": q, "failingCases": [] })
+    serde_json::to_value(common::qualification(verdict)).expect("qualification as JSON")
 }
 
 /// One node of the fleet at the start.
@@ -81,7 +59,7 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// Seeds Nodes, SparkNodes (120 GiB available; qualified for [`CLASS`] or not), fresh
+    /// Seeds Nodes, SparkNodes (120 GiB available; qualified for `CLASS` or not), fresh
     /// heartbeat Leases and the Model with its facts, then starts `controllers::run`.
     pub fn start(nodes: &[NodeSetup]) -> Fleet {
         let double = KubeDouble::new();
@@ -158,7 +136,7 @@ impl Fleet {
         nodes.patch(node, &PatchParams::default(), &Patch::Merge(json!({ "spec": { "unschedulable": true } }))).await.expect("cordon");
     }
 
-    /// The agent of `node` reports its qualification result for [`CLASS`].
+    /// The agent of `node` reports its qualification result for `CLASS`.
     pub async fn report_qualified(&self, node: &str, verdict: Verdict) {
         let sparks: Api<SparkNode> = Api::all(self.double.client());
         let patch = json!({

@@ -66,11 +66,12 @@ pub fn message(c: &RunCounts) -> String {
 
 /// Self-test cases for the next run from the stalls seen in serving since the last run: one per
 /// distinct (tokens, sequences) shape, most recent first, at most `limit`.
-pub fn stall_cases(stalls: &[(String, StallReport, i64)], since_s: i64, limit: usize) -> Vec<ExtraCase> {
-    let mut recent: Vec<&(String, StallReport, i64)> = stalls.iter().filter(|(_, _, at)| *at > since_s).collect();
-    recent.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)));
+pub fn stall_cases(stalls: &[(String, StallReport)], since_s: i64, limit: usize) -> Vec<ExtraCase> {
+    let at = |s: &StallReport| s.at.0.as_second();
+    let mut recent: Vec<&(String, StallReport)> = stalls.iter().filter(|(_, s)| at(s) > since_s).collect();
+    recent.sort_by(|a, b| at(&b.1).cmp(&at(&a.1)).then(a.0.cmp(&b.0)));
     let mut cases: Vec<ExtraCase> = Vec::new();
-    for (replica, s, _) in recent {
+    for (replica, s) in recent {
         if cases.len() == limit {
             break;
         }

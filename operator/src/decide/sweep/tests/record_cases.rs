@@ -68,18 +68,18 @@ fn the_run_summary_counts_and_ranks() {
 
 #[test]
 fn recent_distinct_stall_shapes_become_cases() {
-    let stall = |tokens, seqs| StallReport {
-        at: Time(jiff::Timestamp::from_second(0).unwrap()),
+    let stall = |tokens, seqs, at_s| StallReport {
+        at: Time(jiff::Timestamp::from_second(at_s).unwrap()),
         stage: "kernel moe_gemm".into(),
         batch_tokens: tokens,
         sequences: seqs,
         message: None,
     };
     let stalls = vec![
-        ("serving/a".to_string(), stall(8193, 3), 500),
-        ("serving/b".to_string(), stall(8193, 3), 600),
-        ("serving/c".to_string(), stall(63, 1), 700),
-        ("serving/d".to_string(), stall(4097, 2), 50), // before the last run
+        ("serving/a".to_string(), stall(8193, 3, 500)),
+        ("serving/b".to_string(), stall(8193, 3, 600)),
+        ("serving/c".to_string(), stall(63, 1, 700)),
+        ("serving/d".to_string(), stall(4097, 2, 50)), // before the last run
     ];
     let cases = stall_cases(&stalls, 100, 8);
     let shapes: Vec<(u64, u32, &str)> = cases.iter().map(|c| (c.tokens, c.sequences, c.source.as_str())).collect();
