@@ -9,8 +9,10 @@
 //! | `brink_selftest_cases` | `result`, `suite` | the self-test report, model-test counts ([`qualification`]) |
 //! | `brink_qualified` | `shape_class`, `state` | the verdict: 1 for the current state |
 //! | `brink_envelope_max_batch_tokens` | `shape_class` | the verdict's validated batch limit |
+//! | `brink_selftest_kernel_cases` | `shape_class`, `suite`, `kernel`, `result` | the self-test report's cases per kernel ([`kernel_cases`]) |
 
 pub mod gpu;
+pub mod kernel_cases;
 pub mod memory;
 pub mod nvml_gpus;
 pub mod qualification;

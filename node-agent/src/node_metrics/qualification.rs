@@ -57,7 +57,7 @@ impl CaseCounts {
         }
     }
 
-    fn by_result(&self) -> [(&'static str, u64); 6] {
+    pub fn by_result(&self) -> [(&'static str, u64); 6] {
         [
             ("passed", self.passed),
             ("failed", self.failed),
