@@ -120,11 +120,6 @@ impl Agent {
         self.state().clone()
     }
 
-    /// Replicas bound to this node (the SparkNode's `status.replicas`, as last synced).
-    pub fn hosted_replicas(&self) -> usize {
-        self.state().replicas.len()
-    }
-
     fn state(&self) -> MutexGuard<'_, NodeState> {
         // Nothing holding the lock can leave the state half-updated (plain assignments).
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -159,6 +154,10 @@ impl Agent {
                 "name": node,
                 "ownerReferences": [{ "apiVersion": "v1", "kind": "Node", "name": node, "uid": uid }],
             },
+            // An object created without `spec` comes back without it, which the typed client
+            // cannot read (found by the whole-loop test against the API double). An empty
+            // spec owns no field: the operator's `shapeClasses` stay its own.
+            "spec": {},
         });
         let pp = PatchParams::apply(MANAGER).force();
         let current = nodes

@@ -94,8 +94,14 @@ mod tests {
     #[test]
     fn every_class_in_one_series_and_the_cache_and_sweeps() {
         let v = View {
-            qualifications: vec![class("a", Verdict::Qualified { max_tokens: 4096 }), class("b", Verdict::NotQualified { reason: "no GPU".into() })],
-            kernel_cases: BTreeMap::from([("a".to_string(), KernelCases::from([("gemm".to_string(), CaseCounts { passed: 3, ..Default::default() })]))]),
+            qualifications: vec![
+                class("a", Verdict::Qualified { max_tokens: 4096 }),
+                class("b", Verdict::NotQualified { reason: "no GPU".into() }),
+            ],
+            kernel_cases: BTreeMap::from([(
+                "a".to_string(),
+                KernelCases::from([("gemm".to_string(), CaseCounts { passed: 3, ..Default::default() })]),
+            )]),
             cache_bytes: Some(1234),
             cache_budget_bytes: 5000,
             sweeps: vec![("Done", 2), ("Failed", 1)],
@@ -108,7 +114,9 @@ mod tests {
         assert!(!names.contains(&"brink_selftest_cases"), "that series has no shape_class label: serve's alone");
         let q = samples(&t, "brink_qualified");
         assert_eq!(q.len(), 8, "four states per class: {q:?}");
-        assert!(q.contains(&("shape_class=a,state=qualified".into(), 1.0)) && q.contains(&("shape_class=b,state=notQualified".into(), 1.0)));
+        assert!(
+            q.contains(&("shape_class=a,state=qualified".into(), 1.0)) && q.contains(&("shape_class=b,state=notQualified".into(), 1.0))
+        );
         assert_eq!(samples(&t, "brink_envelope_max_batch_tokens"), [("shape_class=a".to_string(), 4096.0)]);
         assert_eq!(samples(&t, "brink_selftest_kernel_cases").len(), 6);
         assert_eq!(samples(&t, "brink_model_cache_bytes"), [(String::new(), 1234.0)]);

@@ -143,8 +143,7 @@ async fn main_loop(a: Args) -> Result<(), String> {
         .ok_or("no state directory: pass --state-dir, or set BRINK_STATE_DIR or HOME")?;
     let cache_dir = a.cache_dir.clone().unwrap_or_else(|| state_dir.join("model-cache"));
     let cache = Arc::new(ModelCache::open(CacheConfig::new(&cache_dir, a.cache_budget_bytes)).map_err(|e| e.to_string())?);
-    let listener =
-        tokio::net::TcpListener::bind(a.listen).await.map_err(|e| format!("--listen {}: cannot listen there: {e}", a.listen))?;
+    let listener = tokio::net::TcpListener::bind(a.listen).await.map_err(|e| format!("--listen {}: cannot listen there: {e}", a.listen))?;
 
     let config = kube::Config::infer().await.map_err(|e| {
         format!("no Kubernetes API configuration (neither in-cluster service account nor KUBECONFIG / ~/.kube/config): {e}")
@@ -255,7 +254,7 @@ pub async fn run_loop(p: Parts, stop: impl Future<Output = ()>) -> Result<(), St
         return Err(e);
     }
     ready.store(true, Ordering::Release);
-    eprintln!("brink-agent run: SparkNode {node} is up; heartbeat every {} s", p.beat.as_secs());
+    eprintln!("brink-agent run: SparkNode {node} is up; heartbeat every {:?}", p.beat);
 
     let mut events = triggers(agent.client(), &node);
     let mut beat = tokio::time::interval(p.beat);

@@ -178,17 +178,41 @@ mod tests {
             ("lost", vec![mine(Lost)], vec![], FREE, Decision::Nothing),
             ("skipped", vec![mine(Skipped)], vec![], FREE, Decision::Nothing),
             ("a result exists (started before a restart)", vec![mine(Running)], vec![result("ops", "r1-n1")], FREE, Decision::Nothing),
-            ("another node's result does not count", vec![mine(Running)], vec![result("ops", "r1-n2")], FREE, Decision::Start(rr("ops", "r1"))),
-            ("a same-named result in another namespace does not count", vec![mine(Running)], vec![result("dev", "r1-n1")], FREE, Decision::Start(rr("ops", "r1"))),
+            (
+                "another node's result does not count",
+                vec![mine(Running)],
+                vec![result("ops", "r1-n2")],
+                FREE,
+                Decision::Start(rr("ops", "r1")),
+            ),
+            (
+                "a same-named result in another namespace does not count",
+                vec![mine(Running)],
+                vec![result("dev", "r1-n1")],
+                FREE,
+                Decision::Start(rr("ops", "r1")),
+            ),
             ("not one of the run's nodes", vec![run("ops", "r1", 100, &[("n2", Running)], Active)], vec![], FREE, Decision::Nothing),
             ("run complete", vec![run("ops", "r1", 100, &[("n1", Running)], Complete)], vec![], FREE, Decision::Nothing),
             ("run cancelled", vec![run("ops", "r1", 100, &[("n1", Running)], Cancelled)], vec![], FREE, Decision::Nothing),
             ("run pending", vec![run("ops", "r1", 100, &[("n1", Running)], Pending)], vec![], FREE, Decision::Nothing),
             ("run being deleted", vec![deleted], vec![], FREE, Decision::Nothing),
             ("run without status", vec![no_status], vec![], FREE, Decision::Nothing),
-            ("qualifying: queued", vec![mine(Running)], vec![], QUALIFYING, Decision::Wait { due: rr("ops", "r1"), why: WaitReason::Qualifying }),
+            (
+                "qualifying: queued",
+                vec![mine(Running)],
+                vec![],
+                QUALIFYING,
+                Decision::Wait { due: rr("ops", "r1"), why: WaitReason::Qualifying },
+            ),
             ("sweeping: queued", vec![mine(Running)], vec![], SWEEPING, Decision::Wait { due: rr("ops", "r1"), why: WaitReason::Sweeping }),
-            ("both: the sweep is named", vec![mine(Running)], vec![], BOTH, Decision::Wait { due: rr("ops", "r1"), why: WaitReason::Sweeping }),
+            (
+                "both: the sweep is named",
+                vec![mine(Running)],
+                vec![],
+                BOTH,
+                Decision::Wait { due: rr("ops", "r1"), why: WaitReason::Sweeping },
+            ),
             ("busy with nothing due", vec![mine(Done)], vec![], BOTH, Decision::Nothing),
             (
                 "earliest scheduled first",
@@ -199,7 +223,11 @@ mod tests {
             ),
             (
                 "same time: by namespace then name",
-                vec![run("b", "r", 100, &[("n1", Running)], Active), run("a", "z", 100, &[("n1", Running)], Active), run("a", "y", 100, &[("n1", Running)], Active)],
+                vec![
+                    run("b", "r", 100, &[("n1", Running)], Active),
+                    run("a", "z", 100, &[("n1", Running)], Active),
+                    run("a", "y", 100, &[("n1", Running)], Active),
+                ],
                 vec![],
                 FREE,
                 Decision::Start(rr("a", "y")),
@@ -213,7 +241,11 @@ mod tests {
             ),
             (
                 "only the running one of several",
-                vec![run("ops", "a", 100, &[("n1", Done)], Active), run("ops", "b", 200, &[("n1", Waiting)], Active), run("ops", "c", 300, &[("n1", Running)], Active)],
+                vec![
+                    run("ops", "a", 100, &[("n1", Done)], Active),
+                    run("ops", "b", 200, &[("n1", Waiting)], Active),
+                    run("ops", "c", 300, &[("n1", Running)], Active),
+                ],
                 vec![],
                 FREE,
                 Decision::Start(rr("ops", "c")),
@@ -229,7 +261,9 @@ mod tests {
 
     #[test]
     fn negative_controls_only_without_replicas() {
-        for (asked, hosted, want) in [(true, 0, Ok(true)), (false, 0, Ok(false)), (false, 3, Ok(false)), (true, 1, Err(1)), (true, 7, Err(7))] {
+        for (asked, hosted, want) in
+            [(true, 0, Ok(true)), (false, 0, Ok(false)), (false, 3, Ok(false)), (true, 1, Err(1)), (true, 7, Err(7))]
+        {
             let got = negative_controls(asked, hosted);
             match want {
                 Ok(v) => assert_eq!(got, Ok(v), "{asked} {hosted}"),

@@ -113,38 +113,68 @@ impl Agent {
         self.write_result(r, &started).await?;
         eprintln!("brink-agent run: sweep {r}: started on {}", self.settings.node);
 
-        let plan = match self.sweep_model(cache, &r.namespace, &run.spec.model).await {
-            Ok(model) => Ok(self.plan(run, model, s)),
-            Err(why) => Err(format!("Model {}/{}: {why}", r.namespace, run.spec.model)),
-        };
-        let status = match plan {
-            Ok((plan, skipped_controls)) => {
-                let task = tokio::task::spawn_blocking(move || executor.execute(&plan)).await;
-                let mut status = task.unwrap_or_else(|e| SweepResultStatus {
-                    state: ResultState::Failed,
-                    error: Some(format!("the sweep task failed: {e}")),
-                    ..started.clone()
-                });
-                if let (Some(why), Some(st)) = (skipped_controls, status.self_test.as_mut()) {
-                    // The outcome's flag says they did not run; the log says why.
-                    st.negative_controls_ran = false;
-                    eprintln!("brink-agent run: sweep {r}: negative controls skipped: {why}");
-                }
-                status
+        let status = match self.measure(run, r, cache, executor, s, &started).await {
+            Ok(status) => status,
+            // The API failed mid-sweep: the result says so rather than staying Running.
+            Err(e) => {
+                SweepResultStatus { state: ResultState::Failed, error: Some(e.to_string()), finished_at: Some(self.now()), ..started }
             }
-            Err(why) => SweepResultStatus { state: ResultState::Failed, error: Some(why), finished_at: Some(self.now()), ..started },
         };
         // The judgement is the operator's field: never sent from here.
         let status = SweepResultStatus { judgement: None, ..status };
         self.write_result(r, &status).await?;
-        eprintln!("brink-agent run: sweep {r}: {:?}{}", status.state, status.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default());
+        eprintln!(
+            "brink-agent run: sweep {r}: {:?}{}",
+            status.state,
+            status.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default()
+        );
         Ok(status.state)
+    }
+
+    /// The model, the plan and the executor's status (`Failed` with why when the model is not
+    /// there). Err: an API call failed.
+    async fn measure(
+        &self,
+        run: &SweepRun,
+        r: &RunRef,
+        cache: &ModelCache,
+        executor: Arc<dyn SweepExecutor>,
+        s: &SweepSettings,
+        started: &SweepResultStatus,
+    ) -> Result<SweepResultStatus, AgentError> {
+        // Read now, not from the last cache round: a replica placed here meanwhile counts.
+        let replicas: Vec<ModelReplica> = Api::all(self.client().clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| self.problem(Call::new("list", "modelreplicas", None), e))?
+            .items;
+        let hosted = cache_plan::wanted(&self.settings.node, &replicas).iter().map(|w| w.replicas.len()).sum();
+        let (plan, skipped_controls) = match self.sweep_model(cache, &r.namespace, &run.spec.model, &replicas).await {
+            Ok(model) => self.plan(run, model, s, hosted),
+            Err(why) => {
+                let error = Some(format!("Model {}/{}: {why}", r.namespace, run.spec.model));
+                return Ok(SweepResultStatus { state: ResultState::Failed, error, finished_at: Some(self.now()), ..started.clone() });
+            }
+        };
+        let task = tokio::task::spawn_blocking(move || executor.execute(&plan)).await;
+        let mut status = task.unwrap_or_else(|e| SweepResultStatus {
+            state: ResultState::Failed,
+            error: Some(format!("the sweep task failed: {e}")),
+            finished_at: Some(self.now()),
+            ..started.clone()
+        });
+        if let (Some(why), Some(st)) = (skipped_controls, status.self_test.as_mut()) {
+            // The outcome's flag says they did not run; the log says why.
+            st.negative_controls_ran = false;
+            eprintln!("brink-agent run: sweep {r}: negative controls skipped: {why}");
+        }
+        Ok(status)
     }
 
     /// The executor's plan for `run` with the model at `model`, and why the negative controls
     /// are skipped when they are.
-    fn plan(&self, run: &SweepRun, model: PathBuf, s: &SweepSettings) -> (Plan, Option<String>) {
-        let controls = sweep_plan::negative_controls(run.spec.self_test.negative_controls, self.hosted_replicas());
+    fn plan(&self, run: &SweepRun, model: PathBuf, s: &SweepSettings, hosted_replicas: usize) -> (Plan, Option<String>) {
+        let controls = sweep_plan::negative_controls(run.spec.self_test.negative_controls, hosted_replicas);
         let (slots, context) = sweep_plan::engine_shape(&run.spec.workload);
         let plan = Plan {
             model,
@@ -152,7 +182,12 @@ impl Agent {
             grid: run.spec.workload.clone(),
             self_test: run.spec.self_test,
             negative_controls_allowed: controls.is_ok(),
-            extra_cases: run.spec.extra_cases.iter().map(|c| ExtraCase { tokens: c.tokens, sequences: c.sequences, source: c.source.clone() }).collect(),
+            extra_cases: run
+                .spec
+                .extra_cases
+                .iter()
+                .map(|c| ExtraCase { tokens: c.tokens, sequences: c.sequences, source: c.source.clone() })
+                .collect(),
             max_batch_tokens: s.max_batch_tokens,
             prefill_chunk: s.prefill_chunk,
             context,
@@ -196,7 +231,12 @@ impl Agent {
     /// After SIGTERM: the result of the sweep in flight says it was abandoned.
     pub async fn abandon_sweep(&self) -> Result<Option<RunRef>, AgentError> {
         let Some(r) = self.sweeping_now().take() else { return Ok(None) };
-        let status = SweepResultStatus { state: ResultState::Failed, error: Some(STOPPED.into()), finished_at: Some(self.now()), ..Default::default() };
+        let status = SweepResultStatus {
+            state: ResultState::Failed,
+            error: Some(STOPPED.into()),
+            finished_at: Some(self.now()),
+            ..Default::default()
+        };
         // The status apply keeps what the Running write set (startedAt) only if sent again:
         // this manager's apply replaces its own fields, so read them back first.
         let api: Api<SweepResult> = Api::namespaced(self.client().clone(), &r.namespace);
@@ -209,7 +249,7 @@ impl Agent {
 
     /// `namespace/name`'s file on this node: from the cache (downloaded if needed, its status
     /// written as for a replica's model), or a local file verified in place.
-    async fn sweep_model(&self, cache: &ModelCache, namespace: &str, name: &str) -> Result<PathBuf, String> {
+    async fn sweep_model(&self, cache: &ModelCache, namespace: &str, name: &str, replicas: &[ModelReplica]) -> Result<PathBuf, String> {
         let node = self.settings.node.clone();
         let models: Api<Model> = Api::namespaced(self.client().clone(), namespace);
         let model = match models.get_opt(name).await {
@@ -219,7 +259,7 @@ impl Agent {
         };
         // One user of the cache at a time: the model-cache round may be downloading this model.
         let _one_at_a_time = self.caching.lock().await;
-        let in_use = self.models_in_use().await.map_err(|e| e.to_string())?;
+        let in_use = self.models_in_use(replicas).await.map_err(|e| e.to_string())?;
         if cache_plan::our_entry(&model, &node).is_some_and(|e| e.phase == CachePhase::Ready) {
             let credentials = self.credentials(&model, namespace).await?;
             let source = cache_plan::source(&model, credentials, &self.settings.pvc_root)?;
@@ -230,21 +270,18 @@ impl Agent {
     }
 
     /// Cache keys of the Models replicas on this node use: never evicted for a sweep's model.
-    async fn models_in_use(&self) -> Result<HashSet<String>, AgentError> {
-        let replicas: Vec<ModelReplica> = Api::all(self.client().clone())
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| self.problem(Call::new("list", "modelreplicas", None), e))?
-            .items;
+    async fn models_in_use(&self, replicas: &[ModelReplica]) -> Result<HashSet<String>, AgentError> {
         let models: Vec<Model> = Api::all(self.client().clone())
             .list(&ListParams::default())
             .await
             .map_err(|e| self.problem(Call::new("list", "models", None), e))?
             .items;
-        let wanted = cache_plan::wanted(&self.settings.node, &replicas);
+        let wanted = cache_plan::wanted(&self.settings.node, replicas);
         Ok(models
             .iter()
-            .filter(|m| wanted.iter().any(|w| Some(&w.namespace) == m.metadata.namespace.as_ref() && Some(&w.model) == m.metadata.name.as_ref()))
+            .filter(|m| {
+                wanted.iter().any(|w| Some(&w.namespace) == m.metadata.namespace.as_ref() && Some(&w.model) == m.metadata.name.as_ref())
+            })
             .filter_map(cache_plan::key)
             .collect())
     }

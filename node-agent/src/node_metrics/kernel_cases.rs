@@ -81,11 +81,19 @@ mod tests {
     #[test]
     fn counts_per_kernel_and_result() {
         use CaseResult::*;
-        let cases: Vec<CaseReport> =
-            [("gemm", Passed), ("gemm", Passed), ("gemm", Failed), ("moe", Hung), ("moe", Planned), ("moe", Skipped), ("nc", Flagged), ("nc", Missed)]
-                .iter()
-                .map(|(k, r)| case(k, *r))
-                .collect();
+        let cases: Vec<CaseReport> = [
+            ("gemm", Passed),
+            ("gemm", Passed),
+            ("gemm", Failed),
+            ("moe", Hung),
+            ("moe", Planned),
+            ("moe", Skipped),
+            ("nc", Flagged),
+            ("nc", Missed),
+        ]
+        .iter()
+        .map(|(k, r)| case(k, *r))
+        .collect();
         let mut report = empty_report();
         report.cases = cases;
         let k = by_kernel(&report);

@@ -87,7 +87,13 @@ fn run(plan: &Plan, device: &DeviceReport, r: &mut SweepResultStatus) -> Result<
         let mut outcome = figures::self_test_outcome(&report);
         if !plan.extra_cases.is_empty() {
             let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable to start the model-test worker: {e}"))?;
-            let replay = extra_cases::Replay { model: &plan.model, backend: plan.backend, context: context as u64, prefill_chunk: plan.prefill_chunk, exe };
+            let replay = extra_cases::Replay {
+                model: &plan.model,
+                backend: plan.backend,
+                context: context as u64,
+                prefill_chunk: plan.prefill_chunk,
+                exe,
+            };
             extra_cases::merge(&mut outcome, &extra_cases::run(&replay, &plan.extra_cases));
         }
         r.self_test = Some(outcome);

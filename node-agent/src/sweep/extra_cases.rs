@@ -167,10 +167,12 @@ pub fn merge(outcome: &mut SelfTestOutcome, reports: &[CaseReport]) {
             }
         }
     }
-    let failing = reports
-        .iter()
-        .filter(|r| matches!(r.result, CaseResult::Failed | CaseResult::Hung))
-        .map(|r| FailingCase { id: r.id.clone(), kernel: r.kernel.clone(), tokens: r.tokens, detail: r.detail.clone() });
+    let failing = reports.iter().filter(|r| matches!(r.result, CaseResult::Failed | CaseResult::Hung)).map(|r| FailingCase {
+        id: r.id.clone(),
+        kernel: r.kernel.clone(),
+        tokens: r.tokens,
+        detail: r.detail.clone(),
+    });
     outcome.failing_cases.extend(failing);
     outcome.failing_cases.sort_by(|a, b| (a.tokens, &a.id).cmp(&(b.tokens, &b.id)));
     outcome.failing_cases.truncate(MAX_FAILING);
@@ -188,7 +190,10 @@ mod tests {
     #[test]
     fn shapes_become_steps() {
         let one = model_case(&extra(37, 1)).unwrap();
-        assert_eq!((one.id.as_str(), one.composition, one.batch.clone(), one.tokens), ("model/extra/t37x1", Composition::Single, vec![37], 37));
+        assert_eq!(
+            (one.id.as_str(), one.composition, one.batch.clone(), one.tokens),
+            ("model/extra/t37x1", Composition::Single, vec![37], 37)
+        );
         assert_eq!(one.reasons, ["stalled in serving: ai/r-0 prefill"]);
         let mixed = model_case(&extra(40, 4)).unwrap();
         assert_eq!((mixed.composition, mixed.batch.clone()), (Composition::MixedDecode, vec![37, 1, 1, 1]));
@@ -229,7 +234,10 @@ mod tests {
             negative_controls_ran: false,
         };
         let case = |t: u64, result| CaseReport { result, detail: "d".into(), ..session::skipped(&model_case(&extra(t, 1)).unwrap(), "") };
-        merge(&mut o, &[case(37, CaseResult::Passed), case(90, CaseResult::Hung), case(12, CaseResult::Failed), case(5, CaseResult::Skipped)]);
+        merge(
+            &mut o,
+            &[case(37, CaseResult::Passed), case(90, CaseResult::Hung), case(12, CaseResult::Failed), case(5, CaseResult::Skipped)],
+        );
         let s = o.summary;
         assert_eq!((s.derived, s.executed, s.passed, s.failed, s.hung, s.skipped), (14, 11, 9, 1, 1, 3));
         let ids: Vec<&str> = o.failing_cases.iter().map(|f| f.id.as_str()).collect();

@@ -126,7 +126,8 @@ pub fn parse_extra_case(s: &str) -> Result<ExtraCase, String> {
     let (t, q) = s.trim().split_once('x').unwrap_or((s.trim(), "1"));
     let tokens: u64 = t.parse().map_err(|_| bad())?;
     let sequences: u32 = q.parse().map_err(|_| bad())?;
-    extra_cases::model_case(&ExtraCase { tokens, sequences, source: "--extra-case".into() }).map_err(|e| format!("--extra-case {s}: {e}"))?;
+    extra_cases::model_case(&ExtraCase { tokens, sequences, source: "--extra-case".into() })
+        .map_err(|e| format!("--extra-case {s}: {e}"))?;
     Ok(ExtraCase { tokens, sequences, source: "--extra-case".into() })
 }
 
