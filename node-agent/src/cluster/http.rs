@@ -1,6 +1,8 @@
 //! `run`'s HTTP endpoint (`--listen`): `/health` (200 while the process runs), `/ready` (200 once
 //! the SparkNode was written once; never waits for a qualification: one bad node must not block
-//! a DaemonSet rollout) and `/metrics` (Prometheus text, the engine's renderer).
+//! a DaemonSet rollout) and `/metrics` (Prometheus text, the engine's renderer). The loop opens
+//! it once the SparkNode is written, so `/ready` answers 200 whenever it answers; the flag keeps
+//! that so if the order ever changes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -143,7 +143,6 @@ async fn main_loop(a: Args) -> Result<(), String> {
         .ok_or("no state directory: pass --state-dir, or set BRINK_STATE_DIR or HOME")?;
     let cache_dir = a.cache_dir.clone().unwrap_or_else(|| state_dir.join("model-cache"));
     let cache = Arc::new(ModelCache::open(CacheConfig::new(&cache_dir, a.cache_budget_bytes)).map_err(|e| e.to_string())?);
-    let listener = tokio::net::TcpListener::bind(a.listen).await.map_err(|e| format!("--listen {}: cannot listen there: {e}", a.listen))?;
 
     let config = kube::Config::infer().await.map_err(|e| {
         format!("no Kubernetes API configuration (neither in-cluster service account nor KUBECONFIG / ~/.kube/config): {e}")
@@ -205,10 +204,18 @@ async fn main_loop(a: Args) -> Result<(), String> {
         sweep,
         beat: Duration::from_secs(u64::try_from(a.lease_duration_seconds / 4).unwrap_or(10).max(1)),
         resync: Duration::from_secs(a.resync_seconds),
-        listener: Some(listener),
+        listen: Some(Listen::Addr(a.listen)),
         sensors: crate::node_metrics::provider(None),
     };
     run_loop(parts, brink_engine::server::terminate_or_interrupt()).await
+}
+
+/// The endpoint's socket: an address bound once the SparkNode is written (a process that cannot
+/// reach the API ends before it takes the port), or a socket already bound (tests: port 0).
+pub enum Listen {
+    Addr(SocketAddr),
+    #[cfg_attr(not(test), expect(dead_code, reason = "the binary binds an address; tests pass a socket bound to port 0"))]
+    Bound(tokio::net::TcpListener),
 }
 
 /// Everything the loop runs with; `main_loop` builds them from the flags, tests from doubles.
@@ -224,12 +231,12 @@ pub struct Parts {
     pub beat: Duration,
     pub resync: Duration,
     /// Where `/health`, `/ready` and `/metrics` are served (None: not served).
-    pub listener: Option<tokio::net::TcpListener>,
+    pub listen: Option<Listen>,
     /// The node's sensor gauges (memory, GPU).
     pub sensors: NodeMetrics,
 }
 
-/// The agent from start-up to `stop`: the endpoint, the SparkNode and Lease, then heartbeats,
+/// The agent from start-up to `stop`: the SparkNode and Lease, then the endpoint, heartbeats,
 /// qualification, model-cache and sweep rounds on every watch event and resync, one of each
 /// kind at a time. At `stop`: a sweep in flight is abandoned (its result says so), the other
 /// rounds are aborted, the endpoint closed and the SparkNode marked stopping.
@@ -238,7 +245,21 @@ pub async fn run_loop(p: Parts, stop: impl Future<Output = ()>) -> Result<(), St
     let node = agent.settings.node.clone();
     let ready = Arc::new(AtomicBool::new(false));
     let scalars = scrape(&p);
-    let server = p.listener.map(|listener| {
+    agent.start().await.map_err(|e| e.to_string())?;
+    let listener = match p.listen {
+        None => None,
+        Some(Listen::Bound(l)) => Some(l),
+        Some(Listen::Addr(addr)) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                if let Err(e) = agent.stop().await {
+                    eprintln!("brink-agent run: warning: could not mark SparkNode {node} AgentStopping: {e}");
+                }
+                return Err(format!("--listen {addr}: cannot listen there: {e}"));
+            }
+        },
+    };
+    let server = listener.map(|listener| {
         let endpoint = http::Endpoint { ready: ready.clone(), scalars };
         tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, http::router(endpoint)).await {
@@ -246,13 +267,6 @@ pub async fn run_loop(p: Parts, stop: impl Future<Output = ()>) -> Result<(), St
             }
         })
     });
-    let started = agent.start().await.map_err(|e| e.to_string());
-    if let Err(e) = started {
-        if let Some(s) = server {
-            s.abort();
-        }
-        return Err(e);
-    }
     ready.store(true, Ordering::Release);
     eprintln!("brink-agent run: SparkNode {node} is up; heartbeat every {:?}", p.beat);
 

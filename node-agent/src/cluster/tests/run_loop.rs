@@ -134,7 +134,7 @@ fn parts(w: &World, executor: Arc<FakeExecutor>, listener: Option<tokio::net::Tc
         },
         beat: Duration::from_millis(500),
         resync: Duration::from_millis(300),
-        listener,
+        listen: listener.map(crate::cluster::Listen::Bound),
         sensors: crate::node_metrics::provider(None),
     }
 }
