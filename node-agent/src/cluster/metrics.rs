@@ -34,8 +34,12 @@ pub fn scalars(v: &View) -> Vec<Scalar> {
             verdict: q.qualification.verdict.clone(),
             kernel: CaseCounts::from_summary(&q.qualification.summary),
             model: None,
+            kernels: KernelCases::new(),
         };
-        for s in m.scalars().into_iter().filter(|s| s.name != "brink_selftest_cases") {
+        // The per-kernel series comes from `kernel_cases` below (the latest self-test run here);
+        // `brink_selftest_cases` has no shape_class label, so it is `serve`'s alone.
+        let wanted = ["brink_qualified", "brink_envelope_max_batch_tokens"];
+        for s in m.scalars().into_iter().filter(|s| wanted.contains(&s.name)) {
             match by_name.get_mut(s.name) {
                 Some(have) => have.samples.extend(s.samples),
                 None => {
