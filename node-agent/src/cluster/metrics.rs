@@ -85,7 +85,7 @@ mod tests {
         q
     }
 
-    fn samples<'a>(t: &'a [Scalar], name: &str) -> Vec<(String, f64)> {
+    fn samples(t: &[Scalar], name: &str) -> Vec<(String, f64)> {
         t.iter()
             .find(|s| s.name == name)
             .map(|s| &s.samples)

@@ -168,7 +168,9 @@ mod tests {
             r
         };
         let result = |ns: &str, name: &str| (ns.to_string(), name.to_string());
-        let cases: Vec<(&str, Vec<SweepRun>, Vec<(String, String)>, Busy, Decision)> = vec![
+        // What, the runs, the results that exist (namespace, name), how busy the node is, the decision.
+        type Case = (&'static str, Vec<SweepRun>, Vec<(String, String)>, Busy, Decision);
+        let cases: Vec<Case> = vec![
             ("no runs", vec![], vec![], FREE, Decision::Nothing),
             ("my slot, no result: start", vec![mine(Running)], vec![], FREE, Decision::Start(rr("ops", "r1"))),
             ("waiting for a slot", vec![mine(Waiting)], vec![], FREE, Decision::Nothing),
