@@ -23,7 +23,7 @@ use super::lease::{self, LeaseError, RenewOutcome};
 use super::node_status::{Liveness, NodeState};
 use super::qualifier::{Qualifier, QualifyError, QualifyJob};
 use super::qualify_plan;
-use crate::model_cache::{CacheError, Credentials, ModelCache, ModelFacts, ModelSource, Progress};
+use crate::model_cache::{CacheError, CachedModel, Credentials, ModelCache, ModelFacts, ModelSource, Progress};
 
 /// The SparkNode's field manager (one per node is not needed: the object is this node's alone).
 pub const MANAGER: &str = "brink-agent";
@@ -80,6 +80,16 @@ pub struct Agent {
     /// Models whose header facts could not be read, by `namespace/name`: the cache key then
     /// and when, so a broken source is retried after [`FACTS_RETRY`], not every round.
     facts_failures: Mutex<BTreeMap<String, (String, Time)>>,
+    /// Held by whatever uses the GPU for a test: a qualification's self-test or a sweep. A sweep
+    /// that finds it taken waits for the next round; a qualification waits for the sweep.
+    pub(super) gpu: Arc<tokio::sync::Mutex<()>>,
+    /// Sweeps this process finished, by final state: `brink_agent_sweeps_total{result}`.
+    pub(super) sweeps_finished: Mutex<BTreeMap<&'static str, u64>>,
+    /// The run whose sweep is in flight here, if any (to say "agent stopped" in its result).
+    pub(super) sweeping: Mutex<Option<super::sweep_plan::RunRef>>,
+    /// One model-cache user at a time (the cache round, a sweep's model): two downloads of one
+    /// model would collide in the cache.
+    pub(super) caching: tokio::sync::Mutex<()>,
 }
 
 /// How long a Model whose facts could not be read waits before this node tries again.
@@ -94,7 +104,20 @@ impl Agent {
             state: Mutex::new(state),
             writing: tokio::sync::Mutex::new(()),
             facts_failures: Mutex::new(BTreeMap::new()),
+            gpu: Arc::new(tokio::sync::Mutex::new(())),
+            sweeps_finished: Mutex::new(BTreeMap::new()),
+            sweeping: Mutex::new(None),
+            caching: tokio::sync::Mutex::new(()),
         }
+    }
+
+    pub(super) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// What the SparkNode's status says now (qualifications, hosted replicas), for the metrics.
+    pub fn snapshot(&self) -> NodeState {
+        self.state().clone()
     }
 
     fn state(&self) -> MutexGuard<'_, NodeState> {
@@ -102,11 +125,11 @@ impl Agent {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn now(&self) -> Time {
+    pub(super) fn now(&self) -> Time {
         Time((self.probes.now)())
     }
 
-    fn problem(&self, call: Call<'_>, e: kube::Error) -> AgentError {
+    pub(super) fn problem(&self, call: Call<'_>, e: kube::Error) -> AgentError {
         AgentError::Api(explain(call, &self.settings.api_url, &e))
     }
 
@@ -131,6 +154,10 @@ impl Agent {
                 "name": node,
                 "ownerReferences": [{ "apiVersion": "v1", "kind": "Node", "name": node, "uid": uid }],
             },
+            // An object created without `spec` comes back without it, which the typed client
+            // cannot read (found by the whole-loop test against the API double). An empty
+            // spec owns no field: the operator's `shapeClasses` stay its own.
+            "spec": {},
         });
         let pp = PatchParams::apply(MANAGER).force();
         let current = nodes
@@ -240,6 +267,8 @@ impl Agent {
             st.qualifying = Some((class.clone(), more));
         }
         self.write_status().await?;
+        // A sweep in flight has the GPU: the self-test waits for it (never measured beside it).
+        let _gpu = self.gpu.clone().lock_owned().await;
         let run = tokio::task::spawn_blocking(move || qualifier.qualify(&job)).await;
         let outcome = run.unwrap_or_else(|e| Err(QualifyError::Failed(format!("the qualification task failed: {e}"))));
         {
@@ -264,6 +293,7 @@ impl Agent {
     /// marked so in their status; then the header facts of Models that lack them are read
     /// without downloading them (see [`Agent::fill_facts`]).
     pub async fn sync_models(&self, cache: &ModelCache) -> Result<(), AgentError> {
+        let _one_at_a_time = self.caching.lock().await;
         let node = self.settings.node.clone();
         let replicas: Vec<ModelReplica> = Api::all(self.client.clone())
             .list(&ListParams::default())
@@ -318,7 +348,8 @@ impl Agent {
                 continue;
             }
             fetched.insert((w.namespace.clone(), w.model.clone()));
-            self.fetch(cache, model, w, &in_use).await?;
+            // A failure is in the Model's status; the replicas' Pods wait for it.
+            let _ = self.fetch(cache, model, w, &in_use).await?;
         }
         let after: HashSet<String> = cache.entries()?.into_iter().map(|e| e.sha256).collect();
         for model in &models {
@@ -404,7 +435,7 @@ impl Agent {
     }
 
     /// The credentials from `model`'s Secret, if it names one.
-    async fn credentials(&self, model: &Model, namespace: &str) -> Result<Option<Credentials>, String> {
+    pub(super) async fn credentials(&self, model: &Model, namespace: &str) -> Result<Option<Credentials>, String> {
         let Some(secret) = cache_plan::secret_name(model) else { return Ok(None) };
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
         match secrets.get(secret).await {
@@ -413,16 +444,24 @@ impl Agent {
         }
     }
 
-    /// Makes one model present, writing its progress and outcome.
-    async fn fetch(&self, cache: &ModelCache, model: &Model, w: &cache_plan::Wanted, in_use: &HashSet<String>) -> Result<(), AgentError> {
+    /// Makes one model present, writing its progress and outcome. Outer error: a status write
+    /// failed; inner: the model could not be made present (as its status now says).
+    pub(super) async fn fetch(
+        &self,
+        cache: &ModelCache,
+        model: &Model,
+        w: &cache_plan::Wanted,
+        in_use: &HashSet<String>,
+    ) -> Result<Result<CachedModel, String>, AgentError> {
         let node = self.settings.node.clone();
         let credentials = self.credentials(model, &w.namespace).await;
         let source = credentials.and_then(|c| cache_plan::source(model, c, &self.settings.pvc_root));
         let source = match source {
             Ok(s) => s,
             Err(why) => {
-                let entry = cache_plan::entry(&node, CachePhase::Failed, 0, None, Some(why), self.now());
-                return self.apply_model(model, cache_plan::model_status(model, entry, None)).await;
+                let entry = cache_plan::entry(&node, CachePhase::Failed, 0, None, Some(why.clone()), self.now());
+                self.apply_model(model, cache_plan::model_status(model, entry, None)).await?;
+                return Ok(Err(why));
             }
         };
         let entry = cache_plan::entry(&node, CachePhase::Downloading, 0, None, None, self.now());
@@ -473,7 +512,8 @@ impl Agent {
             }
         };
         self.apply_model(model, body).await?;
-        self.apply_downloads(w, None).await
+        self.apply_downloads(w, None).await?;
+        Ok(outcome.map_err(|e| e.to_string()))
     }
 
     async fn apply_model(&self, model: &Model, body: serde_json::Value) -> Result<(), AgentError> {

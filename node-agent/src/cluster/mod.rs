@@ -9,26 +9,40 @@
 //! - pure decisions: [`lease`] (the next renew), [`node_status`] (the status document),
 //!   [`qualify_plan`] (what to qualify next), [`cache_plan`] (what to hold, the status bodies),
 //!   [`errors`] (what an API failure means, in words);
-//! - [`qualifier`]: the self-test behind a trait the tests replace.
+//! - [`qualifier`]: the self-test behind a trait the tests replace;
+//! - [`sweeper`]: this node's part of the operator's `SweepRun`s (what is due: [`sweep_plan`]),
+//!   the executor behind a trait the tests replace;
+//! - [`http`] and [`metrics`]: the `--listen` endpoint (`/health`, `/ready`, `/metrics`).
+//!
+//! [`run_loop`] is the whole process after start-up, given its parts and a stop signal.
 
 pub mod agent;
 pub mod cache_plan;
 pub mod errors;
+pub mod http;
 pub mod lease;
+pub mod metrics;
 pub mod node_status;
 pub mod qualifier;
 pub mod qualify_plan;
+pub mod sweep_plan;
+pub mod sweeper;
 
 #[cfg(test)]
 mod tests;
 
+use std::future::Future;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use brink_api::ServingParams;
-use brink_api::crd::{Model, ModelReplica, NodeFingerprint, SparkNode};
+use brink_api::crd::{Model, ModelReplica, NodeFingerprint, SparkNode, SweepRun};
+use brink_engine::BackendKind;
+use brink_engine::server::telemetry::NodeMetrics;
 use futures::StreamExt;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -37,7 +51,8 @@ use tokio::task::JoinHandle;
 use crate::model_cache::{CacheConfig, ModelCache};
 use agent::{Agent, Probes, Settings};
 use node_status::NodeState;
-use qualifier::{Qualifier, SelfTest};
+use qualifier::{KernelCasesByClass, Qualifier, SelfTest};
+use sweeper::{RealExecutor, Round, SweepExecutor, SweepSettings};
 
 const MEMINFO: &str = "/proc/meminfo";
 
@@ -78,6 +93,12 @@ pub struct Args {
     /// Seconds between download progress writes.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
     progress_seconds: u64,
+    /// The endpoint: /health, /ready (the SparkNode was written) and /metrics.
+    #[arg(long, default_value = "0.0.0.0:8082")]
+    listen: SocketAddr,
+    /// Seconds a sweep's grid point may take before its unanswered requests count as hung.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+    sweep_point_timeout: u64,
 }
 
 pub fn run(a: Args) -> ExitCode {
@@ -136,14 +157,26 @@ async fn main_loop(a: Args) -> Result<(), String> {
     let device = discovery.report;
     let serving = ServingParams { max_batch_tokens: a.max_batch_tokens, prefill_chunk: a.prefill_chunk, context: 0 };
     let fingerprint = NodeFingerprint::of(&crate::qualify::fingerprint(device.device.as_ref(), "", serving));
+    let kernel_cases = KernelCasesByClass::default();
     let qualifier: Arc<dyn Qualifier> = Arc::new(SelfTest {
         device: device.device.clone(),
         no_gpu_reason: device.no_gpu_reason.clone(),
-        state_dir,
+        state_dir: state_dir.clone(),
         cache_root: cache.root().to_path_buf(),
         max_batch_tokens: a.max_batch_tokens,
         prefill_chunk: a.prefill_chunk,
+        kernel_cases: kernel_cases.clone(),
     });
+    let sweep = SweepSettings {
+        backend: if device.gpu { BackendKind::Cuda } else { BackendKind::Cpu },
+        state_dir,
+        max_batch_tokens: a.max_batch_tokens,
+        prefill_chunk: a.prefill_chunk,
+        point_timeout: Duration::from_secs(a.sweep_point_timeout),
+        load_timeout: Duration::from_secs(900),
+        stall_timeout: 120.0,
+    };
+    let executor: Arc<dyn SweepExecutor> = Arc::new(RealExecutor { device: device.clone() });
     let state = NodeState::new(device, fingerprint, None);
     let settings = Settings {
         node: node.clone(),
@@ -161,17 +194,89 @@ async fn main_loop(a: Args) -> Result<(), String> {
             crate::device::meminfo::parse_meminfo(&text, MEMINFO).ok()
         }),
     };
-    let agent = Arc::new(Agent::new(client.clone(), settings, probes, state));
-    agent.start().await.map_err(|e| e.to_string())?;
-    eprintln!("brink-agent run: SparkNode {node} is up; heartbeat every {} s", a.lease_duration_seconds / 4);
+    let parts = Parts {
+        agent: Arc::new(Agent::new(client, settings, probes, state)),
+        qualifier,
+        kernel_cases,
+        cache,
+        cache_budget_bytes: a.cache_budget_bytes,
+        executor,
+        sweep,
+        beat: Duration::from_secs(u64::try_from(a.lease_duration_seconds / 4).unwrap_or(10).max(1)),
+        resync: Duration::from_secs(a.resync_seconds),
+        listen: Some(Listen::Addr(a.listen)),
+        sensors: crate::node_metrics::provider(None),
+    };
+    run_loop(parts, brink_engine::server::terminate_or_interrupt()).await
+}
 
-    let mut events = triggers(&client, &node);
-    let mut beat = tokio::time::interval(Duration::from_secs(u64::try_from(a.lease_duration_seconds / 4).unwrap_or(10).max(1)));
-    let mut resync = tokio::time::interval(Duration::from_secs(a.resync_seconds));
+/// The endpoint's socket: an address bound once the SparkNode is written (a process that cannot
+/// reach the API ends before it takes the port), or a socket already bound (tests: port 0).
+pub enum Listen {
+    Addr(SocketAddr),
+    #[cfg_attr(not(test), expect(dead_code, reason = "the binary binds an address; tests pass a socket bound to port 0"))]
+    Bound(tokio::net::TcpListener),
+}
+
+/// Everything the loop runs with; `main_loop` builds them from the flags, tests from doubles.
+pub struct Parts {
+    pub agent: Arc<Agent>,
+    pub qualifier: Arc<dyn Qualifier>,
+    pub kernel_cases: KernelCasesByClass,
+    pub cache: Arc<ModelCache>,
+    pub cache_budget_bytes: u64,
+    pub executor: Arc<dyn SweepExecutor>,
+    pub sweep: SweepSettings,
+    /// Heartbeat period (a quarter of the Lease).
+    pub beat: Duration,
+    pub resync: Duration,
+    /// Where `/health`, `/ready` and `/metrics` are served (None: not served).
+    pub listen: Option<Listen>,
+    /// The node's sensor gauges (memory, GPU).
+    pub sensors: NodeMetrics,
+}
+
+/// The agent from start-up to `stop`: the SparkNode and Lease, then the endpoint, heartbeats,
+/// qualification, model-cache and sweep rounds on every watch event and resync, one of each
+/// kind at a time. At `stop`: a sweep in flight is abandoned (its result says so), the other
+/// rounds are aborted, the endpoint closed and the SparkNode marked stopping.
+pub async fn run_loop(p: Parts, stop: impl Future<Output = ()>) -> Result<(), String> {
+    let agent = p.agent.clone();
+    let node = agent.settings.node.clone();
+    let ready = Arc::new(AtomicBool::new(false));
+    let scalars = scrape(&p);
+    agent.start().await.map_err(|e| e.to_string())?;
+    let listener = match p.listen {
+        None => None,
+        Some(Listen::Bound(l)) => Some(l),
+        Some(Listen::Addr(addr)) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                if let Err(e) = agent.stop().await {
+                    eprintln!("brink-agent run: warning: could not mark SparkNode {node} AgentStopping: {e}");
+                }
+                return Err(format!("--listen {addr}: cannot listen there: {e}"));
+            }
+        },
+    };
+    let server = listener.map(|listener| {
+        let endpoint = http::Endpoint { ready: ready.clone(), scalars };
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, http::router(endpoint)).await {
+                eprintln!("brink-agent run: the --listen endpoint stopped: {e}");
+            }
+        })
+    });
+    ready.store(true, Ordering::Release);
+    eprintln!("brink-agent run: SparkNode {node} is up; heartbeat every {:?}", p.beat);
+
+    let mut events = triggers(agent.client(), &node);
+    let mut beat = tokio::time::interval(p.beat);
+    let mut resync = tokio::time::interval(p.resync);
     let mut qualifying: Option<JoinHandle<()>> = None;
     let mut syncing: Option<JoinHandle<()>> = None;
+    let mut sweeping: Option<JoinHandle<()>> = None;
     let mut dirty = true;
-    let stop = brink_engine::server::terminate_or_interrupt();
     tokio::pin!(stop);
     loop {
         tokio::select! {
@@ -188,8 +293,13 @@ async fn main_loop(a: Args) -> Result<(), String> {
             continue;
         }
         let idle = |h: &Option<JoinHandle<()>>| h.as_ref().is_none_or(|h| h.is_finished());
+        // The sweep round first: it takes the GPU before a qualification round can.
+        if idle(&sweeping) {
+            let (agent, cache, executor, settings) = (agent.clone(), p.cache.clone(), p.executor.clone(), p.sweep.clone());
+            sweeping = Some(tokio::spawn(async move { sweep_rounds(&agent, &cache, executor, &settings).await }));
+        }
         if idle(&qualifying) {
-            let (agent, qualifier) = (agent.clone(), qualifier.clone());
+            let (agent, qualifier) = (agent.clone(), p.qualifier.clone());
             qualifying = Some(tokio::spawn(async move {
                 if let Err(e) = agent.qualify_round(qualifier).await {
                     eprintln!("brink-agent run: qualification: {e}");
@@ -197,7 +307,7 @@ async fn main_loop(a: Args) -> Result<(), String> {
             }));
         }
         if idle(&syncing) {
-            let (agent, cache) = (agent.clone(), cache.clone());
+            let (agent, cache) = (agent.clone(), p.cache.clone());
             syncing = Some(tokio::spawn(async move {
                 if let Err(e) = agent.sync_models(&cache).await {
                     eprintln!("brink-agent run: model cache: {e}");
@@ -207,8 +317,16 @@ async fn main_loop(a: Args) -> Result<(), String> {
         dirty = false;
     }
     eprintln!("brink-agent run: stopping");
-    for h in [qualifying, syncing].into_iter().flatten() {
+    for h in [sweeping, qualifying, syncing, server].into_iter().flatten() {
         h.abort();
+        // Aborted tasks end at their next await; the sweep's blocking executor is left to the
+        // runtime's shutdown.
+        let _ = h.await;
+    }
+    match agent.abandon_sweep().await {
+        Ok(Some(run)) => eprintln!("brink-agent run: sweep {run} abandoned; its result says so"),
+        Ok(None) => {}
+        Err(e) => eprintln!("brink-agent run: warning: could not mark the abandoned sweep's result: {e}"),
     }
     if let Err(e) = agent.stop().await {
         eprintln!("brink-agent run: warning: could not mark SparkNode {node} AgentStopping: {e}");
@@ -216,13 +334,51 @@ async fn main_loop(a: Args) -> Result<(), String> {
     Ok(())
 }
 
-/// One item per change to this node's SparkNode, any ModelReplica or any Model (their
+/// Sweep rounds until nothing is due: a run queued behind a qualification waits for the GPU
+/// and is decided again, and a finished run lets the next one start without waiting for a tick.
+async fn sweep_rounds(agent: &Agent, cache: &ModelCache, executor: Arc<dyn SweepExecutor>, settings: &SweepSettings) {
+    loop {
+        match agent.sweep_round(cache, executor.clone(), settings).await {
+            Ok(Round::Nothing) => return,
+            Ok(Round::Ran(..)) => {}
+            Ok(Round::Waiting(run, why)) => {
+                eprintln!("brink-agent run: sweep {run} is due; waiting ({why:?})");
+                drop(agent.gpu.lock().await);
+            }
+            Err(e) => {
+                eprintln!("brink-agent run: sweep: {e}");
+                return;
+            }
+        }
+    }
+}
+
+/// Every series `/metrics` shows, read at each scrape.
+fn scrape(p: &Parts) -> Arc<dyn Fn() -> Vec<brink_engine::server::telemetry::Scalar> + Send + Sync> {
+    let (agent, cache, kernels, sensors, budget) =
+        (p.agent.clone(), p.cache.clone(), p.kernel_cases.clone(), p.sensors.clone(), p.cache_budget_bytes);
+    Arc::new(move || {
+        let view = metrics::View {
+            qualifications: agent.snapshot().qualifications.into_values().collect(),
+            kernel_cases: kernels.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            cache_bytes: cache.entries().ok().map(|es| es.iter().map(|e| e.size).fold(0u64, u64::saturating_add)),
+            cache_budget_bytes: budget,
+            sweeps: agent.sweeps_finished(),
+        };
+        let mut out = sensors.read();
+        out.extend(metrics::scalars(&view));
+        out
+    })
+}
+
+/// One item per change to this node's SparkNode, any ModelReplica, Model or SweepRun (their
 /// watchers retry with backoff on errors; the periodic resync covers what a watch misses).
 fn triggers(client: &Client, node: &str) -> futures::stream::BoxStream<'static, ()> {
     let cfg = watcher::Config::default();
     let own = watcher(Api::<SparkNode>::all(client.clone()), cfg.clone().fields(&format!("metadata.name={node}")));
     let replicas = watcher(Api::<ModelReplica>::all(client.clone()), cfg.clone());
-    let models = watcher(Api::<Model>::all(client.clone()), cfg);
+    let models = watcher(Api::<Model>::all(client.clone()), cfg.clone());
+    let runs = watcher(Api::<SweepRun>::all(client.clone()), cfg);
     let quiet = |r: Result<(), watcher::Error>| async move {
         match r {
             Ok(()) => Some(()),
@@ -236,6 +392,7 @@ fn triggers(client: &Client, node: &str) -> futures::stream::BoxStream<'static, 
         own.default_backoff().map(|r| r.map(|_| ())).boxed(),
         replicas.default_backoff().map(|r| r.map(|_| ())).boxed(),
         models.default_backoff().map(|r| r.map(|_| ())).boxed(),
+        runs.default_backoff().map(|r| r.map(|_| ())).boxed(),
     ])
     .filter_map(quiet)
     // Ended (never, in practice): yields nothing more instead of being polled past its end.

@@ -11,6 +11,7 @@ use brink_kernels::selftest::session::Options;
 use brink_kernels::thresholds::ModelShape;
 
 use crate::model_cache::Index;
+use crate::node_metrics::kernel_cases::{KernelCases, by_kernel};
 use crate::qualify::{self, cache, verdict};
 
 /// One class to qualify.
@@ -53,7 +54,13 @@ pub struct SelfTest {
     pub cache_root: PathBuf,
     pub max_batch_tokens: u64,
     pub prefill_chunk: u64,
+    /// The latest self-test's cases per kernel, by shape class (for `/metrics`; a reused
+    /// cached qualification has only its summary and adds nothing here).
+    pub kernel_cases: KernelCasesByClass,
 }
+
+/// Shared with the agent's `/metrics`.
+pub type KernelCasesByClass = std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, KernelCases>>>;
 
 impl Qualifier for SelfTest {
     fn check(&self, job: &QualifyJob) -> Result<(), String> {
@@ -89,6 +96,7 @@ impl Qualifier for SelfTest {
             opts.negative_controls_off_reason = Some(why.clone());
         }
         let report = qualify::kernels::run(&opts).map_err(QualifyError::Failed)?;
+        self.kernel_cases.lock().unwrap_or_else(|p| p.into_inner()).insert(class.to_string(), by_kernel(&report));
         let q = Qualification::new(fp, &report, qualify::rfc3339(std::time::SystemTime::now()));
         let envelope = verdict::envelope(&q.verdict, serving).ok();
         Ok(ShapeQualification {
@@ -177,6 +185,7 @@ mod tests {
             cache_root: dir.join("cache"),
             max_batch_tokens: 8192,
             prefill_chunk: 2048,
+            kernel_cases: Default::default(),
         }
     }
 

@@ -9,8 +9,10 @@
 //! | `brink_selftest_cases` | `result`, `suite` | the self-test report, model-test counts ([`qualification`]) |
 //! | `brink_qualified` | `shape_class`, `state` | the verdict: 1 for the current state |
 //! | `brink_envelope_max_batch_tokens` | `shape_class` | the verdict's validated batch limit |
+//! | `brink_selftest_kernel_cases` | `shape_class`, `suite`, `kernel`, `result` | the self-test report's cases per kernel ([`kernel_cases`]) |
 
 pub mod gpu;
+pub mod kernel_cases;
 pub mod memory;
 pub mod nvml_gpus;
 pub mod qualification;
@@ -88,6 +90,7 @@ mod tests {
             verdict: Verdict::Qualified { max_tokens: 512 },
             kernel: CaseCounts { passed: 3, ..CaseCounts::default() },
             model: None,
+            kernels: Default::default(),
         };
         let table = provider(Some(q)).read();
         let names: Vec<&str> = table.iter().map(|s| s.name).collect();
@@ -117,10 +120,11 @@ mod tests {
             verdict: Verdict::Qualified { max_tokens: 1 },
             kernel: CaseCounts::default(),
             model: Some(CaseCounts::default()),
+            kernels: kernel_cases::KernelCases::from([("gemm".to_string(), CaseCounts::default())]),
         };
         let m = meminfo::NodeMemory { total: 2, available: 1, page_cache: 1 };
         let table = [gpu::scalars(&[]), memory::scalars(&m), q.scalars()].concat();
-        assert_eq!(table.len(), 13);
+        assert_eq!(table.len(), 14);
         for s in table {
             assert!(doc.contains(&format!("`{}`", s.name)), "{} is not in docs/metrics.md", s.name);
         }

@@ -3,7 +3,11 @@
 //! envelope.
 
 use brink_api::selftest::{SelfTestReport, Verdict};
+use std::collections::BTreeMap;
+
 use brink_engine::server::telemetry::{Kind, Scalar};
+
+use super::kernel_cases::{self, KernelCases};
 
 /// Every state `brink_qualified` has a series for; the names are the report's JSON (`state`).
 pub const STATES: [&str; 4] = ["qualified", "clamped", "disqualified", "notQualified"];
@@ -57,7 +61,7 @@ impl CaseCounts {
         }
     }
 
-    fn by_result(&self) -> [(&'static str, u64); 6] {
+    pub fn by_result(&self) -> [(&'static str, u64); 6] {
         [
             ("passed", self.passed),
             ("failed", self.failed),
@@ -79,6 +83,8 @@ pub struct QualificationMetrics {
     pub kernel: CaseCounts,
     /// The model-level threshold test's counts, when it ran.
     pub model: Option<CaseCounts>,
+    /// The kernel self-test's cases per kernel (empty when only its counts are known).
+    pub kernels: KernelCases,
 }
 
 impl QualificationMetrics {
@@ -89,6 +95,7 @@ impl QualificationMetrics {
             verdict: report.verdict.clone(),
             kernel: CaseCounts::kernel(report),
             model,
+            kernels: kernel_cases::by_kernel(report),
         }
     }
 
@@ -118,7 +125,7 @@ impl QualificationMetrics {
             .collect();
         let current = state_name(&self.verdict);
         let states = STATES.iter().map(|&s| (vec![class(), ("state", s.to_string())], f64::from(u8::from(s == current)))).collect();
-        vec![
+        let mut out = vec![
             Scalar {
                 name: "brink_selftest_cases",
                 kind: Kind::Gauge,
@@ -137,7 +144,12 @@ impl QualificationMetrics {
                 help: "The largest batch (tokens per forward pass) validated for the shape class; absent when none is (disqualified, or nothing ran on a GPU).",
                 samples: self.envelope().map(|t| vec![(vec![class()], t as f64)]).unwrap_or_default(),
             },
-        ]
+        ];
+        // Absent, not empty, when only the counts are known (a cached result).
+        if !self.kernels.is_empty() {
+            out.push(kernel_cases::scalar(&BTreeMap::from([(self.shape_class.clone(), self.kernels.clone())])));
+        }
+        out
     }
 }
 
@@ -244,6 +256,35 @@ mod tests {
             let env = flat(series(&table, "brink_envelope_max_batch_tokens"));
             assert_eq!(env, envelope.map(|t| (format!("shape_class={CLASS}"), t)).into_iter().collect::<Vec<_>>(), "{verdict:?}");
         }
+    }
+
+    #[test]
+    fn a_report_with_cases_adds_the_per_kernel_series_and_a_summary_does_not() {
+        let mut r = report(Verdict::Qualified { max_tokens: 16_384 });
+        let mut case = brink_api::selftest::CaseReport {
+            id: "moe/t64".into(),
+            kernel: "moe".into(),
+            tokens: 64,
+            batch: Vec::new(),
+            reasons: Vec::new(),
+            expect: "pass".into(),
+            result: brink_api::selftest::CaseResult::Hung,
+            detail: String::new(),
+            max_rel_err: None,
+            tolerance: None,
+            compared: 0,
+            kernel_ms: None,
+            wall_ms: 1.0,
+        };
+        r.cases.push(case.clone());
+        case.result = brink_api::selftest::CaseResult::Passed;
+        r.cases.push(case);
+        let table = QualificationMetrics::new(&r, None).scalars();
+        let k = flat(series(&table, "brink_selftest_kernel_cases"));
+        assert!(k.contains(&(format!("shape_class={CLASS},suite=kernel,kernel=moe,result=hung"), 1.0)), "{k:?}");
+        assert!(k.contains(&(format!("shape_class={CLASS},suite=kernel,kernel=moe,result=passed"), 1.0)), "{k:?}");
+        let without = QualificationMetrics::new(&report(Verdict::Qualified { max_tokens: 1 }), None).scalars();
+        assert!(without.iter().all(|s| s.name != "brink_selftest_kernel_cases"), "no cases: absent, not empty");
     }
 
     /// The state label is the report's own JSON name for the verdict.

@@ -16,6 +16,7 @@ use indicatif::ProgressBar;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
+use super::extra_cases::{self, ExtraCase};
 use super::figures;
 use crate::http_bench::grid::{self, Budget};
 use crate::http_bench::runner::{self, Target};
@@ -33,6 +34,8 @@ pub struct Plan {
     /// False while serving replicas are resident: the negative controls' deliberate hangs
     /// would occupy their GPU.
     pub negative_controls_allowed: bool,
+    /// Batch shapes that stalled in serving, replayed after the self-test (with it only).
+    pub extra_cases: Vec<ExtraCase>,
     pub max_batch_tokens: u64,
     pub prefill_chunk: u64,
     /// KV positions per sequence (0: the model's).
@@ -81,7 +84,19 @@ fn run(plan: &Plan, device: &DeviceReport, r: &mut SweepResultStatus) -> Result<
             );
         }
         let report = qualify::kernels::run(&opts).map_err(|e| format!("self-test: {e}"))?;
-        r.self_test = Some(figures::self_test_outcome(&report));
+        let mut outcome = figures::self_test_outcome(&report);
+        if !plan.extra_cases.is_empty() {
+            let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable to start the model-test worker: {e}"))?;
+            let replay = extra_cases::Replay {
+                model: &plan.model,
+                backend: plan.backend,
+                context: context as u64,
+                prefill_chunk: plan.prefill_chunk,
+                exe,
+            };
+            extra_cases::merge(&mut outcome, &extra_cases::run(&replay, &plan.extra_cases));
+        }
+        r.self_test = Some(outcome);
         node_verdict = report.verdict;
     }
     // The grid runs within what the self-test validated, like serving would.

@@ -5,6 +5,7 @@
 //! the operator's `SweepRun`s. `brink-agent sweep-report` prints results and a node's trend.
 
 mod execute;
+mod extra_cases;
 mod figures;
 mod report_cmd;
 
@@ -20,6 +21,7 @@ use crate::engine_args::BackendArg;
 use crate::qualify::cache;
 
 pub use execute::{Plan, execute};
+pub use extra_cases::ExtraCase;
 pub use report_cmd::{ReportArgs, run_report};
 
 #[derive(clap::Args)]
@@ -47,6 +49,10 @@ pub struct Args {
     /// Do not run the self-test's deliberately broken kernels.
     #[arg(long)]
     no_negative_controls: bool,
+    /// A batch shape that stalled in serving, replayed after the self-test as a model-level
+    /// case: TOKENS or TOKENSxSEQUENCES (comma-separated or repeated).
+    #[arg(long, value_delimiter = ',', value_name = "TOKENS[xSEQS]")]
+    extra_case: Vec<String>,
     /// A `SweepResult` (JSON) of an earlier sweep of this node to judge against.
     #[arg(long, value_name = "FILE")]
     baseline: Option<PathBuf>,
@@ -114,6 +120,17 @@ pub fn grid(prompt: &[u32], concurrency: &[u32], generated: &[u32], requests: u3
     })
 }
 
+/// `--extra-case`: `TOKENS` (one sequence) or `TOKENSxSEQUENCES`.
+pub fn parse_extra_case(s: &str) -> Result<ExtraCase, String> {
+    let bad = || format!("--extra-case {s}: expected TOKENS or TOKENSxSEQUENCES (e.g. 37 or 40x4)");
+    let (t, q) = s.trim().split_once('x').unwrap_or((s.trim(), "1"));
+    let tokens: u64 = t.parse().map_err(|_| bad())?;
+    let sequences: u32 = q.parse().map_err(|_| bad())?;
+    extra_cases::model_case(&ExtraCase { tokens, sequences, source: "--extra-case".into() })
+        .map_err(|e| format!("--extra-case {s}: {e}"))?;
+    Ok(ExtraCase { tokens, sequences, source: "--extra-case".into() })
+}
+
 /// Reads a `SweepResult` written by `sweep` or by `kubectl get sweepresult -o json`.
 pub fn read_result(path: &Path) -> Result<SweepResult, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -136,6 +153,7 @@ fn sweep(a: Args) -> Result<ExitCode, String> {
     if !(a.stall_timeout.is_finite() && a.stall_timeout > 0.0) {
         return Err(format!("--stall-timeout {}: expected a positive number of seconds", a.stall_timeout));
     }
+    let extra_cases = a.extra_case.iter().map(|s| parse_extra_case(s)).collect::<Result<Vec<_>, _>>()?;
     let baseline = a.baseline.as_deref().map(read_result).transpose().map_err(|e| format!("--baseline {e}"))?;
     let state_dir = a
         .state_dir
@@ -165,6 +183,7 @@ fn sweep(a: Args) -> Result<ExitCode, String> {
         grid,
         self_test: SweepSelfTest { enabled: !a.no_self_test, negative_controls: !a.no_negative_controls },
         negative_controls_allowed: true,
+        extra_cases,
         max_batch_tokens: a.max_batch_tokens,
         prefill_chunk: a.prefill_chunk,
         context: a.context,

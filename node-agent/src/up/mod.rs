@@ -20,6 +20,7 @@ use brink_kernels::selftest::session;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::engine_args::BackendArg;
+use crate::node_metrics::kernel_cases::{KernelCases, by_kernel};
 use crate::node_metrics::qualification::{CaseCounts, QualificationMetrics};
 use crate::qualify::backend_truth::{ClaimedBackend, ThroughputFloor};
 use crate::qualify::{self, cache, verdict};
@@ -182,7 +183,8 @@ fn up(a: Args) -> Result<ExitCode, String> {
                 summary: s.clone().unwrap_or_default(),
                 verdict: v.clone().unwrap_or(Verdict::NotQualified { reason: "not in the cached result".into() }),
             };
-            (suite(&Some(q.summary.clone()), &q.kernel_verdict), suite(&q.model_summary, &q.model_verdict), true)
+            // A cached result keeps only its counts: no per-kernel series.
+            ((suite(&Some(q.summary.clone()), &q.kernel_verdict), KernelCases::new()), suite(&q.model_summary, &q.model_verdict), true)
         }
         _ => {
             let kernels = phases.run("kernel self-test", || kernel_suite(&a, &config, backend))?;
@@ -190,6 +192,7 @@ fn up(a: Args) -> Result<ExitCode, String> {
             (kernels, model_test, false)
         }
     };
+    let (kernels, kernel_cases) = kernels;
     let node_verdict = verdict::combine(&kernels.verdict, &model_test.verdict);
     if !reused {
         let q = brink_api::Qualification {
@@ -252,6 +255,7 @@ fn up(a: Args) -> Result<ExitCode, String> {
         verdict: node_verdict.clone(),
         kernel: CaseCounts::from_summary(&report.kernels.summary),
         model: Some(CaseCounts::from_summary(&report.model_test.summary)),
+        kernels: kernel_cases,
     };
     let opts = server::options(&server::EngineSpec {
         model: &model_path,
@@ -314,12 +318,13 @@ fn read_config(model: &Path) -> Result<ModelConfig, String> {
 }
 
 /// The kernel self-test for the model's shape class, or why it has nothing to run.
-fn kernel_suite(a: &Args, config: &ModelConfig, backend: BackendKind) -> Result<SuiteResult, String> {
+fn kernel_suite(a: &Args, config: &ModelConfig, backend: BackendKind) -> Result<(SuiteResult, KernelCases), String> {
     if backend == BackendKind::Cpu && a.backend == BackendArg::Cpu {
-        return Ok(SuiteResult {
+        let suite = SuiteResult {
             summary: ReportSummary::default(),
             verdict: Verdict::NotQualified { reason: "--backend cpu: the engine does not run the GPU kernels".into() },
-        });
+        };
+        return Ok((suite, KernelCases::new()));
     }
     let mut opts = session::Options::new(brink_engine::qualify::kernel_shape(config), env!("CARGO_PKG_VERSION"));
     opts.serving.max_batch_tokens = a.max_batch_tokens;
@@ -332,7 +337,8 @@ fn kernel_suite(a: &Args, config: &ModelConfig, backend: BackendKind) -> Result<
     for c in report.cases.iter().filter(|c| matches!(c.result, brink_api::CaseResult::Failed | brink_api::CaseResult::Hung)) {
         eprintln!("brink up: kernel case {} {:?}: {}", c.id, c.result, c.detail);
     }
-    Ok(SuiteResult { summary: ReportSummary::from(&report), verdict: report.verdict })
+    let kernel_cases = by_kernel(&report);
+    Ok((SuiteResult { summary: ReportSummary::from(&report), verdict: report.verdict }, kernel_cases))
 }
 
 /// The model-level threshold test (prefills at the derived counts through the whole model).

@@ -9,6 +9,7 @@ mod facts;
 mod facts_flow;
 mod lease_renew;
 mod qualify;
+mod run_loop;
 mod start;
 
 use std::sync::Arc;
