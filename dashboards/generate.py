@@ -54,7 +54,17 @@ def matrix(row, column):
     return [{"id": "groupingToMatrix", "options": {"rowField": row, "columnField": column, "valueField": "Value"}}]
 
 
-QUAL_STATES = [("qualified", 3, "green"), ("clamped", 2, "yellow"), ("notQualified", 1, "blue"), ("disqualified", 0, "red")]
+# The operator's states (brink_fleet_node_qualified): the self-test's four, plus `stale` (taken
+# under an older fingerprint of the node: a driver or agent upgrade) and `inProgress` (asked for,
+# not reported yet).
+QUAL_STATES = [
+    ("qualified", 3, "green"),
+    ("clamped", 2, "yellow"),
+    ("notQualified", 1, "blue"),
+    ("disqualified", 0, "red"),
+    ("stale", -1, "orange"),
+    ("inProgress", -2, "purple"),
+]
 
 
 def qualification_code(filters):

@@ -366,7 +366,8 @@ mod live {
     /// Starts `brink-agent up` on the CPU with the demo model; returns it and its address.
     fn start_replica(dir: &Path) -> Result<(Proc, String), String> {
         let mut cmd = crate::common::agent();
-        cmd.args(["up", "--backend", "cpu", "--port", "0", "--state-dir"]).arg(dir.join("replica-state"));
+        // The default backend (auto: the CPU here) also derives the kernel suite's cases.
+        cmd.args(["up", "--port", "0", "--state-dir"]).arg(dir.join("replica-state"));
         let mut proc = Proc::spawn("replica (brink-agent up)", cmd, dir);
         let addr = wait_for(Duration::from_secs(150), || {
             let log = std::fs::read_to_string(&proc.log).ok()?;
@@ -379,8 +380,9 @@ mod live {
     }
 
     fn prometheus_config(operator: SocketAddr, agent: SocketAddr, replica: &str) -> String {
-        // The target labels the chart's ServiceMonitors set. The operator's own series carry
-        // `namespace`/`node` of the objects they describe: `honor_labels` keeps them.
+        // The target labels the chart's ServiceMonitors set (the operator's Pod runs on some
+        // node too). The operator's own series carry `namespace`/`node` of the objects they
+        // describe: `honor_labels` keeps them instead of `exported_node`/`exported_namespace`.
         format!(
             r#"global:
   scrape_interval: 1s
@@ -390,7 +392,7 @@ scrape_configs:
     honor_labels: true
     static_configs:
       - targets: ['{operator}']
-        labels: {{cluster: {CLUSTER}, namespace: {SYSTEM_NS}}}
+        labels: {{cluster: {CLUSTER}, namespace: {SYSTEM_NS}, node: control-plane-1}}
   - job_name: brink-agent
     static_configs:
       - targets: ['{agent}']
