@@ -360,7 +360,19 @@ mod live {
             let r = rt.block_on(runs.get(&name)).ok()?;
             r.status.as_ref().is_some_and(|s| s.phase == RunPhase::Complete).then_some(r)
         })
-        .ok_or_else(|| format!("SweepRun {NS}/{name} did not complete within 60 s of its results"))
+        .ok_or_else(|| {
+            let now = rt.block_on(runs.get(&name)).ok().and_then(|r| r.status).and_then(|s| serde_json::to_string(&s).ok());
+            let verdicts: Vec<String> = rt
+                .block_on(results.list(&ListParams::default()))
+                .map(|l| {
+                    l.items
+                        .iter()
+                        .map(|r| format!("{}: {:?}", r.spec.node, r.status.as_ref().and_then(|s| s.judgement.as_ref()).map(|j| j.verdict)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            format!("SweepRun {NS}/{name} did not complete within 60 s of its results; its status: {now:?}; results: {verdicts:?}")
+        })
     }
 
     /// Starts `brink-agent up` on the CPU with the demo model; returns it and its address.
