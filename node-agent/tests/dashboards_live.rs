@@ -277,6 +277,10 @@ mod live {
                 "apiVersion": "brink.dev/v1alpha1", "kind": "ModelDeployment", "metadata": {"name": DEPLOYMENT, "namespace": NS},
                 "spec": {
                     "modelRef": {"name": MODEL}, "replicas": 1, "engine": {"image": "ghcr.io/brink/agent:0.2.0", "version": "0.2.0"},
+                    // Only the real agent's node: it is asked to qualify the class (and, with no
+                    // GPU, cannot), so the replica stays unplaced and the swept nodes hold no
+                    // replica (a sweep would first drain it, and outlast the test).
+                    "placement": {"nodeSelector": {"pool": "serve"}},
                     "serving": {"context": 32768, "maxBatchTokens": 8192, "prefillChunk": 2048, "concurrency": 4, "kvFraction": 0.9}
                 }
             }))
@@ -466,7 +470,11 @@ scrape_configs:
         let (api_addr, _server) = rt.block_on(double.serve_http("127.0.0.1:0".parse().expect("addr"))).expect("serving the double");
         let kubeconfig = dir.join("kubeconfig");
         std::fs::write(&kubeconfig, brink_kube_double::kubeconfig(&format!("http://{api_addr}"), SYSTEM_NS)).expect("kubeconfig");
-        double.seed_value(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": AGENT_NODE}, "spec": {}})).expect("node");
+        double
+            .seed_value(
+                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": AGENT_NODE, "labels": {"pool": "serve"}}, "spec": {}}),
+            )
+            .expect("node");
         for n in SWEEP_NODES {
             seed_sweep_node(&double, n);
         }
