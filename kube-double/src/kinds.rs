@@ -106,6 +106,11 @@ impl KindRegistry {
         }
     }
 
+    /// Every kind, ordered by (group, version, plural).
+    pub fn kinds(&self) -> impl Iterator<Item = &ResourceKind> {
+        self.kinds.values()
+    }
+
     pub fn get(&self, group: &str, version: &str, plural: &str) -> ApiResult<&ResourceKind> {
         self.kinds.get(&(group.to_string(), version.to_string(), plural.to_string())).ok_or_else(|| {
             let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };

@@ -6,12 +6,15 @@
 //! subresources, server-side apply with per-manager `managedFields` and list-map merging,
 //! finalizers, ownerReference garbage collection, and watches that resume from a resourceVersion
 //! (410 Gone once compacted). The test handle seeds objects, injects API errors and reads the
-//! request log. Scope and limits: README.md.
+//! request log. [`KubeDouble::serve_http`] serves it over HTTP for processes (with a kubeconfig
+//! from [`kubeconfig`]). Scope and limits: README.md.
 
+mod discovery;
 mod error;
 mod fieldset;
 mod gc;
 mod handle;
+mod http;
 mod kinds;
 mod merge;
 mod ops;
@@ -26,6 +29,7 @@ mod watch;
 
 pub use error::{ApiError, ApiResult};
 pub use handle::KubeDouble;
+pub use http::{HttpDouble, kubeconfig};
 pub use kinds::{KindRegistry, ListMapKeys, ResourceKind, ScalePaths, builtin_kinds};
 pub use service::{DoubleService, ResponseBody};
 pub use state::RecordedRequest;

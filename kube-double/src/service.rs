@@ -16,6 +16,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use serde_json::{Value, json};
 
+use crate::discovery;
 use crate::error::{ApiError, ApiResult};
 use crate::gc::Propagation;
 use crate::ops::{self, PatchKind, Target, WriteOptions};
@@ -37,7 +38,7 @@ fn lock(state: &Mutex<State>) -> ApiResult<MutexGuard<'_, State>> {
     state.lock().map_err(|_| ApiError::new(500, "InternalError", "the double's state lock is poisoned (a test panicked while holding it)"))
 }
 
-fn json_response(code: u16, body: &Value) -> Response<ResponseBody> {
+pub(crate) fn json_response(code: u16, body: &Value) -> Response<ResponseBody> {
     let bytes = Bytes::from(serde_json::to_vec(body).unwrap_or_default());
     let mut resp = Response::new(Full::new(bytes).boxed_unsync());
     *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -70,7 +71,7 @@ enum Reply {
 }
 
 impl DoubleService {
-    async fn serve(self, req: Request<kube::client::Body>) -> Response<ResponseBody> {
+    pub(crate) async fn serve(self, req: Request<kube::client::Body>) -> Response<ResponseBody> {
         let (parts, body) = req.into_parts();
         let bytes = match body.collect().await {
             Ok(c) => c.to_bytes(),
@@ -112,6 +113,11 @@ impl DoubleService {
     }
 
     fn route(&self, req: &Incoming) -> ApiResult<Reply> {
+        if req.method == Method::GET
+            && let Some(doc) = discovery::answer(&lock(&self.state)?.registry, &req.path)
+        {
+            return doc.map(|v| Reply::Json(200, v));
+        }
         let rp = parse(&req.path)?;
         let kind = lock(&self.state)?.registry.get(&rp.group, &rp.version, &rp.plural)?.clone();
         let t = Target { kind: &kind, namespace: rp.namespace.as_deref() };
