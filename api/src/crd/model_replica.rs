@@ -119,6 +119,8 @@ impl ReplicaPhase {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DownloadProgress {
+    /// Defaulted: an apply that drops the download's fields can leave `download: {}` behind.
+    #[serde(default)]
     pub bytes_done: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes_total: Option<u64>,
