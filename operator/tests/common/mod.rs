@@ -12,7 +12,7 @@ use std::time::Duration;
 use brink_api::crd::{
     Capacity, EngineBuild, HttpsSource, Model, ModelDeployment, ModelDeploymentSpec, ModelFormat, ModelRef, ModelReplica, ModelReplicaSpec,
     ModelReplicaStatus, ModelSource, ModelSpec, ModelStatus, OnSelfTestFailure, Placement, ReplicaPhase, Rollout, Serving,
-    ShapeQualification, SparkNode, SparkNodeSpec, SparkNodeStatus, Spread,
+    ShapeQualification, SparkNode, SparkNodeSpec, SparkNodeStatus, Spread, SweepRun,
 };
 use brink_api::{Fingerprint, QUALIFICATION_SCHEMA, Qualification, ReportSummary, ServingParams, UnifiedMemory, Verdict};
 use brink_operator::controllers::{Caches, Config, Context, FixedClock, Metrics, Shared};
@@ -88,7 +88,12 @@ pub fn deployment(replicas: i32) -> ModelDeployment {
             replicas,
             engine: EngineBuild { image: "ghcr.io/brink/agent:0.2.0".into(), version: "0.2.0".into() },
             serving: serving(),
-            placement: Placement { node_selector: BTreeMap::new(), spread: Spread::PerNode, require_qualified: true },
+            placement: Placement {
+                node_selector: BTreeMap::new(),
+                spread: Spread::PerNode,
+                require_qualified: true,
+                ..Placement::default()
+            },
             on_self_test_failure: OnSelfTestFailure::Clamp,
             rollout: Rollout::default(),
         },
@@ -224,6 +229,7 @@ pub struct World {
     pub leases: Vec<Lease>,
     pub models: Vec<Model>,
     pub replicas: Vec<ModelReplica>,
+    pub sweep_runs: Vec<SweepRun>,
 }
 
 impl World {
@@ -236,6 +242,7 @@ impl World {
             leases: names.iter().map(|n| lease(n, 5)).collect(),
             models: vec![model()],
             replicas: Vec::new(),
+            sweep_runs: Vec::new(),
         }
     }
 
@@ -246,6 +253,7 @@ impl World {
             leases: store_of(self.leases.clone()),
             models: store_of(self.models.clone()),
             replicas: store_of(self.replicas.clone()),
+            sweep_runs: store_of(self.sweep_runs.clone()),
         }
     }
 }
