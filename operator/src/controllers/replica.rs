@@ -133,7 +133,6 @@ async fn reconcile_inner(replica: &ModelReplica, ctx: &Context) -> Result<Action
         Recovery::Record { record, replace_in_s } => {
             let failures = pod_failures(&record)?;
             write_status(ctx, &ns, &name, ReplicaPhase::Failed, Some(&failures)).await?;
-            ctx.metrics.replacements.with_label_values(&["pod-failed"]).inc();
             let note = format!(
                 "Pod {name} on node {} failed: {}; failure {} in a row, a new Pod in {replace_in_s} s",
                 replica.spec.node, record.message, record.count
