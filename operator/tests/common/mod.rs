@@ -446,3 +446,23 @@ pub fn cond<'a>(body: &'a Value, type_: &str) -> &'a Value {
         .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
         .unwrap_or_else(|| panic!("no {type_} condition in {body}"))
 }
+
+/// A `SweepRun` of sweep `nightly` in `NS` with `drainReplicas`, `Running`, with each node in
+/// the state given (`Waiting`, `Draining`, `Running`, `Done`...), as the run controller writes it.
+pub fn draining_run(name: &str, nodes: &[(&str, &str)]) -> SweepRun {
+    let progress: Vec<Value> = nodes.iter().map(|(node, state)| json!({ "node": node, "state": state })).collect();
+    let mut run: SweepRun = serde_json::from_value(json!({
+        "apiVersion": "brink.dev/v1alpha1", "kind": "SweepRun",
+        "metadata": { "name": name, "namespace": NS },
+        "spec": {
+            "sweep": "nightly", "scheduledTime": now().to_string(), "model": "qwen",
+            "nodes": nodes.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+            "workload": { "promptTokens": [512], "concurrency": [1], "generatedTokens": [64] },
+            "selfTest": {}, "baseline": {}, "maxConcurrentNodes": 1, "drainReplicas": true, "nodeTimeoutSeconds": 3600
+        },
+        "status": { "phase": "Running", "nodes": progress }
+    }))
+    .expect("a SweepRun");
+    run.metadata.uid = Some(format!("uid-{name}"));
+    run
+}
