@@ -347,6 +347,42 @@ mod tests {
     }
 
     #[test]
+    fn nodes_a_running_draining_run_holds() {
+        let run = |name: &str, phase: &str, drain: bool, nodes: &[(&str, &str)]| -> SweepRun {
+            let progress: Vec<serde_json::Value> = nodes.iter().map(|(n, s)| serde_json::json!({ "node": n, "state": s })).collect();
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "brink.dev/v1alpha1", "kind": "SweepRun",
+                "metadata": { "name": name, "namespace": "ai" },
+                "spec": { "sweep": "nightly", "scheduledTime": "2026-12-01T00:00:00Z", "model": "m", "nodes": [],
+                          "workload": { "promptTokens": [512], "concurrency": [1], "generatedTokens": [64] },
+                          "selfTest": {}, "baseline": {}, "maxConcurrentNodes": 2, "drainReplicas": drain, "nodeTimeoutSeconds": 600 },
+                "status": { "phase": phase, "nodes": progress }
+            }))
+            .expect("SweepRun")
+        };
+        let all = [
+            ("n1", "Waiting"),
+            ("n2", "Draining"),
+            ("n3", "Running"),
+            ("n4", "Done"),
+            ("n5", "TimedOut"),
+            ("n6", "Lost"),
+            ("n7", "Skipped"),
+        ];
+        let a = run("b-run", "Running", true, &all);
+        // Only Draining and Running hold a node; another run on n3 sorts after `ai/b-run`.
+        let b = run("c-run", "Running", true, &[("n3", "Running"), ("n8", "Draining")]);
+        let got = sweeping_nodes(&[&b, &a]);
+        let want: BTreeMap<String, String> =
+            [("n2", "ai/b-run"), ("n3", "ai/b-run"), ("n8", "ai/c-run")].iter().map(|(n, r)| (n.to_string(), r.to_string())).collect();
+        assert_eq!(got, want);
+        // Not draining, not running (complete, cancelled, pending): no node is held.
+        for (phase, drain) in [("Running", false), ("Complete", true), ("Cancelled", true), ("Pending", true)] {
+            assert!(sweeping_nodes(&[&run("x", phase, drain, &all)]).is_empty(), "{phase} drain={drain}");
+        }
+    }
+
+    #[test]
     fn a_result_under_another_fingerprint_is_stale_and_says_what_changed() {
         let v = node_view(&node(), Some(&spark("590", "580")), HeartbeatHistory::new(40), &[]);
         match &v.classes["c1"] {

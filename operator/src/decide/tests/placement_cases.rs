@@ -156,6 +156,11 @@ fn cases() -> Vec<Case> {
         )
         .why("a", "node selector mismatch: no label pool (wanted inference)")
         .message("1 node selector mismatch"),
+        case("a node a sweep drains takes no replica", vec![with("a", |n| n.sweep = Some("ai/nightly-7".into())), node("b")], dep(), 1)
+            .on(&["b"])
+            .why("a", "sweep in progress: SweepRun ai/nightly-7 drains the node"),
+        case("only nodes a sweep drains", vec![with("a", |n| n.sweep = Some("ai/nightly-7".into()))], dep(), 1)
+            .message("1 of 1 replicas cannot be placed; 0/1 nodes available: 1 sweep in progress"),
         case("heartbeat expired", vec![with("a", |n| n.heartbeat = expired(10)), node("b")], dep(), 1)
             .on(&["b"])
             .why("a", "heartbeat expired 10 s ago"),
