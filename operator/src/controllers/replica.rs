@@ -21,7 +21,7 @@ use super::context::{Context, FIELD_MANAGER};
 use super::error::{Error, Result, api_code};
 use super::events::publish;
 use super::pod::{PodAction, desired_pod, phase_from_pod, pod_action, pod_state};
-use crate::decide::{self, FailureRecord, PodState, Recovery};
+use crate::decide::{self, FailureRecord, Recovery};
 
 pub const CONTROLLER: &str = "modelreplica";
 
@@ -141,12 +141,8 @@ async fn reconcile_inner(replica: &ModelReplica, ctx: &Context) -> Result<Action
             Ok(Action::requeue(Duration::from_secs(replace_in_s.max(1))))
         }
         Recovery::Wait { for_s } => Ok(Action::requeue(Duration::from_secs(for_s.max(1)))),
-        Recovery::Replace => {
-            let uid = match &state {
-                PodState::Failed { uid, .. } => uid.clone(),
-                _ => String::new(),
-            };
-            let params = DeleteParams::background().preconditions(Preconditions { uid: Some(uid), resource_version: None });
+        Recovery::Replace { pod_uid } => {
+            let params = DeleteParams::background().preconditions(Preconditions { uid: Some(pod_uid), resource_version: None });
             match pods.delete(&name, &params).await {
                 Ok(_) => {}
                 Err(e) if api_code(&e) == Some(404) => {}

@@ -70,9 +70,11 @@ pub enum Recovery {
     Wait {
         for_s: u64,
     },
-    /// The backoff is over: delete the failed Pod (the replica goes back to `Pending` and gets
-    /// a new one), keeping the record.
-    Replace,
+    /// The backoff is over: delete the failed Pod, this uid only (the replica goes back to
+    /// `Pending` and gets a new one), keeping the record.
+    Replace {
+        pod_uid: String,
+    },
     /// The Pod has served for `stable_s`: clear the record.
     Clear,
 }
@@ -87,7 +89,7 @@ pub fn recover(pod: &PodState, record: Option<&FailureRecord>, now_s: u64, polic
         PodState::Failed { uid, why } => match record {
             Some(r) if r.pod_uid == *uid => {
                 let due = r.last_failure_s.saturating_add(policy.backoff_s(r.count));
-                if now_s >= due { Recovery::Replace } else { Recovery::Wait { for_s: due - now_s } }
+                if now_s >= due { Recovery::Replace { pod_uid: uid.clone() } } else { Recovery::Wait { for_s: due - now_s } }
             }
             _ => {
                 let count = record.map_or(0, |r| r.count).saturating_add(1);
@@ -138,8 +140,8 @@ mod tests {
             ("the sixth in a row: 5 minutes", failed("p2"), Some(rec(5, 900, "p1")), 1000, new(6, 300)),
             ("past the cap it stays 5 minutes", failed("p2"), Some(rec(40, 900, "p1")), 1000, new(41, 300)),
             ("the same Pod seen again within its wait", failed("p1"), Some(rec(2, 990, "p1")), 1000, Recovery::Wait { for_s: 10 }),
-            ("the wait is over on the second", failed("p1"), Some(rec(2, 980, "p1")), 1000, Recovery::Replace),
-            ("long over", failed("p1"), Some(rec(1, 10, "p1")), 1000, Recovery::Replace),
+            ("the wait is over on the second", failed("p1"), Some(rec(2, 980, "p1")), 1000, Recovery::Replace { pod_uid: "p1".into() }),
+            ("long over", failed("p1"), Some(rec(1, 10, "p1")), 1000, Recovery::Replace { pod_uid: "p1".into() }),
             ("the new Pod starts: the record stays", up(None), Some(rec(2, 980, "p1")), 1000, Recovery::Nothing),
             ("serving briefly: the record stays", up(Some(599)), Some(rec(2, 0, "p1")), 1000, Recovery::Nothing),
             ("serving for the stable time: cleared", up(Some(600)), Some(rec(2, 0, "p1")), 1000, Recovery::Clear),
@@ -159,7 +161,8 @@ mod tests {
             let state = failed(&format!("p{pod}"));
             match recover(&state, record.as_ref(), now, &P) {
                 Recovery::Record { record: r, .. } => record = Some(r),
-                Recovery::Replace => {
+                Recovery::Replace { pod_uid } => {
+                    assert_eq!(pod_uid, format!("p{pod}"));
                     replaced += 1;
                     pod += 1;
                 }
