@@ -507,3 +507,157 @@ async fn a_node_change_requeues_its_deployments_and_the_unplaced_ones() {
     assert!(nodes::requeue_for_node("spark-9", &ctx).is_empty());
     assert_eq!(nodes::lease_node("brink-node-spark-2").map(|n| nodes::requeue_for_node(n, &ctx)), Some(vec![other]));
 }
+
+/// A node a sweep drains (`drainReplicas`): its serving replica gets a replacement on another
+/// node first and is deleted once that one serves, so the sweep measures an idle node.
+#[tokio::test]
+async fn a_node_a_sweep_drains_gets_its_replica_moved_surge_first() {
+    let mut world = World::qualified_fleet(2);
+    world.replicas = vec![replica("qwen-0", "spark-1", Some(ReplicaPhase::Serving))];
+    world.sweep_runs = vec![draining_run("nightly-1", &[("spark-1", "Draining"), ("spark-2", "Waiting")])];
+    let (ctx, handle) = context(&world);
+    let script = vec![
+        service_apply(),
+        replica_create("qwen-1", "spark-2"),
+        Expect::event("Placed", "qwen"),
+        Expect::event("Replacing", "qwen").check(|b| {
+            assert_eq!(b["related"]["name"], "qwen-0");
+            assert_eq!(b["note"], "replica qwen-0 on node spark-1: sweep in progress: SweepRun llm/nightly-1 drains the node");
+        }),
+        rollout_event("RolloutComplete", "Normal"),
+        // qwen-0 still serves until its replacement does.
+        status_apply(|b| {
+            assert_eq!((b["status"]["replicas"].as_i64(), b["status"]["readyReplicas"].as_i64()), (Some(2), Some(1)));
+            assert_eq!(cond(b, "Ready")["status"], "True");
+        }),
+    ];
+    let (r, _) = scenario(handle, script, deployment::reconcile(Arc::new(deployment(1)), ctx)).await;
+    r.expect("first reconcile");
+
+    // The replacement serves: the drained node's replica goes, and nothing new is placed on it.
+    world.replicas.push(replica("qwen-1", "spark-2", Some(ReplicaPhase::Serving)));
+    let (ctx, handle) = context(&world);
+    let script = vec![
+        service_apply(),
+        Expect::new("DELETE", format!("{REPLICAS}/qwen-0"))
+            .reply(Reply::Json(json!({ "apiVersion": "v1", "kind": "Status", "status": "Success", "code": 200 }))),
+        Expect::event("Deleted", "qwen").check(|b| assert_eq!(b["related"]["name"], "qwen-0")),
+        rollout_event("RolloutComplete", "Normal"),
+        status_apply(|b| assert_eq!((b["status"]["replicas"].as_i64(), b["status"]["readyReplicas"].as_i64()), (Some(1), Some(1)))),
+    ];
+    let (r, _) = scenario(handle, script, deployment::reconcile(Arc::new(deployment(1)), ctx)).await;
+    r.expect("second reconcile");
+
+    // Once the run is past the node (Done), the node takes replicas again: a scale-up may use it.
+    world.replicas.retain(|r| r.metadata.name.as_deref() != Some("qwen-0"));
+    world.sweep_runs = vec![draining_run("nightly-1", &[("spark-1", "Done"), ("spark-2", "Draining")])];
+    let (ctx, handle) = context(&world);
+    let script = vec![
+        service_apply(),
+        replica_create("qwen-0", "spark-1"),
+        Expect::event("Placed", "qwen"),
+        Expect::event("Replacing", "qwen").check(|b| assert_eq!(b["related"]["name"], "qwen-1")),
+        rollout_event("RolloutComplete", "Normal"),
+        status_apply(|_| {}),
+    ];
+    let (r, _) = scenario(handle, script, deployment::reconcile(Arc::new(deployment(1)), ctx)).await;
+    r.expect("third reconcile");
+}
+
+/// With no room elsewhere the sweep does not wait: the replica is deleted at once, with a
+/// Warning saying so, and the deployment is Degraded until the node is back.
+#[tokio::test]
+async fn a_drained_replica_with_no_room_elsewhere_is_deleted_and_said_so() {
+    let mut world = World::qualified_fleet(2);
+    world.nodes[1] = cordoned("spark-2");
+    world.replicas = vec![replica("qwen-0", "spark-1", Some(ReplicaPhase::Serving))];
+    world.sweep_runs = vec![draining_run("nightly-1", &[("spark-1", "Running")])];
+    let (ctx, handle) = context(&world);
+    let script = vec![
+        service_apply(),
+        Expect::event("DrainedWithoutReplacement", "qwen").check(|b| {
+            assert_eq!(b["type"], "Warning");
+            assert_eq!(
+                b["note"],
+                "replica qwen-0 on node spark-1 deleted without a replacement: no other node has room, and SweepRun llm/nightly-1 must not wait for one"
+            );
+        }),
+        Expect::new("DELETE", format!("{REPLICAS}/qwen-0"))
+            .reply(Reply::Json(json!({ "apiVersion": "v1", "kind": "Status", "status": "Success", "code": 200 }))),
+        Expect::event("Deleted", "qwen"),
+        rollout_event("RolloutComplete", "Normal"),
+        Expect::event("Unplaced", "qwen"),
+        status_apply(|b| {
+            assert_eq!(b["status"]["replicas"], 0);
+            assert_eq!(cond(b, "Degraded")["reason"], "Unplaced");
+            assert_eq!(
+                cond(b, "Degraded")["message"],
+                "1 of 1 replicas cannot be placed; 0/2 nodes available: 1 already hosts a replica (one per node), 1 cordoned, 1 sweep in progress"
+            );
+        }),
+    ];
+    let (r, _) = scenario(handle, script, deployment::reconcile(Arc::new(deployment(1)), ctx)).await;
+    r.expect("reconcile");
+
+    // A run without drainReplicas leaves the node's replicas alone (the run skips the node).
+    let mut run = draining_run("nightly-1", &[("spark-1", "Running")]);
+    run.spec.drain_replicas = false;
+    world.sweep_runs = vec![run];
+    let (ctx, handle) = context(&world);
+    let script =
+        vec![service_apply(), rollout_event("RolloutComplete", "Normal"), status_apply(|b| assert_eq!(b["status"]["readyReplicas"], 1))];
+    let (r, _) = scenario(handle, script, deployment::reconcile(Arc::new(deployment(1)), ctx)).await;
+    r.expect("reconcile without drain");
+}
+
+/// Tolerations admit a tainted node, and the replica records them (with the node selector and
+/// priority class) for its Pod.
+#[tokio::test]
+async fn tolerations_admit_a_tainted_node_and_travel_with_the_replica() {
+    let mut world = World::qualified_fleet(2);
+    world.nodes[0] = tainted("spark-1", "dedicated", "NoExecute");
+    world.nodes[1] = tainted("spark-2", "maintenance", "NoSchedule");
+    let mut dep = deployment(1);
+    dep.spec.placement.tolerations = vec![k8s_openapi::api::core::v1::Toleration {
+        key: Some("dedicated".into()),
+        operator: Some("Exists".into()),
+        effect: Some("NoExecute".into()),
+        ..Default::default()
+    }];
+    dep.spec.placement.priority_class_name = Some("inference-high".into());
+    let (ctx, handle) = context(&world);
+    let script = vec![
+        service_apply(),
+        replica_create("qwen-0", "spark-1").check(|b| {
+            assert_eq!(b["spec"]["node"], "spark-1");
+            let recorded: Value =
+                serde_json::from_str(b["metadata"]["annotations"]["brink.dev/pod-scheduling"].as_str().unwrap_or_default()).expect("JSON");
+            assert_eq!(
+                recorded,
+                json!({ "tolerations": [{ "key": "dedicated", "operator": "Exists", "effect": "NoExecute" }], "priorityClassName": "inference-high" })
+            );
+        }),
+        Expect::event("Placed", "qwen"),
+        rollout_event("RolloutStarted", "Normal"),
+        status_apply(|b| assert_eq!(b["status"]["replicas"], 1)),
+    ];
+    let (r, _) = scenario(handle, script, deployment::reconcile(Arc::new(dep.clone()), ctx)).await;
+    r.expect("reconcile");
+
+    // Without the toleration neither node is eligible, each for its own taint.
+    dep.spec.placement.tolerations.clear();
+    let (ctx, handle) = context(&world);
+    let script = vec![
+        service_apply(),
+        rollout_event("RolloutStarted", "Normal"),
+        Expect::event("Unplaced", "qwen"),
+        status_apply(|b| {
+            assert_eq!(
+                cond(b, "Degraded")["message"],
+                "1 of 1 replicas cannot be placed; 0/2 nodes available: 1 taint dedicated:NoExecute, 1 taint maintenance:NoSchedule"
+            );
+        }),
+    ];
+    let (r, _) = scenario(handle, script, deployment::reconcile(Arc::new(dep), ctx)).await;
+    r.expect("reconcile without tolerations");
+}

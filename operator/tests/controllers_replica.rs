@@ -5,12 +5,15 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use brink_api::crd::ReplicaPhase;
+use brink_api::crd::{ModelReplica, PodFailures, ReplicaPhase};
 use brink_operator::controllers::{Error, replica};
 use common::*;
 use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 
 const POD: &str = "/api/v1/namespaces/llm/pods/qwen-0";
@@ -94,6 +97,8 @@ async fn a_replica_gets_exactly_its_pod() {
             assert_eq!(b["metadata"]["labels"]["brink.dev/deployment"], "qwen");
             assert_eq!(b["metadata"]["labels"]["brink.dev/replica"], "qwen-0");
             assert_eq!(b["metadata"]["labels"]["brink.dev/revision"], revision());
+            assert_eq!(b["metadata"]["labels"]["brink.dev/model"], "qwen");
+            assert_eq!(b["metadata"]["labels"]["app.kubernetes.io/name"], "brink-replica");
             let owner = &b["metadata"]["ownerReferences"][0];
             assert_eq!(
                 (owner["kind"].as_str(), owner["name"].as_str(), owner["uid"].as_str()),
@@ -182,6 +187,7 @@ async fn a_ready_pod_makes_the_replica_serving_unless_the_agent_reports() {
 #[tokio::test]
 async fn a_pod_that_cannot_pull_its_image_fails_the_replica() {
     let mut pod = created_pod().await;
+    pod.metadata.uid = Some("pod-1".into());
     pod.status = Some(
         serde_json::from_value(json!({
             "phase": "Running",
@@ -202,11 +208,208 @@ async fn a_pod_that_cannot_pull_its_image_fails_the_replica() {
     }]);
     let script = vec![
         Expect::new("GET", POD).reply(Reply::Json(serde_json::to_value(&pod).expect("JSON"))),
-        phase_apply("Failed"),
-        Expect::event("Failed", "qwen-0").check(|b| assert_eq!(b["note"], "container engine: ImagePullBackOff: manifest unknown")),
+        failure_apply("Failed", Some(failures(1, NOW_S, "pod-1", "container engine: ImagePullBackOff: manifest unknown"))),
+        Expect::event("PodFailed", "qwen-0").check(|b| {
+            assert_eq!(b["type"], "Warning");
+            assert_eq!(
+                b["note"],
+                "Pod qwen-0 on node spark-1 failed: container engine: ImagePullBackOff: manifest unknown; failure 1 in a row, a new Pod in 10 s"
+            );
+        }),
     ];
     let (r, _) = scenario(handle, script, replica::reconcile(Arc::new(reported), ctx)).await;
+    assert_eq!(format!("{:?}", r.expect("reconcile")), format!("{:?}", Action::requeue(Duration::from_secs(10))));
+}
+
+/// `status.podFailures` as the operator writes it.
+fn failures(count: u32, at_s: i64, uid: &str, message: &str) -> PodFailures {
+    PodFailures {
+        count,
+        last_failure_time: Time(Timestamp::from_second(at_s).expect("valid time")),
+        pod_uid: uid.into(),
+        message: message.into(),
+    }
+}
+
+/// The status apply of `phase` with exactly `record` (absent: the record is cleared).
+fn failure_apply(phase: &'static str, record: Option<PodFailures>) -> Expect {
+    Expect::new("PATCH", REPLICA_STATUS)
+        .query("fieldManager", "brink-operator")
+        .query("force", "true")
+        .check(move |b| {
+            let mut want = json!({ "phase": phase });
+            if let Some(r) = &record {
+                want["podFailures"] = serde_json::to_value(r).expect("JSON");
+            }
+            assert_eq!(b["status"], want);
+        })
+        .reply(Reply::EchoOnto(serde_json::to_value(replica("qwen-0", "spark-1", None)).expect("JSON")))
+}
+
+/// The created Pod (uid `pod-1`) with `status`.
+async fn pod_with(status: Value) -> Value {
+    let mut pod = created_pod().await;
+    pod.metadata.uid = Some("pod-1".into());
+    pod.status = Some(serde_json::from_value(status).expect("PodStatus"));
+    serde_json::to_value(&pod).expect("JSON")
+}
+
+fn evicted() -> Value {
+    json!({ "phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory." })
+}
+
+fn with_record(phase: ReplicaPhase, record: PodFailures) -> ModelReplica {
+    let mut r = replica("qwen-0", "spark-1", Some(phase));
+    if let Some(s) = r.status.as_mut() {
+        s.pod_failures = Some(record);
+    }
+    r
+}
+
+#[tokio::test]
+async fn an_evicted_pod_is_recorded_and_replaced_after_a_growing_backoff() {
+    let world = World::qualified_fleet(1);
+    let pod = pod_with(evicted()).await;
+    let why = "Evicted: The node was low on resource: memory.";
+
+    // Seen for the first time after two earlier Pods failed: the third in a row, 40 s.
+    let (ctx, handle) = context(&world);
+    let earlier = with_record(ReplicaPhase::Pending, failures(2, NOW_S - 300, "pod-0", "OOMKilled"));
+    let script = vec![
+        Expect::new("GET", POD).reply(Reply::Json(pod.clone())),
+        failure_apply("Failed", Some(failures(3, NOW_S, "pod-1", why))),
+        Expect::event("PodFailed", "qwen-0")
+            .check(|b| assert!(b["note"].as_str().unwrap_or_default().ends_with("failure 3 in a row, a new Pod in 40 s"))),
+    ];
+    let (r, _) = scenario(handle, script, replica::reconcile(Arc::new(earlier), ctx)).await;
+    assert_eq!(format!("{:?}", r.expect("reconcile")), format!("{:?}", Action::requeue(Duration::from_secs(40))));
+
+    // Within its backoff: nothing is written, the reconcile comes back when it ends.
+    let (ctx, handle) = context(&world);
+    let waiting = with_record(ReplicaPhase::Failed, failures(3, NOW_S - 15, "pod-1", why));
+    let (r, seen) =
+        scenario(handle, vec![Expect::new("GET", POD).reply(Reply::Json(pod.clone()))], replica::reconcile(Arc::new(waiting), ctx)).await;
+    assert_eq!(format!("{:?}", r.expect("reconcile")), format!("{:?}", Action::requeue(Duration::from_secs(25))));
+    assert_eq!(seen.len(), 1);
+
+    // The backoff is over: the failed Pod (that uid only) goes, the replica is Pending again
+    // with its record kept, and the next reconcile creates the new Pod.
+    let (ctx, handle) = context(&world);
+    let due = with_record(ReplicaPhase::Failed, failures(3, NOW_S - 40, "pod-1", why));
+    let script = vec![
+        Expect::new("GET", POD).reply(Reply::Json(pod.clone())),
+        Expect::new("DELETE", POD)
+            .check(|b| {
+                assert_eq!(b["propagationPolicy"], "Background");
+                assert_eq!(b["preconditions"]["uid"], "pod-1");
+            })
+            .reply(Reply::Json(pod.clone())),
+        failure_apply("Pending", Some(failures(3, NOW_S - 40, "pod-1", why))),
+        Expect::event("PodReplaced", "qwen-0").check(|b| assert_eq!(b["type"], "Normal")),
+    ];
+    let (r, _) = scenario(handle, script, replica::reconcile(Arc::new(due), ctx)).await;
+    assert_eq!(format!("{:?}", r.expect("reconcile")), format!("{:?}", Action::requeue(Duration::from_secs(1))));
+
+    // A Pod of that name that is not the failed one (409 on the uid precondition): decide again.
+    let (ctx, handle) = context(&world);
+    let due = with_record(ReplicaPhase::Failed, failures(3, NOW_S - 40, "pod-1", why));
+    let script = vec![
+        Expect::new("GET", POD).reply(Reply::Json(pod)),
+        Expect::new("DELETE", POD).reply(Reply::Fail(409, "Precondition failed: UID in precondition: pod-1, UID in object meta: pod-2")),
+    ];
+    let (r, seen) = scenario(handle, script, replica::reconcile(Arc::new(due), ctx)).await;
+    assert_eq!(format!("{:?}", r.expect("reconcile")), format!("{:?}", Action::requeue(Duration::from_secs(1))));
+    assert_eq!(seen.len(), 2);
+}
+
+#[tokio::test]
+async fn a_pod_not_ready_long_after_serving_has_failed() {
+    let world = World::qualified_fleet(1);
+    let not_ready_since = |age_s: i64| {
+        json!({ "phase": "Running", "conditions": [{ "type": "Ready", "status": "False",
+                "lastTransitionTime": Timestamp::from_second(NOW_S - age_s).expect("time").to_string() }] })
+    };
+    // 130 s not ready after it served (threshold 120 s): failed.
+    let (ctx, handle) = context(&world);
+    let script = vec![
+        Expect::new("GET", POD).reply(Reply::Json(pod_with(not_ready_since(130)).await)),
+        failure_apply("Failed", Some(failures(1, NOW_S, "pod-1", "not ready for 130 s after it served"))),
+        Expect::event("PodFailed", "qwen-0"),
+    ];
+    let (r, _) =
+        scenario(handle, script, replica::reconcile(Arc::new(replica("qwen-0", "spark-1", Some(ReplicaPhase::Serving))), ctx)).await;
     r.expect("reconcile");
+
+    // 100 s is within the threshold; and a replica that never served is still loading.
+    for (age, phase) in [(100, ReplicaPhase::Serving), (1000, ReplicaPhase::Loading)] {
+        let (ctx, handle) = context(&world);
+        let (r, seen) = scenario(
+            handle,
+            vec![Expect::new("GET", POD).reply(Reply::Json(pod_with(not_ready_since(age)).await))],
+            replica::reconcile(Arc::new(replica("qwen-0", "spark-1", Some(phase))), ctx),
+        )
+        .await;
+        r.expect("reconcile");
+        assert_eq!(seen.len(), 1, "{age} s, {phase:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_pod_that_serves_for_ten_minutes_clears_the_record() {
+    let world = World::qualified_fleet(1);
+    let ready_since = |age_s: i64| {
+        json!({ "phase": "Running", "conditions": [{ "type": "Ready", "status": "True",
+                "lastTransitionTime": Timestamp::from_second(NOW_S - age_s).expect("time").to_string() }] })
+    };
+    let record = failures(4, NOW_S - 3600, "pod-0", "OOMKilled");
+    let (ctx, handle) = context(&world);
+    let script = vec![Expect::new("GET", POD).reply(Reply::Json(pod_with(ready_since(600)).await)), failure_apply("Serving", None)];
+    let (r, _) = scenario(handle, script, replica::reconcile(Arc::new(with_record(ReplicaPhase::Serving, record.clone())), ctx)).await;
+    r.expect("reconcile");
+
+    // Serving for less: the record stays, and a phase written meanwhile carries it (an apply
+    // without it would remove it).
+    let (ctx, handle) = context(&world);
+    let script =
+        vec![Expect::new("GET", POD).reply(Reply::Json(pod_with(ready_since(30)).await)), failure_apply("Serving", Some(record.clone()))];
+    let (r, _) = scenario(handle, script, replica::reconcile(Arc::new(with_record(ReplicaPhase::Pending, record)), ctx)).await;
+    r.expect("reconcile");
+}
+
+#[tokio::test]
+async fn the_deployments_scheduling_reaches_the_pod() {
+    let world = World::qualified_fleet(1);
+    let (ctx, handle) = context(&world);
+    let mut r = replica("qwen-0", "spark-1", None);
+    let scheduling = json!({
+        "tolerations": [{ "key": "dedicated", "operator": "Equal", "value": "inference", "effect": "NoSchedule" },
+                        { "key": "brink.dev/maintenance", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300 }],
+        "nodeSelector": { "pool": "inference" },
+        "priorityClassName": "inference-high"
+    });
+    r.metadata.annotations.get_or_insert_default().insert("brink.dev/pod-scheduling".into(), scheduling.to_string());
+    let want = scheduling.clone();
+    let script = vec![
+        Expect::new("GET", POD).reply(Reply::NotFound),
+        Expect::new("POST", PODS).check(move |b| {
+            assert_eq!(b["spec"]["tolerations"], want["tolerations"]);
+            assert_eq!(b["spec"]["nodeSelector"], want["nodeSelector"]);
+            assert_eq!(b["spec"]["priorityClassName"], "inference-high");
+            assert_eq!(b["spec"]["nodeName"], "spark-1");
+            assert_eq!(b["metadata"]["labels"]["brink.dev/model"], "qwen");
+        }),
+        phase_apply("Pending"),
+    ];
+    let (res, _) = scenario(handle, script, replica::reconcile(Arc::new(r.clone()), ctx)).await;
+    res.expect("reconcile");
+
+    // An annotation that is not a scheduling record is an error naming it, not a Pod without it.
+    r.metadata.annotations.get_or_insert_default().insert("brink.dev/pod-scheduling".into(), "{\"tolerations\": 3}".into());
+    let (ctx, handle) = context(&world);
+    let script = vec![Expect::event("ReconcileFailed", "qwen-0")];
+    let (res, _) = scenario(handle, script, replica::reconcile(Arc::new(r), ctx)).await;
+    let err = res.expect_err("bad annotation");
+    assert!(err.to_string().contains("annotation brink.dev/pod-scheduling is not a scheduling record"), "{err}");
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@ mod flows;
 use std::collections::BTreeMap;
 
 use brink_api::Verdict;
-use brink_api::crd::{ModelReplica, ReplicaPhase, SparkNode};
+use brink_api::crd::{ModelReplica, NodeRunState, ReplicaPhase, SparkNode, SweepRun};
 use common::{CLASS, NOW_S, NS};
 use flows::{Fleet, NodeSetup, Snapshot};
 use k8s_openapi::api::core::v1::Service;
@@ -393,5 +393,124 @@ async fn a_canary_that_fails_its_threshold_test_is_rolled_back() {
     fleet.let_pass(120).await;
     let later = fleet.snapshot().await;
     assert!(later.replicas.iter().all(|r| r.spec.revision == old_revision), "{}", later.describe());
+    fleet.stop().await;
+}
+
+/// The kubelet fails `pod`: phase `Failed` with its reason and message (an eviction, say).
+async fn fail_pod(fleet: &Fleet, pod: &str, reason: &str, message: &str) {
+    let status = json!({ "status": { "phase": "Failed", "reason": reason, "message": message,
+                                     "conditions": [{ "type": "Ready", "status": "False" }] } });
+    fleet.pods().patch_status(pod, &PatchParams::default(), &Patch::Merge(&status)).await.expect("Pod status");
+}
+
+fn pod_uid(s: &Snapshot, pod: &str) -> Option<String> {
+    s.pods.iter().find(|p| p.name_any() == pod).and_then(|p| p.metadata.uid.clone())
+}
+
+/// Flow: the kubelet evicts a replica's Pod on a healthy node. The replica is marked Failed
+/// and the deployment says why (Degraded, PodsFailing); after the 10 s backoff the failed Pod is
+/// deleted and a new one created for the same replica on the same node; once it is ready the
+/// deployment is back to its ready count and the failure record stays for the next backoff.
+#[tokio::test(start_paused = true)]
+async fn a_failed_replica_pod_is_replaced_and_the_deployment_recovers() {
+    let fleet = Fleet::start(&three_nodes(true));
+    serving_pair(&fleet).await;
+    let pair = map(&[("qwen-0", "spark-1"), ("qwen-1", "spark-2")]);
+    let first = pod_uid(&fleet.snapshot().await, "qwen-0").expect("qwen-0's Pod");
+
+    fail_pod(&fleet, "qwen-0", "Evicted", "The node was low on resource: memory.").await;
+    let degraded = fleet
+        .until("the failure recorded and reported", 30, |s: &Snapshot| {
+            (s.phase("qwen-0") == Some(ReplicaPhase::Failed) && s.settled(2, 1, "False"))
+                .then(|| s.condition("Degraded").filter(|c| c.status == "True").cloned())
+                .flatten()
+        })
+        .await;
+    assert_eq!(degraded.reason, "PodsFailing");
+    assert!(
+        degraded.message.contains("qwen-0 (1 failed Pods in a row, last: Evicted: The node was low on resource: memory.)"),
+        "{}",
+        degraded.message
+    );
+    // Within the backoff the failed Pod stays (the controllers' clock has not moved), and the
+    // replica is not moved: its node is healthy.
+    fleet.let_pass(60).await;
+    let s = fleet.snapshot().await;
+    assert_eq!((pod_uid(&s, "qwen-0"), s.placed()), (Some(first.clone()), pair.clone()), "{}", s.describe());
+
+    // Past the backoff: a new Pod for the same replica, on the same node.
+    fleet.set_clock(NOW_S + 11);
+    let second = fleet
+        .until("a new Pod for qwen-0", 60, |s: &Snapshot| {
+            pod_uid(s, "qwen-0").filter(|uid| *uid != first && s.pod_nodes() == pair && s.placed() == pair)
+        })
+        .await;
+    assert_eq!(fleet.snapshot().await.phase("qwen-0"), Some(ReplicaPhase::Pending));
+    fleet.mark_ready("qwen-0").await;
+    let s = fleet
+        .until("back to two ready", 30, |s: &Snapshot| {
+            (s.settled(2, 2, "True") && s.condition("Degraded").is_some_and(|c| c.status == "False")).then(|| s.replicas.clone())
+        })
+        .await;
+    let record = s.iter().find(|r| r.name_any() == "qwen-0").and_then(|r| r.status.as_ref()).and_then(|st| st.pod_failures.clone());
+    let record = record.expect("the failure record stays until the Pod has served for a while");
+    assert_eq!((record.count, record.pod_uid.as_str()), (1, first.as_str()));
+    assert_eq!(pod_uid(&fleet.snapshot().await, "qwen-0"), Some(second));
+    fleet.stop().await;
+}
+
+/// Flow (issue 7, drainReplicas): two nodes, one replica on spark-1, and a SweepRun that drains
+/// spark-1. The replacement is placed on spark-2 and serves before the drained replica is
+/// deleted; spark-1 ends with no replica, and the run controller (running too) sees the node
+/// empty and moves it from Draining to Running.
+#[tokio::test(start_paused = true)]
+async fn a_node_a_sweep_drains_hands_its_replica_to_another_node_first() {
+    let fleet = Fleet::start(&[NodeSetup { name: "spark-1", qualified: true }, NodeSetup { name: "spark-2", qualified: true }]);
+    fleet.deploy(1).await;
+    let on_a = map(&[("qwen-0", "spark-1")]);
+    assert_eq!(placed(&fleet, "one replica on spark-1", 1, 30).await, on_a);
+    pods_pinned(&fleet, "its Pod", &on_a).await;
+    fleet.mark_ready("qwen-0").await;
+    fleet.until("serving", 30, |s: &Snapshot| s.settled(1, 1, "True").then_some(())).await;
+
+    // The run starts draining spark-1 (its status as the run controller writes it).
+    let runs: Api<SweepRun> = Api::namespaced(fleet.double.client(), NS);
+    let run = common::draining_run("nightly-1", &[("spark-1", "Draining"), ("spark-2", "Waiting")]);
+    let status = json!({ "status": run.status.clone() });
+    let mut fresh = run.clone();
+    fresh.metadata.uid = None;
+    fresh.status = None;
+    runs.create(&Default::default(), &fresh).await.expect("create SweepRun");
+    runs.patch_status("nightly-1", &PatchParams::default(), &Patch::Merge(&status)).await.expect("SweepRun status");
+
+    // Surge first: the replacement on spark-2, the drained replica still serving meanwhile.
+    let both = map(&[("qwen-0", "spark-1"), ("qwen-1", "spark-2")]);
+    assert_eq!(placed(&fleet, "a replacement on spark-2", 2, 30).await, both);
+    pods_pinned(&fleet, "the replacement's Pod", &both).await;
+    fleet.let_pass(60).await;
+    let s = fleet.snapshot().await;
+    assert_eq!((s.placed(), s.counts()), (both, Some((2, 1))), "{}", s.describe());
+
+    fleet.mark_ready("qwen-1").await;
+    let on_b = map(&[("qwen-1", "spark-2")]);
+    fleet
+        .until("the drained replica deleted once the replacement serves", 30, |s: &Snapshot| {
+            (s.placed() == on_b && s.pod_nodes() == on_b && s.replicas.len() == 1 && s.settled(1, 1, "True")).then_some(())
+        })
+        .await;
+    let started = tokio::time::Instant::now();
+    loop {
+        let run = runs.get("nightly-1").await.expect("get SweepRun");
+        let node = run.status.as_ref().and_then(|s| s.nodes.iter().find(|n| n.node == "spark-1").map(|n| n.state));
+        if node == Some(NodeRunState::Running) {
+            break;
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(120), "spark-1 stays {node:?}: {run:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // Swept: spark-1 takes no replica while the run is on it.
+    fleet.let_pass(60).await;
+    let s = fleet.snapshot().await;
+    assert_eq!(s.placed(), on_b, "{}", s.describe());
     fleet.stop().await;
 }

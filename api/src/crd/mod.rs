@@ -29,7 +29,9 @@ pub use model_deployment::{
     EngineBuild, ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus, ModelRef, OnSelfTestFailure, Placement, Rollout,
     RolloutPhase, RolloutStatus, RolloutStrategy, Serving, Spread,
 };
-pub use model_replica::{DownloadProgress, ModelReplica, ModelReplicaSpec, ModelReplicaStatus, ReplicaPhase, StallReport, Throughput};
+pub use model_replica::{
+    DownloadProgress, ModelReplica, ModelReplicaSpec, ModelReplicaStatus, PodFailures, ReplicaPhase, StallReport, Throughput,
+};
 pub use regression_sweep::{
     BaselineKind, BaselinePolicy, ConcurrencyPolicy, GridPoint, RegressionSweep, RegressionSweepSpec, RegressionSweepStatus, SweepSelfTest,
     SweepVerdict, Tolerance, WorkloadGrid,

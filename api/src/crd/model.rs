@@ -29,7 +29,10 @@ const RELATIVE_PATH: &str = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[x_kube(
-    validation = Rule::new("self == oldSelf").message("a Model's spec is immutable (caches are keyed by its checksum): create a new Model"),
+    // Content never changes under a name: a changed model is a new Model and a new modelRef, so a
+    // rollout's previous revision still names the bytes it served and rolls back exactly (and the
+    // agents' caches, keyed by checksum, stay valid).
+    validation = Rule::new("self == oldSelf").message("a Model's source is immutable: create a new Model and point the deployment's modelRef at it, so a rollout can roll back"),
     validation = Rule::new("has(self.sha256) != has(self.parts)").message("set sha256 for a single file, or parts (each with its sha256) for a split GGUF, not both"),
     validation = Rule::new("!has(self.parts) || !has(self.source.https) || self.source.https.url.endsWith('/')").message("for a split GGUF, source.https.url names the directory of the parts and ends with '/'")
 )]

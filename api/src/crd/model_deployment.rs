@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::Toleration;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -100,7 +101,7 @@ impl Serving {
 }
 
 /// Where replicas may go.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Placement {
     /// Labels a node must carry (as a Pod's `nodeSelector`).
@@ -112,6 +113,16 @@ pub struct Placement {
     /// replica. Off only for experiments: an unqualified node may serve wrong tokens.
     #[serde(default = "default_true")]
     pub require_qualified: bool,
+    /// Taints the replicas tolerate, as a Pod's `tolerations` (copied into each replica Pod): a
+    /// node with a `NoSchedule` or `NoExecute` taint takes replicas only when one of these
+    /// tolerates it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub tolerations: Vec<Toleration>,
+    /// The replica Pods' `priorityClassName`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    pub priority_class_name: Option<String>,
 }
 
 fn default_true() -> bool {
@@ -122,7 +133,13 @@ fn default_true() -> bool {
 // `placement` (and the CRD schema's default, which the API server applies, comes from here).
 impl Default for Placement {
     fn default() -> Placement {
-        Placement { node_selector: BTreeMap::new(), spread: Spread::default(), require_qualified: true }
+        Placement {
+            node_selector: BTreeMap::new(),
+            spread: Spread::default(),
+            require_qualified: true,
+            tolerations: Vec::new(),
+            priority_class_name: None,
+        }
     }
 }
 

@@ -74,6 +74,22 @@ pub struct ModelReplicaStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
+    /// The operator's record of replica Pods that failed on a healthy node and were replaced
+    /// (with an exponential backoff); cleared once a Pod has served for a while.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_failures: Option<PodFailures>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodFailures {
+    /// Failed Pods in a row (the backoff doubles with each).
+    pub count: u32,
+    pub last_failure_time: Time,
+    /// The uid of the Pod that failed last: a failure is counted once per Pod.
+    pub pod_uid: String,
+    /// Why it failed (the Pod's reason and message, or the container's waiting reason).
+    pub message: String,
 }
 
 /// Pending → Downloading → Loading → SelfTesting → Serving, or Failed / Stalled.

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use brink_api::crd::{Model, ModelDeployment, ModelReplica, SparkNode};
+use brink_api::crd::{Model, ModelDeployment, ModelReplica, SparkNode, SweepRun};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
@@ -14,7 +14,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::metrics::Metrics;
-use crate::decide::{HeartbeatHistory, HeartbeatPolicy};
+use crate::decide::{HeartbeatHistory, HeartbeatPolicy, RecoveryPolicy};
 
 /// The field manager of every write the operator makes.
 pub const FIELD_MANAGER: &str = "brink-operator";
@@ -66,6 +66,8 @@ pub struct Config {
     /// How long a replica may take to load and pass its model test before the startup probe fails it.
     pub startup_seconds: u32,
     pub heartbeat: HeartbeatPolicy,
+    /// The backoff of replacing a replica's failed Pod (see `decide::pod_recovery`).
+    pub recovery: RecoveryPolicy,
     /// How often a deployment is decided again with no event (heartbeats expire without one).
     pub resync_seconds: u64,
     /// How long in-flight reconciles may run after the shutdown signal.
@@ -81,6 +83,7 @@ impl Default for Config {
             serve_port: 8080,
             startup_seconds: 1800,
             heartbeat: HeartbeatPolicy::default(),
+            recovery: RecoveryPolicy::default(),
             // Twice per default 40 s lease, as the heartbeat rule needs.
             resync_seconds: 20,
             // Inside the kubelet's default 30 s termination grace.
@@ -97,6 +100,8 @@ pub struct Caches {
     pub leases: Store<Lease>,
     pub models: Store<Model>,
     pub replicas: Store<ModelReplica>,
+    /// Runs that drain nodes (`drainReplicas`) keep replicas off them.
+    pub sweep_runs: Store<SweepRun>,
 }
 
 /// Heartbeat histories per node, kept between reconciles (the hysteresis needs the past).

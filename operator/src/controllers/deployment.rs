@@ -38,6 +38,8 @@ pub fn node_views(ctx: &Context, now_s: u64, replicas: &[Arc<ModelReplica>]) -> 
     let replicas: Vec<&ModelReplica> = replicas.iter().map(|r| r.as_ref()).filter(|r| r.metadata.deletion_timestamp.is_none()).collect();
     let nodes = ctx.caches.nodes.state();
     ctx.heartbeats.retain(|n| nodes.iter().any(|node| node.name_any() == n));
+    let runs = ctx.caches.sweep_runs.state();
+    let sweeping = views::sweeping_nodes(&runs.iter().map(|r| r.as_ref()).collect::<Vec<_>>());
     nodes
         .iter()
         .map(|node| {
@@ -48,7 +50,7 @@ pub fn node_views(ctx: &Context, now_s: u64, replicas: &[Arc<ModelReplica>]) -> 
             let renew_s = spec.renew_time.and_then(|t| u64::try_from(t.0.as_second()).ok());
             let duration = spec.lease_duration_seconds.and_then(|d| u64::try_from(d).ok()).unwrap_or(DEFAULT_LEASE_S);
             let heartbeat = ctx.heartbeats.observe(&name, renew_s, duration, now_s, &ctx.config.heartbeat);
-            views::node_view(node, spark.as_deref(), heartbeat, &replicas)
+            NodeView { sweep: sweeping.get(&name).cloned(), ..views::node_view(node, spark.as_deref(), heartbeat, &replicas) }
         })
         .collect()
 }
@@ -219,8 +221,31 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
         }
     }
 
-    // Removals: scale-down victims in the decided order, and replaced replicas.
-    let remove = plan::removable(&life.remove, &healthy, view.replicas);
+    // Removals: scale-down victims in the decided order (replaced replicas whose replacement
+    // serves among them), and replicas a sweep drains where no replacement fits.
+    let mut remove = plan::removable(&life.remove, &healthy, view.replicas);
+    let drained = decide::drain_without_room(&life.replace, placement.unplaced);
+    for victim in &drained {
+        let node = life.replace.iter().find(|r| &r.replica == victim).map(|r| r.node.as_str()).unwrap_or_default();
+        let run = life
+            .replace
+            .iter()
+            .filter(|r| &r.replica == victim)
+            .flat_map(|r| &r.reasons)
+            .find_map(|why| match why {
+                decide::Reason::SweepInProgress { run } => Some(run.as_str()),
+                _ => None,
+            })
+            .unwrap_or_default();
+        let note = format!(
+            "replica {victim} on node {node} deleted without a replacement: no other node has room, and SweepRun {run} must not wait for one"
+        );
+        publish(ctx, &dep.object_ref(&()), Some(replica_ref(&ns, victim)), EventType::Warning, "DrainedWithoutReplacement", "Delete", note)
+            .await;
+        if !remove.contains(victim) {
+            remove.push(victim.clone());
+        }
+    }
     let mut deleted = BTreeSet::new();
     for victim in &remove {
         match api.delete(victim, &DeleteParams::background()).await {
@@ -277,6 +302,7 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
         unplaced: placement.message.clone(),
         blocked: None,
         held: life.held.iter().map(|h| h.replica.clone()).collect(),
+        failing: failing_pods(&live, &gone),
         rollout: Some(decision.status.clone()),
         rollout_condition: Some(decide::rollout_condition(&decision.condition, dep.metadata.generation, Time(now))?),
     };
@@ -285,6 +311,19 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
     let recheck = [life.recheck_in_s, decision.recheck_in_s].into_iter().flatten().min();
     let requeue = if stale_cache { Duration::from_secs(1) } else { recheck.map_or(resync, |s| resync.min(Duration::from_secs(s.max(1)))) };
     Ok(Action::requeue(requeue))
+}
+
+/// Replicas not serving whose Pods failed on a healthy node, each with its failure record
+/// (the replica controller replaces the Pods with a backoff).
+fn failing_pods(live: &[&ModelReplica], gone: &dyn Fn(&str) -> bool) -> Vec<String> {
+    live.iter()
+        .filter(|r| !gone(&r.name_any()))
+        .filter_map(|r| {
+            let s = r.status.as_ref()?;
+            let f = s.pod_failures.as_ref().filter(|_| s.phase != brink_api::crd::ReplicaPhase::Serving)?;
+            Some(format!("{} ({} failed Pods in a row, last: {})", r.name_any(), f.count, f.message))
+        })
+        .collect()
 }
 
 /// Adds `class` to the node's `spec.shapeClasses` by server-side apply. The apply carries every

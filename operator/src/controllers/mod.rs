@@ -30,7 +30,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use brink_api::crd::{Model, ModelDeployment, ModelReplica, SparkNode};
+use brink_api::crd::{Model, ModelDeployment, ModelReplica, SparkNode, SweepRun};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
@@ -89,7 +89,11 @@ fn caches(shared: &Shared) -> (Caches, Vec<futures::future::BoxFuture<'static, (
     let (leases, f3) = cache(Api::<Lease>::namespaced(c.clone(), &shared.config.lease_namespace));
     let (models, f4) = cache(Api::<Model>::all(c.clone()));
     let (replicas, f5) = cache(Api::<ModelReplica>::all(c.clone()));
-    (Caches { nodes, spark_nodes, leases, models, replicas }, vec![f1.boxed(), f2.boxed(), f3.boxed(), f4.boxed(), f5.boxed()])
+    let (sweep_runs, f6) = cache(Api::<SweepRun>::all(c.clone()));
+    (
+        Caches { nodes, spark_nodes, leases, models, replicas, sweep_runs },
+        vec![f1.boxed(), f2.boxed(), f3.boxed(), f4.boxed(), f5.boxed(), f6.boxed()],
+    )
 }
 
 /// Runs every controller until `shutdown` completes, then lets in-flight reconciles finish
@@ -107,7 +111,8 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl Future<Output = ()> + Send 
                 c.spark_nodes.wait_until_ready(),
                 c.leases.wait_until_ready(),
                 c.models.wait_until_ready(),
-                c.replicas.wait_until_ready()
+                c.replicas.wait_until_ready(),
+                c.sweep_runs.wait_until_ready()
             );
         }
     };
@@ -142,7 +147,7 @@ async fn deployments(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Sen
     let wc = watcher::Config::default().any_semantic();
     let controller = Controller::new(Api::<ModelDeployment>::all(c.clone()), wc.clone());
     let store = controller.store();
-    let (on_node, on_spark, on_lease) = (ctx.clone(), ctx.clone(), ctx.clone());
+    let (on_node, on_spark, on_lease, on_run) = (ctx.clone(), ctx.clone(), ctx.clone(), ctx.clone());
     controller
         .owns(Api::<ModelReplica>::all(c.clone()), wc.clone())
         .owns(Api::<Service>::all(c.clone()), wc.clone().labels(names::DEPLOYMENT_LABEL))
@@ -151,7 +156,9 @@ async fn deployments(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Sen
         .watches(Api::<Lease>::namespaced(c.clone(), &ctx.config.lease_namespace), wc.clone(), move |l: Lease| {
             nodes::lease_node(&l.name_any()).map(|n| nodes::requeue_for_node(n, &on_lease)).unwrap_or_default()
         })
-        .watches(Api::<Model>::all(c.clone()), wc, move |m: Model| nodes::deployments_of_model(&m, &store))
+        .watches(Api::<Model>::all(c.clone()), wc.clone(), move |m: Model| nodes::deployments_of_model(&m, &store))
+        // A sweep that starts draining a node moves its replicas; one that ends frees the node.
+        .watches(Api::<SweepRun>::all(c.clone()), wc, move |r: SweepRun| nodes::requeue_for_run(&r, &on_run))
         .graceful_shutdown_on(shutdown)
         .run(deployment::reconcile, error_policy, ctx)
         .for_each(|r| {

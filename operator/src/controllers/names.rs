@@ -6,6 +6,11 @@ use sha2::{Digest, Sha256};
 pub const DEPLOYMENT_LABEL: &str = "brink.dev/deployment";
 pub const REPLICA_LABEL: &str = "brink.dev/replica";
 pub const REVISION_LABEL: &str = "brink.dev/revision";
+/// The replica's `Model` on its Pod (dashboards and `kubectl get pods -l` select by it).
+pub const MODEL_LABEL: &str = "brink.dev/model";
+/// On a `ModelReplica`: the deployment's tolerations, node selector and priority class when
+/// the replica was made, for its Pod (a snapshot, like the serving limits).
+pub const SCHEDULING_ANNOTATION: &str = "brink.dev/pod-scheduling";
 /// The hash of the desired Pod, to tell a Pod that must be recreated.
 pub const POD_SPEC_ANNOTATION: &str = "brink.dev/pod-spec-hash";
 

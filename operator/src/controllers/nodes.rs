@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use brink_api::crd::{Model, ModelDeployment, ModelReplica};
+use brink_api::crd::{Model, ModelDeployment, ModelReplica, SweepRun};
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
@@ -29,6 +29,23 @@ pub fn requeue_for_node(node: &str, ctx: &Context) -> Vec<ObjectRef<ModelDeploym
     for d in ctx.unplaced_deployments() {
         if !refs.contains(&d) {
             refs.push(d);
+        }
+    }
+    refs
+}
+
+/// What a change of a `SweepRun` re-queues: the deployments on each of its nodes (draining,
+/// sweeping or done: either way their eligibility changed) and the unplaced ones.
+pub fn requeue_for_run(run: &SweepRun, ctx: &Context) -> Vec<ObjectRef<ModelDeployment>> {
+    if !run.spec.drain_replicas {
+        return Vec::new();
+    }
+    let mut refs = Vec::new();
+    for node in run.status.iter().flat_map(|s| &s.nodes) {
+        for d in requeue_for_node(&node.node, ctx) {
+            if !refs.contains(&d) {
+                refs.push(d);
+            }
         }
     }
     refs

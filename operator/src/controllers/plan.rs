@@ -13,7 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::{Resource, ResourceExt};
 
 use super::error::{Error, Result};
-use super::names::{DEPLOYMENT_LABEL, REVISION_LABEL, label_value, replica_name, selector};
+use super::names::{DEPLOYMENT_LABEL, REVISION_LABEL, SCHEDULING_ANNOTATION, label_value, replica_name, selector};
+use super::pod::PodScheduling;
 use super::rollout::Template;
 use super::views::MEMORY_ANNOTATION;
 use crate::decide::Assignment;
@@ -52,6 +53,11 @@ pub fn new_replica(dep: &ModelDeployment, name: &str, assignment: &Assignment, t
         name: dep.name_any(),
         field: "metadata.uid",
     })?;
+    let mut annotations =
+        BTreeMap::from([(MEMORY_ANNOTATION.to_string(), template.memory_bytes.unwrap_or(assignment.memory_bytes).to_string())]);
+    if let Some(scheduling) = PodScheduling::from_placement(&dep.spec.placement).annotation()? {
+        annotations.insert(SCHEDULING_ANNOTATION.to_string(), scheduling);
+    }
     let mut serving = dep.spec.serving;
     serving.max_batch_tokens = assignment.limits.max_batch_tokens;
     serving.prefill_chunk = assignment.limits.prefill_chunk;
@@ -63,10 +69,7 @@ pub fn new_replica(dep: &ModelDeployment, name: &str, assignment: &Assignment, t
                 (DEPLOYMENT_LABEL.to_string(), label_value(&dep.name_any())),
                 (REVISION_LABEL.to_string(), template.revision.clone()),
             ])),
-            annotations: Some(BTreeMap::from([(
-                MEMORY_ANNOTATION.to_string(),
-                template.memory_bytes.unwrap_or(assignment.memory_bytes).to_string(),
-            )])),
+            annotations: Some(annotations),
             owner_references: Some(vec![owner]),
             ..ObjectMeta::default()
         },
@@ -96,6 +99,8 @@ pub struct Outcome {
     pub blocked: Option<(&'static str, String)>,
     /// Replicas kept on a node whose heartbeat expired within the grace.
     pub held: Vec<String>,
+    /// Replicas whose Pods failed on a healthy node, described (name, count, last failure).
+    pub failing: Vec<String>,
     /// The rollout's status, written as is (the previous one while nothing is decided: an
     /// apply that left it out would remove it).
     pub rollout: Option<RolloutStatus>,
@@ -163,16 +168,22 @@ pub fn status(dep: &ModelDeployment, outcome: &Outcome, now: Time) -> Result<Mod
         (_, _, Some(rc)) => rc,
         _ => c(ConditionType::Progressing, false, "Complete", format!("{desired} replicas serving the current revision"))?,
     };
-    let degraded = match (&outcome.blocked, &outcome.unplaced, outcome.held.is_empty()) {
-        (Some((reason, msg)), _, _) => c(ConditionType::Degraded, true, reason, msg.clone())?,
-        (None, Some(msg), _) => c(ConditionType::Degraded, true, "Unplaced", msg.clone())?,
-        (None, None, false) => c(
+    let degraded = match (&outcome.blocked, &outcome.unplaced, outcome.held.is_empty(), outcome.failing.is_empty()) {
+        (Some((reason, msg)), _, _, _) => c(ConditionType::Degraded, true, reason, msg.clone())?,
+        (None, Some(msg), _, _) => c(ConditionType::Degraded, true, "Unplaced", msg.clone())?,
+        (None, None, false, _) => c(
             ConditionType::Degraded,
             true,
             "HeartbeatExpired",
             format!("replicas {} are on nodes whose heartbeat expired (kept within the grace)", outcome.held.join(", ")),
         )?,
-        (None, None, true) => c(ConditionType::Degraded, false, "AsExpected", "every wanted replica is placed".to_string())?,
+        (None, None, true, false) => c(
+            ConditionType::Degraded,
+            true,
+            "PodsFailing",
+            format!("replica Pods failed on healthy nodes and are replaced with a backoff: {}", outcome.failing.join("; ")),
+        )?,
+        (None, None, true, true) => c(ConditionType::Degraded, false, "AsExpected", "every wanted replica is placed".to_string())?,
     };
     let mut conditions: Vec<Condition> = current.conditions.clone();
     for cond in [ready_cond, progressing, degraded] {

@@ -7,18 +7,20 @@ use std::collections::BTreeMap;
 use brink_api::crd::{Model, ModelReplica, ReplicaPhase};
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, HostPathVolumeSource, ObjectFieldSelector,
-    PersistentVolumeClaimVolumeSource, Pod, PodSpec, Probe, ResourceRequirements, Volume, VolumeMount,
+    PersistentVolumeClaimVolumeSource, Pod, PodSpec, Probe, ResourceRequirements, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::context::Config;
 use super::error::{Error, Result};
-use super::names::{DEPLOYMENT_LABEL, POD_SPEC_ANNOTATION, REPLICA_LABEL, REVISION_LABEL, label_value};
+use super::names::{DEPLOYMENT_LABEL, MODEL_LABEL, POD_SPEC_ANNOTATION, REPLICA_LABEL, REVISION_LABEL, SCHEDULING_ANNOTATION, label_value};
 use super::views::replica_memory;
+use crate::decide::{PodState, RecoveryPolicy};
 
 /// Where a PVC source is mounted in the Pod.
 const PVC_MOUNT: &str = "/models/pvc";
@@ -27,6 +29,52 @@ const STATE_DIR: &str = "/var/lib/brink/state";
 const RUNTIME_CLASS: &str = "nvidia";
 /// Seconds the engine gets to drain after SIGTERM: its own grace (30 s) plus margin.
 const TERMINATION_GRACE_S: i64 = 45;
+
+/// Where the replica Pod may run, from the deployment's placement when the replica was made
+/// (kept on the replica in [`SCHEDULING_ANNOTATION`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodScheduling {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+}
+
+impl PodScheduling {
+    pub fn from_placement(p: &brink_api::crd::Placement) -> PodScheduling {
+        PodScheduling {
+            tolerations: p.tolerations.clone(),
+            node_selector: p.node_selector.clone(),
+            priority_class_name: p.priority_class_name.clone(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == PodScheduling::default()
+    }
+
+    /// The annotation's value (`None`: nothing to record).
+    pub fn annotation(&self) -> Result<Option<String>> {
+        if self.is_empty() {
+            return Ok(None);
+        }
+        serde_json::to_string(self).map(Some).map_err(|source| Error::Serialize { what: "the replica Pod's scheduling", source })
+    }
+
+    /// What `replica` recorded; none when it has no annotation (made before tolerations existed).
+    pub fn of(replica: &ModelReplica) -> Result<PodScheduling> {
+        let Some(json) = replica.annotations().get(SCHEDULING_ANNOTATION) else { return Ok(PodScheduling::default()) };
+        serde_json::from_str(json).map_err(|e| Error::InvalidSpec {
+            what: format!("ModelReplica {}", replica.name_any()),
+            why: format!(
+                "annotation {SCHEDULING_ANNOTATION} is not a scheduling record ({{tolerations, nodeSelector, priorityClassName}}): {e}"
+            ),
+        })
+    }
+}
 
 /// The model file as the Pod sees it, and the volume that brings it there.
 #[derive(Debug, PartialEq)]
@@ -195,12 +243,18 @@ pub fn desired_pod(replica: &ModelReplica, model: &Model, config: &Config) -> Re
         ]),
         ..Container::default()
     };
+    let scheduling = PodScheduling::of(replica)?;
     let spec = PodSpec {
         node_name: Some(s.node.clone()),
         runtime_class_name: Some(RUNTIME_CLASS.into()),
         termination_grace_period_seconds: Some(TERMINATION_GRACE_S),
         containers: vec![container],
         volumes: Some(vec![mount.volume, Volume { name: "state".into(), empty_dir: Some(Default::default()), ..Volume::default() }]),
+        // The Pod is bound by nodeName, past the scheduler: these matter to the kubelet's
+        // admission (node selector), the taint manager (NoExecute) and preemption (priority).
+        tolerations: (!scheduling.tolerations.is_empty()).then_some(scheduling.tolerations),
+        node_selector: (!scheduling.node_selector.is_empty()).then_some(scheduling.node_selector),
+        priority_class_name: scheduling.priority_class_name,
         ..PodSpec::default()
     };
     let hash = spec_hash(&spec)?;
@@ -208,6 +262,7 @@ pub fn desired_pod(replica: &ModelReplica, model: &Model, config: &Config) -> Re
         (DEPLOYMENT_LABEL.to_string(), label_value(&s.deployment)),
         (REPLICA_LABEL.to_string(), label_value(&name)),
         (REVISION_LABEL.to_string(), s.revision.clone()),
+        (MODEL_LABEL.to_string(), label_value(&s.model)),
         ("app.kubernetes.io/name".to_string(), "brink-replica".to_string()),
         ("app.kubernetes.io/managed-by".to_string(), "brink-operator".to_string()),
     ]);
@@ -267,6 +322,29 @@ pub fn pod_action(existing: Option<&Pod>, desired: &Pod, replica: &ModelReplica)
     if hash(pod) == hash(desired) { PodAction::Keep } else { PodAction::Recreate }
 }
 
+/// The Pod as `decide::pod_recovery` sees it at `now_s`: failed when the Pod or a container
+/// says so, or when the replica served (`was_serving`) and the Pod has been not ready for the
+/// policy's `not_ready_s` since; a Pod being deleted is as good as gone.
+pub fn pod_state(pod: Option<&Pod>, was_serving: bool, now_s: u64, policy: &RecoveryPolicy) -> PodState {
+    let Some(pod) = pod.filter(|p| p.metadata.deletion_timestamp.is_none()) else { return PodState::Absent };
+    let uid = pod.uid().unwrap_or_default();
+    if let (ReplicaPhase::Failed, why) = phase_from_pod(Some(pod)) {
+        return PodState::Failed { uid, why: why.unwrap_or_else(|| "the replica Pod failed".into()) };
+    }
+    let ready = pod.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
+    // Seconds since the Ready condition last changed (0 when the kubelet did not say).
+    let since = ready
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map_or(0, |t| now_s.saturating_sub(u64::try_from(t.0.as_second()).unwrap_or(0)));
+    match ready {
+        Some(c) if c.status == "True" => PodState::Up { uid, ready_for_s: Some(since) },
+        Some(c) if was_serving && c.last_transition_time.is_some() && since >= policy.not_ready_s => {
+            PodState::Failed { uid, why: format!("not ready for {since} s after it served") }
+        }
+        _ => PodState::Up { uid, ready_for_s: None },
+    }
+}
+
 /// Container waiting reasons after which the Pod will not start without a change.
 const STUCK: [&str; 5] = ["CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"];
 
@@ -275,7 +353,11 @@ pub fn phase_from_pod(pod: Option<&Pod>) -> (ReplicaPhase, Option<String>) {
     let Some(status) = pod.and_then(|p| p.status.as_ref()) else { return (ReplicaPhase::Pending, None) };
     match status.phase.as_deref() {
         Some("Failed") | Some("Succeeded") => {
-            let why = status.message.clone().or(status.reason.clone()).unwrap_or_else(|| "the replica Pod exited".into());
+            // The kubelet's reason (`Evicted`, `OutOfmemory`, `NodeAffinity`...) and its message.
+            let why = match (&status.reason, &status.message) {
+                (Some(r), Some(m)) => format!("{r}: {m}"),
+                (r, m) => m.clone().or(r.clone()).unwrap_or_else(|| "the replica Pod exited".into()),
+            };
             return (ReplicaPhase::Failed, Some(why));
         }
         Some("Running") => {}

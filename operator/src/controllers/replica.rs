@@ -5,9 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use brink_api::crd::{Model, ModelReplica, ReplicaPhase};
+use brink_api::crd::{Model, ModelReplica, PodFailures, ReplicaPhase};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
@@ -18,7 +20,8 @@ use tracing::{info, instrument};
 use super::context::{Context, FIELD_MANAGER};
 use super::error::{Error, Result, api_code};
 use super::events::publish;
-use super::pod::{PodAction, desired_pod, phase_from_pod, pod_action};
+use super::pod::{PodAction, desired_pod, phase_from_pod, pod_action, pod_state};
+use crate::decide::{self, FailureRecord, Recovery};
 
 pub const CONTROLLER: &str = "modelreplica";
 
@@ -118,24 +121,88 @@ async fn reconcile_inner(replica: &ModelReplica, ctx: &Context) -> Result<Action
         }
     };
 
-    let (phase, why) = phase_from_pod(pod_now.as_ref());
-    if let Some(next) = phase_update(replica, phase) {
-        write_phase(ctx, &ns, &name, next).await?;
-        if next == ReplicaPhase::Failed {
-            let note = why.unwrap_or_else(|| "the replica Pod failed".into());
-            publish(ctx, &replica.object_ref(&()), None, EventType::Warning, "Failed", "Serve", note).await;
+    let resync = Duration::from_secs(ctx.config.resync_seconds.max(1) * 3);
+    let now_s = ctx.now_s();
+    let policy = ctx.config.recovery;
+    let status = replica.status.clone().unwrap_or_default();
+    let record = status.pod_failures.as_ref().map(failure_record);
+    let was_serving = matches!(status.phase, ReplicaPhase::Serving | ReplicaPhase::Stalled);
+    let state = pod_state(pod_now.as_ref(), was_serving, now_s, &policy);
+    let (phase, _) = phase_from_pod(pod_now.as_ref());
+    match decide::recover(&state, record.as_ref(), now_s, &policy) {
+        Recovery::Record { record, replace_in_s } => {
+            let failures = pod_failures(&record)?;
+            write_status(ctx, &ns, &name, ReplicaPhase::Failed, Some(&failures)).await?;
+            let note = format!(
+                "Pod {name} on node {} failed: {}; failure {} in a row, a new Pod in {replace_in_s} s",
+                replica.spec.node, record.message, record.count
+            );
+            publish(ctx, &replica.object_ref(&()), None, EventType::Warning, "PodFailed", "Serve", note).await;
+            Ok(Action::requeue(Duration::from_secs(replace_in_s.max(1))))
+        }
+        Recovery::Wait { for_s } => Ok(Action::requeue(Duration::from_secs(for_s.max(1)))),
+        Recovery::Replace { pod_uid } => {
+            let params = DeleteParams::background().preconditions(Preconditions { uid: Some(pod_uid), resource_version: None });
+            match pods.delete(&name, &params).await {
+                Ok(_) => {}
+                Err(e) if api_code(&e) == Some(404) => {}
+                // Another Pod of that name already: decide again from it.
+                Err(e) if api_code(&e) == Some(409) => return Ok(Action::requeue(Duration::from_secs(1))),
+                Err(e) => return Err(Error::kube(format!("deleting the failed Pod {ns}/{name}"), e)),
+            }
+            // Pending again: the agent of the next Pod reports forward from there.
+            write_status(ctx, &ns, &name, ReplicaPhase::Pending, status.pod_failures.as_ref()).await?;
+            info!(node = %replica.spec.node, "failed replica Pod deleted; a new one follows");
+            let note = format!("Pod {name} on node {} deleted after its backoff; creating a new one", replica.spec.node);
+            publish(ctx, &replica.object_ref(&()), None, EventType::Normal, "PodReplaced", "Recreate", note).await;
+            // The deletion's watch event brings the reconcile that creates the new Pod.
+            Ok(Action::requeue(Duration::from_secs(1)))
+        }
+        Recovery::Clear => {
+            let next = phase_update(replica, phase).unwrap_or(status.phase);
+            write_status(ctx, &ns, &name, next, None).await?;
+            Ok(Action::requeue(resync))
+        }
+        Recovery::Nothing => {
+            if let Some(next) = phase_update(replica, phase) {
+                write_status(ctx, &ns, &name, next, status.pod_failures.as_ref()).await?;
+            }
+            Ok(Action::requeue(resync))
         }
     }
-    Ok(Action::requeue(Duration::from_secs(ctx.config.resync_seconds.max(1) * 3)))
 }
 
-/// Applies only `phase`: every other status field stays the agent's.
-async fn write_phase(ctx: &Context, ns: &str, name: &str, phase: ReplicaPhase) -> Result<()> {
+/// The API's record as the decision reads it.
+fn failure_record(f: &PodFailures) -> FailureRecord {
+    FailureRecord {
+        count: f.count,
+        last_failure_s: u64::try_from(f.last_failure_time.0.as_second()).unwrap_or(0),
+        pod_uid: f.pod_uid.clone(),
+        message: f.message.clone(),
+    }
+}
+
+fn pod_failures(r: &FailureRecord) -> Result<PodFailures> {
+    let at = i64::try_from(r.last_failure_s).ok().and_then(|s| Timestamp::from_second(s).ok()).ok_or_else(|| Error::InvalidSpec {
+        what: "a failed Pod's time".into(),
+        why: format!("{} s since the epoch is out of range", r.last_failure_s),
+    })?;
+    Ok(PodFailures { count: r.count, last_failure_time: Time(at), pod_uid: r.pod_uid.clone(), message: r.message.clone() })
+}
+
+/// Applies `phase` and the operator's failure record (absent: cleared); every other status
+/// field stays the agent's. Server-side apply removes what this manager applied before and
+/// leaves out now, so every write carries the record that is to stay.
+async fn write_status(ctx: &Context, ns: &str, name: &str, phase: ReplicaPhase, failures: Option<&PodFailures>) -> Result<()> {
+    let mut status = json!({ "phase": phase });
+    if let Some(f) = failures {
+        status["podFailures"] = serde_json::to_value(f).map_err(|source| Error::Serialize { what: "status.podFailures", source })?;
+    }
     let patch = json!({
         "apiVersion": "brink.dev/v1alpha1",
         "kind": "ModelReplica",
         "metadata": { "name": name },
-        "status": { "phase": phase },
+        "status": status,
     });
     let api: Api<ModelReplica> = Api::namespaced(ctx.client.clone(), ns);
     api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))

@@ -5,13 +5,13 @@
 use std::collections::BTreeMap;
 
 use brink_api::Fingerprint;
-use brink_api::crd::{self as crd, Model, ModelDeployment, ModelReplica, ReplicaPhase, SparkNode};
-use k8s_openapi::api::core::v1::Node;
+use brink_api::crd::{self as crd, Model, ModelDeployment, ModelReplica, NodeRunState, ReplicaPhase, RunPhase, SparkNode, SweepRun};
+use k8s_openapi::api::core::v1::{Node, Toleration as K8sToleration};
 use kube::ResourceExt;
 
 use crate::decide::{
     ClassQualification, DeploymentView, HeartbeatHistory, MemoryNeed, NodeView, OnSelfTestFailure, ReplicaView, Resident, Spread, Taint,
-    TaintEffect,
+    TaintEffect, Toleration,
 };
 
 /// Annotation on a `ModelReplica`: the memory its Pod requests, written when it is placed, so
@@ -29,6 +29,26 @@ fn effect(s: &str) -> TaintEffect {
         "PreferNoSchedule" => TaintEffect::PreferNoSchedule,
         "NoExecute" => TaintEffect::NoExecute,
         _ => TaintEffect::NoSchedule,
+    }
+}
+
+/// A Pod toleration as the decisions compare it, or `None` for one that tolerates nothing here:
+/// an operator or effect Kubernetes does not define, or `Equal` with an empty key (the API
+/// server refuses a Pod with either).
+pub fn toleration(t: &K8sToleration) -> Option<Toleration> {
+    let key = t.key.clone().filter(|k| !k.is_empty());
+    let effect = match t.effect.as_deref().unwrap_or("") {
+        "" => None,
+        "NoSchedule" => Some(TaintEffect::NoSchedule),
+        "PreferNoSchedule" => Some(TaintEffect::PreferNoSchedule),
+        "NoExecute" => Some(TaintEffect::NoExecute),
+        _ => return None,
+    };
+    match t.operator.as_deref().unwrap_or("Equal") {
+        // Exists: any value; with no key, any taint.
+        "Exists" => Some(Toleration { key, value: None, effect }),
+        "Equal" if key.is_some() => Some(Toleration { key, value: Some(t.value.clone().unwrap_or_default()), effect }),
+        _ => None,
     }
 }
 
@@ -102,8 +122,26 @@ pub fn node_view(node: &Node, spark: Option<&SparkNode>, heartbeat: HeartbeatHis
         classes: spark.map(classes).unwrap_or_default(),
         allocatable_bytes,
         residents: replicas.iter().filter(|r| r.spec.node == name).map(|r| resident(r)).collect(),
+        sweep: None,
         name,
     }
+}
+
+/// Nodes that a running `SweepRun` with `drainReplicas` is draining or sweeping, each with its
+/// run (`namespace/name`; the first by that key when two runs hold one node). A node waiting for
+/// its slot keeps serving, and one that is done serves again at once.
+pub fn sweeping_nodes(runs: &[&SweepRun]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut runs: Vec<(String, &SweepRun)> =
+        runs.iter().map(|r| (deployment_key(&r.namespace().unwrap_or_default(), &r.name_any()), *r)).collect();
+    runs.sort_by(|a, b| a.0.cmp(&b.0));
+    for (key, run) in runs {
+        let Some(status) = run.status.as_ref().filter(|s| s.phase == RunPhase::Running && run.spec.drain_replicas) else { continue };
+        for n in status.nodes.iter().filter(|n| matches!(n.state, NodeRunState::Draining | NodeRunState::Running)) {
+            out.entry(n.node.clone()).or_insert_with(|| key.clone());
+        }
+    }
+    out
 }
 
 /// Serving and not on its way out.
@@ -165,7 +203,7 @@ pub fn deployment_view(dep: &ModelDeployment, facts: &ModelFacts, reserve_bytes:
         prefill_chunk: s.serving.prefill_chunk,
         replicas: u64::try_from(s.replicas).unwrap_or(0),
         node_selector: s.placement.node_selector.clone(),
-        tolerations: Vec::new(),
+        tolerations: s.placement.tolerations.iter().filter_map(toleration).collect(),
         spread: match s.placement.spread {
             crd::Spread::PerNode => Spread::OnePerNode,
             crd::Spread::BestEffort => Spread::Prefer,
@@ -266,6 +304,82 @@ mod tests {
         assert_eq!(v.classes["c1"], ClassQualification::Done(Verdict::Clamped { max_tokens: 4096, first_failure: 8192 }));
         // Asked for and not reported yet.
         assert_eq!(v.classes["c2"], ClassQualification::InProgress);
+    }
+
+    #[test]
+    fn tolerations_map_with_kubernetes_operators() {
+        let t = |key: Option<&str>, op: Option<&str>, value: Option<&str>, effect: Option<&str>| K8sToleration {
+            key: key.map(Into::into),
+            operator: op.map(Into::into),
+            value: value.map(Into::into),
+            effect: effect.map(Into::into),
+            toleration_seconds: None,
+        };
+        let want = |key: Option<&str>, value: Option<&str>, effect: Option<TaintEffect>| {
+            Some(Toleration { key: key.map(Into::into), value: value.map(Into::into), effect })
+        };
+        let cases = [
+            // Equal is the default operator; no value is the empty value.
+            (t(Some("gpu"), None, Some("a"), Some("NoSchedule")), want(Some("gpu"), Some("a"), Some(TaintEffect::NoSchedule))),
+            (t(Some("gpu"), Some("Equal"), None, None), want(Some("gpu"), Some(""), None)),
+            // Exists ignores the value; with no key it tolerates every taint.
+            (t(Some("gpu"), Some("Exists"), None, Some("NoExecute")), want(Some("gpu"), None, Some(TaintEffect::NoExecute))),
+            (t(None, Some("Exists"), None, None), want(None, None, None)),
+            (t(Some(""), Some("Exists"), None, Some("")), want(None, None, None)),
+            (
+                t(Some("soft"), Some("Exists"), None, Some("PreferNoSchedule")),
+                want(Some("soft"), None, Some(TaintEffect::PreferNoSchedule)),
+            ),
+            // What the API server refuses tolerates nothing.
+            (t(None, Some("Equal"), Some("x"), None), None),
+            (t(Some("gpu"), Some("Lt"), Some("3"), None), None),
+            (t(Some("gpu"), Some("Exists"), None, Some("Sometimes")), None),
+        ];
+        for (k8s, expected) in cases {
+            assert_eq!(toleration(&k8s), expected, "{k8s:?}");
+        }
+        // Against a taint with no value (as node_view maps an empty one).
+        let bare = Taint { key: "gpu".into(), value: None, effect: TaintEffect::NoExecute };
+        assert!(toleration(&t(Some("gpu"), None, None, None)).is_some_and(|t| t.tolerates(&bare)));
+        assert!(!toleration(&t(Some("gpu"), None, Some("x"), None)).is_some_and(|t| t.tolerates(&bare)));
+        assert!(toleration(&t(Some("gpu"), Some("Exists"), None, Some("NoExecute"))).is_some_and(|t| t.tolerates(&bare)));
+        assert!(!toleration(&t(Some("gpu"), Some("Exists"), None, Some("NoSchedule"))).is_some_and(|t| t.tolerates(&bare)));
+    }
+
+    #[test]
+    fn nodes_a_running_draining_run_holds() {
+        let run = |name: &str, phase: &str, drain: bool, nodes: &[(&str, &str)]| -> SweepRun {
+            let progress: Vec<serde_json::Value> = nodes.iter().map(|(n, s)| serde_json::json!({ "node": n, "state": s })).collect();
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "brink.dev/v1alpha1", "kind": "SweepRun",
+                "metadata": { "name": name, "namespace": "ai" },
+                "spec": { "sweep": "nightly", "scheduledTime": "2026-12-01T00:00:00Z", "model": "m", "nodes": [],
+                          "workload": { "promptTokens": [512], "concurrency": [1], "generatedTokens": [64] },
+                          "selfTest": {}, "baseline": {}, "maxConcurrentNodes": 2, "drainReplicas": drain, "nodeTimeoutSeconds": 600 },
+                "status": { "phase": phase, "nodes": progress }
+            }))
+            .expect("SweepRun")
+        };
+        let all = [
+            ("n1", "Waiting"),
+            ("n2", "Draining"),
+            ("n3", "Running"),
+            ("n4", "Done"),
+            ("n5", "TimedOut"),
+            ("n6", "Lost"),
+            ("n7", "Skipped"),
+        ];
+        let a = run("b-run", "Running", true, &all);
+        // Only Draining and Running hold a node; another run on n3 sorts after `ai/b-run`.
+        let b = run("c-run", "Running", true, &[("n3", "Running"), ("n8", "Draining")]);
+        let got = sweeping_nodes(&[&b, &a]);
+        let want: BTreeMap<String, String> =
+            [("n2", "ai/b-run"), ("n3", "ai/b-run"), ("n8", "ai/c-run")].iter().map(|(n, r)| (n.to_string(), r.to_string())).collect();
+        assert_eq!(got, want);
+        // Not draining, not running (complete, cancelled, pending): no node is held.
+        for (phase, drain) in [("Running", false), ("Complete", true), ("Cancelled", true), ("Pending", true)] {
+            assert!(sweeping_nodes(&[&run("x", phase, drain, &all)]).is_empty(), "{phase} drain={drain}");
+        }
     }
 
     #[test]

@@ -40,7 +40,8 @@ pub(crate) fn check(node: &NodeView, dep: &DeploymentView, now_s: u64, policy: &
     Static { reasons, limits, needs_qualification, preferred_against }
 }
 
-/// Cordon, blocking taints and the heartbeat: what keeps any replica off the node.
+/// Cordon, blocking taints, the heartbeat and a draining sweep: what keeps any replica off the
+/// node (and, but for a heartbeat within its grace, moves its replicas away).
 pub(crate) fn schedulability(node: &NodeView, dep: &DeploymentView, now_s: u64, policy: &HeartbeatPolicy) -> Vec<Reason> {
     let mut reasons = Vec::new();
     if node.unschedulable {
@@ -52,6 +53,9 @@ pub(crate) fn schedulability(node: &NodeView, dep: &DeploymentView, now_s: u64, 
     let hb = node.heartbeat.assess(now_s, policy);
     if !hb.accepts_replicas() {
         reasons.push(Reason::Heartbeat(hb));
+    }
+    if let Some(run) = &node.sweep {
+        reasons.push(Reason::SweepInProgress { run: run.clone() });
     }
     reasons
 }

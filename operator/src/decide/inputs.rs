@@ -44,7 +44,8 @@ impl fmt::Display for Taint {
 }
 
 /// A deployment's toleration. `None` fields match anything, like an empty key with
-/// `operator: Exists` (key), `operator: Exists` (value) and an empty effect in Kubernetes.
+/// `operator: Exists` (key), `operator: Exists` (value) and an empty effect in Kubernetes;
+/// `operator: Equal` is `value: Some` (an absent value is `Some("")`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Toleration {
     pub key: Option<String>,
@@ -55,7 +56,8 @@ pub struct Toleration {
 impl Toleration {
     pub fn tolerates(&self, taint: &Taint) -> bool {
         let key = self.key.as_ref().is_none_or(|k| *k == taint.key);
-        let value = self.value.as_ref().is_none_or(|v| Some(v) == taint.value.as_ref());
+        // A taint without a value has the empty value, as Kubernetes compares them.
+        let value = self.value.as_deref().is_none_or(|v| v == taint.value.as_deref().unwrap_or(""));
         let effect = self.effect.is_none_or(|e| e == taint.effect);
         key && value && effect
     }
@@ -97,6 +99,9 @@ pub struct NodeView {
     /// memory added back (residents are subtracted by their requests below).
     pub allocatable_bytes: u64,
     pub residents: Vec<Resident>,
+    /// The `SweepRun` (`namespace/name`) sweeping the node with `drainReplicas`: while it
+    /// drains or runs there, the node takes no replicas and its replicas move away.
+    pub sweep: Option<String>,
 }
 
 impl NodeView {

@@ -113,6 +113,20 @@ pub fn lifecycle(
     Ok(Lifecycle { replace, remove, place, held, recheck_in_s })
 }
 
+/// Replicas due to leave a node a sweep drains that go now, without a replacement: one for
+/// each replacement that could not be placed (`unplaced`), by name. A replacement that fits
+/// goes first and the replica leaves once it serves (surge); with no room anywhere, the sweep
+/// would otherwise wait for room that may never come.
+pub fn drain_without_room(replace: &[Replacement], unplaced: u64) -> Vec<String> {
+    let mut sweeping: Vec<&str> = replace
+        .iter()
+        .filter(|r| r.reasons.iter().any(|why| matches!(why, Reason::SweepInProgress { .. })))
+        .map(|r| r.replica.as_str())
+        .collect();
+    sweeping.sort();
+    sweeping.into_iter().take(usize::try_from(unplaced).unwrap_or(usize::MAX)).map(String::from).collect()
+}
+
 /// Why a replica on `node` must leave it (empty: it stays).
 fn eviction_reasons(node: Option<&NodeView>, dep: &DeploymentView, now_s: u64, policy: &HeartbeatPolicy) -> Vec<Reason> {
     let Some(node) = node else {

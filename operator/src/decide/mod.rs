@@ -7,6 +7,7 @@ pub mod heartbeat;
 pub mod inputs;
 pub mod lifecycle;
 pub mod placement;
+pub mod pod_recovery;
 pub mod reason;
 pub mod revision;
 pub mod rollout;
@@ -21,8 +22,9 @@ pub use inputs::{
     ClassQualification, DecideError, DeploymentView, MAX_REPLICAS, MemoryNeed, NodeView, OnSelfTestFailure, Resident, Spread, Taint,
     TaintEffect, Toleration,
 };
-pub use lifecycle::{Lifecycle, Replacement, ReplicaView, lifecycle};
+pub use lifecycle::{Lifecycle, Replacement, ReplicaView, drain_without_room, lifecycle};
 pub use placement::{Assignment, Placement, place};
+pub use pod_recovery::{FailureRecord, PodState, Recovery, RecoveryPolicy, recover};
 pub use reason::Reason;
 pub use revision::revision;
 pub use rollout::{

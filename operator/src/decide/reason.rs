@@ -16,6 +16,10 @@ pub enum Reason {
     Taint(Taint),
     /// Any heartbeat state but fresh.
     Heartbeat(HeartbeatState),
+    /// A `SweepRun` with `drainReplicas` is draining or sweeping the node.
+    SweepInProgress {
+        run: String,
+    },
     SelectorMismatch {
         key: String,
         want: String,
@@ -55,6 +59,7 @@ impl Reason {
             Reason::Heartbeat(HeartbeatState::Flapping { .. }) => "heartbeat flapping".into(),
             Reason::Heartbeat(HeartbeatState::NoLease) => "no heartbeat lease".into(),
             Reason::Heartbeat(_) => "heartbeat expired".into(),
+            Reason::SweepInProgress { .. } => "sweep in progress".into(),
             Reason::SelectorMismatch { .. } => "node selector mismatch".into(),
             Reason::NotQualified { class, .. } => format!("not qualified for {class}"),
             Reason::EnvelopeBelowRequest { requested, .. } => format!("envelope below requested {requested} tokens (Refuse)"),
@@ -77,6 +82,7 @@ impl fmt::Display for Reason {
             Reason::Cordoned => write!(f, "cordoned"),
             Reason::Taint(t) => write!(f, "taint {t}"),
             Reason::Heartbeat(h) => write!(f, "{h}"),
+            Reason::SweepInProgress { run } => write!(f, "sweep in progress: SweepRun {run} drains the node"),
             Reason::SelectorMismatch { key, want, have: Some(have) } => write!(f, "node selector mismatch: {key}={have}, wanted {want}"),
             Reason::SelectorMismatch { key, want, have: None } => write!(f, "node selector mismatch: no label {key} (wanted {want})"),
             Reason::NotQualified { class, state } => write!(f, "not qualified for class {class} ({state})"),

@@ -12,7 +12,7 @@ use std::time::Duration;
 use brink_api::crd::{
     Capacity, EngineBuild, HttpsSource, Model, ModelDeployment, ModelDeploymentSpec, ModelFormat, ModelRef, ModelReplica, ModelReplicaSpec,
     ModelReplicaStatus, ModelSource, ModelSpec, ModelStatus, OnSelfTestFailure, Placement, ReplicaPhase, Rollout, Serving,
-    ShapeQualification, SparkNode, SparkNodeSpec, SparkNodeStatus, Spread,
+    ShapeQualification, SparkNode, SparkNodeSpec, SparkNodeStatus, Spread, SweepRun,
 };
 use brink_api::{Fingerprint, QUALIFICATION_SCHEMA, Qualification, ReportSummary, ServingParams, UnifiedMemory, Verdict};
 use brink_operator::controllers::{Caches, Config, Context, FixedClock, Metrics, Shared};
@@ -88,7 +88,12 @@ pub fn deployment(replicas: i32) -> ModelDeployment {
             replicas,
             engine: EngineBuild { image: "ghcr.io/brink/agent:0.2.0".into(), version: "0.2.0".into() },
             serving: serving(),
-            placement: Placement { node_selector: BTreeMap::new(), spread: Spread::PerNode, require_qualified: true },
+            placement: Placement {
+                node_selector: BTreeMap::new(),
+                spread: Spread::PerNode,
+                require_qualified: true,
+                ..Placement::default()
+            },
             on_self_test_failure: OnSelfTestFailure::Clamp,
             rollout: Rollout::default(),
         },
@@ -224,6 +229,7 @@ pub struct World {
     pub leases: Vec<Lease>,
     pub models: Vec<Model>,
     pub replicas: Vec<ModelReplica>,
+    pub sweep_runs: Vec<SweepRun>,
 }
 
 impl World {
@@ -236,6 +242,7 @@ impl World {
             leases: names.iter().map(|n| lease(n, 5)).collect(),
             models: vec![model()],
             replicas: Vec::new(),
+            sweep_runs: Vec::new(),
         }
     }
 
@@ -246,6 +253,7 @@ impl World {
             leases: store_of(self.leases.clone()),
             models: store_of(self.models.clone()),
             replicas: store_of(self.replicas.clone()),
+            sweep_runs: store_of(self.sweep_runs.clone()),
         }
     }
 }
@@ -437,4 +445,24 @@ pub fn cond<'a>(body: &'a Value, type_: &str) -> &'a Value {
         .as_array()
         .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
         .unwrap_or_else(|| panic!("no {type_} condition in {body}"))
+}
+
+/// A `SweepRun` of sweep `nightly` in `NS` with `drainReplicas`, `Running`, with each node in
+/// the state given (`Waiting`, `Draining`, `Running`, `Done`...), as the run controller writes it.
+pub fn draining_run(name: &str, nodes: &[(&str, &str)]) -> SweepRun {
+    let progress: Vec<Value> = nodes.iter().map(|(node, state)| json!({ "node": node, "state": state })).collect();
+    let mut run: SweepRun = serde_json::from_value(json!({
+        "apiVersion": "brink.dev/v1alpha1", "kind": "SweepRun",
+        "metadata": { "name": name, "namespace": NS },
+        "spec": {
+            "sweep": "nightly", "scheduledTime": now().to_string(), "model": "qwen",
+            "nodes": nodes.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+            "workload": { "promptTokens": [512], "concurrency": [1], "generatedTokens": [64] },
+            "selfTest": {}, "baseline": {}, "maxConcurrentNodes": 1, "drainReplicas": true, "nodeTimeoutSeconds": 3600
+        },
+        "status": { "phase": "Running", "nodes": progress }
+    }))
+    .expect("a SweepRun");
+    run.metadata.uid = Some(format!("uid-{name}"));
+    run
 }

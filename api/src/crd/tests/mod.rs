@@ -340,7 +340,10 @@ fn deployment_json() -> Value {
             "replicas": 3,
             "engine": {"image": "ghcr.io/brink/agent:0.2.0", "version": "0.2.0"},
             "serving": {"context": 32_768, "maxBatchTokens": 16_384, "prefillChunk": 4096, "concurrency": 16, "kvFraction": 0.9},
-            "placement": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB10"}, "spread": "PerNode", "requireQualified": true},
+            "placement": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB10"}, "spread": "PerNode", "requireQualified": true,
+                          "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "inference", "effect": "NoSchedule"},
+                                          {"key": "brink.dev/maintenance", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}],
+                          "priorityClassName": "inference-high"},
             "onSelfTestFailure": "Refuse",
             "rollout": {"strategy": "Canary", "progressDeadlineSeconds": 600}
         },
@@ -432,6 +435,8 @@ fn full_examples_round_trip_in_camel_case() {
     let d: ModelDeployment = round_trip(deployment_json());
     assert_eq!(d.spec.on_self_test_failure, OnSelfTestFailure::Refuse);
     assert_eq!(d.spec.serving.params().max_batch_tokens, 16_384);
+    assert_eq!(d.spec.placement.tolerations.len(), 2);
+    assert_eq!(d.spec.placement.priority_class_name.as_deref(), Some("inference-high"));
     let r: ModelReplica = round_trip(replica_json());
     assert_eq!(r.status.as_ref().map(|s| s.phase), Some(ReplicaPhase::Serving));
     let n: SparkNode = round_trip(spark_node_json());
@@ -460,7 +465,16 @@ fn defaults_fill_a_minimal_deployment() {
     .unwrap();
     assert_eq!(d.spec.replicas, 1);
     assert_eq!(d.spec.on_self_test_failure, OnSelfTestFailure::Clamp);
-    assert_eq!(d.spec.placement, Placement { node_selector: Default::default(), spread: Spread::BestEffort, require_qualified: true });
+    assert_eq!(
+        d.spec.placement,
+        Placement {
+            node_selector: Default::default(),
+            spread: Spread::BestEffort,
+            require_qualified: true,
+            tolerations: vec![],
+            priority_class_name: None
+        }
+    );
     assert_eq!(d.spec.rollout, Rollout { strategy: RolloutStrategy::Canary, progress_deadline_seconds: 900 });
     // The API server fills omitted fields from the schema's defaults: they must say the same.
     let s = schema("ModelDeployment");
@@ -517,8 +531,17 @@ fn cel_rejects_bad_model_specs() {
     let split_dir = with(split, "/spec/source/https/url", json!("https://models.example.com/qwen3/"));
     assert!(cel("Model", &split_dir, None).is_empty());
     // The spec is immutable; status is not.
+    let immutable =
+        "a Model's source is immutable: create a new Model and point the deployment's modelRef at it, so a rollout can roll back";
     let changed = with(good.clone(), "/spec/sha256", json!("e".repeat(64)));
-    one(cel("Model", &changed, Some(&good)), "immutable");
+    assert_eq!(cel("Model", &changed, Some(&good)), [immutable]);
+    let moved = with(good.clone(), "/spec/source/https/url", json!("https://models.example.com/other.gguf"));
+    assert_eq!(cel("Model", &moved, Some(&good)), [immutable]);
+    let to_node = with(with(good.clone(), "/spec/source/https", Value::Null), "/spec/source/nodePath", json!({"path": "/m/q.gguf"}));
+    assert_eq!(cel("Model", &to_node, Some(&good)), [immutable]);
+    // The same spec again (an apply that changes nothing) passes; on create there is no old object.
+    assert!(cel("Model", &good, Some(&good)).is_empty());
+    assert!(cel("Model", &changed, None).is_empty());
     let status_only = with(good.clone(), "/status/sizeBytes", json!(1));
     assert!(cel("Model", &status_only, Some(&good)).is_empty());
 }

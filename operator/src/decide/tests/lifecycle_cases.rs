@@ -79,6 +79,28 @@ fn cases() -> Vec<Case> {
             .replace("r", "taint gpu-broken=true:NoExecute")
             .place(1),
         one("PreferNoSchedule taint keeps", |n| n.taints = vec![taint("maint", PreferNoSchedule)]),
+        one("a sweep draining the node replaces", |n| n.sweep = Some("ai/nightly-7".into()))
+            .replace("r", "sweep in progress: SweepRun ai/nightly-7 drains the node")
+            .place(1),
+        case(
+            "a drained replica whose replacement exists is the scale-down victim (surge done)",
+            vec![with("a", |n| n.sweep = Some("ai/nightly-7".into())), node("b")],
+            &[("r1", "a", true), ("r2", "b", true)],
+            1,
+        )
+        .remove(&["r1"]),
+        case(
+            "a tolerated taint does not shield a node a sweep drains",
+            vec![with("a", |n| {
+                n.taints = vec![taint("dedicated", NoExecute)];
+                n.sweep = Some("ai/nightly-7".into());
+            })],
+            &[("r", "a", true)],
+            1,
+        )
+        .dep(|d| d.tolerations = vec![Toleration::default()])
+        .replace("r", "SweepRun ai/nightly-7")
+        .place(1),
         case(
             "a tolerated NoExecute taint keeps",
             vec![with("a", |n| n.taints = vec![taint("dedicated", NoExecute)])],
@@ -242,4 +264,30 @@ fn duplicates_are_refused() {
     let r = |name: &str| ReplicaView { name: name.into(), node: "a".into(), healthy: true };
     assert_eq!(lifecycle(&dep(), &[r("x"), r("y"), r("x")], &[node("a")], NOW, &POLICY), Err(DecideError::DuplicateReplica("x".into())));
     assert_eq!(lifecycle(&dep(), &[r("x")], &[node("a"), node("a")], NOW, &POLICY), Err(DecideError::DuplicateNode("a".into())));
+}
+
+#[test]
+fn a_sweep_drains_without_room_one_replica_per_unplaced_replacement() {
+    let sweep = |r: &str| Replacement {
+        replica: r.into(),
+        node: "a".into(),
+        reasons: vec![Reason::SweepInProgress { run: "ai/nightly-7".into() }],
+    };
+    let cordon = |r: &str| Replacement { replica: r.into(), node: "c".into(), reasons: vec![Reason::Cordoned] };
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    // (due, unplaced) -> deleted now
+    let cases: Vec<(Vec<Replacement>, u64, Vec<String>)> = vec![
+        // Every replacement placed: surge, nothing goes now.
+        (vec![sweep("r1")], 0, names(&[])),
+        (vec![sweep("r1")], 1, names(&["r1"])),
+        // One of two replacements fits: one drained replica goes, by name.
+        (vec![sweep("r2"), sweep("r1")], 1, names(&["r1"])),
+        (vec![sweep("r2"), sweep("r1")], 5, names(&["r1", "r2"])),
+        // Another reason waits for its replacement as before: cordons do not delete unreplaced.
+        (vec![cordon("r0"), sweep("r1")], 2, names(&["r1"])),
+        (vec![cordon("r0")], 1, names(&[])),
+    ];
+    for (due, unplaced, want) in cases {
+        assert_eq!(drain_without_room(&due, unplaced), want, "{due:?} {unplaced}");
+    }
 }

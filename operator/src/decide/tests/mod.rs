@@ -64,6 +64,7 @@ pub fn node(name: &str) -> NodeView {
         classes: BTreeMap::from([(CLASS.to_string(), qualified(16_384))]),
         allocatable_bytes: 100 * GIB,
         residents: vec![],
+        sweep: None,
     }
 }
 

@@ -99,6 +99,68 @@ fn cases() -> Vec<Case> {
         )
         .why("a", "taint dedicated=true:NoExecute")
         .message("1 taint dedicated=true:NoExecute"),
+        case(
+            "Equal: key, value and effect all match a NoExecute taint",
+            vec![with("a", |n| n.taints = vec![taint("dedicated", NoExecute)])],
+            dep_with(|d| {
+                d.tolerations = vec![Toleration { key: Some("dedicated".into()), value: Some("true".into()), effect: Some(NoExecute) }]
+            }),
+            1,
+        )
+        .on(&["a"]),
+        case(
+            "Exists with no key tolerates every taint",
+            vec![with("a", |n| n.taints = vec![taint("dedicated", NoExecute), taint("maint", NoSchedule)])],
+            dep_with(|d| d.tolerations = vec![Toleration::default()]),
+            1,
+        )
+        .on(&["a"]),
+        case(
+            "each blocking taint needs its own toleration",
+            vec![with("a", |n| n.taints = vec![taint("dedicated", NoExecute), taint("maint", NoSchedule)])],
+            dep_with(|d| d.tolerations = vec![Toleration { key: Some("dedicated".into()), value: None, effect: None }]),
+            1,
+        )
+        .why("a", "taint maint=true:NoSchedule")
+        .message("1 taint maint=true:NoSchedule"),
+        case(
+            "a toleration of another key does not tolerate",
+            vec![with("a", |n| n.taints = vec![taint("dedicated", NoSchedule)]), node("b")],
+            dep_with(|d| d.tolerations = vec![Toleration { key: Some("gpu".into()), value: None, effect: None }]),
+            1,
+        )
+        .on(&["b"])
+        .why("a", "taint dedicated=true:NoSchedule"),
+        case(
+            "Equal with no value matches a taint with no value",
+            vec![with("a", |n| n.taints = vec![Taint { key: "gpu".into(), value: None, effect: NoSchedule }])],
+            dep_with(|d| d.tolerations = vec![Toleration { key: Some("gpu".into()), value: Some(String::new()), effect: Some(NoSchedule) }]),
+            1,
+        )
+        .on(&["a"]),
+        case(
+            "Equal with no value does not match a taint with a value",
+            vec![with("a", |n| n.taints = vec![taint("gpu", NoSchedule)])],
+            dep_with(|d| d.tolerations = vec![Toleration { key: Some("gpu".into()), value: Some(String::new()), effect: None }]),
+            1,
+        )
+        .why("a", "taint gpu=true:NoSchedule"),
+        case(
+            "a tolerated node that misses a selected label is still refused",
+            vec![with("a", |n| n.taints = vec![taint("dedicated", NoSchedule)])],
+            dep_with(|d| {
+                d.tolerations = vec![Toleration::default()];
+                d.node_selector.insert("pool".into(), "inference".into());
+            }),
+            1,
+        )
+        .why("a", "node selector mismatch: no label pool (wanted inference)")
+        .message("1 node selector mismatch"),
+        case("a node a sweep drains takes no replica", vec![with("a", |n| n.sweep = Some("ai/nightly-7".into())), node("b")], dep(), 1)
+            .on(&["b"])
+            .why("a", "sweep in progress: SweepRun ai/nightly-7 drains the node"),
+        case("only nodes a sweep drains", vec![with("a", |n| n.sweep = Some("ai/nightly-7".into()))], dep(), 1)
+            .message("1 of 1 replicas cannot be placed; 0/1 nodes available: 1 sweep in progress"),
         case("heartbeat expired", vec![with("a", |n| n.heartbeat = expired(10)), node("b")], dep(), 1)
             .on(&["b"])
             .why("a", "heartbeat expired 10 s ago"),
