@@ -287,7 +287,8 @@ async fn reconcile_inner(sweep: &RegressionSweep, sctx: &SweepContext) -> Result
             }
         }
         for victim in &d.cancel {
-            cancel(ctx, &ns, victim, &format!("replaced by a newer firing of {name} (concurrencyPolicy Replace)")).await?;
+            let prev = runs.iter().find(|r| r.name_any() == *victim).and_then(|r| r.status.clone());
+            cancel(ctx, &ns, victim, prev, &format!("replaced by a newer firing of {name} (concurrencyPolicy Replace)")).await?;
             publish(
                 ctx,
                 &on,
@@ -373,13 +374,21 @@ async fn create_run(sctx: &SweepContext, sweep: &RegressionSweep, ns: &str, sche
     }
 }
 
-/// Marks a run cancelled (its results stay; the agents stop when they read the phase).
-async fn cancel(ctx: &Context, ns: &str, run: &str, why: &str) -> Result<()> {
+/// The status of a run cancelled now: what it had, with the phase, the time and why.
+pub fn cancelled_status(prev: Option<SweepRunStatus>, now: Time, why: &str) -> SweepRunStatus {
+    SweepRunStatus { phase: RunPhase::Cancelled, completion_time: Some(now), message: Some(why.to_string()), ..prev.unwrap_or_default() }
+}
+
+/// Marks a run cancelled (its results stay; the agents stop when they read the phase). The
+/// apply carries the whole status: the run controller applies it as the same field manager,
+/// and an apply of the phase alone would remove the progress of every node (server-side apply
+/// drops what its manager leaves out), leaving a status without its required `nodes`.
+async fn cancel(ctx: &Context, ns: &str, run: &str, prev: Option<SweepRunStatus>, why: &str) -> Result<()> {
     let patch = json!({
         "apiVersion": "brink.dev/v1alpha1",
         "kind": "SweepRun",
         "metadata": { "name": run },
-        "status": { "phase": RunPhase::Cancelled, "completionTime": Time(ctx.clock.now()), "message": why },
+        "status": cancelled_status(prev, Time(ctx.clock.now()), why),
     });
     match Api::<SweepRun>::namespaced(ctx.client.clone(), ns)
         .patch_status(run, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
