@@ -121,7 +121,8 @@ mod tests {
     #[test]
     fn the_standard_variables_turn_traces_on_and_off() {
         let url = |u: &str| Ok(Some(u.to_string()));
-        let cases: [(&[(&str, &str)], Result<Option<String>, &str>); 11] = [
+        type Case<'a> = (&'a [(&'a str, &'a str)], Result<Option<String>, &'a str>);
+        let cases: [Case<'_>; 11] = [
             (&[], Ok(None)),
             (&[("OTEL_SERVICE_NAME", "op")], Ok(None)),
             (&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/")], url("http://collector:4318/v1/traces")),

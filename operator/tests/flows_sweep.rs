@@ -396,7 +396,7 @@ async fn a_resumed_sweep_fires_once_for_the_latest_missed_time() {
     f.suspend(false).await;
     let want = run_name("nightly", NOW_S + 3 * HOUR);
     let runs = f.until("one run after the resume", 120, |runs| (!runs.is_empty()).then(|| runs.clone())).await;
-    assert_eq!(runs.keys().cloned().collect::<Vec<_>>(), [want.clone()]);
+    assert_eq!(runs.keys().cloned().collect::<Vec<_>>(), std::slice::from_ref(&want));
     // Requeues and resyncs come and go within the hour: still that one run.
     f.poke().await;
     tokio::time::sleep(Duration::from_secs(600)).await;

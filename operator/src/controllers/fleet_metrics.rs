@@ -164,8 +164,7 @@ mod tests {
 
     /// A SparkNode asked for `asked` classes, with results `(class, verdict, envelope tokens, driver)`.
     fn spark(name: &str, asked: &[&str], results: &[(&str, Verdict, Option<u64>, &str)]) -> Arc<SparkNode> {
-        let mut s =
-            SparkNode::new(name, SparkNodeSpec { shape_classes: asked.iter().map(|c| c.to_string()).collect(), ..Default::default() });
+        let mut s = SparkNode::new(name, SparkNodeSpec { shape_classes: asked.iter().map(|c| c.to_string()).collect() });
         let qualifications = results
             .iter()
             .map(|(class, verdict, tokens, driver)| {

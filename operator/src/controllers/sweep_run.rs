@@ -156,7 +156,9 @@ pub async fn reconcile(run: Arc<SweepRun>, ctx: Arc<SweepContext>) -> Result<Act
 /// their baselines (read from the cache).
 pub fn run_series(sctx: &SweepContext, ns: &str, run: &str, judgements: &BTreeMap<String, Judgement>) -> SweepSeries {
     let result = |run: &str, node: &str| sctx.sweeps.results.get(&ObjectRef::new(&result_name(run, node)).within(ns));
-    let held: Vec<(&str, &Judgement, Option<Arc<SweepResult>>, Option<Arc<SweepResult>>)> = judgements
+    // Per node: its judgement, its result and its baseline's result.
+    type Held<'a> = (&'a str, &'a Judgement, Option<Arc<SweepResult>>, Option<Arc<SweepResult>>);
+    let held: Vec<Held<'_>> = judgements
         .iter()
         .map(|(node, j)| (node.as_str(), j, result(run, node), j.baseline_run.as_deref().and_then(|b| result(b, node))))
         .collect();
