@@ -6,3 +6,4 @@ pub mod controllers;
 pub mod crds;
 pub mod decide;
 pub mod leader;
+pub mod telemetry;

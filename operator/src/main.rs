@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use brink_operator::controllers::{self, Config, Metrics, Shared, SystemClock, server, startup};
-use brink_operator::crds;
 use brink_operator::leader::{self, Outcome};
+use brink_operator::{crds, telemetry};
 use clap::{Args, Parser, Subcommand};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
@@ -106,12 +106,17 @@ fn run(args: RunArgs) -> ExitCode {
     // Two rustls providers may be compiled in (see Cargo.toml): pick one before any TLS client
     // is built. An error means one is installed already, which is as good.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // Before the runtime: the OTLP batch exporter runs its own thread with a blocking client.
+    let telemetry = match telemetry::init() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if telemetry.exporting() {
+        tracing::info!("exporting reconcile traces over OTLP");
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
@@ -119,7 +124,13 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(args)) {
+    let outcome = runtime.block_on(serve(args));
+    drop(runtime);
+    // The spans of the last reconciles are still batched: send them before exiting.
+    if let Err(e) = telemetry.shutdown() {
+        eprintln!("warning: {e}");
+    }
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

@@ -391,6 +391,9 @@ async fn replace_cancels_the_active_run_before_starting_the_new_one() {
                 assert_eq!(b["status"]["phase"], "Cancelled");
                 assert_eq!(b["status"]["completionTime"], "2026-12-01T00:00:00Z");
                 assert_eq!(b["status"]["message"], "replaced by a newer firing of nightly (concurrencyPolicy Replace)");
+                // The whole status, nodes included: an apply without them would remove them.
+                assert_eq!(b["status"]["nodes"][0]["node"], "spark-1");
+                assert_eq!(b["status"]["startTime"], "2026-11-30T23:10:00Z");
             },
             serde_json::to_value(&active).expect("JSON"),
         ),

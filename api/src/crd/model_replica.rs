@@ -59,7 +59,8 @@ pub struct ModelReplicaStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
     /// Model download progress on the node, while `Downloading`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "progress_or_empty")]
+    #[schemars(with = "Option<DownloadProgress>")]
     pub download: Option<DownloadProgress>,
     /// The envelope the replica's own self-test validated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -135,11 +136,21 @@ impl ReplicaPhase {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DownloadProgress {
-    /// Defaulted: an apply that drops the download's fields can leave `download: {}` behind.
-    #[serde(default)]
     pub bytes_done: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes_total: Option<u64>,
+}
+
+/// `download: {}` reads as no download. The agent ends a download by applying its status
+/// without `download`; server-side apply then removes `bytesDone`, and structured-merge-diff
+/// (since v4.7) may keep the emptied map, which would otherwise make the whole replica
+/// unreadable (found by the agent's model-reuse flow through the API double).
+fn progress_or_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<DownloadProgress>, D::Error> {
+    match Option::<serde_json::Value>::deserialize(d)? {
+        None => Ok(None),
+        Some(serde_json::Value::Object(m)) if m.is_empty() => Ok(None),
+        Some(v) => serde_json::from_value(v).map(Some).map_err(serde::de::Error::custom),
+    }
 }
 
 /// Measured by the agent over its last window of requests.
@@ -163,4 +174,21 @@ pub struct StallReport {
     pub sequences: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+#[cfg(test)]
+mod download_tests {
+    use super::*;
+
+    #[test]
+    fn an_emptied_download_reads_as_none() {
+        let read = |v: serde_json::Value| serde_json::from_value::<ModelReplicaStatus>(v).map(|s| s.download);
+        assert_eq!(read(serde_json::json!({ "download": {} })).unwrap(), None);
+        assert_eq!(read(serde_json::json!({})).unwrap(), None);
+        assert_eq!(read(serde_json::json!({ "download": null })).unwrap(), None);
+        let some = read(serde_json::json!({ "download": { "bytesDone": 5, "bytesTotal": 9 } })).unwrap();
+        assert_eq!(some, Some(DownloadProgress { bytes_done: 5, bytes_total: Some(9) }));
+        // A malformed progress is still an error, not silently dropped.
+        assert!(read(serde_json::json!({ "download": { "bytesTotal": 9 } })).is_err());
+    }
 }

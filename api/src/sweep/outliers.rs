@@ -79,8 +79,9 @@ pub fn outliers(nodes: &[NodeFigures<'_>], tolerance_percent: u32) -> Vec<Findin
     found
 }
 
-/// The median of `v` (sorted in place); `v` is not empty.
-fn median(v: &mut [f64]) -> f64 {
+/// The median of `v` (sorted in place); `v` is not empty. Public: the operator's fleet-median
+/// gauges use the same one.
+pub fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     let n = v.len();
     if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }

@@ -12,6 +12,7 @@ pub mod context;
 pub mod deployment;
 pub mod error;
 pub mod events;
+pub mod fleet_metrics;
 pub mod metrics;
 pub mod names;
 pub mod nodes;
@@ -39,7 +40,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 pub use context::{Caches, Clock, Config, Context, FIELD_MANAGER, FixedClock, Shared, SystemClock};
 pub use error::{Error, Result};
@@ -59,6 +60,34 @@ pub fn retry_after(error: &Error) -> Duration {
             Duration::from_secs(120)
         }
     }
+}
+
+/// Runs `reconcile` inside one span per reconcile, named `reconcile`, with the controller, the
+/// object (`namespace/name`) and the outcome (`ok`, or the error's kind): what the traces
+/// exporter sends; the reconcile's own spans and kube-runtime's nest with it.
+pub async fn traced<K, C, F, Fut>(controller: &'static str, reconcile: F, obj: Arc<K>, ctx: Arc<C>) -> Result<Action>
+where
+    K: Resource,
+    F: FnOnce(Arc<K>, Arc<C>) -> Fut,
+    Fut: Future<Output = Result<Action>>,
+{
+    let object = match obj.namespace() {
+        Some(ns) => format!("{ns}/{}", obj.name_any()),
+        None => obj.name_any(),
+    };
+    let span = tracing::info_span!(
+        "reconcile",
+        controller,
+        object = %object,
+        outcome = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty
+    );
+    let result = reconcile(obj, ctx).instrument(span.clone()).await;
+    match &result {
+        Ok(_) => span.record("outcome", "ok"),
+        Err(e) => span.record("outcome", e.kind()).record("otel.status_code", "ERROR"),
+    };
+    result
 }
 
 fn error_policy<K: Resource<DynamicType = ()>>(obj: Arc<K>, error: &Error, _ctx: Arc<Context>) -> Action {
@@ -140,6 +169,25 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl Future<Output = ()> + Send 
             warn!(seconds = limit.as_secs(), "controllers did not drain in time after the shutdown signal; exiting")
         }
     }
+    // The caches stop with the controllers: a standby (or stopping) operator shows no fleet.
+    shared.metrics.set_fleet_source(None);
+}
+
+/// Lets `/metrics` compute the fleet gauges from the caches at each scrape.
+fn install_fleet_source(ctx: &Arc<Context>, deployments: Store<ModelDeployment>) {
+    let (caches, metrics, clock) = (ctx.caches.clone(), Arc::downgrade(&ctx.metrics), ctx.clock.clone());
+    ctx.metrics.set_fleet_source(Some(Box::new(move || {
+        let unplaced = |ns: &str, d: &str| metrics.upgrade().map_or(0, |m| m.unplaced_of(ns, d));
+        fleet_metrics::fleet_series(&fleet_metrics::FleetInput {
+            now_s: clock.now().as_second(),
+            nodes: &caches.nodes.state(),
+            spark_nodes: &caches.spark_nodes.state(),
+            leases: &caches.leases.state(),
+            replicas: &caches.replicas.state(),
+            deployments: &deployments.state(),
+            unplaced: &unplaced,
+        })
+    })));
 }
 
 async fn deployments(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
@@ -147,6 +195,7 @@ async fn deployments(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Sen
     let wc = watcher::Config::default().any_semantic();
     let controller = Controller::new(Api::<ModelDeployment>::all(c.clone()), wc.clone());
     let store = controller.store();
+    install_fleet_source(&ctx, store.clone());
     let (on_node, on_spark, on_lease, on_run) = (ctx.clone(), ctx.clone(), ctx.clone(), ctx.clone());
     controller
         .owns(Api::<ModelReplica>::all(c.clone()), wc.clone())
@@ -160,7 +209,7 @@ async fn deployments(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Sen
         // A sweep that starts draining a node moves its replicas; one that ends frees the node.
         .watches(Api::<SweepRun>::all(c.clone()), wc, move |r: SweepRun| nodes::requeue_for_run(&r, &on_run))
         .graceful_shutdown_on(shutdown)
-        .run(deployment::reconcile, error_policy, ctx)
+        .run(|d, c| traced(deployment::CONTROLLER, deployment::reconcile, d, c), error_policy, ctx)
         .for_each(|r| {
             if let Err(e) = r {
                 warn!(error = %e, "deployment controller");
@@ -179,7 +228,7 @@ async fn replicas(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send +
         .owns(Api::<Pod>::all(c.clone()), wc.clone().labels(names::REPLICA_LABEL))
         .watches(Api::<Model>::all(c.clone()), wc, move |m: Model| nodes::replicas_of_model(&m, &store))
         .graceful_shutdown_on(shutdown)
-        .run(replica::reconcile, error_policy, ctx)
+        .run(|r, c| traced(replica::CONTROLLER, replica::reconcile, r, c), error_policy, ctx)
         .for_each(|r| {
             if let Err(e) = r {
                 warn!(error = %e, "replica controller");

@@ -137,6 +137,19 @@ pub fn baselines(sweep: &RegressionSweep, runs: &[Arc<SweepRun>], results: &[Arc
     out
 }
 
+/// The runs to delete: finished runs beyond the history limits, except the baselines of the
+/// runs that stay (and the pinned run). Only the kept runs' baselines count: with LastPassing
+/// every run's results name the run before, and protecting the baselines of runs that are
+/// themselves pruned would keep that whole chain, so nothing would ever be pruned.
+pub fn prune_runs(sweep: &RegressionSweep, runs: &[Arc<SweepRun>], results: &[Arc<SweepResult>]) -> Vec<String> {
+    let (keep_passed, keep_other) = (sweep.spec.successful_runs_history_limit, sweep.spec.failed_runs_history_limit);
+    let done = finished(runs);
+    let pinned: BTreeSet<String> = sweep.spec.baseline.pinned_run.iter().cloned().collect();
+    let beyond = history::prune(&done, keep_passed, keep_other, &pinned);
+    let kept: Vec<Arc<SweepRun>> = runs.iter().filter(|r| !beyond.contains(&r.name_any())).cloned().collect();
+    history::prune(&done, keep_passed, keep_other, &baselines(sweep, &kept, results))
+}
+
 /// Finished runs as the pruning sees them. A run without a verdict (cancelled, or nothing
 /// swept) counts against the failed-runs limit: it is not a passing run.
 pub fn finished(runs: &[Arc<SweepRun>]) -> Vec<FinishedRun> {
@@ -274,7 +287,8 @@ async fn reconcile_inner(sweep: &RegressionSweep, sctx: &SweepContext) -> Result
             }
         }
         for victim in &d.cancel {
-            cancel(ctx, &ns, victim, &format!("replaced by a newer firing of {name} (concurrencyPolicy Replace)")).await?;
+            let prev = runs.iter().find(|r| r.name_any() == *victim).and_then(|r| r.status.clone());
+            cancel(ctx, &ns, victim, prev, &format!("replaced by a newer firing of {name} (concurrencyPolicy Replace)")).await?;
             publish(
                 ctx,
                 &on,
@@ -296,9 +310,7 @@ async fn reconcile_inner(sweep: &RegressionSweep, sctx: &SweepContext) -> Result
     }
 
     // History: finished runs beyond the limits, except baselines.
-    let baselines = baselines(sweep, &runs, &sctx.sweeps.results.state());
-    let doomed =
-        history::prune(&finished(&runs), sweep.spec.successful_runs_history_limit, sweep.spec.failed_runs_history_limit, &baselines);
+    let doomed = prune_runs(sweep, &runs, &sctx.sweeps.results.state());
     let api: Api<SweepRun> = Api::namespaced(ctx.client.clone(), &ns);
     for victim in &doomed {
         match api.delete(victim, &DeleteParams::background()).await {
@@ -362,13 +374,21 @@ async fn create_run(sctx: &SweepContext, sweep: &RegressionSweep, ns: &str, sche
     }
 }
 
-/// Marks a run cancelled (its results stay; the agents stop when they read the phase).
-async fn cancel(ctx: &Context, ns: &str, run: &str, why: &str) -> Result<()> {
+/// The status of a run cancelled now: what it had, with the phase, the time and why.
+pub fn cancelled_status(prev: Option<SweepRunStatus>, now: Time, why: &str) -> SweepRunStatus {
+    SweepRunStatus { phase: RunPhase::Cancelled, completion_time: Some(now), message: Some(why.to_string()), ..prev.unwrap_or_default() }
+}
+
+/// Marks a run cancelled (its results stay; the agents stop when they read the phase). The
+/// apply carries the whole status: the run controller applies it as the same field manager,
+/// and an apply of the phase alone would remove the progress of every node (server-side apply
+/// drops what its manager leaves out), leaving a status without its required `nodes`.
+async fn cancel(ctx: &Context, ns: &str, run: &str, prev: Option<SweepRunStatus>, why: &str) -> Result<()> {
     let patch = json!({
         "apiVersion": "brink.dev/v1alpha1",
         "kind": "SweepRun",
         "metadata": { "name": run },
-        "status": { "phase": RunPhase::Cancelled, "completionTime": Time(ctx.clock.now()), "message": why },
+        "status": cancelled_status(prev, Time(ctx.clock.now()), why),
     });
     match Api::<SweepRun>::namespaced(ctx.client.clone(), ns)
         .patch_status(run, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
@@ -416,7 +436,7 @@ async fn sweeps(sctx: Arc<SweepContext>, shutdown: impl Future<Output = ()> + Se
     Controller::new(Api::<RegressionSweep>::all(c.clone()), wc.clone())
         .owns(Api::<SweepRun>::all(c), wc)
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, sctx)
+        .run(|s, c| super::traced(CONTROLLER, reconcile, s, c), error_policy, sctx)
         .for_each(|r| {
             if let Err(e) = r {
                 warn!(error = %e, "regression sweep controller");

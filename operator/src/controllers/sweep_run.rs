@@ -36,6 +36,7 @@ use super::events::publish;
 use super::names::heartbeat_lease;
 use super::sweep::{SweepContext, error_policy, is_active, runs_of, time_of};
 use crate::decide::sweep::progress::{self, NodeNow, NodeStep, RunLimits};
+use crate::decide::sweep::series::{JudgedNode, SweepSeries, series};
 use crate::decide::sweep::summary::{self, NodeOutcome};
 
 pub const CONTROLLER: &str = "sweeprun";
@@ -151,8 +152,64 @@ pub async fn reconcile(run: Arc<SweepRun>, ctx: Arc<SweepContext>) -> Result<Act
     result
 }
 
+/// The run's `brink_sweep_*` series from its judgements and the figures of its results and
+/// their baselines (read from the cache).
+pub fn run_series(sctx: &SweepContext, ns: &str, run: &str, judgements: &BTreeMap<String, Judgement>) -> SweepSeries {
+    let result = |run: &str, node: &str| sctx.sweeps.results.get(&ObjectRef::new(&result_name(run, node)).within(ns));
+    // Per node: its judgement, its result and its baseline's result.
+    type Held<'a> = (&'a str, &'a Judgement, Option<Arc<SweepResult>>, Option<Arc<SweepResult>>);
+    let held: Vec<Held<'_>> = judgements
+        .iter()
+        .map(|(node, j)| (node.as_str(), j, result(run, node), j.baseline_run.as_deref().and_then(|b| result(b, node))))
+        .collect();
+    let status = |r: &Option<Arc<SweepResult>>| r.as_ref().and_then(|r| r.status.clone());
+    let figures: Vec<(Option<String>, Option<SweepResultStatus>, Option<SweepResultStatus>)> =
+        held.iter().map(|(_, _, r, b)| (status(r).as_ref().and_then(hardware_key), status(r), status(b))).collect();
+    let nodes: Vec<JudgedNode<'_>> = held
+        .iter()
+        .zip(&figures)
+        .map(|((node, j, _, _), (key, mine, base))| JudgedNode {
+            node,
+            judgement: j,
+            figures: key.as_deref().zip(mine.as_ref().map(|s| s.points.as_slice())),
+            baseline: base.as_ref().map_or(&[], |s| s.points.as_slice()),
+        })
+        .collect();
+    series(&nodes)
+}
+
+/// After a restart the sweep gauges are empty until a run completes: a complete run that is
+/// its sweep's latest shows its series again (counters are not replayed).
+fn show_if_latest(run: &SweepRun, sctx: &SweepContext) {
+    let (Some(ns), Some(status)) = (run.namespace(), run.status.as_ref()) else { return };
+    let name = run.name_any();
+    let metrics = &sctx.base.metrics;
+    if status.phase != RunPhase::Complete || metrics.latest_sweep_run(&ns, &run.spec.sweep).as_deref() == Some(name.as_str()) {
+        return;
+    }
+    let latest = runs_of(&sctx.sweeps.runs, &ns, &run.spec.sweep)
+        .into_iter()
+        .filter(|r| r.status.as_ref().is_some_and(|s| s.phase == RunPhase::Complete))
+        .max_by_key(|r| r.status.as_ref().and_then(|s| s.completion_time.as_ref()).map(|t| t.0.as_second()));
+    if latest.is_none_or(|l| l.name_any() != name) {
+        return;
+    }
+    let judgements: BTreeMap<String, Judgement> = run
+        .spec
+        .nodes
+        .iter()
+        .filter_map(|node| {
+            let r = sctx.sweeps.results.get(&ObjectRef::new(&result_name(&name, node)).within(&ns))?;
+            Some((node.clone(), r.status.as_ref()?.judgement.clone()?))
+        })
+        .collect();
+    let completed_s = status.completion_time.as_ref().map_or(0, |t| t.0.as_second());
+    metrics.sweep_run_latest(&ns, &run.spec.sweep, &name, completed_s, run_series(sctx, &ns, &name, &judgements));
+}
+
 async fn reconcile_inner(run: &SweepRun, sctx: &SweepContext) -> Result<Action> {
     if !is_active(run) {
+        show_if_latest(run, sctx);
         return Ok(Action::await_change());
     }
     let ctx = &sctx.base;
@@ -285,6 +342,9 @@ async fn reconcile_inner(run: &SweepRun, sctx: &SweepContext) -> Result<Action> 
     }
 
     if complete {
+        let completed_s = status.completion_time.as_ref().map_or(now_s, |t| t.0.as_second());
+        let series = run_series(sctx, &ns, &name, &judgements);
+        ctx.metrics.sweep_run_completed(&ns, &run.spec.sweep, &name, status.verdict, completed_s, series);
         announce(ctx, run, &ns, &status, &judgements).await;
         info!(verdict = ?status.verdict, outliers = newly_flagged.len(), "sweep run complete");
         return Ok(Action::await_change());
@@ -372,7 +432,7 @@ pub(super) async fn controller(sctx: Arc<SweepContext>, shutdown: impl Future<Ou
             r.namespace().map(|ns| ObjectRef::<SweepRun>::new(&r.spec.run).within(&ns))
         })
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, sctx)
+        .run(|r, c| super::traced(CONTROLLER, reconcile, r, c), error_policy, sctx)
         .for_each(|r| {
             if let Err(e) = r {
                 warn!(error = %e, "sweep run controller");

@@ -8,6 +8,7 @@ mod download;
 mod facts;
 mod facts_flow;
 mod lease_renew;
+mod model_reuse_flow;
 mod qualify;
 mod run_loop;
 mod start;

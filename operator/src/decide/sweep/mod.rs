@@ -6,6 +6,7 @@
 pub mod history;
 pub mod progress;
 pub mod schedule;
+pub mod series;
 pub mod summary;
 
 #[cfg(test)]
