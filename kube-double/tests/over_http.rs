@@ -16,6 +16,9 @@ use kube::{Api, Client};
 use serde_json::json;
 
 async fn client_from_file(path: &std::path::Path) -> Client {
+    // A workspace build links two rustls providers (kube's ring, reqwest's aws-lc-rs), and rustls
+    // will not choose: a client panics unless one is installed, as the binaries do at start.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let kc = Kubeconfig::read_from(path).unwrap();
     let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.unwrap();
     assert_eq!(config.default_namespace, "serving");

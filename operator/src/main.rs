@@ -68,6 +68,13 @@ struct RunArgs {
     /// Seconds a leader's Lease lasts without renewal (renewed every third).
     #[arg(long, default_value_t = 15)]
     leader_lease_seconds: u64,
+    /// A Secret in each replica's namespace holding the replicas' API keys (key `keys`, one per
+    /// line), mounted into replica Pods and passed as `--api-key-file`. Unset: no keys.
+    #[arg(long)]
+    replica_api_keys_secret: Option<String>,
+    /// The OTLP http/protobuf endpoint replica Pods export metrics to. Unset: no export.
+    #[arg(long)]
+    replica_otlp_endpoint: Option<String>,
 }
 
 /// The leader Lease's name, in --lease-namespace.
@@ -183,6 +190,8 @@ async fn serve(args: RunArgs) -> Result<(), String> {
             serve_port: args.serve_port,
             startup_seconds: args.startup_seconds,
             drain_seconds: args.drain_seconds,
+            replica_api_keys_secret: args.replica_api_keys_secret.filter(|s| !s.trim().is_empty()),
+            replica_otlp_endpoint: args.replica_otlp_endpoint.filter(|s| !s.trim().is_empty()),
             ..Config::default()
         },
     });

@@ -37,7 +37,28 @@ pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
         return (0, String::new());
     }
     let status = raw.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (status, raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((raw.as_str(), ""));
+    let chunked = head.lines().any(|l| {
+        l.split_once(':').is_some_and(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.trim().eq_ignore_ascii_case("chunked"))
+    });
+    (status, if chunked { dechunk(body) } else { body.to_string() })
+}
+
+/// A chunked body's data (large responses, e.g. Prometheus' query API, come chunked). Works on
+/// bytes: a chunk may end inside a UTF-8 character.
+fn dechunk(body: &str) -> String {
+    let (mut rest, mut out) = (body.as_bytes(), Vec::new());
+    while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size = String::from_utf8_lossy(&rest[..eol]);
+        let Ok(n) = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16) else { break };
+        let data = &rest[eol + 2..];
+        if n == 0 || data.len() < n {
+            break;
+        }
+        out.extend_from_slice(&data[..n]);
+        rest = data[n..].strip_prefix(b"\r\n").unwrap_or(&data[n..]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Starts `serve` with `args` on port 0; returns it with the address it printed, once `/ready`

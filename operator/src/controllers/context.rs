@@ -72,6 +72,11 @@ pub struct Config {
     pub resync_seconds: u64,
     /// How long in-flight reconciles may run after the shutdown signal.
     pub drain_seconds: u64,
+    /// A Secret in each replica's namespace whose key `keys` holds the replicas' API keys (one
+    /// per line); None: replicas accept requests without a key.
+    pub replica_api_keys_secret: Option<String>,
+    /// The OTLP endpoint replica Pods export to (`OTEL_EXPORTER_OTLP_ENDPOINT`); None: no export.
+    pub replica_otlp_endpoint: Option<String>,
 }
 
 impl Default for Config {
@@ -88,6 +93,8 @@ impl Default for Config {
             resync_seconds: 20,
             // Inside the kubelet's default 30 s termination grace.
             drain_seconds: 25,
+            replica_api_keys_secret: None,
+            replica_otlp_endpoint: None,
         }
     }
 }

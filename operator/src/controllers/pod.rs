@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use brink_api::crd::{Model, ModelReplica, ReplicaPhase};
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, HostPathVolumeSource, ObjectFieldSelector,
-    PersistentVolumeClaimVolumeSource, Pod, PodSpec, Probe, ResourceRequirements, Toleration, Volume, VolumeMount,
+    PersistentVolumeClaimVolumeSource, Pod, PodSpec, Probe, ResourceRequirements, SecretVolumeSource, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -26,6 +26,8 @@ use crate::decide::{PodState, RecoveryPolicy};
 const PVC_MOUNT: &str = "/models/pvc";
 /// The engine's scratch state (stall reports) inside the Pod.
 const STATE_DIR: &str = "/var/lib/brink/state";
+/// Where the API keys Secret is mounted in replica Pods (its key `keys`).
+const API_KEYS_DIR: &str = "/etc/brink/api-keys";
 const RUNTIME_CLASS: &str = "nvidia";
 /// Seconds the engine gets to drain after SIGTERM: its own grace (30 s) plus margin.
 const TERMINATION_GRACE_S: i64 = 45;
@@ -205,7 +207,35 @@ pub fn desired_pod(replica: &ModelReplica, model: &Model, config: &Config) -> Re
         "--served-model-name".into(),
         s.model.clone(),
     ]
-    .into();
+    .into_iter()
+    .chain(config.replica_api_keys_secret.as_ref().map(|_| format!("--api-key-file={API_KEYS_DIR}/keys")))
+    .collect();
+    // Optional parts are added only when configured, so the Pods of an operator without them
+    // keep their spec hash (and are not recreated by an upgrade).
+    let mut envs = vec![
+        field_env("POD_NAME", "metadata.name"),
+        field_env("POD_NAMESPACE", "metadata.namespace"),
+        field_env("NODE_NAME", "spec.nodeName"),
+        env("BRINK_REPLICA", &name),
+        env("BRINK_STATE_DIR", STATE_DIR),
+        // The NVIDIA runtime exposes the GPU; GB10 has one, shared by the node's replicas.
+        env("NVIDIA_VISIBLE_DEVICES", "all"),
+        env("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
+    ];
+    if let Some(endpoint) = &config.replica_otlp_endpoint {
+        envs.push(env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint));
+        envs.push(env("OTEL_SERVICE_NAME", "brink-replica"));
+    }
+    let mut mounts = vec![mount.mount.clone(), VolumeMount { name: "state".into(), mount_path: STATE_DIR.into(), ..VolumeMount::default() }];
+    let mut volumes = vec![mount.volume, Volume { name: "state".into(), empty_dir: Some(Default::default()), ..Volume::default() }];
+    if let Some(secret) = &config.replica_api_keys_secret {
+        mounts.push(VolumeMount { name: "api-keys".into(), mount_path: API_KEYS_DIR.into(), read_only: Some(true), ..VolumeMount::default() });
+        volumes.push(Volume {
+            name: "api-keys".into(),
+            secret: Some(SecretVolumeSource { secret_name: Some(secret.clone()), ..SecretVolumeSource::default() }),
+            ..Volume::default()
+        });
+    }
     let memory = replica_memory(replica);
     let resources = (memory > 0).then(|| ResourceRequirements {
         requests: Some(BTreeMap::from([("memory".to_string(), Quantity(memory.to_string()))])),
@@ -222,25 +252,13 @@ pub fn desired_pod(replica: &ModelReplica, model: &Model, config: &Config) -> Re
             container_port: i32::from(config.serve_port),
             ..ContainerPort::default()
         }]),
-        env: Some(vec![
-            field_env("POD_NAME", "metadata.name"),
-            field_env("POD_NAMESPACE", "metadata.namespace"),
-            field_env("NODE_NAME", "spec.nodeName"),
-            env("BRINK_REPLICA", &name),
-            env("BRINK_STATE_DIR", STATE_DIR),
-            // The NVIDIA runtime exposes the GPU; GB10 has one, shared by the node's replicas.
-            env("NVIDIA_VISIBLE_DEVICES", "all"),
-            env("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
-        ]),
+        env: Some(envs),
         resources,
         startup_probe: Some(http_probe("/ready", 10, startup_failures)),
         readiness_probe: Some(http_probe("/ready", 5, 2)),
         // `/live` follows the progress heartbeat; 60 s covers the supervisor's own engine restart.
         liveness_probe: Some(http_probe("/live", 10, 6)),
-        volume_mounts: Some(vec![
-            mount.mount.clone(),
-            VolumeMount { name: "state".into(), mount_path: STATE_DIR.into(), ..VolumeMount::default() },
-        ]),
+        volume_mounts: Some(mounts),
         ..Container::default()
     };
     let scheduling = PodScheduling::of(replica)?;
@@ -249,7 +267,7 @@ pub fn desired_pod(replica: &ModelReplica, model: &Model, config: &Config) -> Re
         runtime_class_name: Some(RUNTIME_CLASS.into()),
         termination_grace_period_seconds: Some(TERMINATION_GRACE_S),
         containers: vec![container],
-        volumes: Some(vec![mount.volume, Volume { name: "state".into(), empty_dir: Some(Default::default()), ..Volume::default() }]),
+        volumes: Some(volumes),
         // The Pod is bound by nodeName, past the scheduler: these matter to the kubelet's
         // admission (node selector), the taint manager (NoExecute) and preemption (priority).
         tolerations: (!scheduling.tolerations.is_empty()).then_some(scheduling.tolerations),
