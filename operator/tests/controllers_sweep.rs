@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use brink_api::crd::{
-    GridPoint, Judgement, NodeFingerprint, NodeProgress, NodeRunState, PointFigures, RegressionSweep, RegressionSweepStatus, ResultState,
-    RunPhase, SweepResult, SweepResultSpec, SweepResultStatus, SweepRun, SweepRunStatus, SweepVerdict, result_name,
+    Judgement, NodeProgress, NodeRunState, RegressionSweep, RegressionSweepStatus, ResultState, RunPhase, SweepResult, SweepResultSpec,
+    SweepResultStatus, SweepRun, SweepRunStatus, SweepVerdict, result_name,
 };
 use brink_operator::controllers::sweep::{self, SweepCaches, SweepContext, run_spec, time_of};
 use brink_operator::controllers::sweep_run;
@@ -17,27 +17,11 @@ use brink_operator::decide::sweep::schedule::run_name;
 use common::*;
 use kube::Resource;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::watcher;
 use serde_json::{Value, json};
 
 const SWEEPS: &str = "/apis/brink.dev/v1alpha1/namespaces/llm/regressionsweeps";
 const RUNS: &str = "/apis/brink.dev/v1alpha1/namespaces/llm/sweepruns";
 const RESULTS: &str = "/apis/brink.dev/v1alpha1/namespaces/llm/sweepresults";
-
-fn store_of<K>(objs: Vec<K>) -> Store<K>
-where
-    K: Resource<DynamicType = ()> + Clone + 'static,
-{
-    let (store, mut writer) = reflector::store();
-    writer.apply_watcher_event(&watcher::Event::Init);
-    for o in objs {
-        writer.apply_watcher_event(&watcher::Event::InitApply(o));
-    }
-    writer.apply_watcher_event(&watcher::Event::InitDone);
-    std::mem::forget(writer);
-    store
-}
 
 /// An hourly sweep of the nodes labelled `pool=a`, created two days before now, last fired
 /// `last_fired_ago_s` before now.
@@ -119,20 +103,6 @@ fn complete(verdict: SweepVerdict) -> SweepRunStatus {
     SweepRunStatus { phase: RunPhase::Complete, verdict: Some(verdict), completion_time: Some(time_of(NOW_S - 3000)), ..Default::default() }
 }
 
-fn fingerprint() -> NodeFingerprint {
-    NodeFingerprint {
-        gpu_name: "NVIDIA GB10".into(),
-        compute_capability: "12.1".into(),
-        driver_version: Some("580.95.05".into()),
-        cuda_version: "13.0".into(),
-        nvrtc_version: None,
-        agent_version: "0.2.0".into(),
-        kernel_sources_hash: "cafe".into(),
-    }
-}
-
-const POINT: GridPoint = GridPoint { prompt_tokens: 128, concurrency: 1, generated_tokens: 32 };
-
 /// `node`'s result in `run`: Done, one grid point at `tokens_per_s`.
 fn result(run: &SweepRun, node: &str, tokens_per_s: f64, judgement: Option<Judgement>) -> SweepResult {
     let run_name = run.metadata.name.clone().unwrap_or_default();
@@ -143,19 +113,8 @@ fn result(run: &SweepRun, node: &str, tokens_per_s: f64, judgement: Option<Judge
     r.metadata.owner_references = run.controller_owner_ref(&()).map(|o| vec![o]);
     r.status = Some(SweepResultStatus {
         state: ResultState::Done,
-        fingerprint: Some(fingerprint()),
-        points: vec![PointFigures {
-            point: POINT,
-            requests: 8,
-            failed: 0,
-            timed_out: 0,
-            output_tokens_per_s: Some(tokens_per_s),
-            ttft_p50_s: Some(0.1),
-            ttft_p99_s: Some(0.2),
-            itl_p50_s: Some(0.02),
-            itl_p99_s: Some(0.03),
-            error: None,
-        }],
+        fingerprint: Some(sweep_fingerprint()),
+        points: vec![point_figures(tokens_per_s)],
         judgement,
         ..SweepResultStatus::default()
     });
@@ -467,7 +426,7 @@ fn outlier_findings_are_replaced_not_repeated() {
     let outlier = |v: f64| brink_api::crd::Finding {
         node: "spark-3".into(),
         verdict: SweepVerdict::Outlier,
-        point: Some(POINT),
+        point: Some(SWEEP_POINT),
         metric: Some("outputTokensPerS".into()),
         value: Some(v),
         reference: Some(100.0),

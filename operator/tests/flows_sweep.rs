@@ -14,14 +14,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use brink_api::crd::{
-    GridPoint, NodeFingerprint, PointFigures, RegressionSweep, ResultState, RunPhase, SweepResult, SweepResultSpec, SweepResultStatus,
-    SweepRun, SweepVerdict, result_name,
+    RegressionSweep, ResultState, RunPhase, SweepResult, SweepResultSpec, SweepResultStatus, SweepRun, SweepVerdict, result_name,
 };
 use brink_kube_double::KubeDouble;
 use brink_operator::controllers::sweep::time_of;
 use brink_operator::controllers::{self, Config, FixedClock, Metrics, Shared};
 use brink_operator::decide::sweep::schedule::run_name;
-use common::{LEASE_NS, NOW_S, NS};
+use common::{LEASE_NS, NOW_S, NS, point_figures, sweep_fingerprint};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -32,7 +31,6 @@ use serde_json::{Value, json};
 
 const NODES: [&str; 3] = ["spark-1", "spark-2", "spark-3"];
 const HOUR: i64 = 3600;
-const POINT: GridPoint = GridPoint { prompt_tokens: 128, concurrency: 1, generated_tokens: 32 };
 /// Real time any one wait may take.
 const REAL_LIMIT: Duration = Duration::from_secs(20);
 
@@ -56,33 +54,6 @@ fn sweep(extra: Value) -> RegressionSweep {
         "spec": spec,
     }))
     .expect("a sweep")
-}
-
-fn fingerprint() -> NodeFingerprint {
-    NodeFingerprint {
-        gpu_name: "NVIDIA GB10".into(),
-        compute_capability: "12.1".into(),
-        driver_version: Some("580.95.05".into()),
-        cuda_version: "13.0".into(),
-        nvrtc_version: None,
-        agent_version: "0.2.0".into(),
-        kernel_sources_hash: "cafe".into(),
-    }
-}
-
-fn figures(tokens_per_s: f64) -> PointFigures {
-    PointFigures {
-        point: POINT,
-        requests: 8,
-        failed: 0,
-        timed_out: 0,
-        output_tokens_per_s: Some(tokens_per_s),
-        ttft_p50_s: Some(0.1),
-        ttft_p99_s: Some(0.2),
-        itl_p50_s: Some(0.02),
-        itl_p99_s: Some(0.03),
-        error: None,
-    }
 }
 
 fn micro(at_s: i64) -> MicroTime {
@@ -222,8 +193,8 @@ impl Sweeps {
                 .expect("create result");
             let status = SweepResultStatus {
                 state: ResultState::Done,
-                fingerprint: Some(fingerprint()),
-                points: vec![figures(tps)],
+                fingerprint: Some(sweep_fingerprint()),
+                points: vec![point_figures(tps)],
                 ..SweepResultStatus::default()
             };
             let patch =

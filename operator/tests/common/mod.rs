@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use brink_api::crd::{
-    Capacity, EngineBuild, HttpsSource, Model, ModelDeployment, ModelDeploymentSpec, ModelFormat, ModelRef, ModelReplica, ModelReplicaSpec,
-    ModelReplicaStatus, ModelSource, ModelSpec, ModelStatus, OnSelfTestFailure, Placement, ReplicaPhase, Rollout, Serving,
-    ShapeQualification, SparkNode, SparkNodeSpec, SparkNodeStatus, Spread, SweepRun,
+    Capacity, EngineBuild, GridPoint, HttpsSource, Model, ModelDeployment, ModelDeploymentSpec, ModelFormat, ModelRef, ModelReplica,
+    ModelReplicaSpec, ModelReplicaStatus, ModelSource, ModelSpec, ModelStatus, NodeFingerprint, OnSelfTestFailure, Placement, PointFigures,
+    ReplicaPhase, Rollout, Serving, ShapeQualification, SparkNode, SparkNodeSpec, SparkNodeStatus, Spread, SweepRun,
 };
 use brink_api::{Fingerprint, QUALIFICATION_SCHEMA, Qualification, ReportSummary, ServingParams, UnifiedMemory, Verdict};
 use brink_operator::controllers::{Caches, Config, Context, FixedClock, Metrics, Shared};
@@ -206,7 +206,7 @@ pub fn replica(name: &str, node: &str, phase: Option<ReplicaPhase>) -> ModelRepl
     r
 }
 
-fn store_of<K>(objs: Vec<K>) -> Store<K>
+pub fn store_of<K>(objs: Vec<K>) -> Store<K>
 where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
@@ -465,4 +465,36 @@ pub fn draining_run(name: &str, nodes: &[(&str, &str)]) -> SweepRun {
     .expect("a SweepRun");
     run.metadata.uid = Some(format!("uid-{name}"));
     run
+}
+
+/// The one grid point the sweep tests measure.
+pub const SWEEP_POINT: GridPoint = GridPoint { prompt_tokens: 128, concurrency: 1, generated_tokens: 32 };
+
+/// The node part of a sweep result's fingerprint: identical GB10 nodes.
+pub fn sweep_fingerprint() -> NodeFingerprint {
+    NodeFingerprint {
+        gpu_name: "NVIDIA GB10".into(),
+        compute_capability: "12.1".into(),
+        driver_version: Some("580.95.05".into()),
+        cuda_version: "13.0".into(),
+        nvrtc_version: None,
+        agent_version: "0.2.0".into(),
+        kernel_sources_hash: "cafe".into(),
+    }
+}
+
+/// [`SWEEP_POINT`] measured at `tokens_per_s`, every request answered.
+pub fn point_figures(tokens_per_s: f64) -> PointFigures {
+    PointFigures {
+        point: SWEEP_POINT,
+        requests: 8,
+        failed: 0,
+        timed_out: 0,
+        output_tokens_per_s: Some(tokens_per_s),
+        ttft_p50_s: Some(0.1),
+        ttft_p99_s: Some(0.2),
+        itl_p50_s: Some(0.02),
+        itl_p99_s: Some(0.03),
+        error: None,
+    }
 }
