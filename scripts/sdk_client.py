@@ -1,6 +1,6 @@
 """Drives a running `brink-agent serve` with the official OpenAI and Anthropic Python SDKs.
 
-Usage: sdk_client.py BASE_URL MODEL [watchdog]. Prints one JSON object with what each call returned; the
+Usage: sdk_client.py BASE_URL MODEL [watchdog|prefix-cache]. Prints one JSON object with what each call returned; the
 Rust test (engine/tests/server_http.rs) checks it against the tokenizer and the raw HTTP answers.
 Errors are caught per call and reported by SDK exception class and status, so a failing call
 names itself instead of ending the script.
@@ -9,6 +9,11 @@ names itself instead of ending the script.
 four poison requests (OpenAI and Anthropic, streaming and not; distinct prompt lengths, so each
 stalls the engine once) must each make the SDK raise its error class, and a retried poison
 prompt must then be served.
+
+`prefix-cache` mode sends one long prompt repeatedly through both APIs, streaming and not, and
+reports every prefix-cache count the SDKs expose: OpenAI's `prompt_tokens_details.cached_tokens`
+(the streamed one from the `include_usage` chunk), Anthropic's `cache_read_input_tokens` from
+`message_start`, from `message_delta` and from the final message.
 """
 import json
 import sys
@@ -66,8 +71,43 @@ def watchdog():
     print(json.dumps(res))
 
 
+def prefix_cache():
+    system = "".join(f"Rule {i}: answer in at most {i % 7 + 3} words. " for i in range(12))  # ~290 tokens: within the test server's 512 positions
+    question = [{"role": "user", "content": "Why share prompt prefixes?"}]
+    chat = [{"role": "system", "content": system}] + question
+    res = {}
+
+    def openai_once(name):
+        r = oai.chat.completions.create(model=model, messages=chat, max_tokens=4, temperature=0)
+        res[name] = {"prompt_tokens": r.usage.prompt_tokens, "cached_tokens": r.usage.prompt_tokens_details.cached_tokens}
+    openai_once("openai_first")  # fills the cache
+    openai_once("openai")
+    usage = None
+    for chunk in oai.chat.completions.create(model=model, messages=chat, max_tokens=4, temperature=0, stream=True,
+                                             stream_options={"include_usage": True}):
+        usage = chunk.usage or usage
+    res["openai_stream"] = {"prompt_tokens": usage.prompt_tokens, "cached_tokens": usage.prompt_tokens_details.cached_tokens}
+
+    m = ant.messages.create(model=model, system=system, messages=question, max_tokens=4, temperature=0)
+    res["anthropic"] = {"input_tokens": m.usage.input_tokens, "cache_read_input_tokens": m.usage.cache_read_input_tokens}
+    seen = {}
+    with ant.messages.stream(model=model, system=system, messages=question, max_tokens=4, temperature=0) as s:
+        for event in s:
+            if event.type == "message_start":
+                seen["message_start"] = event.message.usage.cache_read_input_tokens
+            elif event.type == "message_delta":
+                seen["message_delta"] = event.usage.cache_read_input_tokens
+        final = s.get_final_message()
+    res["anthropic_stream"] = {**seen, "input_tokens": final.usage.input_tokens,
+                               "cache_read_input_tokens": final.usage.cache_read_input_tokens}
+    print(json.dumps(res))
+
+
 if len(sys.argv) > 3 and sys.argv[3] == "watchdog":
     watchdog()
+    sys.exit(0)
+if len(sys.argv) > 3 and sys.argv[3] == "prefix-cache":
+    prefix_cache()
     sys.exit(0)
 
 

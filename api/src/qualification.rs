@@ -34,7 +34,8 @@ pub struct Fingerprint {
     pub agent_version: String,
     /// SHA-256 over every kernel source.
     pub kernel_sources_hash: String,
-    /// e.g. `qwen3moe-h2048-e128-top8-ffn768`.
+    /// The model's shape key (label and hash of its whole kernel shape), e.g.
+    /// `qwen3moe-h2048-e128-top8-ffn768-0123456789abcdef`.
     pub shape_class: String,
     pub serving: ServingParams,
 }

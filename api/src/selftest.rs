@@ -62,6 +62,13 @@ pub struct NegativeControls {
     pub missed: u64,
     /// Why they did not run (e.g. a replica is resident), if they did not.
     pub not_run_reason: Option<String>,
+    /// Digest of the fingerprint this run is under, when the caller keeps proofs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
+    /// An earlier run's proof the caller found for this run (counted only when its
+    /// fingerprint is this run's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub earlier_proof: Option<ControlsProof>,
 }
 
 /// What the self-test says about serving this shape class on this node.
@@ -86,6 +93,28 @@ pub enum Verdict {
     Disqualified { reason: String },
     /// Nothing was executed (no GPU): plans and thresholds were checked on the CPU.
     NotQualified { reason: String },
+    /// The cases would qualify or clamp, but the negative controls were not shown flagged on
+    /// this device under this fingerprint (in this run or an earlier one): a self-test never
+    /// shown able to fail proves nothing. Placement treats it as not qualified.
+    ProofIncomplete { reason: String },
+}
+
+/// The negative controls a qualification must show flagged (the kernel name of their cases):
+/// each a deliberately broken kernel the self-test has to catch.
+pub const REQUIRED_CONTROLS: [&str; 2] = ["neg_gemv_gridz", "neg_latent_tailskip"];
+
+/// That the negative controls were flagged on a device, kept with the fingerprint they were
+/// flagged under (on the node's state), so a later run under the same fingerprint (e.g. with
+/// a replica resident, when no broken kernel may run) still counts them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ControlsProof {
+    /// Digest of the fingerprint they were flagged under (`Fingerprint::digest`).
+    pub fingerprint: String,
+    /// The control kernels flagged (of [`REQUIRED_CONTROLS`]).
+    pub flagged: Vec<String>,
+    /// When (RFC 3339).
+    pub at: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]

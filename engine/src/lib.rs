@@ -29,6 +29,7 @@ pub mod sched;
 pub mod serve;
 pub mod server;
 pub mod synth;
+pub mod test_switches;
 pub mod tokenizer;
 
 pub use engine::{AnyEngine, BackendKind, Engine, EngineOptions, GenerateParams, Generation, LoadReport, StepItem, StopReason, open};

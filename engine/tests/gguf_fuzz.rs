@@ -199,7 +199,7 @@ fn check_invariants(h: &PartHeader, len: usize) {
         assert_eq!(t.file_offset() % h.alignment, 0);
         assert!(t.file_offset() >= h.data_start);
         assert!(t.file_offset() + t.size() <= len as u64);
-        assert_eq!(t.size(), t.ggml_type().tensor_bytes(t.dims()).unwrap());
+        assert_eq!(t.size(), brink_engine::gguf::tensor_bytes(t.ggml_type(), t.dims()).unwrap());
         ranges.push((t.file_offset(), t.file_offset() + t.size()));
     }
     ranges.sort();

@@ -31,7 +31,7 @@ fn rewrite(src: &Path, dst: &Path, meta: impl Fn(&str, &Value) -> Option<Value>,
         match retype {
             Some((name, ty)) if name == t.name() => {
                 w.add_tensor(t.name(), t.dims(), ty).unwrap();
-                data.push(vec![0u8; ty.tensor_bytes(t.dims()).unwrap() as usize]);
+                data.push(vec![0u8; brink_engine::gguf::tensor_bytes(ty, t.dims()).unwrap() as usize]);
             }
             _ => {
                 w.add_tensor(t.name(), t.dims(), t.ggml_type()).unwrap();

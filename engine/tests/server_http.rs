@@ -386,6 +386,43 @@ fn a_shared_long_prefix_is_reused_and_answers_as_on_a_fresh_server() {
     assert_eq!((fresh_text.as_str(), fresh_cached), (text.as_str(), 0));
 }
 
+/// The prefix cache's reads, through the official SDKs: a repeated long prompt reports the same
+/// cached count streamed as not, in both APIs (OpenAI's `include_usage` chunk; Anthropic's
+/// `message_start`, `message_delta` and the final message the SDK assembles).
+#[test]
+fn official_sdks_report_prefix_cache_reads_streamed_as_not() {
+    // The engine's default KV block: reuse is counted in whole blocks.
+    const BLOCK: u64 = 16;
+    if !have_sdks() {
+        return;
+    }
+    // A server of its own: no other test's prompts in its cache.
+    let server = start(options(2, 4, Vec::new()));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/sdk_client.py");
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(format!("http://{}", server.addr))
+        .args(["tiny", "prefix-cache"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}: {}", script.display(), String::from_utf8_lossy(&out.stderr));
+    let v: Json = serde_json::from_slice(&out.stdout).unwrap();
+    let n = |key: &str, field: &str| v[key][field].as_u64().unwrap_or_else(|| panic!("{key}.{field} missing: {v}"));
+    let prompt = n("openai_first", "prompt_tokens");
+    assert!(prompt > 10 * BLOCK, "a prompt of {prompt} tokens: {v}");
+    assert_eq!(n("openai_first", "cached_tokens"), 0, "the first request has nothing to reuse: {v}");
+    // Every repeat reads every full block but the one holding the last prompt token.
+    let cached = (prompt - 1) / BLOCK * BLOCK;
+    assert_eq!(n("openai", "cached_tokens"), cached, "{v}");
+    assert_eq!((n("openai_stream", "prompt_tokens"), n("openai_stream", "cached_tokens")), (prompt, cached), "{v}");
+    let read = n("anthropic", "cache_read_input_tokens");
+    assert_eq!((read, n("anthropic", "input_tokens") + read), (cached, prompt), "the same prompt through /v1/messages: {v}");
+    for field in ["message_start", "message_delta", "cache_read_input_tokens"] {
+        assert_eq!(n("anthropic_stream", field), read, "streamed {field}: {v}");
+    }
+    assert_eq!(n("anthropic_stream", "input_tokens"), n("anthropic", "input_tokens"), "{v}");
+}
+
 #[test]
 fn official_python_sdks_round_trip() {
     if !have_sdks() {

@@ -1,7 +1,7 @@
 // Shared by every kernel family; prepended to each .cu by `sources.rs` (NVRTC gets no include
 // path, and no CUDA headers are needed: half conversion and dp4a are inline PTX).
 //
-// Rules every kernel follows (see docs/kernels.md):
+// Rules every kernel follows (docs/architecture.md, "The kernel framework"):
 // - an index that grows with tokens is on grid.x or in a grid-stride loop, never on y/z;
 // - products that can pass 2^31 are computed in 64 bits (i64/u64);
 // - all 32 lanes reach every __shfl_*_sync and every __syncthreads: rows past the end read a
@@ -14,13 +14,9 @@ typedef unsigned short u16;
 
 #define QK 32
 #define QK_K 256
-// Weight formats (`WeightType::code` in Rust): the legacy 32-wide blocks, and the K-quant
-// super-blocks under their ggml type ids (clear of embed.cu's EMBED_F32 = 2).
-#define WTYPE_Q8_0 0
-#define WTYPE_Q4_0 1
-#define WTYPE_Q4_K 12
-#define WTYPE_Q5_K 13
-#define WTYPE_Q6_K 14
+// The type codes (`TTYPE_*`, `WTYPE_*`: ggml's type ids), `WEIGHT_ROW_BYTES_CASES` and
+// `DISPATCH_WTYPE` are generated from the Rust type table (quant/types.rs) and compiled in
+// front of this header; a weight format's unpack (`wq_int`, the scales) is written here.
 #define FULL_MASK 0xffffffffu
 
 struct block_q8_0 { u16 d; signed char qs[QK]; };        // 34 bytes
@@ -159,11 +155,8 @@ struct wscale { float d; float dmin; int sc; int m; };
 // size costs registers in every kernel that computes a row offset).
 static __device__ __forceinline__ u64 weight_row_bytes(int wtype, int k) {
     switch (wtype) {
-        case WTYPE_Q8_0: return (u64)(k / QK) * sizeof(block_q8_0);
-        case WTYPE_Q4_0: return (u64)(k / QK) * sizeof(block_q4_0);
-        case WTYPE_Q4_K: return (u64)(k / QK_K) * sizeof(block_q4_K);
-        case WTYPE_Q5_K: return (u64)(k / QK_K) * sizeof(block_q5_K);
-        default: return (u64)(k / QK_K) * sizeof(block_q6_K);
+        WEIGHT_ROW_BYTES_CASES(k)
+        default: __trap(); return 0;
     }
 }
 
@@ -292,34 +285,10 @@ static __device__ __forceinline__ float dot_row_partial_t(const unsigned char* w
     return acc;
 }
 
-// Runs the statement with `WT` bound to the runtime weight type `wtype` as a constant, so each
-// format gets its own instantiation (no type branch in inner loops). Rust passes only the codes
-// of `WeightType`; any other traps rather than computing garbage.
-#define DISPATCH_WTYPE(wtype, ...)            \
-    switch (wtype) {                          \
-        case WTYPE_Q8_0: {                    \
-            constexpr int WT = WTYPE_Q8_0;    \
-            __VA_ARGS__;                      \
-        } break;                              \
-        case WTYPE_Q4_0: {                    \
-            constexpr int WT = WTYPE_Q4_0;    \
-            __VA_ARGS__;                      \
-        } break;                              \
-        case WTYPE_Q4_K: {                    \
-            constexpr int WT = WTYPE_Q4_K;    \
-            __VA_ARGS__;                      \
-        } break;                              \
-        case WTYPE_Q5_K: {                    \
-            constexpr int WT = WTYPE_Q5_K;    \
-            __VA_ARGS__;                      \
-        } break;                              \
-        case WTYPE_Q6_K: {                    \
-            constexpr int WT = WTYPE_Q6_K;    \
-            __VA_ARGS__;                      \
-        } break;                              \
-        default:                              \
-            __trap();                         \
-    }
+// `DISPATCH_WTYPE(wtype, statement)` (generated) runs the statement with `WT` bound to the
+// runtime weight type `wtype` as a constant, so each format gets its own instantiation (no type
+// branch in inner loops). Rust passes only the codes of `WeightType`; any other traps rather
+// than computing garbage.
 
 // Row of `nb` 32-wide weight blocks dotted with `nb` activation blocks, blocks
 // `first, first + stride, ...`: the per-lane partial of a warp-cooperative dot product.

@@ -9,16 +9,15 @@
 // t * hidden (past 2^31 at 1,048,576 tokens for hidden 2048) are 64-bit.
 
 #define EMBED_THREADS 256
-#define EMBED_F32 2  // beside WTYPE_Q8_0 / WTYPE_Q4_0
 
 static __device__ __forceinline__ u64 embed_row_bytes(int ttype, int hidden) {
-    return ttype == EMBED_F32 ? (u64)hidden * sizeof(float) : weight_row_bytes(ttype, hidden);
+    return ttype == TTYPE_F32 ? (u64)hidden * sizeof(float) : weight_row_bytes(ttype, hidden);
 }
 
 // Element c of a table row: d * q as in ggml's dequantize (exact in f32: an f16 times an integer
 // of at most 8 bits).
 static __device__ __forceinline__ float embed_element(const unsigned char* row, int ttype, int c) {
-    if (ttype == EMBED_F32) return ((const float*)row)[c];
+    if (ttype == TTYPE_F32) return ((const float*)row)[c];
     const int j = c % QK;
     if (ttype == WTYPE_Q8_0) {
         const block_q8_0* b = (const block_q8_0*)row + c / QK;

@@ -59,32 +59,37 @@ extern "C" __global__ void __launch_bounds__(GLUE_THREADS) add_f32(const float* 
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = __fadd_rn(a[i], b[i]);
 }
 
-// grid.x = tiles of DENSE_TOKENS tokens; warp w computes the outputs n = w, w + 8, ... for the
-// tile's tokens: lane l accumulates k = l, l + 32, ... with fused multiply-adds, then the xor
-// butterfly (warp_sum); the twin repeats that order exactly. Spare tokens of the last tile read
-// token tokens - 1 and are masked at the store; the n loop depends on the warp only and the
-// token loop on a constant, so every lane reaches every shuffle.
+// One warp per item (tile of DENSE_TOKENS tokens, output n), items = tiles x n_out in a warp
+// grid-stride loop: at decode (one tile) the router's rows are spread over many SMs instead of
+// one block streaming the whole matrix. Lane l accumulates k = l, l + 32, ... with fused
+// multiply-adds, then the xor butterfly (warp_sum); the twin repeats that order exactly. Spare
+// tokens of the last tile read token tokens - 1 and are masked at the store; the item loop
+// depends on the warp only and the token loop on a constant, so every lane reaches every shuffle.
 extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
 dense_f32(const float* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, u64 tokens, int n_out, int k) {
     const int lane = threadIdx.x & 31;
-    const u64 t0 = (u64)blockIdx.x * DENSE_TOKENS;
-    const float* xs[DENSE_TOKENS];
+    const u64 items = (tokens + DENSE_TOKENS - 1) / DENSE_TOKENS * (u64)n_out;
+    const u64 warps = (u64)gridDim.x * (blockDim.x >> 5);
+    for (u64 i = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); i < items; i += warps) {
+        const u64 t0 = i / (u64)n_out * DENSE_TOKENS;
+        const u64 n = i % (u64)n_out;
+        const float* xs[DENSE_TOKENS];
 #pragma unroll
-    for (int t = 0; t < DENSE_TOKENS; ++t) xs[t] = x + (t0 + t < tokens ? t0 + t : tokens - 1) * (u64)k;
-    for (int n = threadIdx.x >> 5; n < n_out; n += GLUE_WARPS) {
-        const float* wr = w + (u64)n * (u64)k;
+        for (int t = 0; t < DENSE_TOKENS; ++t) xs[t] = x + (t0 + t < tokens ? t0 + t : tokens - 1) * (u64)k;
+        const float* wr = w + n * (u64)k;
         float acc[DENSE_TOKENS];
 #pragma unroll
         for (int t = 0; t < DENSE_TOKENS; ++t) acc[t] = 0.0f;
+#pragma unroll 4
         for (int c = lane; c < k; c += 32) {
-            const float wv = wr[c];
+            const float wv = __ldg(wr + c);
 #pragma unroll
             for (int t = 0; t < DENSE_TOKENS; ++t) acc[t] = __fmaf_rn(wv, xs[t][c], acc[t]);
         }
 #pragma unroll
         for (int t = 0; t < DENSE_TOKENS; ++t) {
             const float v = warp_sum(acc[t]);
-            if (lane == 0 && t0 + t < tokens) y[(t0 + t) * (u64)n_out + (u64)n] = v;
+            if (lane == 0 && t0 + t < tokens) y[(t0 + t) * (u64)n_out + n] = v;
         }
     }
 }

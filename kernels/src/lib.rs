@@ -8,6 +8,7 @@
 //! - [`thresholds`] and [`selftest`]: which token counts to test, and the runner that tests
 //!   them in a child process with deadlines.
 
+pub mod check;
 pub mod cuda;
 pub mod launch;
 pub mod limits;

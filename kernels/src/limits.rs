@@ -28,7 +28,7 @@ pub struct DeviceLimits {
 }
 
 impl DeviceLimits {
-    /// NVIDIA H200 (sm_90), as read from the device on 2026-11-30 (see `shared/gpu.md`).
+    /// NVIDIA H200 (sm_90), as read from the device on 2026-11-30.
     pub fn h200() -> Self {
         DeviceLimits {
             name: "NVIDIA H200 (recorded)".into(),

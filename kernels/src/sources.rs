@@ -1,7 +1,8 @@
 //! The CUDA sources, one file per kernel family, embedded in the binary.
 //!
-//! Each source is compiled as its own NVRTC program with `common.cuh` prepended; the hash of
-//! all of them is the "kernel sources" part of a node's fingerprint.
+//! Each source is compiled as its own NVRTC program with the type constants generated from the
+//! tensor type table ([`crate::quant::types::cuda_header`]) and `common.cuh` prepended; the hash
+//! of all of them is the "kernel sources" part of a node's fingerprint.
 
 use sha2::{Digest, Sha256};
 
@@ -77,11 +78,12 @@ pub const ALL: &[KernelSource] = &[
 ];
 
 impl KernelSource {
-    /// What NVRTC compiles: the common header, then the file, with `#line` so compile errors
-    /// name the right file and line.
+    /// What NVRTC compiles: the generated type constants, the common header, then the file,
+    /// with `#line` so compile errors name the right file and line.
     pub fn full_source(&self) -> String {
+        let types = crate::quant::types::cuda_header();
         let twin = self.prelude.map(|t| format!("#line 1 \"{}\"\n{}\n", t.file, t.code)).unwrap_or_default();
-        format!("#line 1 \"common.cuh\"\n{COMMON}\n{twin}#line 1 \"{}\"\n{}", self.file, self.code)
+        format!("#line 1 \"types.h\"\n{types}#line 1 \"common.cuh\"\n{COMMON}\n{twin}#line 1 \"{}\"\n{}", self.file, self.code)
     }
 
     pub fn sha256(&self) -> String {

@@ -57,7 +57,7 @@ pub fn kquant_scale_ranges(wtype: WeightType) -> Option<(ScaleRange, Option<Scal
         WeightType::Q4K => Some(((2e-4, 4e-4), Some((1.5e-3, 3e-3)))),
         WeightType::Q5K => Some(((1e-4, 2e-4), Some((1.55e-3, 3.1e-3)))),
         WeightType::Q6K => Some(((1e-4, 2e-4), None)),
-        WeightType::Q8_0 | WeightType::Q4_0 => None,
+        _ => None,
     }
 }
 

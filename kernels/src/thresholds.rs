@@ -8,7 +8,10 @@
 //! envelope and context `-1, 0, +1`, and the batch compositions (several sequences, prefill
 //! mixed with decode) whose totals hit each count.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::limits::DeviceLimits;
 
@@ -43,10 +46,17 @@ pub struct AttentionShape {
     pub norm_eps: f32,
 }
 
-/// The shape class a self-test qualifies: what the kernels see of a model.
+/// The qualification key: everything of a model that a kernel launch or a critical count
+/// depends on. Two models with equal shapes share a qualification; any difference (a head dim,
+/// the vocabulary, one tensor's weight type) makes another key, qualified on its own.
+///
+/// The globals hold what today is the same in every layer (hidden width, attention, experts);
+/// `layers` holds the per-layer specs (consecutive equal layers merged with a count), so a
+/// model whose layers differ gets its own entries without a new key format. `name` is a
+/// readable label and never the identity: see [`ModelShape::key`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelShape {
-    /// Shape-class name, e.g. `qwen3moe-2048x128e-top8-ffn768`.
+    /// Readable label, e.g. `qwen3moe-h2048-e128-top8-ffn768`; not part of the identity.
     pub name: String,
     pub hidden: u32,
     pub experts: u32,
@@ -58,6 +68,101 @@ pub struct ModelShape {
     pub attention: AttentionShape,
     /// A latent dense projection (MLA-style), when the class has one.
     pub latent: Option<LatentShape>,
+    /// Weight type (ggml name, e.g. `q8_0`) of each tensor outside the layers, by tensor name
+    /// (`token_embd.weight`, `output.weight`, ...). Empty when the shape did not come from a file.
+    #[serde(default)]
+    pub weights: BTreeMap<String, String>,
+    /// The decoder layers, in order; consecutive equal layers are one entry.
+    #[serde(default)]
+    pub layers: Vec<LayerSpec>,
+}
+
+/// A run of `count` consecutive layers with the same spec.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerSpec {
+    pub count: u32,
+    /// Weight type of each tensor role in the layer, by the name after `blk.N.`
+    /// (`attn_q.weight`, `ffn_down_exps.weight`, ...).
+    pub weights: BTreeMap<String, String>,
+}
+
+/// Prefix of the canonical encoding of a shape; bump the suffix with the encoding itself.
+const SHAPE_TAG: &str = "brink-shape-v1";
+
+/// Hex digits of the hash a key carries (64 bits: collisions among the shapes of one fleet
+/// are not a concern; the full hash is [`ModelShape::hash`]).
+const KEY_HASH_HEX: usize = 16;
+
+impl ModelShape {
+    /// Every field but the label as `(path, canonical JSON value)`, sorted by path
+    /// (`attention.head_dim`, `layers[0].weights.attn_q.weight`, ...). The one list both the
+    /// hash and [`ModelShape::changed_fields`] come from; it depends on field names, not on
+    /// their declaration order or on how serde orders map keys.
+    pub fn fields(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        // Serialising plain numbers, strings and maps cannot fail.
+        if let Ok(serde_json::Value::Object(map)) = serde_json::to_value(self) {
+            for (k, v) in map {
+                if k != "name" {
+                    flatten(&k, &v, &mut out);
+                }
+            }
+        }
+        out
+    }
+
+    /// SHA-256 over the tag and one `path=value` line per field, lower-case hex.
+    pub fn hash(&self) -> String {
+        let mut text = String::from(SHAPE_TAG);
+        text.push('\n');
+        for (path, value) in self.fields() {
+            text.push_str(&path);
+            text.push('=');
+            text.push_str(&value);
+            text.push('\n');
+        }
+        Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The qualification key every cache, fingerprint, status and placement compares: the
+    /// label, then the first hex digits of [`ModelShape::hash`]. The label is a function of
+    /// the shape, so two keys are equal exactly when the hashes are.
+    pub fn key(&self) -> String {
+        format!("{}-{}", self.name, &self.hash()[..KEY_HASH_HEX])
+    }
+
+    /// The fields whose values differ from `other`'s, each as `path: old -> new` (self is old;
+    /// `-` for a field one of them lacks).
+    pub fn changed_fields(&self, other: &ModelShape) -> Vec<String> {
+        let (a, b) = (self.fields(), other.fields());
+        let mut paths: Vec<&String> = a.keys().chain(b.keys()).collect();
+        paths.sort();
+        paths.dedup();
+        paths
+            .into_iter()
+            .filter(|p| a.get(*p) != b.get(*p))
+            .map(|p| format!("{p}: {} -> {}", a.get(p).map_or("-", String::as_str), b.get(p).map_or("-", String::as_str)))
+            .collect()
+    }
+}
+
+/// Flattens a JSON value into `path=value` entries: objects by `.key`, arrays by `[i]`.
+fn flatten(path: &str, v: &serde_json::Value, out: &mut BTreeMap<String, String>) {
+    match v {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map {
+                flatten(&format!("{path}.{k}"), v, out);
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                flatten(&format!("{path}[{i}]"), v, out);
+            }
+        }
+        scalar => {
+            out.insert(path.to_string(), scalar.to_string());
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,6 +189,9 @@ impl ModelShape {
             context: 40_960,
             attention: AttentionShape { heads: 32, kv_heads: 4, head_dim: 128, rope_theta: 1_000_000.0, norm_eps: 1e-6 },
             latent: Some(LatentShape { k: 2560, width: 1792, groups: 8 }),
+            // Built in, not read from a file: no weight types, so its key is no real file's.
+            weights: BTreeMap::new(),
+            layers: Vec::new(),
         }
     }
 }
@@ -240,6 +348,67 @@ mod tests {
             }
         }
         assert_eq!(compositions(8192).len(), 3);
+    }
+
+    /// A shape as a file gives it: with weight types.
+    fn with_weights() -> ModelShape {
+        let mut s = ModelShape::qwen3_30b_a3b();
+        s.weights = BTreeMap::from([("token_embd.weight".into(), "q8_0".into()), ("output.weight".into(), "q8_0".into())]);
+        s.layers = vec![LayerSpec {
+            count: 48,
+            weights: BTreeMap::from([("attn_q.weight".into(), "q8_0".into()), ("ffn_down_exps.weight".into(), "q8_0".into())]),
+        }];
+        s
+    }
+
+    #[test]
+    fn the_key_is_stable_and_the_label_is_not_its_identity() {
+        // Golden values: a change here changes every node's key, so every node re-qualifies.
+        // Change them only together with SHAPE_TAG.
+        assert_eq!(ModelShape::qwen3_30b_a3b().key(), "qwen3moe-h2048-e128-top8-ffn768-584945720bb64748");
+        assert_eq!(with_weights().key(), "qwen3moe-h2048-e128-top8-ffn768-2636fe0cac771c49");
+        let mut renamed = with_weights();
+        renamed.name = "another label".into();
+        assert_eq!(renamed.hash(), with_weights().hash());
+    }
+
+    #[test]
+    fn the_hash_ignores_the_order_maps_were_filled_in() {
+        let mut a = with_weights();
+        let mut b = with_weights();
+        a.weights = [("a.weight", "f32"), ("b.weight", "q8_0")].into_iter().map(|(k, v)| (k.into(), v.into())).collect();
+        b.weights = [("b.weight", "q8_0"), ("a.weight", "f32")].into_iter().map(|(k, v)| (k.into(), v.into())).collect();
+        assert_eq!(a.key(), b.key());
+        // The JSON text of a shape, keys in another order, reads back to the same key.
+        let json = serde_json::to_value(&a).unwrap();
+        let serde_json::Value::Object(map) = json else { panic!("not an object") };
+        let reversed: serde_json::Map<String, serde_json::Value> = map.into_iter().rev().collect();
+        let back: ModelShape = serde_json::from_value(serde_json::Value::Object(reversed)).unwrap();
+        assert_eq!(back.key(), a.key());
+    }
+
+    #[test]
+    fn head_dim_vocab_or_one_weight_type_make_another_key_and_name_the_field() {
+        let a = with_weights();
+        let mut head = a.clone();
+        head.attention.head_dim = 64;
+        let mut vocab = a.clone();
+        vocab.vocab = 151_937;
+        let mut wtype = a.clone();
+        wtype.layers[0].weights.insert("ffn_down_exps.weight".into(), "q4_0".into());
+        let mut layers = a.clone();
+        layers.layers[0].count = 47;
+        for (b, field) in [
+            (&head, "attention.head_dim: 128 -> 64"),
+            (&vocab, "vocab: 151936 -> 151937"),
+            (&wtype, "layers[0].weights.ffn_down_exps.weight: \"q8_0\" -> \"q4_0\""),
+            (&layers, "layers[0].count: 48 -> 47"),
+        ] {
+            assert_ne!(a.key(), b.key(), "{field}");
+            assert_eq!(a.name, b.name, "the label alone does not tell them apart");
+            assert_eq!(a.changed_fields(b), vec![field.to_string()]);
+        }
+        assert!(a.changed_fields(&a.clone()).is_empty());
     }
 
     #[test]

@@ -6,12 +6,13 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use brink_api::selftest::CaseResult;
+use brink_kernels::check::{Check, Outcome};
 use brink_kernels::cuda::DeviceInfo;
 use brink_kernels::limits::DeviceLimits;
 use brink_kernels::ops::latent_proj::LatentCase;
 use brink_kernels::ops::moe_combine::CombineCase;
 use brink_kernels::quant::WeightType;
-use brink_kernels::selftest::case::{Case, Check, Expect, OpCase, Outcome};
+use brink_kernels::selftest::case::{Case, Expect, OpCase};
 use brink_kernels::selftest::report::judge;
 use brink_kernels::selftest::runner::{Returned, Runner, Start};
 use brink_kernels::selftest::worker::WorkerMsg;

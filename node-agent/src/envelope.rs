@@ -8,28 +8,31 @@ use std::path::Path;
 use brink_api::qualification::{Envelope, ServingParams};
 use brink_api::selftest::{SCHEMA_VERSION, SelfTestReport};
 
+use crate::error::{Error, read_json};
 use crate::qualify::verdict;
 
+const FLAG: Option<&str> = Some("--selftest-report");
+
 /// Reads `path` (the JSON of `brink-agent selftest --json`).
-pub fn read_report(path: &Path) -> Result<SelfTestReport, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("--selftest-report {}: {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("--selftest-report {}: not a self-test report: {e}", path.display()))
+pub fn read_report(path: &Path) -> Result<SelfTestReport, Error> {
+    read_json(FLAG, path, "a self-test report")
 }
 
 /// The limits `requested` are served under for the model of `shape_class` according to
 /// `report` (the same rule `up` applies to its own verdict), or why it may not be served.
-pub fn envelope(report: &SelfTestReport, shape_class: &str, path: &Path, requested: ServingParams) -> Result<Envelope, String> {
-    let file = path.display();
+pub fn envelope(report: &SelfTestReport, shape_class: &str, path: &Path, requested: ServingParams) -> Result<Envelope, Error> {
     if report.schema != SCHEMA_VERSION {
-        return Err(format!("{file}: report schema {} (this agent reads {SCHEMA_VERSION}); run the self-test again", report.schema));
+        let reason = format!("report schema {} (this agent reads {SCHEMA_VERSION}); run the self-test again", report.schema);
+        return Err(Error::content(FLAG, path, reason));
     }
     if report.shape_class != shape_class {
-        return Err(format!(
-            "{file}: the report qualifies shape class {}, but the model is {shape_class}; run the self-test for this model",
+        let reason = format!(
+            "the report qualifies shape class {}, but the model is {shape_class}; run the self-test for this model",
             report.shape_class
-        ));
+        );
+        return Err(Error::content(FLAG, path, reason));
     }
-    verdict::envelope(&report.verdict, requested).map_err(|e| format!("{file}: {shape_class}: {e}"))
+    verdict::envelope(&report.verdict, requested).map_err(|e| Error::content(FLAG, path, format!("{shape_class}: {e}")))
 }
 
 #[cfg(test)]
@@ -94,7 +97,7 @@ mod tests {
             let got = envelope(&report(verdict.clone()), CLASS, p, ASKED);
             match (got, want) {
                 (Ok(g), Ok(w)) => assert_eq!(limits(&g), w, "{verdict:?}"),
-                (Err(e), Err(needle)) => assert!(e.contains(needle) && e.contains("node.json") && e.contains(CLASS), "{verdict:?}: {e}"),
+                (Err(e), Err(needle)) => assert!(e.to_string().contains(needle) && e.to_string().contains("node.json") && e.to_string().contains(CLASS), "{verdict:?}: {e}"),
                 (g, w) => panic!("{verdict:?}: got {g:?}, want {w:?}"),
             }
         }
@@ -103,11 +106,11 @@ mod tests {
     #[test]
     fn another_shape_class_or_schema_is_refused() {
         let p = Path::new("node.json");
-        let e = envelope(&report(Verdict::Qualified { max_tokens: 8 }), "qwen3moe-h4096-e128-top8-ffn1536", p, ASKED).unwrap_err();
+        let e = envelope(&report(Verdict::Qualified { max_tokens: 8 }), "qwen3moe-h4096-e128-top8-ffn1536", p, ASKED).unwrap_err().to_string();
         assert!(e.contains("qualifies shape class qwen3moe-h2048") && e.contains("h4096"), "{e}");
         let mut old = report(Verdict::Qualified { max_tokens: 8 });
         old.schema = SCHEMA_VERSION + 1;
-        assert!(envelope(&old, CLASS, p, ASKED).unwrap_err().contains("schema"));
+        assert!(envelope(&old, CLASS, p, ASKED).unwrap_err().to_string().contains("schema"));
     }
 
     /// The engine names a model's class as the self-test names the class it qualifies.
@@ -136,8 +139,11 @@ mod tests {
                 weights_scale: None,
             },
             norm_eps: a.norm_eps,
+            // The built-in class carries no weight types.
+            weights: Default::default(),
         };
-        assert_eq!(config.shape_class(), s.name);
+        assert_eq!(config.shape_class(), s.key());
+        assert_eq!(config.shape_label(), s.name);
     }
 
     #[test]
@@ -147,8 +153,8 @@ mod tests {
         std::fs::write(&f, serde_json::to_string(&report(Verdict::Qualified { max_tokens: 5 })).unwrap()).unwrap();
         assert_eq!(read_report(&f).unwrap().shape_class, CLASS);
         std::fs::write(&f, "{\"schema\": 1}").unwrap();
-        let e = read_report(&f).unwrap_err();
+        let e = read_report(&f).unwrap_err().to_string();
         assert!(e.contains("r.json") && e.contains("not a self-test report"), "{e}");
-        assert!(read_report(&dir.path().join("missing.json")).unwrap_err().contains("missing.json"));
+        assert!(read_report(&dir.path().join("missing.json")).unwrap_err().to_string().contains("missing.json"));
     }
 }

@@ -7,27 +7,10 @@
 //! HTTP server), `up` (qualify, benchmark and serve one machine) and `run` (cluster mode: the
 //! DaemonSet's process, see `cluster`).
 
-mod bench_cmd;
-mod cluster;
-mod device;
-mod device_cmd;
-mod engine_args;
-mod envelope;
-mod gen_model_cmd;
-mod generate_cmd;
-mod http_bench;
-mod kernels_cmd;
-mod model_cache;
-mod node_metrics;
-mod parity_cmd;
-mod qualify;
-mod selftest_cmd;
-mod serve_cmd;
-mod sweep;
-mod up;
-
 use std::process::ExitCode;
 
+use brink_agent::cmd::{bench, device, gen_model, generate, kernels, parity, qualify, selftest, serve, sweep_report};
+use brink_agent::{cluster, sweep, up};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -44,25 +27,27 @@ enum Cmd {
     /// Cluster mode (the DaemonSet): keep this node's SparkNode and heartbeat Lease, qualify on demand, cache models.
     Run(cluster::Args),
     /// Show the GPU (name, capability, memory, driver, CUDA, NVRTC) or why there is none.
-    Device(device_cmd::Args),
+    Device(device::Args),
     /// Run the kernel threshold self-test (derived critical token counts, negative controls).
-    Selftest(selftest_cmd::Args),
+    Selftest(selftest::Args),
+    /// Qualify a running engine (any OpenAI-compatible server) over HTTP at the critical prompt lengths.
+    Qualify(qualify::Args),
     /// Write a synthetic model: deterministic random weights, a small real BPE vocabulary.
-    GenModel(gen_model_cmd::Args),
+    GenModel(gen_model::Args),
     /// Run a prompt through a GGUF model and print the continuation (greedy at temperature 0).
-    Generate(generate_cmd::Args),
+    Generate(generate::Args),
     /// Prefill and decode tokens/s of a model on a backend; with --url, a grid against a running server.
-    Bench(bench_cmd::Args),
+    Bench(bench::Args),
     /// Compare two backends (default: CUDA against the CPU reference) logit by logit on one model.
-    Parity(parity_cmd::Args),
+    Parity(parity::Args),
     /// Serve a model over HTTP: OpenAI /v1/chat/completions, /v1/completions, Anthropic /v1/messages.
-    Serve(serve_cmd::Args),
+    Serve(serve::Args),
     /// One node's regression sweep here and now: self-test and benchmark grid, judged against a baseline result.
     Sweep(sweep::Args),
     /// Print sweep results (files or `kubectl get sweepresults -o json`) as a table, JSON or CSV, or a node's trend.
-    SweepReport(sweep::ReportArgs),
+    SweepReport(sweep_report::ReportArgs),
     /// Compile every kernel with NVRTC for the given archs and print ptxas's resource report.
-    Kernels(kernels_cmd::Args),
+    Kernels(kernels::Args),
     /// Internal: the self-test's child process (reads cases on stdin, answers on stdout).
     #[command(name = "__selftest-worker", hide = true)]
     SelftestWorker,
@@ -79,16 +64,17 @@ fn main() -> ExitCode {
     match cli.command {
         Cmd::Up(args) => up::run(args),
         Cmd::Run(args) => cluster::run(args),
-        Cmd::Selftest(args) => selftest_cmd::run(args),
-        Cmd::Device(args) => device_cmd::run(args),
-        Cmd::Kernels(args) => kernels_cmd::run(args),
-        Cmd::GenModel(args) => gen_model_cmd::run(args),
-        Cmd::Generate(args) => generate_cmd::run(args),
-        Cmd::Bench(args) => bench_cmd::run(args),
-        Cmd::Parity(args) => parity_cmd::run(args),
-        Cmd::Serve(args) => serve_cmd::run(args),
+        Cmd::Selftest(args) => selftest::run(args),
+        Cmd::Qualify(args) => qualify::run(args),
+        Cmd::Device(args) => device::run(args),
+        Cmd::Kernels(args) => kernels::run(args),
+        Cmd::GenModel(args) => gen_model::run(args),
+        Cmd::Generate(args) => generate::run(args),
+        Cmd::Bench(args) => bench::run(args),
+        Cmd::Parity(args) => parity::run(args),
+        Cmd::Serve(args) => serve::run(args),
         Cmd::Sweep(args) => sweep::run(args),
-        Cmd::SweepReport(args) => sweep::run_report(args),
+        Cmd::SweepReport(args) => sweep_report::run_report(args),
         Cmd::SelftestWorker => {
             let code = brink_kernels::selftest::worker::serve(std::io::stdin().lock(), std::io::stdout().lock());
             ExitCode::from(code as u8)

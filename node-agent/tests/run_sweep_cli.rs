@@ -186,7 +186,7 @@ async fn the_agent_runs_its_sweep_for_real_on_the_cpu_and_stops_at_sigterm() {
 fn a_bad_extra_case_is_named() {
     let dir = tempfile::tempdir().unwrap();
     for (arg, needle) in
-        [("3x4", "--extra-case 3x4: model/extra/t3x4: 4 sequences cannot share 3 tokens"), ("12y", "--extra-case 12y: expected TOKENS")]
+        [("3x4", "--extra-case: 3x4: model/extra/t3x4: 4 sequences cannot share 3 tokens"), ("12y", "--extra-case: 12y: expected TOKENS")]
     {
         let o = Command::new(env!("CARGO_BIN_EXE_brink-agent"))
             .args(["sweep", "--backend", "cpu", "--extra-case", arg, "--state-dir"])

@@ -254,7 +254,7 @@ fn serve_exports_the_node_gauges_over_otlp() {
     // server's `attributes` maps every label; Prometheus' OTLP ingestion maps them back).
     let current: Vec<&Vec<String>> = states.iter().filter(|(_, v)| *v == 1.0).map(|(a, _)| a).collect();
     assert_eq!(current, [&vec![format!("shape.class={class}"), "state=qualified".to_string()]], "{states:?}");
-    assert_eq!(states.len(), 4, "{states:?}");
+    assert_eq!(states.len(), 5, "one series per verdict state: {states:?}");
     let passed = cases.iter().find(|(a, _)| a.contains(&"result=passed".to_string()) && a.contains(&"suite=kernel".to_string()));
     assert_eq!(passed.map(|(_, v)| *v), Some(11.0), "{cases:?}");
     assert!(memory.len() == 1 && memory[0].1 > 0.0, "{memory:?}");

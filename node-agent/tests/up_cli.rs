@@ -130,3 +130,46 @@ fn bad_input_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--backend cuda"));
 }
+
+/// `brink-agent gen-model` of the tiny preset to `out`, with `extra` overrides.
+fn gen_model(out: &Path, extra: &[&str]) {
+    let o = agent().args(["gen-model", "--arch", "qwen3moe", "--preset", "tiny", "--out"]).arg(out).args(extra).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// Two models that share the readable label and differ only in head dim, or only in the weight
+/// type: `up --model B` after `up --model A` does not reuse A's result, re-qualifies, and says
+/// which field changed.
+#[test]
+fn another_model_with_the_same_label_requalifies_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let (a, head_dim, wtype) = (dir.path().join("a.gguf"), dir.path().join("b.gguf"), dir.path().join("c.gguf"));
+    gen_model(&a, &[]);
+    gen_model(&head_dim, &["--head-dim", "32"]);
+    gen_model(&wtype, &["--type", "q4_0"]);
+    let run = |model: &Path| {
+        let out = up(&state, &["--no-serve", "--model-test-max-tokens", "8", "--model"]).arg(model).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+        (text, report(&state))
+    };
+    let (_, ra) = run(&a);
+    assert_eq!(ra["reused"], false);
+    let key_a = ra["model"]["shapeClass"].as_str().unwrap().to_string();
+    assert!(key_a.starts_with("qwen3moe-h256-e16-top4-ffn256-"), "{key_a}");
+    // The same model again: reused.
+    assert_eq!(run(&a).1["reused"], true);
+
+    for (model, field) in [(&head_dim, "attention.head_dim: 64 -> 32"), (&wtype, "\"q8_0\" -> \"q4_0\"")] {
+        let (text, r) = run(model);
+        let key = r["model"]["shapeClass"].as_str().unwrap();
+        assert!(key != key_a && key.starts_with("qwen3moe-h256-e16-top4-ffn256-"), "{key} vs {key_a}");
+        assert_eq!(r["reused"], false, "{text}");
+        let cache = r["cache"].as_str().unwrap();
+        assert!(cache.starts_with("re-qualifying: no result for shape key") && cache.contains(field), "{cache}");
+        // Back to A: its own result is still there.
+        let (_, back) = run(&a);
+        assert_eq!((back["reused"].as_bool(), back["model"]["shapeClass"].as_str()), (Some(true), Some(key_a.as_str())));
+    }
+}

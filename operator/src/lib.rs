@@ -5,5 +5,6 @@
 pub mod controllers;
 pub mod crds;
 pub mod decide;
+pub mod engines;
 pub mod leader;
 pub mod telemetry;

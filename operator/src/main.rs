@@ -46,6 +46,10 @@ struct RunArgs {
     /// The agents' model cache directory on every node (mounted read-only into replica Pods).
     #[arg(long, default_value = "/var/lib/brink/cache")]
     model_cache_dir: String,
+    /// The agents' state directory on every node (mounted into replica Pods: their model-level
+    /// test results are kept there, so a recreated Pod reuses the node's result).
+    #[arg(long, default_value = "/var/lib/brink/state")]
+    node_state_dir: String,
     /// Memory kept free on a node after a replica is placed there, in bytes.
     #[arg(long, default_value_t = 0)]
     memory_reserve_bytes: u64,
@@ -75,6 +79,10 @@ struct RunArgs {
     /// The OTLP http/protobuf endpoint replica Pods export metrics to. Unset: no export.
     #[arg(long)]
     replica_otlp_endpoint: Option<String>,
+    /// brink-agent's image: the qualification sidecar of replicas on other engines (vLLM,
+    /// SGLang, llama.cpp) runs it. Unset: such replicas get no Pods and say why.
+    #[arg(long)]
+    agent_image: Option<String>,
 }
 
 /// The leader Lease's name, in --lease-namespace.
@@ -186,12 +194,14 @@ async fn serve(args: RunArgs) -> Result<(), String> {
         config: Config {
             lease_namespace: args.lease_namespace.clone(),
             model_cache_dir: args.model_cache_dir,
+            node_state_dir: args.node_state_dir,
             memory_reserve_bytes: args.memory_reserve_bytes,
             serve_port: args.serve_port,
             startup_seconds: args.startup_seconds,
             drain_seconds: args.drain_seconds,
             replica_api_keys_secret: args.replica_api_keys_secret.filter(|s| !s.trim().is_empty()),
             replica_otlp_endpoint: args.replica_otlp_endpoint.filter(|s| !s.trim().is_empty()),
+            agent_image: args.agent_image.filter(|s| !s.trim().is_empty()),
             ..Config::default()
         },
     });

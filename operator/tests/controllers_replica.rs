@@ -35,7 +35,8 @@ fn expected_pod_spec() -> Value {
                 "--model", format!("/var/lib/brink/cache/models/{}.gguf", "ab".repeat(32)),
                 "--host", "0.0.0.0", "--port", "8080",
                 "--context", "32768", "--max-batch-tokens", "8192", "--prefill-chunk", "2048", "--slots", "4",
-                "--served-model-name", "qwen"
+                "--served-model-name", "qwen",
+                "--backend", "cuda", "--model-test", "--qualification-dir", "/var/lib/brink/node"
             ],
             "ports": [{ "name": "http", "containerPort": 8080 }],
             "env": [
@@ -53,12 +54,14 @@ fn expected_pod_spec() -> Value {
             "livenessProbe": probe("/live", 10, 6),
             "volumeMounts": [
                 { "name": "model-cache", "mountPath": "/var/lib/brink/cache", "readOnly": true },
-                { "name": "state", "mountPath": "/var/lib/brink/state" }
+                { "name": "state", "mountPath": "/var/lib/brink/state" },
+                { "name": "node-state", "mountPath": "/var/lib/brink/node" }
             ]
         }],
         "volumes": [
             { "name": "model-cache", "hostPath": { "path": "/var/lib/brink/cache", "type": "Directory" } },
-            { "name": "state", "emptyDir": {} }
+            { "name": "state", "emptyDir": {} },
+            { "name": "node-state", "hostPath": { "path": "/var/lib/brink/state", "type": "DirectoryOrCreate" } }
         ]
     })
 }

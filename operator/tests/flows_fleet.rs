@@ -1,4 +1,4 @@
-//! Whole flows of the operator (issue 6, "Tests"): the real controllers (`controllers::run`)
+//! Whole flows of the operator: the real controllers (`controllers::run`)
 //! against the in-memory API server, the test playing the kubelet, the node agents and the
 //! admin. Each flow asserts the exact objects the controllers leave: which replicas exist, on
 //! which nodes, their Pods, the deployment's status and conditions.
@@ -12,7 +12,7 @@ mod flows;
 use std::collections::BTreeMap;
 
 use brink_api::Verdict;
-use brink_api::crd::{ModelReplica, NodeRunState, ReplicaPhase, SparkNode, SweepRun};
+use brink_api::crd::{Model, ModelReplica, NodeRunState, ReplicaPhase, SparkNode, SweepRun};
 use common::{CLASS, NOW_S, NS};
 use flows::{Fleet, NodeSetup, Snapshot};
 use k8s_openapi::api::core::v1::Service;
@@ -221,6 +221,30 @@ async fn unqualified_nodes_are_asked_to_qualify_and_then_used() {
         .await;
     let tokens: BTreeMap<String, u64> = s.iter().map(|r: &ModelReplica| (r.name_any(), r.spec.serving.max_batch_tokens)).collect();
     assert_eq!(tokens, BTreeMap::from([("qwen-0".to_string(), 8192), ("qwen-1".to_string(), 4096)]));
+    fleet.stop().await;
+}
+
+/// Two models with one readable label (the second differs only in a weight type, so its shape
+/// key's hash differs): nodes qualified only for the first are not used for the second, they
+/// are asked to qualify its key, and nothing is placed until one reports it.
+#[tokio::test(start_paused = true)]
+async fn nodes_qualified_for_one_model_are_not_used_for_another_with_the_same_label() {
+    let fleet = Fleet::start(&three_nodes(true));
+    let other = format!("{CLASS}-0d94c3b8e1f7a256");
+    let models: Api<Model> = Api::namespaced(fleet.double.client(), NS);
+    models
+        .patch_status("qwen", &PatchParams::default(), &Patch::Merge(json!({ "status": { "shapeClass": other } })))
+        .await
+        .expect("patch the Model's facts");
+    fleet.deploy(2).await;
+    let degraded =
+        fleet.until("Degraded: unplaced", 30, |s: &Snapshot| s.condition("Degraded").filter(|c| c.status == "True").cloned()).await;
+    assert_eq!(degraded.message, format!("2 of 2 replicas cannot be placed; 0/3 nodes available: 3 not qualified for {other}"));
+    let sparks: Api<SparkNode> = Api::all(fleet.double.client());
+    for spark in sparks.list(&ListParams::default()).await.expect("list SparkNodes").items {
+        assert_eq!(spark.spec.shape_classes, [other.clone()], "{} was not asked to qualify the second key", spark.name_any());
+    }
+    assert!(fleet.snapshot().await.placed().is_empty());
     fleet.stop().await;
 }
 
@@ -459,7 +483,7 @@ async fn a_failed_replica_pod_is_replaced_and_the_deployment_recovers() {
     fleet.stop().await;
 }
 
-/// Flow (issue 7, drainReplicas): two nodes, one replica on spark-1, and a SweepRun that drains
+/// Flow (drainReplicas): two nodes, one replica on spark-1, and a SweepRun that drains
 /// spark-1. The replacement is placed on spark-2 and serves before the drained replica is
 /// deleted; spark-1 ends with no replica, and the run controller (running too) sees the node
 /// empty and moves it from Draining to Running.

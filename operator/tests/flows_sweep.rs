@@ -1,4 +1,4 @@
-//! Whole flows of the sweep controllers (issue 7, "Tests"): the real controllers
+//! Whole flows of the sweep controllers: the real controllers
 //! (`controllers::run`) against the in-memory API server, the test playing the node agents
 //! (heartbeats, `SweepResult`s) and the user (suspend, resume), over hours of schedule.
 //!
@@ -259,7 +259,7 @@ fn names(at: &[i64]) -> Vec<String> {
     at.iter().map(|t| run_name("nightly", *t)).collect()
 }
 
-/// History pruning (issue 7): five hourly runs that all pass, with room for two passing runs.
+/// History pruning: five hourly runs that all pass, with room for two passing runs.
 /// The two newest stay, and so does the run they were judged against (the newest one's
 /// baseline is the run before it, whose baseline is the one before that: the run beyond the
 /// limit that the kept runs still compare with). Older ones go, although each is some pruned
@@ -345,7 +345,7 @@ async fn history_never_prunes_the_pinned_baseline() {
     f.stop().await;
 }
 
-/// Suspend and resume (issue 7): a suspended sweep fires nothing across three schedule times;
+/// Suspend and resume: a suspended sweep fires nothing across three schedule times;
 /// resumed two minutes after the third, it fires once, for that latest missed time (within
 /// `startingDeadlineSeconds`), not once per missed time.
 #[tokio::test(start_paused = true)]
@@ -407,7 +407,7 @@ async fn run_still_going_at_the_next_time(policy: &str) -> (Sweeps, String, Stri
     (f, first, run_name("nightly", NOW_S + HOUR))
 }
 
-/// Forbid (issue 7): with the previous run still going, the next firing starts nothing and
+/// Forbid: with the previous run still going, the next firing starts nothing and
 /// says why; once that run completes, the held firing starts (it is still within its deadline:
 /// none is set).
 #[tokio::test(start_paused = true)]
@@ -427,7 +427,7 @@ async fn forbid_holds_the_firing_while_a_run_is_going() {
     f.stop().await;
 }
 
-/// Replace (issue 7): the next firing cancels the run still going and starts its own.
+/// Replace: the next firing cancels the run still going and starts its own.
 #[tokio::test(start_paused = true)]
 async fn replace_cancels_the_run_still_going() {
     let (f, first, second) = run_still_going_at_the_next_time("Replace").await;

@@ -26,11 +26,12 @@ pub use model::{
     SecretRef,
 };
 pub use model_deployment::{
-    EngineBuild, ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus, ModelRef, OnSelfTestFailure, Placement, Rollout,
+    EngineBuild, EngineKind, FABRIC_LABEL, GangSettings, ModelDeployment, ModelDeploymentSpec, RDMA_LABEL, ModelDeploymentStatus, ModelRef, OnSelfTestFailure, Placement, Rollout,
     RolloutPhase, RolloutStatus, RolloutStrategy, Serving, Spread,
 };
 pub use model_replica::{
-    DownloadProgress, ModelReplica, ModelReplicaSpec, ModelReplicaStatus, PodFailures, ReplicaPhase, StallReport, Throughput,
+    DownloadProgress, ModelReplica, ModelReplicaSpec, ModelReplicaStatus, PodFailures, ReplicaGang, ReplicaPhase, ReplicaQualification,
+    StallReport, Throughput,
 };
 pub use regression_sweep::{
     BaselineKind, BaselinePolicy, ConcurrencyPolicy, GridPoint, RegressionSweep, RegressionSweepSpec, RegressionSweepStatus, SweepSelfTest,

@@ -143,7 +143,10 @@ pub struct ModelStatus {
     /// The tensor types present (e.g. `Q4_K`, `Q8_0`, `F32`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quant_types: Vec<String>,
-    /// The shape class nodes qualify for (e.g. `qwen3moe-h2048-e128-top8-ffn768`).
+    /// The shape key nodes qualify for: the readable label and the hash of the model's whole
+    /// kernel shape (dimensions, heads, vocabulary, context, weight type of each tensor), e.g.
+    /// `qwen3moe-h2048-e128-top8-ffn768-0123456789abcdef`. Two models share a qualification
+    /// exactly when their keys are equal.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shape_class: Option<String>,
     /// KV cache bytes one token takes (every layer, K and V, at the engine's cache type): with

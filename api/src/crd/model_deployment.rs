@@ -27,9 +27,13 @@ use crate::qualification::ServingParams;
     printcolumn(name = "Desired", type_ = "integer", json_path = ".spec.replicas"),
     printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
     printcolumn(name = "Engine", type_ = "string", json_path = ".spec.engine.version"),
+    printcolumn(name = "Kind", type_ = "string", json_path = ".spec.engine.kind", priority = 1),
+    printcolumn(name = "Nodes", type_ = "integer", json_path = ".spec.nodesPerReplica", priority = 1),
     printcolumn(name = "Rollout", type_ = "string", json_path = ".status.rollout.phase"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
+// An absent engine kind is brink (the default), so only an explicit other kind spans nodes.
+#[x_kube(validation = Rule::new("(has(self.engine.kind) && self.engine.kind != 'brink') || !has(self.nodesPerReplica) || self.nodesPerReplica == 1").message("spec.nodesPerReplica must be 1 for engine kind brink: brink's engine runs on one node; use vllm, sglang or llamacpp for a replica over several nodes"))]
 #[serde(rename_all = "camelCase")]
 pub struct ModelDeploymentSpec {
     pub model_ref: ModelRef,
@@ -39,6 +43,15 @@ pub struct ModelDeploymentSpec {
     pub replicas: i32,
     pub engine: EngineBuild,
     pub serving: Serving,
+    /// Nodes one replica runs on: above 1, a replica is a gang (a leader and workers on nodes
+    /// of one fabric, placed all together or not at all). 1 for engine kind `brink`.
+    #[serde(default = "default_nodes_per_replica", skip_serializing_if = "is_one_node")]
+    #[schemars(range(min = 1, max = 64))]
+    pub nodes_per_replica: u32,
+    /// How the members of a gang find each other: the fabric label and the interfaces NCCL,
+    /// Gloo and UCX use (only read when `nodesPerReplica` is above 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang: Option<GangSettings>,
     #[serde(default)]
     pub placement: Placement,
     #[serde(default)]
@@ -51,6 +64,55 @@ fn default_replicas() -> i32 {
     1
 }
 
+/// A one-node replica is left out on the wire, as in a spec that never named it.
+fn is_one_node(n: &u32) -> bool {
+    *n == 1
+}
+
+fn default_nodes_per_replica() -> u32 {
+    1
+}
+
+/// The node label that names a node's fabric unless a deployment names another.
+pub const FABRIC_LABEL: &str = "brink.dev/fabric";
+/// A node label saying that the node's fabric has RDMA devices (`/dev/infiniband`) for RoCE.
+pub const RDMA_LABEL: &str = "brink.dev/rdma";
+
+/// The members of a gang: which nodes share a link, and the interfaces the engine's
+/// collective libraries use over it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GangSettings {
+    /// The node label whose value names a node's fabric: a gang's members all carry it with one
+    /// value. `brink.dev/fabric` (set by the admin) or a topology label the cluster has.
+    #[serde(default = "default_fabric_label")]
+    #[schemars(length(min = 1, max = 317), regex(pattern = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"))]
+    pub fabric_label: String,
+    /// The network interface of the fabric link (`NCCL_SOCKET_IFNAME`, `GLOO_SOCKET_IFNAME`),
+    /// e.g. `enp1s0f1np1` on a DGX Spark's ConnectX-7.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[^\s=]+$"))]
+    pub socket_interface: Option<String>,
+    /// `UCX_NET_DEVICES` (e.g. `enp1s0f1np1`, or `mlx5_0:1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[^\s=]+$"))]
+    pub ucx_net_devices: Option<String>,
+    /// `NCCL_IB_HCA`: the RDMA devices NCCL uses (e.g. `rocep1s0f1,roceP2p1s0f1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[^\s=]+$"))]
+    pub ib_hca: Option<String>,
+}
+
+fn default_fabric_label() -> String {
+    FABRIC_LABEL.to_string()
+}
+
+impl Default for GangSettings {
+    fn default() -> GangSettings {
+        GangSettings { fabric_label: default_fabric_label(), socket_interface: None, ucx_net_devices: None, ib_hca: None }
+    }
+}
+
 /// A `Model` in the deployment's namespace.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -59,16 +121,61 @@ pub struct ModelRef {
     pub name: String,
 }
 
-/// The engine build replicas run: a change of either field is rolled out canary-first.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+/// The engine build replicas run: a change of any field is rolled out canary-first.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EngineBuild {
-    /// Container image of `brink-agent` (e.g. `ghcr.io/brink/agent:0.2.0@sha256:...`).
+    /// Container image of the engine: `brink-agent` for kind `brink` (e.g.
+    /// `ghcr.io/brink/agent:0.2.0@sha256:...`), the engine's own image otherwise (e.g.
+    /// `vllm/vllm-openai:v0.11.0`).
     #[schemars(length(min = 1, max = 512), regex(pattern = r"^\S+$"))]
     pub image: String,
-    /// The agent version inside the image: part of every qualification fingerprint.
+    /// The engine version inside the image (for `brink`: part of every qualification fingerprint).
     #[schemars(length(min = 1, max = 64), regex(pattern = r"^\S+$"))]
     pub version: String,
+    /// Which engine the image runs; the serving parameters are mapped to its flags.
+    #[serde(default, skip_serializing_if = "EngineKind::is_brink")]
+    pub kind: EngineKind,
+    /// Extra arguments appended to the engine's command line (after the mapped ones).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub args: Vec<String>,
+    /// The engine's HTTP port (default: the operator's serve port for `brink`, 8000 for
+    /// `vllm`, 30000 for `sglang`, 8080 for `llamacpp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1024, max = 65535))]
+    pub port: Option<u16>,
+}
+
+/// An engine a replica runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    /// `brink-agent serve`: one node, qualified by the node's own self-test.
+    #[default]
+    Brink,
+    /// vLLM's OpenAI-compatible server (`vllm serve`; over Ray across nodes).
+    Vllm,
+    /// SGLang (`python3 -m sglang.launch_server`; its own launcher across nodes).
+    Sglang,
+    /// llama.cpp's `llama-server` (its RPC backend across nodes).
+    Llamacpp,
+}
+
+impl EngineKind {
+    pub fn is_brink(&self) -> bool {
+        *self == EngineKind::Brink
+    }
+
+    /// The name in the API (`spec.engine.kind`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Brink => "brink",
+            EngineKind::Vllm => "vllm",
+            EngineKind::Sglang => "sglang",
+            EngineKind::Llamacpp => "llamacpp",
+        }
+    }
 }
 
 /// Serving limits a replica starts with (clamped to the node's validated envelope under `Clamp`).

@@ -7,7 +7,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::conditions::Condition;
-use super::model_deployment::{EngineBuild, Serving};
+use super::model_deployment::{EngineBuild, GangSettings, Serving};
 use crate::qualification::Envelope;
 
 #[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -23,18 +23,20 @@ use crate::qualification::Envelope;
     doc = "One replica of a ModelDeployment, bound to one node; owns its replica Pod.",
     printcolumn(name = "Deployment", type_ = "string", json_path = ".spec.deployment"),
     printcolumn(name = "Node", type_ = "string", json_path = ".spec.node"),
+    printcolumn(name = "Workers", type_ = "string", json_path = ".spec.gang.workers", priority = 1),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Endpoint", type_ = "string", json_path = ".status.endpoint", priority = 1),
     printcolumn(name = "Restarts", type_ = "integer", json_path = ".status.restarts"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[x_kube(validation = Rule::new("self.node == oldSelf.node").message("a replica is bound to its node: create a new replica to move it"))]
+#[x_kube(validation = Rule::new("has(self.gang) == has(oldSelf.gang) && (!has(self.gang) || self.gang.workers == oldSelf.gang.workers)").message("a gang is bound to its nodes: create a new replica to move it"))]
 #[serde(rename_all = "camelCase")]
 pub struct ModelReplicaSpec {
     /// The owning `ModelDeployment` (same namespace).
     #[schemars(length(min = 1, max = 253))]
     pub deployment: String,
-    /// The Kubernetes `Node` (and `SparkNode`) the replica runs on.
+    /// The Kubernetes `Node` (and `SparkNode`) the replica runs on (a gang's leader, rank 0).
     #[schemars(length(min = 1, max = 253))]
     pub node: String,
     /// The `Model` (same namespace).
@@ -46,6 +48,34 @@ pub struct ModelReplicaSpec {
     pub engine: EngineBuild,
     /// The limits this replica serves under: the deployment's, clamped to the node's envelope.
     pub serving: Serving,
+    /// Set for a replica over several nodes: its workers and their fabric.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang: Option<ReplicaGang>,
+}
+
+/// The members of a gang beyond its leader (`spec.node`), as placed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaGang {
+    /// The workers' nodes, rank 1 first.
+    #[schemars(length(min = 1, max = 63))]
+    pub workers: Vec<String>,
+    /// The fabric the members share (the value of the deployment's fabric label).
+    #[schemars(length(min = 1, max = 63))]
+    pub fabric: String,
+    /// Every member's node carries `brink.dev/rdma: "true"`: the Pods get the RDMA devices.
+    #[serde(default)]
+    pub rdma: bool,
+    /// The deployment's interface settings when the gang was placed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<GangSettings>,
+}
+
+impl ModelReplicaSpec {
+    /// Every node the replica runs on, leader first.
+    pub fn nodes(&self) -> Vec<&str> {
+        std::iter::once(self.node.as_str()).chain(self.gang.iter().flat_map(|g| g.workers.iter().map(String::as_str))).collect()
+    }
 }
 
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -79,6 +109,47 @@ pub struct ModelReplicaStatus {
     /// (with an exponential backoff); cleared once a Pod has served for a while.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_failures: Option<PodFailures>,
+    /// What the replica proved before `/ready` (its own model-level threshold test, or the
+    /// node's result for the same key and fingerprint, and backend truth), as its Pod reported
+    /// it to the node's agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qualification: Option<ReplicaQualification>,
+}
+
+/// What a replica Pod proved before `/ready`: written by its `serve` on the node, published by
+/// the node's agent.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaQualification {
+    /// The model's shape key tested.
+    pub shape_class: String,
+    /// The model-level verdict's state: `qualified`, `clamped`, `disqualified`, `notQualified`
+    /// or `proofIncomplete`.
+    pub model_test_state: String,
+    /// The verdict in a line.
+    pub model_test_message: String,
+    /// The node's earlier result for the same key and fingerprint was reused (no test ran in
+    /// this Pod).
+    #[serde(default)]
+    pub reused: bool,
+    /// The failed and hung model-level cases, smallest count first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub failing_cases: Vec<super::FailingCase>,
+    /// Seconds the model-level test took in this Pod (model load included); absent when reused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_test_seconds: Option<f64>,
+    /// Why `/ready` is held, while it is (the replica is not Ready).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
+    /// The last ready check of an engine: the hold, else backend truth checked from outside the
+    /// engine (backend, device, the driver's process list): `passed: ...` or `failed: ...`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_check: Option<String>,
+    /// Seconds from the start of the Pod's `serve` to its first ready answer (model load and
+    /// the model-level test included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds_to_ready: Option<f64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -35,7 +35,9 @@ pub const MAX_FAILING_CASES: usize = 16;
 )]
 #[serde(rename_all = "camelCase")]
 pub struct SparkNodeSpec {
-    /// Shape classes the operator asks this node to qualify (for the deployments that want it).
+    /// Shape keys the operator asks this node to qualify (for the deployments that want it):
+    /// each a model's readable shape label and the hash of its whole kernel shape (every
+    /// dimension and weight type), as the `Model`'s status names it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     #[x_kube(merge_strategy = ListMerge::Set)]
@@ -114,6 +116,7 @@ impl NodeFingerprint {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ShapeQualification {
+    /// The shape key qualified (label and hash of the whole kernel shape).
     pub shape_class: String,
     #[schemars(schema_with = "qualification_schema")]
     pub qualification: Qualification,

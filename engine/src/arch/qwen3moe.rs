@@ -5,7 +5,7 @@
 
 use crate::backend::{AttentionSpec, Backend, Batch, MoeSpec, MoeWeights, WeightRole};
 use crate::gguf::GgufFile;
-use crate::model::{AttentionConfig, BackendError, Hyper, ModelConfig, ModelError, MoeConfig, TensorReader};
+use crate::model::{AttentionConfig, BackendError, Hyper, ModelConfig, ModelError, MoeConfig, TensorReader, TensorTypes};
 use crate::monitor::Op;
 
 use super::{Loaded, check_type};
@@ -62,9 +62,10 @@ pub fn config(file: &GgufFile) -> Result<ModelConfig, ModelError> {
         Some(t) => return Err(h.bad(&h.key("rope.freq_base"), t, "must be positive")),
         None => 10_000.0,
     };
+    let layers = h.count("block_count", MAX_LAYERS)?;
     Ok(ModelConfig {
         arch: ARCH.to_string(),
-        layers: h.count("block_count", MAX_LAYERS)?,
+        layers,
         hidden,
         vocab,
         context: h.count("context_length", 1 << 24)?,
@@ -77,6 +78,7 @@ pub fn config(file: &GgufFile) -> Result<ModelConfig, ModelError> {
             weights_scale: h.optional_f32("expert_weights_scale")?.filter(|&s| s != 0.0 && s != 1.0),
         },
         norm_eps: h.positive("attention.layer_norm_rms_epsilon")?,
+        weights: TensorTypes::of(file, layers),
     })
 }
 

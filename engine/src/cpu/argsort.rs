@@ -215,7 +215,8 @@ mod tests {
     }
 
     /// The same order as libstdc++'s std::sort on tie-heavy rows, where a C++ compiler is at
-    /// hand (CI's, which builds llama.cpp, has one); skipped with a message otherwise.
+    /// hand; skipped with a message otherwise, and a failure when BRINK_REQUIRE_CXX=1 (as
+    /// scripts/test sets: CI has g++, which llama.cpp's build needs too).
     #[test]
     fn ties_match_libstdcxx() {
         let dir = tempfile::tempdir().unwrap();
@@ -243,7 +244,12 @@ int main() {
         .unwrap();
         let built = std::process::Command::new("g++").args(["-O2", "-o"]).arg(&bin).arg(&src).status();
         if !matches!(built, Ok(s) if s.success()) {
-            eprintln!("SKIP ties_match_libstdcxx: no g++ to build the libstdc++ reference");
+            let why = match built {
+                Ok(s) => format!("g++ failed ({s}) to build the libstdc++ reference"),
+                Err(e) => format!("no g++ to build the libstdc++ reference ({e})"),
+            };
+            assert!(std::env::var("BRINK_REQUIRE_CXX").as_deref() != Ok("1"), "BRINK_REQUIRE_CXX=1 but {why}");
+            eprintln!("SKIP ties_match_libstdcxx: {why}");
             return;
         }
         let cases: Vec<Vec<f32>> = (0..60u64).map(|s| tied(s, [8, 16, 17, 33, 64, 128, 256, 1000][s as usize % 8], 2 + s % 6)).collect();

@@ -31,7 +31,7 @@ mod writer;
 
 pub use error::{ErrorKind, GgufError, KeyProblem, ShapeProblem, SplitProblem};
 pub use file::{GgufFile, GgufPart};
-pub use ggml_type::GgmlType;
+pub use ggml_type::{GgmlType, tensor_bytes};
 pub use load::MappedGguf;
 pub use metadata::{Entry, Metadata};
 pub use reader::{ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH, PartHeader, read_header};

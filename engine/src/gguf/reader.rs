@@ -9,7 +9,7 @@ use std::path::Path;
 
 use super::cursor::Cursor;
 use super::error::{ErrorKind, GgufError, ShapeProblem};
-use super::ggml_type::GgmlType;
+use super::ggml_type::{GgmlType, tensor_bytes};
 use super::layout;
 use super::metadata::{Entry, Metadata};
 use super::tensor::TensorInfo;
@@ -236,8 +236,7 @@ fn read_tensor_infos<R: Read>(c: &mut Cursor<R>, n: usize) -> Result<Vec<TensorI
             return Err(c.error(type_at, kind));
         };
         let offset = c.u64("a tensor data offset")?;
-        let size = ggml_type
-            .tensor_bytes(&dims[..n_dims as usize])
+        let size = tensor_bytes(ggml_type, &dims[..n_dims as usize])
             .map_err(|problem| c.error(dims_at, ErrorKind::BadShape { tensor: name.to_string(), problem }))?;
         tensors.push(TensorInfo { name, dims, n_dims: n_dims as u8, ggml_type, offset, file_offset: 0, size, part: 0, info_offset });
     }

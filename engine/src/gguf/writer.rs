@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use super::encode::{array_depth, put_string, put_u32, put_u64, put_value};
 use super::error::{ErrorKind, GgufError};
-use super::ggml_type::GgmlType;
+use super::ggml_type::{GgmlType, tensor_bytes};
 use super::reader::{ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH};
 use super::split::{SPLIT_COUNT_KEY, SPLIT_NO_KEY, SPLIT_TENSORS_COUNT_KEY, split_path};
 use super::value::Value;
@@ -115,7 +115,7 @@ impl GgufWriter {
             return Err(builder_error(ErrorKind::DuplicateTensor { name: name.to_string() }));
         }
         let size =
-            ggml_type.tensor_bytes(dims).map_err(|problem| builder_error(ErrorKind::BadShape { tensor: name.to_string(), problem }))?;
+            tensor_bytes(ggml_type, dims).map_err(|problem| builder_error(ErrorKind::BadShape { tensor: name.to_string(), problem }))?;
         // Offsets are sums of padded sizes; with every tensor padded by less than u32::MAX (the
         // largest alignment), a total under i64::MAX keeps them from overflowing.
         let mut sizes = self.tensors.iter().map(|t| t.size).chain(std::iter::once(size));

@@ -1,8 +1,9 @@
 //! Hyperparameters of a MoE transformer, read from GGUF metadata by each architecture.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::gguf::Metadata;
+use crate::gguf::{GgufFile, Metadata};
 
 use super::error::ModelError;
 
@@ -21,6 +22,43 @@ pub struct ModelConfig {
     pub moe: MoeConfig,
     /// `<arch>.attention.layer_norm_rms_epsilon`.
     pub norm_eps: f32,
+    /// The weight type of every tensor, as the file stores them: part of the qualification key.
+    pub weights: TensorTypes,
+}
+
+/// The ggml type name of each tensor of a file, split into the tensors outside the layers and
+/// those of each layer (`blk.N.<role>`), by name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TensorTypes {
+    pub global: BTreeMap<String, String>,
+    /// Index N holds the roles of `blk.N.*`.
+    pub layers: Vec<BTreeMap<String, String>>,
+}
+
+impl TensorTypes {
+    /// Read from the file's tensor list (its header: no tensor data is touched). Layer indexes
+    /// are bounded by `layers`; a `blk.N.` name past them counts as a global tensor, so it
+    /// still changes the key and no hostile index sizes an allocation.
+    pub fn of(file: &GgufFile, layers: usize) -> TensorTypes {
+        let mut t = TensorTypes { global: BTreeMap::new(), layers: vec![BTreeMap::new(); layers] };
+        for info in file.tensors() {
+            let name = info.name();
+            let ty = info.ggml_type().name().to_string();
+            let in_layer = name
+                .strip_prefix("blk.")
+                .and_then(|rest| rest.split_once('.'))
+                .and_then(|(n, role)| Some((n.parse::<usize>().ok().filter(|&n| n < layers)?, role)));
+            match in_layer {
+                Some((n, role)) => {
+                    t.layers[n].insert(role.to_string(), ty);
+                }
+                None => {
+                    t.global.insert(name.to_string(), ty);
+                }
+            }
+        }
+        t
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -58,11 +96,18 @@ pub struct MoeConfig {
 }
 
 impl ModelConfig {
-    /// The shape class the kernels are qualified for: the architecture and the dimensions that
-    /// decide launch geometry (not the layer count or the weights), as the self-test names it,
-    /// e.g. `qwen3moe-h2048-e128-top8-ffn768`. Two files of one class share a qualification.
-    pub fn shape_class(&self) -> String {
+    /// The readable label of the model's shape, e.g. `qwen3moe-h2048-e128-top8-ffn768`: names
+    /// it for people, never identifies it (see [`ModelConfig::shape_class`]).
+    pub fn shape_label(&self) -> String {
         format!("{}-h{}-e{}-top{}-ffn{}", self.arch, self.hidden, self.moe.experts, self.moe.top_k, self.moe.expert_ffn)
+    }
+
+    /// The qualification key of the model: [`brink_kernels::thresholds::ModelShape::key`] of
+    /// its full kernel shape (label plus the hash of every dimension and weight type), e.g.
+    /// `qwen3moe-h2048-e128-top8-ffn768-0123456789abcdef`. Two files share a qualification
+    /// exactly when their keys are equal.
+    pub fn shape_class(&self) -> String {
+        crate::qualify::kernel_shape(self).key()
     }
 }
 

@@ -4,6 +4,6 @@ pub mod config;
 pub mod error;
 pub mod tensors;
 
-pub use config::{AttentionConfig, Hyper, ModelConfig, MoeConfig};
+pub use config::{AttentionConfig, Hyper, ModelConfig, MoeConfig, TensorTypes};
 pub use error::{BackendError, KernelLaunchFailure, ModelError};
 pub use tensors::{HostTensor, MatrixDims, TensorReader};

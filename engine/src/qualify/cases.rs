@@ -132,9 +132,11 @@ pub struct Derivation {
     pub skipped: Vec<(ModelCase, String)>,
 }
 
-/// The catalogue's critical counts for `shape` on `limits`, each with its reasons (`reason
-/// [kernel, ...]`), split into those `<= max_batch_tokens` and the number above.
-pub fn critical_counts(shape: &ModelShape, serving: &ServingParams, limits: &DeviceLimits) -> (Vec<(u64, Vec<String>)>, u64) {
+/// Every distinct critical count of the kernel catalogue for `shape` on `limits` (overflow
+/// points far above any batch included), smallest first, each with its reasons (`reason
+/// [kernel, ...]`). The model-level test keeps those a forward pass can reach; the black-box
+/// qualification (`brink-agent qualify --url`) those a prompt can reach.
+pub fn catalogue_counts(shape: &ModelShape, serving: &ServingParams, limits: &DeviceLimits) -> Vec<(u64, Vec<String>)> {
     let kernel_serving = Serving { max_batch_tokens: serving.max_batch_tokens, prefill_chunk: serving.prefill_chunk };
     // Every derived count, whatever the memory or a cap would let the kernel test run.
     let opts = catalogue::Options { memory_budget_bytes: u64::MAX, negative_controls: false, max_tokens: None };
@@ -150,13 +152,19 @@ pub fn critical_counts(shape: &ModelShape, serving: &ServingParams, limits: &Dev
             }
         }
     }
-    let unreachable = by_count.range(serving.max_batch_tokens + 1..).count() as u64;
-    let counts = by_count
+    by_count
         .into_iter()
-        .filter(|&(t, _)| t >= 1 && t <= serving.max_batch_tokens)
+        .filter(|&(t, _)| t >= 1)
         .map(|(t, reasons)| (t, reasons.into_iter().map(|(text, kernels)| format!("{text} [{}]", kernels.join(", "))).collect()))
-        .collect();
-    (counts, unreachable)
+        .collect()
+}
+
+/// The catalogue's critical counts for `shape` on `limits`, each with its reasons (`reason
+/// [kernel, ...]`), split into those `<= max_batch_tokens` and the number above.
+pub fn critical_counts(shape: &ModelShape, serving: &ServingParams, limits: &DeviceLimits) -> (Vec<(u64, Vec<String>)>, u64) {
+    let (counts, above): (Vec<_>, Vec<_>) =
+        catalogue_counts(shape, serving, limits).into_iter().partition(|&(t, _)| t <= serving.max_batch_tokens);
+    (counts, above.len() as u64)
 }
 
 fn composition_of(batch: &[u64]) -> Composition {

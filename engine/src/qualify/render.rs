@@ -85,6 +85,7 @@ pub fn render(r: &ModelTestReport) -> String {
             }
             Verdict::Disqualified { reason } => format!("DISQUALIFIED: {reason}"),
             Verdict::NotQualified { reason } => format!("NOT QUALIFIED: {reason}"),
+            Verdict::ProofIncomplete { reason } => format!("PROOF INCOMPLETE (not qualified): {reason}"),
         }
     );
     s

@@ -117,7 +117,7 @@ pub fn run(
         Err(e) => return not_run(report, format!("{}: {e}", opts.model.display())),
     };
     let shape = kernel_shape(&config);
-    report.shape_class = shape.name.clone();
+    report.shape_class = shape.key();
     let context = if opts.serving.context == 0 { config.context as u64 } else { opts.serving.context.min(config.context as u64) };
     let block_size = brink_kernels::ops::attention::DEFAULT_BLOCK_SIZE as u64;
     let largest = opts.serving.max_batch_tokens.min(opts.max_tokens.unwrap_or(u64::MAX)).min(context);
@@ -347,7 +347,9 @@ mod tests {
             &mut |_| {},
         );
         assert!(t0.elapsed() < Duration::from_secs(5), "one deadline and one failed restart: {:?}", t0.elapsed());
-        assert_eq!(r.shape_class, "qwen3moe-h256-e16-top4-ffn256");
+        assert!(r.shape_class.starts_with("qwen3moe-h256-e16-top4-ffn256-"), "the key is the label and a hash: {}", r.shape_class);
+        let file = crate::gguf::GgufFile::open(&opts.model).unwrap();
+        assert_eq!(r.shape_class, crate::arch::config(&file).unwrap().shape_class());
         assert_eq!(r.serving.context, 4096, "the engine's context is reported");
         assert_eq!(r.hung, 1, "{:?}", r.cases);
         assert_eq!(r.cases[0].id, "model/single/t1");

@@ -1,17 +1,26 @@
 //! A loaded model's configuration as the kernels see it: the shape class the kernel self-test
 //! and the model-level test derive their critical counts from.
 
-use brink_kernels::thresholds::{AttentionShape, ModelShape};
+use brink_kernels::thresholds::{AttentionShape, LayerSpec, ModelShape};
 
 use crate::model::ModelConfig;
 
-/// The kernel shape of `c`; its `name` is `c.shape_class()`, so both tests report one class.
+/// The kernel shape of `c`: the one place a model's qualification key is derived (from the
+/// config `arch::config` reads from the GGUF header). Its `name` is `c.shape_label()`; its
+/// key is `c.shape_class()`, so both tests report one key.
 pub fn kernel_shape(c: &ModelConfig) -> ModelShape {
     // Dimensions are validated (and far below 2^32) when the model loads; saturate rather than
     // wrap should a caller build a config by hand.
     let u = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+    let mut layers: Vec<LayerSpec> = Vec::new();
+    for weights in &c.weights.layers {
+        match layers.last_mut() {
+            Some(last) if last.weights == *weights => last.count += 1,
+            _ => layers.push(LayerSpec { count: 1, weights: weights.clone() }),
+        }
+    }
     ModelShape {
-        name: c.shape_class(),
+        name: c.shape_label(),
         hidden: u(c.hidden),
         experts: u(c.moe.experts),
         top_k: u(c.moe.top_k),
@@ -29,13 +38,21 @@ pub fn kernel_shape(c: &ModelConfig) -> ModelShape {
         // `qwen3_30b_a3b()`: its cases carry the tail-skip negative control (a self-test that
         // cannot fail proves nothing), and that kernel's tails stay qualified on every node.
         latent: ModelShape::qwen3_30b_a3b().latent,
+        weights: c.weights.global.clone(),
+        layers,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{AttentionConfig, MoeConfig};
+    use std::collections::BTreeMap;
+
+    use crate::model::{AttentionConfig, MoeConfig, TensorTypes};
+
+    fn q8(roles: &[&str]) -> BTreeMap<String, String> {
+        roles.iter().map(|r| (r.to_string(), "q8_0".to_string())).collect()
+    }
 
     #[test]
     fn qwen3_30b_config_maps_to_the_self_tests_default_class() {
@@ -48,9 +65,41 @@ mod tests {
             attention: AttentionConfig { heads: 32, kv_heads: 4, head_dim: 128, rope_theta: 1_000_000.0 },
             moe: MoeConfig { experts: 128, top_k: 8, expert_ffn: 768, norm_top_k: true, weights_scale: None },
             norm_eps: 1e-6,
+            weights: TensorTypes { global: q8(&["token_embd.weight"]), layers: vec![q8(&["attn_q.weight"]); 48] },
         };
         let s = kernel_shape(&c);
-        assert_eq!(s.name, c.shape_class());
-        assert_eq!(s, ModelShape::qwen3_30b_a3b());
+        assert_eq!(s.key(), c.shape_class());
+        assert_eq!(s.name, c.shape_label());
+        // The dimensions are the built-in class's; the weight types are the file's, so the key
+        // is not the built-in one (that has none).
+        let mut builtin = ModelShape::qwen3_30b_a3b();
+        assert_eq!(s.name, builtin.name);
+        assert_ne!(s.key(), builtin.key());
+        builtin.weights = q8(&["token_embd.weight"]);
+        builtin.layers = vec![LayerSpec { count: 48, weights: q8(&["attn_q.weight"]) }];
+        assert_eq!(s, builtin);
+    }
+
+    #[test]
+    fn layers_that_differ_get_their_own_entries() {
+        let mut layers = vec![q8(&["attn_q.weight"]); 4];
+        layers[2].insert("ffn_down_exps.weight".into(), "q6_k".into());
+        let c = ModelConfig { weights: TensorTypes { global: BTreeMap::new(), layers }, ..qwen_like() };
+        let counts: Vec<u32> = kernel_shape(&c).layers.iter().map(|l| l.count).collect();
+        assert_eq!(counts, [2, 1, 1]);
+    }
+
+    fn qwen_like() -> ModelConfig {
+        ModelConfig {
+            arch: "qwen3moe".into(),
+            layers: 4,
+            hidden: 256,
+            vocab: 1000,
+            context: 4096,
+            attention: AttentionConfig { heads: 4, kv_heads: 2, head_dim: 64, rope_theta: 1_000_000.0 },
+            moe: MoeConfig { experts: 16, top_k: 4, expert_ffn: 256, norm_top_k: true, weights_scale: None },
+            norm_eps: 1e-6,
+            weights: TensorTypes::default(),
+        }
     }
 }

@@ -22,7 +22,7 @@ use crate::monitor::{Fault, Monitor};
 
 /// Environment variable of the test-only fault injection (`hang:layer=N[,min-rows=R]`, ...):
 /// the watchdog's and the model test's tests make chosen steps hang or fail. Never in production.
-pub const FAULT_ENV: &str = "BRINK_INJECT_FAULT";
+pub const FAULT_ENV: &str = crate::test_switches::INJECT_FAULT;
 
 /// Exit code after an engine error on the GPU: the context may be unusable, the parent starts
 /// a fresh worker for the next case.
@@ -126,7 +126,7 @@ fn calibrate(engine: &mut dyn AnyEngine, pool: &mut BlockPool) -> Result<Calibra
 
 /// Runs the worker loop for `cfg`; returns the process exit code.
 pub fn serve(cfg: &WorkerConfig, input: impl BufRead, mut out: impl Write) -> i32 {
-    let fault = match std::env::var(FAULT_ENV).ok().filter(|s| !s.trim().is_empty()).map(|s| s.parse::<Fault>()).transpose() {
+    let fault = match crate::test_switches::get(FAULT_ENV).map(|s| s.parse::<Fault>()).transpose() {
         Ok(f) => f,
         Err(e) => return fatal(&mut out, format!("{FAULT_ENV}: {e}")),
     };

@@ -385,13 +385,16 @@ impl AnthropicStream {
         out
     }
 
-    /// Closes the open block, then `message_delta` (stop reason, output tokens) and `message_stop`.
-    pub fn finish(&mut self, finish: &FinishReason, output_tokens: u64) -> String {
+    /// Closes the open block, then `message_delta` (stop reason, the whole usage as the
+    /// unstreamed message has it: the SDKs take its input and cache counts over
+    /// `message_start`'s) and `message_stop`.
+    pub fn finish(&mut self, finish: &FinishReason, usage: Usage) -> String {
         let mut out = self.close();
         let (reason, stop_sequence) = anthropic::stop_reason(finish, self.called_tools);
+        let usage: anthropic::UsageOut = usage.into();
         out += &event_frame(
             "message_delta",
-            &json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": stop_sequence}, "usage": {"output_tokens": output_tokens}}),
+            &json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": stop_sequence}, "usage": usage}),
         );
         out + &event_frame("message_stop", &json!({"type": "message_stop"}))
     }
@@ -559,7 +562,7 @@ mod tests {
         got += &AnthropicStream::ping();
         got += &s.pieces(&[Piece::Text("Hi".into())]);
         got += &s.pieces(&[Piece::Text(" there".into()), Piece::Call(call)]);
-        got += &s.finish(&FinishReason::EndOfTurn, 12);
+        got += &s.finish(&FinishReason::EndOfTurn, Usage { prompt_tokens: 10, completion_tokens: 12, cached_tokens: 4 });
         let want = concat!(
             "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"brink\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":6,\"output_tokens\":0,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":4}}}\n\n",
             "event: ping\ndata: {\"type\":\"ping\"}\n\n",
@@ -570,7 +573,7 @@ mod tests {
             "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_X\",\"name\":\"f\",\"input\":{}}}\n\n",
             "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"a\\\":[1]}\"}}\n\n",
             "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":1}\n\n",
-            "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":12}}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\",\"stop_sequence\":null},\"usage\":{\"input_tokens\":6,\"output_tokens\":12,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":4}}\n\n",
             "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
         );
         assert_eq!(mask_ids(&got), want);
@@ -579,10 +582,10 @@ mod tests {
     #[test]
     fn anthropic_stop_sequence_and_errors() {
         let mut s = AnthropicStream::new("m", &request(false, &["END"], 1, false));
-        let got = s.finish(&FinishReason::StopSequence("END".into()), 3);
+        let got = s.finish(&FinishReason::StopSequence("END".into()), Usage { prompt_tokens: 7, completion_tokens: 3, cached_tokens: 0 });
         assert_eq!(
             got,
-            "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"stop_sequence\",\"stop_sequence\":\"END\"},\"usage\":{\"output_tokens\":3}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"stop_sequence\",\"stop_sequence\":\"END\"},\"usage\":{\"input_tokens\":7,\"output_tokens\":3,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":0}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
         );
         let e = ApiError::new(ErrorKind::Overloaded, "engine restarted after a stall");
         assert_eq!(

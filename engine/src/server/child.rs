@@ -79,23 +79,23 @@ pub fn run(mut input: impl Read, mut output: impl Write) -> Result<(), String> {
     }
 }
 
-/// The backend the child reports: its own, unless a test-only switch makes it lie, so the node
-/// agent's backend truth check (which looks from outside) can be shown to catch it:
-/// `BRINK_TEST_CLAIM_BACKEND=cuda` claims that backend whatever it runs on; with
-/// `BRINK_TEST_SILENT_CPU=1` the engine runs on the CPU and claims the backend it was asked for
-/// (a silent CPU fallback).
+/// The backend the child reports: its own, unless a test-only switch (compiled only into test
+/// builds: [`crate::test_switches`]) makes it lie, so the node agent's backend truth check
+/// (which looks from outside) can be shown to catch it: `BRINK_TEST_CLAIM_BACKEND=cuda` claims
+/// that backend whatever it runs on; with `BRINK_TEST_SILENT_CPU=1` the engine runs on the CPU
+/// and claims the backend it was asked for (a silent CPU fallback).
 fn claimed_backend(actual: &str, asked: &str) -> String {
-    let claim = match std::env::var("BRINK_TEST_CLAIM_BACKEND") {
-        Ok(claim) if !claim.trim().is_empty() => claim.trim().to_string(),
-        _ if silent_cpu() => asked.to_string(),
-        _ => return actual.to_string(),
+    let claim = match crate::test_switches::get(crate::test_switches::CLAIM_BACKEND) {
+        Some(claim) => claim.trim().to_string(),
+        None if silent_cpu() => asked.to_string(),
+        None => return actual.to_string(),
     };
     eprintln!("brink engine child: TEST-ONLY: claiming backend {claim:?} while running on {actual}");
     claim
 }
 
 fn silent_cpu() -> bool {
-    std::env::var("BRINK_TEST_SILENT_CPU").is_ok_and(|v| v == "1")
+    crate::test_switches::get(crate::test_switches::SILENT_CPU).is_some_and(|v| v == "1")
 }
 
 fn load(cfg: &ChildConfig) -> Result<(Box<dyn AnyEngine>, Arc<Monitor>), String> {

@@ -3,7 +3,7 @@
 //! [`ApiError`] in the shape of the API it spoke; nothing a request carries can panic a handler.
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -16,8 +16,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
-use super::jobs::{Event, Heartbeat, Job, JobEnd, Loaded};
-use super::telemetry::{self, GenAiLabels};
+use super::jobs::{Event, Job, JobEnd, Loaded};
+use super::metrics;
+use super::state::{EngineStatus, Heartbeat, HttpCounters};
+use super::telemetry::GenAiLabels;
 use crate::serve::error::parse_body;
 use crate::serve::request::check_prompt_fits;
 use crate::serve::sse::{self, AnthropicStream, ChoiceStream, OpenAiChatStream, OpenAiCompletionStream};
@@ -38,13 +40,6 @@ pub enum Api {
     Messages,
 }
 
-/// Counters the handlers keep (the worker keeps its own in [`Heartbeat`]).
-#[derive(Debug, Default)]
-pub struct HttpCounters {
-    pub requests: AtomicU64,
-    pub errors: AtomicU64,
-}
-
 pub struct AppState {
     /// To the worker; behind a mutex so the shutdown can close it while handlers hold the state.
     pub jobs: Mutex<Option<Sender<Job>>>,
@@ -55,6 +50,8 @@ pub struct AppState {
     pub stall_timeout: Duration,
     pub max_n: usize,
     pub counters: HttpCounters,
+    /// What `/ready` also requires of each engine child (see [`super::ready_check`]).
+    pub ready_gate: super::ready_check::ReadyGate,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -129,40 +126,38 @@ async fn ready(State(s): State<Arc<AppState>>) -> Response {
     } else if hb.restarting.load(Ordering::Acquire) {
         (StatusCode::SERVICE_UNAVAILABLE, "the engine is restarting\n").into_response()
     } else if hb.ready.load(Ordering::Acquire) {
-        (StatusCode::OK, "ready\n").into_response()
+        // The check may ask the driver (NVML): off the runtime's threads.
+        let gate = s.clone();
+        let judged = tokio::task::spawn_blocking(move || gate.ready_gate.judge(&status_of(&gate))).await.ok().flatten();
+        match judged {
+            Some(Err(why)) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")).into_response(),
+            _ => (StatusCode::OK, "ready\n").into_response(),
+        }
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "loading the model\n").into_response()
     }
 }
 
-/// What the server says about its engine, as JSON: the node agent checks the claim from
-/// outside (is `engine_pid` among the processes the driver lists on the GPU?).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EngineStatus {
-    pub ready: bool,
-    /// `cpu` or `cuda`, as the engine child reported it; `None` before the first load.
-    pub backend: Option<String>,
-    /// The engine child's pid; `None` while none runs (loading, restarting).
-    pub engine_pid: Option<u32>,
-    pub context: Option<usize>,
-    pub restarts: u64,
-    pub served_models: Vec<String>,
-}
-
-async fn engine_status(State(s): State<Arc<AppState>>) -> Response {
+fn status_of(s: &AppState) -> EngineStatus {
     let hb = &s.heartbeat;
     let loaded = s.loaded.get();
     let pid = hb.engine_pid.load(Ordering::Relaxed);
-    axum::Json(EngineStatus {
+    EngineStatus {
         ready: hb.ready.load(Ordering::Acquire) && !hb.restarting.load(Ordering::Acquire) && !hb.dead.load(Ordering::Acquire),
         backend: loaded.map(|l| l.backend.clone()),
         engine_pid: u32::try_from(pid).ok().filter(|&p| p != 0),
         context: loaded.map(|l| l.context),
         restarts: hb.restarts.load(Ordering::Relaxed),
         served_models: s.served_models.clone(),
-    })
-    .into_response()
+        ready_check: s.ready_gate.last().map(|r| match r {
+            Ok(detail) => format!("passed: {detail}"),
+            Err(why) => format!("failed: {why}"),
+        }),
+    }
+}
+
+async fn engine_status(State(s): State<Arc<AppState>>) -> Response {
+    axum::Json(status_of(&s)).into_response()
 }
 
 async fn live(State(s): State<Arc<AppState>>) -> Response {
@@ -182,7 +177,7 @@ async fn live(State(s): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(s): State<Arc<AppState>>) -> Response {
-    let out = telemetry::prometheus::render(&s.heartbeat, &telemetry::scalars(&s.heartbeat, &s.counters));
+    let out = metrics::render(&s.heartbeat, &metrics::scalars(&s.heartbeat, &s.counters));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 
@@ -386,6 +381,7 @@ async fn collect(req: &GenerateRequest, sub: &mut Submitted, first: (usize, Even
                     }
                 }
             }
+            Event::Prefilled { cached_tokens } => usage.cached_tokens = usage.cached_tokens.max(cached_tokens as u64),
             Event::Finished { end, cached_tokens } => {
                 usage.cached_tokens = usage.cached_tokens.max(cached_tokens as u64);
                 texts[i] += &matchers[i].finish();
@@ -425,11 +421,12 @@ impl Encoder {
         }
     }
 
-    fn finish(&mut self, index: usize, finish: &FinishReason, output_tokens: u64) -> String {
+    /// A choice's end; `usage` so far (its completion count is the choice's own).
+    fn finish(&mut self, index: usize, finish: &FinishReason, usage: Usage) -> String {
         match self {
             Encoder::Chat(e) => e.finish(index, finish),
             Encoder::Completion(e) => e.finish(index, finish),
-            Encoder::Messages(e) => e.finish(finish, output_tokens),
+            Encoder::Messages(e) => e.finish(finish, usage),
         }
     }
 
@@ -456,7 +453,6 @@ impl Encoder {
 fn stream_response(api: Api, id: String, req: GenerateRequest, mut sub: Submitted, first: (usize, Event)) -> Response {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(64);
     tokio::spawn(async move {
-        let usage0 = Usage { prompt_tokens: sub.prompt_tokens as u64, ..Usage::default() };
         let mut enc = match api {
             Api::Chat => Encoder::Chat(OpenAiChatStream::new(&id, unix_now(), &req)),
             Api::Completion => Encoder::Completion(OpenAiCompletionStream::new(&id, unix_now(), &req)),
@@ -464,17 +460,19 @@ fn stream_response(api: Api, id: String, req: GenerateRequest, mut sub: Submitte
         };
         let start = match &enc {
             Encoder::Chat(e) => e.start(),
-            Encoder::Completion(_) => String::new(),
-            Encoder::Messages(e) => e.start(usage0) + &AnthropicStream::ping(),
+            _ => String::new(),
         };
         if !start.is_empty() && tx.send(start).await.is_err() {
             return;
         }
+        // Anthropic's `message_start` carries the usage, prefix-cache reads included: it waits
+        // for the count, which comes just before the first token (or for any output at all).
+        let mut opened = !matches!(enc, Encoder::Messages(_));
         let n = req.n;
         let mut choices: Vec<ChoiceStream> = (0..n).map(|_| ChoiceStream::new(&req)).collect();
         let mut tokens = vec![0u64; n];
         let mut done = vec![false; n];
-        let mut usage = usage0;
+        let mut usage = Usage { prompt_tokens: sub.prompt_tokens as u64, ..Usage::default() };
         let mut next = Some(first);
         while done.iter().any(|d| !d) {
             let (i, event) = match next.take() {
@@ -490,38 +488,50 @@ fn stream_response(api: Api, id: String, req: GenerateRequest, mut sub: Submitte
             if i >= n || done[i] {
                 continue;
             }
-            let frames = match event {
-                Event::Token(id) => {
-                    tokens[i] += 1;
-                    usage.completion_tokens += 1;
-                    let bytes = match token_bytes(&sub.tokenizer, id) {
-                        Ok(b) => b,
-                        Err(e) => {
-                            let _ = tx.send(enc.error(&e)).await;
-                            return;
-                        }
-                    };
-                    let step = choices[i].push(bytes);
-                    let mut out = enc.pieces(i, &step.pieces);
-                    if let Some(finish) = step.stopped {
-                        done[i] = true;
-                        sub.cancels[i].store(true, Ordering::Relaxed);
-                        out += &enc.finish(i, &finish, tokens[i]);
-                    }
-                    out
+            let opens = !opened && matches!(event, Event::Prefilled { .. } | Event::Token(_) | Event::Finished { .. });
+            if let Event::Prefilled { cached_tokens } | Event::Finished { cached_tokens, .. } = event {
+                usage.cached_tokens = usage.cached_tokens.max(cached_tokens as u64);
+            }
+            let head = match &enc {
+                Encoder::Messages(e) if opens => {
+                    opened = true;
+                    e.start(usage) + &AnthropicStream::ping()
                 }
-                Event::Finished { end, cached_tokens } => {
-                    done[i] = true;
-                    usage.cached_tokens = usage.cached_tokens.max(cached_tokens as u64);
-                    let rest = choices[i].finish();
-                    enc.pieces(i, &rest) + &enc.finish(i, &finish_reason(end), tokens[i])
-                }
-                Event::Failed { error, .. } => {
-                    let _ = tx.send(enc.error(&error)).await;
-                    return;
-                }
-                Event::Admitted => String::new(),
+                _ => String::new(),
             };
+            let choice_usage = move |tokens: u64| Usage { completion_tokens: tokens, ..usage };
+            let frames = head
+                + &match event {
+                    Event::Token(id) => {
+                        tokens[i] += 1;
+                        usage.completion_tokens += 1;
+                        let bytes = match token_bytes(&sub.tokenizer, id) {
+                            Ok(b) => b,
+                            Err(e) => {
+                                let _ = tx.send(enc.error(&e)).await;
+                                return;
+                            }
+                        };
+                        let step = choices[i].push(bytes);
+                        let mut out = enc.pieces(i, &step.pieces);
+                        if let Some(finish) = step.stopped {
+                            done[i] = true;
+                            sub.cancels[i].store(true, Ordering::Relaxed);
+                            out += &enc.finish(i, &finish, choice_usage(tokens[i]));
+                        }
+                        out
+                    }
+                    Event::Finished { end, .. } => {
+                        done[i] = true;
+                        let rest = choices[i].finish();
+                        enc.pieces(i, &rest) + &enc.finish(i, &finish_reason(end), choice_usage(tokens[i]))
+                    }
+                    Event::Failed { error, .. } => {
+                        let _ = tx.send(enc.error(&error)).await;
+                        return;
+                    }
+                    Event::Admitted | Event::Prefilled { .. } => String::new(),
+                };
             if !frames.is_empty() && tx.send(frames).await.is_err() {
                 return;
             }

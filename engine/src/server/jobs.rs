@@ -1,20 +1,18 @@
 //! What the HTTP handlers and the supervisor exchange: a [`Job`] per choice in, [`Event`]s
-//! back, and the [`Heartbeat`] counters the supervisor publishes for `/ready`, `/live` and
-//! `/metrics`. The engine itself runs in a child process (see [`super::supervisor`]).
+//! back (the counters both publish are [`super::state`]'s). The engine itself runs in a child
+//! process (see [`super::supervisor`]).
 //!
 //! A job's end comes from the engine's side (stop token, token limit, context) or the client's:
 //! a handler that found a stop string, or whose client disconnected, drops its event receiver,
 //! and the supervisor cancels the sequence before its next step.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::telemetry::{GenAiLabels, Telemetry};
+use super::telemetry::GenAiLabels;
 use crate::chat_template::ChatTemplate;
 use crate::engine::BackendKind;
 use crate::sampler::SamplingParams;
@@ -53,6 +51,11 @@ pub enum Event {
     /// The scheduler took the job (running or queued): a stream may start. Every job that is
     /// not refused sends this first.
     Admitted,
+    /// Sent once, just before the first token: the prompt is computed, and this many of its
+    /// tokens were read from the prefix cache. Streams open their usage with it.
+    Prefilled {
+        cached_tokens: usize,
+    },
     Token(u32),
     Finished {
         end: JobEnd,
@@ -63,66 +66,6 @@ pub enum Event {
         error: ApiError,
         retry_after: Option<u32>,
     },
-}
-
-/// Progress counters the supervisor publishes for `/ready`, `/live` and `/metrics`.
-#[derive(Debug, Default)]
-pub struct Heartbeat {
-    /// An engine child is loaded and answering.
-    pub ready: AtomicBool,
-    /// The supervisor gave up (a panic, or the engine cannot be restarted): nothing will be
-    /// served again.
-    pub dead: AtomicBool,
-    /// A stall or crash was caught and the engine is being restarted.
-    pub restarting: AtomicBool,
-    pub restarts: AtomicU64,
-    /// The engine child's pid; 0 while none runs.
-    pub engine_pid: AtomicU64,
-    /// Kill (or death) to the new child's ready, of the last restart, without back-off waits.
-    pub last_restart_micros: AtomicU64,
-    /// Prompt lengths under quarantine.
-    pub quarantined: AtomicU64,
-    /// Stalls by (layer, op) as the board named them.
-    pub stalls: Mutex<BTreeMap<(String, String), u64>>,
-    pub steps: AtomicU64,
-    pub prompt_tokens: AtomicU64,
-    pub completion_tokens: AtomicU64,
-    pub running: AtomicU64,
-    pub waiting: AtomicU64,
-    /// Milliseconds since `epoch` of the last finished step (or of going idle).
-    pub last_progress_ms: AtomicU64,
-    pub ttft_micros_sum: AtomicU64,
-    pub ttft_count: AtomicU64,
-    pub failed_steps: AtomicU64,
-    /// The GenAI histograms, token rates and KV use, and the OTLP instruments when exporting.
-    pub telemetry: Telemetry,
-    epoch: Option<Instant>,
-}
-
-impl Heartbeat {
-    pub fn new() -> Heartbeat {
-        Heartbeat { epoch: Some(Instant::now()), ..Heartbeat::default() }
-    }
-
-    fn now_ms(&self) -> u64 {
-        self.epoch.map_or(0, |e| e.elapsed().as_millis() as u64)
-    }
-
-    pub(crate) fn beat(&self) {
-        self.last_progress_ms.store(self.now_ms(), Ordering::Relaxed);
-    }
-
-    /// Time since the last progress.
-    pub fn since_progress(&self) -> Duration {
-        Duration::from_millis(self.now_ms().saturating_sub(self.last_progress_ms.load(Ordering::Relaxed)))
-    }
-
-    /// Work is pending (running or waiting) and nothing moved for `stall_timeout`. Idle is
-    /// never a stall.
-    pub fn stalled(&self, stall_timeout: Duration) -> bool {
-        let pending = self.running.load(Ordering::Relaxed) + self.waiting.load(Ordering::Relaxed) > 0;
-        pending && self.since_progress() > stall_timeout
-    }
 }
 
 /// How the engine child loads and runs the model, and the scheduler's limits.
@@ -167,35 +110,9 @@ pub fn quarantined(message: String) -> Event {
     Event::Failed { error, retry_after: None }
 }
 
-impl Heartbeat {
-    /// Counts a stall at `layer`/`op` (as the board named them).
-    pub fn record_stall(&self, layer: String, op: String) {
-        if let Ok(mut m) = self.stalls.lock() {
-            *m.entry((layer, op)).or_default() += 1;
-        }
-    }
-
-    pub fn stalls_total(&self) -> u64 {
-        self.stalls.lock().map_or(0, |m| m.values().sum())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn idle_is_never_a_stall_and_pending_work_without_progress_is() {
-        let hb = Heartbeat::new();
-        hb.beat();
-        assert!(!hb.stalled(Duration::ZERO));
-        hb.waiting.store(1, Ordering::Relaxed);
-        std::thread::sleep(Duration::from_millis(5));
-        assert!(hb.stalled(Duration::from_millis(1)));
-        assert!(!hb.stalled(Duration::from_secs(60)));
-        hb.beat();
-        assert!(!hb.stalled(Duration::from_millis(1000)));
-    }
 
     #[test]
     fn rejections_map_to_api_errors() {

@@ -1,7 +1,8 @@
 //! The HTTP server over the engine: `brink-agent serve`.
 //!
 //! - [`http`] — the axum routes: OpenAI and Anthropic APIs, health, readiness, liveness, metrics.
-//! - [`jobs`] — the jobs and events between the handlers and the supervisor, and its counters.
+//! - [`jobs`] — the jobs and events between the handlers and the supervisor; [`state`] — the
+//!   heartbeat and the handlers' counters they share; [`metrics`] — the `/metrics` table.
 //! - [`supervisor`] — the scheduler and the quarantine; runs the engine as a child process, one
 //!   step at a time, watches it for stalls and restarts it.
 //! - [`child`] — the engine child's side; [`protocol`] — their framed messages.
@@ -15,7 +16,10 @@
 pub mod child;
 pub mod http;
 pub mod jobs;
+pub mod metrics;
 pub mod protocol;
+pub mod ready_check;
+pub mod state;
 pub mod supervisor;
 pub mod telemetry;
 pub mod watchdog;
@@ -26,8 +30,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use http::{AppState, HttpCounters};
-use jobs::{Heartbeat, WorkerConfig};
+use http::AppState;
+use jobs::WorkerConfig;
+use state::{Heartbeat, HttpCounters};
 use supervisor::{EngineCommand, SupervisorConfig};
 use telemetry::otlp::{OtlpConfig, OtlpPipeline};
 
@@ -57,6 +62,9 @@ pub struct ServeOptions {
     /// The agent's node gauges (memory, GPU sensors, qualification), read at every `/metrics`
     /// scrape and OTLP collection beside the server's own.
     pub node_metrics: Option<telemetry::NodeMetrics>,
+    /// What `/ready` also requires of each engine child (backend truth, the replica's own
+    /// threshold test); `None`: a loaded engine is ready.
+    pub ready_check: Option<ready_check::ReadyCheck>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -122,7 +130,7 @@ async fn start_otlp(cfg: OtlpConfig, state: &Arc<AppState>) -> Result<OtlpPipeli
     // Weak: the exporter's callbacks must not keep the state (which holds the exporter) alive.
     let weak = Arc::downgrade(state);
     let read: Arc<dyn Fn() -> Vec<telemetry::Scalar> + Send + Sync> =
-        Arc::new(move || weak.upgrade().map(|s| telemetry::scalars(&s.heartbeat, &s.counters)).unwrap_or_default());
+        Arc::new(move || weak.upgrade().map(|s| metrics::scalars(&s.heartbeat, &s.counters)).unwrap_or_default());
     let describe =
         format!("traces to {}, metrics to {}", cfg.traces.as_deref().unwrap_or("(off)"), cfg.metrics.as_deref().unwrap_or("(off)"));
     let (otel, pipeline) = tokio::task::spawn_blocking(move || telemetry::otlp::start(&cfg, read))
@@ -164,6 +172,7 @@ pub async fn serve_on_with(
         stall_timeout: opts.stall_timeout,
         max_n: opts.max_n,
         counters: HttpCounters::default(),
+        ready_gate: ready_check::ReadyGate::new(opts.ready_check.clone()),
     });
     // Before the supervisor starts, so every request gets its span.
     let pipeline = match otlp {

@@ -21,8 +21,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::jobs::{Event, Heartbeat, Job, JobEnd, Loaded, WorkerConfig, quarantined, rejected};
+use super::jobs::{Event, Job, JobEnd, Loaded, WorkerConfig, quarantined, rejected};
 use super::protocol::{ChildConfig, FromChild, ToChild, WireChunk, backend_name, read_frame, write_frame};
+use super::state::Heartbeat;
 use super::telemetry::{ChunkTrace, GenAiLabels, RequestEnd, RequestTrace};
 use super::watchdog::{FailureKind, FailureReport, RecentProgress, ReportChunk, StallClock, backoff};
 use crate::chat_template::ChatTemplate;
@@ -633,6 +634,8 @@ impl Supervisor {
                 self.hb.ttft_micros_sum.fetch_add(ttft.as_micros() as u64, Ordering::Relaxed);
                 self.hb.ttft_count.fetch_add(1, Ordering::Relaxed);
                 self.hb.telemetry.first_token(&a.gen_ai, ttft);
+                let cached_tokens = cached.get(&e.seq).copied().unwrap_or(0);
+                let _ = a.events.send((a.index, Event::Prefilled { cached_tokens }));
             }
             a.generated += 1;
             self.hb.completion_tokens.fetch_add(1, Ordering::Relaxed);

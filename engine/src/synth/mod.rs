@@ -26,9 +26,8 @@ use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use brink_kernels::quant::TensorType;
 
-use crate::gguf::{GgmlType, GgufWriter};
+use crate::gguf::GgufWriter;
 
 pub use error::{ShapeField, SynthError};
 pub use presets::Preset;
@@ -130,7 +129,7 @@ impl SynthSpec {
         writer.set(PRESET_KEY, self.preset.name())?;
         vocab.write_metadata(&mut writer)?;
         for t in &tensors {
-            writer.add_tensor(&t.name, &t.dims, ggml_type(t.init.tensor_type()))?;
+            writer.add_tensor(&t.name, &t.dims, t.init.tensor_type().ggml())?;
         }
         Ok(ModelPlan {
             writer,
@@ -140,19 +139,6 @@ impl SynthSpec {
             bpe_tokens: vocab.bpe_tokens,
             merges: vocab.merges.len(),
         })
-    }
-}
-
-fn ggml_type(ty: TensorType) -> GgmlType {
-    match ty {
-        TensorType::F32 => GgmlType::F32,
-        TensorType::F16 => GgmlType::F16,
-        TensorType::BF16 => GgmlType::BF16,
-        TensorType::Q4_0 => GgmlType::Q4_0,
-        TensorType::Q8_0 => GgmlType::Q8_0,
-        TensorType::Q4_K => GgmlType::Q4_K,
-        TensorType::Q5_K => GgmlType::Q5_K,
-        TensorType::Q6_K => GgmlType::Q6_K,
     }
 }
 

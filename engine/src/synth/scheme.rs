@@ -5,6 +5,7 @@
 use brink_kernels::quant::TensorType;
 
 use super::error::SynthError;
+use super::weights::FILLABLE;
 
 /// The weight matrices of a qwen3moe model, by role.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -59,6 +60,8 @@ impl QuantScheme {
                 TensorType::Q5_K => 16,
                 TensorType::Q6_K => 18,
                 TensorType::BF16 => 32,
+                // llama.cpp's LLAMA_FTYPE_GUESSED: a type without a file type of its own.
+                _ => 1024,
             },
             QuantScheme::KMix => 15, // Q4_K_M
         }
@@ -85,7 +88,8 @@ impl std::str::FromStr for QuantScheme {
         if s.eq_ignore_ascii_case("k-mix") {
             return Ok(QuantScheme::KMix);
         }
-        s.parse::<TensorType>().map(QuantScheme::Uniform).map_err(|_| SynthError::UnknownType(s.to_string()))
+        let ty = s.parse::<TensorType>().ok().filter(|t| FILLABLE.contains(t));
+        ty.map(QuantScheme::Uniform).ok_or_else(|| SynthError::UnknownType(s.to_string()))
     }
 }
 

@@ -46,7 +46,20 @@ const Q6_SC_MIN: u32 = 64;
 const Q6_SC_MAX: u32 = 127;
 const Q6_SC_RMS: f32 = 97.267; // sqrt(95.5² + (64² − 1) / 12)
 
-/// Fills `out` (a whole number of `ty` blocks) with zero-mean values of standard deviation `std`.
+/// The types [`fill_weights`] generates (a scheme names no other).
+pub const FILLABLE: [TensorType; 8] = [
+    TensorType::F32,
+    TensorType::F16,
+    TensorType::BF16,
+    TensorType::Q8_0,
+    TensorType::Q4_0,
+    TensorType::Q4_K,
+    TensorType::Q5_K,
+    TensorType::Q6_K,
+];
+
+/// Fills `out` (a whole number of `ty` blocks, `ty` one of [`FILLABLE`]) with zero-mean values
+/// of standard deviation `std`.
 pub fn fill_weights(ty: TensorType, std: f32, rng: &mut Rng, out: &mut [u8]) {
     debug_assert!(out.len().is_multiple_of(ty.block_bytes()), "{ty}: {} bytes", out.len());
     // Uniform in [-a, a) has standard deviation a / sqrt(3).
@@ -60,6 +73,7 @@ pub fn fill_weights(ty: TensorType, std: f32, rng: &mut Rng, out: &mut [u8]) {
         TensorType::Q4_K => out.chunks_exact_mut(BLOCK_Q4_K_BYTES).for_each(|b| q4_k_block(b, std, rng)),
         TensorType::Q5_K => out.chunks_exact_mut(BLOCK_Q5_K_BYTES).for_each(|b| q5_k_block(b, std, rng)),
         TensorType::Q6_K => out.chunks_exact_mut(BLOCK_Q6_K_BYTES).for_each(|b| q6_k_block(b, std, rng)),
+        other => unreachable!("{other} is not FILLABLE: schemes are parsed against it"),
     }
 }
 

@@ -57,6 +57,7 @@ pub fn options(slots: usize, max_queue: usize, api_keys: Vec<String>) -> ServeOp
         grace: Duration::from_secs(5),
         max_n: 4,
         node_metrics: None,
+        ready_check: None,
     }
 }
 

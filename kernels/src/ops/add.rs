@@ -9,12 +9,11 @@ use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr,
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, grid_stride_blocks, require_bytes};
 use crate::limits::DeviceLimits;
-use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform};
-use crate::selftest::case::{Check, Outcome};
-use crate::selftest::verify::{RelErr, sample_rows, with_in_place_diff};
+use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform, with_in_place_diff};
 use crate::sources::GLUE;
 use crate::testdata::uniform_row;
 use crate::thresholds::{Critical, overflow_point};
@@ -142,6 +141,21 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &AddCase) -> Result<Outcome, GpuError
     launch_in_place(gpu, n, &mut a.as_view_mut(), &b.as_view())?;
     let check = Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms);
     Ok(Outcome::Ran(with_in_place_diff(gpu, &sampled, w, &a, &out, check)?))
+}
+
+/// The self-test's handle on this family (registered in `selftest::case`).
+pub struct Family;
+
+impl KernelFamily for Family {
+    type Case = AddCase;
+
+    fn run(gpu: &Gpu, tokens: u64, c: &AddCase) -> Result<Outcome, GpuError> {
+        run_case(gpu, tokens, c)
+    }
+
+    fn plans(tokens: u64, c: &AddCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+        plans(tokens, c, limits)
+    }
 }
 
 #[cfg(test)]

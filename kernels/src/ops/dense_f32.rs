@@ -1,11 +1,12 @@
 //! f32 dense product `y[t, n] = Σ_k W[n, k] · x[t, k]`: the MoE router's logits from
 //! `ffn_gate_inp` (F32 in real qwen3moe GGUFs; N = experts, K = hidden).
 //!
-//! `cuda/glue.cu` (`dense_f32`): tiles of [`TOKENS_PER_BLOCK`] tokens on `grid.x` (they grow
-//! with tokens), 8 warps a block; warp w computes the outputs `n = w, w + 8, …` of the tile's
-//! tokens, each W row read once for all of them. Lane l accumulates `k = l, l + 32, …` with fused
-//! multiply-adds, then the warp's xor butterfly; the twin repeats that order, so the two agree
-//! bit for bit. Spare tokens of the last tile read the last token and store nothing.
+//! `cuda/glue.cu` (`dense_f32`): one warp per item — a tile of [`TOKENS_PER_TILE`] tokens and
+//! one output `n`, items = tiles × n — in a warp grid-stride loop on `grid.x`, [`WARPS`] warps a
+//! block. Each W row is read once for all of a tile's tokens, and at decode (one tile) the rows
+//! spread over many SMs (one block streaming the whole router matrix took half of decode).
+//! Lane l accumulates `k = l, l + 32, …` with fused multiply-adds, then the warp's xor
+//! butterfly; the twin repeats that order, so the two agree bit for bit. Spare tokens of the last tile read the last token and store nothing.
 
 use std::time::Instant;
 
@@ -13,12 +14,11 @@ use cudarc::driver::{CudaView, CudaViewMut, DevicePtrMut, DeviceRepr, PushKernel
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
 use crate::cuda::{Gpu, GpuError};
-use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
+use crate::launch::{Cover, Launch, PlanError, bytes_of, grid_stride_blocks, require_bytes};
 use crate::limits::DeviceLimits;
 use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform};
-use crate::selftest::case::{Check, Outcome};
-use crate::selftest::verify::{RelErr, sample_rows};
 use crate::sources::GLUE;
 use crate::testdata::uniform_row;
 use crate::thresholds::{Critical, I32_MAX, overflow_point, tile_tails};
@@ -27,9 +27,12 @@ pub const KERNEL: &str = "dense_f32";
 /// The twin repeats every rounding of the device (see the module doc): expected bit-exact. The
 /// margin admits an ulp of the largest output, far below what a wrong term costs.
 pub const TOLERANCE: f64 = 1e-6;
-/// Tokens per block (`DENSE_TOKENS`).
-pub const TOKENS_PER_BLOCK: u64 = 8;
-const THREADS: u32 = 256;
+/// Tokens per item (`DENSE_TOKENS`).
+pub const TOKENS_PER_TILE: u64 = 8;
+/// Warps per block: few, so that the decode's handful of items (one per router row) lands on
+/// many SMs rather than on a few full blocks.
+pub const WARPS: u32 = 4;
+const THREADS: u32 = WARPS * 32;
 const SAMPLE_ROWS: usize = 256;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,7 +54,7 @@ pub fn plans(tokens: u64, c: &DenseF32Case, limits: &DeviceLimits) -> Result<Vec
     Ok(vec![plan(tokens, c, limits)?])
 }
 
-/// grid = (ceil(tokens / 8), 1, 1), 256 threads.
+/// A warp grid-stride loop over `ceil(tokens / 8) × n` items, 128 threads a block.
 pub fn plan(tokens: u64, c: &DenseF32Case, limits: &DeviceLimits) -> Result<Launch, PlanError> {
     let what = if tokens == 0 {
         Some("0 tokens".to_string())
@@ -63,15 +66,21 @@ pub fn plan(tokens: u64, c: &DenseF32Case, limits: &DeviceLimits) -> Result<Laun
     if let Some(what) = what {
         return Err(PlanError::Unsupported { kernel: KERNEL.into(), what, shape: c.describe(tokens) });
     }
+    let items = items(tokens, c);
     Launch::checked(
         KERNEL,
         c.describe(tokens),
-        [tokens.div_ceil(TOKENS_PER_BLOCK), 1, 1],
+        [grid_stride_blocks(items * 32, THREADS as u64, limits), 1, 1],
         [THREADS, 1, 1],
         0,
-        vec![Cover::Tiles { axis: 0, items: tokens, per_block: TOKENS_PER_BLOCK }],
+        vec![Cover::GridStride { items, per_block: WARPS as u64 }],
         limits,
     )
+}
+
+/// Warp items: (tile of 8 tokens, output) pairs.
+fn items(tokens: u64, c: &DenseF32Case) -> u64 {
+    tokens.div_ceil(TOKENS_PER_TILE) * c.n as u64
 }
 
 /// One output: `w_row · x_row` summed as a warp does (lane l: k ≡ l mod 32 with FMAs, then the
@@ -123,17 +132,17 @@ pub fn launch<Y: DeviceRepr>(
     Ok(())
 }
 
-/// Counts this plan makes critical: the 2^31 points of x and y, every tail of the first two
-/// 8-token tiles, and where the tiles on grid.x pass 65,535 (fine on x; on y or z they would
-/// fail there).
+/// Counts this plan makes critical: the 2^31 points of x and y, every tail of
+/// the first two 8-token tiles, and 65,535 tiles (where the earlier tile-per-block plan would
+/// have failed on grid.y or grid.z; kept so a regression to it is caught).
 pub fn critical_counts(c: &DenseF32Case, limits: &DeviceLimits) -> Vec<Critical> {
     let mut v = vec![Critical::new(1, "dense_f32: single token")];
     v.extend(overflow_point(c.k as u64, "dense_f32: x[t·K + k] passes 2^31 − 1"));
     v.extend(overflow_point(c.n as u64, "dense_f32: y[t·N + n] passes 2^31 − 1"));
-    v.extend(tile_tails(TOKENS_PER_BLOCK, true, &[1, 2], "dense_f32: 8-token tile"));
-    let last = limits.max_grid_dim[1] as u64 * TOKENS_PER_BLOCK;
+    v.extend(tile_tails(TOKENS_PER_TILE, true, &[1, 2], "dense_f32: 8-token tile"));
+    let last = limits.max_grid_dim[1] as u64 * TOKENS_PER_TILE;
     for t in [last, last + 1] {
-        v.push(Critical::new(t, format!("dense_f32: {} tiles on grid.x, around 65,535", t.div_ceil(TOKENS_PER_BLOCK))));
+        v.push(Critical::new(t, format!("dense_f32: {} tiles, around 65,535", t.div_ceil(TOKENS_PER_TILE))));
     }
     v
 }
@@ -166,7 +175,7 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &DenseF32Case) -> Result<Outcome, Gpu
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
     let (unwritten, past_end) = y.check(gpu, 1)?;
     let w_host = uniform_row(SEED_W, 0, n * k, W_SCALE);
-    let sampled = sample_rows(tokens, TOKENS_PER_BLOCK, SAMPLE_ROWS, tokens);
+    let sampled = sample_rows(tokens, TOKENS_PER_TILE, SAMPLE_ROWS, tokens);
     let want: Vec<Vec<f32>> =
         sampled.par_iter().map(|&t| dense_f32_row_cpu(&w_host, &uniform_row(SEED_X, t * k as u64, k, X_SCALE))).collect();
     let mut err = RelErr::default();
@@ -175,6 +184,21 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &DenseF32Case) -> Result<Outcome, Gpu
         err.add_slice(at as u64, &y.read_f32(gpu, at, n)?, want);
     }
     Ok(Outcome::Ran(Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms)))
+}
+
+/// The self-test's handle on this family (registered in `selftest::case`).
+pub struct Family;
+
+impl KernelFamily for Family {
+    type Case = DenseF32Case;
+
+    fn run(gpu: &Gpu, tokens: u64, c: &DenseF32Case) -> Result<Outcome, GpuError> {
+        run_case(gpu, tokens, c)
+    }
+
+    fn plans(tokens: u64, c: &DenseF32Case, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+        plans(tokens, c, limits)
+    }
 }
 
 #[cfg(test)]
@@ -208,11 +232,21 @@ mod tests {
             for t in (1..=100u64).chain([524_279, 524_280, 524_281, 1 << 20]) {
                 let p = &plans(t, &ROUTER, &limits).unwrap()[0];
                 p.check_cover().unwrap();
-                assert_eq!(p.grid, [t.div_ceil(8) as u32, 1, 1]);
+                assert_eq!(p.block, [128, 1, 1]);
                 if t <= 100 {
                     assert!(p.simulate_cover(0).iter().all(|&h| h == 1));
                 }
             }
+        }
+    }
+
+    /// The decode's one tile of 128 router rows runs on 32 blocks, not one.
+    #[test]
+    fn decode_spreads_the_router_over_many_blocks() {
+        for limits in DeviceLimits::recorded() {
+            let p = plan(1, &ROUTER, &limits).unwrap();
+            assert_eq!(p.grid, [32, 1, 1], "{}", limits.name);
+            assert!(p.simulate_cover(0).iter().all(|&h| h == 1));
         }
     }
 

@@ -13,13 +13,12 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, PushKernelArg
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
 use crate::cuda::{Gpu, GpuError, error_name};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
 use crate::limits::DeviceLimits;
 use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform, fill_weights};
-use crate::quant::{QK, WeightType};
-use crate::selftest::case::{Check, Outcome};
-use crate::selftest::verify::{RelErr, sample_rows};
+use crate::quant::{GgmlType, QK, WeightType};
 use crate::sources::EMBED;
 use crate::testdata::{hash2, uniform_row, weight_row};
 use crate::thresholds::{Critical, grid_limit_point, overflow_point};
@@ -53,9 +52,9 @@ impl TableType {
         }
     }
 
-    /// `WTYPE_Q8_0`, `WTYPE_Q4_0` or `EMBED_F32` in embed.cu.
+    /// `WTYPE_Q8_0`, `WTYPE_Q4_0` or `TTYPE_F32` in embed.cu: the ggml type id.
     fn code(self) -> i32 {
-        self.quant().map_or(2, WeightType::code)
+        self.quant().map_or(GgmlType::F32.id() as i32, WeightType::code)
     }
 
     pub fn name(self) -> &'static str {
@@ -320,6 +319,21 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &EmbedCase) -> Result<Outcome, GpuErr
     Ok(Outcome::Ran(check))
 }
 
+/// The self-test's handle on this family (registered in `selftest::case`).
+pub struct Family;
+
+impl KernelFamily for Family {
+    type Case = EmbedCase;
+
+    fn run(gpu: &Gpu, tokens: u64, c: &EmbedCase) -> Result<Outcome, GpuError> {
+        run_case(gpu, tokens, c)
+    }
+
+    fn plans(tokens: u64, c: &EmbedCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+        plans(tokens, c, limits)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -341,7 +355,7 @@ mod tests {
                 let q = if j < 16 { b[2 + j] & 15 } else { b[2 + j - 16] >> 4 };
                 d * (q as f32 - 8.0)
             }
-            WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => unreachable!("embedding tables are q8_0, q4_0 or f32"),
+            _ => unreachable!("embedding tables are q8_0, q4_0 or f32"),
         }
     }
 

@@ -14,13 +14,12 @@ use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError};
 use crate::limits::DeviceLimits;
 use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_q8_1_rows, fill_weights};
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType};
-use crate::selftest::case::{Check, Outcome};
-use crate::selftest::verify::{RelErr, sample_rows};
 use crate::sources::{KernelSource, LATENT_PROJ, NEG_LATENT_TAILSKIP};
 use crate::testdata::{q8_1_row, weight_row};
 use crate::thresholds::{Critical, overflow_point, tile_tails};
@@ -273,6 +272,37 @@ fn compare(gpu: &Gpu, y: &Guarded, tokens: u64, c: &LatentCase) -> Result<RelErr
         err.add_slice(at as u64, &y.read_f32(gpu, at, width)?, want);
     }
     Ok(err)
+}
+
+/// The self-test's handle on this family (registered in `selftest::case`).
+pub struct Family;
+
+impl KernelFamily for Family {
+    type Case = LatentCase;
+
+    fn run(gpu: &Gpu, tokens: u64, c: &LatentCase) -> Result<Outcome, GpuError> {
+        run_case(gpu, tokens, c)
+    }
+
+    fn plans(tokens: u64, c: &LatentCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+        plans(tokens, c, limits)
+    }
+}
+
+/// The negative control whose tail lanes skip the epilogue's shuffles; plans as its fixed twin.
+pub struct NegTailSkip;
+
+impl KernelFamily for NegTailSkip {
+    type Case = LatentCase;
+    const NEGATIVE_CONTROL: bool = true;
+
+    fn run(gpu: &Gpu, tokens: u64, c: &LatentCase) -> Result<Outcome, GpuError> {
+        run_negative_tailskip(gpu, tokens, c)
+    }
+
+    fn plans(tokens: u64, c: &LatentCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+        plans(tokens, c, limits)
+    }
 }
 
 #[cfg(test)]

@@ -10,13 +10,13 @@
 use cudarc::driver::{CudaSlice, DeviceRepr};
 use serde::{Deserialize, Serialize};
 
+use crate::check::{KernelFamily, Outcome};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Launch, PlanError};
 use crate::limits::DeviceLimits;
 use crate::ops::output_head::{self, Caller, HeadBuffers, HeadDims};
 use crate::ops::testdata::GUARD_WORDS;
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType};
-use crate::selftest::case::Outcome;
 use crate::thresholds::{Critical, overflow_point, tile_tails};
 
 pub const KERNEL: &str = "linear";
@@ -97,6 +97,21 @@ pub fn device_bytes(tokens: u64, c: &LinearCase) -> u64 {
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &LinearCase) -> Result<Outcome, GpuError> {
     plan(tokens, c, gpu.limits())?; // refuse a bad shape before allocating for it
     output_head::run_dense(&CALLER, gpu, tokens, &c.dims(), None)
+}
+
+/// The self-test's handle on this family (registered in `selftest::case`).
+pub struct Family;
+
+impl KernelFamily for Family {
+    type Case = LinearCase;
+
+    fn run(gpu: &Gpu, tokens: u64, c: &LinearCase) -> Result<Outcome, GpuError> {
+        run_case(gpu, tokens, c)
+    }
+
+    fn plans(tokens: u64, c: &LinearCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+        plans(tokens, c, limits)
+    }
 }
 
 #[cfg(test)]

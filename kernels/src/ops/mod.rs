@@ -3,10 +3,11 @@
 //! self-test case that runs it against the twin.
 //!
 //! Common API of a family module: `plans(tokens, case, limits)`, `critical_counts(case,
-//! limits)`, `device_bytes(tokens, case)`, `run_case(gpu, tokens, case)`, `TOLERANCE`.
+//! limits)`, `device_bytes(tokens, case)`, `run_case(gpu, tokens, case)`, `TOLERANCE`, and
+//! `Family`, its [`crate::check::KernelFamily`], registered once in `selftest::case`.
 
-pub mod attention;
 pub mod add;
+pub mod attention;
 pub mod dense_f32;
 pub mod embed;
 pub mod kv_store;

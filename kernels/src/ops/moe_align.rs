@@ -11,16 +11,18 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, PushKernelArg};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::check::{Check, KernelFamily, Outcome};
 use crate::cuda::{Gpu, GpuError, error_name};
 use crate::launch::{Cover, Launch, PlanError, grid_stride_blocks};
 use crate::limits::DeviceLimits;
 use crate::ops::testdata::{GUARD_WORDS, Guarded};
 use crate::routing::{Routing, expert_counts, route};
-use crate::selftest::case::{Check, Outcome};
 use crate::sources::MOE_ALIGN;
 use crate::thresholds::{Critical, I32_MAX, overflow_point};
 
 pub const KERNEL: &str = "moe_align";
+/// Row tile the routed GEMM pads expert segments to (the alignment's `tile` in the catalogue).
+pub const GEMM_TILE_M: u32 = 64;
 pub const KERNEL_COUNT: &str = "moe_align_count";
 pub const KERNEL_OFFSETS: &str = "moe_align_offsets";
 pub const KERNEL_SCATTER: &str = "moe_align_scatter";
@@ -465,6 +467,21 @@ pub fn align_cpu(ids: &[i32], tokens: u64, top_k: u32, experts: u32, tile: u32) 
         tile_expert[w[0] as usize / tile as usize..w[1] as usize / tile as usize].fill(ex as i32);
     }
     Aligned { sorted_ids, tile_expert, offsets, padded_rows: at }
+}
+
+/// The self-test's handle on this family (registered in `selftest::case`).
+pub struct Family;
+
+impl KernelFamily for Family {
+    type Case = AlignCase;
+
+    fn run(gpu: &Gpu, tokens: u64, c: &AlignCase) -> Result<Outcome, GpuError> {
+        run_case(gpu, tokens, c)
+    }
+
+    fn plans(tokens: u64, c: &AlignCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+        plans(tokens, c, limits)
+    }
 }
 
 #[cfg(test)]

@@ -7,12 +7,11 @@ use serde::{Deserialize, Serialize};
 
 use cudarc::driver::PushKernelArg;
 
+use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, grid_stride_blocks};
 use crate::limits::DeviceLimits;
 use crate::ops::testdata::{Guarded, fill_uniform};
-use crate::selftest::case::{Check, Outcome};
-use crate::selftest::verify::{RelErr, sample_rows};
 use crate::sources::MOE_COMBINE;
 use crate::testdata::uniform_row;
 use crate::thresholds::{Critical, overflow_point};
@@ -131,6 +130,21 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &CombineCase) -> Result<Outcome, GpuE
         err.add_slice((t * n) as u64, &out.read_f32(gpu, t * n, n)?, &want);
     }
     Ok(Outcome::Ran(Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms)))
+}
+
+/// The self-test's handle on this family (registered in `selftest::case`).
+pub struct Family;
+
+impl KernelFamily for Family {
+    type Case = CombineCase;
+
+    fn run(gpu: &Gpu, tokens: u64, c: &CombineCase) -> Result<Outcome, GpuError> {
+        run_case(gpu, tokens, c)
+    }
+
+    fn plans(tokens: u64, c: &CombineCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+        plans(tokens, c, limits)
+    }
 }
 
 #[cfg(test)]

@@ -11,16 +11,15 @@ use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError};
 use crate::limits::DeviceLimits;
+use crate::ops::moe_align::GEMM_TILE_M;
 use crate::ops::moe_align::{self, Aligned};
 use crate::ops::testdata::{Guarded, fill_q8_1_rows, fill_weights, fill_words};
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType};
 use crate::routing::{Routing, route};
-use crate::selftest::case::{Check, Outcome};
-use crate::selftest::catalogue::GEMM_TILE_M;
-use crate::selftest::verify::{RelErr, sample_rows};
 use crate::sources::MOE_GEMM;
 use crate::testdata::{POISON, q8_1_row, weight_row};
 use crate::thresholds::{Critical, I32_MAX, overflow_point, tile_tails};
@@ -379,6 +378,21 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &GemmCase) -> Result<Outcome, GpuErro
     }
     check.note = notes.join("; ");
     Ok(Outcome::Ran(check))
+}
+
+/// The self-test's handle on this family (registered in `selftest::case`).
+pub struct Family;
+
+impl KernelFamily for Family {
+    type Case = GemmCase;
+
+    fn run(gpu: &Gpu, tokens: u64, c: &GemmCase) -> Result<Outcome, GpuError> {
+        run_case(gpu, tokens, c)
+    }
+
+    fn plans(tokens: u64, c: &GemmCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+        plans(tokens, c, limits)
+    }
 }
 
 #[cfg(test)]

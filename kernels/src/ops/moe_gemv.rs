@@ -15,16 +15,15 @@ use cudarc::driver::{CudaSlice, PushKernelArg};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError};
 use crate::limits::DeviceLimits;
+use crate::ops::moe_align::GEMM_TILE_M;
 use crate::ops::quantize;
 use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform, fill_weights};
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType, quantize_row_q8_1};
 use crate::routing::{Routing, route};
-use crate::selftest::case::{Check, Outcome};
-use crate::selftest::catalogue::GEMM_TILE_M;
-use crate::selftest::verify::{RelErr, sample_rows};
 use crate::sources::{KernelSource, MOE_GEMV, NEG_GEMV_GRIDZ};
 use crate::testdata::{uniform_row, weight_row};
 use crate::thresholds::{Critical, overflow_point};
@@ -285,6 +284,37 @@ fn run(gpu: &Gpu, tokens: u64, c: &GemvCase, plan: &Launch, source: &KernelSourc
     Ok(Outcome::Ran(Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms)))
 }
 
+/// The self-test's handle on this family (registered in `selftest::case`).
+pub struct Family;
+
+impl KernelFamily for Family {
+    type Case = GemvCase;
+
+    fn run(gpu: &Gpu, tokens: u64, c: &GemvCase) -> Result<Outcome, GpuError> {
+        run_case(gpu, tokens, c)
+    }
+
+    fn plans(tokens: u64, c: &GemvCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+        plans(tokens, c, limits)
+    }
+}
+
+/// The negative control with tokens x top_k on grid.z; plans as its fixed twin.
+pub struct NegGridZ;
+
+impl KernelFamily for NegGridZ {
+    type Case = GemvCase;
+    const NEGATIVE_CONTROL: bool = true;
+
+    fn run(gpu: &Gpu, tokens: u64, c: &GemvCase) -> Result<Outcome, GpuError> {
+        run_negative_gridz(gpu, tokens, c)
+    }
+
+    fn plans(tokens: u64, c: &GemvCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+        plans(tokens, c, limits)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -362,7 +392,7 @@ mod tests {
                         (0..16).map(|j| (w[2 + j] & 15) as i32 * xb.qs[j] as i32 + (w[2 + j] >> 4) as i32 * xb.qs[j + 16] as i32).sum();
                     wd.mul_add(xd.mul_add(isum as f32, -8.0 * xb.s.to_f32()), *acc)
                 }
-                WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => unreachable!("handled above"),
+                _ => unreachable!("handled above"),
             };
         }
         let mut o = 16;

@@ -18,14 +18,13 @@ use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
 use crate::limits::DeviceLimits;
 use crate::ops::moe_gemm::{STAGED_INTS, tile_shared_bytes};
 use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_q8_1_rows, fill_weights};
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType};
-use crate::selftest::case::{Check, Outcome};
-use crate::selftest::verify::{RelErr, sample_rows};
 use crate::sources::OUTPUT_HEAD;
 use crate::testdata::{q8_1_row, weight_row};
 use crate::thresholds::{Critical, I32_MAX, overflow_point, tile_tails};
@@ -391,6 +390,21 @@ fn compare(gpu: &Gpu, out: &Guarded, out_rows: u64, rows: Option<&[i32]>, d: &He
         }
     }
     Ok(err)
+}
+
+/// The self-test's handle on this family (registered in `selftest::case`).
+pub struct Family;
+
+impl KernelFamily for Family {
+    type Case = HeadCase;
+
+    fn run(gpu: &Gpu, tokens: u64, c: &HeadCase) -> Result<Outcome, GpuError> {
+        run_case(gpu, tokens, c)
+    }
+
+    fn plans(tokens: u64, c: &HeadCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+        plans(tokens, c, limits)
+    }
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use half::f16;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, grid_stride_blocks};
 use crate::limits::DeviceLimits;
@@ -21,8 +22,6 @@ use crate::ops::moe_align::{align_cpu, max_padded_rows};
 use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform};
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, quantize_block_q8_1, quantize_row_q8_1};
 use crate::routing::{Routing, route};
-use crate::selftest::case::{Check, Outcome};
-use crate::selftest::verify::{RelErr, sample_rows};
 use crate::sources::QUANTIZE;
 use crate::testdata::uniform_row;
 use crate::thresholds::{Critical, I32_MAX, overflow_point};
@@ -370,6 +369,21 @@ impl BlockCompare {
         parts.push(self.err.describe());
         parts.retain(|p| !p.is_empty());
         parts.join("; ")
+    }
+}
+
+/// The self-test's handle on this family (registered in `selftest::case`).
+pub struct Family;
+
+impl KernelFamily for Family {
+    type Case = QuantizeCase;
+
+    fn run(gpu: &Gpu, tokens: u64, c: &QuantizeCase) -> Result<Outcome, GpuError> {
+        run_case(gpu, tokens, c)
+    }
+
+    fn plans(tokens: u64, c: &QuantizeCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+        plans(tokens, c, limits)
     }
 }
 

@@ -13,12 +13,11 @@ use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr,
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
 use crate::limits::DeviceLimits;
-use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform};
-use crate::selftest::case::{Check, Outcome};
-use crate::selftest::verify::{RelErr, sample_rows, with_in_place_diff};
+use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform, with_in_place_diff};
 use crate::sources::RMSNORM;
 use crate::testdata::uniform_row;
 use crate::thresholds::{Critical, overflow_point, tile_tails};
@@ -267,6 +266,21 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &RmsNormCase) -> Result<Outcome, GpuE
     launch_in_place(gpu, tokens, c, &mut x.as_view_mut(), &w.as_view())?;
     let check = Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms);
     Ok(Outcome::Ran(with_in_place_diff(gpu, &sampled, width, &x, &y, check)?))
+}
+
+/// The self-test's handle on this family (registered in `selftest::case`).
+pub struct Family;
+
+impl KernelFamily for Family {
+    type Case = RmsNormCase;
+
+    fn run(gpu: &Gpu, tokens: u64, c: &RmsNormCase) -> Result<Outcome, GpuError> {
+        run_case(gpu, tokens, c)
+    }
+
+    fn plans(tokens: u64, c: &RmsNormCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+        plans(tokens, c, limits)
+    }
 }
 
 #[cfg(test)]

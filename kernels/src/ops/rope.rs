@@ -20,12 +20,11 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, grid_stride_blocks, require_bytes};
 use crate::limits::DeviceLimits;
-use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform};
-use crate::selftest::case::{Check, Outcome};
-use crate::selftest::verify::{RelErr, sample_rows, with_in_place_diff};
+use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform, with_in_place_diff};
 use crate::sources::ROPE;
 use crate::testdata::{hash2, uniform_row};
 use crate::thresholds::{Critical, overflow_point, tile_tails};
@@ -304,6 +303,21 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &RopeCase) -> Result<Outcome, GpuErro
     launch(gpu, tokens, c.heads, &table, &pos_dev.as_view(), &mut x.as_view_mut())?;
     let check = Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms);
     Ok(Outcome::Ran(with_in_place_diff(gpu, &sampled, row, &x, &y, check)?))
+}
+
+/// The self-test's handle on this family (registered in `selftest::case`).
+pub struct Family;
+
+impl KernelFamily for Family {
+    type Case = RopeCase;
+
+    fn run(gpu: &Gpu, tokens: u64, c: &RopeCase) -> Result<Outcome, GpuError> {
+        run_case(gpu, tokens, c)
+    }
+
+    fn plans(tokens: u64, c: &RopeCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+        plans(tokens, c, limits)
+    }
 }
 
 #[cfg(test)]

@@ -13,12 +13,11 @@ use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError};
 use crate::limits::DeviceLimits;
 use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform};
-use crate::selftest::case::{Check, Outcome};
-use crate::selftest::verify::{RelErr, sample_rows};
 use crate::sources::ROUTER;
 use crate::testdata::uniform_row;
 use crate::thresholds::{Critical, overflow_point, tile_tails};
@@ -275,6 +274,21 @@ fn words_as<T>(g: &mut Guarded) -> Result<CudaViewMut<'_, T>, GpuError> {
     // SAFETY: only used with i32 and f32: 4 bytes, every bit pattern valid.
     unsafe { g.buf.transmute_mut::<T>(words) }
         .ok_or_else(|| GpuError::Driver { call: "transmute_mut".into(), error: format!("{words} words past the buffer") })
+}
+
+/// The self-test's handle on this family (registered in `selftest::case`).
+pub struct Family;
+
+impl KernelFamily for Family {
+    type Case = RouterCase;
+
+    fn run(gpu: &Gpu, tokens: u64, c: &RouterCase) -> Result<Outcome, GpuError> {
+        run_case(gpu, tokens, c)
+    }
+
+    fn plans(tokens: u64, c: &RouterCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+        plans(tokens, c, limits)
+    }
 }
 
 #[cfg(test)]

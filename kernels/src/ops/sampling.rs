@@ -17,12 +17,11 @@ use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::check::{Check, KernelFamily, Outcome, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
 use crate::limits::DeviceLimits;
 use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform};
-use crate::selftest::case::{Check, Outcome};
-use crate::selftest::verify::sample_rows;
 use crate::sources::SAMPLING;
 use crate::testdata::{uniform_pm1, uniform_row};
 use crate::thresholds::{Critical, I32_MAX, overflow_point};
@@ -293,6 +292,21 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &SamplingCase) -> Result<Outcome, Gpu
         kernel_ms,
         note: mismatches.first().cloned().unwrap_or_default(),
     }))
+}
+
+/// The self-test's handle on this family (registered in `selftest::case`).
+pub struct Family;
+
+impl KernelFamily for Family {
+    type Case = SamplingCase;
+
+    fn run(gpu: &Gpu, tokens: u64, c: &SamplingCase) -> Result<Outcome, GpuError> {
+        run_case(gpu, tokens, c)
+    }
+
+    fn plans(tokens: u64, c: &SamplingCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+        plans(tokens, c, limits)
+    }
 }
 
 #[cfg(test)]

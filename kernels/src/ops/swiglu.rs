@@ -17,17 +17,16 @@ use half::f16;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, grid_stride_blocks, require_bytes};
 use crate::limits::DeviceLimits;
+use crate::ops::moe_align::GEMM_TILE_M;
 use crate::ops::moe_align::{align_cpu, max_padded_rows};
 use crate::ops::quantize::{self, Source, source_row};
 use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform};
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, dequantize_q8_1, quantize_row_q8_1};
 use crate::routing::{Routing, route};
-use crate::selftest::case::{Check, Outcome};
-use crate::selftest::catalogue::GEMM_TILE_M;
-use crate::selftest::verify::{RelErr, sample_rows};
 use crate::sources::GLUE;
 use crate::testdata::uniform_row;
 use crate::thresholds::{Critical, I32_MAX, overflow_point};
@@ -444,6 +443,21 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &SwigluCase) -> Result<Outcome, GpuEr
 /// Quants of `got` more than one step from `want`'s.
 fn quant_mismatches(got: &[BlockQ8_1], want: &[BlockQ8_1]) -> u64 {
     got.iter().zip(want).flat_map(|(g, w)| g.qs.iter().zip(&w.qs)).filter(|(g, w)| (**g as i32 - **w as i32).abs() > 1).count() as u64
+}
+
+/// The self-test's handle on this family (registered in `selftest::case`).
+pub struct Family;
+
+impl KernelFamily for Family {
+    type Case = SwigluCase;
+
+    fn run(gpu: &Gpu, tokens: u64, c: &SwigluCase) -> Result<Outcome, GpuError> {
+        run_case(gpu, tokens, c)
+    }
+
+    fn plans(tokens: u64, c: &SwigluCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+        plans(tokens, c, limits)
+    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use cudarc::driver::CudaSlice;
 
 use cudarc::driver::PushKernelArg;
 
+use crate::check::Check;
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, grid_stride_blocks};
 use crate::limits::DeviceLimits;
@@ -143,4 +144,27 @@ impl Guarded {
     pub fn read_i32(&self, gpu: &Gpu, start: usize, len: usize) -> Result<Vec<i32>, GpuError> {
         Ok(gpu.download_range(&self.buf, start, len)?.into_iter().map(|w| w as i32).collect())
     }
+}
+
+/// For kernels with an in-place variant: the sampled rows of the in-place result `x` must equal
+/// the out-of-place output `y` bit for bit; differences are counted into `check`.
+pub fn with_in_place_diff(
+    gpu: &Gpu,
+    sampled: &[u64],
+    width: usize,
+    x: &CudaSlice<f32>,
+    y: &Guarded,
+    mut check: Check,
+) -> Result<Check, GpuError> {
+    let mut diff = 0u64;
+    for &r in sampled {
+        let at = r as usize * width;
+        let (a, b) = (gpu.download_range(x, at, width)?, y.read_f32(gpu, at, width)?);
+        diff += a.iter().zip(&b).filter(|(a, b)| a.to_bits() != b.to_bits()).count() as u64;
+    }
+    check.int_mismatches += diff;
+    if diff > 0 {
+        check.note = format!("in place differs from out of place in {diff} sampled values; {}", check.note);
+    }
+    Ok(check)
 }

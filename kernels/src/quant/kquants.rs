@@ -260,7 +260,7 @@ pub(crate) fn device_block_partial(wtype: super::WeightType, block: &[u8], s: us
             let (sc, m) = get_scale_min_k4(s, h.scales);
             h.d * (d8 * (dot(&quant, 0..32) * sc as i32) as f32) - h.dmin * (d8 * (sum_q8(x) * m as i32) as f32)
         }
-        WeightType::Q8_0 | WeightType::Q4_0 => panic!("{wtype} is not a K-quant"),
+        _ => panic!("{wtype} is not a K-quant"),
     }
 }
 

@@ -4,79 +4,95 @@
 //! an f16 scale first. The dot products below are the CPU references of the GPU dot products:
 //! the same integer sums, the same f16 scales, the same formula per block.
 //!
-//! [`TensorType`] covers every tensor type the engine computes: the float types ([`float`]),
-//! q4_0 and q8_0 (here), and the K-quant super-blocks ([`kquants`]), with length-checked
-//! dequantization (multi-threaded for whole tensors) and the dot products with q8_1 rows.
+//! The tensor types are one table keyed by ggml's id ([`types`]); [`TensorType`] is its rows the
+//! engine computes: the float types ([`float`]), q4_0 and q8_0 (here), and the K-quant
+//! super-blocks ([`kquants`]), with length-checked dequantization (multi-threaded for whole
+//! tensors) and the dot products with q8_1 rows.
 
 pub mod float;
 pub mod kquants;
+pub mod types;
 
 use half::f16;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+pub use types::GgmlType;
+use types::{Compute, Keep, TypeRow};
+
 /// Weights per quantization block.
 pub const QK: usize = 32;
 
-/// Weight formats the routed path and the dense projections take: the 32-wide legacy blocks
-/// and the 256-wide K-quant super-blocks (`kquants`). Every kernel taking a `WeightType`
-/// dots a weight row with q8_1 activation rows in 32-wide blocks; a K-quant super-block meets
-/// 8 consecutive q8_1 blocks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum WeightType {
-    #[serde(rename = "q8_0")]
-    Q8_0,
-    #[serde(rename = "q4_0")]
-    Q4_0,
-    #[serde(rename = "q4_K", alias = "q4_k")]
-    Q4K,
-    #[serde(rename = "q5_K", alias = "q5_k")]
-    Q5K,
-    #[serde(rename = "q6_K", alias = "q6_k")]
-    Q6K,
+/// Weight formats the routed path and the dense projections take: the table's weight rows
+/// ([`types::TYPES`]), the 32-wide legacy blocks and the 256-wide K-quant super-blocks
+/// (`kquants`). Every kernel taking a `WeightType` dots a weight row with q8_1 activation rows
+/// in 32-wide blocks; a K-quant super-block meets 8 consecutive q8_1 blocks.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WeightType(GgmlType);
+
+const fn weight_types<const N: usize>(ts: [GgmlType; N]) -> [WeightType; N] {
+    let mut out = [WeightType(GgmlType::Q8_0); N];
+    let mut i = 0;
+    while i < N {
+        out[i] = WeightType(ts[i]);
+        i += 1;
+    }
+    out
 }
 
+const WEIGHTS: Keep = Keep::Weights { block_size: None };
+const LEGACY: Keep = Keep::Weights { block_size: Some(QK) };
+const K_QUANTS: Keep = Keep::Weights { block_size: Some(kquants::QK_K) };
+
 impl WeightType {
-    pub const ALL: [WeightType; 5] = [WeightType::Q8_0, WeightType::Q4_0, WeightType::Q4K, WeightType::Q5K, WeightType::Q6K];
+    pub const Q8_0: WeightType = WeightType(GgmlType::Q8_0);
+    pub const Q4_0: WeightType = WeightType(GgmlType::Q4_0);
+    pub const Q4K: WeightType = WeightType(GgmlType::Q4_K);
+    pub const Q5K: WeightType = WeightType(GgmlType::Q5_K);
+    pub const Q6K: WeightType = WeightType(GgmlType::Q6_K);
+
+    /// Every weight format, by ggml id.
+    pub const ALL: [WeightType; types::count(WEIGHTS)] = weight_types(types::select(WEIGHTS));
     /// The 32-wide block formats (ggml's "legacy" quants).
-    pub const LEGACY: [WeightType; 2] = [WeightType::Q8_0, WeightType::Q4_0];
+    pub const LEGACY: [WeightType; types::count(LEGACY)] = weight_types(types::select(LEGACY));
     /// The 256-wide super-block formats.
-    pub const K_QUANTS: [WeightType; 3] = [WeightType::Q4K, WeightType::Q5K, WeightType::Q6K];
+    pub const K_QUANTS: [WeightType; types::count(K_QUANTS)] = weight_types(types::select(K_QUANTS));
+
+    /// The weight format of a ggml type, if the kernels take it.
+    pub fn of(ty: GgmlType) -> Option<WeightType> {
+        matches!(ty.row().compute, Compute::Weight { .. }).then_some(WeightType(ty))
+    }
+
+    pub fn ggml(self) -> GgmlType {
+        self.0
+    }
+
+    fn row(self) -> &'static TypeRow {
+        self.0.row()
+    }
 
     pub fn block_bytes(self) -> usize {
-        match self {
-            WeightType::Q8_0 => BLOCK_Q8_0_BYTES,
-            WeightType::Q4_0 => BLOCK_Q4_0_BYTES,
-            WeightType::Q4K => kquants::BLOCK_Q4_K_BYTES,
-            WeightType::Q5K => kquants::BLOCK_Q5_K_BYTES,
-            WeightType::Q6K => kquants::BLOCK_Q6_K_BYTES,
-        }
+        self.row().block_bytes
     }
 
     /// Weights per block: 32, or 256 for the K-quants. A row's width must be a multiple of it.
     pub fn block_size(self) -> usize {
-        if self.is_k_quant() { kquants::QK_K } else { QK }
+        self.row().block_size
     }
 
     pub fn is_k_quant(self) -> bool {
-        matches!(self, WeightType::Q4K | WeightType::Q5K | WeightType::Q6K)
+        self.block_size() == kquants::QK_K
     }
 
-    /// The `WTYPE_*` constant the kernels take to select the weight format (common.cuh). The
-    /// K-quants use their ggml type ids, clear of the embedding's `EMBED_F32` = 2.
+    /// The `WTYPE_*` constant the kernels take to select the weight format: the ggml id (the
+    /// `#define`s are generated from the same table, [`types::cuda_header`]).
     pub fn code(self) -> i32 {
-        match self {
-            WeightType::Q8_0 => 0,
-            WeightType::Q4_0 => 1,
-            WeightType::Q4K => 12,
-            WeightType::Q5K => 13,
-            WeightType::Q6K => 14,
-        }
+        self.row().id as i32
     }
 
-    /// ggml's name (`q4_K`, not `q4_k`), as [`TensorType::name`].
+    /// ggml's name (`q4_K`, not `q4_k`).
     pub fn name(self) -> &'static str {
-        TensorType::from(self).name()
+        self.row().name
     }
 
     /// Blocks in one row of `k` weights (`k` a multiple of [`Self::block_size`]).
@@ -101,25 +117,16 @@ impl WeightType {
     /// the kernels' block formulas (for the K-quants, ggml-cuda's `vec_dot_q{4,5,6}_K_q8_1`).
     /// Whole blocks only; callers hold matching lengths.
     pub fn dot_q8_1(self, w_row: &[u8], x: &[BlockQ8_1]) -> f32 {
-        match self {
-            WeightType::Q8_0 => dot_q8_0_q8_1(w_row, x),
-            WeightType::Q4_0 => dot_q4_0_q8_1(w_row, x),
-            WeightType::Q4K => kquants::dot_q4_k_q8_1(w_row, x),
-            WeightType::Q5K => kquants::dot_q5_k_q8_1(w_row, x),
-            WeightType::Q6K => kquants::dot_q6_k_q8_1(w_row, x),
+        match self.row().compute {
+            Compute::Weight { dot, .. } => dot(w_row, x),
+            Compute::Float { .. } | Compute::ReadOnly => unreachable!("a WeightType is a weight row of the table"),
         }
     }
 
     /// Dequantizes one row of weights to f32 (whole blocks).
     pub fn dequantize_row(self, w_row: &[u8]) -> Vec<f32> {
         let mut out = vec![0.0; w_row.len() / self.block_bytes() * self.block_size()];
-        match self {
-            WeightType::Q8_0 => dequantize_q8_0_into(w_row, &mut out),
-            WeightType::Q4_0 => dequantize_q4_0_into(w_row, &mut out),
-            WeightType::Q4K => kquants::dequantize_row_q4_k(w_row, &mut out),
-            WeightType::Q5K => kquants::dequantize_row_q5_k(w_row, &mut out),
-            WeightType::Q6K => kquants::dequantize_row_q6_k(w_row, &mut out),
-        }
+        TensorType::from(self).dequantize_blocks(w_row, &mut out);
         out
     }
 }
@@ -128,6 +135,36 @@ impl std::fmt::Display for WeightType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
+}
+
+impl std::fmt::Debug for WeightType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Serialize for WeightType {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for WeightType {
+    /// ggml's names, in any case.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        WeightType::ALL.into_iter().find(|t| t.name().eq_ignore_ascii_case(&name)).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "unknown weight type {name:?}: expected one of {}",
+                names(&WeightType::ALL.map(WeightType::ggml))
+            ))
+        })
+    }
+}
+
+/// `a, b, c` of the types' names.
+fn names(ts: &[GgmlType]) -> String {
+    ts.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
 }
 
 /// `block_q8_0`: f16 d, 32 x i8. x = d * q.
@@ -253,75 +290,29 @@ pub fn dot_q4_0_q8_1(w_row: &[u8], x: &[BlockQ8_1]) -> f32 {
     acc
 }
 
-/// Every tensor type the engine computes, as GGUF stores it (ggml's type ids and layouts).
-/// Variants keep ggml's spelling (`Q4_K`), the one every GGUF tool prints.
-#[allow(non_camel_case_types)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum TensorType {
-    #[serde(rename = "f32")]
-    F32,
-    #[serde(rename = "f16")]
-    F16,
-    #[serde(rename = "bf16")]
-    BF16,
-    #[serde(rename = "q4_0")]
-    Q4_0,
-    #[serde(rename = "q8_0")]
-    Q8_0,
-    #[serde(rename = "q4_K", alias = "q4_k")]
-    Q4_K,
-    #[serde(rename = "q5_K", alias = "q5_k")]
-    Q5_K,
-    #[serde(rename = "q6_K", alias = "q6_k")]
-    Q6_K,
-}
+/// Every tensor type the engine computes, as GGUF stores it: the table's rows with a CPU
+/// dequantization ([`types::TYPES`]). The constants keep ggml's spelling (`Q4_K`), the one every
+/// GGUF tool prints.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorType(GgmlType);
 
-/// ggml's names of its type ids (ggml.h `enum ggml_type`; gaps are retired ids), so an
-/// unsupported tensor is reported by name.
-const GGML_TYPE_NAMES: [(u32, &str); 34] = [
-    (0, "f32"),
-    (1, "f16"),
-    (2, "q4_0"),
-    (3, "q4_1"),
-    (6, "q5_0"),
-    (7, "q5_1"),
-    (8, "q8_0"),
-    (9, "q8_1"),
-    (10, "q2_K"),
-    (11, "q3_K"),
-    (12, "q4_K"),
-    (13, "q5_K"),
-    (14, "q6_K"),
-    (15, "q8_K"),
-    (16, "iq2_xxs"),
-    (17, "iq2_xs"),
-    (18, "iq3_xxs"),
-    (19, "iq1_s"),
-    (20, "iq4_nl"),
-    (21, "iq3_s"),
-    (22, "iq2_s"),
-    (23, "iq4_xs"),
-    (24, "i8"),
-    (25, "i16"),
-    (26, "i32"),
-    (27, "i64"),
-    (28, "f64"),
-    (29, "iq1_m"),
-    (30, "bf16"),
-    (34, "tq1_0"),
-    (35, "tq2_0"),
-    (39, "mxfp4"),
-    (40, "nvfp4"),
-    (41, "q1_0"),
-];
+const fn tensor_types<const N: usize>(ts: [GgmlType; N]) -> [TensorType; N] {
+    let mut out = [TensorType(GgmlType::F32); N];
+    let mut i = 0;
+    while i < N {
+        out[i] = TensorType(ts[i]);
+        i += 1;
+    }
+    out
+}
 
 /// Bad lengths or types given to the dequantizers and dot products: the bytes come from model
 /// files, so every mismatch is an error naming the type and the numbers, never a panic.
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
 pub enum QuantError {
-    #[error("tensor type {name} (ggml type {id}) is not supported: brink computes f32, f16, bf16, q4_0, q8_0, q4_K, q5_K and q6_K")]
+    #[error("tensor type {name} (ggml type {id}) is not supported: brink computes {}", names(&TensorType::ALL.map(TensorType::ggml)))]
     UnsupportedType { id: u32, name: &'static str },
-    #[error("unknown tensor type {0:?}: expected one of f32, f16, bf16, q4_0, q8_0, q4_K, q5_K, q6_K")]
+    #[error("unknown tensor type {0:?}: expected one of {known}", known = names(&TensorType::ALL.map(TensorType::ggml)))]
     UnknownName(String),
     #[error("{ty}: {bytes} bytes are not a whole number of {block_bytes}-byte blocks")]
     PartialBlock { ty: TensorType, bytes: usize, block_bytes: usize },
@@ -343,73 +334,55 @@ pub enum QuantError {
 /// cost more than it saves.
 const PARALLEL_MIN_VALUES: usize = 1 << 16;
 
+#[allow(non_upper_case_globals)]
 impl TensorType {
-    pub const ALL: [TensorType; 8] = [
-        TensorType::F32,
-        TensorType::F16,
-        TensorType::BF16,
-        TensorType::Q4_0,
-        TensorType::Q8_0,
-        TensorType::Q4_K,
-        TensorType::Q5_K,
-        TensorType::Q6_K,
-    ];
+    pub const F32: TensorType = TensorType(GgmlType::F32);
+    pub const F16: TensorType = TensorType(GgmlType::F16);
+    pub const BF16: TensorType = TensorType(GgmlType::BF16);
+    pub const Q4_0: TensorType = TensorType(GgmlType::Q4_0);
+    pub const Q8_0: TensorType = TensorType(GgmlType::Q8_0);
+    pub const Q4_K: TensorType = TensorType(GgmlType::Q4_K);
+    pub const Q5_K: TensorType = TensorType(GgmlType::Q5_K);
+    pub const Q6_K: TensorType = TensorType(GgmlType::Q6_K);
+
+    /// Every computed type, by ggml id.
+    pub const ALL: [TensorType; types::count(Keep::Computed)] = tensor_types(types::select(Keep::Computed));
+
+    /// The computed type of a ggml type, if brink computes with it.
+    pub fn of(ty: GgmlType) -> Option<TensorType> {
+        (!matches!(ty.row().compute, Compute::ReadOnly)).then_some(TensorType(ty))
+    }
+
+    pub fn ggml(self) -> GgmlType {
+        self.0
+    }
+
+    fn row(self) -> &'static TypeRow {
+        self.0.row()
+    }
 
     /// The `ggml_type` id a GGUF tensor info carries.
     pub fn ggml_id(self) -> u32 {
-        match self {
-            TensorType::F32 => 0,
-            TensorType::F16 => 1,
-            TensorType::Q4_0 => 2,
-            TensorType::Q8_0 => 8,
-            TensorType::Q4_K => 12,
-            TensorType::Q5_K => 13,
-            TensorType::Q6_K => 14,
-            TensorType::BF16 => 30,
-        }
+        self.row().id
     }
 
     pub fn from_ggml_id(id: u32) -> Result<TensorType, QuantError> {
-        Self::ALL.into_iter().find(|t| t.ggml_id() == id).ok_or_else(|| {
-            let name = GGML_TYPE_NAMES.iter().find(|(i, _)| *i == id).map_or("unknown", |(_, n)| n);
-            QuantError::UnsupportedType { id, name }
-        })
+        let ty = GgmlType::from_id(id);
+        ty.and_then(TensorType::of).ok_or(QuantError::UnsupportedType { id, name: ty.map_or("unknown", GgmlType::name) })
     }
 
     /// ggml's name of the type (`q4_K`, not `q4_k`).
     pub fn name(self) -> &'static str {
-        match self {
-            TensorType::F32 => "f32",
-            TensorType::F16 => "f16",
-            TensorType::BF16 => "bf16",
-            TensorType::Q4_0 => "q4_0",
-            TensorType::Q8_0 => "q8_0",
-            TensorType::Q4_K => "q4_K",
-            TensorType::Q5_K => "q5_K",
-            TensorType::Q6_K => "q6_K",
-        }
+        self.row().name
     }
 
     /// Values per block (1 for the float types).
     pub fn block_size(self) -> usize {
-        match self {
-            TensorType::F32 | TensorType::F16 | TensorType::BF16 => 1,
-            TensorType::Q4_0 | TensorType::Q8_0 => QK,
-            TensorType::Q4_K | TensorType::Q5_K | TensorType::Q6_K => kquants::QK_K,
-        }
+        self.row().block_size
     }
 
     pub fn block_bytes(self) -> usize {
-        match self {
-            TensorType::F32 => float::F32_BYTES,
-            TensorType::F16 => float::F16_BYTES,
-            TensorType::BF16 => float::BF16_BYTES,
-            TensorType::Q4_0 => BLOCK_Q4_0_BYTES,
-            TensorType::Q8_0 => BLOCK_Q8_0_BYTES,
-            TensorType::Q4_K => kquants::BLOCK_Q4_K_BYTES,
-            TensorType::Q5_K => kquants::BLOCK_Q5_K_BYTES,
-            TensorType::Q6_K => kquants::BLOCK_Q6_K_BYTES,
-        }
+        self.row().block_bytes
     }
 
     pub fn is_quantized(self) -> bool {
@@ -419,14 +392,7 @@ impl TensorType {
     /// The kernels' weight format for this type: every quantized type; the float types are
     /// not dotted with q8_1 activations.
     pub fn weight_type(self) -> Option<WeightType> {
-        match self {
-            TensorType::Q8_0 => Some(WeightType::Q8_0),
-            TensorType::Q4_0 => Some(WeightType::Q4_0),
-            TensorType::Q4_K => Some(WeightType::Q4K),
-            TensorType::Q5_K => Some(WeightType::Q5K),
-            TensorType::Q6_K => Some(WeightType::Q6K),
-            TensorType::F32 | TensorType::F16 | TensorType::BF16 => None,
-        }
+        WeightType::of(self.0)
     }
 
     /// Bytes of `values` values (a whole number of blocks), without overflow: sizes come from
@@ -485,14 +451,7 @@ impl TensorType {
     /// Dot product of one weight row with one q8_1 activation row: the CPU twin of the GPU's
     /// per-type block formula. Quantized types only.
     pub fn dot_q8_1(self, w_row: &[u8], x: &[BlockQ8_1]) -> Result<f32, QuantError> {
-        let dot: fn(&[u8], &[BlockQ8_1]) -> f32 = match self {
-            TensorType::Q4_0 => dot_q4_0_q8_1,
-            TensorType::Q8_0 => dot_q8_0_q8_1,
-            TensorType::Q4_K => kquants::dot_q4_k_q8_1,
-            TensorType::Q5_K => kquants::dot_q5_k_q8_1,
-            TensorType::Q6_K => kquants::dot_q6_k_q8_1,
-            TensorType::F32 | TensorType::F16 | TensorType::BF16 => return Err(QuantError::NoQ8_1Dot(self)),
-        };
+        let Compute::Weight { dot, .. } = self.row().compute else { return Err(QuantError::NoQ8_1Dot(self)) };
         let weights = self.value_count(w_row.len())?;
         if weights != x.len() * QK {
             return Err(QuantError::DotLength { ty: self, weights, activations: x.len() * QK });
@@ -510,28 +469,16 @@ impl TensorType {
 
     /// The whole blocks of `bytes` into `out` (lengths already checked).
     fn dequantize_blocks(self, bytes: &[u8], out: &mut [f32]) {
-        match self {
-            TensorType::F32 => float::dequantize_f32_into(bytes, out),
-            TensorType::F16 => float::dequantize_f16_into(bytes, out),
-            TensorType::BF16 => float::dequantize_bf16_into(bytes, out),
-            TensorType::Q4_0 => dequantize_q4_0_into(bytes, out),
-            TensorType::Q8_0 => dequantize_q8_0_into(bytes, out),
-            TensorType::Q4_K => kquants::dequantize_row_q4_k(bytes, out),
-            TensorType::Q5_K => kquants::dequantize_row_q5_k(bytes, out),
-            TensorType::Q6_K => kquants::dequantize_row_q6_k(bytes, out),
+        match self.row().compute {
+            Compute::Float { dequantize } | Compute::Weight { dequantize, .. } => dequantize(bytes, out),
+            Compute::ReadOnly => unreachable!("a TensorType is a computed row of the table"),
         }
     }
 }
 
 impl From<WeightType> for TensorType {
     fn from(w: WeightType) -> Self {
-        match w {
-            WeightType::Q8_0 => TensorType::Q8_0,
-            WeightType::Q4_0 => TensorType::Q4_0,
-            WeightType::Q4K => TensorType::Q4_K,
-            WeightType::Q5K => TensorType::Q5_K,
-            WeightType::Q6K => TensorType::Q6_K,
-        }
+        TensorType(w.ggml())
     }
 }
 
@@ -547,6 +494,24 @@ impl std::str::FromStr for TensorType {
 impl std::fmt::Display for TensorType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+impl std::fmt::Debug for TensorType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Serialize for TensorType {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for TensorType {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -763,6 +728,7 @@ mod device_view_tests {
                 let hi = ((int_at(blk, kquants::Q6_K_QH + 32 * h + 4 * j) >> (2 * q)) & 0x03030303) << 4;
                 vsubss4(lo | hi, 0x20202020)
             }
+            other => panic!("no unpack of {other} here"),
         }
     }
 
@@ -779,6 +745,7 @@ mod device_view_tests {
                 let sc = |g: usize| blk[kquants::Q6_K_SCALES + g] as i8 as i32;
                 (f16_at(blk, kquants::Q6_K_D), 0.0, sc(2 * (b & 7)), sc(2 * (b & 7) + 1))
             }
+            other => panic!("no scales of {other} here"),
         }
     }
 
@@ -792,6 +759,7 @@ mod device_view_tests {
             WeightType::Q4_0 => d * (q - 8.0),
             WeightType::Q4K | WeightType::Q5K => d * sc as f32 * q - dmin * m as f32,
             WeightType::Q6K => d * (if l < 16 { sc } else { m }) as f32 * q,
+            other => panic!("no formula of {other} here"),
         }
     }
 
@@ -815,11 +783,13 @@ mod device_view_tests {
         let source = crate::sources::GEMM_TILE.full_source();
         for t in WeightType::ALL {
             let name = format!("#define WTYPE_{} ", t.name().to_uppercase());
-            let line = source.lines().find(|l| l.starts_with(&name)).unwrap_or_else(|| panic!("{name} not in common.cuh"));
+            let line = source.lines().find(|l| l.starts_with(&name)).unwrap_or_else(|| panic!("{name} not in the sources"));
             assert_eq!(line[name.len()..].trim().parse::<i32>().unwrap(), t.code(), "{line}");
+            assert_eq!(t.code() as u32, t.ggml().id(), "{t}: the kernels' code is the ggml id");
         }
-        // The K-quant codes are ggml's type ids, clear of embed.cu's EMBED_F32 = 2.
-        assert!(WeightType::ALL.iter().all(|t| t.code() != 2));
+        // No hand-kept copy of a code: the only definitions are the generated ones.
+        let common = include_str!("../../cuda/common.cuh");
+        assert!(!common.contains("#define WTYPE_") && !common.contains("#define TTYPE_"), "common.cuh defines a type code by hand");
     }
 
     #[test]

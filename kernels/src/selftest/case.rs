@@ -3,6 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::check::{KernelFamily, Outcome};
+use crate::cuda::{Gpu, GpuError};
+use crate::launch::{Launch, PlanError};
+use crate::limits::DeviceLimits;
 use crate::ops;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -23,31 +27,64 @@ pub struct Case {
     pub device_bytes: u64,
 }
 
-/// The problem of each kernel family; each op module executes its own.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case")]
-pub enum OpCase {
-    Router(ops::router::RouterCase),
-    MoeAlign(ops::moe_align::AlignCase),
-    Quantize(ops::quantize::QuantizeCase),
-    MoeGemv(ops::moe_gemv::GemvCase),
-    MoeGemm(ops::moe_gemm::GemmCase),
-    MoeCombine(ops::moe_combine::CombineCase),
-    LatentProj(ops::latent_proj::LatentCase),
-    Embed(ops::embed::EmbedCase),
-    RmsNorm(ops::rmsnorm::RmsNormCase),
-    Rope(ops::rope::RopeCase),
-    OutputHead(ops::output_head::HeadCase),
-    Sampling(ops::sampling::SamplingCase),
-    Attention(ops::attention::AttentionCase),
-    Linear(ops::linear::LinearCase),
-    Swiglu(ops::swiglu::SwigluCase),
-    Add(ops::add::AddCase),
-    DenseF32(ops::dense_f32::DenseF32Case),
+/// Every kernel family the self-test runs, one line each: the case's tag (`op` in JSON, snake
+/// case) and the family's [`KernelFamily`] in its `ops` module. [`OpCase`] holds a case of any
+/// of them; running and planning go through the family's trait.
+macro_rules! families {
+    ($($(#[$doc:meta])* $variant:ident => $family:ty,)*) => {
+        /// The problem of one case, of one of the registered families.
+        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+        #[serde(tag = "op", rename_all = "snake_case")]
+        pub enum OpCase {
+            $($(#[$doc])* $variant(<$family as KernelFamily>::Case),)*
+        }
+
+        impl OpCase {
+            /// Runs the case at `tokens` on the GPU ([`KernelFamily::run`]).
+            pub fn run(&self, gpu: &Gpu, tokens: u64) -> Result<Outcome, GpuError> {
+                match self {
+                    $(OpCase::$variant(c) => <$family as KernelFamily>::run(gpu, tokens, c),)*
+                }
+            }
+
+            /// The case's launches at `tokens` ([`KernelFamily::plans`]).
+            pub fn plans(&self, tokens: u64, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+                match self {
+                    $(OpCase::$variant(c) => <$family as KernelFamily>::plans(tokens, c, limits),)*
+                }
+            }
+
+            pub fn is_negative_control(&self) -> bool {
+                match self {
+                    $(OpCase::$variant(_) => <$family as KernelFamily>::NEGATIVE_CONTROL,)*
+                }
+            }
+        }
+    };
+}
+
+families! {
+    Router => ops::router::Family,
+    MoeAlign => ops::moe_align::Family,
+    Quantize => ops::quantize::Family,
+    MoeGemv => ops::moe_gemv::Family,
+    MoeGemm => ops::moe_gemm::Family,
+    MoeCombine => ops::moe_combine::Family,
+    LatentProj => ops::latent_proj::Family,
+    Embed => ops::embed::Family,
+    RmsNorm => ops::rmsnorm::Family,
+    Rope => ops::rope::Family,
+    OutputHead => ops::output_head::Family,
+    Sampling => ops::sampling::Family,
+    Attention => ops::attention::Family,
+    Linear => ops::linear::Family,
+    Swiglu => ops::swiglu::Family,
+    Add => ops::add::Family,
+    DenseF32 => ops::dense_f32::Family,
     /// Negative control: the routed GEMV with tokens x top_k on grid.z.
-    NegGemvGridZ(ops::moe_gemv::GemvCase),
+    NegGemvGridZ => ops::moe_gemv::NegGridZ,
     /// Negative control: the latent epilogue whose tail lanes `continue` past the shuffles.
-    NegLatentTailSkip(ops::latent_proj::LatentCase),
+    NegLatentTailSkip => ops::latent_proj::NegTailSkip,
 }
 
 /// What a case must produce.
@@ -60,63 +97,4 @@ pub enum Expect {
     LaunchError { kernel: String },
     /// The kernel never finishes and is killed at the deadline (a negative control).
     Hang,
-}
-
-/// What executing a case on the GPU found (before it is judged against `Expect`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "outcome", rename_all = "snake_case")]
-pub enum Outcome {
-    /// The kernel ran; here is how its output compared.
-    Ran(Check),
-    /// The driver rejected a launch (or, in diagnostic mode, it faulted).
-    LaunchError(crate::cuda::LaunchError),
-    /// The plan refused the shape before anything was launched.
-    PlanRejected { error: String },
-    /// Any other CUDA failure (allocation, copy).
-    Error { error: String },
-}
-
-/// Comparison of a GPU output with the CPU reference.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Check {
-    /// max |gpu − ref| / max |ref| over the compared values.
-    pub max_rel_err: f64,
-    pub tolerance: f64,
-    /// Values compared against the reference (all of them, or sampled rows for big outputs).
-    pub compared: u64,
-    /// Output items still holding the poison after the kernel (must be 0).
-    pub unwritten: u64,
-    /// Guard words past the end of the output that were overwritten (must be 0).
-    pub past_end: u64,
-    /// Exact mismatches of integer outputs (ids, offsets), if the kernel has any.
-    pub int_mismatches: u64,
-    /// Kernel time in milliseconds (launch to synchronise), data generation excluded.
-    pub kernel_ms: f64,
-    /// First problem found, for the report.
-    pub note: String,
-}
-
-impl Check {
-    /// The check of a float output compared through `err`, with the poison scan's
-    /// `(unwritten, past_end)`.
-    pub fn of_floats(err: &crate::selftest::verify::RelErr, tolerance: f64, (unwritten, past_end): (u64, u64), kernel_ms: f64) -> Check {
-        Check {
-            max_rel_err: err.value(),
-            tolerance,
-            compared: err.compared,
-            unwritten,
-            past_end,
-            int_mismatches: 0,
-            kernel_ms,
-            note: err.describe(),
-        }
-    }
-
-    pub fn passed(&self) -> bool {
-        self.max_rel_err <= self.tolerance
-            && self.max_rel_err.is_finite()
-            && self.unwritten == 0
-            && self.past_end == 0
-            && self.int_mismatches == 0
-    }
 }

@@ -13,7 +13,7 @@ use crate::ops::dense_f32::DenseF32Case;
 use crate::ops::embed::{EmbedCase, TableType};
 use crate::ops::latent_proj::LatentCase;
 use crate::ops::linear::LinearCase;
-use crate::ops::moe_align::AlignCase;
+use crate::ops::moe_align::{AlignCase, GEMM_TILE_M};
 use crate::ops::moe_combine::CombineCase;
 use crate::ops::moe_gemm::GemmCase;
 use crate::ops::moe_gemv::GemvCase;
@@ -31,9 +31,6 @@ use crate::ops::{
 use crate::quant::WeightType;
 use crate::routing::Routing;
 use crate::thresholds::{self, Critical, ModelShape, Serving, compositions, envelope_counts, merge};
-
-/// Row tile the routed GEMM pads expert segments to.
-pub const GEMM_TILE_M: u32 = 64;
 
 /// Above this count the routed families run fewer variants (see `BIG_COUNT_SKIP_*`): the
 /// counts up to it run every routing and weight type.
@@ -382,7 +379,7 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
     }
     let mut cases = b.cases;
     // Small first (a broken kernel shows up early), negative controls last (they hang).
-    cases.sort_by_key(|c| (matches!(c.params, OpCase::NegGemvGridZ(_) | OpCase::NegLatentTailSkip(_)), c.device_bytes));
+    cases.sort_by_key(|c| (c.params.is_negative_control(), c.device_bytes));
     Catalogue { shape: shape.clone(), serving: *serving, device: limits.name.clone(), cases, skipped: b.skipped }
 }
 

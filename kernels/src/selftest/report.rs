@@ -4,13 +4,14 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use brink_api::selftest::{CaseReport, CaseResult, NegativeControls, SelfTestReport, Verdict};
+use brink_api::selftest::{CaseReport, CaseResult, ControlsProof, NegativeControls, REQUIRED_CONTROLS, SelfTestReport, Verdict};
 
-use super::case::{Case, Expect, OpCase, Outcome};
+use super::case::{Case, Expect};
 use super::runner::Returned;
+use crate::check::Outcome;
 
 pub fn is_negative_control(case: &Case) -> bool {
-    matches!(case.params, OpCase::NegGemvGridZ(_) | OpCase::NegLatentTailSkip(_))
+    case.params.is_negative_control()
 }
 
 fn expect_name(e: &Expect) -> String {
@@ -96,7 +97,9 @@ pub fn skipped(case: &Case, why: &str) -> CaseReport {
 
 /// The verdict of the design: qualified when everything passed; clamped under the first
 /// failure when every failure lies above every pass; disqualified when a failure lies below a
-/// passing count (chunking cannot avoid it) or a negative control was missed.
+/// passing count (chunking cannot avoid it) or a negative control was missed. Qualified and
+/// clamped hold only when every required control was shown flagged ([`controls_shown`]);
+/// otherwise the proof is incomplete.
 pub fn verdict(cases: &[CaseReport], executed_any: bool, negative: &NegativeControls) -> Verdict {
     if !executed_any {
         return Verdict::NotQualified { reason: "no case was executed on a GPU".into() };
@@ -105,13 +108,65 @@ pub fn verdict(cases: &[CaseReport], executed_any: bool, negative: &NegativeCont
         let ids: Vec<&str> = cases.iter().filter(|c| c.result == CaseResult::Missed).map(|c| c.id.as_str()).collect();
         return Verdict::Disqualified { reason: format!("the self-test cannot fail: negative control(s) not flagged: {}", ids.join(", ")) };
     }
-    brink_api::selftest::threshold_verdict(cases)
+    let v = brink_api::selftest::threshold_verdict(cases);
+    let would = match &v {
+        Verdict::Qualified { max_tokens } => format!("qualified up to {max_tokens} tokens"),
+        Verdict::Clamped { max_tokens, first_failure } => format!("clamped to {max_tokens} tokens (first failure at {first_failure})"),
+        _ => return v,
+    };
+    match controls_shown(cases, negative) {
+        Ok(()) => v,
+        Err(why) => Verdict::ProofIncomplete { reason: format!("{why}; the cases alone would be {would}") },
+    }
+}
+
+/// The required controls flagged by this run's cases (each: some case flagged, none missed).
+pub fn flagged_controls(cases: &[CaseReport]) -> Vec<String> {
+    REQUIRED_CONTROLS
+        .iter()
+        .filter(|k| {
+            let of = || cases.iter().filter(|c| c.kernel == **k);
+            of().any(|c| c.result == CaseResult::Flagged) && !of().any(|c| c.result == CaseResult::Missed)
+        })
+        .map(|k| k.to_string())
+        .collect()
+}
+
+/// Whether every required control was shown flagged on this device under this run's
+/// fingerprint: by this run's cases, or by an earlier proof whose fingerprint is this run's.
+/// `Err` says which were not, and why an earlier proof does not count.
+pub fn controls_shown(cases: &[CaseReport], negative: &NegativeControls) -> Result<(), String> {
+    let now = flagged_controls(cases);
+    let earlier: Option<&ControlsProof> = negative.earlier_proof.as_ref();
+    let earlier_holds = earlier.is_some_and(|p| negative.fingerprint.as_deref() == Some(p.fingerprint.as_str()));
+    let missing: Vec<&str> = REQUIRED_CONTROLS
+        .iter()
+        .copied()
+        .filter(|k| !now.iter().any(|f| f == k) && !(earlier_holds && earlier.is_some_and(|p| p.flagged.iter().any(|f| f == k))))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let this_run = match &negative.not_run_reason {
+        Some(why) => format!("not run in this run ({why})"),
+        None => "not flagged in this run".to_string(),
+    };
+    let earlier = match (earlier, earlier_holds) {
+        (None, _) => "no earlier proof on this node".to_string(),
+        (Some(p), false) => format!("the earlier proof of {} was under another fingerprint ({})", p.at, short(&p.fingerprint)),
+        (Some(p), true) => format!("the earlier proof of {} flagged only {}", p.at, p.flagged.join(", ")),
+    };
+    Err(format!("proof incomplete: negative control(s) {} {this_run}, {earlier}", missing.join(", ")))
+}
+
+fn short(digest: &str) -> &str {
+    digest.get(..12).unwrap_or(digest)
 }
 
 pub fn count_negative(cases: &[CaseReport]) -> NegativeControls {
     let expected = cases.iter().filter(|c| matches!(c.result, CaseResult::Flagged | CaseResult::Missed)).count() as u64;
     let flagged = cases.iter().filter(|c| c.result == CaseResult::Flagged).count() as u64;
-    NegativeControls { expected, flagged, missed: expected - flagged, not_run_reason: None }
+    NegativeControls { expected, flagged, missed: expected - flagged, ..NegativeControls::default() }
 }
 
 /// Fills the counters and the verdict of a report from its cases.
@@ -123,9 +178,11 @@ pub fn summarise(report: &mut SelfTestReport) {
     report.passed = count(CaseResult::Passed);
     report.failed = count(CaseResult::Failed);
     report.hung = count(CaseResult::Hung);
-    let not_run = report.negative_controls.not_run_reason.take();
-    report.negative_controls = count_negative(&report.cases);
-    report.negative_controls.not_run_reason = not_run;
+    let mut counted = count_negative(&report.cases);
+    counted.not_run_reason = report.negative_controls.not_run_reason.take();
+    counted.fingerprint = report.negative_controls.fingerprint.take();
+    counted.earlier_proof = report.negative_controls.earlier_proof.take();
+    report.negative_controls = counted;
     report.verdict = verdict(&report.cases, report.executed > 0 && report.device.gpu, &report.negative_controls);
 }
 
@@ -239,6 +296,7 @@ pub fn render(report: &SelfTestReport) -> String {
             }
             brink_api::Verdict::Disqualified { reason } => format!("DISQUALIFIED: {reason}"),
             brink_api::Verdict::NotQualified { reason } => format!("NOT QUALIFIED: {reason}"),
+            brink_api::Verdict::ProofIncomplete { reason } => format!("PROOF INCOMPLETE (not qualified): {reason}"),
         }
     );
     s
@@ -270,9 +328,16 @@ mod tests {
         NegativeControls::default()
     }
 
+    /// `cases` and both required controls flagged in this run.
+    fn with_controls(cases: &[CaseReport]) -> Vec<CaseReport> {
+        let mut v = cases.to_vec();
+        v.extend(REQUIRED_CONTROLS.iter().map(|k| case(k, 8192, CaseResult::Flagged)));
+        v
+    }
+
     #[test]
     fn all_pass_qualifies() {
-        let v = verdict(&[case("a", 1, CaseResult::Passed), case("a", 8192, CaseResult::Passed)], true, &none());
+        let v = verdict(&with_controls(&[case("a", 1, CaseResult::Passed), case("a", 8192, CaseResult::Passed)]), true, &none());
         assert_eq!(v, Verdict::Qualified { max_tokens: 8192 });
     }
 
@@ -284,7 +349,76 @@ mod tests {
             case("a", 8192, CaseResult::Failed),
             case("b", 9000, CaseResult::Hung),
         ];
-        assert_eq!(verdict(&cases, true, &none()), Verdict::Clamped { max_tokens: 8191, first_failure: 8192 });
+        assert_eq!(verdict(&with_controls(&cases), true, &none()), Verdict::Clamped { max_tokens: 8191, first_failure: 8192 });
+    }
+
+    /// Controls run / not run / run under an older fingerprint, for a run whose cases pass.
+    #[test]
+    fn qualified_only_with_both_controls_shown_under_this_fingerprint() {
+        const NOW: &str = "fp-now";
+        let passing = [case("a", 1, CaseResult::Passed), case("a", 8192, CaseResult::Passed)];
+        let proof = |fingerprint: &str, flagged: &[&str]| ControlsProof {
+            fingerprint: fingerprint.into(),
+            flagged: flagged.iter().map(|s| s.to_string()).collect(),
+            at: "2026-12-01T20:00:00Z".into(),
+        };
+        let not_run = |earlier: Option<ControlsProof>| NegativeControls {
+            not_run_reason: Some("a replica is resident".into()),
+            fingerprint: Some(NOW.into()),
+            earlier_proof: earlier,
+            ..NegativeControls::default()
+        };
+        let qualified = Verdict::Qualified { max_tokens: 8192 };
+        let only_gemv = {
+            let mut v = passing.to_vec();
+            v.push(case("neg_gemv_gridz", 8192, CaseResult::Flagged));
+            v
+        };
+        type Row<'a> = (&'a str, Vec<CaseReport>, NegativeControls, Option<&'a str>);
+        let table: Vec<Row> = vec![
+            ("both run and flagged now", with_controls(&passing), none(), None),
+            (
+                "not run, no earlier proof",
+                passing.to_vec(),
+                not_run(None),
+                Some("not run in this run (a replica is resident), no earlier proof"),
+            ),
+            ("not run, proof under this fingerprint", passing.to_vec(), not_run(Some(proof(NOW, &REQUIRED_CONTROLS))), None),
+            (
+                "not run, proof under an older fingerprint",
+                passing.to_vec(),
+                not_run(Some(proof("fp-older-driver", &REQUIRED_CONTROLS))),
+                Some("under another fingerprint (fp-older-dri)"),
+            ),
+            ("one flagged now", only_gemv.clone(), none(), Some("neg_latent_tailskip not flagged in this run")),
+            (
+                "one now, the other proven earlier",
+                only_gemv,
+                NegativeControls { fingerprint: Some(NOW.into()), earlier_proof: Some(proof(NOW, &["neg_latent_tailskip"])), ..none() },
+                None,
+            ),
+            (
+                "earlier proof of one only",
+                passing.to_vec(),
+                not_run(Some(proof(NOW, &["neg_gemv_gridz"]))),
+                Some("flagged only neg_gemv_gridz"),
+            ),
+        ];
+        for (name, cases, negative, incomplete) in table {
+            let v = verdict(&cases, true, &negative);
+            match incomplete {
+                None => assert_eq!(v, qualified, "{name}"),
+                Some(why) => {
+                    let Verdict::ProofIncomplete { reason } = &v else { panic!("{name}: {v:?}") };
+                    assert!(reason.contains(why) && reason.contains("would be qualified up to 8192"), "{name}: {reason}");
+                }
+            }
+        }
+        // A clamp needs the proof as much as a pass does; a disqualification does not.
+        let clamped = [case("a", 1, CaseResult::Passed), case("a", 9000, CaseResult::Failed)];
+        assert!(matches!(verdict(&clamped, true, &not_run(None)), Verdict::ProofIncomplete { .. }));
+        let tail_bug = [case("a", 5, CaseResult::Failed), case("a", 8192, CaseResult::Passed)];
+        assert!(matches!(verdict(&tail_bug, true, &not_run(None)), Verdict::Disqualified { .. }));
     }
 
     #[test]
@@ -311,6 +445,7 @@ mod tests {
             case("a", 8192, CaseResult::Passed),
             case("neg_gemv_gridz", 8192, CaseResult::Flagged),
             case("neg_gemv_gridz", 8191, CaseResult::Passed),
+            case("neg_latent_tailskip", 8192, CaseResult::Flagged),
         ];
         assert_eq!(verdict(&cases, true, &count_negative(&cases)), Verdict::Qualified { max_tokens: 8192 });
     }

@@ -7,9 +7,10 @@
 use std::process::Command;
 use std::time::Duration;
 
-use super::case::{Case, Outcome};
+use super::case::Case;
 use super::deadline::{Answer, DeadlineChild, Started};
 use super::worker::WorkerMsg;
+use crate::check::Outcome;
 
 /// What came back for one case.
 #[derive(Clone, Debug)]

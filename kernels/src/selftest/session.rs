@@ -5,7 +5,9 @@
 
 use std::time::Instant;
 
-use brink_api::selftest::{CaseReport, CaseResult, DeviceSummary, NegativeControls, Phase, SCHEMA_VERSION, SelfTestReport, Verdict};
+use brink_api::selftest::{
+    CaseReport, CaseResult, ControlsProof, DeviceSummary, NegativeControls, Phase, SCHEMA_VERSION, SelfTestReport, Verdict,
+};
 use serde::{Deserialize, Serialize};
 
 use super::case::{Case, Expect, OpCase};
@@ -30,6 +32,12 @@ pub struct Options {
     pub negative_controls: bool,
     /// Why negative controls are off, for the report.
     pub negative_controls_off_reason: Option<String>,
+    /// Digest of the fingerprint the run is under, when the caller keeps control proofs.
+    #[serde(default)]
+    pub fingerprint: Option<String>,
+    /// The proof of an earlier run the caller kept (see `report::controls_shown`).
+    #[serde(default)]
+    pub earlier_controls: Option<ControlsProof>,
     /// Skip counts above this.
     pub max_tokens: Option<u64>,
     /// Keep only cases whose id contains this (debugging one kernel).
@@ -50,6 +58,8 @@ impl Options {
             serving: Serving::default(),
             negative_controls: true,
             negative_controls_off_reason: None,
+            fingerprint: None,
+            earlier_controls: None,
             max_tokens: Some(DEFAULT_MAX_TOKENS),
             only: None,
             deadline_scale: 1.0,
@@ -191,7 +201,7 @@ fn finish(opts: &Options, device: DeviceSummary, cases: Vec<CaseReport>, mut pha
         agent_version: opts.agent_version.clone(),
         kernel_sources_hash: sources::sources_hash(),
         device,
-        shape_class: opts.shape.name.clone(),
+        shape_class: opts.shape.key(),
         derived: 0,
         executed: 0,
         passed: 0,
@@ -204,6 +214,8 @@ fn finish(opts: &Options, device: DeviceSummary, cases: Vec<CaseReport>, mut pha
             } else {
                 opts.negative_controls_off_reason.clone().or(Some("disabled".into()))
             },
+            fingerprint: opts.fingerprint.clone(),
+            earlier_proof: opts.earlier_controls.clone(),
             ..Default::default()
         },
         verdict: Verdict::NotQualified { reason: String::new() },

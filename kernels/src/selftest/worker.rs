@@ -9,8 +9,9 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::case::{Case, Outcome};
+use super::case::Case;
 use super::deadline::send_line;
+use crate::check::Outcome;
 use crate::cuda::{DeviceInfo, Gpu, GpuError};
 use crate::limits::DeviceLimits;
 use crate::sources;

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use brink_api::UnifiedMemory;
-use brink_api::crd::{CachePhase, Capacity, DownloadProgress, Model, ModelReplica, SparkNode};
+use brink_api::crd::{CachePhase, Capacity, DownloadProgress, Model, ModelReplica, ReplicaQualification, SparkNode};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -48,6 +48,9 @@ pub struct Settings {
     pub reserved_memory_bytes: u64,
     /// How often download progress is written while a model downloads.
     pub progress_every: Duration,
+    /// The node's state directory, where replica Pods (which mount it) write what they proved
+    /// before `/ready` (`qualify::replica::report_path`); published in their status.
+    pub replica_reports: Option<PathBuf>,
 }
 
 /// What the agent reads from its surroundings, replaceable in tests.
@@ -311,6 +314,7 @@ impl Agent {
             .collect();
         let sizes: BTreeMap<String, u64> =
             by_name.iter().filter_map(|((ns, name), m)| Some((format!("{ns}/{name}"), m.status.as_ref()?.size_bytes?))).collect();
+        self.publish_replica_reports(&replicas).await?;
         let hosted = cache_plan::hosted(&node, &replicas, &sizes);
         let changed = {
             let mut st = self.state();
@@ -527,6 +531,37 @@ impl Agent {
         let api: Api<Model> = Api::namespaced(self.client.clone(), &ns);
         let pp = PatchParams::apply(&node_manager(&self.settings.node)).force();
         api.patch_status(&name, &pp, &Patch::Apply(&body)).await.map(|_| ())
+    }
+
+    /// Publishes what each replica Pod on this node proved before `/ready` (the report its
+    /// `serve` keeps under the node's state directory) in the `ModelReplica`'s status, when it
+    /// differs from what the status says. Under a field manager of its own: the download
+    /// progress applies (the node's manager) do not carry it and must not remove it.
+    pub(super) async fn publish_replica_reports(&self, replicas: &[ModelReplica]) -> Result<(), AgentError> {
+        let Some(dir) = &self.settings.replica_reports else { return Ok(()) };
+        let pp = PatchParams::apply(&format!("{}-replicas", node_manager(&self.settings.node))).force();
+        for r in replicas.iter().filter(|r| r.spec.node == self.settings.node) {
+            let (ns, name) = (r.metadata.namespace.clone().unwrap_or_default(), r.metadata.name.clone().unwrap_or_default());
+            let path = crate::qualify::replica::report_path(dir, &ns, &name);
+            let Some(report) = std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str::<ReplicaQualification>(&t).ok())
+            else {
+                continue;
+            };
+            if r.status.as_ref().and_then(|s| s.qualification.as_ref()) == Some(&report) {
+                continue;
+            }
+            let body = serde_json::json!({
+                "apiVersion": "brink.dev/v1alpha1",
+                "kind": "ModelReplica",
+                "metadata": { "name": name, "namespace": ns },
+                "status": { "qualification": report },
+            });
+            Api::<ModelReplica>::namespaced(self.client.clone(), &ns)
+                .patch_status(&name, &pp, &Patch::Apply(&body))
+                .await
+                .map_err(|e| self.problem(Call::new("patch", "modelreplicas/status", Some(&name)), e))?;
+        }
+        Ok(())
     }
 
     async fn apply_downloads(&self, w: &cache_plan::Wanted, progress: Option<DownloadProgress>) -> Result<(), AgentError> {

@@ -30,7 +30,7 @@ pub struct Wanted {
 pub fn hosted(node: &str, replicas: &[ModelReplica], sizes: &BTreeMap<String, u64>) -> Vec<HostedReplica> {
     let mut out: Vec<HostedReplica> = replicas
         .iter()
-        .filter(|r| r.spec.node == node && r.metadata.deletion_timestamp.is_none())
+        .filter(|r| r.spec.nodes().contains(&node) && r.metadata.deletion_timestamp.is_none())
         .map(|r| {
             let namespace = r.namespace().unwrap_or_default();
             let memory_bytes = sizes.get(&format!("{namespace}/{}", r.spec.model)).copied().unwrap_or(0);
@@ -44,7 +44,7 @@ pub fn hosted(node: &str, replicas: &[ModelReplica], sizes: &BTreeMap<String, u6
 /// The Models the replicas on `node` use, by namespace and name, each once.
 pub fn wanted(node: &str, replicas: &[ModelReplica]) -> Vec<Wanted> {
     let mut by_model: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
-    for r in replicas.iter().filter(|r| r.spec.node == node && r.metadata.deletion_timestamp.is_none()) {
+    for r in replicas.iter().filter(|r| r.spec.nodes().contains(&node) && r.metadata.deletion_timestamp.is_none()) {
         by_model.entry((r.namespace().unwrap_or_default(), r.spec.model.clone())).or_default().push(r.name_any());
     }
     by_model
@@ -351,8 +351,9 @@ mod tests {
                 node: node.into(),
                 model: model.into(),
                 revision: "r1".into(),
-                engine: EngineBuild { image: "brink:1".into(), version: "0.1.0".into() },
+                engine: EngineBuild { image: "brink:1".into(), version: "0.1.0".into(), ..Default::default() },
                 serving: Serving { context: 4096, max_batch_tokens: 8192, prefill_chunk: 2048, concurrency: 4, kv_fraction: 0.5 },
+                gang: None,
             },
         );
         r.metadata.namespace = Some(ns.into());
@@ -532,7 +533,8 @@ mod tests {
             arch: "qwen3moe".into(),
             experts: 16,
             top_k: 4,
-            shape_class: "qwen3moe-h256-e16-top4-ffn256".into(),
+            shape_class: "qwen3moe-h256-e16-top4-ffn256-0123456789abcdef".into(),
+            shape_label: Some("qwen3moe-h256-e16-top4-ffn256".into()),
             quant_types: vec!["f32".into(), "q8_0".into()],
             kv_bytes_per_token: Some(8192),
         }

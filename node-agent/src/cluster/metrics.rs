@@ -117,7 +117,7 @@ mod tests {
         assert_eq!(unique.len(), names.len(), "{names:?}");
         assert!(!names.contains(&"brink_selftest_cases"), "that series has no shape_class label: serve's alone");
         let q = samples(&t, "brink_qualified");
-        assert_eq!(q.len(), 8, "four states per class: {q:?}");
+        assert_eq!(q.len(), 10, "five states per class: {q:?}");
         assert!(
             q.contains(&("shape_class=a,state=qualified".into(), 1.0)) && q.contains(&("shape_class=b,state=notQualified".into(), 1.0))
         );

@@ -39,7 +39,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use brink_api::ServingParams;
 use brink_api::crd::{Model, ModelReplica, NodeFingerprint, SparkNode, SweepRun};
 use brink_engine::BackendKind;
 use brink_engine::server::telemetry::NodeMetrics;
@@ -48,6 +47,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::task::JoinHandle;
 
+use crate::cmd::flags::ServingFlags;
+use crate::error::Error;
 use crate::model_cache::{CacheConfig, ModelCache};
 use agent::{Agent, Probes, Settings};
 use node_status::NodeState;
@@ -79,11 +80,10 @@ pub struct Args {
     /// Where qualifications are kept (as `up`; default: $BRINK_STATE_DIR, else $XDG_STATE_HOME/brink, else ~/.local/state/brink).
     #[arg(long)]
     state_dir: Option<PathBuf>,
-    /// The self-test's batch limit (as `up`'s default, so `up`'s cached results are reused).
-    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
-    max_batch_tokens: u64,
-    #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u64).range(1..))]
-    prefill_chunk: u64,
+    /// The self-test's limits (`up`'s, so `up`'s cached results are reused); the stall timeout
+    /// of a sweep's server.
+    #[command(flatten)]
+    serving: ServingFlags,
     /// Unified memory kept free for the OS and the agent, bytes (reported in the capacity).
     #[arg(long, default_value_t = 4 << 30)]
     reserved_memory_bytes: u64,
@@ -127,35 +127,36 @@ pub fn run(a: Args) -> ExitCode {
 }
 
 /// A flag, else the environment variable the DaemonSet sets.
-fn flag_or_env(flag: Option<String>, var: &str, name: &str) -> Result<String, String> {
-    flag.or_else(|| std::env::var(var).ok())
-        .filter(|v| !v.trim().is_empty())
-        .ok_or_else(|| format!("{name}: not given and ${var} is not set"))
+fn flag_or_env(flag: Option<String>, var: &'static str, name: &'static str) -> Result<String, Error> {
+    flag.or_else(|| std::env::var(var).ok()).filter(|v| !v.trim().is_empty()).ok_or(Error::Unset { flag: name, var })
 }
 
-async fn main_loop(a: Args) -> Result<(), String> {
+async fn main_loop(a: Args) -> Result<(), Error> {
     let node = flag_or_env(a.node_name.clone(), "NODE_NAME", "--node-name")?;
     let lease_namespace = flag_or_env(a.lease_namespace.clone(), "POD_NAMESPACE", "--lease-namespace")?;
     let state_dir = a
         .state_dir
         .clone()
         .or_else(|| crate::qualify::cache::state_dir(|k| std::env::var(k).ok()))
-        .ok_or("no state directory: pass --state-dir, or set BRINK_STATE_DIR or HOME")?;
+        .ok_or(Error::NoStateDir)?;
     let cache_dir = a.cache_dir.clone().unwrap_or_else(|| state_dir.join("model-cache"));
-    let cache = Arc::new(ModelCache::open(CacheConfig::new(&cache_dir, a.cache_budget_bytes)).map_err(|e| e.to_string())?);
+    let replica_reports = state_dir.clone();
+    let cache = Arc::new(ModelCache::open(CacheConfig::new(&cache_dir, a.cache_budget_bytes))?);
 
-    let config = kube::Config::infer().await.map_err(|e| {
-        format!("no Kubernetes API configuration (neither in-cluster service account nor KUBECONFIG / ~/.kube/config): {e}")
+    let config = kube::Config::infer().await.map_err(|e| Error::Setup {
+        what: "no Kubernetes API configuration (neither in-cluster service account nor KUBECONFIG / ~/.kube/config)",
+        reason: e.to_string(),
     })?;
     let api_url = config.cluster_url.to_string();
-    let client = Client::try_from(config).map_err(|e| format!("cannot build a client for the Kubernetes API at {api_url}: {e}"))?;
+    let client = Client::try_from(config)
+        .map_err(|e| Error::Setup { what: "cannot build a client for the Kubernetes API", reason: format!("{api_url}: {e}") })?;
 
     let discovery = crate::device::discover(0);
     for w in &discovery.warnings {
         eprintln!("brink-agent run: warning: {w}");
     }
     let device = discovery.report;
-    let serving = ServingParams { max_batch_tokens: a.max_batch_tokens, prefill_chunk: a.prefill_chunk, context: 0 };
+    let serving = a.serving.params(0);
     let fingerprint = NodeFingerprint::of(&crate::qualify::fingerprint(device.device.as_ref(), "", serving));
     let kernel_cases = KernelCasesByClass::default();
     let qualifier: Arc<dyn Qualifier> = Arc::new(SelfTest {
@@ -163,18 +164,18 @@ async fn main_loop(a: Args) -> Result<(), String> {
         no_gpu_reason: device.no_gpu_reason.clone(),
         state_dir: state_dir.clone(),
         cache_root: cache.root().to_path_buf(),
-        max_batch_tokens: a.max_batch_tokens,
-        prefill_chunk: a.prefill_chunk,
+        max_batch_tokens: a.serving.max_batch_tokens,
+        prefill_chunk: a.serving.prefill_chunk,
         kernel_cases: kernel_cases.clone(),
     });
     let sweep = SweepSettings {
         backend: if device.gpu { BackendKind::Cuda } else { BackendKind::Cpu },
         state_dir,
-        max_batch_tokens: a.max_batch_tokens,
-        prefill_chunk: a.prefill_chunk,
+        max_batch_tokens: a.serving.max_batch_tokens,
+        prefill_chunk: a.serving.prefill_chunk,
         point_timeout: Duration::from_secs(a.sweep_point_timeout),
         load_timeout: Duration::from_secs(900),
-        stall_timeout: 120.0,
+        stall_timeout: a.serving.stall_timeout,
     };
     let executor: Arc<dyn SweepExecutor> = Arc::new(RealExecutor { device: device.clone() });
     let state = NodeState::new(device, fingerprint, None);
@@ -186,6 +187,7 @@ async fn main_loop(a: Args) -> Result<(), String> {
         pvc_root: a.pvc_root.clone(),
         reserved_memory_bytes: a.reserved_memory_bytes,
         progress_every: Duration::from_secs(a.progress_seconds),
+        replica_reports: Some(replica_reports),
     };
     let probes = Probes {
         now: Arc::new(k8s_openapi::jiff::Timestamp::now),
@@ -207,14 +209,14 @@ async fn main_loop(a: Args) -> Result<(), String> {
         listen: Some(Listen::Addr(a.listen)),
         sensors: crate::node_metrics::provider(None),
     };
-    run_loop(parts, brink_engine::server::terminate_or_interrupt()).await
+    Ok(run_loop(parts, brink_engine::server::terminate_or_interrupt()).await?)
 }
 
 /// The endpoint's socket: an address bound once the SparkNode is written (a process that cannot
 /// reach the API ends before it takes the port), or a socket already bound (tests: port 0).
 pub enum Listen {
     Addr(SocketAddr),
-    #[cfg_attr(not(test), expect(dead_code, reason = "the binary binds an address; tests pass a socket bound to port 0"))]
+    /// Tests pass a socket bound to port 0.
     Bound(tokio::net::TcpListener),
 }
 

@@ -133,6 +133,7 @@ fn qualified(s: &NodeState) -> (ConditionStatus, &'static str, String) {
             }
             Verdict::Disqualified { reason } => bad.push(format!("{class} disqualified: {reason}")),
             Verdict::NotQualified { reason } => bad.push(format!("{class} not qualified: {reason}")),
+            Verdict::ProofIncomplete { reason } => bad.push(format!("{class} not qualified: {reason}")),
         }
     }
     let message = good.iter().chain(&bad).cloned().collect::<Vec<_>>().join("; ");

@@ -48,7 +48,8 @@ pub struct SelfTest {
     pub device: Option<DeviceInfo>,
     pub no_gpu_reason: Option<String>,
     /// Where `up` keeps its qualification cache (read here, never written: `up`'s entries also
-    /// carry its model-level test, which this agent does not run).
+    /// carry its model-level test, which this agent does not run) and where the negative
+    /// controls' proof is kept (read and written).
     pub state_dir: PathBuf,
     /// The model cache's root: the class's full kernel shape comes from a cached model's header.
     pub cache_root: PathBuf,
@@ -95,7 +96,8 @@ impl Qualifier for SelfTest {
             opts.negative_controls = false;
             opts.negative_controls_off_reason = Some(why.clone());
         }
-        let report = qualify::kernels::run(&opts).map_err(QualifyError::Failed)?;
+        // A run without controls (replicas resident) counts the proof an earlier run kept.
+        let report = qualify::controls::run_kernels(opts, &self.state_dir, &fp).map_err(QualifyError::Failed)?;
         self.kernel_cases.lock().unwrap_or_else(|p| p.into_inner()).insert(class.to_string(), by_kernel(&report));
         let q = Qualification::new(fp, &report, qualify::rfc3339(std::time::SystemTime::now()));
         let envelope = verdict::envelope(&q.verdict, serving).ok();
@@ -124,13 +126,13 @@ impl SelfTest {
             let file = brink_engine::gguf::GgufFile::open(&path).map_err(|e| QualifyError::Failed(format!("{}: {e}", path.display())))?;
             let config = brink_engine::arch::config(&file).map_err(|e| QualifyError::Failed(format!("{}: {e}", path.display())))?;
             let shape = brink_engine::qualify::kernel_shape(&config);
-            if shape.name != class {
-                return Err(QualifyError::Failed(format!("{}: its shape class is {}, not {class}", path.display(), shape.name)));
+            if shape.key() != class {
+                return Err(QualifyError::Failed(format!("{}: its shape key is {}, not {class}", path.display(), shape.key())));
             }
             return Ok(shape);
         }
         let builtin = ModelShape::qwen3_30b_a3b();
-        if builtin.name == class {
+        if builtin.key() == class {
             return Ok(builtin);
         }
         Err(QualifyError::Unresolved(
@@ -202,11 +204,11 @@ mod tests {
         let t = self_test(dir.path(), Some(device()));
         assert_eq!(t.check(&job(&class, Some(file.clone()))), Ok(()));
         let other = t.check(&job("qwen3moe-h9-e9-top9-ffn9", Some(file.clone()))).unwrap_err();
-        assert!(other.contains(&format!("its shape class is {class}, not qwen3moe-h9-e9-top9-ffn9")), "{other}");
+        assert!(other.contains(&format!("its shape key is {class}, not qwen3moe-h9-e9-top9-ffn9")), "{other}");
         let none = t.check(&job(&class, None)).unwrap_err();
         assert!(none.starts_with("no model of this class is in the node's cache yet"), "{none}");
         // The built-in class needs no file.
-        assert_eq!(t.check(&job(&ModelShape::qwen3_30b_a3b().name, None)), Ok(()));
+        assert_eq!(t.check(&job(&ModelShape::qwen3_30b_a3b().key(), None)), Ok(()));
     }
 
     #[test]

@@ -196,6 +196,8 @@ impl Agent {
             load_timeout: s.load_timeout,
             stall_timeout: s.stall_timeout,
             state_dir: s.state_dir.clone(),
+            // The node's own brink engine; `Plan::external` measures another engine's API.
+            external: None,
         };
         (plan, controls.err())
     }

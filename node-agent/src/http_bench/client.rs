@@ -168,8 +168,38 @@ pub enum StreamEnd {
     Connection(String),
 }
 
-/// POSTs a streaming completion and clocks it: text chunks by the time their bytes arrived.
-pub async fn stream_completion(conn: &mut Conn, ep: &Endpoint, body: &Value, api_key: Option<&str>) -> StreamEnd {
+/// How a stream without its usage chunk is reported (the calibration falls back on it).
+pub const NO_USAGE: &str = "the stream ended without a usage chunk";
+
+/// `usage.prompt_tokens` of a non-streaming completion (`body` without `stream`).
+pub async fn prompt_tokens_of(conn: &mut Conn, ep: &Endpoint, body: &Value, api_key: Option<&str>) -> Result<u64, String> {
+    let url = ep.url("/v1/completions");
+    let mut req = request(ep, Method::POST, "/v1/completions", Some(body), api_key)?;
+    req.headers_mut().insert(header::ACCEPT, header::HeaderValue::from_static("application/json"));
+    let resp = conn.send(req).await.map_err(|e| format!("{url}: {e}"))?;
+    let status = resp.status();
+    let text = resp.into_body().collect().await.map_err(|e| format!("{url}: {e}"))?.to_bytes();
+    let text = String::from_utf8_lossy(&text);
+    if !status.is_success() {
+        return Err(status_error(&url, status, &text));
+    }
+    serde_json::from_str::<Value>(&text)
+        .ok()
+        .and_then(|v| v["usage"]["prompt_tokens"].as_u64())
+        .ok_or_else(|| format!("{url}: no usage.prompt_tokens in the answer: {}", excerpt(&text)))
+}
+
+/// POSTs a streaming completion and clocks it: text chunks by the time their bytes arrived. A
+/// server that streams no usage chunk (llama-cpp-python's) counts as `known_prompt_tokens` (the
+/// calibration's count of this prompt length) and one generated token per text chunk; without
+/// `known_prompt_tokens` that stream is `Broken`.
+pub async fn stream_completion(
+    conn: &mut Conn,
+    ep: &Endpoint,
+    body: &Value,
+    api_key: Option<&str>,
+    known_prompt_tokens: Option<u64>,
+) -> StreamEnd {
     let req = match request(ep, Method::POST, "/v1/completions", Some(body), api_key) {
         Ok(r) => r,
         Err(e) => return StreamEnd::Connection(e),
@@ -214,9 +244,13 @@ pub async fn stream_completion(conn: &mut Conn, ep: &Endpoint, body: &Value, api
             }
         }
     }
-    match usage {
-        Some((p, c)) => StreamEnd::Done(timer.finish(t0.elapsed().as_secs_f64(), p, c)),
-        None => StreamEnd::Broken("the stream ended without a usage chunk (stream_options.include_usage)".into()),
+    match (usage, known_prompt_tokens) {
+        (Some((p, c)), _) => StreamEnd::Done(timer.finish(t0.elapsed().as_secs_f64(), p, c)),
+        (None, Some(p)) => {
+            let chunks = timer.text_chunks();
+            StreamEnd::Done(timer.finish(t0.elapsed().as_secs_f64(), p, chunks))
+        }
+        (None, None) => StreamEnd::Broken(format!("{NO_USAGE} (stream_options.include_usage)")),
     }
 }
 

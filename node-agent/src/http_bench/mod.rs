@@ -118,9 +118,9 @@ pub async fn measure(
     let mut results = Vec::new();
     for (i, &point) in points.iter().enumerate() {
         // Calibrated above: no request.
-        let words = sizes.words(&target, point.prompt_tokens).await?;
+        let prompt = sizes.calibration(&target, point.prompt_tokens).await?;
         let bar = progress(point, budget);
-        let (outcomes, wall) = runner::run_point(target.clone(), point, words, budget, i as u64, bar.clone()).await;
+        let (outcomes, wall) = runner::run_point(target.clone(), point, prompt, budget, i as u64, bar.clone()).await;
         bar.finish_and_clear();
         results.push(stats::aggregate(point, &outcomes, wall));
     }
@@ -128,7 +128,7 @@ pub async fn measure(
 }
 
 /// The model to request: `--model-name` if the server lists it, else the first listed.
-fn pick_model(models: &Value, wanted: Option<&str>, url: &str) -> Result<String, String> {
+pub fn pick_model(models: &Value, wanted: Option<&str>, url: &str) -> Result<String, String> {
     let ids: Vec<&str> = models["data"].as_array().map(|d| d.iter().filter_map(|m| m["id"].as_str()).collect()).unwrap_or_default();
     match wanted {
         Some(w) if ids.contains(&w) => Ok(w.to_string()),

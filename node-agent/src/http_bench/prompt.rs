@@ -5,7 +5,7 @@
 //! against the server's own `usage.prompt_tokens`.
 
 /// Common English words: one token each in most vocabularies, so counts land close at once.
-const WORDS: &[&str] = &[
+pub const WORDS: &[&str] = &[
     "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not", "he", "this", "are", "or",
     "his", "from", "at", "which", "but", "have", "an", "had", "they", "you", "were", "their", "one", "all", "we", "can", "her", "has",
     "there", "been", "if", "more", "when", "will", "would", "who", "so", "no", "time", "people", "water", "world", "house", "light",
@@ -13,7 +13,7 @@ const WORDS: &[&str] = &[
 ];
 
 /// splitmix64: a fixed, portable generator, so `--seed` reproduces the prompts anywhere.
-fn splitmix(state: &mut u64) -> u64 {
+pub fn splitmix(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
     let mut z = *state;
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

@@ -11,7 +11,7 @@ use indicatif::ProgressBar;
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
 
-use super::client::{Conn, Endpoint, StreamEnd, status_error, stream_completion};
+use super::client::{Conn, Endpoint, NO_USAGE, StreamEnd, prompt_tokens_of, status_error, stream_completion};
 use super::grid::{Budget, GridPoint};
 use super::prompt;
 use super::sse::excerpt;
@@ -76,12 +76,17 @@ pub struct PromptSizes(Vec<(u64, Calibrated)>);
 impl PromptSizes {
     /// Words for prompts of `prompt_tokens` on `t`'s server, calibrating the length on first use.
     pub async fn words(&mut self, t: &Target, prompt_tokens: u64) -> Result<usize, String> {
+        Ok(self.calibration(t, prompt_tokens).await?.words)
+    }
+
+    /// The calibration of prompts of `prompt_tokens` on `t`'s server (run on first use).
+    pub async fn calibration(&mut self, t: &Target, prompt_tokens: u64) -> Result<Calibrated, String> {
         if let Some((_, c)) = self.0.iter().find(|(p, _)| *p == prompt_tokens) {
-            return Ok(c.words);
+            return Ok(*c);
         }
         let c = calibrate(t, prompt_tokens, self.0.last().map(|(_, c)| *c)).await?;
         self.0.push((prompt_tokens, c));
-        Ok(c.words)
+        Ok(c)
     }
 
     /// Every length calibrated so far, in order.
@@ -104,12 +109,22 @@ pub async fn calibrate(t: &Target, target: u64, earlier: Option<Calibrated>) -> 
     let mut best: Option<Calibrated> = None;
     for attempt in 0..4u64 {
         // Nonces from the top of the range: no measured request shares these prompts.
-        let body = completion_body(&t.model, &prompt::build(words, t.seed, u64::MAX - attempt), 1);
-        let sample = match stream_completion(&mut conn, &t.endpoint, &body, t.api_key.as_deref()).await {
-            StreamEnd::Done(s) => s,
+        let text = prompt::build(words, t.seed, u64::MAX - attempt);
+        let body = completion_body(&t.model, &text, 1);
+        let counted = match stream_completion(&mut conn, &t.endpoint, &body, t.api_key.as_deref(), None).await {
+            StreamEnd::Done(s) => s.prompt_tokens,
+            // A stream without usage (llama-cpp-python's server): the same prompt unstreamed.
+            StreamEnd::Broken(e) if e.contains(NO_USAGE) => {
+                let mut plain = body.clone();
+                plain["stream"] = false.into();
+                plain.as_object_mut().map(|o| o.remove("stream_options"));
+                prompt_tokens_of(&mut Conn::open(&t.endpoint).await?, &t.endpoint, &plain, t.api_key.as_deref())
+                    .await
+                    .map_err(|e| format!("sizing a {target}-token prompt: {e}"))?
+            }
             other => return Err(format!("sizing a {target}-token prompt: {}", fatal(other, &url))),
         };
-        let got = Calibrated { words, prompt_tokens: sample.prompt_tokens };
+        let got = Calibrated { words, prompt_tokens: counted };
         if best.is_none_or(|b| got.prompt_tokens.abs_diff(target) < b.prompt_tokens.abs_diff(target)) {
             best = Some(got);
         }
@@ -128,11 +143,12 @@ pub async fn calibrate(t: &Target, target: u64, earlier: Option<Calibrated>) -> 
 pub async fn run_point(
     t: Arc<Target>,
     point: GridPoint,
-    words: usize,
+    prompt: Calibrated,
     budget: Budget,
     point_index: u64,
     bar: ProgressBar,
 ) -> (Vec<Outcome>, f64) {
+    let words = prompt.words;
     let next = Arc::new(AtomicU64::new(0));
     let limit = budget.requests(point.concurrency);
     let start = Instant::now();
@@ -157,7 +173,7 @@ pub async fn run_point(
                     conn = Conn::open(&t.endpoint).await.ok();
                 }
                 let (o, keep) = match conn.as_mut() {
-                    Some(c) => outcome(stream_completion(c, &t.endpoint, &body, t.api_key.as_deref()).await),
+                    Some(c) => outcome(stream_completion(c, &t.endpoint, &body, t.api_key.as_deref(), Some(prompt.prompt_tokens)).await),
                     None => (Outcome::Failed("connection".into()), false),
                 };
                 if !keep {

@@ -50,6 +50,11 @@ impl RequestTimer {
         self.last = Some(t);
     }
 
+    /// Chunks that carried text so far (one token each on servers that stream token by token).
+    pub fn text_chunks(&self) -> u64 {
+        if self.first.is_some() { self.itl.len() as u64 + 1 } else { 0 }
+    }
+
     /// The stream ended at `t` with the server's usage. A stream without text (0 tokens
     /// generated) has no first token: its TTFT is the whole request.
     pub fn finish(self, t: f64, prompt_tokens: u64, output_tokens: u64) -> RequestSample {

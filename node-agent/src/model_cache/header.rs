@@ -15,8 +15,13 @@ pub struct HeaderFacts {
     pub arch: String,
     pub experts: u64,
     pub top_k: u64,
-    /// The kernels' qualification key, e.g. `qwen3moe-h2048-e128-top8-ffn768`.
+    /// The kernels' qualification key (`ModelShape::key`: the label and the hash of the whole
+    /// shape), e.g. `qwen3moe-h2048-e128-top8-ffn768-0123456789abcdef`.
     pub shape_class: String,
+    /// The key's readable label, e.g. `qwen3moe-h2048-e128-top8-ffn768`. None in index entries
+    /// written while the key was only this label; [`super::ModelCache`] re-reads those headers.
+    #[serde(default)]
+    pub shape_label: Option<String>,
     /// The distinct tensor types, sorted by name (ggml's names, e.g. `f32`, `q8_0`).
     pub quant_types: Vec<String>,
     /// KV cache bytes per token (see [`super::kv_size`]). None in index entries written before
@@ -36,6 +41,7 @@ pub fn read(path: &Path) -> Result<HeaderFacts, String> {
         experts: config.moe.experts as u64,
         top_k: config.moe.top_k as u64,
         shape_class: config.shape_class(),
+        shape_label: Some(config.shape_label()),
         quant_types: quant_types.into_iter().collect(),
         kv_bytes_per_token: kv_size::kv_bytes_per_token(
             config.layers as u64,

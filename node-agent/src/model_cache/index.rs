@@ -105,7 +105,8 @@ mod tests {
             arch: "qwen3moe".into(),
             experts: 16,
             top_k: 4,
-            shape_class: "qwen3moe-h256-e16-top4-ffn256".into(),
+            shape_class: "qwen3moe-h256-e16-top4-ffn256-0123456789abcdef".into(),
+            shape_label: Some("qwen3moe-h256-e16-top4-ffn256".into()),
             quant_types: vec!["f32".into(), "q8_0".into()],
             kv_bytes_per_token: Some(8192),
         };

@@ -391,10 +391,11 @@ impl ModelCache {
     }
 }
 
-/// Re-reads the header of an entry indexed before the facts had `kv_bytes_per_token`.
+/// Re-reads the header of an entry indexed before the facts had `kv_bytes_per_token`, or
+/// while the shape key was only its label (such a key must not match a new one).
 /// Returns whether the entry changed.
 fn refresh_old_facts(entry: &mut Entry, first: &Path) -> bool {
-    if !matches!(&entry.header, Ok(f) if f.kv_bytes_per_token.is_none()) {
+    if !matches!(&entry.header, Ok(f) if f.kv_bytes_per_token.is_none() || f.shape_label.is_none()) {
         return false;
     }
     entry.header = header::read(first);

@@ -211,7 +211,11 @@ async fn an_interrupted_transfer_resumes_with_range_and_the_header_facts_are_rea
     let shape = Preset::Tiny.shape();
     assert_eq!(got.facts.arch, "qwen3moe");
     assert_eq!((got.facts.experts, got.facts.top_k), (u64::from(shape.experts), u64::from(shape.top_k)));
-    assert_eq!(got.facts.shape_class, format!("qwen3moe-h{}-e{}-top{}-ffn{}", shape.hidden, shape.experts, shape.top_k, shape.expert_ffn));
+    // The qualification key: the label, then the hash of the file's whole kernel shape.
+    let label = format!("qwen3moe-h{}-e{}-top{}-ffn{}", shape.hidden, shape.experts, shape.top_k, shape.expert_ffn);
+    let file = brink_engine::gguf::GgufFile::open(&got.path).unwrap();
+    assert_eq!(got.facts.shape_class, brink_engine::arch::config(&file).unwrap().shape_class());
+    assert!(got.facts.shape_class.starts_with(&format!("{label}-")), "{}", got.facts.shape_class);
     // The tiny preset's default scheme: Q8_0 matrices, f32 norms.
     assert_eq!(got.facts.quant_types, ["f32", "q8_0"]);
 

@@ -138,7 +138,7 @@ mod tests {
             failed: 0,
             hung: 0,
             skipped: 0,
-            negative_controls: NegativeControls { expected: 0, flagged: 0, missed: 0, not_run_reason: None },
+            negative_controls: NegativeControls { expected: 0, flagged: 0, missed: 0, ..Default::default() },
             verdict: Verdict::NotQualified { reason: "r".into() },
             phases: vec![],
             cases: vec![],

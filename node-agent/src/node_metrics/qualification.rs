@@ -10,7 +10,7 @@ use brink_engine::server::telemetry::{Kind, Scalar};
 use super::kernel_cases::{self, KernelCases};
 
 /// Every state `brink_qualified` has a series for; the names are the report's JSON (`state`).
-pub const STATES: [&str; 4] = ["qualified", "clamped", "disqualified", "notQualified"];
+pub const STATES: [&str; 5] = ["qualified", "clamped", "disqualified", "notQualified", "proofIncomplete"];
 
 /// The state's name as the report's JSON writes it.
 pub fn state_name(v: &Verdict) -> &'static str {
@@ -19,6 +19,7 @@ pub fn state_name(v: &Verdict) -> &'static str {
         Verdict::Clamped { .. } => STATES[1],
         Verdict::Disqualified { .. } => STATES[2],
         Verdict::NotQualified { .. } => STATES[3],
+        Verdict::ProofIncomplete { .. } => STATES[4],
     }
 }
 
@@ -109,7 +110,7 @@ impl QualificationMetrics {
     pub fn envelope(&self) -> Option<u64> {
         match self.verdict {
             Verdict::Qualified { max_tokens } | Verdict::Clamped { max_tokens, .. } => Some(max_tokens),
-            Verdict::Disqualified { .. } | Verdict::NotQualified { .. } => None,
+            Verdict::Disqualified { .. } | Verdict::NotQualified { .. } | Verdict::ProofIncomplete { .. } => None,
         }
     }
 
@@ -194,7 +195,7 @@ mod tests {
             failed: 6,
             hung: 4,
             skipped: 10,
-            negative_controls: NegativeControls { expected: 5, flagged: 4, missed: 1, not_run_reason: None },
+            negative_controls: NegativeControls { expected: 5, flagged: 4, missed: 1, ..Default::default() },
             verdict,
             phases: vec![],
             cases: vec![],

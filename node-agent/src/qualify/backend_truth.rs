@@ -118,9 +118,61 @@ pub fn judge(e: &Evidence) -> BackendCheck {
     }
 }
 
+/// Backend truth for a serving replica, which runs no benchmark: the engine must report the
+/// backend it was asked for (`reported`, from its `/engine`), and a CUDA claim must be among
+/// the driver's processes on that GPU. A claim the driver cannot confirm is unverified, which
+/// a replica treats as not ready, as `up` does.
+pub fn judge_serving(asked: ClaimedBackend, reported: Option<&str>, engine_pid: Option<u32>, holders: &GpuHolders) -> BackendCheck {
+    let Some(pid) = engine_pid else {
+        return BackendCheck::Fail { reasons: vec!["the server reports no running engine process".into()] };
+    };
+    if reported != Some(asked.to_string().as_str()) {
+        return BackendCheck::Fail {
+            reasons: vec![format!("asked for the {asked} backend, the engine reports {}", reported.unwrap_or("none"))],
+        };
+    }
+    let ClaimedBackend::Cuda { ordinal } = asked else {
+        return BackendCheck::Pass { detail: format!("pid {pid} runs on the cpu backend, as asked") };
+    };
+    match holders {
+        GpuHolders::Listed(list) => match list.iter().find(|p| p.pid == pid) {
+            Some(_) => BackendCheck::Pass { detail: format!("pid {pid} holds GPU {ordinal} (the driver lists it)") },
+            None => BackendCheck::Fail {
+                reasons: vec![format!(
+                    "claims cuda but pid {pid} does not hold GPU {ordinal} ({})",
+                    if list.is_empty() { "no process holds it".to_string() } else { format!("{} other process(es) hold it", list.len()) }
+                )],
+            },
+        },
+        GpuHolders::Unavailable(why) => {
+            BackendCheck::Unverified { reason: format!("cannot confirm that pid {pid} holds GPU {ordinal}: {why}") }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_serving_engine_must_run_where_it_was_asked_to() {
+        let on_gpu = GpuHolders::Listed(vec![GpuProcess { pid: ENGINE, used_bytes: None }]);
+        let cuda = ClaimedBackend::Cuda { ordinal: 0 };
+        assert!(judge_serving(cuda, Some("cuda"), Some(ENGINE), &on_gpu).passed());
+        assert!(judge_serving(ClaimedBackend::Cpu, Some("cpu"), Some(ENGINE), &GpuHolders::Listed(vec![])).passed());
+        let table: [(ClaimedBackend, Option<&str>, Option<u32>, GpuHolders, &str); 5] = [
+            // A silent CPU fallback that claims the GPU: the driver does not list the engine.
+            (cuda, Some("cuda"), Some(ENGINE), GpuHolders::Listed(vec![GpuProcess { pid: 7, used_bytes: None }]), "does not hold GPU 0"),
+            (cuda, Some("cpu"), Some(ENGINE), on_gpu.clone(), "asked for the cuda backend, the engine reports cpu"),
+            (ClaimedBackend::Cpu, Some("cuda"), Some(ENGINE), on_gpu.clone(), "asked for the cpu backend, the engine reports cuda"),
+            (cuda, Some("cuda"), None, on_gpu.clone(), "no running engine process"),
+            (cuda, Some("cuda"), Some(ENGINE), GpuHolders::Unavailable("NVML not found".into()), "cannot confirm"),
+        ];
+        for (asked, reported, pid, holders, why) in table {
+            let check = judge_serving(asked, reported, pid, &holders);
+            assert!(!check.passed() && format!("{check:?}").contains(why), "{why}: {check:?}");
+        }
+    }
 
     const ENGINE: u32 = 4242;
 

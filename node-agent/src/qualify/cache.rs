@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use brink_api::{FieldChange, Fingerprint, QUALIFICATION_SCHEMA, Qualification};
+use brink_kernels::thresholds::ModelShape;
 
 /// What was found at the cache path.
 #[derive(Clone, Debug, PartialEq)]
@@ -63,6 +64,52 @@ pub fn decide(current: &Fingerprint, cached: Cached) -> CacheDecision {
     }
     let changes = q.fingerprint.changed_fields(current);
     if changes.is_empty() { CacheDecision::Reuse(q) } else { CacheDecision::Changed(changes) }
+}
+
+/// What to say when nothing is cached under `current`'s key: the fields that differ from the
+/// shape this node qualified last (`up --model B` after `up --model A`), or that a result is
+/// held under the key's old, label-only form (which left out heads, head dim, vocabulary,
+/// context and weight types, so it is not reused). Otherwise plain [`CacheDecision::NoCache`].
+pub fn no_cache_reason(current: &ModelShape, last: Option<&ModelShape>, legacy_label_cached: bool) -> CacheDecision {
+    let key = current.key();
+    if let Some(last) = last.filter(|l| l.key() != key) {
+        let changes = last.changed_fields(current);
+        return CacheDecision::Invalid(format!(
+            "no result for shape key {key}; the last qualified shape ({}) differs in {}",
+            last.key(),
+            if changes.is_empty() { "its label only".to_string() } else { changes.join(", ") }
+        ));
+    }
+    if legacy_label_cached {
+        return CacheDecision::Invalid(format!(
+            "a result is cached under the old key {} (label only: it did not cover heads, head dim, vocabulary, context or weight types); not reused for {key}",
+            current.name
+        ));
+    }
+    CacheDecision::NoCache
+}
+
+/// Where the shape of the last qualified model is kept (for [`no_cache_reason`]).
+pub fn last_shape_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("qualifications").join("last-qualified-shape.json")
+}
+
+/// The shape at `path`; `None` when missing or unreadable (it only explains a re-qualification).
+pub fn read_shape(path: &Path) -> Option<ModelShape> {
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
+
+/// Writes `shape` to `path` (creating its directory) through a temporary file and a rename.
+pub fn write_shape(path: &Path, shape: &ModelShape) -> Result<(), String> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: cannot create the directory: {e}", dir.display()))?;
+    }
+    let json = serde_json::to_string_pretty(shape).map_err(|e| format!("{}: cannot serialise the shape: {e}", path.display()))?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, json).map_err(|e| format!("{}: cannot write: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: cannot replace with {}: {e}", path.display(), tmp.display()))
 }
 
 /// Parses the cache file's text (`file` names it in errors). The schema is read first, so a
@@ -288,6 +335,34 @@ mod tests {
         std::fs::write(&blocker, "x").unwrap();
         let err = write(&blocker.join("q.json"), &qualification(fingerprint())).unwrap_err();
         assert!(err.starts_with(&format!("{}: cannot create the cache directory", blocker.display())), "{err}");
+    }
+
+    #[test]
+    fn another_shape_requalifies_naming_the_field_that_changed() {
+        let a = ModelShape::qwen3_30b_a3b();
+        let mut b = a.clone();
+        b.attention.head_dim = 64;
+        let d = no_cache_reason(&b, Some(&a), false);
+        let CacheDecision::Invalid(why) = &d else { panic!("{d:?}") };
+        assert!(why.contains("attention.head_dim: 128 -> 64") && why.contains(&a.key()) && why.contains(&b.key()), "{why}");
+        // The same shape last (its file removed): nothing to explain.
+        assert_eq!(no_cache_reason(&a, Some(&a), false), CacheDecision::NoCache);
+        assert_eq!(no_cache_reason(&a, None, false), CacheDecision::NoCache);
+        let d = no_cache_reason(&a, None, true);
+        assert!(d.describe().contains("old key qwen3moe-h2048-e128-top8-ffn768 (label only"), "{}", d.describe());
+    }
+
+    #[test]
+    fn shapes_round_trip_through_their_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = last_shape_path(dir.path());
+        assert_eq!(read_shape(&p), None);
+        let mut s = ModelShape::qwen3_30b_a3b();
+        s.weights.insert("output.weight".into(), "q8_0".into());
+        write_shape(&p, &s).unwrap();
+        assert_eq!(read_shape(&p).map(|r| r.key()), Some(s.key()));
+        std::fs::write(&p, "{").unwrap();
+        assert_eq!(read_shape(&p), None, "a damaged file explains nothing");
     }
 
     #[test]

@@ -5,8 +5,10 @@
 
 pub mod backend_truth;
 pub mod cache;
+pub mod controls;
 pub mod kernels;
 pub mod model_test;
+pub mod replica;
 pub mod verdict;
 
 use std::time::SystemTime;

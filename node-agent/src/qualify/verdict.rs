@@ -22,6 +22,12 @@ pub fn combine(kernels: &Verdict, model: &Verdict) -> Verdict {
     if !disqualified.is_empty() {
         return Disqualified { reason: disqualified.join("; ") };
     }
+    // Cases that pass prove nothing unless the controls were shown to fail.
+    for (suite, v) in [("kernels", kernels), ("model test", model)] {
+        if let ProofIncomplete { reason } = v {
+            return ProofIncomplete { reason: format!("{suite}: {reason}") };
+        }
+    }
     match (kernels, model) {
         (NotQualified { reason: k }, NotQualified { reason: m }) => NotQualified { reason: format!("kernels: {k}; model test: {m}") },
         (NotQualified { .. }, Clamped { max_tokens, first_failure }) => Clamped { max_tokens: *max_tokens, first_failure: *first_failure },
@@ -46,7 +52,7 @@ fn limits(v: &Verdict) -> (u64, Option<u64>) {
     match v {
         Verdict::Qualified { max_tokens } => (*max_tokens, None),
         Verdict::Clamped { max_tokens, first_failure } => (*max_tokens, Some(*first_failure)),
-        Verdict::Disqualified { .. } | Verdict::NotQualified { .. } => (u64::MAX, None),
+        Verdict::Disqualified { .. } | Verdict::NotQualified { .. } | Verdict::ProofIncomplete { .. } => (u64::MAX, None),
     }
 }
 
@@ -73,6 +79,7 @@ pub fn envelope(verdict: &Verdict, requested: ServingParams) -> Result<Envelope,
             prefill_chunk: requested.prefill_chunk,
         }),
         Verdict::Disqualified { reason } => Err(format!("disqualified: {reason}")),
+        Verdict::ProofIncomplete { reason } => Err(format!("not qualified: {reason}")),
     }
 }
 
@@ -93,6 +100,9 @@ mod tests {
     fn nq(why: &str) -> Verdict {
         NotQualified { reason: why.into() }
     }
+    fn pi(why: &str) -> Verdict {
+        ProofIncomplete { reason: why.into() }
+    }
 
     #[test]
     fn both_suites_decide_together() {
@@ -109,6 +119,9 @@ mod tests {
             (nq("a"), nq("b"), nq("kernels: a; model test: b")),
             // A model test that could not run leaves the kernels' verdict.
             (c(8191, 8192), nq("no model"), c(8191, 8192)),
+            // Kernel cases never shown able to fail: nothing qualifies, whatever the model test says.
+            (pi("controls not run"), q(16_384), pi("kernels: controls not run")),
+            (pi("controls not run"), c(4095, 4096), pi("kernels: controls not run")),
         ];
         for (k, m, want) in table {
             assert_eq!(combine(&k, &m), want, "{k:?} + {m:?}");
@@ -135,6 +148,12 @@ mod tests {
         assert_eq!((e.max_batch_tokens, e.prefill_chunk), (1023, 1023));
         let e = envelope(&q(2_097_152), ASKED).unwrap();
         assert_eq!((e.max_batch_tokens, e.prefill_chunk, e.first_failure), (16_384, 4096, None));
+    }
+
+    #[test]
+    fn an_incomplete_proof_refuses_to_serve() {
+        let e = envelope(&pi("negative controls not run"), ASKED).unwrap_err();
+        assert!(e.contains("not qualified: negative controls not run"), "{e}");
     }
 
     #[test]

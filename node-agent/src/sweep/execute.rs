@@ -2,6 +2,10 @@
 //! model served by a local server and the benchmark grid through its HTTP API, point by point
 //! with a deadline each, and returns the `SweepResult` status. Whatever fails is recorded in the
 //! result (never a panic, never a hang past the deadlines): a sweep must report a broken node.
+//!
+//! On an external engine (`Plan::external`: vLLM, llama.cpp's server, any OpenAI-compatible
+//! one already running) the kernel self-test cannot reach its GPU: the black-box qualification
+//! over its API takes the self-test's place in the result, and the grid runs through the same API.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,8 +20,12 @@ use indicatif::ProgressBar;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
+use brink_kernels::thresholds::ModelShape;
+
 use super::extra_cases::{self, ExtraCase};
 use super::figures;
+use crate::blackbox;
+use crate::http_bench::{self, client::parse_url};
 use crate::http_bench::grid::{self, Budget};
 use crate::http_bench::runner::{self, Target};
 use crate::http_bench::stats;
@@ -45,12 +53,34 @@ pub struct Plan {
     pub load_timeout: Duration,
     pub stall_timeout: f64,
     pub state_dir: PathBuf,
+    /// Run against this running engine instead of starting brink's (`model`, `backend`,
+    /// `slots`, `extra_cases` and the load and stall timeouts then do not apply).
+    pub external: Option<External>,
+}
+
+/// A running engine the sweep measures through its OpenAI-compatible API.
+#[derive(Clone, Debug)]
+pub struct External {
+    pub url: String,
+    /// The model to request (default: the first `/v1/models` lists).
+    pub model_name: Option<String>,
+    pub api_key: Option<String>,
+    /// The served model's shape (the black-box qualification's lengths derive from it).
+    pub shape: ModelShape,
+    /// The engine's context, when known (else asked of the engine).
+    pub context: Option<u64>,
+    /// The black-box qualification's deadline floor per case.
+    pub case_deadline: Duration,
 }
 
 /// The result of running `plan` on this node (`device` as discovered).
 pub fn execute(plan: &Plan, device: &DeviceReport) -> SweepResultStatus {
     let mut r = SweepResultStatus { state: ResultState::Running, started_at: Some(now()), ..SweepResultStatus::default() };
-    if let Err(e) = run(plan, device, &mut r) {
+    let outcome = match &plan.external {
+        Some(ext) => run_external(plan, ext, device, &mut r),
+        None => run(plan, device, &mut r),
+    };
+    if let Err(e) = outcome {
         r.error = Some(e);
     }
     r.state = if r.error.is_some() { ResultState::Failed } else { ResultState::Done };
@@ -124,6 +154,45 @@ fn run(plan: &Plan, device: &DeviceReport, r: &mut SweepResultStatus) -> Result<
     outcome
 }
 
+/// The black-box qualification of the external engine (unless the self-test is off), then
+/// the grid through its API.
+fn run_external(plan: &Plan, ext: &External, device: &DeviceReport, r: &mut SweepResultStatus) -> Result<(), String> {
+    let endpoint = parse_url(&ext.url)?;
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("cannot start the tokio runtime: {e}"))?;
+    let context = ext.context.unwrap_or(u64::from(ext.shape.context));
+    let serving = ServingParams { max_batch_tokens: plan.max_batch_tokens, prefill_chunk: plan.prefill_chunk, context };
+    r.fingerprint = Some(NodeFingerprint::of(&qualify::fingerprint(device.device.as_ref(), &ext.shape.name, serving)));
+    if plan.self_test.enabled {
+        let opts = blackbox::Options {
+            url: ext.url.clone(),
+            model: ext.model_name.clone(),
+            api_key: ext.api_key.clone(),
+            shape: ext.shape.clone(),
+            context: ext.context,
+            max_batch_tokens: plan.max_batch_tokens,
+            prefill_chunk: plan.prefill_chunk,
+            deadline: ext.case_deadline,
+            deadline_factor: 10.0,
+            seed: 0,
+        };
+        let report = rt.block_on(blackbox::run(&opts)).map_err(|e| format!("black-box qualification: {e}"))?;
+        eprintln!("brink sweep: black-box qualification of {}: {}", ext.url, blackbox::render::verdict_line(&report.verdict));
+        r.self_test = Some(figures::black_box_outcome(&report));
+        if !report.ok() {
+            return Err(format!("not benchmarked: {}", blackbox::render::verdict_line(&report.verdict)));
+        }
+    }
+    rt.block_on(async {
+        let models_url = endpoint.url("/v1/models");
+        let models = http_bench::client::get_json(&endpoint, "/v1/models", ext.api_key.as_deref()).await?;
+        let model = http_bench::pick_model(&models, ext.model_name.as_deref(), &models_url)?;
+        let target = Arc::new(Target { endpoint: endpoint.clone(), model, api_key: ext.api_key.clone(), seed: 0 });
+        r.points = grid_points(target, &plan.grid, plan.point_timeout).await?;
+        Ok(())
+    })
+}
+
 /// Every point of `grid` in order, each under `deadline` (a point that does not finish counts
 /// its requests as unanswered: a hang, not a slow number).
 async fn grid_points(target: Arc<Target>, g: &WorkloadGrid, deadline: Duration) -> Result<Vec<brink_api::crd::PointFigures>, String> {
@@ -131,9 +200,11 @@ async fn grid_points(target: Arc<Target>, g: &WorkloadGrid, deadline: Duration) 
     let mut sizes = runner::PromptSizes::default();
     let mut out = Vec::new();
     for (i, point) in g.points().into_iter().enumerate() {
-        let words =
-            sizes.words(&target, u64::from(point.prompt_tokens)).await.map_err(|e| format!("{point}: calibrating the prompt: {e}"))?;
-        out.push(run_point(&target, point, words, budget, i as u64, deadline).await);
+        let prompt = sizes
+            .calibration(&target, u64::from(point.prompt_tokens))
+            .await
+            .map_err(|e| format!("{point}: calibrating the prompt: {e}"))?;
+        out.push(run_point(&target, point, prompt, budget, i as u64, deadline).await);
     }
     Ok(out)
 }
@@ -141,7 +212,7 @@ async fn grid_points(target: Arc<Target>, g: &WorkloadGrid, deadline: Duration) 
 async fn run_point(
     target: &Arc<Target>,
     point: GridPoint,
-    words: usize,
+    prompt: runner::Calibrated,
     budget: Budget,
     index: u64,
     deadline: Duration,
@@ -151,7 +222,7 @@ async fn run_point(
         concurrency: point.concurrency as usize,
         max_tokens: u64::from(point.generated_tokens),
     };
-    let run = runner::run_point(target.clone(), bench_point, words, budget, index, ProgressBar::hidden());
+    let run = runner::run_point(target.clone(), bench_point, prompt, budget, index, ProgressBar::hidden());
     let figures = match tokio::time::timeout(deadline, run).await {
         Ok((outcomes, wall)) => figures::point_figures(point, &stats::aggregate(bench_point, &outcomes, wall)),
         Err(_) => figures::timed_out(point, budget.requests(bench_point.concurrency).unwrap_or(0)),

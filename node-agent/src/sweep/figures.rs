@@ -2,7 +2,7 @@
 //! result as a table or CSV for people.
 
 use brink_api::crd::{FailingCase, GridPoint, Judgement, PointFigures, SelfTestOutcome, SweepResultStatus, failing_cases};
-use brink_api::{ReportSummary, SelfTestReport};
+use brink_api::{BlackBoxReport, CaseResult, ReportSummary, SelfTestReport};
 
 use crate::http_bench::stats::PointResult;
 
@@ -46,6 +46,20 @@ pub fn self_test_outcome(report: &SelfTestReport) -> SelfTestOutcome {
     let failing: Vec<FailingCase> = failing_cases(report, 16);
     let nc = &report.negative_controls;
     SelfTestOutcome { summary: ReportSummary::from(report), failing_cases: failing, negative_controls_ran: nc.flagged + nc.missed > 0 }
+}
+
+/// The black-box qualification in the self-test's place (an external engine): its counts and
+/// smallest failures; it has no negative controls of its own (the stand-in tests are its).
+pub fn black_box_outcome(report: &BlackBoxReport) -> SelfTestOutcome {
+    let mut failing: Vec<FailingCase> = report
+        .cases
+        .iter()
+        .filter(|c| matches!(c.result, CaseResult::Failed | CaseResult::Hung))
+        .map(|c| FailingCase { id: c.id.clone(), kernel: c.kernel.clone(), tokens: c.tokens, detail: c.detail.clone() })
+        .collect();
+    failing.sort_by(|a, b| (a.tokens, &a.id).cmp(&(b.tokens, &b.id)));
+    failing.truncate(16);
+    SelfTestOutcome { summary: ReportSummary::from(report), failing_cases: failing, negative_controls_ran: false }
 }
 
 fn num(v: Option<f64>, digits: usize) -> String {
@@ -221,10 +235,10 @@ mod tests {
     fn the_grid_flags_are_bounded_like_the_crd() {
         use crate::sweep::grid;
         assert_eq!(grid(&[128], &[1, 4], &[32], 8).unwrap().points().len(), 2);
-        assert!(grid(&[], &[1], &[1], 1).unwrap_err().starts_with("--prompt-tokens: give 1 to 16 values"));
-        assert!(grid(&[1 << 21], &[1], &[1], 1).unwrap_err().contains("outside 1..=1048576"));
-        assert!(grid(&[1], &[2000], &[1], 1).unwrap_err().starts_with("--concurrency"));
-        assert!(grid(&[1], &[1], &[0], 1).unwrap_err().starts_with("--generated-tokens"));
-        assert!(grid(&[1], &[1], &[1], 0).unwrap_err().starts_with("--requests-per-point"));
+        assert!(grid(&[], &[1], &[1], 1).unwrap_err().to_string().starts_with("--prompt-tokens: give 1 to 16 values"));
+        assert!(grid(&[1 << 21], &[1], &[1], 1).unwrap_err().to_string().contains("outside 1..=1048576"));
+        assert!(grid(&[1], &[2000], &[1], 1).unwrap_err().to_string().starts_with("--concurrency"));
+        assert!(grid(&[1], &[1], &[0], 1).unwrap_err().to_string().starts_with("--generated-tokens"));
+        assert!(grid(&[1], &[1], &[1], 0).unwrap_err().to_string().starts_with("--requests-per-point"));
     }
 }

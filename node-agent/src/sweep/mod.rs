@@ -6,8 +6,7 @@
 
 mod execute;
 mod extra_cases;
-mod figures;
-mod report_cmd;
+pub(crate) mod figures;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -17,18 +16,33 @@ use brink_api::crd::{Judgement, NodeRunState, SweepResult, SweepResultSpec, Swee
 use brink_api::sweep::judge::{NodeInput, judge};
 use brink_engine::BackendKind;
 
-use crate::engine_args::BackendArg;
+use crate::cmd::flags::{BackendArg, ServingFlags};
+use crate::error::{Error, read_json, write_file};
 use crate::qualify::cache;
 
-pub use execute::{Plan, execute};
+pub use execute::{External, Plan, execute};
 pub use extra_cases::ExtraCase;
-pub use report_cmd::{ReportArgs, run_report};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// GGUF model (default: the built-in demo model, as `up` uses).
+    /// GGUF model (default: the built-in demo model, as `up` uses). With --url: the model the
+    /// engine serves, read for its shape only (default: Qwen3-30B-A3B's shape).
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Sweep a running OpenAI-compatible engine at this URL (vLLM, llama.cpp's server, brink's
+    /// serve) instead of starting brink's engine: the black-box qualification over its API takes
+    /// the kernel self-test's place, and the grid runs through the same API.
+    #[arg(long, conflicts_with_all = ["extra_case", "slots", "load_timeout", "stall_timeout", "no_negative_controls"])]
+    url: Option<String>,
+    /// With --url: the model to request (default: the first /v1/models lists).
+    #[arg(long, requires = "url")]
+    model_name: Option<String>,
+    /// With --url: sent as `Authorization: Bearer KEY`.
+    #[arg(long, requires = "url")]
+    api_key: Option<String>,
+    /// With --url: the black-box qualification's deadline floor per case, in seconds.
+    #[arg(long, requires = "url", default_value_t = 30.0)]
+    case_deadline_s: f64,
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     backend: BackendArg,
     /// Prompt lengths of the grid, in tokens (comma-separated).
@@ -74,10 +88,8 @@ pub struct Args {
     /// Print the result as JSON instead of a table.
     #[arg(long)]
     json: bool,
-    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
-    max_batch_tokens: u64,
-    #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u64).range(1..))]
-    prefill_chunk: u64,
+    #[command(flatten)]
+    serving: ServingFlags,
     /// KV positions per sequence (0: the model's trained context).
     #[arg(long, default_value_t = 0)]
     context: usize,
@@ -88,21 +100,19 @@ pub struct Args {
     point_timeout: u64,
     #[arg(long, default_value_t = 900)]
     load_timeout: u64,
-    #[arg(long, default_value_t = 120.0)]
-    stall_timeout: f64,
     /// As `up`'s (qualifications, the demo model; results under <state>/sweeps/).
     #[arg(long)]
     state_dir: Option<PathBuf>,
 }
 
 /// The grid from the flags, checked against the same bounds as the CRD's.
-pub fn grid(prompt: &[u32], concurrency: &[u32], generated: &[u32], requests: u32) -> Result<WorkloadGrid, String> {
-    let check = |flag: &str, v: &[u32], max: u32| -> Result<(), String> {
+pub fn grid(prompt: &[u32], concurrency: &[u32], generated: &[u32], requests: u32) -> Result<WorkloadGrid, Error> {
+    let check = |flag: &'static str, v: &[u32], max: u32| -> Result<(), Error> {
         if v.is_empty() || v.len() > 16 {
-            return Err(format!("{flag}: give 1 to 16 values, got {}", v.len()));
+            return Err(Error::Flag { flag, reason: format!("give 1 to 16 values, got {}", v.len()) });
         }
         match v.iter().find(|&&x| x == 0 || x > max) {
-            Some(x) => Err(format!("{flag}: {x} is outside 1..={max}")),
+            Some(x) => Err(Error::Flag { flag, reason: format!("{x} is outside 1..={max}") }),
             None => Ok(()),
         }
     };
@@ -110,7 +120,7 @@ pub fn grid(prompt: &[u32], concurrency: &[u32], generated: &[u32], requests: u3
     check("--concurrency", concurrency, 1024)?;
     check("--generated-tokens", generated, 65_536)?;
     if requests == 0 || requests > 10_000 {
-        return Err(format!("--requests-per-point: {requests} is outside 1..=10000"));
+        return Err(Error::Flag { flag: "--requests-per-point", reason: format!("{requests} is outside 1..=10000") });
     }
     Ok(WorkloadGrid {
         prompt_tokens: prompt.to_vec(),
@@ -121,20 +131,19 @@ pub fn grid(prompt: &[u32], concurrency: &[u32], generated: &[u32], requests: u3
 }
 
 /// `--extra-case`: `TOKENS` (one sequence) or `TOKENSxSEQUENCES`.
-pub fn parse_extra_case(s: &str) -> Result<ExtraCase, String> {
-    let bad = || format!("--extra-case {s}: expected TOKENS or TOKENSxSEQUENCES (e.g. 37 or 40x4)");
+pub fn parse_extra_case(s: &str) -> Result<ExtraCase, Error> {
+    let bad = || Error::Flag { flag: "--extra-case", reason: format!("{s}: expected TOKENS or TOKENSxSEQUENCES (e.g. 37 or 40x4)") };
     let (t, q) = s.trim().split_once('x').unwrap_or((s.trim(), "1"));
     let tokens: u64 = t.parse().map_err(|_| bad())?;
     let sequences: u32 = q.parse().map_err(|_| bad())?;
     extra_cases::model_case(&ExtraCase { tokens, sequences, source: "--extra-case".into() })
-        .map_err(|e| format!("--extra-case {s}: {e}"))?;
+        .map_err(|e| Error::Flag { flag: "--extra-case", reason: format!("{s}: {e}") })?;
     Ok(ExtraCase { tokens, sequences, source: "--extra-case".into() })
 }
 
 /// Reads a `SweepResult` written by `sweep` or by `kubectl get sweepresult -o json`.
-pub fn read_result(path: &Path) -> Result<SweepResult, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("{}: not a SweepResult: {e}", path.display()))
+pub fn read_result(flag: Option<&'static str>, path: &Path) -> Result<SweepResult, Error> {
+    read_json(flag, path, "a SweepResult")
 }
 
 pub fn run(a: Args) -> ExitCode {
@@ -148,18 +157,15 @@ pub fn run(a: Args) -> ExitCode {
 }
 
 /// Exit 0 when the verdict is `Pass`, 1 otherwise (a regression is news), 2 for bad input.
-fn sweep(a: Args) -> Result<ExitCode, String> {
+fn sweep(a: Args) -> Result<ExitCode, Error> {
     let grid = grid(&a.prompt_tokens, &a.concurrency, &a.generated_tokens, a.requests_per_point)?;
-    if !(a.stall_timeout.is_finite() && a.stall_timeout > 0.0) {
-        return Err(format!("--stall-timeout {}: expected a positive number of seconds", a.stall_timeout));
-    }
     let extra_cases = a.extra_case.iter().map(|s| parse_extra_case(s)).collect::<Result<Vec<_>, _>>()?;
-    let baseline = a.baseline.as_deref().map(read_result).transpose().map_err(|e| format!("--baseline {e}"))?;
+    let baseline = a.baseline.as_deref().map(|p| read_result(Some("--baseline"), p)).transpose()?;
     let state_dir = a
         .state_dir
         .clone()
         .or_else(|| cache::state_dir(|k| std::env::var(k).ok()))
-        .ok_or("no state directory: pass --state-dir, or set BRINK_STATE_DIR or HOME")?;
+        .ok_or(Error::NoStateDir)?;
     let node = a.node.clone().or_else(|| std::env::var("NODE_NAME").ok()).unwrap_or_else(host_name);
     let run = a.run.clone().unwrap_or_else(|| {
         let minutes = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 60);
@@ -168,14 +174,18 @@ fn sweep(a: Args) -> Result<ExitCode, String> {
     let device = crate::device::discover(0).report;
     let backend = match (a.backend, device.gpu) {
         (BackendArg::Cuda, false) => {
-            return Err(format!("--backend cuda: {}", device.no_gpu_reason.as_deref().unwrap_or("no CUDA GPU found")));
+            let reason = device.no_gpu_reason.clone().unwrap_or_else(|| "no CUDA GPU found".into());
+            return Err(Error::Flag { flag: "--backend cuda", reason });
         }
         (BackendArg::Cpu, _) | (BackendArg::Auto, false) => BackendKind::Cpu,
         (BackendArg::Cuda | BackendArg::Auto, true) => BackendKind::Cuda,
     };
-    let model = match &a.model {
-        Some(p) => p.clone(),
-        None => crate::up::demo_model::ensure(&state_dir)?.0,
+    let external = a.url.as_ref().map(|url| external(&a, url)).transpose()?;
+    let model = match (&a.model, &external) {
+        (Some(p), _) => p.clone(),
+        // The engine serves its own model: no file is needed here.
+        (None, Some(_)) => PathBuf::new(),
+        (None, None) => crate::up::demo_model::ensure(&state_dir)?.0,
     };
     let plan = Plan {
         model,
@@ -184,16 +194,18 @@ fn sweep(a: Args) -> Result<ExitCode, String> {
         self_test: SweepSelfTest { enabled: !a.no_self_test, negative_controls: !a.no_negative_controls },
         negative_controls_allowed: true,
         extra_cases,
-        max_batch_tokens: a.max_batch_tokens,
-        prefill_chunk: a.prefill_chunk,
+        max_batch_tokens: a.serving.max_batch_tokens,
+        prefill_chunk: a.serving.prefill_chunk,
         context: a.context,
         slots: a.slots,
         point_timeout: Duration::from_secs(a.point_timeout.max(1)),
         load_timeout: Duration::from_secs(a.load_timeout),
-        stall_timeout: a.stall_timeout,
+        stall_timeout: a.serving.stall_timeout,
         state_dir: state_dir.clone(),
+        external,
     };
-    eprintln!("brink sweep: run {run} on {node} ({} backend, {} grid points)", backend.name(), plan.grid.points().len());
+    let engine = plan.external.as_ref().map_or_else(|| format!("{} backend", backend.name()), |e| e.url.clone());
+    eprintln!("brink sweep: run {run} on {node} ({engine}, {} grid points)", plan.grid.points().len());
     let mut status = execute(&plan, &device);
     let tolerance = Tolerance { throughput_percent: a.throughput_tolerance, latency_percent: a.latency_tolerance };
     let base_status = baseline.as_ref().and_then(|b| b.status.as_ref());
@@ -211,9 +223,10 @@ fn sweep(a: Args) -> Result<ExitCode, String> {
     let mut result = SweepResult::new(&name, SweepResultSpec { run: run.clone(), node: node.clone() });
     result.status = Some(status);
     let out = a.out.clone().unwrap_or_else(|| state_dir.join("sweeps").join(format!("{name}.json")));
-    write_json(&out, &result)?;
+    let json = serde_json::to_string_pretty(&result).map_err(|e| Error::Setup { what: "cannot serialise the result", reason: e.to_string() })?;
+    write_file(a.out.is_some().then_some("--out"), &out, "the result", &(json.clone() + "\n"))?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&result).map_err(|e| e.to_string())?);
+        println!("{json}");
     } else if let Some(s) = &result.status {
         print!("{}", figures::table(&node, &run, s));
         println!("result       {}", out.display());
@@ -221,12 +234,28 @@ fn sweep(a: Args) -> Result<ExitCode, String> {
     Ok(if verdict == SweepVerdict::Pass { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
-fn write_json(path: &Path, result: &SweepResult) -> Result<(), String> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+/// `--url` and what goes with it; the shape from `--model`'s header when given.
+fn external(a: &Args, url: &str) -> Result<External, String> {
+    crate::http_bench::client::parse_url(url)?;
+    if !(a.case_deadline_s.is_finite() && a.case_deadline_s > 0.0 && a.case_deadline_s <= 86_400.0) {
+        return Err(format!("--case-deadline-s {}: expected seconds in (0, 86400]", a.case_deadline_s));
     }
-    let text = serde_json::to_string_pretty(result).map_err(|e| e.to_string())?;
-    std::fs::write(path, text + "\n").map_err(|e| format!("--out {}: {e}", path.display()))
+    let shape = match &a.model {
+        Some(path) => {
+            let file = brink_engine::gguf::GgufFile::open(path).map_err(|e| format!("--model {}: {e}", path.display()))?;
+            let config = brink_engine::arch::config(&file).map_err(|e| format!("--model {}: {e}", path.display()))?;
+            brink_engine::qualify::kernel_shape(&config)
+        }
+        None => brink_kernels::thresholds::ModelShape::qwen3_30b_a3b(),
+    };
+    Ok(External {
+        url: url.to_string(),
+        model_name: a.model_name.clone(),
+        api_key: a.api_key.clone(),
+        shape,
+        context: (a.context > 0).then_some(a.context as u64),
+        case_deadline: Duration::from_secs_f64(a.case_deadline_s),
+    })
 }
 
 fn host_name() -> String {

@@ -6,7 +6,7 @@
 
 mod bench;
 pub(crate) mod demo_model;
-mod report;
+pub(crate) mod report;
 pub(crate) mod server;
 
 use std::path::{Path, PathBuf};
@@ -19,7 +19,8 @@ use brink_engine::model::ModelConfig;
 use brink_kernels::selftest::session;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::engine_args::BackendArg;
+use crate::cmd::flags::{BackendArg, ServingFlags};
+use crate::error::{Error, write_file};
 use crate::node_metrics::kernel_cases::{KernelCases, by_kernel};
 use crate::node_metrics::qualification::{CaseCounts, QualificationMetrics};
 use crate::qualify::backend_truth::{ClaimedBackend, ThroughputFloor};
@@ -44,12 +45,8 @@ pub struct Args {
     /// Sequences generated at once.
     #[arg(long, default_value_t = 4)]
     slots: usize,
-    /// Most tokens in one forward pass; clamped to the validated envelope.
-    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
-    max_batch_tokens: u64,
-    /// Most prompt tokens of one sequence per forward pass; clamped to the validated envelope.
-    #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u64).range(1..))]
-    prefill_chunk: u64,
+    #[command(flatten)]
+    serving: ServingFlags,
     /// Where qualifications, the demo model and reports are kept (default: $BRINK_STATE_DIR,
     /// else $XDG_STATE_HOME/brink, else ~/.local/state/brink).
     #[arg(long)]
@@ -74,9 +71,6 @@ pub struct Args {
     /// Seconds the engine may take to load the model.
     #[arg(long, default_value_t = 900)]
     load_timeout: u64,
-    /// Seconds without engine progress during a step before it is a stall (see `serve`).
-    #[arg(long, default_value_t = 120.0)]
-    stall_timeout: f64,
     /// Print the report and stop instead of serving.
     #[arg(long)]
     no_serve: bool,
@@ -121,18 +115,15 @@ pub fn run(a: Args) -> ExitCode {
 
 /// What a bad flag, file or model is: an error before anything runs (exit 2). A node that may
 /// not serve is not an error: it is the report's answer (exit 1).
-fn up(a: Args) -> Result<ExitCode, String> {
+fn up(a: Args) -> Result<ExitCode, Error> {
     if let Some(f) = a.min_decode_tokens_per_s {
-        ThroughputFloor::new(f).map_err(|e| format!("--min-decode-tokens-per-s: {e}"))?;
-    }
-    if !(a.stall_timeout.is_finite() && a.stall_timeout > 0.0) {
-        return Err(format!("--stall-timeout {}: expected a positive number of seconds", a.stall_timeout));
+        ThroughputFloor::new(f).map_err(|reason| Error::Flag { flag: "--min-decode-tokens-per-s", reason })?;
     }
     let state_dir = a
         .state_dir
         .clone()
         .or_else(|| cache::state_dir(|k| std::env::var(k).ok()))
-        .ok_or("no state directory: pass --state-dir, or set BRINK_STATE_DIR or HOME")?;
+        .ok_or(Error::NoStateDir)?;
     let mut phases = Phases { done: Vec::new(), t0: Instant::now() };
 
     let discovery = phases.run("discover the device", || crate::device::discover(0));
@@ -142,7 +133,8 @@ fn up(a: Args) -> Result<ExitCode, String> {
     let device = discovery.report;
     let backend = match (a.backend, device.gpu) {
         (BackendArg::Cuda, false) => {
-            return Err(format!("--backend cuda: {}", device.no_gpu_reason.as_deref().unwrap_or("no CUDA GPU found")));
+            let reason = device.no_gpu_reason.clone().unwrap_or_else(|| "no CUDA GPU found".into());
+            return Err(Error::Flag { flag: "--backend cuda", reason });
         }
         (BackendArg::Cpu, _) | (BackendArg::Auto, false) => BackendKind::Cpu,
         (BackendArg::Cuda | BackendArg::Auto, true) => BackendKind::Cuda,
@@ -163,9 +155,10 @@ fn up(a: Args) -> Result<ExitCode, String> {
         }
     };
     let config = read_config(&model_path)?;
-    let shape_class = config.shape_class();
+    let shape = brink_engine::qualify::kernel_shape(&config);
+    let shape_class = shape.key();
     let context = if a.context == 0 || a.context > config.context { config.context } else { a.context };
-    let serving = ServingParams { max_batch_tokens: a.max_batch_tokens, prefill_chunk: a.prefill_chunk, context: context as u64 };
+    let serving = a.serving.params(context as u64);
     // On the CPU backend the GPU is not part of what is qualified (the engine does not use it).
     let gpu = device.device.as_ref().filter(|_| backend == BackendKind::Cuda);
     let fingerprint = qualify::fingerprint(gpu, &shape_class, serving);
@@ -174,7 +167,14 @@ fn up(a: Args) -> Result<ExitCode, String> {
     let decision = if a.requalify {
         cache::CacheDecision::Invalid("--requalify".into())
     } else {
-        cache::decide(&fingerprint, cache::read(&cache_path))
+        match cache::decide(&fingerprint, cache::read(&cache_path)) {
+            cache::CacheDecision::NoCache => cache::no_cache_reason(
+                &shape,
+                cache::read_shape(&cache::last_shape_path(&state_dir)).as_ref(),
+                cache::path(&state_dir, &shape.name).exists(),
+            ),
+            d => d,
+        }
     };
     eprintln!("brink up: {}", decision.describe());
     let (kernels, model_test, reused) = match &decision {
@@ -187,7 +187,7 @@ fn up(a: Args) -> Result<ExitCode, String> {
             ((suite(&Some(q.summary.clone()), &q.kernel_verdict), KernelCases::new()), suite(&q.model_summary, &q.model_verdict), true)
         }
         _ => {
-            let kernels = phases.run("kernel self-test", || kernel_suite(&a, &config, backend))?;
+            let kernels = phases.run("kernel self-test", || kernel_suite(&a, &config, backend, &state_dir, &fingerprint))?;
             let model_test = phases.run("model-level threshold test", || model_suite(&a, &model_path, backend, serving));
             (kernels, model_test, false)
         }
@@ -209,6 +209,9 @@ fn up(a: Args) -> Result<ExitCode, String> {
         if let Err(e) = cache::write(&cache_path, &q) {
             eprintln!("brink up: warning: the qualification is not cached: {e}");
         }
+    }
+    if let Err(e) = cache::write_shape(&cache::last_shape_path(&state_dir), &shape) {
+        eprintln!("brink up: warning: the qualified shape is not kept: {e}");
     }
 
     let mut report = QualificationReport {
@@ -263,7 +266,7 @@ fn up(a: Args) -> Result<ExitCode, String> {
         slots: a.slots,
         context,
         envelope: &envelope,
-        stall_timeout: a.stall_timeout,
+        stall_timeout: a.serving.stall_timeout,
         state_dir: &state_dir,
         gauges: Some(gauges),
     })?;
@@ -312,13 +315,19 @@ fn up(a: Args) -> Result<ExitCode, String> {
     finish(&report, &state_dir, a.report.as_deref(), Some(running))
 }
 
-fn read_config(model: &Path) -> Result<ModelConfig, String> {
-    let file = brink_engine::gguf::GgufFile::open(model).map_err(|e| format!("--model {}: {e}", model.display()))?;
-    brink_engine::arch::config(&file).map_err(|e| format!("--model {}: {e}", model.display()))
+fn read_config(model: &Path) -> Result<ModelConfig, Error> {
+    let file = brink_engine::gguf::GgufFile::open(model).map_err(|e| Error::Flag { flag: "--model", reason: e.to_string() })?;
+    brink_engine::arch::config(&file).map_err(|e| Error::content(Some("--model"), model, e))
 }
 
 /// The kernel self-test for the model's shape class, or why it has nothing to run.
-fn kernel_suite(a: &Args, config: &ModelConfig, backend: BackendKind) -> Result<(SuiteResult, KernelCases), String> {
+fn kernel_suite(
+    a: &Args,
+    config: &ModelConfig,
+    backend: BackendKind,
+    state_dir: &Path,
+    fingerprint: &brink_api::Fingerprint,
+) -> Result<(SuiteResult, KernelCases), String> {
     if backend == BackendKind::Cpu && a.backend == BackendArg::Cpu {
         let suite = SuiteResult {
             summary: ReportSummary::default(),
@@ -327,13 +336,13 @@ fn kernel_suite(a: &Args, config: &ModelConfig, backend: BackendKind) -> Result<
         return Ok((suite, KernelCases::new()));
     }
     let mut opts = session::Options::new(brink_engine::qualify::kernel_shape(config), env!("CARGO_PKG_VERSION"));
-    opts.serving.max_batch_tokens = a.max_batch_tokens;
-    opts.serving.prefill_chunk = a.prefill_chunk;
+    opts.serving.max_batch_tokens = a.serving.max_batch_tokens;
+    opts.serving.prefill_chunk = a.serving.prefill_chunk;
     if a.no_negative_controls {
         opts.negative_controls = false;
         opts.negative_controls_off_reason = Some("--no-negative-controls".into());
     }
-    let report = qualify::kernels::run(&opts)?;
+    let report = qualify::controls::run_kernels(opts, state_dir, fingerprint)?;
     for c in report.cases.iter().filter(|c| matches!(c.result, brink_api::CaseResult::Failed | brink_api::CaseResult::Hung)) {
         eprintln!("brink up: kernel case {} {:?}: {}", c.id, c.result, c.detail);
     }
@@ -356,7 +365,7 @@ fn model_suite(a: &Args, model: &Path, backend: BackendKind, serving: ServingPar
 fn backend_truth(
     device: Option<&DeviceInfo>,
     asked: BackendKind,
-    status: &brink_engine::server::http::EngineStatus,
+    status: &brink_engine::server::state::EngineStatus,
     decode_tokens_per_s: f64,
     floor: f64,
 ) -> BackendCheck {
@@ -393,14 +402,12 @@ fn finish(
     state_dir: &Path,
     extra: Option<&Path>,
     running: Option<server::Running>,
-) -> Result<ExitCode, String> {
-    let json = serde_json::to_string_pretty(report).map_err(|e| format!("cannot serialise the report: {e}"))?;
+) -> Result<ExitCode, Error> {
+    let json = serde_json::to_string_pretty(report).map_err(|e| Error::Setup { what: "cannot serialise the report", reason: e.to_string() })?;
     let latest = state_dir.join("reports").join("up-latest.json");
-    for path in std::iter::once(latest.as_path()).chain(extra) {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        }
-        std::fs::write(path, &json).map_err(|e| format!("{}: cannot write the report: {e}", path.display()))?;
+    write_file(None, &latest, "the report", &json)?;
+    if let Some(path) = extra {
+        write_file(Some("--report"), path, "the report", &json)?;
     }
     print!("{}", report::render(report));
     println!("report       {}", latest.display());

@@ -12,6 +12,7 @@ pub fn verdict_line(v: &Verdict) -> String {
         Verdict::Clamped { max_tokens, first_failure } => format!("CLAMPED to {max_tokens} tokens (first failure at {first_failure})"),
         Verdict::Disqualified { reason } => format!("DISQUALIFIED: {reason}"),
         Verdict::NotQualified { reason } => format!("NOT QUALIFIED: {reason}"),
+        Verdict::ProofIncomplete { reason } => format!("PROOF INCOMPLETE (not qualified): {reason}"),
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use brink_api::Envelope;
 use brink_engine::BackendKind;
-use brink_engine::server::http::EngineStatus;
+use brink_engine::server::state::EngineStatus;
 use brink_engine::server::jobs::WorkerConfig;
 use brink_engine::server::supervisor::EngineCommand;
 use brink_engine::server::{ServeError, ServeOptions, serve_on, shutdown_signal};
@@ -52,11 +52,13 @@ pub fn options(spec: &EngineSpec<'_>) -> Result<ServeOptions, String> {
         api_keys: Vec::new(),
         stall_timeout: Duration::from_secs_f64(spec.stall_timeout),
         stall_dir: spec.state_dir.join("stalls"),
-        inject_fault: std::env::var("BRINK_INJECT_FAULT").ok().filter(|s| !s.trim().is_empty()),
+        inject_fault: brink_engine::test_switches::get(brink_engine::test_switches::INJECT_FAULT),
         quarantine_min_chunk: 64,
         grace: Duration::from_secs(30),
         max_n: 8,
         node_metrics: Some(node_metrics::provider(spec.gauges.clone())),
+        // `up` checks backend truth itself, after its benchmark.
+        ready_check: None,
     })
 }
 

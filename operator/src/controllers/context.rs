@@ -59,6 +59,9 @@ pub struct Config {
     pub lease_namespace: String,
     /// Directory of the agents' model cache on every node; mounted read-only into replica Pods.
     pub model_cache_dir: String,
+    /// The agents' state directory on every node (qualifications); mounted into replica Pods,
+    /// which reuse and keep their model-level test results there.
+    pub node_state_dir: String,
     /// Memory kept free on a node after a replica is placed there, on top of the node's own reserve.
     pub memory_reserve_bytes: u64,
     /// The port `brink-agent serve` listens on in a replica Pod (and the Service's target).
@@ -77,6 +80,12 @@ pub struct Config {
     pub replica_api_keys_secret: Option<String>,
     /// The OTLP endpoint replica Pods export to (`OTEL_EXPORTER_OTLP_ENDPOINT`); None: no export.
     pub replica_otlp_endpoint: Option<String>,
+    /// brink-agent's image, for the qualification sidecar of replicas on other engines; None:
+    /// such replicas cannot get Pods (their reconcile says so).
+    pub agent_image: Option<String>,
+    /// Whether the LeaderWorkerSet API (`leaderworkerset.x-k8s.io/v1`) is served: gangs are
+    /// then LeaderWorkerSets instead of bare Pods. Found by discovery when the controllers start.
+    pub leader_worker_set: bool,
 }
 
 impl Default for Config {
@@ -84,6 +93,7 @@ impl Default for Config {
         Config {
             lease_namespace: "brink-system".into(),
             model_cache_dir: "/var/lib/brink/cache".into(),
+            node_state_dir: "/var/lib/brink/state".into(),
             memory_reserve_bytes: 0,
             serve_port: 8080,
             startup_seconds: 1800,
@@ -95,6 +105,8 @@ impl Default for Config {
             drain_seconds: 25,
             replica_api_keys_secret: None,
             replica_otlp_endpoint: None,
+            agent_image: None,
+            leader_worker_set: false,
         }
     }
 }

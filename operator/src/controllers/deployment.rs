@@ -24,6 +24,7 @@ use super::events::{publish, replica_ref};
 use super::names::heartbeat_lease;
 use super::plan::{self, Outcome, ReplicaState};
 use super::rollout::{self, Template};
+use super::rollout_view;
 use super::service;
 use super::views;
 use crate::decide::{self, NodeView, ReplicaView};
@@ -118,9 +119,11 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
     let nodes = node_views(ctx, now_s, &all_replicas);
     let policy = ctx.config.heartbeat;
 
-    // A replica serves only if its node is there and its heartbeat is not lost.
+    // A replica serves only if its nodes (a gang's every member's) are there and their
+    // heartbeats are not lost.
+    let node_up = |name: &str| nodes.iter().find(|n| n.name == name).is_some_and(|n| !n.heartbeat.assess(now_s, &policy).evicts());
     let healthy_on_node = |r: &ReplicaView| {
-        r.healthy && nodes.iter().find(|n| n.name == r.node).is_some_and(|n| !n.heartbeat.assess(now_s, &policy).evicts())
+        r.healthy && node_up(&r.node) && r.gang.as_ref().is_none_or(|g| g.workers.iter().all(|w| node_up(w)))
     };
     let current: Vec<ReplicaView> = live.iter().map(|r| views::replica_view(r)).collect();
     let healthy: BTreeSet<String> = current.iter().filter(|r| healthy_on_node(r)).map(|r| r.name.clone()).collect();
@@ -129,7 +132,8 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
     let life = decide::lifecycle(&view, &current, &nodes, now_s, &policy)?;
     let placement = decide::place(&view, &nodes, life.place, now_s, &policy)?;
     let decision = rollout::decide(dep, &revision, &live, &rollout::healthy_nodes(&nodes, now_s, &policy), now_s)?;
-    let desired = Template { memory_bytes: Some(view.memory_bytes()?), ..Template::desired(dep, &revision) };
+    // A gang member requests its share (the replica's memory over its nodes).
+    let desired = Template { memory_bytes: Some(view.member_memory_bytes()?), ..Template::desired(dep, &revision) };
 
     // Qualification asked of nodes that never ran the class.
     for node in &placement.qualify {
@@ -156,7 +160,11 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
                 } else {
                     String::new()
                 };
-                info!(replica = %replica_name, node = %assignment.node, "placed");
+                let gang = match &assignment.gang {
+                    Some(g) => format!(" with workers {} (fabric {})", g.workers.join(", "), g.fabric),
+                    None => String::new(),
+                };
+                info!(replica = %replica_name, node = %assignment.node, gang = %gang, "placed");
                 publish(
                     ctx,
                     &dep.object_ref(&()),
@@ -164,7 +172,7 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
                     EventType::Normal,
                     "Placed",
                     "Place",
-                    format!("replica {replica_name} on node {}{clamp}", assignment.node),
+                    format!("replica {replica_name} on node {}{gang}{clamp}", assignment.node),
                 )
                 .await;
                 created.push(r);
@@ -269,7 +277,7 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
 
     // The rollout's steps, each recorded once (the decision compares with the last status).
     for event in &decision.events {
-        if let Err(e) = ctx.recorder.publish(&decide::kube_event(event), &dep.object_ref(&())).await {
+        if let Err(e) = ctx.recorder.publish(&rollout_view::kube_event(event), &dep.object_ref(&())).await {
             warn!(reason = event.reason, error = %e, "could not write an Event");
         }
     }
@@ -303,14 +311,27 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
         blocked: None,
         held: life.held.iter().map(|h| h.replica.clone()).collect(),
         failing: failing_pods(&live, &gone),
+        not_qualified: not_qualified(&live, &gone),
         rollout: Some(decision.status.clone()),
-        rollout_condition: Some(decide::rollout_condition(&decision.condition, dep.metadata.generation, Time(now))?),
+        rollout_condition: Some(rollout_view::rollout_condition(&decision.condition, dep.metadata.generation, Time(now))?),
     };
     write_status(dep, ctx, &outcome, Time(now)).await?;
 
     let recheck = [life.recheck_in_s, decision.recheck_in_s].into_iter().flatten().min();
     let requeue = if stale_cache { Duration::from_secs(1) } else { recheck.map_or(resync, |s| resync.min(Duration::from_secs(s.max(1)))) };
     Ok(Action::requeue(requeue))
+}
+
+/// Replicas their own qualification holds not ready, with the reason (the failing case) their
+/// status reports.
+fn not_qualified(live: &[&ModelReplica], gone: &dyn Fn(&str) -> bool) -> Vec<String> {
+    live.iter()
+        .filter(|r| !gone(&r.name_any()))
+        .filter_map(|r| {
+            let held = r.status.as_ref()?.qualification.as_ref()?.held.as_ref()?;
+            Some(format!("{}: {held}", r.name_any()))
+        })
+        .collect()
 }
 
 /// Replicas not serving whose Pods failed on a healthy node, each with its failure record

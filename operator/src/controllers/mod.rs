@@ -13,6 +13,8 @@ pub mod deployment;
 pub mod error;
 pub mod events;
 pub mod fleet_metrics;
+pub mod lws;
+pub mod member_pod;
 pub mod metrics;
 pub mod names;
 pub mod nodes;
@@ -20,6 +22,7 @@ pub mod plan;
 pub mod pod;
 pub mod replica;
 pub mod rollout;
+pub mod rollout_view;
 pub mod server;
 pub mod service;
 pub mod startup;
@@ -145,7 +148,9 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl Future<Output = ()> + Send 
             );
         }
     };
-    let ctx = Arc::new(Context::new(&shared, caches));
+    let mut ctx = Context::new(&shared, caches);
+    ctx.config.leader_worker_set = lws::served(&shared.client).await;
+    let ctx = Arc::new(ctx);
     let controllers = {
         let ctx = ctx.clone();
         let shutdown = shutdown.clone();

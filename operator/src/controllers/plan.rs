@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use brink_api::crd::{
-    Condition, ConditionStatus, ConditionType, ModelDeployment, ModelDeploymentStatus, ModelReplica, ModelReplicaSpec, ReplicaPhase,
+    Condition, ConditionStatus, ConditionType, ModelDeployment, ModelDeploymentStatus, ModelReplica, ModelReplicaSpec, ReplicaGang, ReplicaPhase,
     RolloutPhase, RolloutStatus, condition, set_condition,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -80,6 +80,12 @@ pub fn new_replica(dep: &ModelDeployment, name: &str, assignment: &Assignment, t
             revision: template.revision.clone(),
             engine: template.engine.clone(),
             serving,
+            gang: assignment.gang.as_ref().map(|g| ReplicaGang {
+                workers: g.workers.clone(),
+                fabric: g.fabric.clone(),
+                rdma: g.rdma,
+                network: Some(dep.spec.gang.clone().unwrap_or_default()),
+            }),
         },
         status: None,
     })
@@ -101,6 +107,9 @@ pub struct Outcome {
     pub held: Vec<String>,
     /// Replicas whose Pods failed on a healthy node, described (name, count, last failure).
     pub failing: Vec<String>,
+    /// Replicas their own qualification holds not ready (a model-level case failing below a
+    /// passing count, backend truth), each `name: why` as its status reports it.
+    pub not_qualified: Vec<String>,
     /// The rollout's status, written as is (the previous one while nothing is decided: an
     /// apply that left it out would remove it).
     pub rollout: Option<RolloutStatus>,
@@ -183,6 +192,12 @@ pub fn status(dep: &ModelDeployment, outcome: &Outcome, now: Time) -> Result<Mod
             "PodsFailing",
             format!("replica Pods failed on healthy nodes and are replaced with a backoff: {}", outcome.failing.join("; ")),
         )?,
+        (None, None, true, true) if !outcome.not_qualified.is_empty() => c(
+            ConditionType::Degraded,
+            true,
+            "ReplicaNotQualified",
+            format!("replicas held not ready by their own qualification: {}", outcome.not_qualified.join("; ")),
+        )?,
         (None, None, true, true) => c(ConditionType::Degraded, false, "AsExpected", "every wanted replica is placed".to_string())?,
     };
     let mut conditions: Vec<Condition> = current.conditions.clone();
@@ -253,8 +268,10 @@ mod tests {
             ModelDeploymentSpec {
                 model_ref: ModelRef { name: "qwen".into() },
                 replicas,
-                engine: EngineBuild { image: "i".into(), version: "v".into() },
+                engine: EngineBuild { image: "i".into(), version: "v".into(), ..Default::default() },
                 serving: Serving { context: 1024, max_batch_tokens: 512, prefill_chunk: 256, concurrency: 1, kv_fraction: 0.5 },
+                nodes_per_replica: 1,
+                gang: None,
                 placement: Placement::default(),
                 on_self_test_failure: Default::default(),
                 rollout: Rollout::default(),
@@ -312,6 +329,17 @@ mod tests {
                 .iter()
                 .any(|c| c.type_ == "Degraded" && c.status == "True" && c.reason == "HeartbeatExpired" && c.message.contains("a"))
         );
+
+        let not_qualified = Outcome {
+            replicas: vec![state("a", false, true)],
+            not_qualified: vec!["a: model-level threshold test disqualified (first failing case model/single/t1 at 1 tokens)".into()],
+            ..Outcome::default()
+        };
+        let s5 = status(&dep(1), &not_qualified, t(350)).expect("status");
+        assert!(s5.conditions.iter().any(|c| c.type_ == "Degraded"
+            && c.status == "True"
+            && c.reason == "ReplicaNotQualified"
+            && c.message.contains("model/single/t1")));
 
         let blocked = Outcome { blocked: Some(("ModelNotFound", "Model ns/qwen does not exist".into())), ..Outcome::default() };
         let s4 = status(&dep(1), &blocked, t(400)).expect("status");

@@ -26,6 +26,9 @@ use crate::decide::{PodState, RecoveryPolicy};
 const PVC_MOUNT: &str = "/models/pvc";
 /// The engine's scratch state (stall reports) inside the Pod.
 const STATE_DIR: &str = "/var/lib/brink/state";
+/// Where the node's state directory (the agent's, from the host) is mounted in the Pod: the
+/// replica's model-level test result is reused from and kept there, beside `up`'s.
+pub(crate) const NODE_STATE_DIR: &str = "/var/lib/brink/node";
 /// Where the API keys Secret is mounted in replica Pods (its key `keys`).
 const API_KEYS_DIR: &str = "/etc/brink/api-keys";
 const RUNTIME_CLASS: &str = "nvidia";
@@ -86,7 +89,7 @@ pub struct ModelMount {
     pub mount: VolumeMount,
 }
 
-fn host_path(name: &str, path: &str, type_: &str) -> Volume {
+pub(crate) fn host_path(name: &str, path: &str, type_: &str) -> Volume {
     Volume {
         name: name.into(),
         host_path: Some(HostPathVolumeSource { path: path.into(), type_: Some(type_.into()) }),
@@ -161,7 +164,7 @@ fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
     }
 }
 
-fn field_env(name: &str, path: &str) -> EnvVar {
+pub(crate) fn field_env(name: &str, path: &str) -> EnvVar {
     EnvVar {
         name: name.into(),
         value_from: Some(EnvVarSource {
@@ -172,11 +175,20 @@ fn field_env(name: &str, path: &str) -> EnvVar {
     }
 }
 
-fn env(name: &str, value: &str) -> EnvVar {
+pub(crate) fn env(name: &str, value: &str) -> EnvVar {
     EnvVar { name: name.into(), value: Some(value.into()), ..EnvVar::default() }
 }
 
-/// The Pod `replica` wants, with the hash of its spec in an annotation.
+/// Every Pod `replica` wants: brink's one Pod on one node, or the members of another engine's
+/// replica (one, or a gang's leader and workers: see [`super::member_pod`]).
+pub fn desired_pods(replica: &ModelReplica, model: &Model, config: &Config) -> Result<Vec<Pod>> {
+    if replica.spec.engine.kind.is_brink() && replica.spec.gang.is_none() {
+        return Ok(vec![desired_pod(replica, model, config)?]);
+    }
+    super::member_pod::member_pods(replica, model, config)
+}
+
+/// The Pod of a brink replica, with the hash of its spec in an annotation.
 pub fn desired_pod(replica: &ModelReplica, model: &Model, config: &Config) -> Result<Pod> {
     let name = replica.name_any();
     let owner = replica.controller_owner_ref(&()).ok_or_else(|| Error::MissingField {
@@ -187,29 +199,18 @@ pub fn desired_pod(replica: &ModelReplica, model: &Model, config: &Config) -> Re
     let mount =
         model_mount(model, &config.model_cache_dir).map_err(|why| Error::InvalidSpec { what: format!("ModelReplica {name}"), why })?;
     let s = &replica.spec;
-    let command: Vec<String> = [
-        "brink-agent".to_string(),
-        "serve".into(),
-        "--model".into(),
-        mount.path.clone(),
-        "--host".into(),
-        "0.0.0.0".into(),
-        "--port".into(),
-        config.serve_port.to_string(),
-        "--context".into(),
-        s.serving.context.to_string(),
-        "--max-batch-tokens".into(),
-        s.serving.max_batch_tokens.to_string(),
-        "--prefill-chunk".into(),
-        s.serving.prefill_chunk.to_string(),
-        "--slots".into(),
-        s.serving.concurrency.to_string(),
-        "--served-model-name".into(),
-        s.model.clone(),
-    ]
-    .into_iter()
-    .chain(config.replica_api_keys_secret.as_ref().map(|_| format!("--api-key-file={API_KEYS_DIR}/keys")))
-    .collect();
+    let launch = crate::engines::Launch {
+        kind: s.engine.kind,
+        model_path: &mount.path,
+        served_name: &s.model,
+        port: config.serve_port,
+        serving: &s.serving,
+        args: &s.engine.args,
+        gang: None,
+    };
+    let serve = crate::engines::command(&launch).map_err(|e| Error::InvalidSpec { what: format!("ModelReplica {name}"), why: e.to_string() })?;
+    let command: Vec<String> =
+        serve.into_iter().chain(config.replica_api_keys_secret.as_ref().map(|_| format!("--api-key-file={API_KEYS_DIR}/keys"))).collect();
     // Optional parts are added only when configured, so the Pods of an operator without them
     // keep their spec hash (and are not recreated by an upgrade).
     let mut envs = vec![
@@ -226,10 +227,23 @@ pub fn desired_pod(replica: &ModelReplica, model: &Model, config: &Config) -> Re
         envs.push(env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint));
         envs.push(env("OTEL_SERVICE_NAME", "brink-replica"));
     }
-    let mut mounts = vec![mount.mount.clone(), VolumeMount { name: "state".into(), mount_path: STATE_DIR.into(), ..VolumeMount::default() }];
-    let mut volumes = vec![mount.volume, Volume { name: "state".into(), empty_dir: Some(Default::default()), ..Volume::default() }];
+    let mut mounts = vec![
+        mount.mount.clone(),
+        VolumeMount { name: "state".into(), mount_path: STATE_DIR.into(), ..VolumeMount::default() },
+        VolumeMount { name: "node-state".into(), mount_path: NODE_STATE_DIR.into(), ..VolumeMount::default() },
+    ];
+    let mut volumes = vec![
+        mount.volume,
+        Volume { name: "state".into(), empty_dir: Some(Default::default()), ..Volume::default() },
+        host_path("node-state", &config.node_state_dir, "DirectoryOrCreate"),
+    ];
     if let Some(secret) = &config.replica_api_keys_secret {
-        mounts.push(VolumeMount { name: "api-keys".into(), mount_path: API_KEYS_DIR.into(), read_only: Some(true), ..VolumeMount::default() });
+        mounts.push(VolumeMount {
+            name: "api-keys".into(),
+            mount_path: API_KEYS_DIR.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
         volumes.push(Volume {
             name: "api-keys".into(),
             secret: Some(SecretVolumeSource { secret_name: Some(secret.clone()), ..SecretVolumeSource::default() }),
@@ -241,7 +255,9 @@ pub fn desired_pod(replica: &ModelReplica, model: &Model, config: &Config) -> Re
         requests: Some(BTreeMap::from([("memory".to_string(), Quantity(memory.to_string()))])),
         ..ResourceRequirements::default()
     });
-    // Startup covers the model load and the model-level threshold test (both before `/ready`).
+    // Startup covers the model load and the model-level threshold test (both before `/ready`:
+    // `serve --model-test`); a Pod recreated on the node reuses the node's result and pays
+    // only the load. See `startup_seconds` for the budget.
     let startup_failures = i32::try_from(config.startup_seconds.div_ceil(10).max(1)).unwrap_or(i32::MAX);
     let container = Container {
         name: "engine".into(),
@@ -300,7 +316,7 @@ pub fn desired_pod(replica: &ModelReplica, model: &Model, config: &Config) -> Re
 
 /// A hash of the spec: the Pod spec is immutable in everything this operator sets, so a Pod
 /// whose hash differs from the desired one is recreated (as a ReplicaSet's template hash).
-fn spec_hash(spec: &PodSpec) -> Result<String> {
+pub(crate) fn spec_hash(spec: &PodSpec) -> Result<String> {
     let bytes = serde_json::to_vec(spec).map_err(|source| Error::Serialize { what: "the replica Pod spec", source })?;
     Ok(Sha256::digest(&bytes).iter().take(8).map(|b| format!("{b:02x}")).collect())
 }

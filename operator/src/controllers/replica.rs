@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use brink_api::crd::{Model, ModelReplica, PodFailures, ReplicaPhase};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::DynamicObject;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
@@ -20,8 +21,10 @@ use tracing::{info, instrument};
 use super::context::{Context, FIELD_MANAGER};
 use super::error::{Error, Result, api_code};
 use super::events::publish;
-use super::pod::{PodAction, desired_pod, phase_from_pod, pod_action, pod_state};
-use crate::decide::{self, FailureRecord, Recovery};
+use super::member_pod;
+use super::pod::{PodAction, desired_pods, phase_from_pod, pod_action, pod_state};
+use super::lws;
+use crate::decide::{self, FailureRecord, PodState, Recovery};
 
 pub const CONTROLLER: &str = "modelreplica";
 
@@ -76,50 +79,68 @@ async fn reconcile_inner(replica: &ModelReplica, ctx: &Context) -> Result<Action
             why: format!("Model {ns}/{} does not exist", replica.spec.model),
         });
     };
-    let desired = desired_pod(replica, &model, &ctx.config)?;
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let existing = pods.get_opt(&name).await.map_err(|e| Error::kube(format!("reading Pod {ns}/{name}"), e))?;
-    let pod_now = match pod_action(existing.as_ref(), &desired, replica) {
-        PodAction::Keep => existing,
-        PodAction::Create => {
-            let pod = pods
-                .create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() }, &desired)
-                .await
-                .map_err(|e| Error::kube(format!("creating Pod {ns}/{name}"), e))?;
-            info!(node = %replica.spec.node, "replica Pod created");
-            Some(pod)
-        }
-        PodAction::Recreate => {
-            match pods.delete(&name, &DeleteParams::foreground()).await {
-                Ok(_) => {}
-                Err(e) if api_code(&e) == Some(404) => {}
-                Err(e) => return Err(Error::kube(format!("deleting the outdated Pod {ns}/{name}"), e)),
+    if replica.spec.gang.is_some() && ctx.config.leader_worker_set {
+        return reconcile_leader_worker_set(replica, &model, ctx, &ns, &pods).await;
+    }
+    if replica.spec.gang.is_some() {
+        let svc = member_pod::gang_service(replica, &ctx.config)?;
+        let svc_name = svc.name_any();
+        let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+        services
+            .patch(&svc_name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&svc))
+            .await
+            .map_err(|e| Error::kube(format!("applying the gang's Service {ns}/{svc_name}"), e))?;
+    }
+    // Every member's Pod (one, but for a gang), leader first.
+    let mut members_now: Vec<Option<Pod>> = Vec::new();
+    for desired in desired_pods(replica, &model, &ctx.config)? {
+        let pod_name = desired.name_any();
+        let existing = pods.get_opt(&pod_name).await.map_err(|e| Error::kube(format!("reading Pod {ns}/{pod_name}"), e))?;
+        let now = match pod_action(existing.as_ref(), &desired, replica) {
+            PodAction::Keep => existing,
+            PodAction::Create => {
+                let pod = pods
+                    .create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() }, &desired)
+                    .await
+                    .map_err(|e| Error::kube(format!("creating Pod {ns}/{pod_name}"), e))?;
+                info!(node = %pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default(), pod = %pod_name, "replica Pod created");
+                Some(pod)
             }
-            publish(
-                ctx,
-                &replica.object_ref(&()),
-                None,
-                EventType::Normal,
-                "PodRecreated",
-                "Recreate",
-                format!("Pod {name} differs from the replica's spec; recreating"),
-            )
-            .await;
-            // Created by the reconcile its deletion triggers.
-            return Ok(Action::requeue(Duration::from_secs(5)));
-        }
-        PodAction::Predecessor => {
-            // A rollout recreated this replica under its name: the old Pod goes with its owner.
-            tracing::debug!(replica = %name, "waiting for the previous replica's Pod to be garbage-collected");
-            return Ok(Action::requeue(Duration::from_secs(2)));
-        }
-        PodAction::Foreign => {
-            return Err(Error::InvalidSpec {
-                what: format!("ModelReplica {ns}/{name}"),
-                why: format!("a Pod named {name} exists and is not controlled by this replica; delete or rename it"),
-            });
-        }
-    };
+            PodAction::Recreate => {
+                match pods.delete(&pod_name, &DeleteParams::foreground()).await {
+                    Ok(_) => {}
+                    Err(e) if api_code(&e) == Some(404) => {}
+                    Err(e) => return Err(Error::kube(format!("deleting the outdated Pod {ns}/{pod_name}"), e)),
+                }
+                publish(
+                    ctx,
+                    &replica.object_ref(&()),
+                    None,
+                    EventType::Normal,
+                    "PodRecreated",
+                    "Recreate",
+                    format!("Pod {pod_name} differs from the replica's spec; recreating"),
+                )
+                .await;
+                // Created by the reconcile its deletion triggers.
+                return Ok(Action::requeue(Duration::from_secs(5)));
+            }
+            PodAction::Predecessor => {
+                // A rollout recreated this replica under its name: the old Pod goes with its owner.
+                tracing::debug!(replica = %name, pod = %pod_name, "waiting for the previous replica's Pod to be garbage-collected");
+                return Ok(Action::requeue(Duration::from_secs(2)));
+            }
+            PodAction::Foreign => {
+                return Err(Error::InvalidSpec {
+                    what: format!("ModelReplica {ns}/{name}"),
+                    why: format!("a Pod named {pod_name} exists and is not controlled by this replica; delete or rename it"),
+                });
+            }
+        };
+        members_now.push(now);
+    }
+    let pod_now = members_now.first().cloned().flatten();
 
     let resync = Duration::from_secs(ctx.config.resync_seconds.max(1) * 3);
     let now_s = ctx.now_s();
@@ -127,8 +148,13 @@ async fn reconcile_inner(replica: &ModelReplica, ctx: &Context) -> Result<Action
     let status = replica.status.clone().unwrap_or_default();
     let record = status.pod_failures.as_ref().map(failure_record);
     let was_serving = matches!(status.phase, ReplicaPhase::Serving | ReplicaPhase::Stalled);
-    let state = pod_state(pod_now.as_ref(), was_serving, now_s, &policy);
-    let (phase, _) = phase_from_pod(pod_now.as_ref());
+    let states: Vec<PodState> = members_now.iter().map(|p| pod_state(p.as_ref(), was_serving, now_s, &policy)).collect();
+    let state = decide::gang_pod_state(&states);
+    // A member that failed fails the replica; otherwise the leader's Pod says where it is.
+    let phase = match members_now.iter().map(|p| phase_from_pod(p.as_ref()).0).find(|p| *p == ReplicaPhase::Failed) {
+        Some(failed) => failed,
+        None => phase_from_pod(pod_now.as_ref()).0,
+    };
     match decide::recover(&state, record.as_ref(), now_s, &policy) {
         Recovery::Record { record, replace_in_s } => {
             let failures = pod_failures(&record)?;
@@ -142,13 +168,24 @@ async fn reconcile_inner(replica: &ModelReplica, ctx: &Context) -> Result<Action
         }
         Recovery::Wait { for_s } => Ok(Action::requeue(Duration::from_secs(for_s.max(1)))),
         Recovery::Replace { pod_uid } => {
+            // A gang is replaced whole: the failed member's Pod (conditional on its uid) and the
+            // others with it, so the engine's multi-node mode starts again from every rank.
+            let failed_pod = members_now.iter().flatten().find(|p| p.uid().as_deref() == Some(pod_uid.as_str())).map(|p| p.name_any());
+            let failed_pod = failed_pod.unwrap_or_else(|| name.clone());
             let params = DeleteParams::background().preconditions(Preconditions { uid: Some(pod_uid), resource_version: None });
-            match pods.delete(&name, &params).await {
+            match pods.delete(&failed_pod, &params).await {
                 Ok(_) => {}
                 Err(e) if api_code(&e) == Some(404) => {}
                 // Another Pod of that name already: decide again from it.
                 Err(e) if api_code(&e) == Some(409) => return Ok(Action::requeue(Duration::from_secs(1))),
-                Err(e) => return Err(Error::kube(format!("deleting the failed Pod {ns}/{name}"), e)),
+                Err(e) => return Err(Error::kube(format!("deleting the failed Pod {ns}/{failed_pod}"), e)),
+            }
+            for other in members_now.iter().flatten().map(|p| p.name_any()).filter(|p| *p != failed_pod) {
+                match pods.delete(&other, &DeleteParams::background()).await {
+                    Ok(_) => {}
+                    Err(e) if api_code(&e) == Some(404) => {}
+                    Err(e) => return Err(Error::kube(format!("deleting gang member Pod {ns}/{other}"), e)),
+                }
             }
             // Pending again: the agent of the next Pod reports forward from there.
             write_status(ctx, &ns, &name, ReplicaPhase::Pending, status.pod_failures.as_ref()).await?;
@@ -170,6 +207,27 @@ async fn reconcile_inner(replica: &ModelReplica, ctx: &Context) -> Result<Action
             Ok(Action::requeue(resync))
         }
     }
+}
+
+/// A gang where LeaderWorkerSet is installed: the LeaderWorkerSet applied (it creates and
+/// restarts the group's Pods itself, the whole group on any member's restart), the replica's
+/// phase from the leader Pod it made.
+async fn reconcile_leader_worker_set(replica: &ModelReplica, model: &Model, ctx: &Context, ns: &str, pods: &Api<Pod>) -> Result<Action> {
+    let name = replica.name_any();
+    let desired = lws::desired_lws(replica, model, &ctx.config)?;
+    let lws_name = lws::lws_name(&name);
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), ns, &lws::api_resource());
+    api.patch(&lws_name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired))
+        .await
+        .map_err(|e| Error::kube(format!("applying LeaderWorkerSet {ns}/{lws_name}"), e))?;
+    let leader = lws::leader_pod_name(&name);
+    let pod = pods.get_opt(&leader).await.map_err(|e| Error::kube(format!("reading Pod {ns}/{leader}"), e))?;
+    let (phase, _) = phase_from_pod(pod.as_ref());
+    let status = replica.status.clone().unwrap_or_default();
+    if let Some(next) = phase_update(replica, phase) {
+        write_status(ctx, ns, &name, next, status.pod_failures.as_ref()).await?;
+    }
+    Ok(Action::requeue(Duration::from_secs(ctx.config.resync_seconds.max(1) * 3)))
 }
 
 /// The API's record as the decision reads it.
@@ -226,8 +284,9 @@ mod tests {
                 node: "n".into(),
                 model: "m".into(),
                 revision: "x".into(),
-                engine: EngineBuild { image: "i".into(), version: "v".into() },
+                engine: EngineBuild { image: "i".into(), version: "v".into(), ..Default::default() },
                 serving: Serving { context: 1, max_batch_tokens: 1, prefill_chunk: 1, concurrency: 1, kv_fraction: 1.0 },
+                gang: None,
             },
         );
         r.status = phase.map(|phase| ModelReplicaStatus { phase, ..ModelReplicaStatus::default() });

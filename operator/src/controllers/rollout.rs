@@ -17,9 +17,8 @@ use serde::{Deserialize, Serialize};
 use super::error::{Error, Result};
 use super::names::REVISION_LABEL;
 use super::views::{MEMORY_ANNOTATION, replica_memory};
-use crate::decide::{
-    HeartbeatPolicy, NodeView, RolloutDecision, RolloutPolicy, RolloutReplica, RolloutSpec, decide_rollout, rollout_replica,
-};
+use super::rollout_view::rollout_replica;
+use crate::decide::{HeartbeatPolicy, NodeView, RolloutDecision, RolloutPolicy, RolloutReplica, RolloutSpec, decide_rollout};
 
 /// On a recreated replica: the template of the revision it replaced, as JSON, so that a
 /// rollback can return to it when no other replica runs it any more.
@@ -150,7 +149,7 @@ mod tests {
     use brink_api::crd::{ModelReplicaSpec, Serving};
 
     fn engine(v: &str) -> EngineBuild {
-        EngineBuild { image: format!("img:{v}"), version: v.into() }
+        EngineBuild { image: format!("img:{v}"), version: v.into(), ..Default::default() }
     }
 
     fn replica(name: &str, revision: &str, v: &str) -> ModelReplica {
@@ -163,6 +162,7 @@ mod tests {
                 revision: revision.into(),
                 engine: engine(v),
                 serving: Serving { context: 1024, max_batch_tokens: 256, prefill_chunk: 128, concurrency: 1, kv_fraction: 0.5 },
+                gang: None,
             },
         );
         r.metadata.uid = Some(format!("uid-{name}"));

@@ -60,7 +60,7 @@ pub fn node_alive(ctx: &Context, node: &str, now_s: u64) -> bool {
 
 /// Serving replicas bound to `node` and not on their way out.
 pub fn resident_replicas(replicas: &[Arc<ModelReplica>], node: &str) -> u32 {
-    let n = replicas.iter().filter(|r| r.spec.node == node && r.metadata.deletion_timestamp.is_none()).count();
+    let n = replicas.iter().filter(|r| r.spec.nodes().contains(&node) && r.metadata.deletion_timestamp.is_none()).count();
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 

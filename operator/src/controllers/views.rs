@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Node, Toleration as K8sToleration};
 use kube::ResourceExt;
 
 use crate::decide::{
-    ClassQualification, DeploymentView, HeartbeatHistory, MemoryNeed, NodeView, OnSelfTestFailure, ReplicaView, Resident, Spread, Taint,
+    ClassQualification, DeploymentView, GangMembers, GangNeed, HeartbeatHistory, MemoryNeed, NodeView, OnSelfTestFailure, ReplicaView, Resident, Spread, Taint,
     TaintEffect, Toleration,
 };
 
@@ -95,6 +95,7 @@ pub fn resident(replica: &ModelReplica) -> Resident {
         replica: replica.name_any(),
         deployment: deployment_key(&replica.namespace().unwrap_or_default(), &replica.spec.deployment),
         memory_bytes: replica_memory(replica),
+        gang_member: replica.spec.gang.is_some(),
     }
 }
 
@@ -121,7 +122,8 @@ pub fn node_view(node: &Node, spark: Option<&SparkNode>, heartbeat: HeartbeatHis
         heartbeat,
         classes: spark.map(classes).unwrap_or_default(),
         allocatable_bytes,
-        residents: replicas.iter().filter(|r| r.spec.node == name).map(|r| resident(r)).collect(),
+        // A gang's members each hold a member's memory on their node.
+        residents: replicas.iter().filter(|r| r.spec.nodes().contains(&name.as_str())).map(|r| resident(r)).collect(),
         sweep: None,
         name,
     }
@@ -151,6 +153,7 @@ pub fn replica_view(replica: &ModelReplica) -> ReplicaView {
         name: replica.name_any(),
         node: replica.spec.node.clone(),
         healthy: serving && replica.metadata.deletion_timestamp.is_none(),
+        gang: replica.spec.gang.as_ref().map(|g| GangMembers { workers: g.workers.clone(), fabric: g.fabric.clone() }),
     }
 }
 
@@ -213,6 +216,10 @@ pub fn deployment_view(dep: &ModelDeployment, facts: &ModelFacts, reserve_bytes:
             crd::OnSelfTestFailure::Clamp => OnSelfTestFailure::Clamp,
             crd::OnSelfTestFailure::Refuse => OnSelfTestFailure::Refuse,
         },
+        gang: (s.nodes_per_replica > 1).then(|| GangNeed {
+            nodes: u64::from(s.nodes_per_replica),
+            fabric_label: s.gang.as_ref().map_or_else(|| crd::FABRIC_LABEL.to_string(), |g| g.fabric_label.clone()),
+        }),
     }
 }
 
@@ -406,8 +413,9 @@ mod tests {
                 node: "n1".into(),
                 model: "qwen".into(),
                 revision: "r".into(),
-                engine: brink_api::crd::EngineBuild { image: "i".into(), version: "v".into() },
+                engine: brink_api::crd::EngineBuild { image: "i".into(), version: "v".into(), ..Default::default() },
                 serving: brink_api::crd::Serving { context: 1, max_batch_tokens: 1, prefill_chunk: 1, concurrency: 1, kv_fraction: 1.0 },
+                gang: None,
             },
         );
         r.metadata.namespace = Some("ns".into());
@@ -415,7 +423,20 @@ mod tests {
         let mut elsewhere = r.clone();
         elsewhere.spec.node = "n2".into();
         let v = node_view(&node(), None, HeartbeatHistory::new(40), &[&r, &elsewhere]);
-        assert_eq!(v.residents, [Resident { replica: "qwen-0".into(), deployment: "ns/qwen".into(), memory_bytes: 3 * GIB }]);
+        assert_eq!(
+            v.residents,
+            [Resident { replica: "qwen-0".into(), deployment: "ns/qwen".into(), memory_bytes: 3 * GIB, gang_member: false }]
+        );
+        // A gang's worker holds a member's memory on its own node.
+        let mut gang = r.clone();
+        gang.spec.node = "n2".into();
+        gang.spec.gang =
+            Some(brink_api::crd::ReplicaGang { workers: vec!["n1".into()], fabric: "f".into(), rdma: false, network: None });
+        let v = node_view(&node(), None, HeartbeatHistory::new(40), &[&gang]);
+        assert_eq!(
+            v.residents,
+            [Resident { replica: "qwen-0".into(), deployment: "ns/qwen".into(), memory_bytes: 3 * GIB, gang_member: true }]
+        );
         r.metadata.annotations = Some([(MEMORY_ANNOTATION.to_string(), "lots".to_string())].into());
         assert_eq!(replica_memory(&r), 0);
     }

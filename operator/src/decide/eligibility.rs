@@ -76,6 +76,8 @@ pub(crate) fn serving_limits(class: Option<&ClassQualification>, dep: &Deploymen
         Some(ClassQualification::InProgress) => return Err(not("qualifying now".into())),
         Some(ClassQualification::Stale { changed }) => return Err(not(format!("stale, re-qualifying: {changed}"))),
         Some(ClassQualification::Done(Verdict::Disqualified { reason })) => return Err(not(format!("disqualified: {reason}"))),
+        // Whatever the deployment requires: cases never shown able to fail validate nothing.
+        Some(ClassQualification::Done(Verdict::ProofIncomplete { reason })) => return Err(not(reason.clone())),
         Some(ClassQualification::Done(Verdict::NotQualified { reason })) if dep.require_qualified => {
             return Err(not(format!("nothing executed: {reason}")));
         }

@@ -83,6 +83,9 @@ pub struct Resident {
     /// The owning deployment's key (`namespace/name`).
     pub deployment: String,
     pub memory_bytes: u64,
+    /// A gang member (host networking: its ports are the node's, so no second gang member of
+    /// any deployment goes there).
+    pub gang_member: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -166,9 +169,34 @@ pub struct DeploymentView {
     /// unclamped; a disqualified, stale or in-progress class is refused either way.
     pub require_qualified: bool,
     pub on_self_test_failure: OnSelfTestFailure,
+    /// `Some` when a replica spans several nodes (`nodesPerReplica` above 1).
+    pub gang: Option<GangNeed>,
 }
 
+/// What a gang needs of its nodes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GangNeed {
+    /// Members per gang (at least 2).
+    pub nodes: u64,
+    /// The node label whose value names the fabric every member must share.
+    pub fabric_label: String,
+}
+
+/// The most members one gang may have (the CRD's bound on `nodesPerReplica`).
+pub const MAX_GANG_NODES: u64 = 64;
+
 impl DeploymentView {
+    /// Nodes one replica takes.
+    pub fn nodes_per_replica(&self) -> u64 {
+        self.gang.as_ref().map_or(1, |g| g.nodes)
+    }
+
+    /// The memory each member of a replica requests: the replica's memory spread evenly over
+    /// its nodes (tensor parallelism splits weights and KV cache), rounded up.
+    pub fn member_memory_bytes(&self) -> Result<u64, DecideError> {
+        Ok(self.memory_bytes()?.div_ceil(self.nodes_per_replica().max(1)))
+    }
+
     /// The memory one replica requests, or which field makes it unrepresentable.
     pub fn memory_bytes(&self) -> Result<u64, DecideError> {
         match self.memory {
@@ -206,6 +234,11 @@ impl DeploymentView {
         }
         if let MemoryNeed::Model { concurrency: 0, .. } = self.memory {
             return bad("serving.concurrency", "must be at least 1".into());
+        }
+        if let Some(g) = &self.gang
+            && !(2..=MAX_GANG_NODES).contains(&g.nodes)
+        {
+            return bad("nodesPerReplica", format!("{} members per gang: a gang has 2 to {MAX_GANG_NODES}", g.nodes));
         }
         if self.replicas > MAX_REPLICAS {
             return bad("replicas", format!("{} exceeds the limit of {MAX_REPLICAS}", self.replicas));

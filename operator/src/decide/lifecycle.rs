@@ -7,6 +7,10 @@
 //! and a `PreferNoSchedule` taint keep the replica where it is. The controller places the
 //! replacements first and removes a replaced replica once its replacement serves.
 //!
+//! A gang (a replica over several nodes) is replaced as a whole when any member's node must be
+//! left, a member left the gang's fabric, or the deployment asks for another gang size
+//! (`gang::gang_eviction_reasons`).
+//!
 //! Scale-down victims, one at a time: replicas due for replacement first (no point replacing
 //! them), then unhealthy ones, then the one on the node with the most replicas of the
 //! deployment (removing it harms spread least), then the more loaded node, then the name.
@@ -17,6 +21,7 @@ use std::collections::BTreeMap;
 use brink_api::Verdict;
 
 use super::eligibility::schedulability;
+use super::gang::{GangMembers, gang_eviction_reasons};
 use super::heartbeat::{HeartbeatPolicy, HeartbeatState};
 use super::inputs::{ClassQualification, DecideError, DeploymentView, NodeView, sorted_nodes};
 use super::reason::Reason;
@@ -28,6 +33,8 @@ pub struct ReplicaView {
     pub node: String,
     /// Serving and ready; false while starting, failed or stalled.
     pub healthy: bool,
+    /// A gang's other members (`node` is its leader).
+    pub gang: Option<GangMembers>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,7 +76,7 @@ pub fn lifecycle(
 
     let due: BTreeMap<&str, Vec<Reason>> = replicas
         .iter()
-        .map(|r| (r.name.as_str(), eviction_reasons(nodes.get(r.node.as_str()).copied(), dep, now_s, policy)))
+        .map(|r| (r.name.as_str(), gang_eviction_reasons(&r.node, r.gang.as_ref(), &nodes, dep, now_s, policy)))
         .filter(|(_, reasons)| !reasons.is_empty())
         .collect();
 
@@ -128,7 +135,7 @@ pub fn drain_without_room(replace: &[Replacement], unplaced: u64) -> Vec<String>
 }
 
 /// Why a replica on `node` must leave it (empty: it stays).
-fn eviction_reasons(node: Option<&NodeView>, dep: &DeploymentView, now_s: u64, policy: &HeartbeatPolicy) -> Vec<Reason> {
+pub(crate) fn eviction_reasons(node: Option<&NodeView>, dep: &DeploymentView, now_s: u64, policy: &HeartbeatPolicy) -> Vec<Reason> {
     let Some(node) = node else {
         return vec![Reason::NodeGone];
     };

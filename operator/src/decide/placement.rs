@@ -22,8 +22,20 @@ pub struct Assignment {
     pub node: String,
     /// Batch and chunk clamped to the node's envelope (`validated: false`: nothing to clamp to).
     pub limits: Envelope,
-    /// The memory request of the replica Pod.
+    /// The memory request of the replica Pod (of each member's Pod, for a gang).
     pub memory_bytes: u64,
+    /// For a replica over several nodes: `node` is its leader, these its other members.
+    pub gang: Option<AssignedGang>,
+}
+
+/// A gang's members beyond the leader, and what they share.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AssignedGang {
+    /// Rank 1 first.
+    pub workers: Vec<String>,
+    pub fabric: String,
+    /// Every member's node has RDMA devices.
+    pub rdma: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -89,6 +101,9 @@ impl Candidate<'_> {
 /// Places `count` new replicas of `dep` on `nodes` at `now_s`. The deployment's existing
 /// replicas are the nodes' residents whose deployment is `dep.key`.
 pub fn place(dep: &DeploymentView, nodes: &[NodeView], count: u64, now_s: u64, policy: &HeartbeatPolicy) -> Result<Placement, DecideError> {
+    if dep.gang.is_some() {
+        return super::gang::place_gangs(dep, nodes, count, now_s, policy);
+    }
     dep.validate()?;
     if count > MAX_REPLICAS {
         return Err(DecideError::TooManyReplicas { deployment: dep.key.clone(), count });
@@ -126,7 +141,7 @@ pub fn place(dep: &DeploymentView, nodes: &[NodeView], count: u64, now_s: u64, p
         c.committed = c.committed.saturating_add(need);
         c.own += 1;
         c.placed += 1;
-        assignments.push(Assignment { node: c.node.name.clone(), limits, memory_bytes: need });
+        assignments.push(Assignment { node: c.node.name.clone(), limits, memory_bytes: need, gang: None });
     }
 
     let unplaced = count - assignments.len() as u64;

@@ -46,6 +46,34 @@ pub enum Reason {
     AlreadyHosts,
     /// The node fits, but the wanted replicas went to less loaded nodes.
     NotNeeded,
+    /// A gang member of some deployment is there already (host networking: one per node).
+    HostsGangMember,
+    /// A gang needs nodes of one fabric, and the node carries no fabric label.
+    NoFabric {
+        label: String,
+    },
+    /// The node's fabric has fewer eligible nodes than a gang needs.
+    FabricTooSmall {
+        fabric: String,
+        eligible: u64,
+        needs: u64,
+    },
+    /// One of the gang's other members must go: the whole gang is replaced.
+    GangMember {
+        node: String,
+        reasons: Vec<Reason>,
+    },
+    /// A gang member no longer carries the fabric the gang was placed on.
+    FabricChanged {
+        node: String,
+        fabric: String,
+        now: Option<String>,
+    },
+    /// The replica spans another number of nodes than the deployment asks for.
+    GangSize {
+        has: u64,
+        wants: u64,
+    },
 }
 
 impl Reason {
@@ -66,6 +94,12 @@ impl Reason {
             Reason::Memory { needs, .. } => format!("insufficient memory (needs {})", gib(*needs)),
             Reason::AlreadyHosts => "already hosts a replica (one per node)".into(),
             Reason::NotNeeded => "not needed".into(),
+            Reason::HostsGangMember => "hosts a gang member already".into(),
+            Reason::NoFabric { label } => format!("no fabric label {label}"),
+            Reason::FabricTooSmall { needs, .. } => format!("fabric with fewer than {needs} eligible nodes"),
+            Reason::GangMember { .. } => "a gang member must go".into(),
+            Reason::FabricChanged { .. } => "fabric changed".into(),
+            Reason::GangSize { wants, .. } => format!("gang size is not {wants}"),
         }
     }
 }
@@ -99,6 +133,20 @@ impl fmt::Display for Reason {
             }
             Reason::AlreadyHosts => write!(f, "already hosts a replica of this deployment (spread: one per node)"),
             Reason::NotNeeded => write!(f, "fits, but the replicas went to less loaded nodes"),
+            Reason::HostsGangMember => write!(f, "hosts a gang member already (host networking: one per node)"),
+            Reason::NoFabric { label } => write!(f, "no fabric: the node has no label {label}"),
+            Reason::FabricTooSmall { fabric, eligible, needs } => {
+                write!(f, "fabric {fabric} has {eligible} eligible nodes, a gang needs {needs}")
+            }
+            Reason::GangMember { node, reasons } => {
+                let why: Vec<String> = reasons.iter().map(ToString::to_string).collect();
+                write!(f, "gang member on node {node}: {}", why.join("; "))
+            }
+            Reason::FabricChanged { node, fabric, now: Some(now) } => {
+                write!(f, "gang member on node {node} is on fabric {now}, the gang on {fabric}")
+            }
+            Reason::FabricChanged { node, fabric, now: None } => write!(f, "gang member on node {node} left fabric {fabric}"),
+            Reason::GangSize { has, wants } => write!(f, "the replica spans {has} nodes, the deployment asks for {wants}"),
         }
     }
 }
@@ -108,6 +156,11 @@ impl fmt::Display for Reason {
 /// with how many nodes gave it, most first. `reasons` has every node, with no reasons for one
 /// that could take a replica.
 pub fn unplaced_summary(unplaced: u64, wanted: u64, reasons: &[(String, Vec<Reason>)]) -> String {
+    format!("{unplaced} of {wanted} replicas cannot be placed; {}", nodes_detail(reasons))
+}
+
+/// `a/b nodes available: n reason, ...` over every node's reasons.
+pub fn nodes_detail(reasons: &[(String, Vec<Reason>)]) -> String {
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     for (_, rs) in reasons {
         // A node with two memory reasons counts once per kind.
@@ -127,5 +180,5 @@ pub fn unplaced_summary(unplaced: u64, wanted: u64, reasons: &[(String, Vec<Reas
         let list: Vec<String> = by_count.iter().map(|(k, n)| format!("{n} {k}")).collect();
         format!("{available}/{} nodes available: {}", reasons.len(), list.join(", "))
     };
-    format!("{unplaced} of {wanted} replicas cannot be placed; {detail}")
+    detail
 }

@@ -29,6 +29,20 @@ pub fn revision(model: &ModelSpec, engine: &EngineBuild) -> String {
     }
     field(&engine.image);
     field(&engine.version);
+    // Added only when set, so that a brink deployment keeps the revision it had before engine
+    // kinds existed (an operator upgrade must not roll every deployment).
+    if !engine.kind.is_brink() {
+        field("kind");
+        field(engine.kind.as_str());
+    }
+    for arg in &engine.args {
+        field("arg");
+        field(arg);
+    }
+    if let Some(port) = engine.port {
+        field("port");
+        field(&port.to_string());
+    }
     let digest = h.finalize();
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     hex[..REVISION_HEX].to_string()
@@ -50,7 +64,7 @@ mod tests {
     }
 
     fn engine(image: &str, version: &str) -> EngineBuild {
-        EngineBuild { image: image.into(), version: version.into() }
+        EngineBuild { image: image.into(), version: version.into(), ..Default::default() }
     }
 
     #[test]
@@ -75,5 +89,16 @@ mod tests {
         split.parts =
             Some(vec![ModelPart { file: "a-1.gguf".into(), sha256: a.clone() }, ModelPart { file: "a-2.gguf".into(), sha256: a.clone() }]);
         assert_ne!(base, revision(&split, &engine("img:1", "0.1")));
+        // The engine's kind, arguments and port are part of what serves.
+        let other = |f: &dyn Fn(&mut EngineBuild)| {
+            let mut e = engine("img:1", "0.1");
+            f(&mut e);
+            revision(&model(&a), &e)
+        };
+        let kinds = [other(&|e| e.kind = brink_api::crd::EngineKind::Vllm), other(&|e| e.kind = brink_api::crd::EngineKind::Llamacpp)];
+        assert!(kinds.iter().all(|r| *r != base) && kinds[0] != kinds[1]);
+        assert_ne!(base, other(&|e| e.args = vec!["--enforce-eager".into()]));
+        assert_ne!(base, other(&|e| e.port = Some(9000)));
+        assert_ne!(other(&|e| e.args = vec!["a".into(), "b".into()]), other(&|e| e.args = vec!["ab".into()]));
     }
 }

@@ -86,8 +86,10 @@ pub fn deployment(replicas: i32) -> ModelDeployment {
         ModelDeploymentSpec {
             model_ref: ModelRef { name: "qwen".into() },
             replicas,
-            engine: EngineBuild { image: "ghcr.io/brink/agent:0.2.0".into(), version: "0.2.0".into() },
+            engine: EngineBuild { image: "ghcr.io/brink/agent:0.2.0".into(), version: "0.2.0".into(), ..Default::default() },
             serving: serving(),
+            nodes_per_replica: 1,
+            gang: None,
             placement: Placement {
                 node_selector: BTreeMap::new(),
                 spread: Spread::PerNode,
@@ -197,6 +199,7 @@ pub fn replica(name: &str, node: &str, phase: Option<ReplicaPhase>) -> ModelRepl
             revision: revision(),
             engine: deployment(1).spec.engine,
             serving: serving(),
+            gang: None,
         },
     );
     r.metadata = meta(name, Some(NS), &format!("uid-{name}"));

@@ -97,8 +97,8 @@ fn printer_columns() {
     let expected: [(&str, &[&str]); 4] = [
         ("SparkNode", &["GPU", "CC", "Agent", "Ready", "Qualified", "Heartbeat", "Age"]),
         ("Model", &["Arch", "Shape", "Size", "Ready", "Age"]),
-        ("ModelDeployment", &["Model", "Desired", "Ready", "Engine", "Rollout", "Age"]),
-        ("ModelReplica", &["Deployment", "Node", "Phase", "Endpoint", "Restarts", "Age"]),
+        ("ModelDeployment", &["Model", "Desired", "Ready", "Engine", "Kind", "Nodes", "Rollout", "Age"]),
+        ("ModelReplica", &["Deployment", "Node", "Workers", "Phase", "Endpoint", "Restarts", "Age"]),
     ];
     for (kind, names) in expected {
         let c = crd(kind);
@@ -118,6 +118,8 @@ fn printer_columns() {
             let schema_ty = node["type"].as_str().unwrap_or_default();
             let matches = match ty {
                 "date" => schema_ty == "string",
+                // kubectl prints a list's items in a string column (a gang's workers).
+                "string" => schema_ty == "string" || schema_ty == "array",
                 other => schema_ty == other,
             };
             assert!(matches, "{kind} column {}: {} is {schema_ty}, column says {}", col.name, col.json_path, col.type_);
@@ -262,8 +264,18 @@ fn cel_rules_sit_where_they_apply() {
     assert_eq!(rules(at(&m, "spec.source")), ["(has(self.https) ? 1 : 0) + (has(self.nodePath) ? 1 : 0) + (has(self.pvc) ? 1 : 0) == 1"]);
     let d = schema("ModelDeployment");
     assert_eq!(rules(at(&d, "spec.serving")), ["self.prefillChunk <= self.maxBatchTokens"]);
+    assert_eq!(
+        rules(at(&d, "spec")),
+        ["(has(self.engine.kind) && self.engine.kind != 'brink') || !has(self.nodesPerReplica) || self.nodesPerReplica == 1"]
+    );
     let r = schema("ModelReplica");
-    assert_eq!(rules(at(&r, "spec")), ["self.node == oldSelf.node"]);
+    assert_eq!(
+        rules(at(&r, "spec")),
+        [
+            "self.node == oldSelf.node",
+            "has(self.gang) == has(oldSelf.gang) && (!has(self.gang) || self.gang.workers == oldSelf.gang.workers)"
+        ]
+    );
     // The replica's serving limits carry the same rule as the deployment's.
     assert_eq!(rules(at(&r, "spec.serving")), ["self.prefillChunk <= self.maxBatchTokens"]);
 }
@@ -304,8 +316,8 @@ fn cel_rules_pass_static_analysis() {
         }
     }
     assert_eq!(
-        checked, 10,
-        "rules: Model spec 3 + source 1, ModelDeployment serving 1, ModelReplica spec 1 + serving 1, RegressionSweep spec 1, SweepRun spec 1, SweepResult spec 1"
+        checked, 12,
+        "rules: Model spec 3 + source 1, ModelDeployment spec 1 + serving 1, ModelReplica spec 2 + serving 1, RegressionSweep spec 1, SweepRun spec 1, SweepResult spec 1"
     );
 }
 
@@ -559,6 +571,68 @@ fn cel_rejects_a_prefill_chunk_above_the_batch() {
     }
     let r = with(replica_json(), "/spec/serving/prefillChunk", json!(8192));
     assert_eq!(cel("ModelReplica", &r, None).len(), 1);
+}
+
+#[test]
+fn cel_allows_several_nodes_per_replica_only_off_brink() {
+    let good = deployment_json();
+    // (engine kind, nodesPerReplica) -> accepted
+    let cases = [
+        (None, None, true),
+        (None, Some(1), true),
+        (None, Some(2), false),
+        (Some("brink"), Some(2), false),
+        (Some("brink"), Some(1), true),
+        (Some("vllm"), Some(2), true),
+        (Some("sglang"), Some(4), true),
+        (Some("llamacpp"), Some(2), true),
+        (Some("vllm"), None, true),
+    ];
+    for (kind, nodes, ok) in cases {
+        let mut d = good.clone();
+        if let Some(k) = kind {
+            d = with(d, "/spec/engine/kind", json!(k));
+        }
+        if let Some(n) = nodes {
+            d = with(d, "/spec/nodesPerReplica", json!(n));
+        }
+        let msgs = cel("ModelDeployment", &d, None);
+        assert_eq!(msgs.is_empty(), ok, "kind {kind:?} nodes {nodes:?}: {msgs:?}");
+        if !ok {
+            assert!(msgs[0].contains("spec.nodesPerReplica must be 1 for engine kind brink"), "{msgs:?}");
+        }
+    }
+    // The wire form of a gang deployment reads back into the types.
+    let gang = with(
+        with(with(good.clone(), "/spec/engine/kind", json!("vllm")), "/spec/nodesPerReplica", json!(2)),
+        "/spec/gang",
+        json!({"socketInterface": "enp1s0f1np1", "ibHca": "rocep1s0f1"}),
+    );
+    let d: ModelDeployment = serde_json::from_value(gang).expect("a gang deployment");
+    assert_eq!((d.spec.engine.kind, d.spec.nodes_per_replica), (EngineKind::Vllm, 2));
+    let g = d.spec.gang.expect("gang settings");
+    assert_eq!((g.fabric_label.as_str(), g.socket_interface.as_deref()), (FABRIC_LABEL, Some("enp1s0f1np1")));
+    // Without the new fields a deployment is brink on one node, and writes none of them back.
+    let plain: ModelDeployment = serde_json::from_value(good).expect("deployment");
+    assert_eq!((plain.spec.engine.kind, plain.spec.nodes_per_replica, plain.spec.gang), (EngineKind::Brink, 1, None));
+    let back = serde_json::to_value(&plain.spec.engine).expect("json");
+    assert_eq!(back, json!({"image": "ghcr.io/brink/agent:0.2.0", "version": "0.2.0"}));
+}
+
+#[test]
+fn cel_keeps_a_gang_on_its_nodes() {
+    let gang = json!({"workers": ["spark-03"], "fabric": "cx7-a", "rdma": true});
+    let old = with(replica_json(), "/spec/gang", gang.clone());
+    let moved = with(old.clone(), "/spec/gang/workers", json!(["spark-04"]));
+    let msgs = cel("ModelReplica", &moved, Some(&old));
+    assert!(msgs.len() == 1 && msgs[0].contains("a gang is bound to its nodes"), "{msgs:?}");
+    let dropped = with(old.clone(), "/spec/gang", Value::Null);
+    assert_eq!(cel("ModelReplica", &dropped, Some(&old)).len(), 1);
+    assert!(cel("ModelReplica", &old, Some(&old)).is_empty());
+    let plain = replica_json();
+    assert!(cel("ModelReplica", &plain, Some(&plain)).is_empty());
+    let r: ModelReplica = serde_json::from_value(old).expect("a gang replica");
+    assert_eq!(r.spec.nodes(), ["spark-02", "spark-03"]);
 }
 
 #[test]

@@ -2,9 +2,8 @@
 //!
 //! Quantized weights: x is quantized to q8_1 rows (`quantize`, dense mode), then the dp4a
 //! GEMV (up to 8 rows: decode) or tiled GEMM of `output_head` computes every output row; the
-//! kernels' `path` picks which. K-quant weights take the same call once their variants are
-//! merged (h/kq). f32 weights (tied embedding tables widened at load; the router once F32
-//! matrices stay F32) take `dense_f32`, which AWAITS h/kq.
+//! kernels' `path` picks which; K-quant weights take the same call. f32 weights (tied
+//! embedding tables widened at load, the router's F32 matrix) take `dense_f32`.
 
 use brink_kernels::cuda::{Gpu, GpuError};
 use brink_kernels::ops::output_head::{self, HeadBuffers, HeadDims};

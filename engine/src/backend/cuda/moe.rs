@@ -8,8 +8,8 @@
 //! down, weights ─moe_combine─▶ out [T, H]
 //! ```
 //!
-//! AWAITS h/kq: `swiglu` (below). The router runs through the dense q8_1 kernels on the
-//! router's q8_0 copy until `dense_f32` is merged (see `weights`).
+//! The router's F32 matrix runs through `dense_f32`, a quantized one through the dense q8_1
+//! kernels (see `weights`).
 
 use brink_kernels::cuda::{Gpu, GpuError};
 use brink_kernels::launch::PlanError;

@@ -1,6 +1,4 @@
 //! Ops that work row by row: RMS norm (whole rows or per head), RoPE, and `add`.
-//!
-//! AWAITS h/kq: `add` (below).
 
 use brink_kernels::cuda::Gpu;
 use brink_kernels::ops::rmsnorm::{self, RmsNormCase};

@@ -116,7 +116,7 @@ pub(crate) fn supported_types(role: WeightRole) -> &'static [GgmlType] {
 /// Uploads `t` in the layout its type and role call for.
 pub(crate) fn load(gpu: &Gpu, t: HostTensor, role: WeightRole) -> Result<CudaWeight, BackendError> {
     let bad = |why: String| fail(format!("tensor {:?} ({}, dims {:?}) as {}: {why}", t.name, t.ggml_type, t.dims, role.name()));
-    let expected = t.ggml_type.tensor_bytes(&t.dims).map_err(|e| bad(e.to_string()))?;
+    let expected = crate::gguf::tensor_bytes(t.ggml_type, &t.dims).map_err(|e| bad(e.to_string()))?;
     if expected != t.bytes.len() as u64 {
         return Err(bad(format!("holds {} bytes, its shape needs {expected}", t.bytes.len())));
     }

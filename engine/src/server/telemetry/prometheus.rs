@@ -3,11 +3,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
-use std::sync::atomic::Ordering;
 
 use super::histogram::{Histogram, Labels};
-use super::{GenAiMetric, Kind, REQUEST_DURATION, Scalar, TOKEN_USAGE, TPOT, TTFT, Telemetry};
-use crate::server::jobs::Heartbeat;
+use super::{GenAiMetric, Kind, Scalar};
 
 /// A label value with `\`, `"` and newlines escaped.
 fn escape(v: &str) -> String {
@@ -52,22 +50,6 @@ pub fn render_histogram(out: &mut String, m: &GenAiMetric, h: &Histogram) {
         let _ = writeln!(out, "{}_sum{} {}", m.prom, label_set(&labels, None), s.sum);
         let _ = writeln!(out, "{}_count{} {}", m.prom, label_set(&labels, None), s.count);
     }
-}
-
-/// The whole `/metrics` body.
-pub fn render(hb: &Heartbeat, scalars: &[Scalar]) -> String {
-    let mut out = String::new();
-    render_scalars(&mut out, scalars);
-    // Kept from before the GenAI histogram (scripts read it); the same observations.
-    out += "# HELP brink_time_to_first_token_seconds Time from submission to the first generated token.\n\
-            # TYPE brink_time_to_first_token_seconds summary\n";
-    let _ = writeln!(out, "brink_time_to_first_token_seconds_sum {}", hb.ttft_micros_sum.load(Ordering::Relaxed) as f64 / 1e6);
-    let _ = writeln!(out, "brink_time_to_first_token_seconds_count {}", hb.ttft_count.load(Ordering::Relaxed));
-    let t: &Telemetry = &hb.telemetry;
-    for (m, h) in [(&TTFT, &t.ttft), (&TPOT, &t.tpot), (&REQUEST_DURATION, &t.duration), (&TOKEN_USAGE, &t.tokens)] {
-        render_histogram(&mut out, m, h);
-    }
-    out
 }
 
 /// One sample line read back.
@@ -202,34 +184,7 @@ fn check_buckets(samples: &[Sample]) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::GenAiLabels;
     use super::*;
-    use crate::server::http::HttpCounters;
-    use std::time::Duration;
-
-    #[test]
-    fn the_render_parses_and_carries_every_series() {
-        let hb = Heartbeat::new();
-        hb.record_stall("layer 3".into(), "moe \"gate\"".into());
-        let labels = GenAiLabels { operation: "chat", model: "we\\ird\nname".into() };
-        hb.telemetry.first_token(&labels, Duration::from_millis(20));
-        let text = render(&hb, &super::super::scalars(&hb, &HttpCounters::default()));
-        let samples = parse_exposition(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-        let find = |name: &str| samples.iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no {name}\n{text}"));
-        let count = find("gen_ai_server_time_to_first_token_seconds_count");
-        assert_eq!(count.value, 1.0);
-        assert_eq!(count.label("gen_ai_request_model"), Some("we\\ird\nname"));
-        assert_eq!(count.label("gen_ai_operation_name"), Some("chat"));
-        // Upper bounds are inclusive: 20 ms counts in le="0.02".
-        let b = samples.iter().find(|s| s.name.ends_with("_first_token_seconds_bucket") && s.label("le") == Some("0.02")).unwrap();
-        assert_eq!(b.value, 1.0);
-        assert_eq!(find("brink_stalls_total").label("op"), Some("moe \"gate\""));
-        for name in
-            ["brink_requests_total", "brink_kv_blocks_used", "brink_prefill_tokens_total", "brink_time_to_first_token_seconds_count"]
-        {
-            find(name);
-        }
-    }
 
     #[test]
     fn malformed_expositions_are_named() {

@@ -131,8 +131,8 @@ pub fn attention_cpu(
 mod tests {
     use super::super::{DECODE_SPAN, TOLERANCE, prefill_tile};
     use super::*;
+    use crate::check::RelErr;
     use crate::ops::kv_store::kv_store_cpu;
-    use crate::selftest::verify::RelErr;
     use crate::testdata::uniform_row;
 
     /// A cache filled at every position from seeds, f16-rounded.

@@ -22,13 +22,12 @@ use super::{
     AttentionIo, AttentionSpec, BatchCounts, BatchPlan, Chunk, DecodeRoute, DeviceBatch, KERNEL, TOLERANCE, cpu, launch, launches,
     physical_row, prefill_tile,
 };
+use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Launch, PlanError};
 use crate::limits::DeviceLimits;
 use crate::ops::kv_store::{self, KvRows, cache_offset};
 use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform};
-use crate::selftest::case::{Check, Outcome};
-use crate::selftest::verify::{RelErr, sample_rows};
 use crate::testdata::{uniform_f32, uniform_row};
 use crate::thresholds::{Critical, I32_MAX, overflow_point, tile_tails};
 
@@ -457,6 +456,21 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &AttentionCase) -> Result<Outcome, Gp
         check.note = format!("{stored} stored cache words differ from kv_store's twin; {}", check.note);
     }
     Ok(Outcome::Ran(check))
+}
+
+/// The self-test's handle on this family (registered in `selftest::case`).
+pub struct Family;
+
+impl KernelFamily for Family {
+    type Case = AttentionCase;
+
+    fn run(gpu: &Gpu, tokens: u64, c: &AttentionCase) -> Result<Outcome, GpuError> {
+        run_case(gpu, tokens, c)
+    }
+
+    fn plans(tokens: u64, c: &AttentionCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+        plans(tokens, c, limits)
+    }
 }
 
 #[cfg(test)]

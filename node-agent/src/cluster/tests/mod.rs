@@ -10,6 +10,7 @@ mod facts_flow;
 mod lease_renew;
 mod model_reuse_flow;
 mod qualify;
+mod replica_report_flow;
 mod run_loop;
 mod start;
 
@@ -95,6 +96,7 @@ pub fn settings(pvc_root: &std::path::Path) -> Settings {
         reserved_memory_bytes: 4 << 30,
         // No progress ticks inside a test: the writes are the scenario's, deterministic.
         progress_every: Duration::from_secs(3600),
+        replica_reports: None,
     }
 }
 

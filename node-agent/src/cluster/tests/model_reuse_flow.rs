@@ -1,4 +1,4 @@
-//! A model downloaded once and reused (issue 6, "Tests"), through the in-memory API double:
+//! A model downloaded once and reused, through the in-memory API double:
 //! two deployments' replicas on node n1 use the same Model; the agent's model cache fetches it
 //! from a local HTTP server once, both replicas' node sees it Ready, and a later round asks the
 //! server for nothing and writes nothing to the Model.

@@ -236,7 +236,7 @@ fn lifecycle_table() {
         let replicas: Vec<ReplicaView> = c
             .replicas
             .iter()
-            .map(|(name, node, healthy)| ReplicaView { name: (*name).into(), node: (*node).into(), healthy: *healthy })
+            .map(|(name, node, healthy)| ReplicaView { name: (*name).into(), node: (*node).into(), healthy: *healthy, gang: None })
             .collect();
         let got = lifecycle(&d, &replicas, &c.nodes, NOW, &POLICY).unwrap_or_else(|e| panic!("{}: {e}", c.name));
         let replaced: Vec<&str> = got.replace.iter().map(|r| r.replica.as_str()).collect();
@@ -261,7 +261,7 @@ fn lifecycle_table() {
 
 #[test]
 fn duplicates_are_refused() {
-    let r = |name: &str| ReplicaView { name: name.into(), node: "a".into(), healthy: true };
+    let r = |name: &str| ReplicaView { name: name.into(), node: "a".into(), healthy: true, gang: None };
     assert_eq!(lifecycle(&dep(), &[r("x"), r("y"), r("x")], &[node("a")], NOW, &POLICY), Err(DecideError::DuplicateReplica("x".into())));
     assert_eq!(lifecycle(&dep(), &[r("x")], &[node("a"), node("a")], NOW, &POLICY), Err(DecideError::DuplicateNode("a".into())));
 }

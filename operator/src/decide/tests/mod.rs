@@ -1,10 +1,10 @@
 //! Table tests of the decisions, and the fixtures they share.
 
+mod gang_cases;
 mod lifecycle_cases;
 mod placement_cases;
 mod rollout_cases;
 mod rollout_flows;
-mod rollout_view_cases;
 mod simulation;
 
 use std::collections::BTreeMap;
@@ -75,7 +75,7 @@ pub fn with(name: &str, edit: impl FnOnce(&mut NodeView)) -> NodeView {
 }
 
 pub fn resident(replica: &str, deployment: &str, bytes: u64) -> Resident {
-    Resident { replica: replica.into(), deployment: deployment.into(), memory_bytes: bytes }
+    Resident { replica: replica.into(), deployment: deployment.into(), memory_bytes: bytes, gang_member: false }
 }
 
 pub fn taint(key: &str, effect: TaintEffect) -> Taint {
@@ -97,6 +97,7 @@ pub fn dep() -> DeploymentView {
         spread: Spread::OnePerNode,
         require_qualified: true,
         on_self_test_failure: OnSelfTestFailure::Clamp,
+        gang: None,
     }
 }
 

@@ -4,6 +4,10 @@ use brink_api::Verdict;
 
 use super::*;
 
+/// Keys of two models that share the label and differ in head dim (the hash part differs).
+const KEY_HEAD_DIM_128: &str = "qwen3moe-h2048-e128-top8-ffn768-5b1e0c7d3a9f2e64";
+const KEY_HEAD_DIM_64: &str = "qwen3moe-h2048-e128-top8-ffn768-0d94c3b8e1f7a256";
+
 struct Case {
     name: &'static str,
     nodes: Vec<NodeView>,
@@ -182,6 +186,31 @@ fn cases() -> Vec<Case> {
             .why("a", "not qualified for class qwen3moe-h2048-e128-top8-ffn768 (no result yet; qualification requested)")
             .qualify(&["a"]),
         // A cordoned node is not asked to qualify: it could not serve anyway.
+        // Two models with one label (they differ only in head dim): a node qualified for the
+        // first is not qualified for the second; it is asked to qualify that key.
+        case(
+            "qualified only for another model with the same label",
+            vec![
+                with("a", |n| n.classes = [(KEY_HEAD_DIM_64.to_string(), qualified(16_384))].into()),
+                with("b", |n| n.classes = [(KEY_HEAD_DIM_128.to_string(), qualified(16_384))].into()),
+            ],
+            dep_with(|d| d.shape_class = KEY_HEAD_DIM_128.into()),
+            1,
+        )
+        .on(&["b"])
+        .why("a", "not qualified for class qwen3moe-h2048-e128-top8-ffn768-5b1e0c7d3a9f2e64 (no result yet; qualification requested)")
+        .qualify(&["a"]),
+        case(
+            "proof incomplete: not placed even without requireQualified",
+            vec![with("a", |n| {
+                let reason = "proof incomplete: negative control(s) neg_gemv_gridz not run in this run (replicas resident), no earlier proof";
+                n.classes.insert(CLASS.into(), ClassQualification::Done(Verdict::ProofIncomplete { reason: reason.into() }));
+            })],
+            dep_with(|d| d.require_qualified = false),
+            1,
+        )
+        .why("a", "proof incomplete: negative control(s) neg_gemv_gridz not run")
+        .message("0/1 nodes available: 1 not qualified for qwen3moe"),
         case(
             "never qualified and cordoned: not asked",
             vec![with("a", |n| {

@@ -23,7 +23,7 @@ fn simulate(gaps: &[(&str, u64, u64)], until: u64) -> (Vec<(u64, String, String)
             n.heartbeat.observe(renew[i], 40, t, &POLICY);
             n.residents = if n.name == at { vec![resident("r", DEP, 20 * GIB)] } else { vec![] };
         }
-        let replica = ReplicaView { name: "r".into(), node: at.clone(), healthy: true };
+        let replica = ReplicaView { name: "r".into(), node: at.clone(), healthy: true, gang: None };
         let decided = lifecycle(&d, &[replica], &nodes, t, &POLICY).unwrap();
         if !decided.replace.is_empty() {
             let p = place(&d, &nodes, decided.place, t, &POLICY).unwrap();

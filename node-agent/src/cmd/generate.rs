@@ -10,7 +10,8 @@ use brink_engine::{EngineOptions, GenerateParams, open};
 use clap::Args as ClapArgs;
 use serde_json::json;
 
-use crate::engine_args::EngineArgs;
+use crate::cmd::flags::EngineArgs;
+use crate::error::{Error, write_file};
 
 #[derive(ClapArgs)]
 pub struct Args {
@@ -58,15 +59,17 @@ pub fn run(a: Args) -> ExitCode {
     }
 }
 
-fn generate(a: Args) -> Result<(), String> {
+fn generate(a: Args) -> Result<(), Error> {
     let model = &a.engine.model;
-    let file = GgufFile::open(model).map_err(|e| e.to_string())?;
-    let tok = Tokenizer::from_gguf(file.metadata()).map_err(|e| format!("{}: tokenizer: {e}", model.display()))?;
+    // The GGUF reader's and the engine's errors name the file already.
+    let bad_model = |e: &dyn std::fmt::Display| Error::Flag { flag: "--model", reason: e.to_string() };
+    let file = GgufFile::open(model).map_err(|e| bad_model(&e))?;
+    let tok = Tokenizer::from_gguf(file.metadata()).map_err(|e| Error::content(Some("--model"), model, format!("tokenizer: {e}")))?;
     drop(file);
     let prompt = match (&a.prompt, &a.prompt_tokens) {
-        (Some(text), _) => tok.encode(text, !a.no_special, true).map_err(|e| format!("tokenizing the prompt: {e}"))?,
+        (Some(text), _) => tok.encode(text, !a.no_special, true).map_err(|e| Error::Flag { flag: "--prompt", reason: format!("tokenizing: {e}") })?,
         (None, Some(ids)) => ids.clone(),
-        (None, None) => return Err("give --prompt TEXT or --prompt-tokens IDS".into()),
+        (None, None) => return Err(Error::Flag { flag: "--prompt", reason: "give --prompt TEXT or --prompt-tokens IDS".into() }),
     };
     let opts = EngineOptions {
         context: a.engine.context.max(prompt.len() + a.max_tokens),
@@ -74,18 +77,18 @@ fn generate(a: Args) -> Result<(), String> {
         prefill_chunk: a.engine.prefill_chunk,
         ..EngineOptions::default()
     };
-    let mut engine = open(model, a.engine.backend.resolve(), opts).map_err(|e| e.to_string())?;
+    let mut engine = open(model, a.engine.backend.resolve(), opts).map_err(|e| bad_model(&e))?;
     let params = GenerateParams {
         max_tokens: a.max_tokens,
         sampling: SamplingParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed },
         stop_tokens: if a.ignore_eos { Vec::new() } else { tok.stop_tokens().to_vec() },
         record_logits: a.dump_logits.is_some(),
     };
-    let g = engine.generate(0, &prompt, &params, &mut |_| true).map_err(|e| e.to_string())?;
-    let text = tok.decode(&g.tokens, false).map_err(|e| format!("decoding the output: {e}"))?;
+    let g = engine.generate(0, &prompt, &params, &mut |_| true).map_err(|e| Error::Step(e.to_string()))?;
+    let text = tok.decode(&g.tokens, false).map_err(|e| Error::Step(format!("decoding the output: {e}")))?;
     if let Some(path) = &a.dump_logits {
         let doc = json!({ "prompt_tokens": prompt, "tokens": g.tokens, "logits": g.logits });
-        std::fs::write(path, doc.to_string()).map_err(|e| format!("{}: {e}", path.display()))?;
+        write_file(Some("--dump-logits"), path, "the logits", &doc.to_string())?;
     }
     let decode_tps = if g.decode_seconds > 0.0 { g.tokens.len().saturating_sub(1) as f64 / g.decode_seconds } else { 0.0 };
     if a.json {

@@ -1,10 +1,6 @@
-//! Comparing GPU outputs with the CPU reference.
+//! Comparing GPU outputs with the CPU reference: the relative error over what was compared,
+//! and which rows of a big output to compare.
 
-use cudarc::driver::CudaSlice;
-
-use super::case::Check;
-use crate::cuda::{Gpu, GpuError};
-use crate::ops::testdata::Guarded;
 use crate::testdata::hash2;
 
 /// Tracks max |gpu − ref| / max |ref| over everything compared.
@@ -57,29 +53,6 @@ impl RelErr {
             None => String::new(),
         }
     }
-}
-
-/// For kernels with an in-place variant: the sampled rows of the in-place result `x` must equal
-/// the out-of-place output `y` bit for bit; differences are counted into `check`.
-pub fn with_in_place_diff(
-    gpu: &Gpu,
-    sampled: &[u64],
-    width: usize,
-    x: &CudaSlice<f32>,
-    y: &Guarded,
-    mut check: Check,
-) -> Result<Check, GpuError> {
-    let mut diff = 0u64;
-    for &r in sampled {
-        let at = r as usize * width;
-        let (a, b) = (gpu.download_range(x, at, width)?, y.read_f32(gpu, at, width)?);
-        diff += a.iter().zip(&b).filter(|(a, b)| a.to_bits() != b.to_bits()).count() as u64;
-    }
-    check.int_mismatches += diff;
-    if diff > 0 {
-        check.note = format!("in place differs from out of place in {diff} sampled values; {}", check.note);
-    }
-    Ok(check)
 }
 
 /// Rows of an `n`-row output to compare with the reference when comparing all is too slow:

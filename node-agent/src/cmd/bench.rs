@@ -16,7 +16,7 @@ use brink_engine::{AnyEngine, EngineOptions, StepItem, open};
 use clap::{ArgGroup, Args as ClapArgs};
 use serde_json::json;
 
-use crate::engine_args::EngineArgs;
+use crate::cmd::flags::EngineArgs;
 use crate::http_bench::UrlArgs;
 
 #[derive(ClapArgs)]

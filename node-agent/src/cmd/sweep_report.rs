@@ -2,12 +2,13 @@
 //! `kubectl get sweepresults -o json`, one object or a List) as tables, JSON or CSV, and with
 //! `--trend` each node's figures across its runs, oldest first.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use brink_api::crd::SweepResult;
 
-use super::figures;
+use crate::error::Error;
+use crate::sweep::figures;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
@@ -29,8 +30,9 @@ pub struct ReportArgs {
 }
 
 /// Every SweepResult in `text`: one object, or a List's `items`.
-pub fn parse_results(text: &str, file: &str) -> Result<Vec<SweepResult>, String> {
-    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("{file}: not JSON: {e}"))?;
+pub fn parse_results(text: &str, file: &Path) -> Result<Vec<SweepResult>, Error> {
+    let parse = |expected, reason: serde_json::Error| Error::Parse { flag: None, path: file.to_path_buf(), expected, reason: reason.to_string() };
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| parse("JSON", e))?;
     let items = match v.get("items").and_then(|i| i.as_array()) {
         Some(items) => items.clone(),
         None => vec![v],
@@ -38,15 +40,16 @@ pub fn parse_results(text: &str, file: &str) -> Result<Vec<SweepResult>, String>
     items
         .into_iter()
         .enumerate()
-        .map(|(i, item)| serde_json::from_value(item).map_err(|e| format!("{file}: item {i}: not a SweepResult: {e}")))
+        .map(|(i, item)| {
+            serde_json::from_value(item).map_err(|e| Error::content(None, file, format!("item {i}: not a SweepResult: {e}")))
+        })
         .collect()
 }
 
 pub fn run_report(a: ReportArgs) -> ExitCode {
     let mut results = Vec::new();
     for f in &a.files {
-        let name = f.display().to_string();
-        match std::fs::read_to_string(f).map_err(|e| format!("{name}: {e}")).and_then(|t| parse_results(&t, &name)) {
+        match std::fs::read_to_string(f).map_err(|e| Error::read(None, f, e)).and_then(|t| parse_results(&t, f)) {
             Ok(mut r) => results.append(&mut r),
             Err(e) => {
                 eprintln!("error: {e}");

@@ -1,11 +1,12 @@
-//! The seams between the rollout decision and the API objects, pure: a `ModelReplica` as the rollout sees it, and the decision's condition and Events
-//! as the controller records them.
+//! The seams between the rollout decision and the API objects, pure: a `ModelReplica` as the
+//! rollout sees it, and the decision's condition and Events as the controller records them. They
+//! live with the controllers because they take kube's types; `decide` takes none.
 
 use brink_api::crd::conditions::Time;
 use brink_api::crd::{BadReason, Condition, ConditionType, ModelReplica, condition, find_condition};
 use kube::runtime::events::{Event, EventType as KubeEventType};
 
-use super::rollout::{EventType, RolloutCondition, RolloutError, RolloutEvent, RolloutReplica, ThresholdTest};
+use crate::decide::{EventType, RolloutCondition, RolloutError, RolloutEvent, RolloutReplica, ThresholdTest};
 
 /// A `ModelReplica` for the rollout. `node_healthy`: its node is schedulable with a fresh
 /// heartbeat (the lifecycle decision knows). The conventions the agent writes by:
@@ -80,3 +81,6 @@ fn truncate(s: &str, max: usize) -> String {
     }
     format!("{}{ellipsis}", &s[..end])
 }
+
+#[cfg(test)]
+mod tests;

@@ -5,6 +5,8 @@ use brink_api::crd::{ConditionStatus, ConditionType, ModelReplica, ReplicaPhase}
 use serde_json::json;
 
 use super::*;
+use crate::controllers::rollout_view;
+use crate::decide::{EventType, RolloutCondition, RolloutEvent, ThresholdTest};
 
 fn replica(conditions: serde_json::Value, created: Option<&str>) -> ModelReplica {
     let mut meta = json!({"name": "chat-0", "namespace": "ai"});

@@ -14,7 +14,7 @@ use brink_kernels::selftest::report::render;
 use brink_kernels::selftest::session::{self, Options};
 use brink_kernels::thresholds::ModelShape;
 
-use crate::engine_args::BackendArg;
+use crate::cmd::flags::BackendArg;
 use crate::qualify::model_test;
 
 #[derive(clap::Args)]

@@ -15,7 +15,7 @@ use brink_engine::{AnyEngine, EngineOptions, GenerateParams, StepItem, open};
 use clap::Args as ClapArgs;
 use serde_json::json;
 
-use crate::engine_args::BackendArg;
+use crate::cmd::flags::BackendArg;
 
 #[derive(ClapArgs)]
 pub struct Args {

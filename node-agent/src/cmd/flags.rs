@@ -1,0 +1,111 @@
+//! Flags shared by several commands: the engine flags of the commands that load a model
+//! (`generate`, `bench`), the serving limits of those that qualify or serve (`serve`, `up`,
+//! `run`, `sweep`), and the backend choice.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use brink_api::ServingParams;
+use brink_engine::BackendKind;
+use clap::{Args, ValueEnum};
+
+/// The serving limits, declared once for `serve`, `up`, `run` and `sweep` with one type and one
+/// default each: `up`'s and `run`'s defaults must agree, so that a qualification `up` cached
+/// (keyed by these limits) is reused by `run`.
+#[derive(Args, Clone, Copy, Debug, PartialEq)]
+pub struct ServingFlags {
+    /// Most tokens in one forward pass (decodes plus prefill chunks); clamped to the validated envelope.
+    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_batch_tokens: u64,
+    /// Most prompt tokens of one sequence per forward pass (chunked prefill); clamped to the validated envelope.
+    #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u64).range(1..))]
+    pub prefill_chunk: u64,
+    /// Seconds without engine progress during a step before it is a stall: the engine process is
+    /// killed and restarted, the step's requests fail with 503, the queued ones run after.
+    #[arg(long, default_value_t = 120.0, value_parser = positive_seconds)]
+    pub stall_timeout: f64,
+}
+
+impl ServingFlags {
+    /// The limits as a qualification keys them, with the context the command settled on.
+    pub fn params(&self, context: u64) -> ServingParams {
+        ServingParams { max_batch_tokens: self.max_batch_tokens, prefill_chunk: self.prefill_chunk, context }
+    }
+
+    pub fn stall_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.stall_timeout)
+    }
+}
+
+/// A positive, finite number of seconds (clap refuses anything else, exit 2, naming the flag).
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && Duration::try_from_secs_f64(v).is_ok() => Ok(v),
+        Ok(_) => Err(format!("{s}: expected a positive number of seconds")),
+        Err(e) => Err(format!("{s}: {e}")),
+    }
+}
+
+#[derive(Args)]
+pub struct EngineArgs {
+    /// GGUF model file (the first part of a split model).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Backend: auto takes cuda when a GPU is present, else cpu (and says which).
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
+    /// KV positions per sequence (0: what the command needs).
+    #[arg(long, default_value_t = 0)]
+    pub context: usize,
+    /// Most prompt tokens per forward pass (chunked prefill).
+    #[arg(long, default_value_t = 2048)]
+    pub prefill_chunk: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl BackendArg {
+    pub fn resolve(self) -> BackendKind {
+        match self {
+            BackendArg::Cpu => BackendKind::Cpu,
+            BackendArg::Cuda => BackendKind::Cuda,
+            BackendArg::Auto if brink_kernels::cuda::Gpu::open(0).is_ok() => BackendKind::Cuda,
+            BackendArg::Auto => {
+                eprintln!("no CUDA GPU found: using the cpu backend");
+                BackendKind::Cpu
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serving: ServingFlags,
+    }
+
+    #[test]
+    fn defaults_and_refusals() {
+        let d = Cli::try_parse_from(["x"]).unwrap().serving;
+        assert_eq!((d.max_batch_tokens, d.prefill_chunk, d.stall_timeout), (8192, 2048, 120.0));
+        assert_eq!(d.params(4096), ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: 4096 });
+        let s = Cli::try_parse_from(["x", "--max-batch-tokens", "512", "--stall-timeout", "0.5"]).unwrap().serving;
+        assert_eq!((s.max_batch_tokens, s.stall_timeout()), (512, Duration::from_millis(500)));
+        for bad in [["--max-batch-tokens", "0"], ["--prefill-chunk", "x1"], ["--stall-timeout", "0"], ["--stall-timeout", "inf"], ["--stall-timeout", "NaN"]] {
+            let e = Cli::try_parse_from(["x", bad[0], bad[1]]).err().unwrap_or_else(|| panic!("{bad:?} was accepted"));
+            assert!(e.to_string().contains(bad[0]), "{bad:?}: {e}");
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! A replica's own model-level threshold test: the result a replica Pod needs before `/ready`,
+//! kept on the node (the agent's state directory, which replica Pods mount from the host) under
+//! the shape key and the fingerprint, so a recreated Pod on the same node reuses it instead of
+//! paying for the test again. What the replica proved is also written for the node agent to
+//! publish in the `ModelReplica`'s status ([`ReplicaReport`]).
+//!
+//! The decisions are pure ([`reuse`], [`hold_reason`]); reading and writing are thin and name
+//! the file in every error.
+
+use std::path::{Path, PathBuf};
+
+use brink_api::crd::FailingCase;
+use brink_api::{CaseResult, Fingerprint, ModelTestReport, ReportSummary, Verdict};
+use serde::{Deserialize, Serialize};
+
+use super::cache;
+
+/// Bumped when a field changes meaning; a result of another schema is not reused.
+pub const RESULT_SCHEMA: u32 = 1;
+/// Failing cases kept (smallest counts first: they say where the envelope ends).
+pub const MAX_FAILING: usize = 8;
+
+/// A model-level test's result on this node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelTestResult {
+    pub schema: u32,
+    pub fingerprint: Fingerprint,
+    /// `fingerprint.digest()` when written: a file edited afterwards is not trusted.
+    pub digest: String,
+    pub verdict: Verdict,
+    pub summary: ReportSummary,
+    pub failing_cases: Vec<FailingCase>,
+    /// RFC 3339.
+    pub tested_at: String,
+    /// Wall time of the test (model load included).
+    pub seconds: f64,
+}
+
+impl ModelTestResult {
+    pub fn of(report: &ModelTestReport, fingerprint: Fingerprint, tested_at: String, seconds: f64) -> ModelTestResult {
+        ModelTestResult {
+            schema: RESULT_SCHEMA,
+            digest: fingerprint.digest(),
+            fingerprint,
+            verdict: report.verdict.clone(),
+            summary: ReportSummary::from(report),
+            failing_cases: failing(report),
+            tested_at,
+            seconds,
+        }
+    }
+}
+
+/// The failed and hung cases, smallest count first, at most [`MAX_FAILING`].
+pub fn failing(report: &ModelTestReport) -> Vec<FailingCase> {
+    let mut v: Vec<FailingCase> = report
+        .cases
+        .iter()
+        .filter(|c| matches!(c.result, CaseResult::Failed | CaseResult::Hung))
+        .map(|c| FailingCase { id: c.id.clone(), kernel: c.kernel.clone(), tokens: c.tokens, detail: c.detail.clone() })
+        .collect();
+    v.sort_by(|a, b| (a.tokens, &a.id).cmp(&(b.tokens, &b.id)));
+    v.truncate(MAX_FAILING);
+    v
+}
+
+/// Where the node keeps the model-level result for `shape_key`: beside `up`'s qualification.
+pub fn path(dir: &Path, shape_key: &str) -> PathBuf {
+    cache::path(dir, shape_key).with_extension("model-test.json")
+}
+
+/// A result found on the node, `Ok` when it may be used for `current`; `Err` says why not.
+/// Either the replicas' own result file, or `up`'s cached qualification (which carries its
+/// model-level verdict) under the same fingerprint.
+pub fn reuse(current: &Fingerprint, own: Option<ModelTestResult>, up: cache::Cached) -> Result<ModelTestResult, String> {
+    let mut why = Vec::new();
+    match own {
+        None => why.push("no replica result on this node".to_string()),
+        Some(r) if r.schema != RESULT_SCHEMA => {
+            why.push(format!("the kept result has schema {} (this agent writes {RESULT_SCHEMA})", r.schema))
+        }
+        Some(r) if r.digest != r.fingerprint.digest() => {
+            why.push("the kept result does not match its fingerprint (edited or damaged)".into())
+        }
+        Some(r) => {
+            let changes = r.fingerprint.changed_fields(current);
+            if changes.is_empty() {
+                return Ok(r);
+            }
+            why.push(format!(
+                "the kept result is for another fingerprint: {}",
+                changes.iter().map(|c| c.to_string()).collect::<Vec<_>>().join("; ")
+            ));
+        }
+    }
+    match cache::decide(current, up) {
+        cache::CacheDecision::Reuse(q) => match (q.model_verdict, q.model_summary) {
+            (Some(verdict), Some(summary)) => {
+                return Ok(ModelTestResult {
+                    schema: RESULT_SCHEMA,
+                    digest: q.digest,
+                    fingerprint: q.fingerprint,
+                    verdict,
+                    summary,
+                    failing_cases: Vec::new(),
+                    tested_at: q.qualified_at,
+                    seconds: 0.0,
+                });
+            }
+            _ => why.push("`up`'s result has no model-level verdict".into()),
+        },
+        cache::CacheDecision::NoCache => {}
+        other => why.push(format!("`up`'s result: {}", other.describe())),
+    }
+    Err(why.join("; "))
+}
+
+/// Why the replica must stay not ready after its model-level test, if it must: a failure
+/// below a passing count (disqualified), a test that could not run, or an envelope that
+/// validated nothing. `None`: it may serve (clamped to the envelope).
+pub fn hold_reason(result: &ModelTestResult) -> Option<String> {
+    let first = result.failing_cases.first().map(|c| format!(" (first failing case {} at {} tokens: {})", c.id, c.tokens, c.detail));
+    match &result.verdict {
+        Verdict::Disqualified { reason } => Some(format!("model-level threshold test disqualified: {reason}{}", first.unwrap_or_default())),
+        Verdict::NotQualified { reason } if result.summary.executed == 0 => {
+            Some(format!("model-level threshold test did not run: {reason}"))
+        }
+        Verdict::ProofIncomplete { reason } => Some(format!("model-level threshold test: {reason}")),
+        Verdict::Qualified { max_tokens } | Verdict::Clamped { max_tokens, .. } if *max_tokens == 0 => {
+            Some("model-level threshold test validated no batch size (0 tokens)".into())
+        }
+        _ => None,
+    }
+}
+
+pub fn read(path: &Path) -> Option<ModelTestResult> {
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
+
+/// Writes `value` as JSON to `path` (creating its directory) through a temporary file and a
+/// rename, so a reader never sees half of it.
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), String> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: cannot create the directory: {e}", dir.display()))?;
+    }
+    let json = serde_json::to_string_pretty(value).map_err(|e| format!("{}: cannot serialise: {e}", path.display()))?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, json).map_err(|e| format!("{}: cannot write: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: cannot replace with {}: {e}", path.display(), tmp.display()))
+}
+
+/// What a replica proved before `/ready`, for the node agent to put in its status: kept at
+/// [`report_path`] by the replica's `serve`.
+pub type ReplicaReport = brink_api::crd::ReplicaQualification;
+
+/// Where the replica `namespace/name` keeps its report under the node's directory.
+pub fn report_path(dir: &Path, namespace: &str, name: &str) -> PathBuf {
+    let safe = |s: &str| s.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '.') { c } else { '_' }).collect::<String>();
+    dir.join("replicas").join(safe(namespace)).join(format!("{}.json", safe(name)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use brink_api::{QUALIFICATION_SCHEMA, Qualification, ServingParams};
+
+    fn fp() -> Fingerprint {
+        super::super::fingerprint(
+            None,
+            "qwen3moe-h256-e16-top4-ffn256-0123456789abcdef",
+            ServingParams { max_batch_tokens: 64, prefill_chunk: 32, context: 512 },
+        )
+    }
+
+    fn result(verdict: Verdict, failing: Vec<FailingCase>) -> ModelTestResult {
+        let f = fp();
+        ModelTestResult {
+            schema: RESULT_SCHEMA,
+            digest: f.digest(),
+            fingerprint: f,
+            verdict,
+            summary: ReportSummary { derived: 4, executed: 4, passed: 3, failed: 1, hung: 0, skipped: 0, negative_controls_missed: 0 },
+            failing_cases: failing,
+            tested_at: "2026-12-01T21:00:00Z".into(),
+            seconds: 12.5,
+        }
+    }
+
+    #[test]
+    fn a_result_is_reused_only_under_the_same_fingerprint() {
+        let mine = result(Verdict::Qualified { max_tokens: 64 }, vec![]);
+        assert_eq!(reuse(&fp(), Some(mine.clone()), cache::Cached::Missing), Ok(mine.clone()));
+        let mut other = fp();
+        other.shape_class = "qwen3moe-h256-e16-top4-ffn256-fedcba9876543210".into();
+        let why = reuse(&other, Some(mine.clone()), cache::Cached::Missing).unwrap_err();
+        assert!(why.contains("shapeClass changed"), "{why}");
+        let mut edited = mine.clone();
+        edited.fingerprint.gpu_name = "NVIDIA GB10".into();
+        assert!(reuse(&fp(), Some(edited), cache::Cached::Missing).unwrap_err().contains("edited or damaged"));
+        assert_eq!(reuse(&fp(), None, cache::Cached::Missing).unwrap_err(), "no replica result on this node");
+    }
+
+    #[test]
+    fn ups_result_with_a_model_verdict_is_reused_too() {
+        let f = fp();
+        let q = Qualification {
+            schema: QUALIFICATION_SCHEMA,
+            digest: f.digest(),
+            fingerprint: f.clone(),
+            verdict: Verdict::Qualified { max_tokens: 64 },
+            summary: ReportSummary::default(),
+            qualified_at: "2026-12-01T20:00:00Z".into(),
+            model_summary: Some(ReportSummary { executed: 9, passed: 9, ..ReportSummary::default() }),
+            kernel_verdict: None,
+            model_verdict: Some(Verdict::Clamped { max_tokens: 63, first_failure: 64 }),
+        };
+        let r = reuse(&f, None, cache::Cached::Found(Box::new(q.clone()))).unwrap();
+        assert_eq!((r.verdict, r.tested_at.as_str()), (Verdict::Clamped { max_tokens: 63, first_failure: 64 }, "2026-12-01T20:00:00Z"));
+        let mut no_model = q;
+        no_model.model_verdict = None;
+        assert!(reuse(&f, None, cache::Cached::Found(Box::new(no_model))).unwrap_err().contains("no model-level verdict"));
+    }
+
+    #[test]
+    fn a_failure_below_a_pass_holds_ready_naming_the_case() {
+        let case = FailingCase { id: "model/single/t5".into(), kernel: "model/single".into(), tokens: 5, detail: "logits differ".into() };
+        let why = hold_reason(&result(Verdict::Disqualified { reason: "model/single fails at 5 tokens but 64 pass".into() }, vec![case]));
+        assert!(why.as_deref().is_some_and(|w| w.contains("model/single/t5 at 5 tokens: logits differ")), "{why:?}");
+        assert_eq!(hold_reason(&result(Verdict::Qualified { max_tokens: 64 }, vec![])), None);
+        assert_eq!(hold_reason(&result(Verdict::Clamped { max_tokens: 31, first_failure: 32 }, vec![])), None);
+        let mut not_run = result(Verdict::NotQualified { reason: "tiny.gguf: not a GGUF file".into() }, vec![]);
+        not_run.summary.executed = 0;
+        assert!(hold_reason(&not_run).is_some_and(|w| w.contains("did not run")));
+    }
+
+    #[test]
+    fn results_and_reports_round_trip_through_their_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = path(dir.path(), &fp().shape_class);
+        assert!(p.ends_with("qualifications/qwen3moe-h256-e16-top4-ffn256-0123456789abcdef.model-test.json"), "{}", p.display());
+        assert_eq!(read(&p), None);
+        let r = result(Verdict::Qualified { max_tokens: 64 }, vec![]);
+        write_json(&p, &r).unwrap();
+        assert_eq!(read(&p), Some(r));
+        assert_eq!(report_path(dir.path(), "llm", "../x"), dir.path().join("replicas/llm/.._x.json"));
+    }
+}

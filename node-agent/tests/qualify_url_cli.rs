@@ -1,0 +1,216 @@
+//! `brink-agent qualify --url`: the black-box threshold qualification against brink's own
+//! `serve` (CPU, tiny synthetic model), against llama.cpp's server (llama-cpp-python's
+//! OpenAI-compatible server on the same model; skipped when it is not installed, unless
+//! BRINK_REQUIRE_PY=1), and against the stand-ins that break as engines do: each is flagged with
+//! its verdict (clamp under a 500 threshold; refuse a residue hang; refuse a worker that dies).
+//! Small contexts keep the derived lengths cheap on two cores; the derivation at full shape is
+//! the plan module's table tests.
+
+mod common;
+mod support;
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{agent, http, serve, tiny_model};
+use serde_json::Value;
+use support::standin::{self, Fault};
+
+/// The engine limits of every CPU run: small, so each case is a short prefill.
+const LIMITS: [&str; 6] = ["--context", "1024", "--max-batch-tokens", "512", "--prefill-chunk", "256"];
+
+fn qualify(url: &str, extra: &[&str]) -> (Output, Option<Value>) {
+    let dir = tempfile::tempdir().unwrap();
+    let out_file = dir.path().join("report.json");
+    let out = agent().args(["qualify", "--url", url, "--out", out_file.to_str().unwrap()]).args(extra).output().unwrap();
+    // The table, as printed, for the log.
+    eprintln!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let report = std::fs::read_to_string(&out_file).ok().map(|t| serde_json::from_str(&t).unwrap());
+    (out, report)
+}
+
+fn cases<'a>(r: &'a Value, result: &str) -> Vec<&'a Value> {
+    r["cases"].as_array().unwrap().iter().filter(|c| c["result"] == result).collect()
+}
+
+#[test]
+fn stand_ins_are_flagged_with_their_verdicts() {
+    let fail = standin::start(Fault::FailFrom(700), false);
+    let hang = standin::start(Fault::HangResidue(17), true);
+    let die = standin::start(Fault::DieAt(600), false);
+    let args = [&LIMITS[..], &["--deadline-s", "1"]].concat();
+    // The three run at once: each waits on its own deadlines.
+    let runs: Vec<_> = [fail.url.clone(), hang.url.clone(), die.url.clone()]
+        .into_iter()
+        .map(|url| {
+            let args = args.clone();
+            std::thread::spawn(move || qualify(&url, &args))
+        })
+        .collect();
+    let mut results = runs.into_iter().map(|h| h.join().unwrap());
+
+    // A 500 from 700 tokens on: clamped to 699, bisected to the token.
+    let (out, r) = results.next().unwrap();
+    let r = r.expect("a report");
+    assert_eq!(out.status.code(), Some(0), "{r}");
+    assert_eq!(r["verdict"], serde_json::json!({"state": "clamped", "maxTokens": 699, "firstFailure": 700}));
+    let failed = cases(&r, "failed");
+    assert!(!failed.is_empty());
+    for c in &failed {
+        assert!(c["tokens"].as_u64().unwrap() >= 700, "{c}");
+        assert!(c["detail"].as_str().unwrap().contains("HTTP 500"), "{c}");
+    }
+    assert!(cases(&r, "passed").iter().any(|c| c["tokens"] == 699), "the clamp is a length shown to pass");
+    assert!(r["cases"].as_array().unwrap().iter().any(|c| c["kernel"] == "http/4-concurrent" && c["result"] == "passed"));
+    assert_eq!(r["lengthMismatches"], 0);
+    assert!(r["sizing"].as_str().unwrap().contains("usage"), "{}", r["sizing"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("CLAMP: admit prompts of at most 699 tokens"));
+
+    // A hang at residue 17 mod 64 with passes above it: refused, each hang named.
+    let (out, r) = results.next().unwrap();
+    let r = r.expect("a report");
+    assert_eq!(out.status.code(), Some(1), "{r}");
+    assert_eq!(r["verdict"]["state"], "disqualified", "{}", r["verdict"]);
+    let hung = cases(&r, "hung");
+    assert!(hung.len() >= 2, "{hung:?}");
+    for c in &hung {
+        assert!(c["batch"].as_array().unwrap().iter().any(|n| n.as_u64().unwrap() % 64 == 17), "{c}");
+        assert!(c["detail"].as_str().unwrap().contains("deadline"), "{c}");
+    }
+    assert!(cases(&r, "passed").iter().any(|c| c["tokens"].as_u64().unwrap() > 900));
+    assert!(r["sizing"].as_str().unwrap().contains("/tokenize (usage adds 1)"), "{}", r["sizing"]);
+    assert!(r["engineDied"].is_null());
+    assert_eq!(r["lengthMismatches"], 0);
+
+    // A worker that dies at 600 tokens and refuses everything after: refused, the engine named dead.
+    let (out, r) = results.next().unwrap();
+    let r = r.expect("a report");
+    assert_eq!(out.status.code(), Some(1), "{r}");
+    assert!(die.dead());
+    let reason = r["verdict"]["reason"].as_str().unwrap();
+    assert!(reason.contains("stopped answering") && reason.contains("503"), "{reason}");
+    let died = r["engineDied"].as_str().unwrap();
+    assert!(died.contains("connection dropped"), "{died}");
+    let first_failure = cases(&r, "failed")[0];
+    assert!(first_failure["tokens"].as_u64().unwrap() >= 600, "{first_failure}");
+    assert!(cases(&r, "skipped").iter().any(|c| c["detail"].as_str().unwrap().starts_with("not run: after")));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("engine died:"));
+    // Nothing passed at or past the length that killed it.
+    assert!(cases(&r, "passed").iter().all(|c| c["tokens"].as_u64().unwrap() < 600));
+}
+
+#[test]
+fn bad_engines_and_flags_are_named_with_exit_2() {
+    let failed_with = |out: &Output, needles: &[&str]| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        for n in needles {
+            assert!(err.contains(n), "no `{n}` in: {err}");
+        }
+    };
+    // Nothing listens there.
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("http://127.0.0.1:{port}");
+    failed_with(&qualify(&url, &LIMITS).0, &["cannot reach", &url]);
+    // A server that is not an OpenAI one.
+    let fake = standin::start(Fault::NotOpenAi, false);
+    failed_with(&qualify(&fake.url, &LIMITS).0, &["/v1/completions", "not an OpenAI-compatible completion", "not JSON"]);
+    let lists_none = standin::start(Fault::NoModels, false);
+    failed_with(&qualify(&lists_none.url, &LIMITS).0, &["/v1/models", "lists no models"]);
+    let ok = standin::start(Fault::FailFrom(u64::MAX), false);
+    failed_with(&qualify(&ok.url, &["--model", "other"]).0, &["--model other", "lists standin"]);
+    failed_with(&qualify(&ok.url, &["--deadline-s", "0"]).0, &["--deadline-s 0"]);
+    failed_with(&qualify(&ok.url, &["--shape", "/nonexistent/model.gguf"]).0, &["--shape /nonexistent/model.gguf"]);
+    failed_with(&qualify("https://example.com", &[]).0, &["--url https://example.com", "https"]);
+    let out = agent().args(["qualify", "--url", &ok.url, "--top-k", "0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "clap's own refusal");
+    assert_eq!(ok.completions(), 0, "bad flags are refused before anything is sent");
+}
+
+#[test]
+fn qualifies_brink_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let m = model.to_str().unwrap();
+    let (mut server, addr) =
+        serve(&["--model", m, "--backend", "cpu", "--context", "1024", "--max-batch-tokens", "512", "--prefill-chunk", "256"]);
+    let t0 = Instant::now();
+    let (out, r) = qualify(&format!("http://{addr}"), &["--shape", m, "--max-batch-tokens", "512", "--prefill-chunk", "256"]);
+    eprintln!("qualify against serve: {:.1} s", t0.elapsed().as_secs_f64());
+    let _ = server.kill();
+    let _ = server.wait();
+    let r = r.expect("a report");
+    assert_eq!(out.status.code(), Some(0), "{r}");
+    assert_eq!(r["verdict"], serde_json::json!({"state": "qualified", "maxTokens": 1022}));
+    assert_eq!(r["limits"]["context"], 1024);
+    assert_eq!(r["limits"]["contextSource"], "GET /engine");
+    assert_eq!(r["lengthMismatches"], 0);
+    assert_eq!(r["shapeClass"], brink_engine_class(&model));
+    assert!(r["passed"].as_u64().unwrap() >= 100, "{}", r["passed"]);
+    assert!(r["skipped"].as_u64().unwrap() > 0, "lengths past the context are listed");
+}
+
+fn brink_engine_class(model: &std::path::Path) -> String {
+    let file = brink_engine::gguf::GgufFile::open(model).unwrap();
+    brink_engine::arch::config(&file).unwrap().shape_class()
+}
+
+/// llama-cpp-python's server, or why not.
+fn have_llama_server() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import llama_cpp.server.app, uvicorn"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        let msg = "python3 with llama-cpp-python's server (pip install 'llama-cpp-python[server]==0.3.36') is not available";
+        assert!(std::env::var("BRINK_REQUIRE_PY").as_deref() != Ok("1"), "BRINK_REQUIRE_PY=1 but {msg}");
+        eprintln!("skipping the llama.cpp server qualification: {msg}");
+    }
+    ok
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn qualifies_llama_cpp_server() {
+    if !have_llama_server() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let m = model.to_str().unwrap();
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    let server = Command::new("python3")
+        .args(["-m", "llama_cpp.server", "--model", m, "--host", "127.0.0.1", "--port", &port])
+        .args(["--n_ctx", "1024", "--n_batch", "512", "--n_ubatch", "256", "--n_threads", "2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut server = Killed(server);
+    let addr = format!("127.0.0.1:{port}");
+    let t0 = Instant::now();
+    while http(&addr, "GET", "/v1/models", "").0 != 200 {
+        assert!(server.0.try_wait().unwrap().is_none(), "llama_cpp.server exited");
+        assert!(t0.elapsed() < Duration::from_secs(120), "llama_cpp.server not up in 120 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let t0 = Instant::now();
+    let (out, r) = qualify(&format!("http://{addr}"), &[&LIMITS[..], &["--shape", m]].concat());
+    eprintln!("qualify against llama.cpp's server: {:.1} s", t0.elapsed().as_secs_f64());
+    let r = r.expect("a report");
+    assert_eq!(out.status.code(), Some(0), "{r}");
+    assert_eq!(r["verdict"], serde_json::json!({"state": "qualified", "maxTokens": 1022}));
+    assert_eq!(r["lengthMismatches"], 0);
+    assert!(r["sizing"].as_str().unwrap().contains("/extras/tokenize"), "{}", r["sizing"]);
+    assert!(r["passed"].as_u64().unwrap() >= 100, "{}", r["passed"]);
+    drop(server);
+}
