@@ -331,6 +331,8 @@ fn a_kernel_launch_error_in_the_engine_child_is_counted_by_kernel() {
 fn a_sticky_kernel_launch_error_restarts_the_engine_child() {
     let mut opts = options(1, 4, Vec::new());
     opts.inject_fault = Some("sticky-launch-error:layer=1,min-rows=40".into());
+    // The error path: the step's request fails rather than running again on the new child.
+    opts.requeue_after_restart = 0;
     let dir = opts.stall_dir.clone();
     let server = start(opts);
     let metric = |name: &str, labels: &[(&str, &str)]| {

@@ -1,8 +1,10 @@
 //! The supervisor under faults and load, end to end on the CPU backend (the engine in its child
-//! process): an injected hang is caught as a stall (its requests fail with the API's error within
-//! the deadline, a report names the layer, queued requests run on the restarted engine, and the
-//! same poison request does not stall it again); an injected failure fails only its step; many
-//! concurrent streaming clients each get exactly one answer or a clear refusal.
+//! process): an injected hang is caught as a stall (with re-queueing off, its requests fail with
+//! the API's error within the deadline, a report names the layer, queued requests run on the
+//! restarted engine, and the same poison request does not stall it again); with re-queueing on,
+//! requests that had sent nothing are answered after a stall or a `kill -9`; an injected failure
+//! fails only its step; many concurrent streaming clients each get exactly one answer or a
+//! clear refusal.
 
 mod common;
 
@@ -18,10 +20,13 @@ const STALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// Steps of this many rows or more hit the injected fault; the small requests stay below.
 const TRIGGER_ROWS: u64 = 48;
 
+/// A server whose engine hits `fault`; requests in flight at a stall fail rather than run again
+/// (the error paths under test; re-queueing has its own tests below).
 fn faulty(fault: &str) -> (Running, PathBuf) {
     let mut opts = options(4, 16, Vec::new());
     opts.inject_fault = Some(fault.to_string());
     opts.stall_timeout = STALL_TIMEOUT;
+    opts.requeue_after_restart = 0;
     let dir = opts.stall_dir.clone();
     (start(opts), dir)
 }
@@ -177,6 +182,7 @@ fn a_poison_prompt_that_cannot_be_chunked_small_enough_is_refused_with_422() {
     opts.stall_timeout = STALL_TIMEOUT;
     // Half of the 64-token chunk that stalled is below this floor: no smaller retry is allowed.
     opts.quarantine_min_chunk = 40;
+    opts.requeue_after_restart = 0;
     let dir = opts.stall_dir.clone();
     let server = start(opts);
     let addr = server.addr;
@@ -242,6 +248,7 @@ fn a_child_that_dies_is_restarted_with_a_crash_report() {
     let mut opts = options(4, 16, Vec::new());
     opts.inject_fault = Some(format!("hang:layer=1,min-rows={TRIGGER_ROWS}"));
     opts.stall_timeout = Duration::from_secs(60);
+    opts.requeue_after_restart = 0;
     let dir = opts.stall_dir.clone();
     let server = start(opts);
     let addr = server.addr;
@@ -383,4 +390,155 @@ fn official_sdks_raise_their_errors_for_a_stalled_request() {
     eprintln!("SDK watchdog run: {:?}", t0.elapsed());
     stop(server);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Stalls under requests whose clients had seen nothing yet (non-streaming; streams stalled in
+/// their prefill): each runs again on the restarted engine, in the smaller chunks the quarantine
+/// allows, and is answered as if nothing had happened; the re-runs are counted.
+#[test]
+fn a_request_that_sent_nothing_is_answered_after_the_stall() {
+    let mut opts = options(4, 16, Vec::new());
+    opts.inject_fault = Some(format!("hang:layer=1,min-rows={TRIGGER_ROWS}"));
+    opts.stall_timeout = STALL_TIMEOUT;
+    assert_eq!(opts.requeue_after_restart, 1, "re-queueing is the default");
+    let dir = opts.stall_dir.clone();
+    let server = start(opts);
+    let addr = server.addr;
+
+    // OpenAI, not streaming.
+    let poison = json!({"model": "tiny", "messages": [{"role": "user", "content": poison_text(90)}], "max_tokens": 4});
+    let r = timed_post(addr, "/v1/chat/completions", &poison);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 4, "tokens of the stalled run counted too: {v}");
+    assert!(v["choices"][0]["finish_reason"].is_string(), "{v}");
+    assert_eq!(stalls(addr).0, 1.0, "it did stall");
+    assert_eq!(metric(addr, "brink_requests_requeued_total"), 1.0);
+    assert_eq!(metric(addr, "brink_engine_restarts_total"), 1.0);
+
+    // OpenAI streaming, stalled in its prefill: no token was sent, so the stream completes.
+    let req = json!({"model": "tiny", "messages": [{"role": "user", "content": poison_text(110)}], "max_tokens": 4, "stream": true});
+    let r = timed_post(addr, "/v1/chat/completions", &req);
+    let (_, finish) = openai_stream_text(&r);
+    assert!(["stop", "length"].contains(&finish.as_str()), "{finish}");
+
+    // Anthropic, not streaming and streaming.
+    let areq = json!({"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": poison_text(130)}]});
+    let r = timed_post(addr, "/v1/messages", &areq);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["type"], "message", "{}", r.body);
+    let sreq = json!({"model": "tiny", "max_tokens": 4, "stream": true, "messages": [{"role": "user", "content": poison_text(150)}]});
+    let r = timed_post(addr, "/v1/messages", &sreq);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let events = sse_events(&r.body);
+    assert!(events.iter().all(|e| e.0 != "error"), "{}", r.body);
+    assert_eq!(events.iter().filter(|e| e.0 == "message_start").count(), 1, "{}", r.body);
+    assert_eq!(events.last().unwrap().0, "message_stop", "{}", r.body);
+
+    assert_eq!(stalls(addr).0, 4.0, "each poison stalled the engine once");
+    assert_eq!(reports(&dir).len(), 4);
+    assert_eq!(metric(addr, "brink_requests_requeued_total"), 4.0);
+    assert_eq!(metric(addr, "brink_request_errors_total"), 0.0, "no client saw an error");
+    stop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What one client of the load below saw.
+#[derive(Debug)]
+enum Seen {
+    /// A whole answer, with its id.
+    Answered(String),
+    /// A stream that failed after it had sent text (a restart cannot hide that).
+    FailedAfterOutput,
+    /// Anything else: a visible error for a request that had sent nothing, or a broken answer.
+    Error(String),
+}
+
+/// A `/v1/completions` request of `words` words, 16 tokens at most; streamed or not.
+fn completion_under_load(addr: SocketAddr, words: usize, stream: bool) -> Seen {
+    let req = json!({"model": "tiny", "prompt": poison_text(words), "max_tokens": 16, "temperature": 0, "stream": stream});
+    let r = post(addr, "/v1/completions", &req);
+    if r.status != 200 {
+        return Seen::Error(format!("{} {}", r.status, r.body));
+    }
+    if !stream {
+        let v = r.json();
+        let tokens = v["usage"]["completion_tokens"].as_u64().unwrap_or(u64::MAX);
+        return match (v["id"].as_str(), v["choices"][0]["finish_reason"].as_str()) {
+            (Some(id), Some(_)) if tokens <= 16 => Seen::Answered(id.to_string()),
+            _ => Seen::Error(format!("a broken answer: {v}")),
+        };
+    }
+    let events = sse_events(&r.body);
+    // Completion streams send no opening chunk: a chunk with a choice follows a token.
+    let (mut sent, mut id) = (false, None);
+    for (_, data) in &events {
+        if data == "[DONE]" {
+            return match id {
+                Some(id) => Seen::Answered(id),
+                None => Seen::Error(format!("a stream without chunks: {}", r.body)),
+            };
+        }
+        let Ok(v) = serde_json::from_str::<Json>(data) else { return Seen::Error(format!("not JSON: {data}")) };
+        if v.get("error").is_some() {
+            return if sent { Seen::FailedAfterOutput } else { Seen::Error(format!("failed before any output: {}", r.body)) };
+        }
+        id = v["id"].as_str().map(String::from);
+        sent |= v["choices"].as_array().is_some_and(|c| !c.is_empty());
+    }
+    Seen::Error(format!("a stream that ended without [DONE]: {}", r.body))
+}
+
+/// `kill -9` of the engine child, twice, under 8 non-streaming and 2 streaming clients: every
+/// request that had sent nothing to its client is answered (none fails, none is answered twice);
+/// only a stream that had already sent text may fail.
+#[cfg(unix)]
+#[test]
+fn killing_the_engine_under_load_fails_no_request_that_had_sent_nothing() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const KILLS: u64 = 2;
+    let server = start(options(4, 16, Vec::new()));
+    let addr = server.addr;
+    let done = Arc::new(AtomicBool::new(false));
+    // Prompts of 40+ tokens: a kill in their prefill puts their length under quarantine with a
+    // halved chunk (20+ tokens), which stays above the floor of 8 for both kills.
+    let clients: Vec<_> = (0..10)
+        .map(|c| {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let mut seen = Vec::new();
+                while !done.load(Ordering::Relaxed) {
+                    seen.push(completion_under_load(addr, 40 + c, c >= 8));
+                }
+                seen
+            })
+        })
+        .collect();
+    for k in 1..=KILLS {
+        let t0 = Instant::now();
+        while metric(addr, "brink_requests_running") < 3.0 {
+            assert!(t0.elapsed() < Duration::from_secs(20), "the load never filled 3 slots");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        kill_engine(addr);
+        while metric(addr, "brink_engine_restarts_total") < k as f64 {
+            assert!(t0.elapsed() < Duration::from_secs(30), "the engine was not restarted");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        wait_ready(addr);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    done.store(true, Ordering::Relaxed);
+    let seen: Vec<Seen> = clients.into_iter().flat_map(|h| h.join().expect("a client panicked")).collect();
+    let errors: Vec<&String> = seen.iter().filter_map(|s| if let Seen::Error(e) = s { Some(e) } else { None }).collect();
+    assert!(errors.is_empty(), "{} visible errors of {} requests: {errors:#?}", errors.len(), seen.len());
+    let ids: Vec<&String> = seen.iter().filter_map(|s| if let Seen::Answered(id) = s { Some(id) } else { None }).collect();
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), ids.len(), "an answer was delivered twice");
+    let requeued = metric(addr, "brink_requests_requeued_total");
+    assert!(requeued >= 1.0, "no request was in flight at either kill");
+    assert_eq!(metric(addr, "brink_engine_restarts_total"), KILLS as f64);
+    let after_output = seen.iter().filter(|s| matches!(s, Seen::FailedAfterOutput)).count();
+    eprintln!("load with {KILLS} kills: {} answered, {after_output} streams failed after output, {requeued} re-queued", ids.len());
+    stop(server);
 }

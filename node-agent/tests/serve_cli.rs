@@ -29,6 +29,9 @@ fn serves_through_its_engine_child_catches_a_stall_and_stops_on_sigterm() {
         stalls.to_str().unwrap(),
         "--inject-fault",
         "hang:layer=1,min-rows=48",
+        // The error path: the stalled request fails instead of running again.
+        "--requeue-after-restart",
+        "0",
     ];
     let (mut child, addr) = serve(&args);
     let small = r#"{"model": "brink", "prompt": "hello", "max_tokens": 3}"#;

@@ -352,11 +352,44 @@ impl Scheduler {
     }
 
     /// After the engine restarted, the cache's contents are gone: every block is forgotten
-    /// (prefix index included) and the running sequences are dropped; their ids are returned for
-    /// the caller to fail. Waiting requests stay queued and run on the new engine.
-    pub fn reset_after_restart(&mut self) -> Result<Vec<SeqId>, SchedError> {
+    /// (prefix index included) and the running sequences are dropped; they are returned, in
+    /// admission order, for the caller to fail or [`Scheduler::requeue`]. Waiting requests stay
+    /// queued and run on the new engine.
+    pub fn reset_after_restart(&mut self) -> Result<Vec<Request>, SchedError> {
         self.kv = KvBlocks::new(self.kv.total_blocks(), self.kv.block_size())?;
-        Ok(self.running.drain(..).map(|s| s.id).collect())
+        Ok(self
+            .running
+            .drain(..)
+            .map(|mut s| {
+                s.tokens.truncate(s.prompt_len);
+                Request { id: s.id, prompt: s.tokens, max_new_tokens: s.max_new, limits: s.limits }
+            })
+            .collect())
+    }
+
+    /// Queues requests that were running when the engine went, ahead of every waiting one and
+    /// in the order given (they were admitted first), past the queue's limit (they were
+    /// accepted already). Each starts again from its prompt.
+    pub fn requeue(&mut self, reqs: Vec<Request>) -> Result<(), Rejection> {
+        if let Some(r) = reqs.iter().find(|r| self.position(r.id).is_some()) {
+            return Err(Rejection::Duplicate(r.id));
+        }
+        for req in reqs.into_iter().rev() {
+            let seq = Sequence {
+                id: req.id,
+                prompt_len: req.prompt.len(),
+                tokens: req.prompt,
+                computed: 0,
+                kv_known: 0,
+                generated: 0,
+                max_new: req.max_new_tokens,
+                prefilled: false,
+                limits: req.limits,
+                cached_tokens: 0,
+            };
+            self.waiting.push_front(seq);
+        }
+        Ok(())
     }
 
     /// The shape of `plan` for the quarantine, when the step running it stalled.
@@ -511,13 +544,49 @@ mod tests {
         let p = s.schedule();
         s.complete_step(&p, &sample(&p)).unwrap();
         assert_eq!(s.kv_stats().used, 3);
-        assert_eq!(s.reset_after_restart().unwrap(), [1]);
+        let lost = s.reset_after_restart().unwrap();
+        assert_eq!(lost, [req(1, (0..40).collect(), 2)], "returned with its prompt alone (its sampled token dropped)");
         assert_eq!((s.running(), s.waiting()), (0, 1));
         assert_eq!(s.kv_stats(), KvStats { total: 8, free: 8, cached: 0, used: 0, block_size: 16 });
         // Request 2 shared 1's prompt, but that KV died with the engine: nothing is reused.
         let p = s.schedule();
         assert_eq!(s.cached_tokens(2), Some(0));
         assert_eq!(p.chunks[0].start_pos, 0);
+    }
+
+    #[test]
+    fn a_requeued_request_goes_ahead_of_the_waiting_ones_past_the_queue_limit() {
+        // One slot, a queue of 4: request 1 runs, 2..=5 fill the queue.
+        let mut s = sched(16, 16, 64, 32, 1, 100);
+        s.submit(req(1, (0..20).collect(), 3)).unwrap();
+        for id in 2..=5 {
+            s.submit(req(id, vec![id as u32; 4], 1)).unwrap();
+        }
+        assert!(matches!(s.submit(req(6, vec![6; 4], 1)), Err(Rejection::QueueFull { .. })));
+        let p = s.schedule();
+        s.complete_step(&p, &sample(&p)).unwrap();
+        let lost = s.reset_after_restart().unwrap();
+        assert_eq!(lost, [req(1, (0..20).collect(), 3)]);
+        assert_eq!(s.requeue(vec![req(5, vec![0; 4], 1)]), Err(Rejection::Duplicate(5)), "5 is still waiting");
+        s.requeue(lost).unwrap();
+        assert_eq!((s.running(), s.waiting()), (0, 5), "past the queue's limit of 4");
+        // It runs first, from its prompt, and yields its three tokens as a fresh request would.
+        let p = s.schedule();
+        assert_eq!((p.chunks[0].seq, p.chunks[0].start_pos, p.chunks[0].len), (1, 0, 20));
+        let mut tokens = Vec::new();
+        let mut p = p;
+        loop {
+            let emitted = s.complete_step(&p, &sample(&p)).unwrap();
+            tokens.extend(emitted.iter().filter(|e| e.seq == 1).map(|e| e.token));
+            if emitted.iter().any(|e| e.seq == 1 && e.finish.is_some()) {
+                break;
+            }
+            p = s.schedule();
+        }
+        assert_eq!(tokens.len(), 3);
+        assert_eq!(s.waiting(), 4, "the others still wait, in their order");
+        let p = s.schedule();
+        assert_eq!(p.chunks[0].seq, 2);
     }
 
     #[test]

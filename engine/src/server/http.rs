@@ -334,6 +334,7 @@ fn submit(s: &AppState, loaded: &Loaded, req: &GenerateRequest, request_id: &str
             gen_ai: gen_ai.clone(),
             events: tx.clone(),
             cancel,
+            stream: req.stream,
         };
         jobs.send(job).map_err(|_| fail(worker_gone()))?;
     }
@@ -358,6 +359,7 @@ async fn collect(req: &GenerateRequest, sub: &mut Submitted, first: (usize, Even
     let mut matchers: Vec<StopMatcher> = (0..n).map(|_| StopMatcher::new(req.stop.clone())).collect();
     let mut texts = vec![String::new(); n];
     let mut outs: Vec<Option<Output>> = vec![None; n];
+    let mut tokens = vec![0u64; n];
     let mut usage = Usage { prompt_tokens: sub.prompt_tokens as u64, ..Usage::default() };
     let mut next = Some(first);
     while outs.iter().any(Option::is_none) {
@@ -371,6 +373,7 @@ async fn collect(req: &GenerateRequest, sub: &mut Submitted, first: (usize, Even
         match event {
             Event::Token(id) => {
                 usage.completion_tokens += 1;
+                tokens[i] += 1;
                 match matchers[i].push(token_bytes(&sub.tokenizer, id).map_err(fail)?) {
                     StopStep::Text(t) => texts[i] += &t,
                     StopStep::Stopped { text, stop } => {
@@ -388,6 +391,13 @@ async fn collect(req: &GenerateRequest, sub: &mut Submitted, first: (usize, Even
                 outs[i] = Some(Output { text: std::mem::take(&mut texts[i]), finish: finish_reason(end) });
             }
             Event::Failed { error, retry_after } => return Err((error, retry_after)),
+            // The engine restarted under this choice: it is generated again from the prompt.
+            Event::Requeued => {
+                usage.completion_tokens -= tokens[i];
+                tokens[i] = 0;
+                texts[i].clear();
+                matchers[i] = StopMatcher::new(req.stop.clone());
+            }
             Event::Admitted => {}
         }
     }
@@ -530,7 +540,8 @@ fn stream_response(api: Api, id: String, req: GenerateRequest, mut sub: Submitte
                         let _ = tx.send(enc.error(&error)).await;
                         return;
                     }
-                    Event::Admitted | Event::Prefilled { .. } => String::new(),
+                    // A stream is re-queued only before its first token: nothing to take back.
+                    Event::Admitted | Event::Prefilled { .. } | Event::Requeued => String::new(),
                 };
             if !frames.is_empty() && tx.send(frames).await.is_err() {
                 return;

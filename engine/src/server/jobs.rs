@@ -36,6 +36,8 @@ pub struct Job {
     pub events: UnboundedSender<(usize, Event)>,
     /// Set by the handler when it ended the choice itself (a stop string): the supervisor cancels it.
     pub cancel: Arc<AtomicBool>,
+    /// The client reads tokens as they come: once one was sent, a restart cannot hide.
+    pub stream: bool,
 }
 
 /// Why a job ended on the engine's side.
@@ -61,6 +63,10 @@ pub enum Event {
         end: JobEnd,
         cached_tokens: usize,
     },
+    /// The engine died or stalled while this choice ran, and it runs again from its prompt on the
+    /// restarted engine: whatever it produced so far is void (a non-streaming handler starts its
+    /// text over; a stream only gets this before its first token).
+    Requeued,
     /// The job was refused or failed; `retry_after` (seconds) for a full queue.
     Failed {
         error: ApiError,

@@ -51,6 +51,12 @@ fn server_scalars(hb: &Heartbeat, http: &HttpCounters) -> Vec<Scalar> {
         one("brink_seconds_since_progress", Gauge, "Seconds since the engine last made progress.", hb.since_progress().as_secs_f64()),
         one("brink_engine_restarts_total", Counter, "Engine child restarts after a stall or crash.", n(&hb.restarts)),
         one(
+            "brink_requests_requeued_total",
+            Counter,
+            "Requests in flight when the engine died or stalled, run again on the restarted engine (their client saw no error).",
+            n(&hb.requeued),
+        ),
+        one(
             "brink_engine_restart_seconds",
             Gauge,
             "Kill (or death) to ready of the last engine restart, without back-off waits.",

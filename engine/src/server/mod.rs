@@ -6,7 +6,8 @@
 //! - [`supervisor`] — the scheduler and the quarantine; runs the engine as a child process, one
 //!   step at a time, watches it for stalls and restarts it.
 //! - [`child`] — the engine child's side; [`protocol`] — their framed messages.
-//! - [`watchdog`] — stall detection, reports and restart back-off (pure).
+//! - [`watchdog`] — stall detection, reports and restart back-off (pure); [`requeue`] — which
+//!   requests in flight at a restart run again (pure).
 //! - [`telemetry`] — the metrics store behind `/metrics` and the OTLP export, and the spans.
 //!
 //! The server binds first and starts the engine child, so `/health` answers while a large model
@@ -19,6 +20,7 @@ pub mod jobs;
 pub mod metrics;
 pub mod protocol;
 pub mod ready_check;
+pub mod requeue;
 pub mod state;
 pub mod supervisor;
 pub mod telemetry;
@@ -55,6 +57,10 @@ pub struct ServeOptions {
     /// The smallest prefill chunk a quarantined prompt is served in before it is refused (after
     /// three stalls of one prompt length it is refused anyway).
     pub quarantine_min_chunk: usize,
+    /// Times a request in flight when the engine died or stalled runs again on the restarted
+    /// engine if its client has seen no output yet (non-streaming, or a stream before its first
+    /// token); 0: every request in flight fails with 503.
+    pub requeue_after_restart: u32,
     /// How long in-flight requests may run after a shutdown signal.
     pub grace: Duration,
     /// The most choices (`n`) per request.
@@ -189,6 +195,7 @@ pub async fn serve_on_with(
         fault: opts.inject_fault.clone(),
         quarantine_min_chunk: opts.quarantine_min_chunk,
         quarantine_max_strikes: 3,
+        requeue_limit: opts.requeue_after_restart,
     };
     let worker = std::thread::Builder::new().name("brink-supervisor".into()).spawn(move || {
         supervisor::run(sup_cfg, jobs_rx, heartbeat, |loaded| {

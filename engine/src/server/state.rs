@@ -21,6 +21,8 @@ pub struct Heartbeat {
     /// A stall or crash was caught and the engine is being restarted.
     pub restarting: AtomicBool,
     pub restarts: AtomicU64,
+    /// Requests in flight at a stall or crash that ran again on the restarted engine.
+    pub requeued: AtomicU64,
     /// The engine child's pid; 0 while none runs.
     pub engine_pid: AtomicU64,
     /// Kill (or death) to the new child's ready, of the last restart, without back-off waits.

@@ -6,9 +6,11 @@
 //!
 //! While a step is in flight the supervisor reads the child's progress board every
 //! [`POLL`]; no change for the stall timeout is a stall: a report is written, the child is
-//! killed, the step's requests (every running sequence: their KV died with the child) fail with
-//! 503, the batch shape goes to the quarantine, and a new child is started. A child that dies or
-//! breaks the pipe goes the same way with a crash report. Restarts that keep failing back off.
+//! killed, the batch shape goes to the quarantine, and a new child is started. Every running
+//! sequence's KV died with the child: one whose client has seen no output yet runs again from
+//! its prompt on the new child, once, under the quarantine's limits (see [`super::requeue`]);
+//! the others fail with 503. A child that dies or breaks the pipe goes the same way with a crash
+//! report. Restarts that keep failing back off.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufReader, BufWriter};
@@ -23,6 +25,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::jobs::{Event, Job, JobEnd, Loaded, WorkerConfig, quarantined, rejected};
 use super::protocol::{ChildConfig, FromChild, ToChild, WireChunk, backend_name, read_frame, write_frame};
+use super::requeue::{AfterRestart, InFlight, after_restart};
 use super::state::Heartbeat;
 use super::telemetry::{ChunkTrace, GenAiLabels, RequestEnd, RequestTrace};
 use super::watchdog::{FailureKind, FailureReport, RecentProgress, ReportChunk, StallClock, backoff};
@@ -66,6 +69,9 @@ pub struct SupervisorConfig {
     pub quarantine_min_chunk: usize,
     /// Stalls of one prompt length after which it is refused.
     pub quarantine_max_strikes: u32,
+    /// Times a request whose client has seen no output may run again after the engine died or
+    /// stalled under it; 0: such requests fail with 503 like the rest.
+    pub requeue_limit: u32,
 }
 
 enum ChildMsg {
@@ -211,8 +217,13 @@ struct Active {
     gen_ai: GenAiLabels,
     /// When the first token came (the time per output token counts from it).
     first_token_at: Option<Instant>,
+    /// The time to first token is observed once per request, also when it runs again.
+    ttft_recorded: bool,
     generated: u64,
     trace: RequestTrace,
+    stream: bool,
+    /// Times it ran again after a restart.
+    requeued: u32,
 }
 
 enum StepOutcome {
@@ -447,8 +458,11 @@ impl Supervisor {
                     request_id: job.request_id,
                     gen_ai: job.gen_ai,
                     first_token_at: None,
+                    ttft_recorded: false,
                     generated: 0,
                     trace,
+                    stream: job.stream,
+                    requeued: 0,
                 };
                 self.active.insert(id, active);
             }
@@ -629,11 +643,14 @@ impl Supervisor {
             if !a.first_token {
                 a.first_token = true;
                 let now = Instant::now();
-                let ttft = now.duration_since(a.submitted);
                 a.first_token_at = Some(now);
-                self.hb.ttft_micros_sum.fetch_add(ttft.as_micros() as u64, Ordering::Relaxed);
-                self.hb.ttft_count.fetch_add(1, Ordering::Relaxed);
-                self.hb.telemetry.first_token(&a.gen_ai, ttft);
+                if !a.ttft_recorded {
+                    a.ttft_recorded = true;
+                    let ttft = now.duration_since(a.submitted);
+                    self.hb.ttft_micros_sum.fetch_add(ttft.as_micros() as u64, Ordering::Relaxed);
+                    self.hb.ttft_count.fetch_add(1, Ordering::Relaxed);
+                    self.hb.telemetry.first_token(&a.gen_ai, ttft);
+                }
                 let cached_tokens = cached.get(&e.seq).copied().unwrap_or(0);
                 let _ = a.events.send((a.index, Event::Prefilled { cached_tokens }));
             }
@@ -726,16 +743,21 @@ impl Supervisor {
             self.quarantine.record(&self.sched.stall_shape(plan));
             self.hb.quarantined.store(self.quarantine.len() as u64, Ordering::Relaxed);
         }
-        // Every running sequence's KV died with the child: they fail; waiting ones stay queued.
+        // Every running sequence's KV died with the child: those whose client saw nothing run
+        // again, the others fail; waiting ones stay queued behind the re-queued.
         let error = ApiError::new(ErrorKind::Overloaded, report.client_message());
         let lost = self.sched.reset_after_restart().unwrap_or_else(|e| {
             eprintln!("brink serve: resetting the scheduler: {e}");
             Vec::new()
         });
-        for id in lost {
-            if let Some(a) = self.active.remove(&id) {
-                let _ = a.events.send((a.index, Event::Failed { error: error.clone(), retry_after: Some(1) }));
-                self.hb.telemetry.fail_request(a.trace, &error.message);
+        let again = self.requeue_or_fail(lost, &error);
+        if let Err(e) = self.sched.requeue(again.clone()) {
+            eprintln!("brink serve: re-queueing after the restart: {e}");
+            for r in again {
+                if let Some(a) = self.active.remove(&r.id) {
+                    let _ = a.events.send((a.index, Event::Failed { error: error.clone(), retry_after: Some(1) }));
+                    self.hb.telemetry.fail_request(a.trace, &error.message);
+                }
             }
         }
         self.known.clear();
@@ -743,6 +765,52 @@ impl Supervisor {
         self.failures += 1;
         self.respawn(t0);
         self.publish();
+    }
+
+    /// Sorts the sequences that ran when the engine went: the requests to run again (under the
+    /// quarantine's limits for their prompt, which now knows the failed shape) are returned, the
+    /// others are answered here: the error, the quarantine's 422, or nothing for a client gone.
+    fn requeue_or_fail(&mut self, lost: Vec<Request>, error: &ApiError) -> Vec<Request> {
+        let mut again = Vec::new();
+        for mut req in lost {
+            let Some(mut a) = self.active.remove(&req.id) else { continue };
+            if a.events.is_closed() || a.cancel.load(Ordering::Relaxed) {
+                let reason = if a.cancel.load(Ordering::Relaxed) { "stop" } else { "cancelled" };
+                self.finish_telemetry(a, 0, reason);
+                continue;
+            }
+            let inflight = InFlight { stream: a.stream, generated: a.generated, requeued: a.requeued };
+            match after_restart(inflight, self.cfg.requeue_limit) {
+                AfterRestart::Requeue => {}
+                AfterRestart::Streamed | AfterRestart::LimitReached => {
+                    let _ = a.events.send((a.index, Event::Failed { error: error.clone(), retry_after: Some(1) }));
+                    self.hb.telemetry.fail_request(a.trace, &error.message);
+                    continue;
+                }
+            }
+            req.limits = match self.quarantine.check(req.prompt.len()) {
+                Verdict::Clear => SeqLimits::default(),
+                Verdict::Limit(l) => l,
+                Verdict::Refuse(msg) => {
+                    self.hb.telemetry.fail_request(a.trace, &msg);
+                    let _ = a.events.send((a.index, quarantined(msg)));
+                    continue;
+                }
+            };
+            eprintln!(
+                "brink serve: {} ({} prompt tokens) had sent nothing to its client: it runs again on the restarted engine",
+                a.request_id, a.prompt_len
+            );
+            a.requeued += 1;
+            a.first_token = false;
+            a.first_token_at = None;
+            a.generated = 0;
+            let _ = a.events.send((a.index, Event::Requeued));
+            self.hb.requeued.fetch_add(1, Ordering::Relaxed);
+            self.active.insert(req.id, a);
+            again.push(req);
+        }
+        again
     }
 
     /// Starts a new child, backing off while restarts keep failing; gives up after a bound.

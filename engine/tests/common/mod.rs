@@ -54,6 +54,7 @@ pub fn options(slots: usize, max_queue: usize, api_keys: Vec<String>) -> ServeOp
         stall_dir: scratch_dir("stalls"),
         inject_fault: None,
         quarantine_min_chunk: 8,
+        requeue_after_restart: 1,
         grace: Duration::from_secs(5),
         max_n: 4,
         node_metrics: None,

@@ -57,6 +57,11 @@ pub struct Args {
     /// Smallest prefill chunk a prompt that stalled the engine is retried in before it is refused.
     #[arg(long, default_value_t = 64)]
     quarantine_min_chunk: usize,
+    /// Times a request in flight when the engine died or stalled runs again on the restarted
+    /// engine, if its client has seen no output yet (non-streaming, or a stream before its first
+    /// token); 0: they fail with 503 like the rest.
+    #[arg(long, default_value_t = 1)]
+    requeue_after_restart: u32,
     /// Seconds in-flight requests may run after SIGTERM.
     #[arg(long, default_value_t = 30)]
     grace: u64,
@@ -369,6 +374,7 @@ pub fn run(a: Args) -> ExitCode {
         stall_dir: a.stall_dir.unwrap_or_else(|| default_stall_dir(state_dir.as_deref())),
         inject_fault,
         quarantine_min_chunk: a.quarantine_min_chunk,
+        requeue_after_restart: a.requeue_after_restart,
         grace: Duration::from_secs(a.grace),
         max_n: 8,
         node_metrics: Some(node_metrics::provider(qualification)),

@@ -54,6 +54,7 @@ pub fn options(spec: &EngineSpec<'_>) -> Result<ServeOptions, String> {
         stall_dir: spec.state_dir.join("stalls"),
         inject_fault: brink_engine::test_switches::get(brink_engine::test_switches::INJECT_FAULT),
         quarantine_min_chunk: 64,
+        requeue_after_restart: 1,
         grace: Duration::from_secs(30),
         max_n: 8,
         node_metrics: Some(node_metrics::provider(spec.gauges.clone())),
