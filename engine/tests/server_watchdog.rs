@@ -491,14 +491,17 @@ fn completion_under_load(addr: SocketAddr, words: usize, stream: bool) -> Seen {
 
 /// `kill -9` of the engine child, twice, under 8 non-streaming and 2 streaming clients: every
 /// request that had sent nothing to its client is answered (none fails, none is answered twice);
-/// only a stream that had already sent text may fail.
+/// only a stream that had already sent text may fail. The re-queue limit is the number of kills:
+/// on a slow machine a request re-queued by the first kill can still be running at the second.
 #[cfg(unix)]
 #[test]
 fn killing_the_engine_under_load_fails_no_request_that_had_sent_nothing() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
     const KILLS: u64 = 2;
-    let server = start(options(4, 16, Vec::new()));
+    let mut opts = options(4, 16, Vec::new());
+    opts.requeue_after_restart = KILLS as u32;
+    let server = start(opts);
     let addr = server.addr;
     let done = Arc::new(AtomicBool::new(false));
     // Prompts of 40+ tokens: a kill in their prefill puts their length under quarantine with a
