@@ -491,28 +491,35 @@ fn completion_under_load(addr: SocketAddr, words: usize, stream: bool) -> Seen {
 
 /// `kill -9` of the engine child, twice, under 8 non-streaming and 2 streaming clients: every
 /// request that had sent nothing to its client is answered (none fails, none is answered twice);
-/// only a stream that had already sent text may fail. The re-queue limit is the number of kills:
-/// on a slow machine a request re-queued by the first kill can still be running at the second.
+/// only a stream that had already sent text may fail. Under the defaults (one re-queue, the
+/// quarantine's strikes by prompt length): the second kill waits until every request in flight
+/// at the first has finished, and no prompt length repeats within a client's next 20 requests,
+/// so each kill meets requests and lengths of its own, as two unrelated crashes would.
 #[cfg(unix)]
 #[test]
 fn killing_the_engine_under_load_fails_no_request_that_had_sent_nothing() {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     const KILLS: u64 = 2;
-    let mut opts = options(4, 16, Vec::new());
-    opts.requeue_after_restart = KILLS as u32;
-    let server = start(opts);
+    const CLIENTS: usize = 10;
+    let server = start(options(4, 16, Vec::new()));
     let addr = server.addr;
     let done = Arc::new(AtomicBool::new(false));
+    let finished: Arc<Vec<AtomicUsize>> = Arc::new((0..CLIENTS).map(|_| AtomicUsize::new(0)).collect());
     // Prompts of 40+ tokens: a kill in their prefill puts their length under quarantine with a
-    // halved chunk (20+ tokens), which stays above the floor of 8 for both kills.
-    let clients: Vec<_> = (0..10)
+    // halved chunk (20+ tokens), above the floor of 8. Client c's n-th prompt has 40 + c + 10·(n
+    // mod 20) words: distinct across clients and across a client's consecutive requests.
+    let clients: Vec<_> = (0..CLIENTS)
         .map(|c| {
-            let done = done.clone();
+            let (done, finished) = (done.clone(), finished.clone());
             std::thread::spawn(move || {
                 let mut seen = Vec::new();
-                while !done.load(Ordering::Relaxed) {
-                    seen.push(completion_under_load(addr, 40 + c, c >= 8));
+                for n in 0.. {
+                    if done.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    seen.push(completion_under_load(addr, 40 + c + 10 * (n % 20), c >= 8));
+                    finished[c].fetch_add(1, Ordering::Relaxed);
                 }
                 seen
             })
@@ -524,13 +531,19 @@ fn killing_the_engine_under_load_fails_no_request_that_had_sent_nothing() {
             assert!(t0.elapsed() < Duration::from_secs(20), "the load never filled 3 slots");
             std::thread::sleep(Duration::from_millis(5));
         }
+        let at_kill: Vec<usize> = finished.iter().map(|f| f.load(Ordering::Relaxed)).collect();
         kill_engine(addr);
         while metric(addr, "brink_engine_restarts_total") < k as f64 {
             assert!(t0.elapsed() < Duration::from_secs(30), "the engine was not restarted");
             std::thread::sleep(Duration::from_millis(20));
         }
         wait_ready(addr);
-        std::thread::sleep(Duration::from_millis(300));
+        // Each client's requests are sequential: two more finished means the one in flight at
+        // the kill (re-queued or not) is done.
+        while finished.iter().zip(&at_kill).any(|(f, &n)| f.load(Ordering::Relaxed) < n + 2) {
+            assert!(t0.elapsed() < Duration::from_secs(90), "the requests in flight at kill {k} did not finish");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
     done.store(true, Ordering::Relaxed);
     let seen: Vec<Seen> = clients.into_iter().flat_map(|h| h.join().expect("a client panicked")).collect();
