@@ -171,9 +171,7 @@ impl<B: Backend> Loaded<B> for Qwen3Moe<B> {
             b.mark(layer, Op::AttnNorm)?;
             let h = b.rms_norm(&x, &l.attn_norm, c.norm_eps)?;
             b.mark(layer, Op::QkvProj)?;
-            let mut q = b.linear(&h, &l.q)?;
-            let mut k = b.linear(&h, &l.k)?;
-            let v = b.linear(&h, &l.v)?;
+            let [mut q, mut k, v] = b.linear_each(&h, [&l.q, &l.k, &l.v])?;
             b.mark(layer, Op::Rope)?;
             q = b.rms_norm(&q, &l.q_norm, c.norm_eps)?;
             b.rope(&mut q, a.head_dim, a.rope_theta)?;

@@ -130,6 +130,16 @@ pub trait Backend {
     fn rms_norm(&mut self, x: &Self::Act, w: &Self::Weight, eps: f32) -> Result<Self::Act>;
     /// `x · Wᵀ`.
     fn linear(&mut self, x: &Self::Act, w: &Self::Weight) -> Result<Self::Act>;
+    /// `x · Wᵢᵀ` for each of several weights applied to the same input (q, k and v), each the
+    /// values `linear` gives: a backend that quantizes its input does it once for all of them.
+    fn linear_each<const N: usize>(&mut self, x: &Self::Act, ws: [&Self::Weight; N]) -> Result<[Self::Act; N]> {
+        let mut out = Vec::with_capacity(N);
+        for w in ws {
+            out.push(self.linear(x, w)?);
+        }
+        let name = self.name();
+        out.try_into().map_err(|_| BackendError::new(name, format!("linear_each: not {N} outputs")))
+    }
     /// NEOX rotary embedding of each `head_dim` group of `x` at the batch's positions.
     fn rope(&mut self, x: &mut Self::Act, head_dim: usize, theta: f32) -> Result<()>;
     /// Stores the batch's K and V at their positions' cache rows (through the chunks' block

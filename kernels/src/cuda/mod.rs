@@ -106,6 +106,9 @@ pub struct Gpu {
     info: DeviceInfo,
     cache_dir: Option<PathBuf>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// Functions looked up so far, by (source file, name): a step launches ~1,350 kernels, and
+    /// `cuModuleGetFunction` on each was host time the device waited for.
+    functions: Mutex<HashMap<&'static str, HashMap<String, CudaFunction>>>,
     /// Synchronise after every launch so that asynchronous faults name their kernel.
     diagnostic: bool,
 }
@@ -156,7 +159,7 @@ impl Gpu {
             free_mem_bytes: free as u64,
         };
         let diagnostic = std::env::var("BRINK_SYNC_LAUNCHES").is_ok_and(|v| v == "1");
-        Ok(Gpu { ctx, stream, limits, info, cache_dir: compile::default_cache_dir(), modules: Mutex::new(HashMap::new()), diagnostic })
+        Ok(Gpu { ctx, stream, limits, info, cache_dir: compile::default_cache_dir(), modules: Mutex::new(HashMap::new()), functions: Mutex::new(HashMap::new()), diagnostic })
     }
 
     pub fn limits(&self) -> &DeviceLimits {
@@ -195,8 +198,18 @@ impl Gpu {
         Ok(module)
     }
 
+    /// The function `name` of `source`'s module, looked up once and then taken from the cache.
     pub fn function(&self, source: &KernelSource, name: &str) -> Result<CudaFunction, GpuError> {
-        self.module(source)?.load_function(name).map_err(|e| driver_err(&format!("cuModuleGetFunction({}::{name})", source.file), e))
+        if let Some(f) = self.functions.lock().unwrap_or_else(|p| p.into_inner()).get(source.file).and_then(|m| m.get(name)) {
+            return Ok(f.clone());
+        }
+        let f = self
+            .module(source)?
+            .load_function(name)
+            .map_err(|e| driver_err(&format!("cuModuleGetFunction({}::{name})", source.file), e))?;
+        let mut functions = self.functions.lock().unwrap_or_else(|p| p.into_inner());
+        functions.entry(source.file).or_default().insert(name.to_string(), f.clone());
+        Ok(f)
     }
 
     /// Launches `func` with the geometry of `plan`, arguments pushed by `args`. The launch's

@@ -73,6 +73,33 @@ pub(crate) fn project(
     }
 }
 
+/// `outs[i] = x · Wᵢᵀ` for weights of the same width (q, k and v): `x` is quantized once for
+/// every quantized weight; each output is the value `project` gives.
+pub(crate) fn project_each<const N: usize>(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    (rows, k): (usize, usize),
+    ws: &[&CudaWeight; N],
+    xq: &mut Grow<u8>,
+    outs: [&mut CudaSlice<f32>; N],
+) -> Result<(), BackendError> {
+    let mut quantized = false;
+    for (w, out) in ws.iter().zip(outs) {
+        match &w.data {
+            WeightData::Blocks { wtype, bytes } => {
+                let failed = |e: GpuError| gpu_fail(format_args!("projection by {}", w.name()), &e);
+                if !quantized {
+                    quantize_rows(gpu, x, rows, k, xq).map_err(failed)?;
+                    quantized = true;
+                }
+                project_q8_1(gpu, xq, rows, (k, w.rows()), (*wtype, bytes), out).map_err(failed)?;
+            }
+            WeightData::F32(values) => dense_f32(gpu, x, (rows, k), values, w.rows(), out)?,
+        }
+    }
+    Ok(())
+}
+
 /// `out[rows, n] = x · Wᵀ` in f32 for f32 `W [n, k]` (the router).
 pub(crate) fn dense_f32(
     gpu: &Gpu,

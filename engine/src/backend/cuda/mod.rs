@@ -266,6 +266,19 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
+    fn linear_each<const N: usize>(&mut self, x: &CudaAct, ws: [&CudaWeight; N]) -> Result<[CudaAct; N]> {
+        let mut out = Vec::with_capacity(N);
+        for w in ws {
+            let n = dense::check_matrix(w, x.width(), "linear")?;
+            out.push(self.act(x.rows(), n)?);
+        }
+        let mut out: [CudaAct; N] = out.try_into().map_err(|_| fail(format!("linear_each: not {N} outputs")))?;
+        if !x.is_empty() {
+            dense::project_each(&self.gpu, &x.buf, (x.rows(), x.width()), &ws, &mut self.xq, out.each_mut().map(|o| &mut *o.buf))?;
+        }
+        Ok(out)
+    }
+
     fn rope(&mut self, x: &mut CudaAct, head_dim: usize, theta: f32) -> Result<()> {
         pointwise::rope(&self.gpu, &self.batch, &mut self.ropes, x, head_dim, theta)
     }

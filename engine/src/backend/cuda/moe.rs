@@ -2,9 +2,9 @@
 //!
 //! ```text
 //! x [T, H] ─quantize─▶ xq ─dense (router)─▶ logits [T, E] ─router_topk─▶ ids, weights [T·k]
-//! small T (GEMV):  xq ─moe_gemv─▶ gate, up [T·k, F] ─swiglu─▶ act ─quantize─▶ ─moe_gemv─▶ down [T·k, H]
+//! small T (GEMV):  xq ─moe_gemv─▶ gate, up [T·k, F] ─swiglu_q8_1─▶ act_q ─moe_gemv─▶ down [T·k, H]
 //! large T (GEMM):  ids ─moe_align─▶ sorted rows; x ─quantize(gather)─▶ A ─moe_gemm─▶ gate, up
-//!                  ─swiglu─▶ act ─quantize(gather)─▶ ─moe_gemm─▶ down [T·k, H]
+//!                  ─swiglu_q8_1(gather)─▶ act_q ─moe_gemm─▶ down [T·k, H]
 //! down, weights ─moe_combine─▶ out [T, H]
 //! ```
 //!
@@ -57,9 +57,7 @@ pub(crate) struct MoeScratch {
     a: Grow<u8>,
     gate: Grow<f32>,
     up: Grow<f32>,
-    /// silu(gate) · up `[T·k, F]`.
-    act: Grow<f32>,
-    /// act as q8_1: `[T·k, F/32]` (GEMV) or gathered `[padded rows, F/32]` (GEMM).
+    /// silu(gate) · up as q8_1: `[T·k, F/32]` (GEMV) or gathered `[padded rows, F/32]` (GEMM).
     act_q: Grow<u8>,
     down: Grow<f32>,
     /// The GEMM path's alignment, reused across steps (replaced only by a larger batch).
@@ -76,7 +74,6 @@ impl MoeScratch {
             a: Grow::new(gpu, allocs)?,
             gate: Grow::new(gpu, allocs)?,
             up: Grow::new(gpu, allocs)?,
-            act: Grow::new(gpu, allocs)?,
             act_q: Grow::new(gpu, allocs)?,
             down: Grow::new(gpu, allocs)?,
             aligned: None,
@@ -206,7 +203,7 @@ fn route(
 
 fn ensure_ffn(gpu: &Gpu, s: &mut MoeScratch, d: &Dims, act_q_bytes: usize) -> Result<(), GpuError> {
     let (pf, ph) = (d.pairs() * d.ffn, d.pairs() * d.hidden);
-    for g in [&mut s.gate, &mut s.up, &mut s.act] {
+    for g in [&mut s.gate, &mut s.up] {
         g.ensure(gpu, pf)?;
     }
     s.down.ensure(gpu, ph)?;
@@ -228,8 +225,7 @@ fn experts_gemv(gpu: &Gpu, s: &mut MoeScratch, d: &Dims, [gate, up, down]: [&Exp
         let bufs = GemvBuffers { w: e.bytes, xq: &*s.xq, ids: &s.ids, y: &mut **y };
         moe_gemv::launch(gpu, t, &dims(e, d.top_k, d.ffn, d.hidden), bufs).map_err(e.failed("GEMV"))?;
     }
-    swiglu(gpu, &s.gate, &s.up, &mut s.act, d.pairs(), d.ffn)?;
-    quantize_rows(gpu, &s.act, d.pairs(), d.ffn, &mut s.act_q).map_err(down.failed("GEMV"))?;
+    swiglu_q8_1(gpu, s, d, Source::Dense, d.pairs() as u64)?;
     // The down projection's rows are pairs already: a GEMV over T·k "tokens" of one slot each.
     let bufs = GemvBuffers { w: down.bytes, xq: &*s.act_q, ids: &s.ids, y: &mut *s.down };
     moe_gemv::launch(gpu, d.pairs() as u64, &dims(down, 1, d.hidden, d.ffn), bufs).map_err(down.failed("GEMV"))
@@ -265,24 +261,20 @@ fn experts_gemm(
         let bufs = GemmBuffers { sorted_ids: &al.sorted_ids, tile_expert: &al.tile_expert, a: &s.a, w: e.bytes, y: &mut **y };
         moe_gemm::launch(gpu, t, &case(e, d.ffn, d.hidden), &DEFAULT_TILE, bufs).map_err(e.failed("GEMM"))?;
     }
-    swiglu(gpu, &s.gate, &s.up, &mut s.act, d.pairs(), d.ffn)?;
-    // act's rows are pairs: gathered one row per pair id.
-    quantize::launch(gpu, &s.act, d.pairs() as u64, d.ffn as u32, rows, gather(1), &mut *s.act_q).map_err(down.failed("GEMM"))?;
+    // The activations' rows are pairs: gathered one row per pair id.
+    swiglu_q8_1(gpu, s, d, Source::Gather { sorted_ids: &al.sorted_ids, rows_per_token: 1 }, rows)?;
     let bufs = GemmBuffers { sorted_ids: &al.sorted_ids, tile_expert: &al.tile_expert, a: &s.act_q, w: down.bytes, y: &mut *s.down };
     moe_gemm::launch(gpu, t, &case(down, d.hidden, d.ffn), &DEFAULT_TILE, bufs).map_err(down.failed("GEMM"))
 }
 
-/// `act = silu(gate) · up` over `rows` rows of `width` (llama.cpp's `ggml_swiglu_split`).
-fn swiglu(
-    gpu: &Gpu,
-    gate: &CudaSlice<f32>,
-    up: &CudaSlice<f32>,
-    act: &mut CudaSlice<f32>,
-    rows: usize,
-    width: usize,
-) -> Result<(), BackendError> {
-    let input = brink_kernels::ops::swiglu::GateUp::Separate { gate, up };
-    brink_kernels::ops::swiglu::launch_f32(gpu, rows as u64, width as u32, input, act).map_err(|e| gpu_fail("moe swiglu", &e))
+/// `act_q = q8_1(silu(gate) · up)` (llama.cpp's `ggml_swiglu_split`, then the down
+/// projection's quantization) for the pairs' rows in one kernel: `out_rows` rows from `source`
+/// (the pairs in order, or gathered into the alignment's expert order). The f32 activations are
+/// never written; the quants equal `quantize` of them, bit for bit.
+fn swiglu_q8_1(gpu: &Gpu, s: &mut MoeScratch, d: &Dims, source: Source<&CudaSlice<i32>>, out_rows: u64) -> Result<(), BackendError> {
+    let input = brink_kernels::ops::swiglu::GateUp::Separate { gate: &s.gate, up: &s.up };
+    brink_kernels::ops::swiglu::launch_q8_1(gpu, d.pairs() as u64, d.ffn as u32, input, source, out_rows, &mut *s.act_q)
+        .map_err(|e| gpu_fail("moe swiglu", &e))
 }
 
 /// `out[t] = Σ_j weights[t·k + j] · down[t·k + j]`. The `moe_combine` kernel through its own
