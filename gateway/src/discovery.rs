@@ -91,13 +91,7 @@ impl Drop for InFlight {
 }
 
 /// Polls `upstream` every `interval` until the task is aborted; the first poll is at once.
-pub async fn poll_forever(
-    upstream: Arc<Upstream>,
-    client: UpstreamClient,
-    key: Option<String>,
-    interval: Duration,
-    metrics: Arc<Metrics>,
-) {
+pub async fn poll_forever(upstream: Arc<Upstream>, client: UpstreamClient, key: Option<String>, interval: Duration, metrics: Arc<Metrics>) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -136,12 +130,7 @@ pub async fn poll_once(upstream: &Upstream, client: &UpstreamClient, key: Option
         (_, Err(e)) => Some(e.clone()),
         _ => None,
     };
-    Seen {
-        healthy: problem.is_none(),
-        models: models.unwrap_or(previous.models),
-        reported_load,
-        problem,
-    }
+    Seen { healthy: problem.is_none(), models: models.unwrap_or(previous.models), reported_load, problem }
 }
 
 async fn fetch(client: &UpstreamClient, base: &str, path: &str, key: Option<&str>) -> Result<(StatusCode, Bytes), String> {

@@ -12,7 +12,9 @@ pub enum KeyRefusal {
     Missing,
     Invalid,
     /// The key already has `limit` requests in flight.
-    Busy { limit: usize },
+    Busy {
+        limit: usize,
+    },
 }
 
 impl KeyRefusal {
@@ -20,7 +22,9 @@ impl KeyRefusal {
         match self {
             KeyRefusal::Missing => "missing API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`".into(),
             KeyRefusal::Invalid => "invalid API key".into(),
-            KeyRefusal::Busy { limit } => format!("this API key already has {limit} requests in flight (--per-key-concurrency); retry later"),
+            KeyRefusal::Busy { limit } => {
+                format!("this API key already has {limit} requests in flight (--per-key-concurrency); retry later")
+            }
         }
     }
 }

@@ -67,7 +67,11 @@ impl Metrics {
             ),
             rejections: counter("brink_gateway_rejections_total", "Requests the gateway answered itself, by reason.", &["reason"]),
             upstream_healthy: gauge("brink_gateway_upstream_healthy", "1 while the replica's /ready answers 200.", &["upstream"]),
-            upstream_in_flight: gauge("brink_gateway_upstream_in_flight", "Requests the gateway has in flight to the replica.", &["upstream"]),
+            upstream_in_flight: gauge(
+                "brink_gateway_upstream_in_flight",
+                "Requests the gateway has in flight to the replica.",
+                &["upstream"],
+            ),
             registry,
         };
         // Every upstream has its gauges from the start (0 until discovery says otherwise).
@@ -75,7 +79,8 @@ impl Metrics {
             m.upstream_healthy.with_label_values(&[u]).set(0);
             m.upstream_in_flight.with_label_values(&[u]).set(0);
         }
-        for r in [Rejection::UnknownModel, Rejection::BadRequest, Rejection::Unauthorized, Rejection::KeyLimit, Rejection::NoHealthyReplica] {
+        for r in [Rejection::UnknownModel, Rejection::BadRequest, Rejection::Unauthorized, Rejection::KeyLimit, Rejection::NoHealthyReplica]
+        {
             m.rejections.with_label_values(&[r.label()]).inc_by(0);
         }
         m

@@ -192,7 +192,8 @@ fn build_request(
     }
     if let Some(k) = &gw.config.upstream_api_key {
         out.remove("x-api-key");
-        let v = HeaderValue::from_str(&format!("Bearer {k}")).map_err(|_| "the upstream API key is not a valid header value".to_string())?;
+        let v =
+            HeaderValue::from_str(&format!("Bearer {k}")).map_err(|_| "the upstream API key is not a valid header value".to_string())?;
         out.insert(header::AUTHORIZATION, v);
     }
     Ok(req)
@@ -201,8 +202,15 @@ fn build_request(
 fn is_hop_by_hop(name: &HeaderName) -> bool {
     matches!(
         name.as_str(),
-        "connection" | "keep-alive" | "proxy-authenticate" | "proxy-authorization" | "proxy-connection" | "te" | "trailer"
-            | "transfer-encoding" | "upgrade"
+        "connection"
+            | "keep-alive"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
     )
 }
 

@@ -51,7 +51,11 @@ pub fn router(gw: Arc<Gateway>) -> Router {
 
 /// Serves on `listener` until `shutdown` resolves (then finishes the requests in flight); the
 /// discovery tasks start at once and stop with the server.
-pub async fn serve_on(listener: tokio::net::TcpListener, config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let gw = Arc::new(Gateway::new(config));
     let mut polls = tokio::task::JoinSet::new();
     for u in &gw.upstreams {
