@@ -69,7 +69,7 @@ pub fn prompt_key(prompt: &str, chars: usize) -> Option<u64> {
         return None;
     }
     let end = prompt.char_indices().nth(chars).map_or(prompt.len(), |(i, _)| i);
-    Some(fnv1a(prompt[..end].as_bytes()))
+    Some(fnv1a(&prompt.as_bytes()[..end]))
 }
 
 /// Highest-random-weight hashing: each (key, replica) pair gets a weight; the key goes to the
@@ -99,6 +99,9 @@ mod tests {
 
     /// (healthy, models, reported load, in flight) per replica, named r0, r1, ...
     type Row = (bool, &'static [&'static str], f64, u64);
+
+    /// (what, replicas, model, prompt key, expected order, affinity hit)
+    type Case = (&'static str, Vec<Row>, &'static str, Option<u64>, Vec<usize>, bool);
 
     fn run(rows: &[Row], model: &str, key: Option<u64>) -> Pick {
         let names: Vec<String> = (0..rows.len()).map(|i| format!("http://r{i}")).collect();
@@ -132,7 +135,7 @@ mod tests {
         // Picks r1 among all three and r2 once r1 is out.
         let k1_then_2 = key_where(|k| choice(k, &[0, 1, 2]) == 1 && choice(k, &[0, 2]) == 2);
         #[rustfmt::skip]
-        let cases: Vec<(&str, Vec<Row>, &str, Option<u64>, Vec<usize>, bool)> = vec![
+        let cases: Vec<Case> = vec![
             ("no key: least load first, the rest by load",
              vec![(true, AB, 3.0, 0), (true, AB, 1.0, 0), (true, AB, 2.0, 0)], "a", None, vec![1, 2, 0], false),
             ("no key: in-flight counts as load",
