@@ -1,0 +1,63 @@
+use std::process::ExitCode;
+
+use brink_gateway::cli::Args;
+use clap::Parser;
+
+fn main() -> ExitCode {
+    // clap exits 2 on a bad flag (an --upstream that is not http://HOST:PORT, say).
+    let args = Args::parse();
+    let listen = args.listen;
+    let config = match args.into_config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("brink-gateway: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("brink-gateway: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(async move {
+        let listener = match tokio::net::TcpListener::bind(listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("brink-gateway: --listen {listen}: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        eprintln!("brink-gateway: listening on http://{listen}, {} upstreams", config.upstreams.len());
+        match brink_gateway::serve_on(listener, config, shutdown_signal()).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("brink-gateway: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+/// Ctrl-C or SIGTERM (what Kubernetes sends): stop taking connections, finish the requests in flight.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

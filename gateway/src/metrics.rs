@@ -1,0 +1,99 @@
+//! The gateway's own series (`brink_gateway_*`), rendered as Prometheus text on `/metrics`.
+
+use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+
+/// Why a request was answered by the gateway itself, without reaching a replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    UnknownModel,
+    BadRequest,
+    Unauthorized,
+    KeyLimit,
+    NoHealthyReplica,
+}
+
+impl Rejection {
+    pub fn label(self) -> &'static str {
+        match self {
+            Rejection::UnknownModel => "unknown_model",
+            Rejection::BadRequest => "bad_request",
+            Rejection::Unauthorized => "unauthorized",
+            Rejection::KeyLimit => "key_limit",
+            Rejection::NoHealthyReplica => "no_healthy_replica",
+        }
+    }
+}
+
+pub struct Metrics {
+    registry: Registry,
+    /// One per attempt at a replica: the HTTP status it answered, or `error` for a connection
+    /// that failed before a response head.
+    pub requests: IntCounterVec,
+    pub retries: IntCounterVec,
+    pub affinity_hits: IntCounterVec,
+    pub rejections: IntCounterVec,
+    pub upstream_healthy: IntGaugeVec,
+    pub upstream_in_flight: IntGaugeVec,
+}
+
+impl Metrics {
+    pub fn new(upstreams: &[String]) -> Metrics {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("a valid metric definition");
+            registry.register(Box::new(c.clone())).expect("registered once");
+            c
+        };
+        let gauge = |name: &str, help: &str, labels: &[&str]| {
+            let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("a valid metric definition");
+            registry.register(Box::new(g.clone())).expect("registered once");
+            g
+        };
+        let m = Metrics {
+            requests: counter(
+                "brink_gateway_requests_total",
+                "Attempts at a replica, by the status it answered (error: the connection failed before a response).",
+                &["model", "upstream", "status"],
+            ),
+            retries: counter(
+                "brink_gateway_retries_total",
+                "Requests tried again on another replica, by why the previous one refused.",
+                &["model", "reason"],
+            ),
+            affinity_hits: counter(
+                "brink_gateway_affinity_hits_total",
+                "Requests sent first to their prompt prefix's replica.",
+                &["model"],
+            ),
+            rejections: counter("brink_gateway_rejections_total", "Requests the gateway answered itself, by reason.", &["reason"]),
+            upstream_healthy: gauge("brink_gateway_upstream_healthy", "1 while the replica's /ready answers 200.", &["upstream"]),
+            upstream_in_flight: gauge(
+                "brink_gateway_upstream_in_flight",
+                "Requests the gateway has in flight to the replica.",
+                &["upstream"],
+            ),
+            registry,
+        };
+        // Every upstream has its gauges from the start (0 until discovery says otherwise).
+        for u in upstreams {
+            m.upstream_healthy.with_label_values(&[u]).set(0);
+            m.upstream_in_flight.with_label_values(&[u]).set(0);
+        }
+        for r in [Rejection::UnknownModel, Rejection::BadRequest, Rejection::Unauthorized, Rejection::KeyLimit, Rejection::NoHealthyReplica]
+        {
+            m.rejections.with_label_values(&[r.label()]).inc_by(0);
+        }
+        m
+    }
+
+    pub fn reject(&self, why: Rejection) {
+        self.rejections.with_label_values(&[why.label()]).inc();
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        // Encoding our own well-formed families into a Vec cannot fail.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+}

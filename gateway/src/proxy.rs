@@ -1,0 +1,256 @@
+//! One generation request through the gateway: check the key, read the model and prompt, pick
+//! the replicas in order ([`crate::pick`]), send to the first, and go on to the next while a
+//! replica refuses before answering (connection refused, reset or closed before a response
+//! head; HTTP 503 or 429), within the retry budget. Once a replica answers with anything else,
+//! its status, headers and body go to the client as they arrive (SSE frame by frame): nothing
+//! is buffered, and nothing that reached the client is ever sent again.
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode, header};
+use axum::response::Response;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use serde_json::Value as Json;
+
+use crate::errors::{Api, GatewayError, Kind};
+use crate::keys::KeyRefusal;
+use crate::metrics::Rejection;
+use crate::pick::{self, Candidate};
+use crate::server::Gateway;
+
+pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
+
+/// Largest request body taken (the engine's limit: a 24k-token prompt is ~100 KB of text).
+pub const MAX_BODY_BYTES: usize = 32 << 20;
+
+pub fn client() -> UpstreamClient {
+    let mut http = HttpConnector::new();
+    http.set_connect_timeout(Some(std::time::Duration::from_secs(5)));
+    http.set_nodelay(true);
+    Client::builder(hyper_util::rt::TokioExecutor::new()).build(http)
+}
+
+/// The retry reason of a refusing status: 503 (restarting, overloaded) or 429 (queue full).
+fn retry_reason(status: StatusCode) -> &'static str {
+    if status == StatusCode::TOO_MANY_REQUESTS { "http_429" } else { "http_503" }
+}
+
+pub async fn generate(gw: Arc<Gateway>, api: Api, req: Request<Body>) -> Response {
+    match admit_and_send(&gw, api, req).await {
+        Ok(resp) => resp,
+        Err((why, e)) => {
+            gw.metrics.reject(why);
+            e.response(api)
+        }
+    }
+}
+
+async fn admit_and_send(gw: &Arc<Gateway>, api: Api, req: Request<Body>) -> Result<Response, (Rejection, GatewayError)> {
+    let slot = match gw.keys.admit(req.headers()) {
+        Ok(slot) => slot,
+        Err(r @ KeyRefusal::Busy { .. }) => {
+            let e = GatewayError { retry_after: Some(1), ..GatewayError::new(Kind::RateLimited, r.message()) };
+            return Err((Rejection::KeyLimit, e));
+        }
+        Err(r) => return Err((Rejection::Unauthorized, GatewayError::new(Kind::Unauthorized, r.message()))),
+    };
+    let (parts, body) = req.into_parts();
+    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|e| {
+        let too_large = std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+        if too_large {
+            (Rejection::BadRequest, GatewayError::new(Kind::TooLarge, format!("the request body is over {MAX_BODY_BYTES} bytes")))
+        } else {
+            (Rejection::BadRequest, GatewayError::new(Kind::BadRequest, format!("could not read the request body: {e}")))
+        }
+    })?;
+    let json: Json = serde_json::from_slice(&bytes)
+        .map_err(|e| (Rejection::BadRequest, GatewayError::new(Kind::BadRequest, format!("the request body is not valid JSON: {e}"))))?;
+    let model = crate::prompt::model(&json).map_err(|m| (Rejection::BadRequest, GatewayError::new(Kind::BadRequest, m)))?.to_string();
+    let key = pick::prompt_key(&crate::prompt::prefix(&json, gw.config.affinity_prefix_chars), gw.config.affinity_prefix_chars);
+
+    let seen: Vec<_> = gw.upstreams.iter().map(|u| u.seen()).collect();
+    let candidates: Vec<Candidate> = gw
+        .upstreams
+        .iter()
+        .zip(&seen)
+        .map(|(u, s)| Candidate {
+            name: &u.base,
+            healthy: s.healthy,
+            models: &s.models,
+            reported_load: s.reported_load,
+            in_flight: u.in_flight(),
+        })
+        .collect();
+    let decision = pick::pick(&candidates, &model, key, gw.config.load_bound);
+    if decision.order.is_empty() {
+        return Err(no_replica(&model, &seen));
+    }
+    if decision.affinity_hit {
+        gw.metrics.affinity_hits.with_label_values(&[&model]).inc();
+    }
+    let order: Vec<usize> = decision.order.into_iter().take(1 + gw.config.retry_budget).collect();
+    drop(candidates);
+
+    for (attempt, &i) in order.iter().enumerate() {
+        let upstream = &gw.upstreams[i];
+        let in_flight = upstream.start_request(&gw.metrics);
+        let upstream_req = build_request(gw, &upstream.base, &parts.uri, &parts.headers, bytes.clone())
+            .map_err(|m| (Rejection::BadRequest, GatewayError::new(Kind::BadRequest, m)))?;
+        let is_last = attempt + 1 == order.len();
+        let refusal = match gw.client.request(upstream_req).await {
+            Ok(resp) => {
+                let status = resp.status();
+                gw.metrics.requests.with_label_values(&[&model, &upstream.base, status.as_str()]).inc();
+                let refused = status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS;
+                if !refused || is_last {
+                    // The answer: streamed through; the key's slot and the in-flight count are
+                    // held by the body until it ends or the client goes.
+                    let (mut head, incoming) = resp.into_parts();
+                    strip_hop_by_hop(&mut head.headers);
+                    let guards = (slot, in_flight);
+                    let body = incoming.map_frame(move |frame| {
+                        let _held = &guards;
+                        frame
+                    });
+                    return Ok(Response::from_parts(head, Body::new(body)));
+                }
+                retry_reason(status)
+            }
+            Err(e) => {
+                gw.metrics.requests.with_label_values(&[&model, &upstream.base, "error"]).inc();
+                let (reason, message) = classify(&e);
+                upstream.mark_down(&message, &gw.metrics);
+                drop(in_flight);
+                if is_last {
+                    let msg = format!("no replica answered: the last one tried, {}, failed: {message}", upstream.base);
+                    return Ok(GatewayError::new(Kind::BadGateway, msg).response(api));
+                }
+                reason
+            }
+        };
+        gw.metrics.retries.with_label_values(&[&model, refusal]).inc();
+    }
+    // `order` is never empty, and its last attempt always returns.
+    unreachable!("the last attempt returns")
+}
+
+/// The answer when no replica may take the request: 404 when no replica (healthy or not) has
+/// listed the model, 503 when some have but none is healthy now.
+fn no_replica(model: &str, seen: &[crate::discovery::Seen]) -> (Rejection, GatewayError) {
+    let known_anywhere = seen.iter().any(|s| s.models.iter().any(|m| m == model));
+    if known_anywhere {
+        let e = GatewayError {
+            retry_after: Some(1),
+            ..GatewayError::new(Kind::Unavailable, format!("no healthy replica serves model '{model}' now; retry later"))
+        };
+        return (Rejection::NoHealthyReplica, e);
+    }
+    let served = served_models(seen);
+    if served.is_empty() && !seen.iter().any(|s| s.healthy) {
+        let e = GatewayError { retry_after: Some(1), ..GatewayError::new(Kind::Unavailable, "no replica is healthy now; retry later") };
+        return (Rejection::NoHealthyReplica, e);
+    }
+    let message = format!("model '{model}' is not served by any replica; served: {}", served.join(", "));
+    (Rejection::UnknownModel, GatewayError { param: Some("model"), ..GatewayError::new(Kind::NotFound, message) })
+}
+
+/// Every healthy replica's model names, each once, in `--upstream` order.
+pub fn served_models(seen: &[crate::discovery::Seen]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for s in seen.iter().filter(|s| s.healthy) {
+        for m in &s.models {
+            if !out.contains(m) {
+                out.push(m.clone());
+            }
+        }
+    }
+    out
+}
+
+fn build_request(
+    gw: &Gateway,
+    base: &str,
+    uri: &axum::http::Uri,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Request<Full<Bytes>>, String> {
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut req = Request::post(format!("{base}{path}")).body(Full::new(body)).map_err(|e| format!("bad request target: {e}"))?;
+    let out = req.headers_mut();
+    for (name, value) in headers {
+        if is_hop_by_hop(name) || *name == header::HOST || *name == header::CONTENT_LENGTH {
+            continue;
+        }
+        // The client's key stays here when the gateway checks keys itself.
+        if gw.keys.checks_keys() && (*name == header::AUTHORIZATION || name.as_str() == "x-api-key") {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+    if let Some(k) = &gw.config.upstream_api_key {
+        out.remove("x-api-key");
+        let v =
+            HeaderValue::from_str(&format!("Bearer {k}")).map_err(|_| "the upstream API key is not a valid header value".to_string())?;
+        out.insert(header::AUTHORIZATION, v);
+    }
+    Ok(req)
+}
+
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let names: Vec<HeaderName> = headers.keys().filter(|n| is_hop_by_hop(n)).cloned().collect();
+    for n in names {
+        headers.remove(n);
+    }
+}
+
+/// A client error's reason label and message.
+fn classify(e: &hyper_util::client::legacy::Error) -> (&'static str, String) {
+    let message = describe_client_error(e);
+    if e.is_connect() {
+        return ("connect_failed", message);
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(h) = s.downcast_ref::<hyper::Error>()
+            && h.is_incomplete_message()
+        {
+            return ("connection_closed", message);
+        }
+        if let Some(io) = s.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::ConnectionReset
+        {
+            return ("connection_reset", message);
+        }
+        source = s.source();
+    }
+    ("connection_error", message)
+}
+
+/// The error and its causes on one line (hyper's top-level message alone says little).
+pub fn describe_client_error(e: &hyper_util::client::legacy::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        out += &format!(": {s}");
+        source = s.source();
+    }
+    out
+}

@@ -1,0 +1,149 @@
+//! End to end against two REAL brink servers (the engine's in-process server on the synthetic
+//! tiny model, CPU backend, each engine in a `brink-engine-child` process) with different model
+//! names behind the gateway: each model's requests, plain and streamed, are answered by the
+//! server that serves it, and the model list has both.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use brink_engine::BackendKind;
+use brink_engine::server::jobs::WorkerConfig;
+use brink_engine::server::supervisor::EngineCommand;
+use brink_engine::server::{ServeOptions, serve_on_with};
+use brink_engine::synth::{self, Preset, SynthSpec};
+use common::*;
+use serde_json::json;
+
+/// Loading a model on a loaded 2-core CI machine is slow; this bounds it.
+const LOAD_DEADLINE: Duration = Duration::from_secs(180);
+
+/// The engine child binary: next to this test's executable's folder (`target/<profile>/`). Cargo
+/// builds a dependency's binaries only when asked, so CI's `cargo build --workspace
+/// --all-targets` (or the command in the message) must have run first.
+fn engine_child() -> EngineCommand {
+    let exe = std::env::current_exe().expect("the test's own path");
+    let profile_dir = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>/deps/<test>");
+    let program = profile_dir.join(format!("brink-engine-child{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        program.is_file(),
+        "{} is missing: build it first with `cargo build -p brink-engine --bin brink-engine-child` (the same profile as the tests: \
+         add `--profile test` when they run under `cargo test`, or `--release` for `cargo test --release`)",
+        program.display()
+    );
+    EngineCommand { program, args: Vec::new() }
+}
+
+fn options(model: PathBuf, name: &str, scratch: &std::path::Path) -> ServeOptions {
+    ServeOptions {
+        worker: WorkerConfig {
+            model,
+            backend: BackendKind::Cpu,
+            slots: 2,
+            context: 512,
+            max_batch_tokens: 256,
+            prefill_chunk: 64,
+            max_queue: 16,
+        },
+        engine: engine_child(),
+        model_name: Some(name.into()),
+        api_keys: Vec::new(),
+        stall_timeout: Duration::from_secs(60),
+        stall_dir: scratch.join(format!("stalls-{name}")),
+        inject_fault: None,
+        quarantine_min_chunk: 8,
+        requeue_after_restart: 1,
+        grace: Duration::from_secs(5),
+        max_n: 4,
+        node_metrics: None,
+        ready_check: None,
+    }
+}
+
+/// A real server on its own runtime thread; its URL, and the sender that stops it.
+fn start_server(opts: ServeOptions) -> (String, tokio::sync::oneshot::Sender<()>, std::sync::mpsc::Receiver<Result<(), String>>) {
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let result = rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            addr_tx.send(listener.local_addr().unwrap()).unwrap();
+            serve_on_with(listener, opts, None, async move {
+                let _ = stop_rx.await;
+            })
+            .await
+        });
+        let _ = done_tx.send(result.map_err(|e| e.to_string()));
+    });
+    let addr = addr_rx.recv_timeout(Duration::from_secs(30)).expect("the server did not bind");
+    (format!("http://{addr}"), stop_tx, done_rx)
+}
+
+#[test]
+fn two_real_servers_behind_the_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    synth::generate(&SynthSpec::from_preset(Preset::Tiny), &model, |_, _| {}).unwrap_or_else(|e| panic!("{e}"));
+    let (alpha_url, alpha_stop, alpha_done) = start_server(options(model.clone(), "alpha", dir.path()));
+    let (beta_url, beta_stop, beta_done) = start_server(options(model, "beta", dir.path()));
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut config = brink_gateway::Config::new(vec![alpha_url.clone(), beta_url.clone()]);
+        // Discovery must see each server turn ready after its model loads.
+        config.poll_interval = Duration::from_millis(100);
+        let gw = gateway(config).await;
+        let t0 = Instant::now();
+        loop {
+            let r = call(&format!("{}/v1/models", gw.url), "GET", &[], "").await;
+            // Each server also answers to `brink`; it is listed once.
+            if model_ids(&r.json()) == ["alpha", "brink", "beta"] {
+                break;
+            }
+            assert!(t0.elapsed() < LOAD_DEADLINE, "the servers did not both become ready: {}", r.body);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+
+        for (name, url) in [("alpha", &alpha_url), ("beta", &beta_url)] {
+            let before = requests_total(url).await;
+            let plain = json!({"model": name, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 4, "temperature": 0});
+            let r = post(&format!("{}/v1/chat/completions", gw.url), &plain).await;
+            assert_eq!(r.status, 200, "{name}: {}", r.body);
+            assert_eq!(r.json()["model"], name);
+            assert_eq!(r.json()["object"], "chat.completion");
+
+            let mut streamed = plain.clone();
+            streamed["stream"] = json!(true);
+            let r = post(&format!("{}/v1/chat/completions", gw.url), &streamed).await;
+            assert_eq!(r.status, 200, "{name}: {}", r.body);
+            assert!(r.header("content-type").unwrap().starts_with("text/event-stream"));
+            assert!(r.body.trim_end().ends_with("data: [DONE]"), "{name}: {}", r.body);
+            let first: serde_json::Value = serde_json::from_str(r.body.lines().next().unwrap().strip_prefix("data: ").unwrap()).unwrap();
+            assert_eq!(first["model"], name);
+            assert_eq!(first["object"], "chat.completion.chunk");
+
+            // Both went to this model's server, none to the other.
+            assert_eq!(requests_total(url).await - before, 2.0, "{name}'s server answered both");
+        }
+        let other_before = requests_total(&beta_url).await;
+        let r = post(&format!("{}/v1/completions", gw.url), &json!({"model": "alpha", "prompt": "Once", "max_tokens": 2})).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(requests_total(&beta_url).await, other_before, "alpha's request never reached beta's server");
+        let r = post(&format!("{}/v1/chat/completions", gw.url), &json!({"model": "gamma", "messages": []})).await;
+        assert_eq!(r.status, 404, "{}", r.body);
+        assert_eq!(r.json()["error"]["message"], "model 'gamma' is not served by any replica; served: alpha, brink, beta");
+    });
+
+    for (stop, done) in [(alpha_stop, alpha_done), (beta_stop, beta_done)] {
+        stop.send(()).expect("the server is gone");
+        assert_eq!(done.recv_timeout(Duration::from_secs(60)).expect("serve_on did not return"), Ok(()));
+    }
+}
+
+async fn requests_total(url: &str) -> f64 {
+    let m = call(&format!("{url}/metrics"), "GET", &[], "").await.body;
+    metric(&m, "brink_requests_total", &[]).unwrap_or_else(|| panic!("no brink_requests_total: {m}"))
+}
