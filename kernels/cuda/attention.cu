@@ -35,7 +35,7 @@
 
 #define ATT_THREADS 128
 #define ATT_PAD 4                  // floats after each staged row: spreads banks, keeps 16 B alignment
-#define DEC_SPAN 128               // keys per decode split
+#define DEC_SPAN 64                // keys per decode split
 #define DEC_MAX_HB 8               // heads per decode block at most
 #define DEC_TILE_FLOATS 8192       // keys x D staged at once by the decode kernel
 #define ATT_NEG_INF __int_as_float(0xff800000)
@@ -250,7 +250,7 @@ static __device__ __forceinline__ void att_decode(const float* __restrict__ q, c
                                                   const int2* __restrict__ work, const int* __restrict__ table, int n_head,
                                                   int n_kv, int shift, int hb, float qscale) {
     constexpr int LD = D + ATT_PAD;
-    constexpr int KT = DEC_TILE_FLOATS / D;            // keys staged at once: 128, 64, 32
+    constexpr int KT = DEC_TILE_FLOATS / D < DEC_SPAN ? DEC_TILE_FLOATS / D : DEC_SPAN;  // keys staged at once: 64, 64, 32
     constexpr int NSUB = DEC_SPAN / KT;
     constexpr int NO = DEC_MAX_HB * D / ATT_THREADS;   // outputs per thread at hb = DEC_MAX_HB
     extern __shared__ __align__(16) float att_smem[];

@@ -80,11 +80,24 @@ dense_f32(const float* __restrict__ w, const float* __restrict__ x, float* __res
         float acc[DENSE_TOKENS];
 #pragma unroll
         for (int t = 0; t < DENSE_TOKENS; ++t) acc[t] = 0.0f;
+        // A tile's tokens past the end (decode's single token: 7 of 8) load nothing; the ones
+        // that exist accumulate in the same order either way.
+        const u64 valid = tokens - t0 < DENSE_TOKENS ? tokens - t0 : DENSE_TOKENS;
+        if (valid == DENSE_TOKENS) {
 #pragma unroll 4
-        for (int c = lane; c < k; c += 32) {
-            const float wv = __ldg(wr + c);
+            for (int c = lane; c < k; c += 32) {
+                const float wv = __ldg(wr + c);
 #pragma unroll
-            for (int t = 0; t < DENSE_TOKENS; ++t) acc[t] = __fmaf_rn(wv, xs[t][c], acc[t]);
+                for (int t = 0; t < DENSE_TOKENS; ++t) acc[t] = __fmaf_rn(wv, xs[t][c], acc[t]);
+            }
+        } else {
+#pragma unroll 8
+            for (int c = lane; c < k; c += 32) {
+                const float wv = __ldg(wr + c);
+#pragma unroll
+                for (int t = 0; t < DENSE_TOKENS; ++t)
+                    if ((u64)t < valid) acc[t] = __fmaf_rn(wv, xs[t][c], acc[t]);
+            }
         }
 #pragma unroll
         for (int t = 0; t < DENSE_TOKENS; ++t) {

@@ -5,10 +5,13 @@
 // per sequence. freq[i] = theta^(-2i/d) in f32 as llama.cpp's CUDA backend computes it
 // (powf(powf(theta, -2/d), i)), made on the host: d/2 floats, nothing that grows with tokens.
 //
-// Geometry: a grid-stride loop over the (token, i) items, tokens x d/2 of them (64-bit). An item's
-// thread computes its angle and sincosf once and rotates pair i of every head of its token;
-// consecutive threads take consecutive i, so each head's loads and stores are coalesced. No
-// collectives. y may alias x (in place): each pair is read and written by the same thread.
+// Geometry: a grid-stride loop over the (token, head, i) items, tokens x heads x d/2 of them
+// (64-bit), one rotated pair per item: a decode step's single token still spreads over
+// heads x d/2 threads (one thread per (token, i) looping over the heads was ~15 us for Q at one
+// token, latency-bound). Consecutive threads take consecutive i, so each head's loads and
+// stores are coalesced. No collectives. y may alias x (in place): each pair is read and written
+// by the same thread. The angle depends on (t, i) only and is recomputed per head: the same f32
+// product, so the same sincosf result.
 // The angle is one f32 product and the rotation is spelled out with _rn intrinsics (no FMA
 // contraction), so the CPU twin repeats it exactly: only sincosf (2 ulp) differs from the host.
 // Element offsets t * heads * d pass 2^31 at 524,288 tokens for Q (32 heads of 128): 64-bit.
@@ -18,20 +21,20 @@
 extern "C" __global__ void __launch_bounds__(ROPE_THREADS)
 rope_neox(const float* x, float* y, const int* __restrict__ pos, const float* __restrict__ freq, u64 tokens, int heads,
           int half) {
-    const u64 items = tokens * (u64)half;
+    const u64 per_token = (u64)heads * (u64)half;
+    const u64 items = tokens * per_token;
     const u64 head = 2 * (u64)half;
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 it = (u64)blockIdx.x * blockDim.x + threadIdx.x; it < items; it += stride) {
-        const u64 t = it / (u64)half;
-        const u64 i = it - t * (u64)half;
+        const u64 t = it / per_token;
+        const u64 r = it - t * per_token;
+        const u64 h = r / (u64)half;
+        const u64 i = r - h * (u64)half;
         float s, c;
         sincosf(__fmul_rn((float)pos[t], freq[i]), &s, &c);
-        const u64 first = t * (u64)heads * head + i;
-        for (int h = 0; h < heads; ++h) {
-            const u64 a = first + (u64)h * head;
-            const float x0 = x[a], x1 = x[a + half];
-            y[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-            y[a + half] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
-        }
+        const u64 a = (t * (u64)heads + h) * head + i;
+        const float x0 = x[a], x1 = x[a + half];
+        y[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+        y[a + half] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
     }
 }

@@ -60,8 +60,10 @@ pub const COMBINE_KERNEL: &str = "attn_decode_combine";
 pub const TOLERANCE: f64 = 3e-5;
 /// Threads of every attention block (`ATT_THREADS`).
 pub const THREADS: u32 = 128;
-/// Keys per decode split (`DEC_SPAN`).
-pub const DECODE_SPAN: u64 = 128;
+/// Keys per decode split (`DEC_SPAN`). 64 rather than 128: a decode step at a short context
+/// then has twice the blocks, each with half the serial work (the H200 timed `attn_decode_d128`
+/// at 31 us per layer at position ~140 with 128, the largest kernel of a decode step).
+pub const DECODE_SPAN: u64 = 64;
 /// Heads one decode block serves at most (`DEC_MAX_HB`): they share its K/V loads.
 pub const DECODE_MAX_HEADS: u32 = 8;
 /// Keys x head_dim staged at once by the decode kernel (`DEC_TILE_FLOATS`).
@@ -223,7 +225,7 @@ pub fn prefill_shared_bytes(head_dim: u32) -> u64 {
 /// Static shared memory of a block: `att_stage`'s block ids of the staged key rows (i32 each),
 /// beside the dynamic bytes; a launch needs both within the device's limit.
 pub fn static_shared_bytes(head_dim: u32, decode: bool) -> u64 {
-    let rows = if decode { DECODE_TILE_FLOATS / (head_dim as u64).max(1) } else { prefill_tile(head_dim).map_or(0, |t| t.keys) };
+    let rows = if decode { decode_tile_keys(head_dim) } else { prefill_tile(head_dim).map_or(0, |t| t.keys) };
     4 * rows
 }
 
@@ -231,7 +233,12 @@ pub fn static_shared_bytes(head_dim: u32, decode: bool) -> u64 {
 pub fn decode_shared_bytes(head_dim: u32) -> u64 {
     let d = head_dim as u64;
     let m = DECODE_MAX_HEADS as u64;
-    4 * (m * d + m * DECODE_SPAN + DECODE_TILE_FLOATS / d.max(1) * (d + PAD))
+    4 * (m * d + m * DECODE_SPAN + decode_tile_keys(head_dim) * (d + PAD))
+}
+
+/// Keys the decode kernel stages at once (`KT`): a tile of [`DECODE_TILE_FLOATS`], at most a span.
+fn decode_tile_keys(head_dim: u32) -> u64 {
+    (DECODE_TILE_FLOATS / (head_dim as u64).max(1)).min(DECODE_SPAN)
 }
 
 /// One chunk of a batch: `n_tokens` rows from `first_row` at positions `start_pos..` of the
@@ -680,13 +687,13 @@ mod tests {
     #[test]
     fn decode_plan_splits_each_context_into_spans() {
         let spec = QWEN;
-        // Positions 0, 127, 128 and 40,959: 1, 1, 2 and 320 spans of 128 keys.
-        let chunks = [chunk(0, 0, 1, 0), chunk(1, 127, 1, 1), chunk(2, 128, 1, 2), chunk(3, 40_959, 1, 3)];
+        // Positions 0, 63, 64 and 40,959: 1, 1, 2 and 640 spans of 64 keys.
+        let chunks = [chunk(0, 0, 1, 0), chunk(1, 63, 1, 1), chunk(2, 64, 1, 2), chunk(3, 40_959, 1, 3)];
         let plan = BatchPlan::new(&chunks, &reversed(&spec), 4, &spec, DecodeRoute::Split).unwrap();
-        assert_eq!(plan.offsets, vec![0, 1, 2, 4, 324]);
+        assert_eq!(plan.offsets, vec![0, 1, 2, 4, 644]);
         assert_eq!(plan.work[2..4], [[2, 0], [2, 1]]);
-        assert_eq!(plan.work[323], [3, 319]);
-        assert_eq!(plan.workspace_floats(), 324 * 32 * 130);
+        assert_eq!(plan.work[643], [3, 639]);
+        assert_eq!(plan.workspace_floats(), 644 * 32 * 130);
         for limits in DeviceLimits::recorded() {
             let l = plan.launches(&limits).unwrap();
             assert!(l.prefill.is_none());
@@ -694,7 +701,7 @@ mod tests {
             // 8 heads per block share kv head h / 8: grid.y = 32 / 8.
             assert_eq!(
                 (split.kernel.as_str(), split.grid, split.shared_mem),
-                ("attn_decode_d128", [324, 4, 1], 4 * (1024 + 1024 + 64 * 132))
+                ("attn_decode_d128", [644, 4, 1], 4 * (1024 + 512 + 64 * 132))
             );
             assert_eq!((combine.grid, combine.shared_mem), ([4, 32, 1], 0));
             assert!(split.shared_mem <= limits.max_shared_mem_per_block, "decode fits without opting in: {split}");
@@ -805,7 +812,7 @@ mod tests {
                 assert!(decode <= limits.max_shared_mem_per_block as u64, "d={d} {}", limits.name);
             }
         }
-        assert_eq!((static_shared_bytes(128, false), static_shared_bytes(64, true), static_shared_bytes(256, true)), (256, 512, 128));
+        assert_eq!((static_shared_bytes(128, false), static_shared_bytes(64, true), static_shared_bytes(256, true)), (256, 256, 128));
         assert!(prefill_shared_bytes(128) > gb10.max_shared_mem_per_block as u64);
     }
 

@@ -5,8 +5,8 @@
 //! ([`launch`]); positions `[tokens]` i32 restart per sequence of the batch. The frequencies are
 //! computed in f32 as llama.cpp's CUDA backend does (`powf(powf(theta, -2/d), i)`), once per
 //! model on the host ([`RopeTable`]: d/2 floats, nothing that grows with tokens); the angle is
-//! the f32 product `pos · freq[i]`. Geometry: a grid-stride loop over (token, i) items
-//! (`cuda/rope.cu`).
+//! the f32 product `pos · freq[i]`. Geometry: a grid-stride loop over (token, head, i) items,
+//! one rotated pair each (`cuda/rope.cu`), so a single decode token still spreads over the GPU.
 //!
 //! Accuracy: the twin repeats the device's f32 angle and rotation exactly; only the device's
 //! `sincosf` (2 ulp) differs from the host's sine and cosine, hence [`TOLERANCE`]. Against an
@@ -96,7 +96,7 @@ pub fn plans(tokens: u64, c: &RopeCase, limits: &DeviceLimits) -> Result<Vec<Lau
     Ok(vec![plan(tokens, c.heads, &c.spec(), limits)?])
 }
 
-/// Grid-stride over the `tokens · d/2` (token, i) items, 256 threads a block, grid.x capped to
+/// Grid-stride over the `tokens · heads · d/2` (token, head, i) items, 256 threads a block, grid.x capped to
 /// fill the device a few times.
 pub fn plan(tokens: u64, heads: u32, s: &RopeSpec, limits: &DeviceLimits) -> Result<Launch, PlanError> {
     let what = if tokens == 0 {
@@ -111,7 +111,7 @@ pub fn plan(tokens: u64, heads: u32, s: &RopeSpec, limits: &DeviceLimits) -> Res
     if let Some(what) = what {
         return Err(PlanError::Unsupported { kernel: KERNEL.into(), what, shape: shape(tokens, heads, s) });
     }
-    let (items, per_block) = (tokens * s.half() as u64, THREADS as u64);
+    let (items, per_block) = (tokens * heads as u64 * s.half() as u64, THREADS as u64);
     Launch::checked(
         KERNEL_FN,
         shape(tokens, heads, s),
@@ -220,21 +220,21 @@ fn launch_ptrs(
     Ok(())
 }
 
-/// Counts this plan makes critical: where `x[t·heads·d + …]` and the item index `t·d/2 + i`
-/// pass 2^31 − 1, where the grid-stride loop starts a second round (the grid is capped by the
+/// Counts this plan makes critical: where `x[t·heads·d + …]` and the item index
+/// `(t·heads + h)·d/2 + i` pass 2^31 − 1, where the grid-stride loop starts a second round (the grid is capped by the
 /// device), and the tails of the tokens one block holds.
 pub fn critical_counts(c: &RopeCase, limits: &DeviceLimits) -> Vec<Critical> {
-    let half = (c.head_dim / 2).max(1) as u64;
+    let per_token = (c.heads as u64 * (c.head_dim / 2) as u64).max(1);
     let mut v = vec![Critical::new(1, "single token")];
     v.extend(overflow_point(c.heads as u64 * c.head_dim as u64, "rope: x[t·heads·d + h·d + i] passes 2^31 − 1"));
-    v.extend(overflow_point(half, "rope: item t·d/2 + i passes 2^31 − 1"));
+    v.extend(overflow_point(per_token, "rope: item (t·heads + h)·d/2 + i passes 2^31 − 1"));
     let per_block = THREADS as u64;
     let cap = grid_stride_blocks(u64::MAX, per_block, limits);
-    let last = cap * per_block / half;
+    let last = cap * per_block / per_token;
     v.push(Critical::new(last, format!("rope: {cap} blocks hold every item in one round (grid capped)")));
     v.push(Critical::new(last + 1, format!("rope: first count whose grid-stride loop takes a second round ({cap} blocks)")));
-    if per_block.is_multiple_of(half) && per_block / half > 1 {
-        v.extend(tile_tails(per_block / half, true, &[], &format!("rope: {} tokens per block", per_block / half)));
+    if per_block.is_multiple_of(per_token) && per_block / per_token > 1 {
+        v.extend(tile_tails(per_block / per_token, true, &[], &format!("rope: {} tokens per block", per_block / per_token)));
     }
     v
 }
@@ -441,14 +441,16 @@ mod tests {
     fn critical_counts_for_qwen3() {
         let counts = |c: &RopeCase, l: &DeviceLimits| -> Vec<u64> { critical_counts(c, l).iter().map(|c| c.tokens).collect() };
         let h200 = DeviceLimits::h200();
-        // Q: 2^31 / (32·128) = 524,287.99; K: 2^31 / (4·128) = 4,194,303.99.
-        for t in [1, 524_287, 524_288, 33_554_431, 33_554_432, 1, 2, 3, 4, 5, 6, 7] {
+        // Q: 2^31 / (32·128) = 524,287.99; items 2^31 / (32·64) = 1,048,575.99; K: 2^31 / (4·128).
+        for t in [1, 524_287, 524_288, 1_048_575, 1_048_576] {
             assert!(counts(&Q, &h200).contains(&t), "{t}");
         }
         assert!(counts(&K, &h200).contains(&4_194_303) && counts(&K, &h200).contains(&4_194_304));
-        // Grid capped at 132·2048/256·4 = 4224 blocks of 256 threads: 4224·256/64 = 16,896 tokens.
-        assert!(counts(&Q, &h200).contains(&16_896) && counts(&Q, &h200).contains(&16_897));
-        // GB10: 48·1536/256·4 = 1152 blocks: 4608 tokens.
-        assert!(counts(&Q, &DeviceLimits::gb10()).contains(&4_609));
+        // Grid capped at 132·2048/256·4 = 4224 blocks of 256 threads: 4224·256/2048 = 528 tokens of Q.
+        assert!(counts(&Q, &h200).contains(&528) && counts(&Q, &h200).contains(&529));
+        // GB10: 48·1536/256·4 = 1152 blocks: 144 tokens.
+        assert!(counts(&Q, &DeviceLimits::gb10()).contains(&145));
+        // A token is 2,048 items of Q and 256 of K: no block holds a whole second token, no tails.
+        assert!(!counts(&Q, &h200).contains(&7) && !counts(&K, &h200).contains(&3));
     }
 }

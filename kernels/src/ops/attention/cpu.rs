@@ -325,7 +325,7 @@ mod tests {
         o.iter().map(|x| x * inv).collect()
     }
 
-    /// `attn_decode` + `attn_decode_combine` for one row at position `pos`: 128-key spans with an
+    /// `attn_decode` + `attn_decode_combine` for one row at position `pos`: `DECODE_SPAN`-key spans with an
     /// exact max and 32-lane sum each, merged with `exp2(m_s − M)` weights.
     fn emulate_decode(qs: &[f32], slab: &Slab, kvh: usize, pos: usize) -> Vec<f32> {
         let (d, span, neg) = (qs.len(), DECODE_SPAN as usize, f32::NEG_INFINITY);

@@ -293,11 +293,11 @@ mod tests {
         let parts = Layout::Runs { len: 20 }.parts(60, 40_960);
         assert_eq!(farthest_row(&parts, 16), 5 * 16 + 16);
         // Decode steps: the first is at position 0, so the top block is read at its row 0 only.
-        // Decode steps at 0, 1, 127 and 4095: 1 + 1 + 8 + 256 blocks; the first step reads the top
-        // block at its row 0 only.
+        // Decode steps at 0, 1, 63 (a span less one) and 4095: 1 + 1 + 4 + 256 blocks; the first
+        // step reads the top block at its row 0 only.
         let parts = Layout::Decode.parts(4, 4096);
-        assert_eq!(total_blocks(&parts, 16), 266);
-        assert_eq!(farthest_row(&parts, 16), 265 * 16 + 1);
+        assert_eq!(total_blocks(&parts, 16), 262);
+        assert_eq!(farthest_row(&parts, 16), 261 * 16 + 1);
     }
 
     #[test]
@@ -323,7 +323,7 @@ mod tests {
     #[test]
     fn decode_positions_cover_span_edges_and_end_at_the_context() {
         let p: Vec<u32> = (0..10).map(|i| decode_position(i, 10, 40_960)).collect();
-        assert_eq!(p, vec![0, 1, 127, 128, 129, 255, 256, 20_480, 40_958, 40_959]);
+        assert_eq!(p, vec![0, 1, 63, 64, 65, 127, 128, 20_480, 40_958, 40_959]);
         assert_eq!(decode_position(0, 1, 40_960), 40_959);
         assert!((0..5).all(|i| decode_position(i, 5, 3) < 3));
     }
