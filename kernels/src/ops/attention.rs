@@ -724,7 +724,8 @@ mod tests {
         let chunks = [chunk(0, 0, 70, 0), chunk(1, 500, 1, 70), chunk(2, 4133, 3, 71)];
         let tables = reversed(&QWEN);
         let plan = BatchPlan::new(&chunks, &tables, 74, &QWEN, DecodeRoute::Split).unwrap();
-        assert_eq!(plan.counts(), BatchCounts { rows: 74, prefill_tiles: 3, decode_chunks: 1, decode_splits: 4 });
+        // The decode row at position 500 sees 501 keys: 8 spans of 64.
+        assert_eq!(plan.counts(), BatchCounts { rows: 74, prefill_tiles: 3, decode_chunks: 1, decode_splits: 8 });
         assert_eq!(plan.launches(&DeviceLimits::gb10()).unwrap().all().len(), 3);
         let all_prefill = BatchPlan::new(&chunks, &tables, 74, &QWEN, DecodeRoute::Prefill).unwrap();
         assert_eq!(all_prefill.counts(), BatchCounts { rows: 74, prefill_tiles: 4, decode_chunks: 0, decode_splits: 0 });
