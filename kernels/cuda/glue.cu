@@ -59,10 +59,19 @@ extern "C" __global__ void __launch_bounds__(GLUE_THREADS) add_f32(const float* 
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = __fadd_rn(a[i], b[i]);
 }
 
+// acc + w.x*x.x + w.y*x.y + w.z*x.z + w.w*x.w, one fused multiply-add at a time in that order.
+__device__ __forceinline__ float dot4_acc(float4 w, float4 x, float acc) {
+    acc = __fmaf_rn(w.x, x.x, acc);
+    acc = __fmaf_rn(w.y, x.y, acc);
+    acc = __fmaf_rn(w.z, x.z, acc);
+    return __fmaf_rn(w.w, x.w, acc);
+}
+
 // One warp per item (tile of DENSE_TOKENS tokens, output n), items = tiles x n_out in a warp
 // grid-stride loop: at decode (one tile) the router's rows are spread over many SMs instead of
 // one block streaming the whole matrix. Lane l accumulates k = l, l + 32, ... with fused
-// multiply-adds, then the xor butterfly (warp_sum); the twin repeats that order exactly. Spare
+// multiply-adds (k a multiple of 4: the float4s l, l + 32, ..., each value in order), then the
+// xor butterfly (warp_sum); the twin repeats that order exactly. Spare
 // tokens of the last tile read token tokens - 1 and are masked at the store; the item loop
 // depends on the warp only and the token loop on a constant, so every lane reaches every shuffle.
 extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
@@ -83,7 +92,34 @@ dense_f32(const float* __restrict__ w, const float* __restrict__ x, float* __res
         // A tile's tokens past the end (decode's single token: 7 of 8) load nothing; the ones
         // that exist accumulate in the same order either way.
         const u64 valid = tokens - t0 < DENSE_TOKENS ? tokens - t0 : DENSE_TOKENS;
-        if (valid == DENSE_TOKENS) {
+        if ((k & 3) == 0) {
+            // 16-byte loads (the launch checks the alignment): lane l takes the float4s
+            // q = l, l + 32, ... and their four values in order, so a warp at decode has four
+            // times the bytes in flight of 4-byte loads (the router was latency-bound).
+            const float4* w4 = reinterpret_cast<const float4*>(wr);
+            const int k4 = k >> 2;
+            if (valid == DENSE_TOKENS) {
+#pragma unroll 2
+                for (int q = lane; q < k4; q += 32) {
+                    const float4 wv = __ldg(w4 + q);
+#pragma unroll
+                    for (int t = 0; t < DENSE_TOKENS; ++t) acc[t] = dot4_acc(wv, reinterpret_cast<const float4*>(xs[t])[q], acc[t]);
+                }
+            } else if (valid == 1) {
+                // Decode's one token: eight loads of W and x in flight a lane.
+                const float4* x4 = reinterpret_cast<const float4*>(xs[0]);
+#pragma unroll 8
+                for (int q = lane; q < k4; q += 32) acc[0] = dot4_acc(__ldg(w4 + q), x4[q], acc[0]);
+            } else {
+#pragma unroll 2
+                for (int q = lane; q < k4; q += 32) {
+                    const float4 wv = __ldg(w4 + q);
+#pragma unroll
+                    for (int t = 0; t < DENSE_TOKENS; ++t)
+                        if ((u64)t < valid) acc[t] = dot4_acc(wv, reinterpret_cast<const float4*>(xs[t])[q], acc[t]);
+                }
+            }
+        } else if (valid == DENSE_TOKENS) {
 #pragma unroll 4
             for (int c = lane; c < k; c += 32) {
                 const float wv = __ldg(wr + c);

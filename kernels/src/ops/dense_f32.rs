@@ -6,11 +6,14 @@
 //! block. Each W row is read once for all of a tile's tokens, and at decode (one tile) the rows
 //! spread over many SMs (one block streaming the whole router matrix took half of decode).
 //! Lane l accumulates `k = l, l + 32, …` with fused multiply-adds, then the warp's xor
-//! butterfly; the twin repeats that order, so the two agree bit for bit. Spare tokens of the last tile read the last token and store nothing.
+//! butterfly; where K is a multiple of 4 it loads 16 bytes at a time instead (lane l: the float4s
+//! `l, l + 32, …`, each one's four values in order), which gives the decode's 128 warps four
+//! times the bytes in flight (the router was latency-bound). The twin repeats either order, so
+//! the two agree bit for bit. Spare tokens of the last tile read the last token and store nothing.
 
 use std::time::Instant;
 
-use cudarc::driver::{CudaView, CudaViewMut, DevicePtrMut, DeviceRepr, PushKernelArg};
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -83,12 +86,24 @@ fn items(tokens: u64, c: &DenseF32Case) -> u64 {
     tokens.div_ceil(TOKENS_PER_TILE) * c.n as u64
 }
 
-/// One output: `w_row · x_row` summed as a warp does (lane l: k ≡ l mod 32 with FMAs, then the
-/// xor butterfly).
+/// Whether the kernel takes K in 16-byte loads (its rows are then 16-byte aligned too).
+pub fn vectorised(k: u64) -> bool {
+    k % 4 == 0
+}
+
+/// The lane that accumulates element `k` of a row (see the module doc).
+fn lane_of(k: usize, vector: bool) -> usize {
+    if vector { k / 4 % 32 } else { k % 32 }
+}
+
+/// One output: `w_row · x_row` summed as a warp does (each lane its elements in order with FMAs,
+/// then the xor butterfly).
 fn warp_dot(w_row: &[f32], x_row: &[f32]) -> f32 {
+    let vector = vectorised(w_row.len() as u64);
     let mut lanes = [0.0f32; 32];
     for (k, (&w, &x)) in w_row.iter().zip(x_row).enumerate() {
-        lanes[k % 32] = w.mul_add(x, lanes[k % 32]);
+        let l = lane_of(k, vector);
+        lanes[l] = w.mul_add(x, lanes[l]);
     }
     for o in [16, 8, 4, 2, 1] {
         lanes = std::array::from_fn(|l| lanes[l] + lanes[l ^ o]);
@@ -123,6 +138,18 @@ pub fn launch<Y: DeviceRepr>(
         &p,
         &[("w", bytes_of(w.len(), 4), 4 * n * k), ("x", bytes_of(x.len(), 4), 4 * tokens * k), ("y", y_bytes, 4 * tokens * n)],
     )?;
+    if vectorised(k) {
+        for (name, at) in [("w", w.device_ptr(gpu.stream()).0), ("x", x.device_ptr(gpu.stream()).0)] {
+            if at % 16 != 0 {
+                return Err(PlanError::Unsupported {
+                    kernel: KERNEL.into(),
+                    what: format!("{name} at {at:#x} is not 16-byte aligned (k a multiple of 4 takes 16-byte loads)"),
+                    shape: c.describe(tokens),
+                }
+                .into());
+            }
+        }
+    }
     let f = gpu.function(&GLUE, KERNEL)?;
     let (y_ptr, _y_done) = y.device_ptr_mut(gpu.stream());
     let (n, k) = (c.n as i32, c.k as i32);
@@ -223,6 +250,35 @@ mod tests {
                     assert!((y[t * n + j] as f64 - exact).abs() <= bound, "n={n} k={k} ({t}, {j})");
                 }
             }
+        }
+    }
+
+    /// The twin's lane assignment against the kernel's loops written out (the float4 loop where
+    /// K is a multiple of 4, the 4-byte one otherwise): the same bits.
+    #[test]
+    fn twin_follows_the_kernels_loops() {
+        for k in [2048usize, 4096, 132, 8, 33, 7, 1] {
+            let w = uniform_row(3, 0, k, W_SCALE);
+            let x = uniform_row(4, 0, k, X_SCALE);
+            let mut lanes = [0.0f32; 32];
+            for (lane, acc) in lanes.iter_mut().enumerate() {
+                if k % 4 == 0 {
+                    for q in (lane..k / 4).step_by(32) {
+                        for c in 4 * q..4 * q + 4 {
+                            *acc = w[c].mul_add(x[c], *acc);
+                        }
+                    }
+                } else {
+                    for c in (lane..k).step_by(32) {
+                        *acc = w[c].mul_add(x[c], *acc);
+                    }
+                }
+            }
+            for o in [16, 8, 4, 2, 1] {
+                lanes = std::array::from_fn(|l| lanes[l] + lanes[l ^ o]);
+            }
+            assert_eq!(warp_dot(&w, &x).to_bits(), lanes[0].to_bits(), "k={k}");
+            assert_eq!(vectorised(k as u64), k % 4 == 0);
         }
     }
 
