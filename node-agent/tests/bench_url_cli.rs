@@ -1,7 +1,8 @@
 //! `brink-agent bench --url` against the real `brink-agent serve --backend cpu` on a tiny
 //! synthetic model: a 2x2x1 grid whose JSON holds what was measured, and the errors a user meets
 //! first (no server, no key, a server that does not stream, a bad grid flag), each naming the URL
-//! or the flag.
+//! or the flag; and `bench --model` in process, whose every row is repeated and reported as a
+//! median with its spread.
 
 mod common;
 
@@ -145,4 +146,42 @@ fn sweeps_a_grid_against_serve_and_names_bad_servers() {
     failed_with(&out, &["--backend", "cannot be used with"]);
     let out = agent().args(["bench", "--concurrency", "2", "--model", "x.gguf"]).output().unwrap();
     failed_with(&out, &["--concurrency", "cannot be used with"]);
+}
+
+/// In process on the CPU: each prefill and each decode batch size is timed `--repeat` times; the
+/// JSON keeps every repetition and reports their median (the table's figure) inside min..max.
+#[test]
+fn in_process_rows_are_medians_of_their_repetitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let json_path = dir.path().join("bench.json");
+    let args = ["--prompt-lengths", "8,24", "--decode-context", "8", "--decode-tokens", "3", "--sequences", "1,2", "--repeat", "3"];
+    let out = agent()
+        .args(["bench", "--model", model.to_str().unwrap(), "--backend", "cpu", "--json", json_path.to_str().unwrap()])
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("median"), "{stdout}");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    let rows = doc["results"].as_array().unwrap();
+    let tests: Vec<&str> = rows.iter().map(|r| r["test"].as_str().unwrap()).collect();
+    assert_eq!(tests, ["prefill 8", "prefill 24", "decode 3", "decode 3 x 2 seqs (aggregate)"]);
+    for r in rows {
+        let seconds: Vec<f64> = r["seconds"].as_array().unwrap().iter().map(|s| s.as_f64().unwrap()).collect();
+        assert_eq!((seconds.len(), r["repetitions"].as_u64()), (3, Some(3)), "{r}");
+        assert!(seconds.iter().all(|s| *s > 0.0), "{r}");
+        let tokens = r["tokens"].as_f64().unwrap();
+        let mut rates: Vec<f64> = seconds.iter().map(|s| tokens / s).collect();
+        rates.sort_by(f64::total_cmp);
+        let f = |k: &str| r[k].as_f64().unwrap();
+        assert_eq!(f("tokens_per_s"), rates[1], "the median of three: {r}");
+        assert_eq!((f("tokens_per_s_min"), f("tokens_per_s_max")), (rates[0], rates[2]), "{r}");
+        assert!(f("tokens_per_s_sd") >= 0.0, "{r}");
+    }
+    assert_eq!(rows[3]["tokens"].as_u64(), Some(6), "3 steps of 2 sequences");
+    // A repetition count of 0 is refused by name.
+    let out = agent().args(["bench", "--model", model.to_str().unwrap(), "--backend", "cpu", "--repeat", "0"]).output().unwrap();
+    failed_with(&out, &["--repeat"]);
 }

@@ -4,7 +4,11 @@
 //!
 //! Prompts are deterministic pseudo-random token ids (the numbers depend on lengths, not on
 //! text). Every figure is wall time around calls that return logits to the host, so the GPU
-//! work is finished when the clock stops. One untimed warm-up pass compiles and loads kernels.
+//! work is finished when the clock stops. One untimed warm-up prefill compiles and loads
+//! kernels, and each decode batch size gets an untimed warm-up of a few steps; then every
+//! prefill and every decode is timed `--repeat` times and reported as the median with the
+//! spread (standard deviation, min and max) beside it, since one run can be off by several
+//! percent on the same machine.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,8 +43,8 @@ pub struct Args {
     /// Prompt length before decoding.
     #[arg(long, default_value_t = 128, conflicts_with = "url")]
     decode_context: usize,
-    /// Timed repetitions of each prefill.
-    #[arg(long, default_value_t = 3, conflicts_with = "url")]
+    /// Timed repetitions of each prefill and each decode (the table shows their median).
+    #[arg(long, default_value_t = 5, conflicts_with = "url")]
     repeat: usize,
     /// Also write the results as JSON here.
     #[arg(long)]
@@ -57,11 +61,32 @@ impl Row {
     fn rates(&self) -> Vec<f64> {
         self.seconds.iter().map(|s| self.tokens as f64 / s).collect()
     }
-    fn mean_sd(&self) -> (f64, f64) {
-        let r = self.rates();
-        let mean = r.iter().sum::<f64>() / r.len() as f64;
-        let var = r.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (r.len().max(2) - 1) as f64;
-        (mean, var.sqrt())
+    fn stats(&self) -> RateStats {
+        RateStats::of(&self.rates())
+    }
+}
+
+/// Tokens/s over a row's repetitions: the median is the figure, the rest its spread.
+#[derive(Debug, PartialEq)]
+struct RateStats {
+    median: f64,
+    mean: f64,
+    /// Sample standard deviation (0 for one repetition).
+    sd: f64,
+    min: f64,
+    max: f64,
+}
+
+impl RateStats {
+    /// `rates` is not empty (`--repeat` is at least 1).
+    fn of(rates: &[f64]) -> RateStats {
+        let mut sorted = rates.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        let median = if n % 2 == 1 { sorted[n / 2] } else { (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0 };
+        let mean = sorted.iter().sum::<f64>() / n as f64;
+        let sd = if n > 1 { (sorted.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt() } else { 0.0 };
+        RateStats { median, mean, sd, min: sorted[0], max: sorted[n - 1] }
     }
 }
 
@@ -123,15 +148,26 @@ fn bench(a: &Args, engine: &EngineArgs) -> Result<(), String> {
         rows.push(Row { test: format!("prefill {len}"), tokens: len, seconds });
     }
     for &s in &a.sequences {
-        rows.push(decode(e.as_mut(), s, a.decode_context, a.decode_tokens)?);
+        decode(e.as_mut(), s, a.decode_context, a.decode_tokens.min(DECODE_WARMUP_STEPS))?;
+        let mut seconds = Vec::new();
+        for _ in 0..a.repeat {
+            seconds.push(decode(e.as_mut(), s, a.decode_context, a.decode_tokens)?);
+        }
+        let n = a.decode_tokens;
+        let test = if s == 1 { format!("decode {n}") } else { format!("decode {n} x {s} seqs (aggregate)") };
+        rows.push(Row { test, tokens: n * s, seconds });
     }
     print_table(&rows, e.backend_name());
     if let Some(path) = &a.json {
         let results: Vec<_> = rows
             .iter()
             .map(|r| {
-                let (mean, sd) = r.mean_sd();
-                json!({"test": r.test, "tokens": r.tokens, "seconds": r.seconds, "tokens_per_s": mean, "tokens_per_s_sd": sd})
+                let st = r.stats();
+                json!({
+                    "test": r.test, "tokens": r.tokens, "seconds": r.seconds, "repetitions": r.seconds.len(),
+                    "tokens_per_s": st.median, "tokens_per_s_mean": st.mean, "tokens_per_s_sd": st.sd,
+                    "tokens_per_s_min": st.min, "tokens_per_s_max": st.max,
+                })
             })
             .collect();
         let doc = json!({
@@ -143,8 +179,12 @@ fn bench(a: &Args, engine: &EngineArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// `n` greedy decode steps of `seqs` sequences at once, after a `context`-token prompt each.
-fn decode(e: &mut dyn AnyEngine, seqs: usize, context: usize, n: usize) -> Result<Row, String> {
+/// Untimed decode steps before a batch size's timed repetitions.
+const DECODE_WARMUP_STEPS: usize = 4;
+
+/// Seconds of `n` greedy decode steps of `seqs` sequences at once, after an untimed
+/// `context`-token prompt each (the same prompts every time, so repetitions do equal work).
+fn decode(e: &mut dyn AnyEngine, seqs: usize, context: usize, n: usize) -> Result<f64, String> {
     let vocab = e.config().vocab;
     let mut next = Vec::with_capacity(seqs);
     for s in 0..seqs {
@@ -163,15 +203,40 @@ fn decode(e: &mut dyn AnyEngine, seqs: usize, context: usize, n: usize) -> Resul
         let logits = e.step(&items).map_err(|e| e.to_string())?;
         next = logits.chunks_exact(vocab).map(argmax).collect();
     }
-    let test = if seqs == 1 { format!("decode {n}") } else { format!("decode {n} x {seqs} seqs (aggregate)") };
-    Ok(Row { test, tokens: n * seqs, seconds: vec![t.elapsed().as_secs_f64()] })
+    Ok(t.elapsed().as_secs_f64())
 }
 
 fn print_table(rows: &[Row], backend: &str) {
-    println!("{:<36} {:>12} {:>10}   ({backend})", "test", "tokens/s", "+-");
+    println!("{:<36} {:>12} {:>10} {:>10} {:>10}   ({backend}; median of each row's repetitions)", "test", "tokens/s", "+-", "min", "max");
     for r in rows {
-        let (mean, sd) = r.mean_sd();
-        let sd = if r.seconds.len() > 1 { format!("{sd:.1}") } else { "-".into() };
-        println!("{:<36} {:>12.1} {:>10}", r.test, mean, sd);
+        let st = r.stats();
+        let sd = if r.seconds.len() > 1 { format!("{:.1}", st.sd) } else { "-".into() };
+        println!("{:<36} {:>12.1} {:>10} {:>10.1} {:>10.1}", r.test, st.median, sd, st.min, st.max);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_median_and_spread_of_repetitions() {
+        let odd = RateStats::of(&[30.0, 10.0, 20.0]);
+        assert_eq!(odd, RateStats { median: 20.0, mean: 20.0, sd: 10.0, min: 10.0, max: 30.0 });
+        let even = RateStats::of(&[4.0, 1.0, 3.0, 2.0]);
+        assert_eq!((even.median, even.min, even.max), (2.5, 1.0, 4.0));
+        assert!((even.sd - (5.0f64 / 3.0).sqrt()).abs() < 1e-12);
+        // An outlier moves the mean, not the median.
+        let outlier = RateStats::of(&[100.0, 101.0, 99.0, 100.0, 10.0]);
+        assert_eq!(outlier.median, 100.0);
+        assert!(outlier.mean < 90.0);
+        assert_eq!(RateStats::of(&[7.0]), RateStats { median: 7.0, mean: 7.0, sd: 0.0, min: 7.0, max: 7.0 });
+    }
+
+    #[test]
+    fn rates_are_tokens_over_seconds() {
+        let r = Row { test: "decode 4".into(), tokens: 8, seconds: vec![2.0, 4.0, 1.0] };
+        assert_eq!(r.rates(), vec![4.0, 2.0, 8.0]);
+        assert_eq!(r.stats().median, 4.0);
     }
 }
