@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use brink_api::sweep::outliers::median;
 use brink_engine::backend::Logits;
 use brink_engine::sampler::argmax;
 use brink_engine::{AnyEngine, EngineOptions, StepItem, open};
@@ -78,12 +79,11 @@ struct RateStats {
 }
 
 impl RateStats {
-    /// `rates` is not empty (`--repeat` is at least 1).
+    /// `rates` is not empty (`--repeat` is at least 1); the median is the sweeps' own.
     fn of(rates: &[f64]) -> RateStats {
         let mut sorted = rates.to_vec();
-        sorted.sort_by(f64::total_cmp);
+        let median = median(&mut sorted);
         let n = sorted.len();
-        let median = if n % 2 == 1 { sorted[n / 2] } else { (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0 };
         let mean = sorted.iter().sum::<f64>() / n as f64;
         let sd = if n > 1 { (sorted.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt() } else { 0.0 };
         RateStats { median, mean, sd, min: sorted[0], max: sorted[n - 1] }
