@@ -72,7 +72,7 @@ def parse_args(argv):
 
 
 # llama.cpp's matmul paths, pinned to the ones brink's CPU backend mirrors bit for bit
-# (engine/src/cpu/quant_dot.rs): with these two switches every quantized matmul of an x86-64
+# (engine/src/ggml_cpu/quant_dot.rs): with these two switches every quantized matmul of an x86-64
 # AVX2 build is ggml_vec_dot_* or llamafile's sgemm, which compute the same lanes.
 #
 # - GGML_CPU_TILED_MM=0: ggml's tiled K-quant kernel (mul_mat and per-expert mul_mat_id of 8+

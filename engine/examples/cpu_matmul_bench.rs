@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use brink_engine::cpu::{WeightKind, WeightMatrix, matmul};
+use brink_engine::ggml_cpu::{WeightKind, WeightMatrix, matmul};
 use brink_engine::gguf::GgmlType;
 use brink_kernels::testdata::{hash2, uniform_pm1};
 use half::f16;

@@ -10,10 +10,10 @@
 use std::collections::HashMap;
 use std::process::ExitCode;
 
-use brink_engine::cpu::act_quant::{BlockQ8_0, BlockQ8K, quantize_row_q8_0, quantize_row_q8_k};
-use brink_engine::cpu::argsort::argsort_desc;
-use brink_engine::cpu::softmax::soft_max_rows;
-use brink_engine::cpu::{QuantizedActs, WeightMatrix, attention, get_rows, matmul, matmul_gather, rms_norm, rope_neox, swiglu};
+use brink_engine::ggml_cpu::act_quant::{BlockQ8_0, BlockQ8K, quantize_row_q8_0, quantize_row_q8_k};
+use brink_engine::ggml_cpu::argsort::argsort_desc;
+use brink_engine::ggml_cpu::softmax::soft_max_rows;
+use brink_engine::ggml_cpu::{QuantizedActs, WeightMatrix, attention, get_rows, matmul, matmul_gather, rms_norm, rope_neox, swiglu};
 use brink_engine::gguf::GgmlType;
 use half::f16;
 

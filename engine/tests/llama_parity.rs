@@ -7,7 +7,7 @@
 //! build without AVX-512 (checked from its system info), no weight repacking (CPU_REPACK) and no
 //! tiled K-quant matmul (GGML_CPU_TILED_MM=0), logits of the last position only. Every
 //! quantized matmul is then ggml_vec_dot_* or llamafile's sgemm, whose lanes brink mirrors
-//! (engine/src/cpu/quant_dot.rs), and the float ops are mirrored too (scripts/ggml-crosscheck:
+//! (engine/src/ggml_cpu/quant_dot.rs), and the float ops are mirrored too (scripts/ggml-crosscheck:
 //! 113 of 113 op checks bit-identical).
 //!
 //! Tolerance: 1e-4 for every type. Measured: every logit of every case bit-identical (max rel

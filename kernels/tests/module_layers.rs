@@ -44,3 +44,12 @@ fn the_scanner_sees_relative_and_absolute_paths() {
     let got = named_paths(&m("ops::attention::cpu"), text);
     assert_eq!(got, [m("selftest::case::Case"), m("ops::selftest::x"), m("ops::attention::add::f")]);
 }
+
+#[test]
+fn the_scanner_expands_grouped_imports_across_lines() {
+    let m = |s: &str| s.split("::").map(String::from).collect::<Vec<_>>();
+    let text = "use super::{jobs::Job, state};\nuse crate::server::{\n    http::{self, Routes},\n    telemetry as t, // crate::x\n};\nuse crate::{a, b::c};";
+    let got = named_paths(&m("server::supervisor"), text);
+    let want = ["server::jobs::Job", "server::state", "server::http", "server::http::Routes", "server::telemetry", "a", "b::c"];
+    assert_eq!(got, want.map(m));
+}

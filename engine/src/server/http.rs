@@ -20,14 +20,12 @@ use super::jobs::{Event, Job, JobEnd, Loaded};
 use super::metrics;
 use super::state::{EngineStatus, Heartbeat, HttpCounters};
 use super::telemetry::GenAiLabels;
-use crate::serve::error::parse_body;
-use crate::serve::request::check_prompt_fits;
-use crate::serve::sse::{self, AnthropicStream, ChoiceStream, OpenAiChatStream, OpenAiCompletionStream};
-use crate::serve::stop::{StopMatcher, StopStep};
-use crate::serve::tool_calls::Piece;
-use crate::serve::{
-    ApiError, ErrorKind, FinishReason, GenerateRequest, Limits, Output, Prompt, Usage, anthropic, new_id, openai, unix_now,
-};
+use crate::wire::error::parse_body;
+use crate::wire::request::check_prompt_fits;
+use crate::wire::sse::{self, AnthropicStream, ChoiceStream, OpenAiChatStream, OpenAiCompletionStream};
+use crate::wire::stop::{StopMatcher, StopStep};
+use crate::wire::tool_calls::Piece;
+use crate::wire::{ApiError, ErrorKind, FinishReason, GenerateRequest, Limits, Output, Prompt, Usage, anthropic, new_id, openai, unix_now};
 
 /// Largest request body taken (a 24k-token prompt is ~100 KB of text).
 pub const MAX_BODY_BYTES: usize = 32 << 20;

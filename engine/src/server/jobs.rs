@@ -17,8 +17,8 @@ use crate::chat_template::ChatTemplate;
 use crate::engine::BackendKind;
 use crate::sampler::SamplingParams;
 use crate::sched::Rejection;
-use crate::serve::{ApiError, ErrorKind};
 use crate::tokenizer::Tokenizer;
+use crate::wire::{ApiError, ErrorKind};
 
 /// One sequence to generate (one choice of a request).
 pub struct Job {

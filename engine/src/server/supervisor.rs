@@ -35,8 +35,8 @@ use crate::model::KernelLaunchFailure;
 use crate::monitor::BoardFile;
 use crate::sampler::SamplingParams;
 use crate::sched::{Finish, KvBlocks, Quarantine, Request, SchedConfig, Scheduler, SeqId, SeqLimits, StepLimits, StepPlan, Verdict};
-use crate::serve::{ApiError, ErrorKind};
 use crate::tokenizer::Tokenizer;
+use crate::wire::{ApiError, ErrorKind};
 
 /// How often the board is read while a step is in flight.
 pub const POLL: Duration = Duration::from_millis(100);

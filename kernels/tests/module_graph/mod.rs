@@ -35,34 +35,95 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<(ModPath, PathBuf)>) {
 }
 
 /// The absolute module paths a file's code names (`crate::a::b::C` gives `["a", "b", "C"]`;
-/// `super::x` from `ops/add.rs` gives `["ops", "x"]`). Comment lines are skipped: doc links
-/// are not imports.
+/// `super::x` from `ops/add.rs` gives `["ops", "x"]`; a group, `super::{x, y::{self, Z}}`, gives
+/// each path in it, across lines). Comments are skipped: doc links are not imports.
 pub fn named_paths(module: &ModPath, text: &str) -> Vec<ModPath> {
+    let code: Vec<&str> = text
+        .lines()
+        .map(|line| {
+            let code = line.trim_start();
+            if code.starts_with("//") { "" } else { code.split("//").next().unwrap_or("") }
+        })
+        .collect();
+    let code = code.join("\n");
+    let bytes = code.as_bytes();
     let mut out = Vec::new();
-    for line in text.lines() {
-        let code = line.trim_start();
-        if code.starts_with("//") {
-            continue;
-        }
-        let code = code.split("//").next().unwrap_or("");
-        let bytes = code.as_bytes();
-        let mut i = 0;
-        while i < code.len() {
-            let rest = &code[i..];
-            let starts_word = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_' || bytes[i - 1] == b':');
-            if starts_word && (rest.starts_with("crate::") || rest.starts_with("super::")) {
-                let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')).unwrap_or(rest.len());
-                let segs: Vec<&str> = rest[..end].split("::").filter(|s| !s.is_empty()).collect();
-                if let Some(p) = resolve(module, &segs) {
-                    out.push(p);
+    let mut i = 0;
+    while i < code.len() {
+        let rest = &code[i..];
+        let starts_word = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_' || bytes[i - 1] == b':');
+        if starts_word && (rest.starts_with("crate::") || rest.starts_with("super::")) {
+            let end = path_end(rest);
+            let segs: Vec<&str> = rest[..end].split("::").filter(|s| !s.is_empty()).collect();
+            let base = resolve(module, &segs);
+            let mut used = end.max(1);
+            if rest[end..].starts_with('{') {
+                let (items, len) = group(&rest[end..]);
+                used = end + len;
+                if let Some(base) = &base {
+                    for item in items {
+                        let mut p = base.clone();
+                        p.extend(item.into_iter().filter(|s| s != "self"));
+                        out.push(p);
+                    }
                 }
-                i += end.max(1);
-            } else {
-                i += rest.chars().next().map_or(1, char::len_utf8);
+            } else if let Some(p) = base {
+                out.push(p);
             }
+            i += used;
+        } else {
+            i += rest.chars().next().map_or(1, char::len_utf8);
         }
     }
     out
+}
+
+/// Where a path (`a::b::`, letters, digits, `_` and `:`) that starts `s` ends.
+fn path_end(s: &str) -> usize {
+    s.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')).unwrap_or(s.len())
+}
+
+/// The paths of a `{...}` group that starts `s` (relative to the path before it; nested groups
+/// flattened, `x as y` named as `x`), and the group's length.
+fn group(s: &str) -> (Vec<Vec<String>>, usize) {
+    let mut out: Vec<Vec<String>> = Vec::new();
+    let mut item: Vec<String> = Vec::new();
+    let mut alias = false;
+    let mut i = 1;
+    while i < s.len() {
+        let rest = &s[i..];
+        let c = rest.chars().next().unwrap_or(' ');
+        if c == '}' || c == ',' {
+            if !item.is_empty() {
+                out.push(std::mem::take(&mut item));
+            }
+            alias = false;
+            i += 1;
+            if c == '}' {
+                return (out, i);
+            }
+        } else if c == '{' {
+            let (inner, len) = group(rest);
+            out.extend(inner.into_iter().map(|p| item.iter().cloned().chain(p).collect()));
+            item.clear();
+            i += len;
+        } else if c.is_ascii_alphanumeric() || c == '_' || c == ':' {
+            let end = path_end(rest);
+            let token = &rest[..end];
+            if token == "as" && !item.is_empty() {
+                alias = true;
+            } else if !alias {
+                item.extend(token.split("::").filter(|s| !s.is_empty()).map(String::from));
+            }
+            i += end;
+        } else {
+            i += c.len_utf8();
+        }
+    }
+    if !item.is_empty() {
+        out.push(item);
+    }
+    (out, s.len())
 }
 
 fn resolve(module: &ModPath, segs: &[&str]) -> Option<ModPath> {

@@ -8,7 +8,7 @@ mod moe;
 use std::sync::Arc;
 
 use crate::backend::{AttentionSpec, Backend, Batch, KvSpec, MoeSpec, MoeWeights, Result, WeightRole};
-use crate::cpu::{self, CpuError, WeightMatrix};
+use crate::ggml_cpu::{self, CpuError, WeightMatrix};
 use crate::gguf::GgmlType;
 use crate::model::{BackendError, HostTensor, MatrixDims};
 use crate::monitor::{self, FaultKind, Monitor, Op};
@@ -89,7 +89,7 @@ impl CpuBackend {
         for c in &batch.chunks {
             let rows = c.first_row as usize..(c.first_row + c.len) as usize;
             let (kc, vc) = kv.positions(spec.layer, batch.table(c), c.end_pos() as usize, &mut k_scratch, &mut v_scratch);
-            cpu::attention(
+            ggml_cpu::attention(
                 &q.data[rows.start * width..rows.end * width],
                 kc,
                 vc,
@@ -115,7 +115,7 @@ fn cpu_err(tensor: &str, e: CpuError) -> BackendError {
 
 fn linear(x: &CpuAct, w: &WeightMatrix<'_>) -> CpuAct {
     let mut y = CpuAct::zeros(x.rows, w.rows);
-    cpu::matmul(w, &x.data, x.rows, &mut y.data);
+    ggml_cpu::matmul(w, &x.data, x.rows, &mut y.data);
     y
 }
 
@@ -169,7 +169,7 @@ impl Backend for CpuBackend {
     fn embed(&mut self, table: &CpuWeight) -> Result<CpuAct> {
         let m = table.matrix(0)?;
         let mut x = CpuAct::zeros(self.batch.rows(), m.cols);
-        cpu::get_rows(&m, &self.batch.tokens, &mut x.data).map_err(|e| cpu_err(&table.t.name, e))?;
+        ggml_cpu::get_rows(&m, &self.batch.tokens, &mut x.data).map_err(|e| cpu_err(&table.t.name, e))?;
         Ok(x)
     }
 
@@ -179,7 +179,7 @@ impl Backend for CpuBackend {
             return Err(err(format!("rms_norm: width {} is not a multiple of {} ({})", x.width, weight.len(), w.t.name)));
         }
         let mut y = CpuAct::zeros(x.rows, x.width);
-        cpu::rms_norm(&x.data, weight.len(), weight, eps, &mut y.data);
+        ggml_cpu::rms_norm(&x.data, weight.len(), weight, eps, &mut y.data);
         Ok(y)
     }
 
@@ -195,7 +195,7 @@ impl Backend for CpuBackend {
         if head_dim == 0 || !x.width.is_multiple_of(head_dim) || x.rows != self.batch.rows() {
             return Err(err(format!("rope: [{}, {}] in heads of {head_dim} for a batch of {}", x.rows, x.width, self.batch.rows())));
         }
-        cpu::rope_neox(&mut x.data, x.width / head_dim, head_dim, &self.batch.positions, theta);
+        ggml_cpu::rope_neox(&mut x.data, x.width / head_dim, head_dim, &self.batch.positions, theta);
         Ok(())
     }
 

@@ -340,8 +340,8 @@ pub fn message(id: &str, request: &GenerateRequest, output: &Output, usage: Usag
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::serve::error::parse_body;
-    use crate::serve::request::test_limits;
+    use crate::wire::error::parse_body;
+    use crate::wire::request::test_limits;
 
     fn messages(body: &str) -> Result<GenerateRequest, ApiError> {
         parse_body::<MessagesRequest>(body.as_bytes())?.validate(&test_limits())

@@ -140,8 +140,8 @@ pub fn vec_dot_sgemm(kind: WeightKind, w_row: &[u8], x: ActRow<'_>) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::act_quant::{BlockQ8K, QK_K};
-    use crate::cpu::act_quant::{QuantizedActs, round_bf16, round_f16};
+    use crate::ggml_cpu::act_quant::{BlockQ8K, QK_K};
+    use crate::ggml_cpu::act_quant::{QuantizedActs, round_bf16, round_f16};
     use brink_kernels::quant::TensorType;
     use brink_kernels::quant::kquants::{Q4_K_D, Q4_K_DMIN, Q5_K_D, Q5_K_DMIN, Q6_K_D};
     use brink_kernels::testdata::{hash2, uniform_pm1};

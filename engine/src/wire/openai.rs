@@ -477,8 +477,8 @@ pub fn models_list(served: &[String], created: u64) -> Json {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::serve::error::parse_body;
-    use crate::serve::request::test_limits;
+    use crate::wire::error::parse_body;
+    use crate::wire::request::test_limits;
 
     fn chat(body: &str) -> Result<GenerateRequest, ApiError> {
         parse_body::<ChatCompletionRequest>(body.as_bytes())?.validate(&test_limits())

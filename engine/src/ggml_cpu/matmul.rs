@@ -174,7 +174,7 @@ fn run(w: &WeightMatrix, acts: &QuantizedActs, act_row: impl Fn(usize) -> usize 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::act_quant::{ActRow, VecDotType};
+    use crate::ggml_cpu::act_quant::{ActRow, VecDotType};
     use brink_kernels::quant::TensorType;
     use brink_kernels::testdata::{hash2, uniform_pm1};
     use half::f16;

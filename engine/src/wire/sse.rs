@@ -408,8 +408,8 @@ pub fn anthropic_error(err: &ApiError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::serve::ErrorKind;
-    use crate::serve::request::{Prompt, Sampling, ToolChoice};
+    use crate::wire::ErrorKind;
+    use crate::wire::request::{Prompt, Sampling, ToolChoice};
 
     fn request(tools: bool, stop: &[&str], n: usize, include_usage: bool) -> GenerateRequest {
         GenerateRequest {
