@@ -43,6 +43,31 @@ pub enum Error {
     /// The model cache.
     #[error(transparent)]
     Cache(#[from] CacheError),
+    /// The engine on a model (its errors name the file): loading it, or a pass `doing` names
+    /// (the backend and the case).
+    #[error("{doing}: {source}")]
+    Engine {
+        doing: String,
+        #[source]
+        source: brink_engine::model::ModelError,
+    },
+    /// The address a server was to listen on (`flag` names where it came from).
+    #[error("{flag} {addr}: cannot listen: {source}")]
+    Listen {
+        flag: &'static str,
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A local server (the supervisor and its engine child) that stopped or never got ready.
+    #[error("{0}")]
+    Server(#[from] brink_engine::server::ServeError),
+    /// A deadline a flag sets, passed (`waiting`: what did not happen in time).
+    #[error("{waiting} after {after:?} ({flag})")]
+    Timeout { flag: &'static str, waiting: &'static str, after: std::time::Duration },
+    /// A server's answer at `url` that is not what it should be.
+    #[error("{url}: {reason}")]
+    Answer { url: String, reason: String },
     /// Setting up the process: the async runtime, the Kubernetes client, a serialisation.
     #[error("{what}: {reason}")]
     Setup { what: &'static str, reason: String },
@@ -61,6 +86,13 @@ impl From<String> for Error {
     }
 }
 
+/// For the callers that still report failures as sentences.
+impl From<Error> for String {
+    fn from(e: Error) -> Self {
+        e.to_string()
+    }
+}
+
 impl Error {
     pub fn read(flag: Option<&'static str>, path: &Path, source: std::io::Error) -> Self {
         Error::Read { flag, path: path.to_path_buf(), source }
@@ -68,6 +100,12 @@ impl Error {
 
     pub fn content(flag: Option<&'static str>, path: &Path, reason: impl std::fmt::Display) -> Self {
         Error::Content { flag, path: path.to_path_buf(), reason: reason.to_string() }
+    }
+
+    /// A failure of the engine while `doing` something (loading, a case on a backend).
+    pub fn engine(doing: impl Into<String>) -> impl FnOnce(brink_engine::model::ModelError) -> Self {
+        let doing = doing.into();
+        move |source| Error::Engine { doing, source }
     }
 }
 

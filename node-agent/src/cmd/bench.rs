@@ -22,6 +22,7 @@ use clap::{ArgGroup, Args as ClapArgs};
 use serde_json::json;
 
 use crate::cmd::flags::EngineArgs;
+use crate::error::{Error, write_file};
 use crate::http_bench::UrlArgs;
 
 #[derive(ClapArgs)]
@@ -92,9 +93,11 @@ impl RateStats {
 
 pub fn run(a: Args) -> ExitCode {
     let result = match (&a.http.url, &a.engine) {
-        (Some(url), _) => crate::http_bench::run(&a.http, url, a.json.as_deref()),
+        (Some(url), _) => crate::http_bench::run(&a.http, url, a.json.as_deref()).map_err(Error::Step),
         (None, Some(engine)) => bench(&a, engine),
-        (None, None) => Err("give --model FILE (time the engine in process) or --url http://HOST:PORT (benchmark a running server)".into()),
+        (None, None) => {
+            Err(Error::Step("give --model FILE (time the engine in process) or --url http://HOST:PORT (benchmark a running server)".into()))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -116,15 +119,19 @@ fn prompt(len: usize, vocab: usize, salt: u64) -> Vec<u32> {
         .collect()
 }
 
-fn bench(a: &Args, engine: &EngineArgs) -> Result<(), String> {
-    if a.prompt_lengths.contains(&0) || a.sequences.contains(&0) || a.repeat == 0 {
-        return Err("--prompt-lengths, --sequences and --repeat must be positive".into());
+fn bench(a: &Args, engine: &EngineArgs) -> Result<(), Error> {
+    for (flag, zero) in
+        [("--prompt-lengths", a.prompt_lengths.contains(&0)), ("--sequences", a.sequences.contains(&0)), ("--repeat", a.repeat == 0)]
+    {
+        if zero {
+            return Err(Error::Flag { flag, reason: "must be positive".into() });
+        }
     }
     let max_prompt = a.prompt_lengths.iter().copied().max().unwrap_or(0);
     let slots = a.sequences.iter().copied().max().unwrap_or(1);
     let context = engine.context.max(max_prompt).max(a.decode_context + a.decode_tokens);
     let opts = EngineOptions { context, slots, prefill_chunk: engine.prefill_chunk, ..EngineOptions::default() };
-    let mut e = open(&engine.model, engine.backend.resolve(), opts).map_err(|e| e.to_string())?;
+    let mut e = open(&engine.model, engine.backend.resolve(), opts).map_err(Error::engine("--model"))?;
     let vocab = e.config().vocab;
     let load = e.load_report();
     eprintln!(
@@ -135,14 +142,14 @@ fn bench(a: &Args, engine: &EngineArgs) -> Result<(), String> {
         load.seconds,
         load.tensor_bytes as f64 / 1e9 / load.seconds
     );
-    e.prefill(0, 0, &prompt(16, vocab, 99), Logits::Last).map_err(|e| e.to_string())?;
+    e.prefill(0, 0, &prompt(16, vocab, 99), Logits::Last).map_err(Error::engine("the warm-up prefill"))?;
     let mut rows = Vec::new();
     for &len in &a.prompt_lengths {
         let p = prompt(len, vocab, len as u64);
         let mut seconds = Vec::new();
         for _ in 0..a.repeat {
             let t = Instant::now();
-            e.prefill(0, 0, &p, Logits::Last).map_err(|e| e.to_string())?;
+            e.prefill(0, 0, &p, Logits::Last).map_err(Error::engine(format!("prefill {len}")))?;
             seconds.push(t.elapsed().as_secs_f64());
         }
         rows.push(Row { test: format!("prefill {len}"), tokens: len, seconds });
@@ -174,7 +181,7 @@ fn bench(a: &Args, engine: &EngineArgs) -> Result<(), String> {
             "model": engine.model, "backend": e.backend_name(), "prefill_chunk": opts.prefill_chunk,
             "load_seconds": load.seconds, "tensor_bytes": load.tensor_bytes, "results": results,
         });
-        std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap_or_default()).map_err(|e| format!("{}: {e}", path.display()))?;
+        write_file(Some("--json"), path, "the results", &serde_json::to_string_pretty(&doc).unwrap_or_default())?;
     }
     Ok(())
 }
@@ -184,11 +191,13 @@ const DECODE_WARMUP_STEPS: usize = 4;
 
 /// Seconds of `n` greedy decode steps of `seqs` sequences at once, after an untimed
 /// `context`-token prompt each (the same prompts every time, so repetitions do equal work).
-fn decode(e: &mut dyn AnyEngine, seqs: usize, context: usize, n: usize) -> Result<f64, String> {
+fn decode(e: &mut dyn AnyEngine, seqs: usize, context: usize, n: usize) -> Result<f64, Error> {
     let vocab = e.config().vocab;
     let mut next = Vec::with_capacity(seqs);
     for s in 0..seqs {
-        let logits = e.prefill(s as u32, 0, &prompt(context, vocab, 1000 + s as u64), Logits::Last).map_err(|e| e.to_string())?;
+        let logits = e
+            .prefill(s as u32, 0, &prompt(context, vocab, 1000 + s as u64), Logits::Last)
+            .map_err(Error::engine(format!("the {context}-token prompt of decode sequence {s}")))?;
         next.push(argmax(&logits));
     }
     let tables: Vec<Vec<u32>> = (0..seqs).map(|s| e.slot_blocks(s as u32)).collect();
@@ -200,7 +209,7 @@ fn decode(e: &mut dyn AnyEngine, seqs: usize, context: usize, n: usize) -> Resul
             .zip(&tables)
             .map(|(tok, blocks)| StepItem { blocks, start_pos: (context + step) as u32, tokens: tok, logits: Logits::Last })
             .collect();
-        let logits = e.step(&items).map_err(|e| e.to_string())?;
+        let logits = e.step(&items).map_err(Error::engine(format!("decode step {step} of {seqs} sequences")))?;
         next = logits.chunks_exact(vocab).map(argmax).collect();
     }
     Ok(t.elapsed().as_secs_f64())
@@ -231,6 +240,30 @@ mod tests {
         assert_eq!(outlier.median, 100.0);
         assert!(outlier.mean < 90.0);
         assert_eq!(RateStats::of(&[7.0]), RateStats { median: 7.0, mean: 7.0, sd: 0.0, min: 7.0, max: 7.0 });
+    }
+
+    fn parsed(flags: &[&str]) -> Args {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let argv = ["bench"].into_iter().chain(flags.iter().copied());
+        <Cli as clap::Parser>::try_parse_from(argv).unwrap_or_else(|e| panic!("{flags:?}: {e}")).args
+    }
+
+    #[test]
+    fn bad_counts_and_a_model_that_does_not_load_are_named() {
+        for (flag, value) in [("--prompt-lengths", "512,0"), ("--sequences", "0"), ("--repeat", "0")] {
+            let a = parsed(&["--model", "/nonexistent/model.gguf", "--backend", "cpu", flag, value]);
+            let e = bench(&a, a.engine.as_ref().unwrap()).unwrap_err();
+            assert!(matches!(e, Error::Flag { flag: f, .. } if f == flag), "{flag}: {e:?}");
+            assert_eq!(e.to_string(), format!("{flag}: must be positive"));
+        }
+        let a = parsed(&["--model", "/nonexistent/model.gguf", "--backend", "cpu"]);
+        let e = bench(&a, a.engine.as_ref().unwrap()).unwrap_err();
+        assert!(matches!(e, Error::Engine { .. }), "{e:?}");
+        assert!(e.to_string().starts_with("--model: /nonexistent/model.gguf"), "{e}");
     }
 
     #[test]

@@ -1,13 +1,18 @@
 //! Flags shared by several commands: the engine flags of the commands that load a model
 //! (`generate`, `bench`), the serving limits of those that qualify or serve (`serve`, `up`,
-//! `run`, `sweep`), and the backend choice.
+//! `run`, `sweep`), the engine's size of those that start one (`serve`, `up`, `sweep`), and the
+//! backend choice.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use brink_api::ServingParams;
 use brink_engine::BackendKind;
+use brink_engine::gguf::GgufFile;
+use brink_kernels::thresholds::ModelShape;
 use clap::{Args, ValueEnum};
+
+use crate::error::Error;
 
 /// The serving limits, declared once for `serve`, `up`, `run` and `sweep` with one type and one
 /// default each: `up`'s and `run`'s defaults must agree, so that a qualification `up` cached
@@ -37,6 +42,30 @@ impl ServingFlags {
     }
 }
 
+/// The engine's size, declared once for `serve`, `up` and `sweep` (one type and default each).
+#[derive(Args, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplicaFlags {
+    /// KV positions per sequence (0: the model's trained context).
+    #[arg(long, default_value_t = 0)]
+    pub context: usize,
+    /// Sequences generated at once (each holds a KV cache of --context positions).
+    #[arg(long, default_value_t = 4)]
+    pub slots: usize,
+}
+
+impl ReplicaFlags {
+    /// The KV positions per sequence for a model trained for `trained` ([`context_for`]).
+    pub fn context_for(&self, trained: usize) -> usize {
+        context_for(self.context, trained)
+    }
+}
+
+/// The KV positions per sequence: the `asked` context, unless it is 0 (not given) or more than
+/// the model was trained for, which gets the trained context.
+pub fn context_for(asked: usize, trained: usize) -> usize {
+    if asked == 0 || asked > trained { trained } else { asked }
+}
+
 /// A positive, finite number of seconds (clap refuses anything else, exit 2, naming the flag).
 fn positive_seconds(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
@@ -60,6 +89,14 @@ pub struct EngineArgs {
     /// Most prompt tokens per forward pass (chunked prefill).
     #[arg(long, default_value_t = 2048)]
     pub prefill_chunk: usize,
+}
+
+/// The kernels' shape class of the GGUF model a flag names, from its header (errors name the
+/// flag and the file).
+pub fn model_shape(flag: &'static str, path: &Path) -> Result<ModelShape, Error> {
+    let file = GgufFile::open(path).map_err(|e| Error::content(Some(flag), path, e))?;
+    let config = brink_engine::arch::config(&file).map_err(|e| Error::content(Some(flag), path, e))?;
+    Ok(brink_engine::qualify::kernel_shape(&config))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -93,6 +130,23 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         serving: ServingFlags,
+        #[command(flatten)]
+        replica: ReplicaFlags,
+    }
+
+    #[test]
+    fn the_replica_flags_and_the_context_a_model_gets() {
+        let d = Cli::try_parse_from(["x"]).unwrap().replica;
+        assert_eq!(d, ReplicaFlags { context: 0, slots: 4 });
+        let r = Cli::try_parse_from(["x", "--context", "4096", "--slots", "2"]).unwrap().replica;
+        assert_eq!(r, ReplicaFlags { context: 4096, slots: 2 });
+        // Not given, within, and beyond the model's trained 32k.
+        assert_eq!((d.context_for(32_768), r.context_for(32_768), r.context_for(2048)), (32_768, 4096, 2048));
+        assert_eq!(context_for(32_769, 32_768), 32_768);
+        for bad in [["--slots", "x"], ["--context", "1.5"]] {
+            let e = Cli::try_parse_from(["x", bad[0], bad[1]]).err().unwrap_or_else(|| panic!("{bad:?} was accepted"));
+            assert!(e.to_string().contains(bad[0]), "{bad:?}: {e}");
+        }
     }
 
     #[test]

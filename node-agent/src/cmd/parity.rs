@@ -16,6 +16,7 @@ use clap::Args as ClapArgs;
 use serde_json::json;
 
 use crate::cmd::flags::BackendArg;
+use crate::error::{Error, write_file};
 
 #[derive(ClapArgs)]
 pub struct Args {
@@ -55,9 +56,15 @@ fn default_cases() -> Vec<String> {
         .to_vec()
 }
 
-fn parse_case(s: &str) -> Result<Vec<usize>, String> {
+fn parse_case(s: &str) -> Result<Vec<usize>, Error> {
     s.split('+')
-        .map(|n| n.trim().parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| format!("--cases: bad sequence length {n:?} in {s:?}")))
+        .map(|n| {
+            n.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| Error::Flag { flag: "--cases", reason: format!("bad sequence length {n:?} in {s:?}") })
+        })
         .collect()
 }
 
@@ -77,22 +84,22 @@ fn tokens(len: usize, vocab: usize, seq: usize) -> Vec<u32> {
     (0..len).map(|i| ((i * 7919 + seq * 104_729 + 13) % vocab) as u32).collect()
 }
 
-fn run_case(e: &mut dyn AnyEngine, lens: &[usize], all_rows: bool) -> Result<Vec<f32>, String> {
+fn run_case(e: &mut dyn AnyEngine, lens: &[usize], all_rows: bool) -> Result<Vec<f32>, Error> {
     let vocab = e.config().vocab;
     let toks: Vec<Vec<u32>> = lens.iter().enumerate().map(|(s, &n)| tokens(n, vocab, s)).collect();
     let logits = if all_rows { Logits::All } else { Logits::Last };
     let tables: Vec<Vec<u32>> = (0..toks.len()).map(|s| e.slot_blocks(s as u32)).collect();
     let items: Vec<StepItem> = toks.iter().zip(&tables).map(|(t, blocks)| StepItem { blocks, start_pos: 0, tokens: t, logits }).collect();
-    e.step(&items).map_err(|err| format!("{} backend, case {lens:?}: {err}", e.backend_name()))
+    e.step(&items).map_err(Error::engine(format!("{} backend, case {lens:?}", e.backend_name())))
 }
 
-fn parity(a: Args) -> Result<bool, String> {
+fn parity(a: Args) -> Result<bool, Error> {
     let cases: Vec<Vec<usize>> = a.cases.iter().map(|c| parse_case(c)).collect::<Result<_, _>>()?;
     let slots = cases.iter().map(Vec::len).max().unwrap_or(1);
     let longest = cases.iter().flatten().copied().max().unwrap_or(1);
     let opts = EngineOptions { context: longest + a.decode_steps + 1, slots, prefill_chunk: longest, ..EngineOptions::default() };
-    let mut reference = open(&a.model, a.reference.resolve(), opts).map_err(|e| e.to_string())?;
-    let mut candidate = open(&a.model, a.candidate.resolve(), opts).map_err(|e| e.to_string())?;
+    let mut reference = open(&a.model, a.reference.resolve(), opts).map_err(Error::engine("--reference"))?;
+    let mut candidate = open(&a.model, a.candidate.resolve(), opts).map_err(Error::engine("--candidate"))?;
     let vocab = reference.config().vocab;
     println!(
         "{:<18} {:>6} {:>10} {:>10} {:>10} {:>7} {:>9}  ({} against {})",
@@ -114,7 +121,8 @@ fn parity(a: Args) -> Result<bool, String> {
         let all_rows = total * vocab <= 1 << 28;
         let r = run_case(reference.as_mut(), lens, all_rows)?;
         let c = run_case(candidate.as_mut(), lens, all_rows)?;
-        let d = compare(&c, &r, vocab).ok_or("the backends returned logits of different shapes")?;
+        let d = compare(&c, &r, vocab)
+            .ok_or_else(|| Error::Step(format!("case {lens:?}: the backends returned logits of different shapes")))?;
         let pass = d.non_finite_rows == 0
             && d.median_rel_err <= a.tolerance
             && d.max_rel_err <= a.max_row_error
@@ -141,7 +149,7 @@ fn parity(a: Args) -> Result<bool, String> {
     if let Some(path) = &a.json {
         let doc = json!({ "model": a.model, "tolerance": a.tolerance, "maxRowError": a.max_row_error, "cases": report,
                           "decode_identical": same, "decode_steps": steps });
-        std::fs::write(path, doc.to_string()).map_err(|e| format!("{}: {e}", path.display()))?;
+        write_file(Some("--json"), path, "the report", &doc.to_string())?;
     }
     println!("verdict: {}", if ok { "PASS" } else { "FAIL" });
     Ok(ok)
@@ -153,12 +161,44 @@ fn case_json(name: &str, d: &LogitDiff, pass: bool) -> serde_json::Value {
 }
 
 /// Greedy continuations of one prompt on both backends: how many leading tokens agree.
-fn decode(r: &mut dyn AnyEngine, c: &mut dyn AnyEngine, steps: usize) -> Result<(usize, usize), String> {
+fn decode(r: &mut dyn AnyEngine, c: &mut dyn AnyEngine, steps: usize) -> Result<(usize, usize), Error> {
     let vocab = r.config().vocab;
     let prompt = tokens(100, vocab, 7);
     let p = GenerateParams { max_tokens: steps, sampling: Default::default(), stop_tokens: Vec::new(), record_logits: false };
-    let gr = r.generate(0, &prompt, &p, &mut |_| true).map_err(|e| e.to_string())?;
-    let gc = c.generate(0, &prompt, &p, &mut |_| true).map_err(|e| e.to_string())?;
+    let gr =
+        r.generate(0, &prompt, &p, &mut |_| true).map_err(Error::engine(format!("greedy decode on the {} backend", r.backend_name())))?;
+    let gc =
+        c.generate(0, &prompt, &p, &mut |_| true).map_err(Error::engine(format!("greedy decode on the {} backend", c.backend_name())))?;
     let same = gr.tokens.iter().zip(&gc.tokens).take_while(|(a, b)| a == b).count();
     Ok((same, steps))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cases_parse_and_bad_ones_name_the_flag() {
+        assert_eq!(parse_case("4096+4096").unwrap(), [4096, 4096]);
+        assert_eq!(parse_case(" 7 ").unwrap(), [7]);
+        for bad in ["0", "4096+", "x", "1+-2"] {
+            let e = parse_case(bad).unwrap_err();
+            assert!(matches!(e, Error::Flag { flag: "--cases", .. }), "{bad}: {e:?}");
+            assert!(e.to_string().starts_with("--cases: bad sequence length"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_model_that_does_not_load_names_the_backend_flag() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let a = <Cli as clap::Parser>::try_parse_from(["parity", "--model", "/nonexistent/model.gguf", "--cases", "1"]).unwrap().args;
+        let e = parity(a).unwrap_err();
+        assert!(matches!(e, Error::Engine { .. }), "{e:?}");
+        assert!(e.to_string().starts_with("--reference: "), "{e}");
+        assert!(e.to_string().contains("/nonexistent/model.gguf"), "{e}");
+    }
 }

@@ -3,18 +3,17 @@
 //! With `--model FILE`: the kernel cases of that model's shape class, then the model-level
 //! threshold test of the file (whole forward passes at the critical counts), both reported.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use brink_api::selftest::Verdict;
 use brink_api::{ModelTestReport, SelfTestWithModel, ServingParams};
-use brink_engine::gguf::GgufFile;
 use brink_kernels::selftest::report::render;
 use brink_kernels::selftest::session::{self, Options};
 use brink_kernels::thresholds::ModelShape;
 
-use crate::cmd::flags::BackendArg;
+use crate::cmd::flags::{BackendArg, model_shape};
 use crate::qualify::model_test;
 
 #[derive(clap::Args)]
@@ -68,19 +67,12 @@ pub struct Args {
     model_deadline_floor_ms: u64,
 }
 
-/// The model's shape class from its header, or an error naming the file.
-fn model_shape(path: &Path) -> Result<ModelShape, String> {
-    let file = GgufFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let config = brink_engine::arch::config(&file).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(brink_engine::qualify::kernel_shape(&config))
-}
-
 pub fn run(args: Args) -> ExitCode {
     let shape = match &args.model {
-        Some(path) => match model_shape(path) {
+        Some(path) => match model_shape("--model", path) {
             Ok(s) => s,
             Err(e) => {
-                eprintln!("error: --model {e}");
+                eprintln!("error: {e}");
                 return ExitCode::from(2);
             }
         },
@@ -159,4 +151,22 @@ pub fn run(args: Args) -> ExitCode {
         print!("{table}");
     }
     if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+
+    #[test]
+    fn a_model_that_cannot_be_read_is_named_by_its_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.gguf");
+        let e = model_shape("--model", &missing).unwrap_err();
+        assert!(matches!(e, Error::Content { flag: Some("--model"), .. }), "{e:?}");
+        assert!(e.to_string().starts_with(&format!("--model {}: ", missing.display())), "{e}");
+        let junk = dir.path().join("junk.gguf");
+        std::fs::write(&junk, b"not a gguf file").unwrap();
+        assert!(model_shape("--model", &junk).unwrap_err().to_string().starts_with(&format!("--model {}: ", junk.display())));
+    }
 }

@@ -17,7 +17,7 @@ use brink_api::{BackendCheck, DeviceInfo};
 use brink_engine::BackendKind;
 use brink_engine::server::ready_check::ReadyCheck;
 
-use crate::cmd::flags::{BackendArg, ServingFlags};
+use crate::cmd::flags::{BackendArg, ReplicaFlags, ServingFlags};
 use crate::envelope;
 use crate::node_metrics::{self, QualificationMetrics};
 use crate::qualify::backend_truth::{ClaimedBackend, GpuHolders, judge_serving};
@@ -32,18 +32,14 @@ pub struct Args {
     /// asked for by name never falls back.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     backend: BackendArg,
-    /// KV positions per sequence (0: the model's trained context).
-    #[arg(long, default_value_t = 0)]
-    context: usize,
+    #[command(flatten)]
+    replica: ReplicaFlags,
     #[command(flatten)]
     serving: ServingFlags,
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Sequences generated at once (each holds a KV cache of --context positions).
-    #[arg(long, default_value_t = 4)]
-    slots: usize,
     /// Requests that may wait for a slot; more get 503 with Retry-After.
     #[arg(long, default_value_t = 64)]
     max_queue: usize,
@@ -109,7 +105,7 @@ fn model_test(a: &Args, backend: BackendKind, device: Option<&DeviceInfo>, batch
     let config = brink_engine::arch::config(&file).map_err(|e| format!("--model {}: {e}", model.display()))?;
     drop(file);
     let key = config.shape_class();
-    let context = if a.context == 0 || a.context > config.context { config.context } else { a.context };
+    let context = a.replica.context_for(config.context);
     let serving = ServingParams { max_batch_tokens: batch as u64, prefill_chunk: chunk as u64, context: context as u64 };
     let fingerprint = qualify::fingerprint(device.filter(|_| backend == BackendKind::Cuda), &key, serving);
     let dir = a.qualification_dir.clone().or_else(|| std::env::var_os("BRINK_STATE_DIR").map(PathBuf::from));
@@ -202,7 +198,7 @@ fn batch_limits(a: &Args) -> Result<(usize, usize, Option<QualificationMetrics>)
     let requested = ServingParams {
         max_batch_tokens: a.serving.max_batch_tokens,
         prefill_chunk: a.serving.prefill_chunk,
-        context: a.context as u64,
+        context: a.replica.context as u64,
     };
     let env = envelope::envelope(&report, &class, path, requested).map_err(|e| e.to_string())?;
     // Both are at most the requested usize values.
@@ -361,8 +357,8 @@ pub fn run(a: Args) -> ExitCode {
         worker: WorkerConfig {
             model: a.model.clone(),
             backend,
-            slots: a.slots,
-            context: a.context,
+            slots: a.replica.slots,
+            context: a.replica.context,
             max_batch_tokens,
             prefill_chunk,
             max_queue: a.max_queue,

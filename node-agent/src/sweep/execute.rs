@@ -96,7 +96,7 @@ fn run(plan: &Plan, device: &DeviceReport, r: &mut SweepResultStatus) -> Result<
     let file = brink_engine::gguf::GgufFile::open(&plan.model).map_err(|e| format!("{}: {e}", plan.model.display()))?;
     let config = brink_engine::arch::config(&file).map_err(|e| format!("{}: {e}", plan.model.display()))?;
     drop(file);
-    let context = if plan.context == 0 || plan.context > config.context { config.context } else { plan.context };
+    let context = crate::cmd::flags::context_for(plan.context, config.context);
     let serving = ServingParams { max_batch_tokens: plan.max_batch_tokens, prefill_chunk: plan.prefill_chunk, context: context as u64 };
     let gpu = device.device.as_ref().filter(|_| plan.backend == BackendKind::Cuda);
     r.fingerprint = Some(NodeFingerprint::of(&qualify::fingerprint(gpu, &config.shape_class(), serving)));

@@ -16,7 +16,7 @@ use brink_api::crd::{Judgement, NodeRunState, SweepResult, SweepResultSpec, Swee
 use brink_api::sweep::judge::{NodeInput, judge};
 use brink_engine::BackendKind;
 
-use crate::cmd::flags::{BackendArg, ServingFlags};
+use crate::cmd::flags::{BackendArg, ReplicaFlags, ServingFlags};
 use crate::error::{Error, read_json, write_file};
 use crate::qualify::cache;
 
@@ -90,11 +90,8 @@ pub struct Args {
     json: bool,
     #[command(flatten)]
     serving: ServingFlags,
-    /// KV positions per sequence (0: the model's trained context).
-    #[arg(long, default_value_t = 0)]
-    context: usize,
-    #[arg(long, default_value_t = 4)]
-    slots: usize,
+    #[command(flatten)]
+    replica: ReplicaFlags,
     /// Seconds a grid point may take before its unanswered requests count as hung.
     #[arg(long, default_value_t = 600)]
     point_timeout: u64,
@@ -196,8 +193,8 @@ fn sweep(a: Args) -> Result<ExitCode, Error> {
         extra_cases,
         max_batch_tokens: a.serving.max_batch_tokens,
         prefill_chunk: a.serving.prefill_chunk,
-        context: a.context,
-        slots: a.slots,
+        context: a.replica.context,
+        slots: a.replica.slots,
         point_timeout: Duration::from_secs(a.point_timeout.max(1)),
         load_timeout: Duration::from_secs(a.load_timeout),
         stall_timeout: a.serving.stall_timeout,
@@ -242,9 +239,7 @@ fn external(a: &Args, url: &str) -> Result<External, String> {
     }
     let shape = match &a.model {
         Some(path) => {
-            let file = brink_engine::gguf::GgufFile::open(path).map_err(|e| format!("--model {}: {e}", path.display()))?;
-            let config = brink_engine::arch::config(&file).map_err(|e| format!("--model {}: {e}", path.display()))?;
-            brink_engine::qualify::kernel_shape(&config)
+            crate::cmd::flags::model_shape("--model", path)?
         }
         None => brink_kernels::thresholds::ModelShape::qwen3_30b_a3b(),
     };
@@ -253,7 +248,7 @@ fn external(a: &Args, url: &str) -> Result<External, String> {
         model_name: a.model_name.clone(),
         api_key: a.api_key.clone(),
         shape,
-        context: (a.context > 0).then_some(a.context as u64),
+        context: (a.replica.context > 0).then_some(a.replica.context as u64),
         case_deadline: Duration::from_secs_f64(a.case_deadline_s),
     })
 }

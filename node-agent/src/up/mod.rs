@@ -19,7 +19,7 @@ use brink_engine::model::ModelConfig;
 use brink_kernels::selftest::session;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::cmd::flags::{BackendArg, ServingFlags};
+use crate::cmd::flags::{BackendArg, ReplicaFlags, ServingFlags};
 use crate::error::{Error, write_file};
 use crate::node_metrics::kernel_cases::{KernelCases, by_kernel};
 use crate::node_metrics::qualification::{CaseCounts, QualificationMetrics};
@@ -39,12 +39,8 @@ pub struct Args {
     host: String,
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// KV positions per sequence (0: the model's trained context).
-    #[arg(long, default_value_t = 0)]
-    context: usize,
-    /// Sequences generated at once.
-    #[arg(long, default_value_t = 4)]
-    slots: usize,
+    #[command(flatten)]
+    replica: ReplicaFlags,
     #[command(flatten)]
     serving: ServingFlags,
     /// Where qualifications, the demo model and reports are kept (default: $BRINK_STATE_DIR,
@@ -157,7 +153,7 @@ fn up(a: Args) -> Result<ExitCode, Error> {
     let config = read_config(&model_path)?;
     let shape = brink_engine::qualify::kernel_shape(&config);
     let shape_class = shape.key();
-    let context = if a.context == 0 || a.context > config.context { config.context } else { a.context };
+    let context = a.replica.context_for(config.context);
     let serving = a.serving.params(context as u64);
     // On the CPU backend the GPU is not part of what is qualified (the engine does not use it).
     let gpu = device.device.as_ref().filter(|_| backend == BackendKind::Cuda);
@@ -263,7 +259,7 @@ fn up(a: Args) -> Result<ExitCode, Error> {
     let opts = server::options(&server::EngineSpec {
         model: &model_path,
         backend,
-        slots: a.slots,
+        slots: a.replica.slots,
         context,
         envelope: &envelope,
         stall_timeout: a.serving.stall_timeout,
@@ -327,7 +323,7 @@ fn kernel_suite(
     backend: BackendKind,
     state_dir: &Path,
     fingerprint: &brink_api::Fingerprint,
-) -> Result<(SuiteResult, KernelCases), String> {
+) -> Result<(SuiteResult, KernelCases), Error> {
     if backend == BackendKind::Cpu && a.backend == BackendArg::Cpu {
         let suite = SuiteResult {
             summary: ReportSummary::default(),

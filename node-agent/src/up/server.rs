@@ -8,14 +8,15 @@ use std::time::{Duration, Instant};
 
 use brink_api::Envelope;
 use brink_engine::BackendKind;
-use brink_engine::server::state::EngineStatus;
 use brink_engine::server::jobs::WorkerConfig;
+use brink_engine::server::state::EngineStatus;
 use brink_engine::server::supervisor::EngineCommand;
 use brink_engine::server::{ServeError, ServeOptions, serve_on, shutdown_signal};
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use crate::error::Error;
 use crate::http_bench::client::{self, Endpoint};
 use crate::node_metrics::{self, qualification::QualificationMetrics};
 
@@ -34,8 +35,9 @@ pub struct EngineSpec<'a> {
 }
 
 /// The supervisor's options for `spec`, with this executable as the engine child.
-pub fn options(spec: &EngineSpec<'_>) -> Result<ServeOptions, String> {
-    let program = std::env::current_exe().map_err(|e| format!("finding this program to run the engine child: {e}"))?;
+pub fn options(spec: &EngineSpec<'_>) -> Result<ServeOptions, Error> {
+    let program = std::env::current_exe()
+        .map_err(|e| Error::Setup { what: "finding this program to run the engine child", reason: e.to_string() })?;
     let usize_of = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
     Ok(ServeOptions {
         worker: WorkerConfig {
@@ -71,13 +73,16 @@ pub struct Running {
     stop: Option<oneshot::Sender<()>>,
 }
 
-/// Binds `host:port` (errors name the address) and starts serving in the background.
-pub fn start(host: &str, port: u16, opts: ServeOptions) -> Result<Running, String> {
-    let rt =
-        tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("cannot start the tokio runtime: {e}"))?;
+/// Binds `host:port` (errors name the flags and the address) and starts serving in the background.
+pub fn start(host: &str, port: u16, opts: ServeOptions) -> Result<Running, Error> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Setup { what: "cannot start the tokio runtime", reason: e.to_string() })?;
     let bind = format!("{host}:{port}");
-    let listener = rt.block_on(tokio::net::TcpListener::bind(&bind)).map_err(|e| format!("--host/--port {bind}: cannot listen: {e}"))?;
-    let addr = listener.local_addr().map_err(|e| format!("{bind}: {e}"))?;
+    let listen = |source| Error::Listen { flag: "--host/--port", addr: bind.clone(), source };
+    let listener = rt.block_on(tokio::net::TcpListener::bind(&bind)).map_err(listen)?;
+    let addr = listener.local_addr().map_err(listen)?;
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let shutdown = async move {
         tokio::select! {
@@ -86,21 +91,21 @@ pub fn start(host: &str, port: u16, opts: ServeOptions) -> Result<Running, Strin
         }
     };
     let task = rt.spawn(serve_on(listener, opts, shutdown));
-    let endpoint = client::parse_url(&format!("http://{addr}"))?;
+    let endpoint = client::parse_url(&format!("http://{addr}")).map_err(Error::Step)?;
     Ok(Running { rt, endpoint, addr, task, stop: Some(stop_tx) })
 }
 
 impl Running {
     /// Polls `GET /engine` until the engine is loaded; fails when the server stops first (a
     /// model that does not load) or after `timeout`.
-    pub fn wait_ready(&mut self, timeout: Duration) -> Result<EngineStatus, String> {
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<EngineStatus, Error> {
         let t0 = Instant::now();
         loop {
             if self.task.is_finished() {
                 return Err(match self.rt.block_on(&mut self.task) {
-                    Ok(Err(e)) => e.to_string(),
-                    Ok(Ok(())) => "the server stopped before the engine was ready".into(),
-                    Err(e) => format!("the server task failed: {e}"),
+                    Ok(Err(e)) => Error::Server(e),
+                    Ok(Ok(())) => Error::Step("the server stopped before the engine was ready".into()),
+                    Err(e) => Error::Setup { what: "the server task failed", reason: e.to_string() },
                 });
             }
             if let Ok(status) = self.engine_status()
@@ -109,24 +114,25 @@ impl Running {
                 return Ok(status);
             }
             if t0.elapsed() > timeout {
-                return Err(format!("the engine was not ready after {timeout:?} (--load-timeout)"));
+                return Err(Error::Timeout { flag: "--load-timeout", waiting: "the engine was not ready", after: timeout });
             }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 
     /// What the server says about its engine (`GET /engine`).
-    pub fn engine_status(&self) -> Result<EngineStatus, String> {
-        let v = self.rt.block_on(client::get_json(&self.endpoint, "/engine", None))?;
-        serde_json::from_value(v).map_err(|e| format!("{}: not an engine status: {e}", self.endpoint.url("/engine")))
+    pub fn engine_status(&self) -> Result<EngineStatus, Error> {
+        let v = self.rt.block_on(client::get_json(&self.endpoint, "/engine", None)).map_err(Error::Step)?;
+        serde_json::from_value(v)
+            .map_err(|e| Error::Answer { url: self.endpoint.url("/engine"), reason: format!("not an engine status: {e}") })
     }
 
     /// Serves until SIGTERM or ctrl-c, then drains (as `serve`).
-    pub fn serve_until_signal(mut self) -> Result<(), String> {
+    pub fn serve_until_signal(mut self) -> Result<(), Error> {
         let task = &mut self.task;
         match self.rt.block_on(task) {
-            Ok(r) => r.map_err(|e| e.to_string()),
-            Err(e) => Err(format!("the server task failed: {e}")),
+            Ok(r) => r.map_err(Error::Server),
+            Err(e) => Err(Error::Setup { what: "the server task failed", reason: e.to_string() }),
         }
     }
 
@@ -137,5 +143,34 @@ impl Running {
         }
         let task = &mut self.task;
         let _ = self.rt.block_on(task);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_address_in_use_is_named_with_its_flags() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let dir = tempfile::tempdir().unwrap();
+        let envelope =
+            Envelope { validated: false, validated_tokens: None, first_failure: None, max_batch_tokens: 512, prefill_chunk: 128 };
+        let spec = EngineSpec {
+            model: Path::new("model.gguf"),
+            backend: BackendKind::Cpu,
+            slots: 0,
+            context: 256,
+            envelope: &envelope,
+            stall_timeout: 5.0,
+            state_dir: dir.path(),
+            gauges: None,
+        };
+        let opts = options(&spec).unwrap();
+        assert_eq!((opts.worker.slots, opts.worker.max_batch_tokens, opts.worker.prefill_chunk), (1, 512, 128));
+        let Err(e) = start("127.0.0.1", port, opts) else { panic!("a second listener on port {port}") };
+        assert!(matches!(e, Error::Listen { flag: "--host/--port", .. }), "{e:?}");
+        assert!(e.to_string().starts_with(&format!("--host/--port 127.0.0.1:{port}: cannot listen: ")), "{e}");
     }
 }
