@@ -232,15 +232,13 @@ fn sweep(a: Args) -> Result<ExitCode, Error> {
 }
 
 /// `--url` and what goes with it; the shape from `--model`'s header when given.
-fn external(a: &Args, url: &str) -> Result<External, String> {
-    crate::http_bench::client::parse_url(url)?;
+fn external(a: &Args, url: &str) -> Result<External, Error> {
+    crate::http_bench::client::parse_url(url).map_err(Error::Step)?;
     if !(a.case_deadline_s.is_finite() && a.case_deadline_s > 0.0 && a.case_deadline_s <= 86_400.0) {
-        return Err(format!("--case-deadline-s {}: expected seconds in (0, 86400]", a.case_deadline_s));
+        return Err(Error::Flag { flag: "--case-deadline-s", reason: format!("{}: expected seconds in (0, 86400]", a.case_deadline_s) });
     }
     let shape = match &a.model {
-        Some(path) => {
-            crate::cmd::flags::model_shape("--model", path)?
-        }
+        Some(path) => crate::cmd::flags::model_shape("--model", path)?,
         None => brink_kernels::thresholds::ModelShape::qwen3_30b_a3b(),
     };
     Ok(External {
@@ -260,4 +258,34 @@ fn host_name() -> String {
         .filter(|s| !s.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "localhost".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(flags: &[&str]) -> Args {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let argv = ["sweep"].into_iter().chain(flags.iter().copied());
+        <Cli as clap::Parser>::try_parse_from(argv).unwrap_or_else(|e| panic!("{flags:?}: {e}")).args
+    }
+
+    #[test]
+    fn an_external_engine_s_flags_are_checked_and_named() {
+        let url = "http://127.0.0.1:8000";
+        let ext = external(&parsed(&["--url", url, "--context", "4096"]), url).unwrap();
+        assert_eq!((ext.context, ext.case_deadline), (Some(4096), Duration::from_secs(30)));
+        for bad in ["0", "86401", "NaN", "inf"] {
+            let e = external(&parsed(&["--url", url, "--case-deadline-s", bad]), url).unwrap_err();
+            assert!(matches!(e, Error::Flag { flag: "--case-deadline-s", .. }), "{bad}: {e:?}");
+        }
+        let e = external(&parsed(&["--url", url, "--model", "/nonexistent/model.gguf"]), url).unwrap_err();
+        assert!(e.to_string().starts_with("--model /nonexistent/model.gguf: "), "{e}");
+        let e = external(&parsed(&["--url", "https://x"]), "https://x").unwrap_err();
+        assert!(e.to_string().starts_with("--url https://x: "), "{e}");
+    }
 }
