@@ -214,3 +214,154 @@ fn qualifies_llama_cpp_server() {
     assert!(r["passed"].as_u64().unwrap() >= 100, "{}", r["passed"]);
     drop(server);
 }
+
+/// llama.cpp's own `llama-server` and `ggml-rpc-server` (scripts/llama-cpp-bin builds them once
+/// from the pinned source; scripts/test sets BRINK_LLAMA_CPP_BIN to their folder), or why not.
+fn llama_cpp_bin() -> Option<std::path::PathBuf> {
+    let Some(dir) = std::env::var_os("BRINK_LLAMA_CPP_BIN").map(std::path::PathBuf::from) else {
+        let msg = "BRINK_LLAMA_CPP_BIN is not set (run scripts/llama-cpp-bin and set it to the folder it prints)";
+        assert!(std::env::var("BRINK_REQUIRE_PY").as_deref() != Ok("1"), "BRINK_REQUIRE_PY=1 but {msg}");
+        eprintln!("skipping the llama.cpp gang: {msg}");
+        return None;
+    };
+    for bin in ["llama-server", "ggml-rpc-server"] {
+        assert!(dir.join(bin).is_file(), "BRINK_LLAMA_CPP_BIN={} has no {bin}", dir.display());
+    }
+    Some(dir)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Waits until `addr` accepts connections (and `process` is still running).
+fn wait_listening(process: &mut Killed, addr: &str, what: &str, log: &std::path::Path) {
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(addr).is_err() {
+        let exited = process.0.try_wait().unwrap();
+        assert!(exited.is_none(), "{what} exited ({exited:?}): {}", std::fs::read_to_string(log).unwrap_or_default());
+        assert!(t0.elapsed() < Duration::from_secs(60), "{what} not listening on {addr} in 60 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A real two-node llama.cpp gang on loopback, as the operator runs one over a fabric: two
+/// `ggml-rpc-server` workers and a leader `llama-server --rpc` with every layer on the workers
+/// (the flags of a gang leader's command, the serving limits of the CPU tests). The black-box
+/// qualification and a chat request pass through it; then one worker is killed, and the leader
+/// fails and the qualification (the sidecar that owns a replica's readiness) refuses the gang.
+#[test]
+fn a_llama_cpp_gang_on_loopback_qualifies_serves_and_fails_with_a_worker() {
+    let Some(bin) = llama_cpp_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let m = model.to_str().unwrap();
+
+    let mut workers = Vec::new();
+    let mut rpc = Vec::new();
+    for w in 1..=2 {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let log = dir.path().join(format!("worker{w}.log"));
+        let (host, port) = addr.split_once(':').unwrap();
+        let child = Command::new(bin.join("ggml-rpc-server"))
+            .args(["--host", host, "--port", port, "--threads", "1"])
+            .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .stderr(Stdio::from(std::fs::File::create(dir.path().join(format!("worker{w}.err"))).unwrap()))
+            .spawn()
+            .unwrap();
+        let mut child = Killed(child);
+        wait_listening(&mut child, &addr, &format!("worker {w}"), &log);
+        workers.push(child);
+        rpc.push(addr);
+    }
+
+    let port = free_port().to_string();
+    let addr = format!("127.0.0.1:{port}");
+    let leader_log = dir.path().join("leader.log");
+    let leader = Command::new(bin.join("llama-server"))
+        .args(["-m", m, "--alias", "tiny", "--host", "127.0.0.1", "--port", &port])
+        .args(["-c", "1024", "--batch-size", "512", "--ubatch-size", "256", "--parallel", "1"])
+        .args(["--n-gpu-layers", "999", "--metrics", "--threads", "1", "--rpc", &rpc.join(",")])
+        // Debug logging: the model's buffers on each RPC device are logged at this level only.
+        .args(["-lv", "4"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(&leader_log).unwrap()))
+        .spawn()
+        .unwrap();
+    let mut leader = Killed(leader);
+    let log = || std::fs::read_to_string(&leader_log).unwrap_or_default();
+    let t0 = Instant::now();
+    while http(&addr, "GET", "/health", "").0 != 200 {
+        assert!(leader.0.try_wait().unwrap().is_none(), "the leader exited: {}", log());
+        assert!(t0.elapsed() < Duration::from_secs(120), "the leader not healthy in 120 s: {}", log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The weights are on the workers: each RPC device got a model buffer.
+    for a in &rpc {
+        assert!(log().lines().any(|l| l.contains("RPC") && l.contains(a.as_str()) && l.contains("model buffer")), "no model buffer on {a}: {}", log());
+    }
+
+    let t0 = Instant::now();
+    let (out, r) = qualify(&format!("http://{addr}"), &[&LIMITS[..], &["--shape", m, "--model", "tiny"]].concat());
+    eprintln!("qualify against the llama.cpp gang: {:.1} s", t0.elapsed().as_secs_f64());
+    let r = r.expect("a report");
+    assert_eq!(out.status.code(), Some(0), "{r}");
+    assert_eq!(r["verdict"]["state"], "qualified", "{}", r["verdict"]);
+    assert_eq!(r["lengthMismatches"], 0);
+    assert!(r["passed"].as_u64().unwrap() >= 100, "{}", r["passed"]);
+
+    let chat = serde_json::json!({"model": "tiny", "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 8, "temperature": 0});
+    let (status, body) = http(&addr, "POST", "/v1/chat/completions", &chat.to_string());
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert!(answer["choices"][0]["message"]["content"].is_string(), "{answer}");
+    assert!(answer["usage"]["completion_tokens"].as_u64().unwrap() > 0, "{answer}");
+    // The counters a llama.cpp replica's liveness follows are the leader's.
+    let (status, metrics) = http(&addr, "GET", "/metrics", "");
+    assert_eq!(status, 200);
+    for name in ["llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:requests_processing", "llamacpp:requests_deferred"] {
+        assert!(metrics.lines().any(|l| l.starts_with(name)), "no {name} in /metrics: {metrics}");
+    }
+
+    // A node's regression sweep of the gang through its API: the black-box qualification in the
+    // self-test's place, then the grid, judged as any node's result (no baseline: a pass).
+    let out_file = dir.path().join("sweep.json");
+    let out = agent()
+        .args(["sweep", "--url", &format!("http://{addr}"), "--model", m, "--model-name", "tiny", "--context", "1024"])
+        .args(["--max-batch-tokens", "512", "--prefill-chunk", "256", "--prompt-tokens", "32", "--concurrency", "1,2"])
+        .args(["--generated-tokens", "4", "--requests-per-point", "2", "--run", "gang", "--node", "loopback"])
+        .args(["--state-dir", dir.path().to_str().unwrap(), "--out", out_file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    eprintln!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0));
+    let sweep: Value = serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
+    let status = &sweep["status"];
+    assert_eq!(status["state"], "Done", "{status}");
+    assert_eq!(status["judgement"]["verdict"], "Pass", "{status}");
+    assert!(status["selfTest"]["failingCases"].as_array().is_none_or(Vec::is_empty), "{status}");
+    let points = status["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2, "{status}");
+    for p in points {
+        assert!(p["requests"].as_u64().unwrap() > 0 && p["failed"] == 0 && p["timedOut"] == 0, "{p}");
+    }
+
+    // One worker goes: the leader's next computation cannot reach it.
+    drop(workers.remove(1));
+    let (status, body) = http(&addr, "POST", "/v1/chat/completions", &chat.to_string());
+    assert_ne!(status, 200, "the gang answered without a worker: {body}");
+    let t0 = Instant::now();
+    let exited = loop {
+        if let Some(s) = leader.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "the leader still runs 60 s after losing a worker: {}", log());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!exited.success(), "the leader exited cleanly: {}", log());
+    assert!(log().contains("Remote RPC server crashed"), "the leader failed for another reason: {}", log());
+    let (out, _) = qualify(&format!("http://{addr}"), &LIMITS);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("cannot reach"), "{err}");
+}

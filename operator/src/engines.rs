@@ -21,8 +21,15 @@ use brink_api::crd::{EngineKind, Serving};
 pub const RAY_PORT: u16 = 6379;
 /// SGLang's `--dist-init-addr` port on the leader.
 pub const SGLANG_DIST_PORT: u16 = 20000;
-/// `rpc-server`'s port on a llama.cpp gang's workers.
+/// `ggml-rpc-server`'s port on a llama.cpp gang's workers (its own default).
 pub const LLAMA_RPC_PORT: u16 = 50052;
+/// llama.cpp's server and its RPC backend's worker, where llama.cpp's own images
+/// (ghcr.io/ggml-org/llama.cpp) keep them: in /app, which is not on their PATH (their entrypoint
+/// names the file), so a bare name in a Pod's command would not be found. The worker is
+/// `ggml-rpc-server` in the llama.cpp brink pins and runs a gang with (older releases named it
+/// `rpc-server`); both must be built with -DGGML_RPC=ON, which the published images are not.
+pub const LLAMA_SERVER: &str = "/app/llama-server";
+pub const LLAMA_RPC_SERVER: &str = "/app/ggml-rpc-server";
 /// Where the qualification sidecar writes its report and the marker readiness reads.
 pub const QUALIFICATION_DIR: &str = "/var/run/brink/qualification";
 /// Written by the sidecar once the qualification passed (or passed clamped).
@@ -172,7 +179,7 @@ fn serve_argv(l: &Launch) -> Vec<String> {
             s("--enable-metrics"),
         ],
         EngineKind::Llamacpp => vec![
-            s("llama-server"),
+            s(LLAMA_SERVER),
             s("-m"),
             s(l.model_path),
             s("--alias"),
@@ -212,7 +219,7 @@ fn shell_line(argv: &[String]) -> String {
 /// The container command (argv) of `l`: the engine itself on one node; a gang member's part of
 /// the engine's multi-node mode otherwise (vLLM: Ray head + `vllm serve` on the leader, Ray
 /// workers joining it; SGLang: the launcher with rank and the leader's init address on every
-/// member; llama.cpp: `rpc-server` on the workers, `llama-server --rpc` on the leader).
+/// member; llama.cpp: `ggml-rpc-server` on the workers, `llama-server --rpc` on the leader).
 pub fn command(l: &Launch) -> Result<Vec<String>, LaunchError> {
     let with_args = |mut argv: Vec<String>| {
         argv.extend(l.args.iter().cloned());
@@ -277,7 +284,7 @@ pub fn command(l: &Launch) -> Result<Vec<String>, LaunchError> {
             with_args(argv)
         }
         (EngineKind::Llamacpp, false) => {
-            vec![s("rpc-server"), s("--host"), s("0.0.0.0"), s("--port"), LLAMA_RPC_PORT.to_string()]
+            vec![s(LLAMA_RPC_SERVER), s("--host"), s("0.0.0.0"), s("--port"), LLAMA_RPC_PORT.to_string()]
         }
         (EngineKind::Brink, _) => return Err(LaunchError::BrinkGang),
     })

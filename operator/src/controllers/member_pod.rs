@@ -223,7 +223,7 @@ pub(crate) fn member_pod(replica: &ModelReplica, model: &Model, config: &Config,
         .collect();
     let startup_failures = i32::try_from(config.startup_seconds.div_ceil(10).max(1)).unwrap_or(i32::MAX);
     // The leader's API answers /health once the model is loaded (and the gang joined): the
-    // liveness check starts after that. A llama.cpp worker's rpc-server is alive while its port
+    // liveness check starts after that. A llama.cpp worker's ggml-rpc-server is alive while its port
     // accepts; a Ray or SGLang worker lives and dies with its process (and its leader's check).
     let (startup, liveness) = match (leads, kind) {
         (true, _) => {

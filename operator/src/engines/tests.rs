@@ -51,7 +51,7 @@ fn one_node_each_engine_gets_its_own_flags() {
             // -c is the context of all slots together.
             EngineKind::Llamacpp,
             &[],
-            "llama-server -m /cache/models/abc.gguf --alias qwen --host 0.0.0.0 --port 8000 -c 32768 --batch-size 4096 \
+            "/app/llama-server -m /cache/models/abc.gguf --alias qwen --host 0.0.0.0 --port 8000 -c 32768 --batch-size 4096 \
              --ubatch-size 1024 --parallel 4 --n-gpu-layers 999 --metrics",
         ),
     ];
@@ -99,8 +99,8 @@ fn gang_members_run_the_engines_multi_node_mode() {
         "{llama_leader}"
     );
     assert_eq!(
-        command(&launch(EngineKind::Llamacpp, &extra, Some(&worker))).expect("rpc-server"),
-        ["rpc-server", "--host", "0.0.0.0", "--port", "50052"]
+        command(&launch(EngineKind::Llamacpp, &extra, Some(&worker))).expect("ggml-rpc-server"),
+        ["/app/ggml-rpc-server", "--host", "0.0.0.0", "--port", "50052"]
     );
 
     // Ports: the leader's API (and Ray's GCS or SGLang's init address), a worker's RPC.
