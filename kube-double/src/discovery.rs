@@ -192,7 +192,7 @@ mod tests {
         assert_eq!(pods["namespaced"], true);
         let groups = get("/apis").unwrap();
         let names: Vec<&str> = groups["groups"].as_array().unwrap().iter().filter_map(|g| g["name"].as_str()).collect();
-        assert_eq!(names, ["apps", "brink.dev", "coordination.k8s.io", "events.k8s.io"]);
+        assert_eq!(names, ["apps", "brink.dev", "coordination.k8s.io", "discovery.k8s.io", "events.k8s.io"]);
         let brink = get("/apis/brink.dev").unwrap();
         assert_eq!(brink["preferredVersion"]["groupVersion"], "brink.dev/v1alpha1");
         let version = get("/version").unwrap();

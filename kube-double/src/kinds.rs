@@ -241,6 +241,7 @@ pub fn builtin_kinds() -> Vec<ResourceKind> {
         builtin("", "v1", "Namespace", "namespaces", false, true, None, keys(conditions)),
         builtin("apps", "v1", "Deployment", "deployments", true, true, Some(deployment_scale), deployment),
         builtin("coordination.k8s.io", "v1", "Lease", "leases", true, false, None, keys(&[])),
+        builtin("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", true, false, None, keys(&[])),
         builtin("events.k8s.io", "v1", "Event", "events", true, false, None, keys(&[])),
     ]
 }
