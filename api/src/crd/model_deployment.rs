@@ -37,6 +37,12 @@ use crate::qualification::ServingParams;
 #[serde(rename_all = "camelCase")]
 pub struct ModelDeploymentSpec {
     pub model_ref: ModelRef,
+    /// The names clients send as `model` to reach this deployment through the gateway (its
+    /// requests are passed to the replicas under the Model's name, which they serve). Empty:
+    /// the Model's name only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 256), regex(pattern = r"^[^\s]+$")))]
+    pub served_model_names: Vec<String>,
     /// How many replicas to run; the `/scale` subresource reads and writes it.
     #[serde(default = "default_replicas")]
     #[schemars(range(min = 0))]
@@ -58,6 +64,13 @@ pub struct ModelDeploymentSpec {
     pub on_self_test_failure: OnSelfTestFailure,
     #[serde(default)]
     pub rollout: Rollout,
+}
+
+impl ModelDeploymentSpec {
+    /// The names the gateway routes to this deployment: `servedModelNames`, or the Model's name.
+    pub fn served_names(&self) -> Vec<String> {
+        if self.served_model_names.is_empty() { vec![self.model_ref.name.clone()] } else { self.served_model_names.clone() }
+    }
 }
 
 fn default_replicas() -> i32 {

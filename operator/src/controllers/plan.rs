@@ -267,6 +267,7 @@ mod tests {
             "qwen",
             ModelDeploymentSpec {
                 model_ref: ModelRef { name: "qwen".into() },
+                served_model_names: Vec::new(),
                 replicas,
                 engine: EngineBuild { image: "i".into(), version: "v".into(), ..Default::default() },
                 serving: Serving { context: 1024, max_batch_tokens: 512, prefill_chunk: 256, concurrency: 1, kv_fraction: 0.5 },

@@ -85,6 +85,7 @@ pub fn deployment(replicas: i32) -> ModelDeployment {
         "qwen",
         ModelDeploymentSpec {
             model_ref: ModelRef { name: "qwen".into() },
+            served_model_names: Vec::new(),
             replicas,
             engine: EngineBuild { image: "ghcr.io/brink/agent:0.2.0".into(), version: "0.2.0".into(), ..Default::default() },
             serving: serving(),

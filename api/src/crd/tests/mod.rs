@@ -495,6 +495,14 @@ fn defaults_fill_a_minimal_deployment() {
     assert_eq!(at(&s, "spec.replicas")["default"], json!(1));
     assert_eq!(at(&s, "spec.onSelfTestFailure")["default"], json!("Clamp"));
     assert_eq!(at(&s, "spec.rollout")["default"], json!({"strategy": "Canary", "progressDeadlineSeconds": 900}));
+    // The gateway's names for a deployment: the Model's name unless servedModelNames lists others.
+    assert_eq!(d.spec.served_names(), ["m"]);
+    let mut named = d.spec.clone();
+    named.served_model_names = vec!["m".into(), "chat".into()];
+    assert_eq!(named.served_names(), ["m", "chat"]);
+    assert_eq!(serde_json::to_value(&d.spec).unwrap().get("servedModelNames"), None, "an empty list is left out");
+    let names = at(&s, "spec.servedModelNames");
+    assert_eq!((names["maxItems"].as_u64(), names["items"]["minLength"].as_u64()), (Some(16), Some(1)), "{names}");
 }
 
 fn with(mut v: Value, pointer: &str, value: Value) -> Value {
