@@ -20,8 +20,16 @@ pub struct Args {
     #[arg(long, default_value = "127.0.0.1:8000")]
     pub listen: SocketAddr,
     /// A replica, `http://HOST:PORT` (repeat for each).
-    #[arg(long = "upstream", value_name = "URL", required = true, value_parser = parse_upstream)]
+    #[arg(long = "upstream", value_name = "URL", required_unless_present = "kubernetes", conflicts_with = "kubernetes", value_parser = parse_upstream)]
     pub upstreams: Vec<String>,
+    /// Find the replicas in the cluster instead (in-cluster service account, else the
+    /// kubeconfig): every Serving, Ready replica of every ModelDeployment, watched.
+    #[arg(long)]
+    pub kubernetes: bool,
+    /// With --kubernetes: route only to this namespace's replicas (repeat for each; default: all
+    /// namespaces).
+    #[arg(long = "namespace", value_name = "NS", conflicts_with = "upstreams")]
+    pub namespaces: Vec<String>,
     /// Client API keys, one per line (`#` comments and blank lines skipped): requests must send
     /// `Authorization: Bearer KEY` or `x-api-key: KEY`.
     #[arg(long, value_name = "FILE")]
@@ -74,6 +82,8 @@ pub struct CliError(pub String);
 impl Args {
     pub fn into_config(self) -> Result<Config, CliError> {
         let mut config = Config::new(self.upstreams);
+        config.kubernetes = self.kubernetes;
+        config.namespaces = self.namespaces;
         if let Some(path) = &self.api_key_file {
             let keys = Keys::parse_file(&read("--api-key-file", path)?);
             if keys.is_empty() {
@@ -153,5 +163,14 @@ mod tests {
             .unwrap_err();
         assert!(e.0.starts_with("--api-key-file /nonexistent/keys: cannot read it"), "{e}");
         assert!(Args::try_parse_from(["brink-gateway", "--upstream", "http://a:1", "--per-key-concurrency", "0"]).is_err());
+        // One source of replicas: URLs or the cluster, never both, never neither.
+        assert!(Args::try_parse_from(["brink-gateway"]).is_err());
+        assert!(Args::try_parse_from(["brink-gateway", "--upstream", "http://a:1", "--kubernetes"]).is_err());
+        assert!(Args::try_parse_from(["brink-gateway", "--upstream", "http://a:1", "--namespace", "x"]).is_err());
+        assert!(Args::try_parse_from(["brink-gateway", "--namespace", "x"]).is_err());
+        let c =
+            Args::try_parse_from(["brink-gateway", "--kubernetes", "--namespace", "a", "--namespace", "b"]).unwrap().into_config().unwrap();
+        assert!(c.kubernetes && c.upstreams.is_empty());
+        assert_eq!(c.namespaces, ["a", "b"]);
     }
 }

@@ -21,6 +21,10 @@ pub struct Config {
     pub affinity_prefix_chars: usize,
     /// How many requests more than the least loaded replica the affinity choice may carry.
     pub load_bound: f64,
+    /// Replicas come from the cluster's API (watched), not from `upstreams`.
+    pub kubernetes: bool,
+    /// With `kubernetes`: the namespaces whose replicas are routed to (empty: all).
+    pub namespaces: Vec<String>,
 }
 
 impl Config {
@@ -35,6 +39,8 @@ impl Config {
             poll_interval: Duration::from_millis(1000),
             affinity_prefix_chars: 2048,
             load_bound: DEFAULT_LOAD_BOUND,
+            kubernetes: false,
+            namespaces: Vec::new(),
         }
     }
 }

@@ -35,20 +35,48 @@ pub struct Seen {
     pub problem: Option<String>,
 }
 
+/// What a cluster says of a replica (found through the Kubernetes API): the names its deployment
+/// answers to, and the name the replica itself serves (requests are passed on under it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Declared {
+    pub models: Vec<String>,
+    pub served_as: String,
+}
+
 pub struct Upstream {
     /// `http://host:port`, no trailing slash.
     pub base: String,
     seen: Mutex<Seen>,
+    declared: Mutex<Option<Declared>>,
     in_flight: AtomicU64,
 }
 
 impl Upstream {
     pub fn new(base: String) -> Upstream {
-        Upstream { base, seen: Mutex::default(), in_flight: AtomicU64::new(0) }
+        Upstream { base, seen: Mutex::default(), declared: Mutex::new(None), in_flight: AtomicU64::new(0) }
     }
 
+    /// What routing uses: the last poll, with the deployment's names in place of the replica's
+    /// own list when the cluster declared them.
     pub fn seen(&self) -> Seen {
+        let mut seen = self.polled();
+        if let Some(d) = self.declared() {
+            seen.models = d.models;
+        }
+        seen
+    }
+
+    /// The last poll as it answered.
+    fn polled(&self) -> Seen {
         self.seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn declared(&self) -> Option<Declared> {
+        self.declared.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn set_declared(&self, declared: Option<Declared>) {
+        *self.declared.lock().unwrap_or_else(|p| p.into_inner()) = declared;
     }
 
     pub fn in_flight(&self) -> u64 {
@@ -63,7 +91,7 @@ impl Upstream {
     /// A connection to it failed while proxying: unhealthy until its next poll says otherwise,
     /// so requests stop trying it at once.
     pub fn mark_down(&self, why: &str, metrics: &Metrics) {
-        let mut seen = self.seen();
+        let mut seen = self.polled();
         seen.healthy = false;
         seen.problem = Some(why.to_string());
         self.set(seen, metrics);
@@ -97,7 +125,7 @@ pub async fn poll_forever(upstream: Arc<Upstream>, client: UpstreamClient, key: 
     loop {
         tick.tick().await;
         let seen = poll_once(&upstream, &client, key.as_deref()).await;
-        let before = upstream.seen();
+        let before = upstream.polled();
         if before.healthy != seen.healthy || before.models != seen.models {
             match &seen.problem {
                 None => eprintln!("brink-gateway: {} healthy, serving {}", upstream.base, seen.models.join(", ")),
@@ -110,7 +138,7 @@ pub async fn poll_forever(upstream: Arc<Upstream>, client: UpstreamClient, key: 
 
 /// One look at an upstream: `/ready`, `/v1/models`, `/metrics`.
 pub async fn poll_once(upstream: &Upstream, client: &UpstreamClient, key: Option<&str>) -> Seen {
-    let previous = upstream.seen();
+    let previous = upstream.polled();
     let ready = fetch(client, &upstream.base, "/ready", key).await;
     let models = match fetch(client, &upstream.base, "/v1/models", key).await {
         Ok((StatusCode::OK, body)) => parse_models(&body).ok_or_else(|| "/v1/models: not an OpenAI model list".to_string()),

@@ -1,11 +1,12 @@
-//! brink-gateway: one OpenAI/Anthropic-compatible endpoint in front of serving replicas (the
-//! no-cluster mode: replicas given as `--upstream` URLs). See docs/gateway.md.
+//! brink-gateway: one OpenAI/Anthropic-compatible endpoint in front of serving replicas, given
+//! as `--upstream` URLs or found in a cluster (`--kubernetes`). See docs/gateway.md.
 
 pub mod cli;
 pub mod config;
 pub mod discovery;
 pub mod errors;
 pub mod keys;
+pub mod kubernetes;
 pub mod metrics;
 pub mod pick;
 pub mod prompt;
@@ -13,4 +14,4 @@ pub mod proxy;
 pub mod server;
 
 pub use config::Config;
-pub use server::serve_on;
+pub use server::{serve_on, serve_on_kubernetes};

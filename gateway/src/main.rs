@@ -29,8 +29,25 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        eprintln!("brink-gateway: listening on http://{listen}, {} upstreams", config.upstreams.len());
-        match brink_gateway::serve_on(listener, config, shutdown_signal()).await {
+        let served = if config.kubernetes {
+            // kube's TLS and another dependency's may both link a rustls provider; rustls will
+            // not choose between them, so the gateway names one.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let client = match kube::Client::try_default().await {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("brink-gateway: --kubernetes: no cluster to talk to: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let scope = if config.namespaces.is_empty() { "all namespaces".to_string() } else { config.namespaces.join(", ") };
+            eprintln!("brink-gateway: listening on http://{listen}, replicas from the cluster ({scope})");
+            brink_gateway::serve_on_kubernetes(listener, config, client, shutdown_signal()).await
+        } else {
+            eprintln!("brink-gateway: listening on http://{listen}, {} upstreams", config.upstreams.len());
+            brink_gateway::serve_on(listener, config, shutdown_signal()).await
+        };
+        match served {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("brink-gateway: {e}");

@@ -34,6 +34,9 @@ pub struct Metrics {
     pub rejections: IntCounterVec,
     pub upstream_healthy: IntGaugeVec,
     pub upstream_in_flight: IntGaugeVec,
+    /// Requests of a model the gateway holds (waiting at or answered by a replica): the queue an
+    /// autoscaler of the model's deployment reads. Only models some replica serves get a series.
+    pub model_in_flight: IntGaugeVec,
 }
 
 impl Metrics {
@@ -72,6 +75,11 @@ impl Metrics {
                 "Requests the gateway has in flight to the replica.",
                 &["upstream"],
             ),
+            model_in_flight: gauge(
+                "brink_gateway_model_in_flight",
+                "Requests of the model the gateway has in flight, from routing to the end of the answer.",
+                &["model"],
+            ),
             registry,
         };
         // Every upstream has its gauges from the start (0 until discovery says otherwise).
@@ -84,6 +92,12 @@ impl Metrics {
             m.rejections.with_label_values(&[r.label()]).inc_by(0);
         }
         m
+    }
+
+    /// A replica that is gone (found in a cluster, now deleted): its health series goes too. Its
+    /// in-flight gauge stays, as requests to it may still be finishing.
+    pub fn forget_upstream(&self, upstream: &str) {
+        let _ = self.upstream_healthy.remove_label_values(&[upstream]);
     }
 
     pub fn reject(&self, why: Rejection) {

@@ -50,7 +50,8 @@ pub fn pick(candidates: &[Candidate], model: &str, prompt_key: Option<u64>, load
     let Some(&least) = order.first() else {
         return Pick { order, affinity_hit: false };
     };
-    let Some(pos) = (0..order.len()).max_by_key(|&p| rendezvous_weight(key, candidates[order[p]].name)) else {
+    let names: Vec<&str> = order.iter().map(|&i| candidates[i].name).collect();
+    let Some(pos) = rendezvous_choice(key, &names) else {
         return Pick { order, affinity_hit: false };
     };
     let chosen = order[pos];
@@ -70,6 +71,12 @@ pub fn prompt_key(prompt: &str, chars: usize) -> Option<u64> {
     }
     let end = prompt.char_indices().nth(chars).map_or(prompt.len(), |(i, _)| i);
     Some(fnv1a(&prompt.as_bytes()[..end]))
+}
+
+/// The replica (an index into `names`) that rendezvous hashing gives `key` among `names`, as
+/// [`pick`] takes it: the same whatever the order of `names`.
+pub fn rendezvous_choice(key: u64, names: &[&str]) -> Option<usize> {
+    (0..names.len()).max_by_key(|&i| rendezvous_weight(key, names[i]))
 }
 
 /// Highest-random-weight hashing: each (key, replica) pair gets a weight; the key goes to the

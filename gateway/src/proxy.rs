@@ -10,6 +10,7 @@ use std::sync::Arc;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode, header};
 use axum::response::Response;
+use futures::StreamExt;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -71,9 +72,9 @@ async fn admit_and_send(gw: &Arc<Gateway>, api: Api, req: Request<Body>) -> Resu
     let model = crate::prompt::model(&json).map_err(|m| (Rejection::BadRequest, GatewayError::new(Kind::BadRequest, m)))?.to_string();
     let key = pick::prompt_key(&crate::prompt::prefix(&json, gw.config.affinity_prefix_chars), gw.config.affinity_prefix_chars);
 
-    let seen: Vec<_> = gw.upstreams.iter().map(|u| u.seen()).collect();
-    let candidates: Vec<Candidate> = gw
-        .upstreams
+    let upstreams = gw.upstreams();
+    let seen: Vec<_> = upstreams.iter().map(|u| u.seen()).collect();
+    let candidates: Vec<Candidate> = upstreams
         .iter()
         .zip(&seen)
         .map(|(u, s)| Candidate {
@@ -88,6 +89,7 @@ async fn admit_and_send(gw: &Arc<Gateway>, api: Api, req: Request<Body>) -> Resu
     if decision.order.is_empty() {
         return Err(no_replica(&model, &seen));
     }
+    let model_in_flight = ModelInFlight::start(&gw.metrics, &model);
     if decision.affinity_hit {
         gw.metrics.affinity_hits.with_label_values(&[&model]).inc();
     }
@@ -95,28 +97,54 @@ async fn admit_and_send(gw: &Arc<Gateway>, api: Api, req: Request<Body>) -> Resu
     drop(candidates);
 
     for (attempt, &i) in order.iter().enumerate() {
-        let upstream = &gw.upstreams[i];
+        let upstream = &upstreams[i];
         let in_flight = upstream.start_request(&gw.metrics);
-        let upstream_req = build_request(gw, &upstream.base, &parts.uri, &parts.headers, bytes.clone())
+        let body = match upstream.declared() {
+            // The deployment answers to this name; the replica serves it under its own.
+            Some(d) if d.served_as != model => renamed(&json, &d.served_as),
+            _ => bytes.clone(),
+        };
+        let upstream_req = build_request(gw, &upstream.base, &parts.uri, &parts.headers, body)
             .map_err(|m| (Rejection::BadRequest, GatewayError::new(Kind::BadRequest, m)))?;
         let is_last = attempt + 1 == order.len();
         let refusal = match gw.client.request(upstream_req).await {
             Ok(resp) => {
                 let status = resp.status();
-                gw.metrics.requests.with_label_values(&[&model, &upstream.base, status.as_str()]).inc();
+                // Counted once per attempt: by its status, or as `error` when the body broke
+                // before its first byte (below).
+                let count = |label: &str| gw.metrics.requests.with_label_values(&[&model, &upstream.base, label]).inc();
                 let refused = status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS;
                 if !refused || is_last {
+                    let (mut head, mut incoming) = resp.into_parts();
+                    // Nothing goes to the client before the body's first frame: a replica that
+                    // dies after its response head (a stream's head comes before its first
+                    // token) but before any body byte has sent the client nothing, so the
+                    // request may still go to another replica.
+                    let first = incoming.frame().await;
+                    if let Some(Err(e)) = &first {
+                        let message = format!("the connection closed after the response head, before any body: {e}");
+                        count("error");
+                        upstream.mark_down(&message, &gw.metrics);
+                        drop(in_flight);
+                        if is_last {
+                            let msg = format!("no replica answered: the last one tried, {}, failed: {message}", upstream.base);
+                            return Ok(GatewayError::new(Kind::BadGateway, msg).response(api));
+                        }
+                        gw.metrics.retries.with_label_values(&[&model, "closed_before_body"]).inc();
+                        continue;
+                    }
+                    count(status.as_str());
                     // The answer: streamed through; the key's slot and the in-flight count are
                     // held by the body until it ends or the client goes.
-                    let (mut head, incoming) = resp.into_parts();
                     strip_hop_by_hop(&mut head.headers);
-                    let guards = (slot, in_flight);
-                    let body = incoming.map_frame(move |frame| {
+                    let guards = (slot, in_flight, model_in_flight);
+                    let frames = futures::stream::iter(first).chain(http_body_util::BodyStream::new(incoming)).map(move |frame| {
                         let _held = &guards;
                         frame
                     });
-                    return Ok(Response::from_parts(head, Body::new(body)));
+                    return Ok(Response::from_parts(head, Body::new(http_body_util::StreamBody::new(frames))));
                 }
+                count(status.as_str());
                 retry_reason(status)
             }
             Err(e) => {
@@ -135,6 +163,23 @@ async fn admit_and_send(gw: &Arc<Gateway>, api: Api, req: Request<Body>) -> Resu
     }
     // `order` is never empty, and its last attempt always returns.
     unreachable!("the last attempt returns")
+}
+
+/// One request of a model in flight through the gateway, until dropped (with the answer's body).
+struct ModelInFlight(prometheus::IntGauge);
+
+impl ModelInFlight {
+    fn start(metrics: &crate::metrics::Metrics, model: &str) -> ModelInFlight {
+        let g = metrics.model_in_flight.with_label_values(&[model]);
+        g.inc();
+        ModelInFlight(g)
+    }
+}
+
+impl Drop for ModelInFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// The answer when no replica may take the request: 404 when no replica (healthy or not) has
@@ -168,6 +213,13 @@ pub fn served_models(seen: &[crate::discovery::Seen]) -> Vec<String> {
         }
     }
     out
+}
+
+/// The request body with `model` replaced.
+fn renamed(json: &Json, model: &str) -> Bytes {
+    let mut json = json.clone();
+    json["model"] = Json::String(model.to_string());
+    Bytes::from(json.to_string())
 }
 
 fn build_request(

@@ -1,8 +1,9 @@
 //! The gateway's HTTP front: the generation routes (through [`crate::proxy`]), the model list,
 //! health, readiness and metrics; and the discovery tasks, which live as long as the server.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 
 use axum::Router;
 use axum::body::Body;
@@ -13,7 +14,7 @@ use axum::routing::{get, post};
 use serde_json::json;
 
 use crate::config::Config;
-use crate::discovery::{self, Upstream};
+use crate::discovery::{self, Declared, Upstream};
 use crate::errors::{Api, GatewayError, Kind};
 use crate::keys::Keys;
 use crate::metrics::{Metrics, Rejection};
@@ -21,7 +22,11 @@ use crate::proxy::{self, UpstreamClient};
 
 pub struct Gateway {
     pub config: Config,
-    pub upstreams: Vec<Arc<Upstream>>,
+    /// The replicas known now, in order (`--upstream` order, or the cluster's replicas sorted by
+    /// namespace and name): replaced whole when discovery in a cluster sees a change.
+    upstreams: RwLock<Vec<Arc<Upstream>>>,
+    /// Each known replica's polling task, to end when the replica goes.
+    polls: Mutex<HashMap<String, tokio::task::AbortHandle>>,
     pub keys: Keys,
     pub metrics: Arc<Metrics>,
     pub client: UpstreamClient,
@@ -29,10 +34,61 @@ pub struct Gateway {
 
 impl Gateway {
     pub fn new(config: Config) -> Gateway {
-        let upstreams: Vec<Arc<Upstream>> = config.upstreams.iter().map(|u| Arc::new(Upstream::new(u.clone()))).collect();
         let metrics = Arc::new(Metrics::new(&config.upstreams));
         let keys = Keys::new(config.api_keys.clone(), config.per_key_concurrency);
-        Gateway { config, upstreams, keys, metrics, client: proxy::client() }
+        Gateway { config, upstreams: RwLock::default(), polls: Mutex::default(), keys, metrics, client: proxy::client() }
+    }
+
+    /// The replicas known now (a snapshot: a request keeps the set it started with).
+    pub fn upstreams(&self) -> Vec<Arc<Upstream>> {
+        self.upstreams.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Makes `desired` (base URL, what the cluster declared of it) the known replicas, in its
+    /// order: a new one is polled at once, one that is gone stops being polled and drops out of
+    /// routing (requests in flight to it finish), one that stays keeps what its polls saw.
+    /// Must run on the runtime (it starts the polling tasks).
+    pub fn set_upstreams(self: &Arc<Self>, desired: Vec<(String, Option<Declared>)>) {
+        let mut polls = self.polls.lock().unwrap_or_else(|p| p.into_inner());
+        let current = self.upstreams();
+        let mut next: Vec<Arc<Upstream>> = Vec::with_capacity(desired.len());
+        for (base, declared) in desired {
+            if next.iter().any(|u| u.base == base) {
+                continue;
+            }
+            let upstream = match current.iter().find(|u| u.base == base) {
+                Some(u) => u.clone(),
+                None => {
+                    let u = Arc::new(Upstream::new(base.clone()));
+                    let key = self.config.upstream_api_key.clone();
+                    let task = tokio::spawn(discovery::poll_forever(
+                        u.clone(),
+                        self.client.clone(),
+                        key,
+                        self.config.poll_interval,
+                        self.metrics.clone(),
+                    ));
+                    polls.insert(base.clone(), task.abort_handle());
+                    u
+                }
+            };
+            upstream.set_declared(declared);
+            next.push(upstream);
+        }
+        for gone in current.iter().filter(|u| !next.iter().any(|n| n.base == u.base)) {
+            if let Some(task) = polls.remove(&gone.base) {
+                task.abort();
+            }
+            self.metrics.forget_upstream(&gone.base);
+            eprintln!("brink-gateway: {} is no longer a replica", gone.base);
+        }
+        *self.upstreams.write().unwrap_or_else(|p| p.into_inner()) = next;
+    }
+
+    fn stop_polls(&self) {
+        for (_, task) in self.polls.lock().unwrap_or_else(|p| p.into_inner()).drain() {
+            task.abort();
+        }
     }
 }
 
@@ -57,13 +113,26 @@ pub async fn serve_on(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let gw = Arc::new(Gateway::new(config));
-    let mut polls = tokio::task::JoinSet::new();
-    for u in &gw.upstreams {
-        let key = gw.config.upstream_api_key.clone();
-        polls.spawn(discovery::poll_forever(u.clone(), gw.client.clone(), key, gw.config.poll_interval, gw.metrics.clone()));
-    }
-    let result = axum::serve(listener, router(gw)).with_graceful_shutdown(shutdown).await;
-    polls.abort_all();
+    gw.set_upstreams(gw.config.upstreams.iter().map(|u| (u.clone(), None)).collect());
+    let result = axum::serve(listener, router(gw.clone())).with_graceful_shutdown(shutdown).await;
+    gw.stop_polls();
+    result
+}
+
+/// As [`serve_on`], with the replicas found in a cluster through `client` (those of
+/// `config.namespaces`, or of all namespaces) instead of `--upstream` URLs, for as long as the
+/// server runs.
+pub async fn serve_on_kubernetes(
+    listener: tokio::net::TcpListener,
+    config: Config,
+    client: kube::Client,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let gw = Arc::new(Gateway::new(config));
+    let watch = tokio::spawn(crate::kubernetes::watch(gw.clone(), client, gw.config.namespaces.clone()));
+    let result = axum::serve(listener, router(gw.clone())).with_graceful_shutdown(shutdown).await;
+    watch.abort();
+    gw.stop_polls();
     result
 }
 
@@ -86,7 +155,7 @@ async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response 
         gw.metrics.reject(Rejection::Unauthorized);
         return GatewayError::new(Kind::Unauthorized, r.message()).response(api);
     }
-    let seen: Vec<_> = gw.upstreams.iter().map(|u| u.seen()).collect();
+    let seen: Vec<_> = gw.upstreams().iter().map(|u| u.seen()).collect();
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let data: Vec<_> =
         proxy::served_models(&seen).iter().map(|m| json!({"id": m, "object": "model", "created": created, "owned_by": "brink"})).collect();
@@ -98,11 +167,12 @@ async fn health() -> &'static str {
 }
 
 async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
-    let healthy = gw.upstreams.iter().filter(|u| u.seen().healthy).count();
+    let upstreams = gw.upstreams();
+    let healthy = upstreams.iter().filter(|u| u.seen().healthy).count();
     if healthy > 0 {
-        (StatusCode::OK, format!("ready: {healthy} of {} upstreams healthy\n", gw.upstreams.len())).into_response()
+        (StatusCode::OK, format!("ready: {healthy} of {} upstreams healthy\n", upstreams.len())).into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, format!("no healthy upstream (of {})\n", gw.upstreams.len())).into_response()
+        (StatusCode::SERVICE_UNAVAILABLE, format!("no healthy upstream (of {})\n", upstreams.len())).into_response()
     }
 }
 

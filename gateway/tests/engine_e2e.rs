@@ -132,6 +132,22 @@ fn two_real_servers_behind_the_gateway() {
         let r = post(&format!("{}/v1/completions", gw.url), &json!({"model": "alpha", "prompt": "Once", "max_tokens": 2})).await;
         assert_eq!(r.status, 200, "{}", r.body);
         assert_eq!(requests_total(&beta_url).await, other_before, "alpha's request never reached beta's server");
+        // A prompt over the replicas' context gets the engine's 400, naming both numbers, as it
+        // gave it; so does any other bad field: the gateway adds no 5xx of its own.
+        let long = vec!["word"; 700].join(" ");
+        let r = post(&format!("{}/v1/completions", gw.url), &json!({"model": "alpha", "prompt": long, "max_tokens": 2})).await;
+        assert_eq!(r.status, 400, "{}", r.body);
+        let message = r.json()["error"]["message"].as_str().unwrap_or_default().to_string();
+        assert!(message.contains("the prompt is") && message.contains("context is 512 tokens"), "{message}");
+        for bad in [
+            json!({"model": "alpha", "prompt": "x", "temperature": "hot"}),
+            json!({"model": "beta", "messages": "not a list"}),
+            json!({"model": "alpha", "prompt": "x", "max_tokens": -1}),
+        ] {
+            let path = if bad.get("messages").is_some() { "chat/completions" } else { "completions" };
+            let r = post(&format!("{}/v1/{path}", gw.url), &bad).await;
+            assert!((400..500).contains(&r.status), "{bad}: {} {}", r.status, r.body);
+        }
         let r = post(&format!("{}/v1/chat/completions", gw.url), &json!({"model": "gamma", "messages": []})).await;
         assert_eq!(r.status, 404, "{}", r.body);
         assert_eq!(r.json()["error"]["message"], "model 'gamma' is not served by any replica; served: alpha, brink, beta");

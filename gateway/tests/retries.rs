@@ -30,6 +30,27 @@ async fn a_503_is_retried_on_another_replica() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_after_its_head_before_any_body_is_retried_on_another_replica() {
+    let a = Stub::start("A", &["m"]).await;
+    let b = Stub::start("B", &["m"]).await;
+    *a.state.cut_after_head.lock().unwrap() = true;
+    b.state.gate.add_permits(1);
+    let gw = gateway(no_affinity(&[&a, &b])).await;
+    wait_models(&gw, &[], &["m"]).await;
+    let mut body = chat("m", "stream me");
+    body["stream"] = json!(true);
+    let r = post(&format!("{}/v1/chat/completions", gw.url), &body).await;
+    // The client sees B's whole stream and nothing of A's: the head A sent never reached it.
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.starts_with("data: {") && r.body.ends_with("data: [DONE]\n\n"), "{}", r.body);
+    assert!(r.body.contains(r#""answered_by":"B""#) && !r.body.contains(r#""answered_by":"A""#), "{}", r.body);
+    assert_eq!((a.hits().len(), b.hits().len()), (1, 1), "A cut the stream, then B answered");
+    let m = metrics(&gw).await;
+    assert_eq!(metric(&m, "brink_gateway_retries_total", &[("model", "m"), ("reason", "closed_before_body")]), Some(1.0), "{m}");
+    assert_eq!(metric(&m, "brink_gateway_requests_total", &[("model", "m"), ("upstream", &a.url), ("status", "error")]), Some(1.0), "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_429_is_retried_too() {
     let a = Stub::start("A", &["m"]).await;
     let b = Stub::start("B", &["m"]).await;

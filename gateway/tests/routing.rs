@@ -147,10 +147,21 @@ async fn a_stream_reaches_the_client_chunk_by_chunk() {
     }
     assert!(seen.contains(r#""chunk":1"#), "{seen}");
     assert!(!seen.contains(r#""chunk":2"#), "{seen}");
+    // The stream is the model's one request in flight (the autoscaler's queue series) until it ends.
+    let in_flight = |m: &str| metric(m, "brink_gateway_model_in_flight", &[("model", "m")]);
+    assert_eq!(in_flight(&metrics(&gw).await), Some(1.0));
     a.state.gate.add_permits(1);
     let rest = tokio::time::timeout(DEADLINE, body.collect()).await.expect("the rest did not come").unwrap().to_bytes();
     let rest = String::from_utf8(rest.to_vec()).unwrap();
     assert!(rest.contains(r#""chunk":2"#) && rest.ends_with("data: [DONE]\n\n"), "{rest}");
+    let t0 = std::time::Instant::now();
+    while in_flight(&metrics(&gw).await) != Some(0.0) {
+        assert!(t0.elapsed() < DEADLINE, "the ended stream is still counted in flight");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // A model no replica serves gets no series (a client cannot grow the label set at will).
+    post(&format!("{}/v1/chat/completions", gw.url), &chat("nonsense-model", "x")).await;
+    assert_eq!(metric(&metrics(&gw).await, "brink_gateway_model_in_flight", &[("model", "nonsense-model")]), None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

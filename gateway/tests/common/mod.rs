@@ -39,6 +39,9 @@ pub struct StubState {
     pub refuse_with: Mutex<Option<u16>>,
     /// A streamed answer sends its first chunk, then waits for a permit here before the rest.
     pub gate: Semaphore,
+    /// Streamed answers send their response head, then break the connection before any body
+    /// byte (a replica process that dies right after it).
+    pub cut_after_head: Mutex<bool>,
 }
 
 pub struct Stub {
@@ -56,6 +59,7 @@ impl Stub {
             hits: Mutex::default(),
             refuse_with: Mutex::new(None),
             gate: Semaphore::new(0),
+            cut_after_head: Mutex::new(false),
         });
         let app = Router::new()
             .route("/v1/chat/completions", route_post(stub_generate))
@@ -117,6 +121,14 @@ async fn stub_generate(State(s): State<Arc<StubState>>, uri: Uri, headers: Heade
         let body = json!({"error": {"message": format!("stub {} refused", s.name), "type": "overloaded"}});
         return (StatusCode::from_u16(status).unwrap(), [("retry-after", "7")], axum::Json(body)).into_response();
     }
+    if body["stream"] == json!(true) && *s.cut_after_head.lock().unwrap() {
+        // The head goes out while the body waits (hyper flushes it then); then the body fails.
+        let broken = futures_util::stream::once(async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Err::<Bytes, _>(std::io::Error::other("the replica died"))
+        });
+        return ([(header::CONTENT_TYPE, "text/event-stream")], Body::from_stream(broken)).into_response();
+    }
     if body["stream"] == json!(true) {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
         let state = s.clone();
@@ -145,6 +157,13 @@ fn futures_stream(
 pub struct Gateway {
     pub url: String,
     _stop: oneshot::Sender<()>,
+}
+
+impl Gateway {
+    /// A gateway the test started itself; dropped, `stop` fires.
+    pub fn from_url(url: String, stop: oneshot::Sender<()>) -> Gateway {
+        Gateway { url, _stop: stop }
+    }
 }
 
 pub async fn gateway(config: Config) -> Gateway {
