@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
-# brink's image: `brink-agent` (the node agent DaemonSet and the replica Pods' `serve`) and
-# `brink-operator`, for linux/arm64 (DGX Spark / GB10) and linux/amd64:
+# brink's image: `brink-agent` (the node agent DaemonSet and the replica Pods' `serve`),
+# `brink-operator` and `brink-gateway`, for linux/arm64 (DGX Spark / GB10) and linux/amd64:
 #
 #   docker buildx build --platform linux/arm64,linux/amd64 -t REGISTRY/brink:TAG --push .
 #
@@ -27,8 +27,8 @@ COPY . .
 # The lock file is the one CI tests with. Cache mounts keep the registry and target across builds.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p brink-agent -p brink-operator \
-    && install -D -m 0755 target/release/brink-agent target/release/brink-operator -t /out/
+    cargo build --release --locked -p brink-agent -p brink-operator -p brink-gateway \
+    && install -D -m 0755 target/release/brink-agent target/release/brink-operator target/release/brink-gateway -t /out/
 
 FROM ${CUDA_RUNTIME_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -42,7 +42,7 @@ RUN ldconfig -p | grep -q 'libnvrtc\.so\.13' \
     || { echo "libnvrtc.so.13 is not in ${CUDA_RUNTIME_IMAGE:-the base image}: use a CUDA 13 runtime image" >&2; exit 1; }
 # Non-root: uid 10001, the uid the chart runs the operator and agent as; replica Pods use it too.
 RUN useradd --uid 10001 --user-group --create-home --home-dir /home/brink --shell /usr/sbin/nologin brink
-COPY --from=build /out/brink-agent /out/brink-operator /usr/local/bin/
+COPY --from=build /out/brink-agent /out/brink-operator /out/brink-gateway /usr/local/bin/
 # Compiled kernels are cached under $HOME/.cache/brink/kernels unless BRINK_KERNEL_CACHE is set.
 ENV HOME=/home/brink \
     NVIDIA_VISIBLE_DEVICES=all \
