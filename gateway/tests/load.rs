@@ -346,6 +346,8 @@ async fn killing_an_engine_or_a_replica_under_load_fails_no_request_that_had_sen
     // replica rendezvous hashing gives its prefix, which then reads the prefix from its cache.
     // The prefix is picked to hash to r1: without affinity, equal loads would send every
     // request to r0 (the first --upstream).
+    let hits = |m: &str| metric(m, "brink_gateway_affinity_hits_total", &[("model", "alpha")]).unwrap_or(0.0);
+    let hits_before = hits(&metrics(&gw).await);
     for (want, other) in [(&r1, &r0), (&r0, &r1)] {
         let names = [r0.url.as_str(), r1.url.as_str()];
         let want_index = usize::from(std::ptr::eq(want, &r1));
@@ -370,7 +372,7 @@ async fn killing_an_engine_or_a_replica_under_load_fails_no_request_that_had_sen
         assert!(cached[1] > 0 && cached[2] > 0, "later turns read the prefix from the cache: cached tokens {cached:?}");
     }
     let m = metrics(&gw).await;
-    assert_eq!(metric(&m, "brink_gateway_affinity_hits_total", &[("model", "alpha")]), Some(6.0), "{m}");
+    assert_eq!(hits(&m) - hits_before, 6.0, "every turn went to its prefix's replica by affinity: {m}");
 
     // The same replica (beta's only one) straight and through the gateway, no kills: what the
     // gateway adds to latency.
