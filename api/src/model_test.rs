@@ -46,6 +46,17 @@ pub struct ModelTestReport {
     pub verdict: Verdict,
     pub phases: Vec<Phase>,
     pub cases: Vec<CaseReport>,
+    /// Rows of the steps under test, over the cases that compared (reports before these fields
+    /// read 0).
+    #[serde(default)]
+    pub step_tokens: u64,
+    /// Tokens of the decode sequences' prompts, cached before their steps.
+    #[serde(default)]
+    pub setup_tokens: u64,
+    /// Tokens run for the expected logits: each shared prompt stream once, plus any sequence
+    /// computed alone.
+    #[serde(default)]
+    pub reference_tokens: u64,
 }
 
 impl ModelTestReport {

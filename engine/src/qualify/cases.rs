@@ -23,9 +23,10 @@ pub const DECODE_PROMPT: u64 = 5;
 /// Decode rows beside the prefill in a mixed batch (as `thresholds::compositions` builds it).
 pub const DECODE_ROWS: u64 = 8;
 
-/// Chunk of the reference computation: each sequence alone, in chunks of 128 tokens. A full
-/// multiple of the 64-row tiles, far below every grid and index limit, and itself a count the
-/// test covers; a different batch geometry from the step under test, which is the point.
+/// Largest chunk of the reference computation: each sequence alone, in chunks of at most 128
+/// tokens (and at most the case's count; see `plan`). A full multiple of the 64-row tiles, far
+/// below every grid and index limit, and itself a count the test covers; a different batch
+/// geometry from the step under test, which is the point.
 pub const REFERENCE_CHUNK: u64 = 128;
 
 /// Largest normalised max abs difference (`max |step - reference| / max |reference|` over a
@@ -107,10 +108,10 @@ impl ModelCase {
         self.sequences().iter().map(|s| s.len().div_ceil(block_size)).sum()
     }
 
-    /// Tokens the worker runs through the model for this case: the decode sequences' prompts,
-    /// the step, and every sequence again for its reference.
-    pub fn work_tokens(&self) -> u64 {
-        self.sequences().iter().map(|s| s.cached + s.rows + s.len()).sum()
+    /// Tokens the worker runs through the model for this case's step: the decode sequences'
+    /// prompts and the step itself (the references come on top: `plan::ReferenceWork::tokens`).
+    pub fn step_tokens(&self) -> u64 {
+        self.sequences().iter().map(|s| s.cached + s.rows).sum()
     }
 
     /// The longest sequence (it must fit in the context).
@@ -205,9 +206,16 @@ pub fn derive(shape: &ModelShape, serving: &ServingParams, limits: &DeviceLimits
 }
 
 /// The KV blocks the worker's pool needs for every case up to `max_count` tokens: the largest
-/// case is a mixed batch (a prefill plus 8 decode sequences) or 4 sequences, each rounding up.
+/// case is a mixed batch (a prefill plus 8 decode sequences) or 4 sequences, each rounding up;
+/// beside it, the reference streams the worker holds (`plan`): stream 0 up to the largest
+/// count, streams 1 to 3 up to a quarter of it (the four-sequence cases' last sequence is up to
+/// 3 longer) or a decode sequence, and the other decode streams.
 pub fn pool_blocks(max_count: u64, block_size: u64) -> u64 {
-    max_count.div_ceil(block_size) + 4 + DECODE_ROWS * (DECODE_PROMPT + 1).div_ceil(block_size)
+    let decode = (DECODE_PROMPT + 1).div_ceil(block_size);
+    let case = max_count.div_ceil(block_size) + 4 + DECODE_ROWS * decode;
+    let quarter = (max_count / 4 + 3).max(DECODE_PROMPT + 1).div_ceil(block_size);
+    let streams = max_count.div_ceil(block_size) + 3 * quarter + (DECODE_ROWS - 3) * decode;
+    case + streams
 }
 
 /// A case's deadline: `floor + factor x` the time its work takes at the calibrated throughput.
@@ -229,9 +237,10 @@ impl Default for DeadlinePolicy {
 }
 
 impl DeadlinePolicy {
-    pub fn deadline(&self, case: &ModelCase, tokens_per_s: f64) -> Duration {
+    /// The deadline of a case whose step and references run `work_tokens` tokens.
+    pub fn deadline(&self, work_tokens: u64, tokens_per_s: f64) -> Duration {
         let tps = if tokens_per_s.is_finite() && tokens_per_s > 0.0 { tokens_per_s } else { 1.0 };
-        let work = Duration::from_secs_f64((case.work_tokens() as f64 / tps * self.factor).min(86_400.0));
+        let work = Duration::from_secs_f64((work_tokens as f64 / tps * self.factor).min(86_400.0));
         self.floor + work
     }
 }
@@ -296,9 +305,12 @@ mod tests {
         // 4 x 2048 fits.
         assert!(d.cases.iter().any(|c| c.id == "model/4-seqs/t8192"));
         let most = d.cases.iter().map(|c| c.blocks_needed(16)).max().unwrap();
-        assert!(most <= pool_blocks(16_384, 16));
-        for c in &d.cases {
-            assert!(c.blocks_needed(16) <= pool_blocks(c.tokens, 16), "{}", c.id);
+        let streams = crate::qualify::plan::Planner::stream_blocks(&d.cases, 16);
+        assert!(most + streams <= pool_blocks(16_384, 16), "{most} + {streams}");
+        for (i, c) in d.cases.iter().enumerate() {
+            // Every case with the streams of the cases up to it held.
+            let held = crate::qualify::plan::Planner::stream_blocks(&d.cases[..=i], 16);
+            assert!(c.blocks_needed(16) + held <= pool_blocks(c.tokens, 16), "{}", c.id);
         }
     }
 
@@ -307,8 +319,10 @@ mod tests {
         let p = DeadlinePolicy { factor: 10.0, floor: Duration::from_secs(2) };
         let case = |t: u64| ModelCase { id: String::new(), composition: Composition::Single, tokens: t, batch: vec![t], reasons: vec![] };
         // 100 tokens stepped + 100 of reference at 100 tok/s = 2 s of work, x10, + 2 s.
-        assert_eq!(p.deadline(&case(100), 100.0), Duration::from_secs(22));
-        assert!(p.deadline(&case(1000), 100.0) > p.deadline(&case(100), 100.0));
-        assert_eq!(p.deadline(&case(1), f64::NAN), Duration::from_secs(22));
+        assert_eq!(p.deadline(case(100).step_tokens() + 100, 100.0), Duration::from_secs(22));
+        assert!(p.deadline(1000, 100.0) > p.deadline(200, 100.0));
+        assert_eq!(p.deadline(2, f64::NAN), Duration::from_secs(22));
+        let mixed = ModelCase { batch: [vec![56], vec![1; 8]].concat(), composition: Composition::MixedDecode, ..case(64) };
+        assert_eq!(mixed.step_tokens(), 64 + 8 * DECODE_PROMPT, "the decode prompts are set up before the step");
     }
 }

@@ -75,6 +75,16 @@ pub fn render(r: &ModelTestReport) -> String {
         let _ = writeln!(s, "\nskipped ({}), e.g. {}: {}", skipped.len(), first.id, first.detail);
     }
     let _ = writeln!(s, "\nphases:  {}", r.phases.iter().map(|p| format!("{} {:.2}s", p.name, p.seconds)).collect::<Vec<_>>().join(", "));
+    if r.step_tokens > 0 {
+        let _ = writeln!(
+            s,
+            "tokens:  steps under test {} (+ {} decode prompts), references {} ({:.2}x the steps)",
+            r.step_tokens,
+            r.setup_tokens,
+            r.reference_tokens,
+            r.reference_tokens as f64 / r.step_tokens as f64
+        );
+    }
     let _ = writeln!(
         s,
         "verdict: {}",

@@ -12,7 +12,8 @@ use brink_kernels::limits::DeviceLimits;
 use brink_kernels::selftest::deadline::{Answer, DeadlineChild, Started};
 
 use super::cases::{self, DeadlinePolicy, ModelCase, TOLERANCE};
-use super::exec::ModelOutcome;
+use super::exec::{CaseRequest, ModelOutcome};
+use super::plan::{self, Planner};
 use super::shape::kernel_shape;
 use super::worker::{ModelWorkerMsg, WorkerConfig};
 use crate::engine::BackendKind;
@@ -66,6 +67,10 @@ pub enum Progress<'a> {
     Derived {
         cases: usize,
         skipped: usize,
+        /// Tokens the cases' steps will run (rows under test and the decode prompts before them).
+        step_tokens: u64,
+        /// Tokens their references will run, with nothing lost to a restart.
+        reference_tokens: u64,
     },
     Case {
         index: usize,
@@ -104,6 +109,9 @@ pub fn run(
         verdict: Verdict::NotQualified { reason: String::new() },
         phases: Vec::new(),
         cases: Vec::new(),
+        step_tokens: 0,
+        setup_tokens: 0,
+        reference_tokens: 0,
     };
     let not_run = |mut report: ModelTestReport, reason: String| {
         report.phases.push(Phase { name: "total".into(), seconds: t_start.elapsed().as_secs_f64() });
@@ -163,18 +171,40 @@ pub fn run(
     report.counts_derived = d.counts.len() as u64;
     report.counts_unreachable = d.unreachable;
     report.phases.push(Phase { name: "derive cases".into(), seconds: t.elapsed().as_secs_f64() });
-    progress(Progress::Derived { cases: d.cases.len(), skipped: d.skipped.len() });
+    let max_kept = plan::max_kept_rows(config.vocab as u64);
+    let planned = Planner::totals(&d.cases, max_kept);
+    progress(Progress::Derived {
+        cases: d.cases.len(),
+        skipped: d.skipped.len(),
+        step_tokens: planned.step + planned.setup,
+        reference_tokens: planned.reference,
+    });
 
     let t = Instant::now();
     let total = d.cases.len();
     let mut stopped: Option<String> = None;
+    let mut planner = Planner::new(&d.cases, max_kept);
+    let (mut step_ms, mut reference_ms) = (0.0, 0.0);
     for (index, case) in d.cases.iter().enumerate() {
         if let Some(why) = &stopped {
             report.cases.push(skipped(case, why));
             continue;
         }
-        let deadline = opts.deadline.deadline(case, tps);
-        let answer = child.request(case, deadline, |m| matches!(m, ModelWorkerMsg::Result { id, .. } if *id == case.id));
+        let reference = planner.work(index);
+        let deadline = opts.deadline.deadline(case.step_tokens() + reference.tokens(case), tps);
+        let req = CaseRequest { case: case.clone(), reference };
+        let answer = child.request(&req, deadline, |m| matches!(m, ModelWorkerMsg::Result { id, .. } if *id == case.id));
+        match &answer {
+            Answer::Reply { msg: ModelWorkerMsg::Result { outcome: ModelOutcome::Compared { step_ms: s, reference_tokens, reference_ms: r, .. }, .. }, .. } => {
+                report.step_tokens += case.tokens;
+                report.setup_tokens += case.step_tokens() - case.tokens;
+                report.reference_tokens += reference_tokens;
+                step_ms += s;
+                reference_ms += r;
+            }
+            // Killed, dead or failed: the worker that answers next holds no reference stream.
+            _ => planner.lost(),
+        }
         if let Answer::RestartFailed { detail } = &answer {
             // A device that does not come back after a kill would fail every restart, each after
             // the startup timeout: the cases left (none smaller than the one that killed it) are
@@ -193,6 +223,8 @@ pub fn run(
     }
     child.stop();
     report.phases.push(Phase { name: "run cases".into(), seconds: t.elapsed().as_secs_f64() });
+    report.phases.push(Phase { name: "  of which steps under test".into(), seconds: step_ms / 1e3 });
+    report.phases.push(Phase { name: "  of which references".into(), seconds: reference_ms / 1e3 });
     report.cases.extend(d.skipped.iter().map(|(c, why)| skipped(c, why)));
     report.phases.push(Phase { name: "total".into(), seconds: t_start.elapsed().as_secs_f64() });
     report.summarise();
@@ -239,7 +271,7 @@ pub fn judge(case: &ModelCase, answer: &Answer<ModelWorkerMsg>, deadline: Durati
         Answer::Reply { msg: ModelWorkerMsg::Result { outcome, wall_ms, .. }, .. } => {
             r.wall_ms = *wall_ms;
             match outcome {
-                ModelOutcome::Compared { max_err, worst_seq, non_finite_rows, argmax_mismatches, compared, step_ms } => {
+                ModelOutcome::Compared { max_err, worst_seq, non_finite_rows, argmax_mismatches, compared, step_ms, .. } => {
                     r.max_rel_err = Some(*max_err);
                     r.tolerance = Some(TOLERANCE);
                     r.compared = *compared;
@@ -284,7 +316,16 @@ mod tests {
     }
 
     fn compared(max_err: f64, non_finite_rows: u64) -> Answer<ModelWorkerMsg> {
-        let outcome = ModelOutcome::Compared { max_err, worst_seq: 0, non_finite_rows, argmax_mismatches: 0, compared: 10, step_ms: 1.0 };
+        let outcome = ModelOutcome::Compared {
+            max_err,
+            worst_seq: 0,
+            non_finite_rows,
+            argmax_mismatches: 0,
+            compared: 10,
+            step_ms: 1.0,
+            reference_tokens: 5,
+            reference_ms: 1.0,
+        };
         Answer::Reply { msg: ModelWorkerMsg::Result { id: "x".into(), outcome, wall_ms: 2.0 }, wall_ms: 3.0 }
     }
 
@@ -384,6 +425,9 @@ mod tests {
             skipped: 0,
             verdict: Verdict::NotQualified { reason: String::new() },
             phases: vec![],
+            step_tokens: 0,
+            setup_tokens: 0,
+            reference_tokens: 0,
             cases: vec![
                 judge(&case(1), &compared(0.0, 0), d),
                 judge(&case(9), &compared(0.0, 0), d),

@@ -1,6 +1,8 @@
 //! The model-level test's child process: loads the model on its backend with a KV pool sized
-//! for the largest case, calibrates its throughput, says it is ready, then runs cases read as
-//! JSON lines from stdin and answers each with a JSON line on stdout (logs go to stderr).
+//! for the largest case and the reference streams, calibrates its throughput, says it is ready,
+//! then runs cases read as JSON lines from stdin (each with its reference work) and answers each
+//! with a JSON line on stdout (logs go to stderr). The streams and kept rows live as long as the
+//! worker: a fresh one after a kill starts them again, as the parent's plan expects.
 //!
 //! It runs in its own process because a hung kernel can only be ended with its process: the
 //! parent ([`super::session`]) kills it at the case's deadline and starts a fresh one, which
@@ -15,8 +17,8 @@ use brink_kernels::limits::DeviceLimits;
 use brink_kernels::selftest::deadline::send_line;
 use serde::{Deserialize, Serialize};
 
-use super::cases::{ModelCase, REFERENCE_CHUNK};
-use super::exec::{self, BlockPool, ModelOutcome};
+use super::cases::REFERENCE_CHUNK;
+use super::exec::{self, BlockPool, CaseRequest, ModelOutcome};
 use crate::engine::{AnyEngine, BackendKind, Engine, EngineOptions};
 use crate::monitor::{Fault, Monitor};
 
@@ -37,7 +39,7 @@ pub struct WorkerConfig {
     /// KV positions per sequence (capped at the model's context).
     pub context: u64,
     pub prefill_chunk: u64,
-    /// KV blocks the cases' tables are drawn from.
+    /// KV blocks the cases' tables and the reference streams are drawn from.
     pub pool_blocks: u64,
 }
 
@@ -114,7 +116,7 @@ fn load(cfg: &WorkerConfig) -> Result<(Box<dyn AnyEngine>, Option<DeviceLimits>)
 fn calibrate(engine: &mut dyn AnyEngine, pool: &mut BlockPool) -> Result<Calibration, String> {
     let n = (2 * REFERENCE_CHUNK).min(engine.options().context as u64);
     let blocks = pool.take(n.div_ceil(engine.block_size() as u64))?;
-    let tokens = exec::prompt_tokens(0, 0, n, engine.config().vocab);
+    let tokens = exec::prompt_tokens(0, n, engine.config().vocab);
     let r = exec::reference(engine, &blocks, &tokens[..1], REFERENCE_CHUNK as usize).and_then(|_| {
         let t0 = Instant::now();
         exec::reference(engine, &blocks, &tokens, REFERENCE_CHUNK as usize)?;
@@ -140,7 +142,7 @@ pub fn serve(cfg: &WorkerConfig, input: impl BufRead, mut out: impl Write) -> i3
     let gpu = cfg.backend == BackendKind::Cuda.name();
     let pool_blocks = u32::try_from(cfg.pool_blocks.min(engine.total_blocks() as u64)).unwrap_or(u32::MAX);
     let mut pool = BlockPool::new(pool_blocks);
-    let mut references = exec::References::default();
+    let mut streams = exec::Streams::default();
     let calibration = match calibrate(engine.as_mut(), &mut pool) {
         Ok(c) => c,
         Err(e) => return fatal(&mut out, format!("calibration prefill failed: {e}")),
@@ -164,14 +166,14 @@ pub fn serve(cfg: &WorkerConfig, input: impl BufRead, mut out: impl Write) -> i3
         if line.trim().is_empty() {
             continue;
         }
-        let case: ModelCase = match serde_json::from_str(&line) {
+        let req: CaseRequest = match serde_json::from_str(&line) {
             Ok(c) => c,
             Err(e) => return fatal(&mut out, format!("bad case line: {e}")),
         };
         let t = Instant::now();
-        let outcome = exec::run_case(engine.as_mut(), &mut pool, &mut references, &case);
+        let outcome = exec::run_case(engine.as_mut(), &mut pool, &mut streams, &req);
         let failed = matches!(outcome, ModelOutcome::Error { .. });
-        let msg = ModelWorkerMsg::Result { id: case.id, outcome, wall_ms: t.elapsed().as_secs_f64() * 1e3 };
+        let msg = ModelWorkerMsg::Result { id: req.case.id, outcome, wall_ms: t.elapsed().as_secs_f64() * 1e3 };
         if send_line(&mut out, &msg).is_err() {
             return 1;
         }
