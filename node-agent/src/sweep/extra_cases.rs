@@ -115,7 +115,9 @@ pub fn run(r: &Replay<'_>, extra: &[ExtraCase]) -> Vec<CaseReport> {
     };
     let policy = DeadlinePolicy::default();
     for case in &runnable {
-        let deadline = policy.deadline(case, tps);
+        // Sent bare, a case computes each of its sequences alone as its reference.
+        let reference: u64 = case.sequences().iter().map(|s| s.len()).sum();
+        let deadline = policy.deadline(case.step_tokens() + reference, tps);
         let answer = child.request(case, deadline, |m| matches!(m, ModelWorkerMsg::Result { id, .. } if *id == case.id));
         let report = session::judge(case, &answer, deadline);
         eprintln!("brink sweep: extra case {} ({}): {:?} {}", report.id, case.reasons.join("; "), report.result, report.detail);
