@@ -99,6 +99,11 @@ pub struct ReferenceWork {
 }
 
 impl ReferenceWork {
+    /// A bare case's work (no shared streams): every one of its sequences computed alone.
+    pub fn alone(case: &ModelCase) -> Self {
+        ReferenceWork { alone: (0..case.sequences().len() as u64).collect(), ..ReferenceWork::default() }
+    }
+
     /// Tokens the worker runs for this work (the chunks, then the sequences computed alone).
     pub fn tokens(&self, case: &ModelCase) -> u64 {
         let chunks: u64 = self.extend.iter().flat_map(|e| &e.chunks).map(|(s, e)| e - s).sum();

@@ -11,6 +11,7 @@ use brink_api::crd::{FailingCase, SelfTestOutcome};
 use brink_api::selftest::{CaseReport, CaseResult};
 use brink_engine::BackendKind;
 use brink_engine::qualify::cases::{self, Composition, DeadlinePolicy, ModelCase};
+use brink_engine::qualify::plan::ReferenceWork;
 use brink_engine::qualify::session;
 use brink_engine::qualify::worker::{ModelWorkerMsg, WorkerConfig};
 use brink_kernels::selftest::deadline::{DeadlineChild, Started};
@@ -116,8 +117,7 @@ pub fn run(r: &Replay<'_>, extra: &[ExtraCase]) -> Vec<CaseReport> {
     let policy = DeadlinePolicy::default();
     for case in &runnable {
         // Sent bare, a case computes each of its sequences alone as its reference.
-        let reference: u64 = case.sequences().iter().map(|s| s.len()).sum();
-        let deadline = policy.deadline(case.step_tokens() + reference, tps);
+        let deadline = policy.deadline(case.step_tokens() + ReferenceWork::alone(case).tokens(case), tps);
         let answer = child.request(case, deadline, |m| matches!(m, ModelWorkerMsg::Result { id, .. } if *id == case.id));
         let report = session::judge(case, &answer, deadline);
         eprintln!("brink sweep: extra case {} ({}): {:?} {}", report.id, case.reasons.join("; "), report.result, report.detail);
