@@ -167,7 +167,12 @@ impl<B: Backend + 'static> Engine<B> {
         }
         self.steps += 1;
         self.monitor.board().begin_step(self.steps, batch.rows() as u64, batch.chunks.len() as u64);
-        let logits = self.model.forward(&mut self.backend, &batch)?;
+        let logits = match self.model.forward(&mut self.backend, &batch) {
+            // A graph that could not be captured or replayed: the same step, eagerly. Its KV
+            // writes are the same values at the same rows, so running it twice is harmless.
+            Err(_) if self.backend.abandon_graph() => self.model.forward(&mut self.backend, &batch)?,
+            other => other?,
+        };
         // Back on the host (a failed step leaves its stage on the board, for the report).
         self.monitor.board().enter(None, Op::Step);
         Ok(logits)

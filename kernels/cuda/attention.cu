@@ -259,6 +259,9 @@ static __device__ __forceinline__ void att_decode(const float* __restrict__ q, c
     float* skv = ss + DEC_MAX_HB * DEC_SPAN;  // [KT][LD]
 
     const int2 w = work[blockIdx.x];
+    // Padding of a captured graph's grid (BatchPlan::pad_decode_splits): the whole block leaves
+    // before any barrier, and the combine never reads its partials.
+    if (w.x < 0) return;
     const AttChunk ch = chunks[w.x];
     const int pos = ch.start_pos;  // the query's position: it sees keys 0 ..= pos
     const int k0 = w.y * DEC_SPAN;

@@ -117,6 +117,12 @@ pub trait Backend {
     fn alloc_kv(&mut self, spec: KvSpec) -> Result<()>;
     /// Makes `batch` current: its tokens, positions, chunks and block tables.
     fn begin_batch(&mut self, batch: &Batch) -> Result<()>;
+    /// After a failed forward pass: true when the failure belongs to a graph the backend was
+    /// capturing or replaying (nothing of the step ran, or not all of it), so the caller runs
+    /// the step again, which the backend then runs eagerly.
+    fn abandon_graph(&mut self) -> bool {
+        false
+    }
     /// Where progress is reported and which test fault is armed (`crate::monitor`).
     fn set_monitor(&mut self, monitor: Arc<Monitor>);
     /// The graph enters `op` (of `layer`): progress for the watchdog; fires an armed fault

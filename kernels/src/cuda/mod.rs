@@ -11,7 +11,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::CUdevice_attribute as Attr;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, DriverError, LaunchArgs, LaunchConfig};
+use cudarc::driver::sys::{CUgraphInstantiate_flags_enum as InstantiateFlags, CUstreamCaptureMode, CUstreamCaptureStatus};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DeviceRepr, DriverError, LaunchArgs, LaunchConfig,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::launch::Launch;
@@ -99,6 +102,10 @@ pub fn driver_present() -> bool {
 }
 
 /// One GPU: context, one stream, the device's own limits, and the modules loaded so far.
+///
+/// The stream is a real one (not the legacy NULL stream, which cannot be captured into a CUDA
+/// graph), and cudarc's per-buffer event tracking is off: everything runs on this one stream,
+/// in order, so the events it would record around every launch argument order nothing.
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -120,7 +127,10 @@ impl Gpu {
             return Err(GpuError::NoDriver);
         }
         let ctx = CudaContext::new(ordinal).map_err(|e| GpuError::NoDevice(error_name(&e)))?;
-        let stream = ctx.default_stream();
+        // SAFETY: before any buffer exists; all work goes to the one stream below, so no buffer
+        // is ever used by two streams (the condition event tracking guards).
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(|e| driver_err("cuStreamCreate", e))?;
         let attr = |a: Attr| ctx.attribute(a).map(|v| v as u32).map_err(|e| driver_err(&format!("cuDeviceGetAttribute({a:?})"), e));
         let (major, minor) = ctx.compute_capability().map_err(|e| driver_err("cuDeviceComputeCapability", e))?;
         let name = ctx.name().map_err(|e| driver_err("cuDeviceGetName", e))?;
@@ -176,6 +186,48 @@ impl Gpu {
 
     pub fn set_diagnostic(&mut self, on: bool) {
         self.diagnostic = on;
+    }
+
+    /// Whether every launch is followed by a synchronise (`BRINK_SYNC_LAUNCHES=1`): no graphs then.
+    pub fn diagnostic(&self) -> bool {
+        self.diagnostic
+    }
+
+    /// Starts recording the stream's work into a graph instead of running it. Relaxed mode:
+    /// the host may still call the driver (function attributes, lookups) meanwhile; the
+    /// caller keeps device allocations, copies from the host and synchronisation out of it.
+    pub fn begin_capture(&self) -> Result<(), GpuError> {
+        if self.diagnostic {
+            return Err(GpuError::Driver { call: "cuStreamBeginCapture".into(), error: "refused in diagnostic mode (BRINK_SYNC_LAUNCHES=1)".into() });
+        }
+        self.stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(|e| driver_err("cuStreamBeginCapture", e))
+    }
+
+    /// Whether the stream is recording a graph now.
+    pub fn capturing(&self) -> bool {
+        matches!(self.stream.capture_status(), Ok(CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE))
+    }
+
+    /// Ends the recording started by [`Gpu::begin_capture`] and instantiates it. The recorded
+    /// work has not run: launch the graph for that.
+    pub fn end_capture(&self) -> Result<CudaGraph, GpuError> {
+        // No flags: a captured step allocates nothing (the backend checks), so no node to free.
+        match self.stream.end_capture(InstantiateFlags(0)) {
+            Ok(Some(g)) => Ok(g),
+            Ok(None) => Err(GpuError::Driver { call: "cuStreamEndCapture".into(), error: "empty graph".into() }),
+            Err(e) => Err(driver_err("cuStreamEndCapture/cuGraphInstantiate", e)),
+        }
+    }
+
+    /// Runs a graph made by [`Gpu::end_capture`] on the stream (asynchronously, like a launch).
+    pub fn replay(&self, graph: &CudaGraph) -> Result<(), GpuError> {
+        graph.launch().map_err(|e| driver_err("cuGraphLaunch", e))?;
+        if self.diagnostic {
+            self.synchronize()?;
+        }
+        Ok(())
     }
 
     /// Free device memory now (for GB10 the agent combines this with the OS's view).
@@ -256,18 +308,45 @@ impl Gpu {
         Ok(())
     }
 
+    /// An allocation or a host copy inside a capture would become part of the graph (or fail
+    /// the capture): refused with an error naming the call, so the caller runs the step eagerly.
+    fn refuse_while_capturing(&self, call: &str) -> Result<(), GpuError> {
+        if self.capturing() {
+            return Err(GpuError::Driver { call: call.into(), error: "refused while a graph is being captured".into() });
+        }
+        Ok(())
+    }
+
     pub fn synchronize(&self) -> Result<(), GpuError> {
         self.stream.synchronize().map_err(|e| driver_err("cuStreamSynchronize", e))
     }
 
     /// Uninitialised device buffer of `n` elements (callers poison or fill it).
     pub fn alloc<T: DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>, GpuError> {
+        self.refuse_while_capturing("cuMemAlloc")?;
         // SAFETY: the buffer is written (fill/poison kernels) before any read.
         unsafe { self.stream.alloc::<T>(n.max(1)) }.map_err(|e| driver_err(&format!("cuMemAlloc({} x {})", n, std::mem::size_of::<T>()), e))
     }
 
     pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>, GpuError> {
+        self.refuse_while_capturing("cuMemcpyHtoD")?;
         self.stream.clone_htod(host).map_err(|e| driver_err(&format!("cuMemcpyHtoD({} x {})", host.len(), std::mem::size_of::<T>()), e))
+    }
+
+    /// Copies `host` into the start of `dst` (which keeps its address: a captured graph may
+    /// read it). Refused while capturing, like [`Gpu::upload`].
+    pub fn write<T: DeviceRepr>(&self, host: &[T], dst: &mut CudaSlice<T>) -> Result<(), GpuError> {
+        self.refuse_while_capturing("cuMemcpyHtoD")?;
+        let dst_len = dst.len();
+        let what = || format!("cuMemcpyHtoD({} x {} into {dst_len})", host.len(), std::mem::size_of::<T>());
+        if host.len() > dst.len() {
+            return Err(GpuError::Driver { call: what(), error: "destination too small".into() });
+        }
+        if host.is_empty() {
+            return Ok(());
+        }
+        let mut view = dst.slice_mut(0..host.len());
+        self.stream.memcpy_htod(host, &mut view).map_err(|e| driver_err(&what(), e))
     }
 
     pub fn download<T: DeviceRepr + Default + Clone>(&self, dev: &CudaSlice<T>) -> Result<Vec<T>, GpuError> {

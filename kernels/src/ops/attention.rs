@@ -492,6 +492,24 @@ impl BatchPlan {
         Ok(p)
     }
 
+    /// Pads the decode work list with idle entries (`[-1, -1]`, which the split kernel skips
+    /// before any barrier) to `splits`: a captured graph keeps one grid while the contexts grow
+    /// within its bucket. Refuses fewer splits than the batch has.
+    pub fn pad_decode_splits(&mut self, splits: u64) -> Result<(), PlanError> {
+        let have = self.work.len() as u64;
+        if self.decode.is_empty() || splits < have || splits > I32_MAX {
+            let what = format!("cannot pad {have} decode splits of {} chunks to {splits}", self.decode.len());
+            return Err(unsupported(what, self.spec.describe()));
+        }
+        self.work.resize(splits as usize, [-1, -1]);
+        Ok(())
+    }
+
+    /// Decode splits that do work (the padding aside).
+    pub fn busy_decode_splits(&self) -> u64 {
+        self.offsets.last().copied().unwrap_or(0) as u64
+    }
+
     pub fn counts(&self) -> BatchCounts {
         BatchCounts {
             rows: self.rows,
@@ -532,22 +550,92 @@ pub struct DeviceBatch {
 
 impl DeviceBatch {
     pub fn upload(gpu: &Gpu, plan: BatchPlan) -> Result<DeviceBatch, GpuError> {
-        // An empty list still gets a (never read) word: the device has no zero-sized buffers.
-        let up = |v: Vec<i32>| if v.is_empty() { gpu.upload(&[0]) } else { gpu.upload(&v) };
+        let a = plan_arrays(&plan);
         Ok(DeviceBatch {
-            // Block ids are below the spec's blocks (< 2^31): checked by the plan.
-            tables: up(plan.tables.iter().map(|&b| b as i32).collect())?,
-            prefill: up(flat_chunks(&plan.prefill))?,
-            tiles: up(plan.tiles.iter().flatten().copied().collect())?,
-            decode: up(flat_chunks(&plan.decode))?,
-            work: up(plan.work.iter().flatten().copied().collect())?,
-            offsets: up(plan.offsets.clone())?,
+            tables: gpu.upload(&a.tables)?,
+            prefill: gpu.upload(&a.prefill)?,
+            tiles: gpu.upload(&a.tiles)?,
+            decode: gpu.upload(&a.decode)?,
+            work: gpu.upload(&a.work)?,
+            offsets: gpu.upload(&a.offsets)?,
             plan,
         })
     }
 
     pub fn plan(&self) -> &BatchPlan {
         &self.plan
+    }
+
+    /// As [`DeviceBatch::upload`], with room in every index array for `room` times its length
+    /// (plus a little), so that later batches of the same counts can be written in place
+    /// ([`DeviceBatch::rewrite`]): the buffers a captured graph reads keep their addresses.
+    pub fn upload_with_room(gpu: &Gpu, plan: BatchPlan, room: usize) -> Result<DeviceBatch, GpuError> {
+        let up = |v: Vec<i32>| -> Result<CudaSlice<i32>, GpuError> {
+            let mut buf = gpu.alloc::<i32>(v.len() * room.max(1) + 64)?;
+            gpu.write(&v, &mut buf)?;
+            Ok(buf)
+        };
+        let a = plan_arrays(&plan);
+        Ok(DeviceBatch {
+            tables: up(a.tables)?,
+            prefill: up(a.prefill)?,
+            tiles: up(a.tiles)?,
+            decode: up(a.decode)?,
+            work: up(a.work)?,
+            offsets: up(a.offsets)?,
+            plan,
+        })
+    }
+
+    /// Writes `plan` into these buffers when its launch counts equal the current plan's and
+    /// every array fits; returns false (nothing written) otherwise.
+    pub fn rewrite(&mut self, gpu: &Gpu, plan: BatchPlan) -> Result<bool, GpuError> {
+        let a = plan_arrays(&plan);
+        let fits = [
+            (a.tables.len(), self.tables.len()),
+            (a.prefill.len(), self.prefill.len()),
+            (a.tiles.len(), self.tiles.len()),
+            (a.decode.len(), self.decode.len()),
+            (a.work.len(), self.work.len()),
+            (a.offsets.len(), self.offsets.len()),
+        ]
+        .iter()
+        .all(|(need, have)| need <= have);
+        if !fits || plan.counts() != self.plan.counts() || plan.spec != self.plan.spec {
+            return Ok(false);
+        }
+        gpu.write(&a.tables, &mut self.tables)?;
+        gpu.write(&a.prefill, &mut self.prefill)?;
+        gpu.write(&a.tiles, &mut self.tiles)?;
+        gpu.write(&a.decode, &mut self.decode)?;
+        gpu.write(&a.work, &mut self.work)?;
+        gpu.write(&a.offsets, &mut self.offsets)?;
+        self.plan = plan;
+        Ok(true)
+    }
+}
+
+/// A plan's index arrays as the kernels read them (an empty list still gets a never-read word:
+/// the device has no zero-sized buffers).
+struct PlanArrays {
+    tables: Vec<i32>,
+    prefill: Vec<i32>,
+    tiles: Vec<i32>,
+    decode: Vec<i32>,
+    work: Vec<i32>,
+    offsets: Vec<i32>,
+}
+
+fn plan_arrays(plan: &BatchPlan) -> PlanArrays {
+    let nonempty = |v: Vec<i32>| if v.is_empty() { vec![0] } else { v };
+    PlanArrays {
+        // Block ids are below the spec's blocks (< 2^31): checked by the plan.
+        tables: nonempty(plan.tables.iter().map(|&b| b as i32).collect()),
+        prefill: nonempty(flat_chunks(&plan.prefill)),
+        tiles: nonempty(plan.tiles.iter().flatten().copied().collect()),
+        decode: nonempty(flat_chunks(&plan.decode)),
+        work: nonempty(plan.work.iter().flatten().copied().collect()),
+        offsets: nonempty(plan.offsets.clone()),
     }
 }
 
@@ -708,6 +796,27 @@ mod tests {
             split.check_cover().unwrap();
             combine.check_cover().unwrap();
         }
+    }
+
+    #[test]
+    fn padded_decode_plans_keep_their_work_and_idle_the_rest() {
+        let spec = QWEN;
+        let chunks = [chunk(0, 63, 1, 0), chunk(1, 64, 1, 1)];
+        let mut plan = BatchPlan::new(&chunks, &reversed(&spec), 2, &spec, DecodeRoute::Split).unwrap();
+        let busy = plan.clone();
+        assert_eq!(plan.busy_decode_splits(), 3);
+        plan.pad_decode_splits(8).unwrap();
+        assert_eq!(plan.work[..3], busy.work[..]);
+        assert!(plan.work[3..].iter().all(|w| *w == [-1, -1]), "idle entries name no chunk");
+        assert_eq!((plan.offsets.clone(), plan.busy_decode_splits()), (busy.offsets.clone(), 3));
+        assert_eq!(plan.counts().decode_splits, 8);
+        assert_eq!(plan.workspace_floats(), 8 * 32 * 130);
+        let (split, combine) = plan.launches(&DeviceLimits::h200()).unwrap().decode.unwrap();
+        assert_eq!((split.grid, combine.grid), ([8, 4, 1], [2, 32, 1]));
+        // Never fewer than the batch has, never for a batch without decode chunks.
+        assert!(plan.clone().pad_decode_splits(2).is_err());
+        let mut prefill = BatchPlan::new(&[chunk(0, 0, 5, 0)], &reversed(&spec), 5, &spec, DecodeRoute::Split).unwrap();
+        assert!(prefill.pad_decode_splits(8).is_err());
     }
 
     #[test]

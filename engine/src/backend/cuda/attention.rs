@@ -26,12 +26,15 @@ pub(crate) struct AttnMaps {
     device: Option<DeviceBatch>,
     /// Partial results of the split-context decode kernels.
     workspace: Grow<f32>,
+    /// The kernels' spec of the last attention call (one per model): a decode graph's plan is
+    /// made before its capture from it.
+    last_spec: Option<kattn::AttentionSpec>,
 }
 
 impl AttnMaps {
     pub(crate) fn new(gpu: &Gpu, allocs: &AllocCounter) -> Result<Self, BackendError> {
         let workspace = Grow::new(gpu, allocs).map_err(|e| fail(format!("allocating the attention workspace: {e}")))?;
-        Ok(AttnMaps { chunks: Vec::new(), tables: Vec::new(), device: None, workspace })
+        Ok(AttnMaps { chunks: Vec::new(), tables: Vec::new(), device: None, workspace, last_spec: None })
     }
 
     /// Takes a new batch's chunks and flat block tables; the device plan (which uploads the
@@ -45,6 +48,28 @@ impl AttnMaps {
         self.tables.extend_from_slice(tables);
         self.device = None;
         Ok(())
+    }
+
+    /// This batch's plan with its decode splits padded to `splits`, under the last attention
+    /// call's spec, and the workspace made large enough for it (before a capture, which must not
+    /// allocate). None before any attention call.
+    pub(crate) fn padded_plan(&mut self, gpu: &Gpu, rows: usize, splits: u64) -> Result<Option<BatchPlan>, BackendError> {
+        let Some(spec) = self.last_spec else { return Ok(None) };
+        let mut plan = BatchPlan::new(&self.chunks, &self.tables, rows as u64, &spec, DecodeRoute::Split)
+            .map_err(|e| gpu_fail("attention plan", &GpuError::Plan(e)))?;
+        plan.pad_decode_splits(splits).map_err(|e| gpu_fail("attention plan", &GpuError::Plan(e)))?;
+        self.workspace.ensure(gpu, plan.workspace_floats().max(1) as usize).map_err(|e| fail(format!("attention workspace: {e}")))?;
+        Ok(Some(plan))
+    }
+
+    /// Makes `device` this batch's plan (a graph's, prepared before its capture).
+    pub(crate) fn use_device(&mut self, device: DeviceBatch) {
+        self.device = Some(device);
+    }
+
+    /// Hands the batch's device plan over (to the graph captured with it).
+    pub(crate) fn take_device(&mut self) -> Option<DeviceBatch> {
+        self.device.take()
     }
 
     /// The device plan for `spec`, and the decode workspace it needs.
@@ -111,6 +136,7 @@ pub(crate) fn attention(
     let kv = kv.ok_or_else(|| fail("attention: no KV cache (alloc_kv was not called)"))?;
     check_shapes(spec, &kv.spec, rows, q, k, v).map_err(|why| fail(format!("attention (layer {}): {why}", spec.layer)))?;
     let kspec = kernel_spec(spec, &kv.spec)?;
+    batch.attn.last_spec = Some(kspec);
     let layer = &mut kv.layers[spec.layer];
     let n = rows * k.width();
     let src = KvRows { k: k.buf.slice(0..n), v: v.buf.slice(0..n), dest: batch.dest.slice(0..rows) };

@@ -19,17 +19,32 @@ use std::sync::{Arc, Mutex};
 use brink_kernels::cuda::{Gpu, GpuError};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DeviceRepr};
 
-/// Device allocations made by the backend's buffers since it was created.
+/// Device allocations made by the backend's buffers since it was created, and how many times
+/// buffers were given back to the driver: a captured graph holds the addresses of the buffers
+/// it was captured with, so it is replayed only while no buffer has been freed since.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct AllocCounter(Arc<AtomicU64>);
+pub(crate) struct AllocCounter {
+    allocs: Arc<AtomicU64>,
+    frees: Arc<AtomicU64>,
+}
 
 impl AllocCounter {
     pub(crate) fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.allocs.load(Ordering::Relaxed)
+    }
+
+    /// Times buffers were freed (a scratch buffer replaced by a larger one, the pool trimmed,
+    /// the KV cache replaced).
+    pub(crate) fn frees(&self) -> u64 {
+        self.frees.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn freed(&self) {
+        self.frees.fetch_add(1, Ordering::Relaxed);
     }
 
     fn alloc<T: DeviceRepr>(&self, gpu: &Gpu, len: usize) -> Result<CudaSlice<T>, GpuError> {
-        self.0.fetch_add(1, Ordering::Relaxed);
+        self.allocs.fetch_add(1, Ordering::Relaxed);
         gpu.alloc(len)
     }
 }
@@ -75,7 +90,11 @@ impl<T: DeviceRepr> Pool<T> {
     /// Frees the buffers not in use: a larger batch needs larger ones, and keeping the small
     /// ones would hold memory no later request of that size asks for.
     pub(crate) fn trim(&self) {
-        lock(&self.free).clear();
+        let mut free = lock(&self.free);
+        if !free.is_empty() {
+            free.clear();
+            self.allocs.freed();
+        }
     }
 }
 
@@ -121,6 +140,7 @@ impl<T: DeviceRepr> Grow<T> {
     pub(crate) fn ensure(&mut self, gpu: &Gpu, len: usize) -> Result<(), GpuError> {
         if self.buf.len() < len {
             self.buf = self.allocs.alloc(gpu, len)?;
+            self.allocs.freed();
         }
         Ok(())
     }

@@ -19,6 +19,7 @@ mod batch_state;
 mod buffers;
 mod dense;
 mod gather;
+mod graphs;
 mod kv;
 mod moe;
 mod pointwise;
@@ -28,6 +29,7 @@ mod weights;
 use std::sync::Arc;
 
 use brink_kernels::cuda::{Gpu, GpuError};
+use brink_kernels::ops::attention::DeviceBatch;
 use brink_kernels::ops::embed::BadIds;
 use brink_kernels::ops::rope::RopeTable;
 use brink_kernels::sources::{self, KernelSource};
@@ -39,10 +41,12 @@ use crate::monitor::{FaultKind, Monitor, Op};
 
 use batch_state::BatchState;
 use buffers::{AllocCounter, Pool};
+use graphs::{GraphKey, Graphs, Mode};
 use kv::KvCache;
 use moe::MoeScratch;
 
 pub use buffers::CudaAct;
+pub use graphs::GraphStats;
 pub use weights::CudaWeight;
 
 const NAME: &str = "cuda";
@@ -96,6 +100,8 @@ pub struct CudaBackend {
     /// The layer whose ops are being queued: its "device done" callback goes in when the next
     /// layer (or the output norm) starts.
     open_layer: Option<u32>,
+    /// Decode steps captured as CUDA graphs, and how the current step's ops run.
+    graphs: Graphs,
 }
 
 impl CudaBackend {
@@ -124,6 +130,7 @@ impl CudaBackend {
             rows: 0,
             open_layer: None,
             device_progress: None,
+            graphs: Graphs::new(gpu.diagnostic()),
             allocs,
             gpu,
         })
@@ -131,6 +138,86 @@ impl CudaBackend {
 
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
+    }
+
+    /// Decode graphs captured and replayed so far.
+    pub fn graph_stats(&self) -> GraphStats {
+        self.graphs.stats
+    }
+
+    /// How this decode step runs: replayed from a graph of its key, captured into one (the
+    /// capture begins here, after every upload), or eagerly. Graphs need device progress
+    /// without host callbacks (each callback frees its argument once) and no injected fault.
+    fn graph_mode(&mut self, batch: &Batch) -> Result<Mode> {
+        let callbacks = matches!(self.device_progress, Some(progress::DeviceProgress::Callbacks));
+        if self.graphs.take_eager_once() || !self.graphs.enabled() || callbacks || self.monitor.fault().is_some() {
+            return Ok(Mode::Eager);
+        }
+        let Some(key) = graphs::decode_key(batch) else { return Ok(Mode::Eager) };
+        // Made (and the workspace sized) before anything is captured.
+        let Some(plan) = self.batch.attn.padded_plan(&self.gpu, batch.rows(), key.splits)? else { return Ok(Mode::Eager) };
+        match self.graphs.choose(key, self.allocs.frees()) {
+            Mode::Replay(i) => {
+                let written = self.graphs.entry(i).attn.rewrite(&self.gpu, plan).map_err(|e| gpu_fail("decode graph inputs", &e))?;
+                if written {
+                    return Ok(Mode::Replay(i));
+                }
+                self.graphs.forget(i); // its arrays are too small now: captured again next time
+                Ok(Mode::Eager)
+            }
+            Mode::Capture(key) => self.begin_capture(key, plan),
+            Mode::Eager => Ok(Mode::Eager),
+        }
+    }
+
+    fn begin_capture(&mut self, key: GraphKey, plan: brink_kernels::ops::attention::BatchPlan) -> Result<Mode> {
+        let device = DeviceBatch::upload_with_room(&self.gpu, plan, 2).map_err(|e| gpu_fail("decode graph inputs", &e))?;
+        self.batch.attn.use_device(device);
+        match self.gpu.begin_capture() {
+            Ok(()) => Ok(Mode::Capture(key)),
+            Err(e) => {
+                self.graphs.disable(&format!("beginning a capture: {e}"));
+                Ok(Mode::Eager)
+            }
+        }
+    }
+
+    /// Ends a capture left open by a failed step. A failed capture is tried again at the key's
+    /// next sighting (a few times); a failed replay turns graphs off.
+    fn graph_failed(&mut self, why: &str) {
+        if self.gpu.capturing() {
+            let _ = self.gpu.end_capture();
+        }
+        self.batch.attn.take_device();
+        match self.graphs.mode {
+            Mode::Capture(key) => self.graphs.capture_failed(key, why),
+            _ => {
+                self.graphs.stats.failed += 1;
+                self.graphs.disable(why);
+            }
+        }
+    }
+
+    /// Replays graph `i` and reads the logits it wrote.
+    fn replay(&mut self, i: usize) -> Result<Vec<f32>> {
+        self.graphs.mode = Mode::Eager;
+        let replayed = {
+            let e = self.graphs.entry(i);
+            self.gpu.replay(&e.graph)
+        };
+        if let Err(e) = replayed {
+            self.graph_failed(&format!("replay: {e}"));
+            self.graphs.retry_eagerly();
+            return Err(gpu_fail("decode graph replay", &e));
+        }
+        self.graphs.stats.replayed += 1;
+        self.monitor.board().enter(None, Op::DeviceWait);
+        let values = {
+            let out = &self.graphs.entry(i).out;
+            self.gpu.download_range(&out.buf, 0, out.len()).map_err(|e| fail(format!("download: {e}")))?
+        };
+        self.check_bad_ids()?;
+        Ok(values)
     }
 
     /// Device buffers the backend has allocated for activations and scratch since it opened
@@ -180,6 +267,15 @@ impl CudaBackend {
     }
 }
 
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        let s = self.graphs.stats;
+        if s.captured + s.failed > 0 {
+            eprintln!("brink: CUDA graphs: {} decode steps captured, {} replayed, {} failed", s.captured, s.replayed, s.failed);
+        }
+    }
+}
+
 impl Backend for CudaBackend {
     type Act = CudaAct;
     type Weight = CudaWeight;
@@ -197,12 +293,17 @@ impl Backend for CudaBackend {
     }
 
     fn alloc_kv(&mut self, spec: KvSpec) -> Result<()> {
+        self.graphs.clear(); // they hold the old cache's addresses
         self.kv = None; // free the old cache before sizing the new one
         self.kv = Some(KvCache::alloc(&self.gpu, spec)?);
         Ok(())
     }
 
     fn begin_batch(&mut self, batch: &Batch) -> Result<()> {
+        if self.graphs.mode != Mode::Eager || self.gpu.capturing() {
+            self.graph_failed("a step ended inside a capture or replay");
+        }
+        self.graphs.mode = Mode::Eager;
         self.batch.begin(&self.gpu, batch, self.kv.as_ref().map(|kv| &kv.spec))?;
         if batch.rows() > self.high_water {
             self.acts.trim();
@@ -213,7 +314,22 @@ impl Backend for CudaBackend {
         if let Some(p) = &self.device_progress {
             p.begin_step();
         }
+        self.graphs.mode = self.graph_mode(batch)?;
         Ok(())
+    }
+
+    fn abandon_graph(&mut self) -> bool {
+        let mode = self.graphs.mode;
+        match mode {
+            Mode::Capture(_) => self.graph_failed("the step failed while being captured"),
+            Mode::Replay(_) => {}
+            Mode::Eager if self.graphs.take_retry() => {}
+            Mode::Eager => return false,
+        }
+        self.graphs.mode = Mode::Eager;
+        self.graphs.retry_eagerly();
+        self.graphs.take_retry(); // answered here: only the next step's eager run remains
+        true
     }
 
     fn set_monitor(&mut self, monitor: Arc<Monitor>) {
@@ -226,8 +342,10 @@ impl Backend for CudaBackend {
     }
 
     fn mark(&mut self, layer: Option<u32>, op: Op) -> Result<()> {
+        // A replayed graph holds the progress records of its capture.
+        let replaying = self.graphs.replaying();
         if let Some(p) = self.device_progress.as_ref().filter(|_| layer != self.open_layer && op != Op::Embed) {
-            if let Some(done) = self.open_layer {
+            if let Some(done) = self.open_layer.filter(|_| !replaying) {
                 p.queue_layer_done(&self.gpu, &self.monitor, done)?;
             }
             self.open_layer = layer;
@@ -245,13 +363,15 @@ impl Backend for CudaBackend {
 
     fn embed(&mut self, table: &CudaWeight) -> Result<CudaAct> {
         let mut out = self.act(self.batch.require("embed")?, table.row_len())?;
-        gather::embed(&self.gpu, &self.batch, table, &mut self.bad_ids, &mut out)?;
+        if !self.graphs.replaying() {
+            gather::embed(&self.gpu, &self.batch, table, &mut self.bad_ids, &mut out)?;
+        }
         Ok(out)
     }
 
     fn rms_norm(&mut self, x: &CudaAct, w: &CudaWeight, eps: f32) -> Result<CudaAct> {
         let mut out = self.act(x.rows(), x.width())?;
-        if !x.is_empty() {
+        if !x.is_empty() && !self.graphs.replaying() {
             pointwise::rms_norm(&self.gpu, x, w, eps, &mut out)?;
         }
         Ok(out)
@@ -260,7 +380,7 @@ impl Backend for CudaBackend {
     fn linear(&mut self, x: &CudaAct, w: &CudaWeight) -> Result<CudaAct> {
         let n = dense::check_matrix(w, x.width(), "linear")?;
         let mut out = self.act(x.rows(), n)?;
-        if !x.is_empty() {
+        if !x.is_empty() && !self.graphs.replaying() {
             dense::project(&self.gpu, &x.buf, (x.rows(), x.width()), w, &mut self.xq, &mut out.buf)?;
         }
         Ok(out)
@@ -273,32 +393,38 @@ impl Backend for CudaBackend {
             out.push(self.act(x.rows(), n)?);
         }
         let mut out: [CudaAct; N] = out.try_into().map_err(|_| fail(format!("linear_each: not {N} outputs")))?;
-        if !x.is_empty() {
+        if !x.is_empty() && !self.graphs.replaying() {
             dense::project_each(&self.gpu, &x.buf, (x.rows(), x.width()), &ws, &mut self.xq, out.each_mut().map(|o| &mut *o.buf))?;
         }
         Ok(out)
     }
 
     fn rope(&mut self, x: &mut CudaAct, head_dim: usize, theta: f32) -> Result<()> {
+        if self.graphs.replaying() {
+            return Ok(());
+        }
         pointwise::rope(&self.gpu, &self.batch, &mut self.ropes, x, head_dim, theta)
     }
 
     fn attention(&mut self, q: &CudaAct, k: &CudaAct, v: &CudaAct, spec: &AttentionSpec) -> Result<CudaAct> {
         let mut out = self.act(q.rows(), q.width())?;
+        if self.graphs.replaying() {
+            return Ok(out);
+        }
         attention::attention(&self.gpu, self.kv.as_mut(), &mut self.batch, (q, k, v), spec, &mut out)?;
         Ok(out)
     }
 
     fn moe(&mut self, x: &CudaAct, w: &MoeWeights<'_, CudaWeight>, spec: &MoeSpec) -> Result<CudaAct> {
         let mut out = self.act(x.rows(), x.width())?;
-        if !x.is_empty() {
+        if !x.is_empty() && !self.graphs.replaying() {
             moe::moe(&self.gpu, &mut self.moe, x, w, spec, &mut out)?;
         }
         Ok(out)
     }
 
     fn add(&mut self, x: &mut CudaAct, y: &CudaAct) -> Result<()> {
-        if x.is_empty() && y.is_empty() {
+        if (x.is_empty() && y.is_empty()) || self.graphs.replaying() {
             return Ok(());
         }
         pointwise::add(&self.gpu, x, y)
@@ -306,12 +432,39 @@ impl Backend for CudaBackend {
 
     fn select_logit_rows(&mut self, x: &CudaAct) -> Result<CudaAct> {
         let mut out = self.act(self.batch.logit_rows.len(), x.width())?;
-        gather::select_rows(&self.gpu, x, &self.batch.logit_rows, &mut out)?;
+        if !self.graphs.replaying() {
+            gather::select_rows(&self.gpu, x, &self.batch.logit_rows, &mut out)?;
+        }
         Ok(out)
     }
 
     fn logits(&mut self, x: &CudaAct, w: &CudaWeight) -> Result<Vec<f32>> {
         let vocab = dense::check_matrix(w, x.width(), "logits")?;
+        match self.graphs.mode {
+            Mode::Replay(i) => return self.replay(i),
+            Mode::Capture(key) => {
+                let mut out = self.act(x.rows(), vocab)?;
+                dense::project(&self.gpu, &x.buf, (x.rows(), x.width()), w, &mut self.xq, &mut out.buf)?;
+                let graph = self.gpu.end_capture();
+                let attn = self.batch.attn.take_device();
+                let (graph, attn) = match (graph, attn) {
+                    (Ok(g), Some(a)) => (g, a),
+                    (Err(e), _) => {
+                        self.graph_failed(&format!("ending the capture: {e}"));
+                        self.graphs.retry_eagerly();
+                        return Err(gpu_fail("decode graph capture", &e));
+                    }
+                    (Ok(_), None) => {
+                        self.graph_failed("the captured step had no attention plan");
+                        self.graphs.retry_eagerly();
+                        return Err(fail("decode graph capture: no attention plan"));
+                    }
+                };
+                let i = self.graphs.insert(key, graph, attn, out);
+                return self.replay(i);
+            }
+            Mode::Eager => {}
+        }
         let mut values = Vec::new();
         if !x.is_empty() {
             let mut out = self.act(x.rows(), vocab)?;
