@@ -248,8 +248,9 @@ fn wait_listening(process: &mut Killed, addr: &str, what: &str, log: &std::path:
 /// A real two-node llama.cpp gang on loopback, as the operator runs one over a fabric: two
 /// `ggml-rpc-server` workers and a leader `llama-server --rpc` with every layer on the workers
 /// (the flags of a gang leader's command, the serving limits of the CPU tests). The black-box
-/// qualification and a chat request pass through it; then one worker is killed, and the leader
-/// fails and the qualification (the sidecar that owns a replica's readiness) refuses the gang.
+/// qualification, a chat request and a regression sweep pass through it; then one worker is
+/// killed, and the leader fails and the qualification (the sidecar that owns a replica's
+/// readiness) refuses the gang.
 #[test]
 fn a_llama_cpp_gang_on_loopback_qualifies_serves_and_fails_with_a_worker() {
     let Some(bin) = llama_cpp_bin() else { return };
@@ -321,6 +322,31 @@ fn a_llama_cpp_gang_on_loopback_qualifies_serves_and_fails_with_a_worker() {
     assert_eq!(status, 200);
     for name in ["llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:requests_processing", "llamacpp:requests_deferred"] {
         assert!(metrics.lines().any(|l| l.starts_with(name)), "no {name} in /metrics: {metrics}");
+    }
+
+    // A node's regression sweep of the gang through its API: the black-box qualification in the
+    // self-test's place, then the grid, judged as any node's result (no baseline: a pass).
+    // llama-server closes the connection after every streamed answer without saying so: the
+    // sizing and measured requests that meet such a closed connection go on a new one.
+    let out_file = dir.path().join("sweep.json");
+    let out = agent()
+        .args(["sweep", "--url", &format!("http://{addr}"), "--model", m, "--model-name", "tiny", "--context", "1024"])
+        .args(["--max-batch-tokens", "512", "--prefill-chunk", "256", "--prompt-tokens", "32", "--concurrency", "1,2"])
+        .args(["--generated-tokens", "4", "--requests-per-point", "2", "--run", "gang", "--node", "loopback"])
+        .args(["--state-dir", dir.path().to_str().unwrap(), "--out", out_file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    eprintln!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0));
+    let sweep: Value = serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
+    let status = &sweep["status"];
+    assert_eq!(status["state"], "Done", "{status}");
+    assert_eq!(status["judgement"]["verdict"], "Pass", "{status}");
+    assert!(status["selfTest"]["failingCases"].as_array().is_none_or(Vec::is_empty), "{status}");
+    let points = status["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2, "{status}");
+    for p in points {
+        assert!(p["requests"].as_u64().unwrap() > 0 && p["failed"] == 0 && p["timedOut"] == 0, "{p}");
     }
 
     // One worker goes: the leader's next computation cannot reach it.

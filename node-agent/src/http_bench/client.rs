@@ -1,7 +1,7 @@
 //! The thin HTTP side: the `--url` parsed, one kept-alive HTTP/1.1 connection per simulated
 //! user (hyper's client), `GET` for JSON, and a streaming completion clocked as its bytes arrive.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -9,6 +9,7 @@ use hyper::client::conn::http1;
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, header};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
+use thiserror::Error;
 use tokio::net::TcpStream;
 
 use super::sse::{Chunk, SseDecoder, classify, excerpt};
@@ -75,22 +76,136 @@ pub fn parse_url(url: &str) -> Result<Endpoint, String> {
     })
 }
 
-/// One HTTP/1.1 connection, used for one request at a time.
+/// How long a connection may take to open before the server counts as unreachable.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A request that failed, typed by the step that failed; every message names the URL.
+#[derive(Debug, Error)]
+pub enum HttpError {
+    #[error("cannot reach {base}: {source}")]
+    Connect {
+        base: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot reach {base}: no connection within {} s", CONNECT_TIMEOUT.as_secs())]
+    ConnectTimeout { base: String },
+    #[error("{base}: HTTP handshake failed: {source}")]
+    Handshake {
+        base: String,
+        #[source]
+        source: hyper::Error,
+    },
+    #[error("{url}: cannot build the request: {source}")]
+    Build {
+        url: String,
+        #[source]
+        source: hyper::http::Error,
+    },
+    /// Sending the request or reading the answer's head failed. `retried`: it was sent again on
+    /// a new connection after the first one closed before answering, and failed again.
+    #[error("{url}: {source}{}", if *retried { " (also when sent again on a new connection)" } else { "" })]
+    Exchange {
+        url: String,
+        retried: bool,
+        #[source]
+        source: hyper::Error,
+    },
+    #[error("{url}: reading the answer: {source}")]
+    Body {
+        url: String,
+        #[source]
+        source: hyper::Error,
+    },
+    #[error("{url}: {status}{hint}: {said}")]
+    Status { url: String, status: StatusCode, hint: &'static str, said: String },
+    #[error("{url}: the answer is not JSON ({source}): {excerpt}")]
+    NotJson {
+        url: String,
+        #[source]
+        source: serde_json::Error,
+        excerpt: String,
+    },
+    #[error("{url}: no usage.prompt_tokens in the answer: {excerpt}")]
+    NoPromptTokens { url: String, excerpt: String },
+}
+
+impl HttpError {
+    /// A non-2xx answer, with the hint a 401 or a 404 needs and what the server said.
+    pub fn status(url: &str, status: StatusCode, body: &str) -> HttpError {
+        let said = serde_json::from_str::<Value>(body)
+            .ok()
+            .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+            .unwrap_or_else(|| excerpt(body));
+        let hint = match status {
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => " (pass the server's key with --api-key)",
+            StatusCode::NOT_FOUND => " (is this an OpenAI-compatible server?)",
+            _ => "",
+        };
+        HttpError::Status { url: url.to_string(), status, hint, said }
+    }
+}
+
+/// A request as data, so that it can be built again for a second connection.
+struct Req<'a> {
+    method: Method,
+    path: &'a str,
+    body: Option<&'a Value>,
+    accept: &'static str,
+    api_key: Option<&'a str>,
+}
+
+impl Req<'_> {
+    fn build(&self, ep: &Endpoint) -> Result<Request<Full<Bytes>>, HttpError> {
+        let mut b =
+            Request::builder().method(self.method.clone()).uri(format!("{}{}", ep.prefix, self.path)).header(header::HOST, &ep.host);
+        if let Some(k) = self.api_key {
+            b = b.header(header::AUTHORIZATION, format!("Bearer {k}"));
+        }
+        let body = match self.body {
+            Some(v) => {
+                b = b.header(header::CONTENT_TYPE, "application/json").header(header::ACCEPT, self.accept);
+                Bytes::from(v.to_string())
+            }
+            None => Bytes::new(),
+        };
+        b.body(Full::new(body)).map_err(|source| HttpError::Build { url: ep.url(self.path), source })
+    }
+}
+
+/// One HTTP/1.1 connection, used for one request at a time and kept alive between them.
+///
+/// A server may close a kept-alive connection whenever it is idle, without announcing it
+/// (llama.cpp's `llama-server` closes it after every streamed answer): the close can reach the
+/// client after its next request left. So a request is sent again, once, on a new connection
+/// when the connection closed before any byte of the answer arrived and either the request never
+/// left (hyper hands it back) or the connection had already carried an answer. Every request
+/// here is a read of the model (a sizing or measured completion, a GET): the server kept
+/// nothing of one it never answered. A fresh connection that closes after taking the request is
+/// the server's failure and is reported, not retried.
 pub struct Conn {
+    ep: Endpoint,
     send: http1::SendRequest<Full<Bytes>>,
+    /// Answers (response heads) this connection has carried.
+    answered: u64,
 }
 
 impl Conn {
-    pub async fn open(ep: &Endpoint) -> Result<Conn, String> {
-        let tcp = TcpStream::connect(&ep.addr).await.map_err(|e| format!("cannot reach {}: {e}", ep.base))?;
+    pub async fn open(ep: &Endpoint) -> Result<Conn, HttpError> {
+        let base = || ep.base.clone();
+        let tcp = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&ep.addr)).await {
+            Ok(Ok(tcp)) => tcp,
+            Ok(Err(source)) => return Err(HttpError::Connect { base: base(), source }),
+            Err(_) => return Err(HttpError::ConnectTimeout { base: base() }),
+        };
         // Small SSE chunks must not wait for Nagle on the request side either.
-        tcp.set_nodelay(true).map_err(|e| format!("{}: {e}", ep.base))?;
-        let (send, conn) = http1::handshake(TokioIo::new(tcp)).await.map_err(|e| format!("{}: HTTP handshake failed: {e}", ep.base))?;
+        tcp.set_nodelay(true).map_err(|source| HttpError::Connect { base: base(), source })?;
+        let (send, conn) = http1::handshake(TokioIo::new(tcp)).await.map_err(|source| HttpError::Handshake { base: base(), source })?;
         tokio::spawn(async move {
             // Ends when the server closes or the sender is dropped; a failure shows on the next request.
             let _ = conn.await;
         });
-        Ok(Conn { send })
+        Ok(Conn { ep: ep.clone(), send, answered: 0 })
     }
 
     /// False once the server closed it (then a new one is opened).
@@ -98,53 +213,72 @@ impl Conn {
         !self.send.is_closed()
     }
 
-    async fn send(&mut self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, String> {
-        self.send.ready().await.map_err(|e| e.to_string())?;
-        self.send.send_request(req).await.map_err(|e| e.to_string())
+    /// Sends `req` and returns the answer's head, sending it again once on a new connection
+    /// where [`Conn`] says a closed connection allows it.
+    async fn exchange(&mut self, req: &Req<'_>) -> Result<Response<Incoming>, HttpError> {
+        let url = self.ep.url(req.path);
+        let mut retried = false;
+        loop {
+            let reused = self.answered > 0;
+            let request = req.build(&self.ep)?;
+            let (error, unsent) = match self.send.ready().await {
+                // Closed before the request could be handed over: it never left.
+                Err(e) => (e, true),
+                Ok(()) => match self.send.try_send_request(request).await {
+                    Ok(resp) => {
+                        self.answered += 1;
+                        return Ok(resp);
+                    }
+                    Err(mut e) => {
+                        let unsent = e.take_message().is_some();
+                        (e.into_error(), unsent)
+                    }
+                },
+            };
+            if retried || !(unsent || (reused && closed_before_answer(&error))) {
+                return Err(HttpError::Exchange { url, retried, source: error });
+            }
+            retried = true;
+            *self = Conn::open(&self.ep).await?;
+        }
     }
 }
 
-fn request(ep: &Endpoint, method: Method, path: &str, body: Option<&Value>, api_key: Option<&str>) -> Result<Request<Full<Bytes>>, String> {
-    let mut b = Request::builder().method(method).uri(format!("{}{path}", ep.prefix)).header(header::HOST, &ep.host);
-    if let Some(k) = api_key {
-        b = b.header(header::AUTHORIZATION, format!("Bearer {k}"));
+/// The connection ended before any byte of an answer: closed by the peer, reset, or cut
+/// before the message completed.
+fn closed_before_answer(e: &hyper::Error) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    if e.is_incomplete_message() || e.is_canceled() || e.is_closed() {
+        return true;
     }
-    let body = match body {
-        Some(v) => {
-            b = b.header(header::CONTENT_TYPE, "application/json").header(header::ACCEPT, "text/event-stream");
-            Bytes::from(v.to_string())
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return matches!(io.kind(), BrokenPipe | ConnectionAborted | ConnectionReset | UnexpectedEof);
         }
-        None => Bytes::new(),
-    };
-    b.body(Full::new(body)).map_err(|e| format!("{}: {e}", ep.url(path)))
+        source = s.source();
+    }
+    false
 }
 
 /// `GET path` and its JSON; non-2xx answers are errors naming the URL and what the server said.
-pub async fn get_json(ep: &Endpoint, path: &str, api_key: Option<&str>) -> Result<Value, String> {
+pub async fn fetch_json(ep: &Endpoint, path: &str, api_key: Option<&str>) -> Result<Value, HttpError> {
     let url = ep.url(path);
     let mut conn = Conn::open(ep).await?;
-    let resp = conn.send(request(ep, Method::GET, path, None, api_key)?).await.map_err(|e| format!("{url}: {e}"))?;
+    let req = Req { method: Method::GET, path, body: None, accept: "application/json", api_key };
+    let resp = conn.exchange(&req).await?;
     let status = resp.status();
-    let body = resp.into_body().collect().await.map_err(|e| format!("{url}: {e}"))?.to_bytes();
+    let body = resp.into_body().collect().await.map_err(|source| HttpError::Body { url: url.clone(), source })?.to_bytes();
     let text = String::from_utf8_lossy(&body);
     if !status.is_success() {
-        return Err(status_error(&url, status, &text));
+        return Err(HttpError::status(&url, status, &text));
     }
-    serde_json::from_str(&text).map_err(|e| format!("{url}: the answer is not JSON ({e}): {}", excerpt(&text)))
+    serde_json::from_str(&text).map_err(|source| HttpError::NotJson { url, source, excerpt: excerpt(&text) })
 }
 
-/// A non-2xx answer as a message, with the hint a 401 needs.
-pub fn status_error(url: &str, status: StatusCode, body: &str) -> String {
-    let said = serde_json::from_str::<Value>(body)
-        .ok()
-        .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
-        .unwrap_or_else(|| excerpt(body));
-    let hint = match status {
-        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => " (pass the server's key with --api-key)",
-        StatusCode::NOT_FOUND => " (is this an OpenAI-compatible server?)",
-        _ => "",
-    };
-    format!("{url}: {status}{hint}: {said}")
+/// [`fetch_json`] for callers that report errors as text.
+pub async fn get_json(ep: &Endpoint, path: &str, api_key: Option<&str>) -> Result<Value, String> {
+    fetch_json(ep, path, api_key).await.map_err(|e| e.to_string())
 }
 
 /// How a streaming request ended.
@@ -164,48 +298,39 @@ pub enum StreamEnd {
     },
     /// The stream broke, reported an error, or ended without its usage.
     Broken(String),
-    /// The request could not be sent or its answer not read.
-    Connection(String),
+    /// The request could not be sent or its answer not read (the error names the URL).
+    Connection(HttpError),
 }
 
 /// How a stream without its usage chunk is reported (the calibration falls back on it).
 pub const NO_USAGE: &str = "the stream ended without a usage chunk";
 
 /// `usage.prompt_tokens` of a non-streaming completion (`body` without `stream`).
-pub async fn prompt_tokens_of(conn: &mut Conn, ep: &Endpoint, body: &Value, api_key: Option<&str>) -> Result<u64, String> {
-    let url = ep.url("/v1/completions");
-    let mut req = request(ep, Method::POST, "/v1/completions", Some(body), api_key)?;
-    req.headers_mut().insert(header::ACCEPT, header::HeaderValue::from_static("application/json"));
-    let resp = conn.send(req).await.map_err(|e| format!("{url}: {e}"))?;
+pub async fn prompt_tokens_of(conn: &mut Conn, body: &Value, api_key: Option<&str>) -> Result<u64, HttpError> {
+    let path = "/v1/completions";
+    let url = conn.ep.url(path);
+    let req = Req { method: Method::POST, path, body: Some(body), accept: "application/json", api_key };
+    let resp = conn.exchange(&req).await?;
     let status = resp.status();
-    let text = resp.into_body().collect().await.map_err(|e| format!("{url}: {e}"))?.to_bytes();
+    let text = resp.into_body().collect().await.map_err(|source| HttpError::Body { url: url.clone(), source })?.to_bytes();
     let text = String::from_utf8_lossy(&text);
     if !status.is_success() {
-        return Err(status_error(&url, status, &text));
+        return Err(HttpError::status(&url, status, &text));
     }
     serde_json::from_str::<Value>(&text)
         .ok()
         .and_then(|v| v["usage"]["prompt_tokens"].as_u64())
-        .ok_or_else(|| format!("{url}: no usage.prompt_tokens in the answer: {}", excerpt(&text)))
+        .ok_or_else(|| HttpError::NoPromptTokens { url, excerpt: excerpt(&text) })
 }
 
 /// POSTs a streaming completion and clocks it: text chunks by the time their bytes arrived. A
 /// server that streams no usage chunk (llama-cpp-python's) counts as `known_prompt_tokens` (the
 /// calibration's count of this prompt length) and one generated token per text chunk; without
 /// `known_prompt_tokens` that stream is `Broken`.
-pub async fn stream_completion(
-    conn: &mut Conn,
-    ep: &Endpoint,
-    body: &Value,
-    api_key: Option<&str>,
-    known_prompt_tokens: Option<u64>,
-) -> StreamEnd {
-    let req = match request(ep, Method::POST, "/v1/completions", Some(body), api_key) {
-        Ok(r) => r,
-        Err(e) => return StreamEnd::Connection(e),
-    };
+pub async fn stream_completion(conn: &mut Conn, body: &Value, api_key: Option<&str>, known_prompt_tokens: Option<u64>) -> StreamEnd {
+    let req = Req { method: Method::POST, path: "/v1/completions", body: Some(body), accept: "text/event-stream", api_key };
     let t0 = Instant::now();
-    let resp = match conn.send(req).await {
+    let resp = match conn.exchange(&req).await {
         Ok(r) => r,
         Err(e) => return StreamEnd::Connection(e),
     };
@@ -216,7 +341,7 @@ pub async fn stream_completion(
     if !status.is_success() || !content_type.starts_with("text/event-stream") {
         let text = match body.collect().await {
             Ok(b) => String::from_utf8_lossy(&b.to_bytes()).into_owned(),
-            Err(e) => return StreamEnd::Connection(e.to_string()),
+            Err(source) => return StreamEnd::Connection(HttpError::Body { url: conn.ep.url(req.path), source }),
         };
         return if status.is_success() {
             StreamEnd::NotStreaming { content_type, body: text }
@@ -294,9 +419,10 @@ mod tests {
 
     #[test]
     fn status_errors_say_what_to_do() {
-        let e = status_error("http://h:1/v1/models", StatusCode::UNAUTHORIZED, r#"{"error":{"message":"missing API key"}}"#);
+        let e =
+            HttpError::status("http://h:1/v1/models", StatusCode::UNAUTHORIZED, r#"{"error":{"message":"missing API key"}}"#).to_string();
         assert_eq!(e, "http://h:1/v1/models: 401 Unauthorized (pass the server's key with --api-key): missing API key");
-        let e = status_error("http://h:1/v1/completions", StatusCode::BAD_REQUEST, "plain words");
+        let e = HttpError::status("http://h:1/v1/completions", StatusCode::BAD_REQUEST, "plain words").to_string();
         assert_eq!(e, "http://h:1/v1/completions: 400 Bad Request: plain words");
     }
 }

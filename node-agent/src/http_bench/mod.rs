@@ -13,6 +13,9 @@ pub mod runner;
 pub mod sse;
 pub mod stats;
 
+#[cfg(test)]
+mod kept_alive_tests;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -21,7 +24,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 
 use grid::{Budget, GridPoint};
-use runner::{Calibrated, PromptSizes, Target};
+use runner::{Calibrated, CalibrationError, PromptSizes, Target};
 use stats::PointResult;
 
 /// The flags of the HTTP mode (refused with `--model`).
@@ -107,7 +110,7 @@ pub async fn measure(
     target: Arc<Target>,
     points: &[GridPoint],
     budget: Budget,
-) -> Result<(Vec<(u64, Calibrated)>, Vec<PointResult>), String> {
+) -> Result<(Vec<(u64, Calibrated)>, Vec<PointResult>), CalibrationError> {
     let mut sizes = PromptSizes::default();
     for point in points {
         sizes.words(&target, point.prompt_tokens).await?;

@@ -9,9 +9,10 @@ use std::time::Instant;
 use hyper::StatusCode;
 use indicatif::ProgressBar;
 use serde_json::{Value, json};
+use thiserror::Error;
 use tokio::task::JoinSet;
 
-use super::client::{Conn, Endpoint, NO_USAGE, StreamEnd, prompt_tokens_of, status_error, stream_completion};
+use super::client::{Conn, Endpoint, HttpError, NO_USAGE, StreamEnd, prompt_tokens_of, stream_completion};
 use super::grid::{Budget, GridPoint};
 use super::prompt;
 use super::sse::excerpt;
@@ -50,12 +51,35 @@ pub fn outcome(end: StreamEnd) -> (Outcome, bool) {
 fn fatal(end: StreamEnd, url: &str) -> String {
     match end {
         StreamEnd::Done(_) => format!("{url}: finished"),
-        StreamEnd::Status { status, body, .. } => status_error(url, status, &body),
+        StreamEnd::Status { status, body, .. } => HttpError::status(url, status, &body).to_string(),
         StreamEnd::NotStreaming { content_type, body } => format!(
             "{url}: asked for a stream, got `{content_type}` instead of text/event-stream (does the server support stream: true?): {}",
             excerpt(&body)
         ),
-        StreamEnd::Broken(e) | StreamEnd::Connection(e) => format!("{url}: {e}"),
+        StreamEnd::Broken(e) => format!("{url}: {e}"),
+        StreamEnd::Connection(e) => e.to_string(),
+    }
+}
+
+/// Why a prompt length could not be sized on the server (the run stops: every message names the
+/// length and the URL).
+#[derive(Debug, Error)]
+pub enum CalibrationError {
+    #[error("sizing a {target}-token prompt: {source}")]
+    Http {
+        target: u64,
+        #[source]
+        source: HttpError,
+    },
+    /// The sizing request was answered, but not with a count (a status, a stream that broke).
+    #[error("sizing a {target}-token prompt: {answer}")]
+    Answer { target: u64, answer: String },
+}
+
+impl From<CalibrationError> for String {
+    /// For callers that report errors as text.
+    fn from(e: CalibrationError) -> String {
+        e.to_string()
     }
 }
 
@@ -75,12 +99,12 @@ pub struct PromptSizes(Vec<(u64, Calibrated)>);
 
 impl PromptSizes {
     /// Words for prompts of `prompt_tokens` on `t`'s server, calibrating the length on first use.
-    pub async fn words(&mut self, t: &Target, prompt_tokens: u64) -> Result<usize, String> {
+    pub async fn words(&mut self, t: &Target, prompt_tokens: u64) -> Result<usize, CalibrationError> {
         Ok(self.calibration(t, prompt_tokens).await?.words)
     }
 
     /// The calibration of prompts of `prompt_tokens` on `t`'s server (run on first use).
-    pub async fn calibration(&mut self, t: &Target, prompt_tokens: u64) -> Result<Calibrated, String> {
+    pub async fn calibration(&mut self, t: &Target, prompt_tokens: u64) -> Result<Calibrated, CalibrationError> {
         if let Some((_, c)) = self.0.iter().find(|(p, _)| *p == prompt_tokens) {
             return Ok(*c);
         }
@@ -99,9 +123,10 @@ impl PromptSizes {
 /// four one-token requests, keeping the closest). The first guess comes from an earlier length's
 /// result, else from a short probe: a guess of one token per word could overrun the context
 /// where the right count fits. Errors here stop the run: they name the URL.
-pub async fn calibrate(t: &Target, target: u64, earlier: Option<Calibrated>) -> Result<Calibrated, String> {
+pub async fn calibrate(t: &Target, target: u64, earlier: Option<Calibrated>) -> Result<Calibrated, CalibrationError> {
     let url = t.endpoint.url("/v1/completions");
-    let mut conn = Conn::open(&t.endpoint).await?;
+    let http = |source| CalibrationError::Http { target, source };
+    let mut conn = Conn::open(&t.endpoint).await.map_err(http)?;
     let mut words = match earlier {
         Some(e) => prompt::rescale(e.words, e.prompt_tokens, target),
         None => target.min(PROBE_WORDS) as usize,
@@ -111,32 +136,35 @@ pub async fn calibrate(t: &Target, target: u64, earlier: Option<Calibrated>) -> 
         // Nonces from the top of the range: no measured request shares these prompts.
         let text = prompt::build(words, t.seed, u64::MAX - attempt);
         let body = completion_body(&t.model, &text, 1);
-        let counted = match stream_completion(&mut conn, &t.endpoint, &body, t.api_key.as_deref(), None).await {
+        let counted = match stream_completion(&mut conn, &body, t.api_key.as_deref(), None).await {
             StreamEnd::Done(s) => s.prompt_tokens,
             // A stream without usage (llama-cpp-python's server): the same prompt unstreamed.
             StreamEnd::Broken(e) if e.contains(NO_USAGE) => {
                 let mut plain = body.clone();
                 plain["stream"] = false.into();
                 plain.as_object_mut().map(|o| o.remove("stream_options"));
-                prompt_tokens_of(&mut Conn::open(&t.endpoint).await?, &t.endpoint, &plain, t.api_key.as_deref())
-                    .await
-                    .map_err(|e| format!("sizing a {target}-token prompt: {e}"))?
+                if !conn.usable() {
+                    conn = Conn::open(&t.endpoint).await.map_err(http)?;
+                }
+                prompt_tokens_of(&mut conn, &plain, t.api_key.as_deref()).await.map_err(http)?
             }
-            other => return Err(format!("sizing a {target}-token prompt: {}", fatal(other, &url))),
+            other => return Err(CalibrationError::Answer { target, answer: fatal(other, &url) }),
         };
         let got = Calibrated { words, prompt_tokens: counted };
-        if best.is_none_or(|b| got.prompt_tokens.abs_diff(target) < b.prompt_tokens.abs_diff(target)) {
-            best = Some(got);
+        let best = best.get_or_insert(got);
+        if got.prompt_tokens.abs_diff(target) < best.prompt_tokens.abs_diff(target) {
+            *best = got;
         }
         if prompt::close_enough(got.prompt_tokens, target) {
             break;
         }
         words = prompt::rescale(words, got.prompt_tokens, target);
         if !conn.usable() {
-            conn = Conn::open(&t.endpoint).await?;
+            conn = Conn::open(&t.endpoint).await.map_err(http)?;
         }
     }
-    best.ok_or_else(|| format!("{url}: no calibration request ran"))
+    // The loop ran at least once, and every run either returned or set `best`.
+    Ok(best.unwrap_or(Calibrated { words, prompt_tokens: 0 }))
 }
 
 /// Runs one point: its outcomes and the wall time from the first request to the last one's end.
@@ -173,7 +201,7 @@ pub async fn run_point(
                     conn = Conn::open(&t.endpoint).await.ok();
                 }
                 let (o, keep) = match conn.as_mut() {
-                    Some(c) => outcome(stream_completion(c, &t.endpoint, &body, t.api_key.as_deref(), Some(prompt.prompt_tokens)).await),
+                    Some(c) => outcome(stream_completion(c, &body, t.api_key.as_deref(), Some(prompt.prompt_tokens)).await),
                     None => (Outcome::Failed("connection".into()), false),
                 };
                 if !keep {
@@ -228,7 +256,7 @@ mod tests {
                 true,
             ),
             (StreamEnd::Broken("x".into()), Outcome::Failed("stream".into()), false),
-            (StreamEnd::Connection("refused".into()), Outcome::Failed("connection".into()), false),
+            (StreamEnd::Connection(HttpError::ConnectTimeout { base: "http://h:1".into() }), Outcome::Failed("connection".into()), false),
         ];
         for (end, want, keep) in cases {
             assert_eq!(outcome(end), (want, keep));
