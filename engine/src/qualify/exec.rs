@@ -17,7 +17,29 @@ use super::cases::{ModelCase, REFERENCE_CHUNK, SeqPlan};
 use super::plan::{Extension, ReferenceWork, Stream};
 use crate::backend::Logits;
 use crate::engine::{AnyEngine, StepItem};
+use crate::model::ModelError;
 use crate::parity;
+
+/// Why a case (or a reference stream) could not be run to a comparison: each names the count,
+/// the chunk or the stream at fault. The parent reports it as the case's error.
+#[derive(Debug, thiserror::Error)]
+pub enum CaseError {
+    #[error("the case needs {need} more KV blocks, the pool has {free} free")]
+    PoolShort { need: u64, free: usize },
+    /// The engine refused or failed a step (its error names the backend, kernel or request).
+    #[error(transparent)]
+    Engine(#[from] ModelError),
+    #[error("chunk {start}..{end} past the stream's {len} tokens")]
+    ChunkPastStream { start: u64, end: u64, len: usize },
+    #[error("chunk {start}..{end} returned {got} logits")]
+    ChunkLogits { start: u64, end: u64, got: usize },
+    #[error("stream {stream} holds {held} positions, its extension starts at {from}")]
+    StreamFrontier { stream: Stream, held: u64, from: u64 },
+    #[error("the reference logits hold NaN or infinity")]
+    NonFiniteReference,
+    #[error("the step returned {step} logits, the references {refs} (vocab {vocab})")]
+    LogitCount { step: usize, refs: usize, vocab: usize },
+}
 
 /// What running a case found (judged against the tolerance by the parent).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -67,12 +89,10 @@ impl BlockPool {
     }
 
     /// `n` blocks, or an error naming the shortfall.
-    pub fn take(&mut self, n: u64) -> Result<Vec<u32>, String> {
-        let n = usize::try_from(n).map_err(|_| format!("{n} KV blocks"))?;
-        if n > self.free.len() {
-            return Err(format!("the case needs {n} more KV blocks, the pool has {} free", self.free.len()));
-        }
-        Ok(self.free.split_off(self.free.len() - n).into_iter().rev().collect())
+    pub fn take(&mut self, n: u64) -> Result<Vec<u32>, CaseError> {
+        let free = self.free.len();
+        let n = usize::try_from(n).ok().filter(|&k| k <= free).ok_or(CaseError::PoolShort { need: n, free })?;
+        Ok(self.free.split_off(free - n).into_iter().rev().collect())
     }
 
     pub fn give_back(&mut self, mut blocks: Vec<u32>) {
@@ -98,13 +118,13 @@ pub fn prompt_tokens(stream: Stream, len: u64, vocab: usize) -> Vec<u32> {
 
 /// Runs `tokens` of one sequence alone from position 0 in chunks of `chunk`; the logits of its
 /// last position.
-pub fn reference(engine: &mut dyn AnyEngine, blocks: &[u32], tokens: &[u32], chunk: usize) -> Result<Vec<f32>, String> {
+pub fn reference(engine: &mut dyn AnyEngine, blocks: &[u32], tokens: &[u32], chunk: usize) -> Result<Vec<f32>, CaseError> {
     let mut last = Vec::new();
     let n = tokens.len().div_ceil(chunk.max(1));
     for (i, c) in tokens.chunks(chunk.max(1)).enumerate() {
         let want = if i + 1 == n { Logits::Last } else { Logits::None };
         let item = StepItem { blocks, start_pos: (i * chunk) as u32, tokens: c, logits: want };
-        last = engine.step(&[item]).map_err(|e| e.to_string())?;
+        last = engine.step(&[item])?;
     }
     Ok(last)
 }
@@ -119,7 +139,7 @@ pub fn run_chunks(
     tokens: &[u32],
     chunks: &[(u64, u64)],
     keep: &[u64],
-) -> Result<Vec<(u64, Vec<f32>)>, String> {
+) -> Result<Vec<(u64, Vec<f32>)>, CaseError> {
     let vocab = engine.config().vocab;
     let mut rows = Vec::with_capacity(keep.len());
     for &(start, end) in chunks {
@@ -129,12 +149,13 @@ pub fn run_chunks(
             [p] if *p == end => Logits::Last,
             _ => Logits::All,
         };
-        let slice = tokens.get(start as usize..end as usize).ok_or_else(|| format!("chunk {start}..{end} past the stream's {} tokens", tokens.len()))?;
+        let slice =
+            tokens.get(start as usize..end as usize).ok_or(CaseError::ChunkPastStream { start, end, len: tokens.len() })?;
         let item = StepItem { blocks, start_pos: start as u32, tokens: slice, logits: want };
-        let logits = engine.step(&[item]).map_err(|e| e.to_string())?;
+        let logits = engine.step(&[item])?;
         for p in inside {
             let row = if want == Logits::Last { 0 } else { (p - start - 1) as usize };
-            let r = logits.get(row * vocab..(row + 1) * vocab).ok_or_else(|| format!("chunk {start}..{end} returned {} logits", logits.len()))?;
+            let r = logits.get(row * vocab..(row + 1) * vocab).ok_or(CaseError::ChunkLogits { start, end, got: logits.len() })?;
             rows.push((p, r.to_vec()));
         }
     }
@@ -156,11 +177,11 @@ pub struct Streams {
 
 impl Streams {
     /// Runs `e`'s chunks of its stream, keeping the rows it names; the tokens run.
-    pub fn extend(&mut self, engine: &mut dyn AnyEngine, pool: &mut BlockPool, e: &Extension) -> Result<u64, String> {
+    pub fn extend(&mut self, engine: &mut dyn AnyEngine, pool: &mut BlockPool, e: &Extension) -> Result<u64, CaseError> {
         let Some(&(_, to)) = e.chunks.last() else { return Ok(0) };
         let held = self.held.entry(e.stream).or_insert(Held { blocks: Vec::new(), frontier: 0 });
         if held.frontier != e.from {
-            return Err(format!("stream {} holds {} positions, its extension starts at {}", e.stream, held.frontier, e.from));
+            return Err(CaseError::StreamFrontier { stream: e.stream, held: held.frontier, from: e.from });
         }
         let need = to.div_ceil(engine.block_size() as u64).saturating_sub(held.blocks.len() as u64);
         held.blocks.extend(pool.take(need)?);
@@ -211,13 +232,13 @@ pub fn run_case(engine: &mut dyn AnyEngine, pool: &mut BlockPool, streams: &mut 
         match pool.take(s.len().div_ceil(engine.block_size() as u64)) {
             Ok(t) => tables.push(t),
             Err(e) => {
-                out = Some(ModelOutcome::Error { error: e });
+                out = Some(ModelOutcome::Error { error: e.to_string() });
                 break;
             }
         }
     }
     let out = out.unwrap_or_else(|| {
-        run_with(engine, pool, streams, req, &seqs, &tables).unwrap_or_else(|error| ModelOutcome::Error { error })
+        run_with(engine, pool, streams, req, &seqs, &tables).unwrap_or_else(|e| ModelOutcome::Error { error: e.to_string() })
     });
     tables.into_iter().rev().for_each(|t| pool.give_back(t));
     match out {
@@ -234,7 +255,7 @@ fn run_with(
     req: &CaseRequest,
     seqs: &[SeqPlan],
     tables: &[Vec<u32>],
-) -> Result<ModelOutcome, String> {
+) -> Result<ModelOutcome, CaseError> {
     let case = &req.case;
     let vocab = engine.config().vocab;
     let tokens: Vec<Vec<u32>> = seqs.iter().enumerate().map(|(i, s)| prompt_tokens(i as u64, s.len(), vocab)).collect();
@@ -250,7 +271,7 @@ fn run_with(
         .collect();
     let per_step = (case.tokens / seqs.iter().map(|s| s.cached).max().unwrap_or(1).max(1)).max(1) as usize;
     for group in setup.chunks(per_step) {
-        engine.step(group).map_err(|e| e.to_string())?;
+        engine.step(group)?;
     }
     let items: Vec<StepItem> = seqs
         .iter()
@@ -259,7 +280,7 @@ fn run_with(
         .map(|((s, t), blocks)| StepItem { blocks, start_pos: s.cached as u32, tokens: &t[s.cached as usize..], logits: Logits::Last })
         .collect();
     let t0 = Instant::now();
-    let step = engine.step(&items).map_err(|e| e.to_string())?;
+    let step = engine.step(&items)?;
     let step_ms = t0.elapsed().as_secs_f64() * 1e3;
     // The references: each stream the case reads extended alone in chunks (on its own blocks,
     // nothing of the step's), then each sequence's row read from them. A sequence whose row was
@@ -282,10 +303,10 @@ fn run_with(
     }
     let reference_ms = t1.elapsed().as_secs_f64() * 1e3;
     if refs.iter().any(|x| !x.is_finite()) {
-        return Err("the reference logits hold NaN or infinity".into());
+        return Err(CaseError::NonFiniteReference);
     }
     let d = parity::compare(&step, &refs, vocab)
-        .ok_or_else(|| format!("the step returned {} logits, the references {} (vocab {vocab})", step.len(), refs.len()))?;
+        .ok_or(CaseError::LogitCount { step: step.len(), refs: refs.len(), vocab })?;
     Ok(ModelOutcome::Compared {
         max_err: d.max_rel_err,
         worst_seq: d.worst_row as u64,
@@ -311,7 +332,10 @@ mod tests {
         assert_eq!(a, vec![9, 8, 7]);
         let b = p.take(7).unwrap();
         assert_eq!(b.len(), 7);
-        assert!(p.take(1).unwrap_err().contains("0 free"));
+        let e = p.take(1).unwrap_err();
+        assert!(matches!(e, CaseError::PoolShort { need: 1, free: 0 }), "{e:?}");
+        assert_eq!(e.to_string(), "the case needs 1 more KV blocks, the pool has 0 free");
+        assert!(matches!(p.take(u64::MAX), Err(CaseError::PoolShort { need: u64::MAX, free: 0 })));
         p.give_back(b);
         p.give_back(a);
         assert_eq!(p.take(10).unwrap().len(), 10);

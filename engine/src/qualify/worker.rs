@@ -18,9 +18,28 @@ use brink_kernels::selftest::deadline::send_line;
 use serde::{Deserialize, Serialize};
 
 use super::cases::REFERENCE_CHUNK;
-use super::exec::{self, BlockPool, CaseRequest, ModelOutcome};
+use super::exec::{self, BlockPool, CaseError, CaseRequest, ModelOutcome};
 use crate::engine::{AnyEngine, BackendKind, Engine, EngineOptions};
+use crate::model::{BackendError, ModelError};
 use crate::monitor::{Fault, Monitor};
+
+/// Why a worker could not get ready: the model (its errors name the file), the backend, or the
+/// calibration prefill. Sent to the parent as the worker's fatal error.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("{}: {source}", model.display())]
+    Load {
+        model: PathBuf,
+        #[source]
+        source: ModelError,
+    },
+    #[error("CUDA backend: {0}")]
+    Cuda(#[source] BackendError),
+    #[error("unknown backend {0:?} (expected cpu or cuda)")]
+    UnknownBackend(String),
+    #[error("calibration prefill failed: {0}")]
+    Calibration(#[source] CaseError),
+}
 
 /// Environment variable of the test-only fault injection (`hang:layer=N[,min-rows=R]`, ...):
 /// the watchdog's and the model test's tests make chosen steps hang or fail. Never in production.
@@ -88,7 +107,7 @@ fn fatal(out: &mut impl Write, error: String) -> i32 {
 }
 
 /// Loads the engine of `cfg`; the device's limits on CUDA.
-fn load(cfg: &WorkerConfig) -> Result<(Box<dyn AnyEngine>, Option<DeviceLimits>), String> {
+fn load(cfg: &WorkerConfig) -> Result<(Box<dyn AnyEngine>, Option<DeviceLimits>), WorkerError> {
     let block_size = brink_kernels::ops::attention::DEFAULT_BLOCK_SIZE as u64;
     let context = cfg.context.max(1);
     // The engine's cache is `slots` sequences of `context` positions: enough of them to hold the pool.
@@ -99,23 +118,23 @@ fn load(cfg: &WorkerConfig) -> Result<(Box<dyn AnyEngine>, Option<DeviceLimits>)
         prefill_chunk: cfg.prefill_chunk.max(1) as usize,
         block_size: block_size as usize,
     };
-    let named = |e: crate::model::ModelError| format!("{}: {e}", cfg.model.display());
+    let named = |source| WorkerError::Load { model: cfg.model.clone(), source };
     let (engine, limits): (Box<dyn AnyEngine>, _) = match cfg.backend.as_str() {
         "cpu" => (Box::new(Engine::load(&cfg.model, crate::backend::cpu::CpuBackend::new(), opts).map_err(named)?), None),
         "cuda" => {
-            let backend = crate::backend::cuda::CudaBackend::new().map_err(|e| format!("CUDA backend: {e}"))?;
+            let backend = crate::backend::cuda::CudaBackend::new().map_err(WorkerError::Cuda)?;
             let limits = backend.gpu().limits().clone();
             (Box::new(Engine::load(&cfg.model, backend, opts).map_err(named)?), Some(limits))
         }
-        other => return Err(format!("unknown backend {other:?} (expected cpu or cuda)")),
+        other => return Err(WorkerError::UnknownBackend(other.into())),
     };
     Ok((engine, limits))
 }
 
 /// Prefills `2 x REFERENCE_CHUNK` tokens (after a one-token warm-up) in reference chunks.
-fn calibrate(engine: &mut dyn AnyEngine, pool: &mut BlockPool) -> Result<Calibration, String> {
+fn calibrate(engine: &mut dyn AnyEngine, pool: &mut BlockPool) -> Result<Calibration, WorkerError> {
     let n = (2 * REFERENCE_CHUNK).min(engine.options().context as u64);
-    let blocks = pool.take(n.div_ceil(engine.block_size() as u64))?;
+    let blocks = pool.take(n.div_ceil(engine.block_size() as u64)).map_err(WorkerError::Calibration)?;
     let tokens = exec::prompt_tokens(0, n, engine.config().vocab);
     let r = exec::reference(engine, &blocks, &tokens[..1], REFERENCE_CHUNK as usize).and_then(|_| {
         let t0 = Instant::now();
@@ -123,7 +142,7 @@ fn calibrate(engine: &mut dyn AnyEngine, pool: &mut BlockPool) -> Result<Calibra
         Ok(Calibration { tokens: n, seconds: t0.elapsed().as_secs_f64() })
     });
     pool.give_back(blocks);
-    r
+    r.map_err(WorkerError::Calibration)
 }
 
 /// Runs the worker loop for `cfg`; returns the process exit code.
@@ -137,7 +156,7 @@ pub fn serve(cfg: &WorkerConfig, input: impl BufRead, mut out: impl Write) -> i3
     }
     let (mut engine, limits) = match load(cfg) {
         Ok(l) => l,
-        Err(e) => return fatal(&mut out, e),
+        Err(e) => return fatal(&mut out, e.to_string()),
     };
     let gpu = cfg.backend == BackendKind::Cuda.name();
     let pool_blocks = u32::try_from(cfg.pool_blocks.min(engine.total_blocks() as u64)).unwrap_or(u32::MAX);
@@ -145,7 +164,7 @@ pub fn serve(cfg: &WorkerConfig, input: impl BufRead, mut out: impl Write) -> i3
     let mut streams = exec::Streams::default();
     let calibration = match calibrate(engine.as_mut(), &mut pool) {
         Ok(c) => c,
-        Err(e) => return fatal(&mut out, format!("calibration prefill failed: {e}")),
+        Err(e) => return fatal(&mut out, e.to_string()),
     };
     // Armed after the calibration: a fault that hangs its steps must hang cases, not the start.
     engine.set_monitor(Arc::new(Monitor::local().with_fault(fault)));
