@@ -9,6 +9,7 @@ use std::time::Duration;
 use brink_api::ServingParams;
 use brink_engine::BackendKind;
 use brink_engine::gguf::GgufFile;
+use brink_engine::model::ModelConfig;
 use brink_kernels::thresholds::ModelShape;
 use clap::{Args, ValueEnum};
 
@@ -66,12 +67,26 @@ pub fn context_for(asked: usize, trained: usize) -> usize {
     if asked == 0 || asked > trained { trained } else { asked }
 }
 
+/// A value a seconds flag cannot take (clap names the flag).
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum SecondsError {
+    /// Zero, negative, infinite, not a number, or beyond what a `Duration` holds.
+    #[error("{value}: expected a positive number of seconds")]
+    NotPositive { value: String },
+    #[error("{value}: {source}")]
+    NotANumber {
+        value: String,
+        #[source]
+        source: std::num::ParseFloatError,
+    },
+}
+
 /// A positive, finite number of seconds (clap refuses anything else, exit 2, naming the flag).
-fn positive_seconds(s: &str) -> Result<f64, String> {
+fn positive_seconds(s: &str) -> Result<f64, SecondsError> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 && Duration::try_from_secs_f64(v).is_ok() => Ok(v),
-        Ok(_) => Err(format!("{s}: expected a positive number of seconds")),
-        Err(e) => Err(format!("{s}: {e}")),
+        Ok(_) => Err(SecondsError::NotPositive { value: s.into() }),
+        Err(source) => Err(SecondsError::NotANumber { value: s.into(), source }),
     }
 }
 
@@ -86,17 +101,24 @@ pub struct EngineArgs {
     /// KV positions per sequence (0: what the command needs).
     #[arg(long, default_value_t = 0)]
     pub context: usize,
-    /// Most prompt tokens per forward pass (chunked prefill).
-    #[arg(long, default_value_t = 2048)]
+    /// Most prompt tokens per forward pass (chunked prefill). Refused as `ServingFlags`'
+    /// `--prefill-chunk` is (0 or not a count: a clap error naming the flag, exit 2), held as the
+    /// `usize` the engine's options take.
+    #[arg(long, default_value_t = 2048, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub prefill_chunk: usize,
+}
+
+/// The configuration of the GGUF model a flag names, from its header (errors name the flag and
+/// the file).
+pub fn model_config(flag: &'static str, path: &Path) -> Result<ModelConfig, Error> {
+    let file = GgufFile::open(path).map_err(|e| Error::content(Some(flag), path, e))?;
+    brink_engine::arch::config(&file).map_err(|e| Error::content(Some(flag), path, e))
 }
 
 /// The kernels' shape class of the GGUF model a flag names, from its header (errors name the
 /// flag and the file).
 pub fn model_shape(flag: &'static str, path: &Path) -> Result<ModelShape, Error> {
-    let file = GgufFile::open(path).map_err(|e| Error::content(Some(flag), path, e))?;
-    let config = brink_engine::arch::config(&file).map_err(|e| Error::content(Some(flag), path, e))?;
-    Ok(brink_engine::qualify::kernel_shape(&config))
+    Ok(brink_engine::qualify::kernel_shape(&model_config(flag, path)?))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -160,6 +182,35 @@ mod tests {
             let e = Cli::try_parse_from(["x", bad[0], bad[1]]).err().unwrap_or_else(|| panic!("{bad:?} was accepted"));
             assert!(e.to_string().contains(bad[0]), "{bad:?}: {e}");
             assert_eq!(e.exit_code(), 2, "{bad:?}");
+        }
+        assert!(matches!(positive_seconds("0"), Err(SecondsError::NotPositive { value }) if value == "0"));
+        let e = positive_seconds("soon").unwrap_err();
+        assert!(matches!(e, SecondsError::NotANumber { .. }) && e.to_string().starts_with("soon: "), "{e}");
+    }
+
+    #[derive(Parser)]
+    struct EngineCli {
+        #[command(flatten)]
+        engine: EngineArgs,
+    }
+
+    #[test]
+    fn the_engine_prefill_chunk_is_refused_as_the_serving_one_is() {
+        let a = EngineCli::try_parse_from(["x", "--model", "m.gguf"]).unwrap().engine;
+        assert_eq!((a.prefill_chunk, a.context), (2048, 0));
+        let a = EngineCli::try_parse_from(["x", "--model", "m.gguf", "--prefill-chunk", "512"]).unwrap().engine;
+        assert_eq!(a.prefill_chunk, 512);
+        for bad in ["0", "-1", "x1", "1.5", "18446744073709551616"] {
+            let flag = format!("--prefill-chunk={bad}");
+            let e = EngineCli::try_parse_from(["x", "--model", "m.gguf", &flag])
+                .err()
+                .unwrap_or_else(|| panic!("--prefill-chunk {bad} was accepted"));
+            assert_eq!(e.exit_code(), 2, "{bad}");
+            let first = |e: &clap::Error| e.to_string().lines().next().unwrap_or_default().to_string();
+            assert!(first(&e).contains("--prefill-chunk"), "{bad}: {e}");
+            // Word for word the refusal `serve`, `up`, `run` and `sweep` give.
+            let sibling = Cli::try_parse_from(["x", &flag]).err().unwrap_or_else(|| panic!("{bad} was accepted"));
+            assert_eq!(first(&e), first(&sibling), "{bad}");
         }
     }
 }

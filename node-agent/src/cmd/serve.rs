@@ -17,8 +17,9 @@ use brink_api::{BackendCheck, DeviceInfo};
 use brink_engine::BackendKind;
 use brink_engine::server::ready_check::ReadyCheck;
 
-use crate::cmd::flags::{BackendArg, ReplicaFlags, ServingFlags};
+use crate::cmd::flags::{BackendArg, ReplicaFlags, ServingFlags, model_config};
 use crate::envelope;
+use crate::error::Error;
 use crate::node_metrics::{self, QualificationMetrics};
 use crate::qualify::backend_truth::{ClaimedBackend, GpuHolders, judge_serving};
 use crate::qualify::{self, cache, replica, verdict};
@@ -99,11 +100,9 @@ struct ModelTestOutcome {
 }
 
 /// Runs (or reuses) the model-level threshold test for the model at the requested limits.
-fn model_test(a: &Args, backend: BackendKind, device: Option<&DeviceInfo>, batch: usize, chunk: usize) -> Result<ModelTestOutcome, String> {
+fn model_test(a: &Args, backend: BackendKind, device: Option<&DeviceInfo>, batch: usize, chunk: usize) -> Result<ModelTestOutcome, Error> {
     let model = &a.model;
-    let file = brink_engine::gguf::GgufFile::open(model).map_err(|e| format!("--model {}: {e}", model.display()))?;
-    let config = brink_engine::arch::config(&file).map_err(|e| format!("--model {}: {e}", model.display()))?;
-    drop(file);
+    let config = model_config("--model", model)?;
     let key = config.shape_class();
     let context = a.replica.context_for(config.context);
     let serving = ServingParams { max_batch_tokens: batch as u64, prefill_chunk: chunk as u64, context: context as u64 };
@@ -111,8 +110,10 @@ fn model_test(a: &Args, backend: BackendKind, device: Option<&DeviceInfo>, batch
     let dir = a.qualification_dir.clone().or_else(|| std::env::var_os("BRINK_STATE_DIR").map(PathBuf::from));
     let own_path = dir.as_deref().map(|d| replica::path(d, &key));
     let found = match (&dir, &own_path) {
-        (Some(d), Some(own)) => replica::reuse(&fingerprint, replica::read(own), cache::read(&cache::path(d, &key))),
-        _ => Err("no --qualification-dir or $BRINK_STATE_DIR to keep results in".into()),
+        (Some(d), Some(own)) => {
+            replica::reuse(&fingerprint, replica::read(own), cache::read(&cache::path(d, &key))).map_err(|e| e.to_string())
+        }
+        _ => Err("no --qualification-dir or $BRINK_STATE_DIR to keep results in".to_string()),
     };
     let (result, reused) = match found {
         Ok(r) => {
@@ -189,18 +190,16 @@ fn write_report(path: Option<&PathBuf>, report: &replica::ReplicaReport) {
 
 /// `--max-batch-tokens` and `--prefill-chunk`, clamped to the self-test's envelope if a report
 /// is given; and the report's gauges.
-fn batch_limits(a: &Args) -> Result<(usize, usize, Option<QualificationMetrics>), String> {
+fn batch_limits(a: &Args) -> Result<(usize, usize, Option<QualificationMetrics>), Error> {
     let Some(path) = &a.selftest_report else { return Ok((usize::try_from(a.serving.max_batch_tokens).unwrap_or(usize::MAX), usize::try_from(a.serving.prefill_chunk).unwrap_or(usize::MAX), None)) };
-    let report = envelope::read_report(path).map_err(|e| e.to_string())?;
-    let model = &a.model;
-    let file = brink_engine::gguf::GgufFile::open(model).map_err(|e| format!("{}: {e}", model.display()))?;
-    let class = brink_engine::arch::config(&file).map_err(|e| format!("{}: {e}", model.display()))?.shape_class();
+    let report = envelope::read_report(path)?;
+    let class = model_config("--model", &a.model)?.shape_class();
     let requested = ServingParams {
         max_batch_tokens: a.serving.max_batch_tokens,
         prefill_chunk: a.serving.prefill_chunk,
         context: a.replica.context as u64,
     };
-    let env = envelope::envelope(&report, &class, path, requested).map_err(|e| e.to_string())?;
+    let env = envelope::envelope(&report, &class, path, requested)?;
     // Both are at most the requested usize values.
     let (batch, chunk) = (env.max_batch_tokens as usize, env.prefill_chunk as usize);
     match env.validated_tokens {
@@ -223,7 +222,7 @@ fn unvalidated_reason(v: &Verdict) -> &str {
 
 /// The backend to serve on and the GPU it runs on. An explicit `--backend cuda` without a
 /// usable GPU is an error, never a fallback.
-fn backend(asked: BackendArg) -> Result<(BackendKind, Option<DeviceInfo>), String> {
+fn backend(asked: BackendArg) -> Result<(BackendKind, Option<DeviceInfo>), Error> {
     match asked {
         BackendArg::Cpu => Ok((BackendKind::Cpu, None)),
         BackendArg::Cuda | BackendArg::Auto => {
@@ -233,10 +232,13 @@ fn backend(asked: BackendArg) -> Result<(BackendKind, Option<DeviceInfo>), Strin
             }
             match (d.report.device, asked) {
                 (Some(device), _) => Ok((BackendKind::Cuda, Some(device))),
-                (None, BackendArg::Cuda) => Err(format!(
-                    "--backend cuda: no usable CUDA GPU ({}); refusing to start rather than fall back to the cpu",
-                    d.report.no_gpu_reason.as_deref().unwrap_or("none found")
-                )),
+                (None, BackendArg::Cuda) => Err(Error::Flag {
+                    flag: "--backend cuda",
+                    reason: format!(
+                        "no usable CUDA GPU ({}); refusing to start rather than fall back to the cpu",
+                        d.report.no_gpu_reason.as_deref().unwrap_or("none found")
+                    ),
+                }),
                 (None, _) => {
                     eprintln!(
                         "brink serve: no CUDA GPU found ({}): using the cpu backend",

@@ -42,13 +42,16 @@ pub enum GpuHolders {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ThroughputFloor(f64);
 
+/// A floor that is negative, infinite or not a number.
+#[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
+#[error("throughput floor {tokens_per_s}: expected a finite number of tokens/s >= 0")]
+pub struct BadFloor {
+    pub tokens_per_s: f64,
+}
+
 impl ThroughputFloor {
-    pub fn new(tokens_per_s: f64) -> Result<ThroughputFloor, String> {
-        if tokens_per_s.is_finite() && tokens_per_s >= 0.0 {
-            Ok(ThroughputFloor(tokens_per_s))
-        } else {
-            Err(format!("throughput floor {tokens_per_s}: expected a finite number of tokens/s >= 0"))
-        }
+    pub fn new(tokens_per_s: f64) -> Result<ThroughputFloor, BadFloor> {
+        if tokens_per_s.is_finite() && tokens_per_s >= 0.0 { Ok(ThroughputFloor(tokens_per_s)) } else { Err(BadFloor { tokens_per_s }) }
     }
 
     pub fn tokens_per_s(self) -> f64 {
@@ -256,7 +259,8 @@ mod tests {
     fn a_bad_floor_is_refused() {
         for bad in [f64::NAN, -0.5, f64::INFINITY] {
             let e = ThroughputFloor::new(bad).unwrap_err();
-            assert!(e.contains("expected a finite number"), "{e}");
+            assert!(e.tokens_per_s.is_nan() == bad.is_nan() && (bad.is_nan() || e.tokens_per_s == bad), "{e:?}");
+            assert!(e.to_string().starts_with(&format!("throughput floor {bad}: expected a finite number")), "{e}");
         }
         assert_eq!(ThroughputFloor::new(0.0).unwrap().tokens_per_s(), 0.0);
     }

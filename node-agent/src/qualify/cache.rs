@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use brink_api::{FieldChange, Fingerprint, QUALIFICATION_SCHEMA, Qualification};
 use brink_kernels::thresholds::ModelShape;
 
+use super::store::{self, StoreError};
+
 /// What was found at the cache path.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Cached {
@@ -100,16 +102,8 @@ pub fn read_shape(path: &Path) -> Option<ModelShape> {
 }
 
 /// Writes `shape` to `path` (creating its directory) through a temporary file and a rename.
-pub fn write_shape(path: &Path, shape: &ModelShape) -> Result<(), String> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: cannot create the directory: {e}", dir.display()))?;
-    }
-    let json = serde_json::to_string_pretty(shape).map_err(|e| format!("{}: cannot serialise the shape: {e}", path.display()))?;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, json).map_err(|e| format!("{}: cannot write: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: cannot replace with {}: {e}", path.display(), tmp.display()))
+pub fn write_shape(path: &Path, shape: &ModelShape) -> Result<(), StoreError> {
+    store::write_json(path, shape)
 }
 
 /// Parses the cache file's text (`file` names it in errors). The schema is read first, so a
@@ -141,17 +135,8 @@ pub fn read(path: &Path) -> Cached {
 
 /// Writes `q` to `path` (creating its directory) through a temporary file and a rename, so a
 /// crash mid-write leaves the old cache or the new one, never half of one.
-pub fn write(path: &Path, q: &Qualification) -> Result<(), String> {
-    let file = path.display();
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: cannot create the cache directory: {e}", dir.display()))?;
-    }
-    let json = serde_json::to_string_pretty(q).map_err(|e| format!("{file}: cannot serialise the qualification: {e}"))?;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, json).map_err(|e| format!("{}: cannot write: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{file}: cannot replace with {}: {e}", tmp.display()))
+pub fn write(path: &Path, q: &Qualification) -> Result<(), StoreError> {
+    store::write_json(path, q)
 }
 
 /// Where the qualification for `shape_class` is cached under `state_dir`: one file per shape
@@ -334,7 +319,8 @@ mod tests {
         let blocker = dir.path().join("file");
         std::fs::write(&blocker, "x").unwrap();
         let err = write(&blocker.join("q.json"), &qualification(fingerprint())).unwrap_err();
-        assert!(err.starts_with(&format!("{}: cannot create the cache directory", blocker.display())), "{err}");
+        assert!(matches!(&err, StoreError::Folder { path, .. } if path == &blocker), "{err:?}");
+        assert!(err.to_string().starts_with(&format!("{}: cannot create the directory", blocker.display())), "{err}");
     }
 
     #[test]

@@ -11,6 +11,8 @@ use brink_api::selftest::{ControlsProof, REQUIRED_CONTROLS, SelfTestReport};
 use brink_kernels::selftest::report::flagged_controls;
 use brink_kernels::selftest::session::Options;
 
+use super::store::StoreError;
+
 /// Where the proof for `shape_key` is kept: next to its cached qualification.
 pub fn path(state_dir: &Path, shape_key: &str) -> PathBuf {
     let q = super::cache::path(state_dir, shape_key);
@@ -32,12 +34,9 @@ pub fn proof_of(report: &SelfTestReport, fingerprint: &Fingerprint, at: String) 
     })
 }
 
-pub fn write(path: &Path, proof: &ControlsProof) -> Result<(), String> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: cannot create the directory: {e}", dir.display()))?;
-    }
-    let json = serde_json::to_string_pretty(proof).map_err(|e| format!("{}: cannot serialise the proof: {e}", path.display()))?;
-    std::fs::write(path, json).map_err(|e| format!("{}: cannot write: {e}", path.display()))
+/// Keeps `proof` at `path` (through a temporary file and a rename).
+pub fn write(path: &Path, proof: &ControlsProof) -> Result<(), StoreError> {
+    super::store::write_json(path, proof)
 }
 
 /// Runs the kernel self-test with the kept proof for `fingerprint` offered to its verdict, and
@@ -46,7 +45,7 @@ pub fn run_kernels(mut opts: Options, state_dir: &Path, fingerprint: &Fingerprin
     let file = path(state_dir, &fingerprint.shape_class);
     opts.fingerprint = Some(fingerprint.digest());
     opts.earlier_controls = read(&file);
-    let report = super::kernels::run(&opts)?;
+    let report = super::kernels::run(&opts).map_err(|e| e.to_string())?;
     if let Some(proof) = proof_of(&report, fingerprint, super::rfc3339(std::time::SystemTime::now()))
         && let Err(e) = write(&file, &proof)
     {

@@ -9,9 +9,14 @@ use brink_kernels::selftest::runner::Runner;
 use brink_kernels::selftest::session::{self, Options, Progress};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+/// The self-test cannot start: this executable, which its workers run, cannot be found.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot find this executable to start the self-test worker: {0}")]
+pub struct NoWorker(#[source] pub std::io::Error);
+
 /// Runs the self-test with `opts` in worker processes of this executable.
-pub fn run(opts: &Options) -> Result<SelfTestReport, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable to start the self-test worker: {e}"))?;
+pub fn run(opts: &Options) -> Result<SelfTestReport, NoWorker> {
+    let exe = std::env::current_exe().map_err(NoWorker)?;
     let mut runner = Runner::new(move || {
         let mut c = Command::new(&exe);
         c.arg("__selftest-worker");

@@ -9,6 +9,7 @@ pub mod controls;
 pub mod kernels;
 pub mod model_test;
 pub mod replica;
+pub mod store;
 pub mod verdict;
 
 use std::time::SystemTime;

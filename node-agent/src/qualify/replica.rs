@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use brink_api::crd::FailingCase;
-use brink_api::{CaseResult, Fingerprint, ModelTestReport, ReportSummary, Verdict};
+use brink_api::{CaseResult, FieldChange, Fingerprint, ModelTestReport, ReportSummary, Verdict};
 use serde::{Deserialize, Serialize};
 
 use super::cache;
@@ -70,31 +70,55 @@ pub fn path(dir: &Path, shape_key: &str) -> PathBuf {
     cache::path(dir, shape_key).with_extension("model-test.json")
 }
 
+/// Why no result on the node may be reused for the current fingerprint: what is wrong with
+/// the replica's own kept result, and with `up`'s cached qualification when it has one.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{own}{}", up.as_ref().map(|u| format!("; {u}")).unwrap_or_default())]
+pub struct NotReused {
+    pub own: OwnResult,
+    pub up: Option<UpResult>,
+}
+
+/// The replica's own result file.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum OwnResult {
+    #[error("no replica result on this node")]
+    Missing,
+    #[error("the kept result has schema {0} (this agent writes {RESULT_SCHEMA})")]
+    Schema(u32),
+    #[error("the kept result does not match its fingerprint (edited or damaged)")]
+    Edited,
+    #[error("the kept result is for another fingerprint: {}", .0.iter().map(|c| c.to_string()).collect::<Vec<_>>().join("; "))]
+    OtherFingerprint(Vec<FieldChange>),
+}
+
+/// `up`'s cached qualification of the same shape key.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum UpResult {
+    #[error("`up`'s result has no model-level verdict")]
+    NoModelVerdict,
+    /// Not reusable for the current fingerprint (changed, corrupt, another schema).
+    #[error("`up`'s result: {}", .0.describe())]
+    Unusable(cache::CacheDecision),
+}
+
 /// A result found on the node, `Ok` when it may be used for `current`; `Err` says why not.
 /// Either the replicas' own result file, or `up`'s cached qualification (which carries its
 /// model-level verdict) under the same fingerprint.
-pub fn reuse(current: &Fingerprint, own: Option<ModelTestResult>, up: cache::Cached) -> Result<ModelTestResult, String> {
-    let mut why = Vec::new();
-    match own {
-        None => why.push("no replica result on this node".to_string()),
-        Some(r) if r.schema != RESULT_SCHEMA => {
-            why.push(format!("the kept result has schema {} (this agent writes {RESULT_SCHEMA})", r.schema))
-        }
-        Some(r) if r.digest != r.fingerprint.digest() => {
-            why.push("the kept result does not match its fingerprint (edited or damaged)".into())
-        }
+pub fn reuse(current: &Fingerprint, own: Option<ModelTestResult>, up: cache::Cached) -> Result<ModelTestResult, NotReused> {
+    let own = match own {
+        None => OwnResult::Missing,
+        Some(r) if r.schema != RESULT_SCHEMA => OwnResult::Schema(r.schema),
+        Some(r) if r.digest != r.fingerprint.digest() => OwnResult::Edited,
         Some(r) => {
             let changes = r.fingerprint.changed_fields(current);
             if changes.is_empty() {
                 return Ok(r);
             }
-            why.push(format!(
-                "the kept result is for another fingerprint: {}",
-                changes.iter().map(|c| c.to_string()).collect::<Vec<_>>().join("; ")
-            ));
+            OwnResult::OtherFingerprint(changes)
         }
-    }
-    match cache::decide(current, up) {
+    };
+    let up = match cache::decide(current, up) {
         cache::CacheDecision::Reuse(q) => match (q.model_verdict, q.model_summary) {
             (Some(verdict), Some(summary)) => {
                 return Ok(ModelTestResult {
@@ -108,12 +132,12 @@ pub fn reuse(current: &Fingerprint, own: Option<ModelTestResult>, up: cache::Cac
                     seconds: 0.0,
                 });
             }
-            _ => why.push("`up`'s result has no model-level verdict".into()),
+            _ => Some(UpResult::NoModelVerdict),
         },
-        cache::CacheDecision::NoCache => {}
-        other => why.push(format!("`up`'s result: {}", other.describe())),
-    }
-    Err(why.join("; "))
+        cache::CacheDecision::NoCache => None,
+        other => Some(UpResult::Unusable(other)),
+    };
+    Err(NotReused { own, up })
 }
 
 /// Why the replica must stay not ready after its model-level test, if it must: a failure
@@ -140,17 +164,7 @@ pub fn read(path: &Path) -> Option<ModelTestResult> {
 
 /// Writes `value` as JSON to `path` (creating its directory) through a temporary file and a
 /// rename, so a reader never sees half of it.
-pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), String> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: cannot create the directory: {e}", dir.display()))?;
-    }
-    let json = serde_json::to_string_pretty(value).map_err(|e| format!("{}: cannot serialise: {e}", path.display()))?;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, json).map_err(|e| format!("{}: cannot write: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: cannot replace with {}: {e}", path.display(), tmp.display()))
-}
+pub use super::store::write_json;
 
 /// What a replica proved before `/ready`, for the node agent to put in its status: kept at
 /// [`report_path`] by the replica's `serve`.
@@ -196,11 +210,14 @@ mod tests {
         let mut other = fp();
         other.shape_class = "qwen3moe-h256-e16-top4-ffn256-fedcba9876543210".into();
         let why = reuse(&other, Some(mine.clone()), cache::Cached::Missing).unwrap_err();
-        assert!(why.contains("shapeClass changed"), "{why}");
+        assert!(matches!(&why.own, OwnResult::OtherFingerprint(c) if c[0].field == "shapeClass"), "{why:?}");
+        assert!(why.to_string().contains("shapeClass changed"), "{why}");
         let mut edited = mine.clone();
         edited.fingerprint.gpu_name = "NVIDIA GB10".into();
-        assert!(reuse(&fp(), Some(edited), cache::Cached::Missing).unwrap_err().contains("edited or damaged"));
-        assert_eq!(reuse(&fp(), None, cache::Cached::Missing).unwrap_err(), "no replica result on this node");
+        assert!(reuse(&fp(), Some(edited), cache::Cached::Missing).unwrap_err().to_string().contains("edited or damaged"));
+        let none = reuse(&fp(), None, cache::Cached::Missing).unwrap_err();
+        assert_eq!(none, NotReused { own: OwnResult::Missing, up: None });
+        assert_eq!(none.to_string(), "no replica result on this node");
     }
 
     #[test]
@@ -221,7 +238,9 @@ mod tests {
         assert_eq!((r.verdict, r.tested_at.as_str()), (Verdict::Clamped { max_tokens: 63, first_failure: 64 }, "2026-12-01T20:00:00Z"));
         let mut no_model = q;
         no_model.model_verdict = None;
-        assert!(reuse(&f, None, cache::Cached::Found(Box::new(no_model))).unwrap_err().contains("no model-level verdict"));
+        let why = reuse(&f, None, cache::Cached::Found(Box::new(no_model))).unwrap_err();
+        assert_eq!(why.up, Some(UpResult::NoModelVerdict));
+        assert_eq!(why.to_string(), "no replica result on this node; `up`'s result has no model-level verdict");
     }
 
     #[test]

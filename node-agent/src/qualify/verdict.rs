@@ -56,8 +56,20 @@ fn limits(v: &Verdict) -> (u64, Option<u64>) {
     }
 }
 
+/// Why a verdict allows no serving envelope (the node may not serve the class).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("the self-tests validated no batch size (0 tokens)")]
+    NothingValidated,
+    #[error("disqualified: {0}")]
+    Disqualified(String),
+    /// The negative controls were not shown to fail (`Verdict::ProofIncomplete`).
+    #[error("not qualified: {0}")]
+    ProofIncomplete(String),
+}
+
 /// The limits `requested` are served under, or why this node may not serve the class.
-pub fn envelope(verdict: &Verdict, requested: ServingParams) -> Result<Envelope, String> {
+pub fn envelope(verdict: &Verdict, requested: ServingParams) -> Result<Envelope, Refusal> {
     let clamp = |max: u64, first_failure| Envelope {
         validated: true,
         validated_tokens: Some(max),
@@ -67,7 +79,7 @@ pub fn envelope(verdict: &Verdict, requested: ServingParams) -> Result<Envelope,
     };
     match verdict {
         Verdict::Qualified { max_tokens } | Verdict::Clamped { max_tokens, .. } if *max_tokens == 0 => {
-            Err("the self-tests validated no batch size (0 tokens)".into())
+            Err(Refusal::NothingValidated)
         }
         Verdict::Qualified { max_tokens } => Ok(clamp(*max_tokens, None)),
         Verdict::Clamped { max_tokens, first_failure } => Ok(clamp(*max_tokens, Some(*first_failure))),
@@ -78,8 +90,8 @@ pub fn envelope(verdict: &Verdict, requested: ServingParams) -> Result<Envelope,
             max_batch_tokens: requested.max_batch_tokens,
             prefill_chunk: requested.prefill_chunk,
         }),
-        Verdict::Disqualified { reason } => Err(format!("disqualified: {reason}")),
-        Verdict::ProofIncomplete { reason } => Err(format!("not qualified: {reason}")),
+        Verdict::Disqualified { reason } => Err(Refusal::Disqualified(reason.clone())),
+        Verdict::ProofIncomplete { reason } => Err(Refusal::ProofIncomplete(reason.clone())),
     }
 }
 
@@ -153,7 +165,8 @@ mod tests {
     #[test]
     fn an_incomplete_proof_refuses_to_serve() {
         let e = envelope(&pi("negative controls not run"), ASKED).unwrap_err();
-        assert!(e.contains("not qualified: negative controls not run"), "{e}");
+        assert_eq!(e, Refusal::ProofIncomplete("negative controls not run".into()));
+        assert!(e.to_string().contains("not qualified: negative controls not run"), "{e}");
     }
 
     #[test]
@@ -161,7 +174,8 @@ mod tests {
         let e = envelope(&nq("no GPU"), ASKED).unwrap();
         assert!(!e.validated);
         assert_eq!((e.max_batch_tokens, e.prefill_chunk), (16_384, 4096));
-        assert_eq!(envelope(&d("tail at 5"), ASKED).unwrap_err(), "disqualified: tail at 5");
-        assert!(envelope(&q(0), ASKED).unwrap_err().contains("0 tokens"));
+        assert_eq!(envelope(&d("tail at 5"), ASKED).unwrap_err().to_string(), "disqualified: tail at 5");
+        assert_eq!(envelope(&q(0), ASKED).unwrap_err(), Refusal::NothingValidated);
+        assert!(envelope(&q(0), ASKED).unwrap_err().to_string().contains("0 tokens"));
     }
 }

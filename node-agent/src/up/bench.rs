@@ -7,7 +7,7 @@ use std::sync::Arc;
 use brink_api::BenchSummary;
 use brink_engine::BackendKind;
 
-use crate::http_bench::grid::{self, Budget};
+use crate::http_bench::grid::{self, Budget, GridError};
 use crate::http_bench::runner::Target;
 use crate::http_bench::stats::PointResult;
 use crate::http_bench::{self, client::Endpoint};
@@ -21,33 +21,53 @@ pub fn shape(backend: BackendKind) -> (u64, u64, usize) {
     }
 }
 
+/// Why the benchmark gave no figures.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Grid(#[from] GridError),
+    /// The requests against the server could not be made (the message names the URL).
+    #[error("{0}")]
+    Measure(String),
+    #[error("the single-stream point did not run")]
+    NoSingleStream,
+    #[error("no single-stream request succeeded ({failed} failed or rejected)")]
+    NoneSucceeded { failed: u64 },
+    /// A stream that stopped after one token has no inter-token gap.
+    #[error("the single-stream requests produced no second token: no decode speed to measure")]
+    NoSecondToken,
+    #[error("no single-stream request finished")]
+    NoneFinished,
+    #[error("no decode time to measure ({output_tokens:.1} tokens per request)")]
+    NoDecodeTime { output_tokens: f64 },
+}
+
 /// Runs the two points and summarises them.
-pub async fn run(endpoint: &Endpoint, model: &str, backend: BackendKind) -> Result<BenchSummary, String> {
+pub async fn run(endpoint: &Endpoint, model: &str, backend: BackendKind) -> Result<BenchSummary, BenchError> {
     let (prompt, generated, concurrency) = shape(backend);
     let target = Arc::new(Target { endpoint: endpoint.clone(), model: model.into(), api_key: None, seed: 0 });
     let budget = Budget::PerClient(2);
-    let points = grid::expand(&[prompt], &[1, concurrency], &[generated], budget).map_err(|e| e.to_string())?;
-    let (_, results) = http_bench::measure(target, &points, budget).await?;
+    let points = grid::expand(&[prompt], &[1, concurrency], &[generated], budget)?;
+    let (_, results) = http_bench::measure(target, &points, budget).await.map_err(|e| BenchError::Measure(e.to_string()))?;
     summarise(&results, concurrency)
 }
 
 /// The report's figures from the single-stream point and the concurrent one.
-pub fn summarise(results: &[PointResult], concurrency: usize) -> Result<BenchSummary, String> {
-    let single = results.iter().find(|r| r.concurrency == 1).ok_or("the single-stream point did not run")?;
+pub fn summarise(results: &[PointResult], concurrency: usize) -> Result<BenchSummary, BenchError> {
+    let single = results.iter().find(|r| r.concurrency == 1).ok_or(BenchError::NoSingleStream)?;
     let many = results.iter().find(|r| r.concurrency == concurrency).unwrap_or(single);
     let failed = results.iter().map(|r| r.failed.values().sum::<u64>() + r.rejected).sum();
     let (Some(ttft), Some(prompt)) = (single.ttft_s, single.mean_prompt_tokens) else {
-        return Err(format!("no single-stream request succeeded ({failed} failed or rejected)"));
+        return Err(BenchError::NoneSucceeded { failed });
     };
-    // A stream that stopped after one token has no inter-token gap: no decode figure.
-    let itl = single.itl_s.ok_or("the single-stream requests produced no second token: no decode speed to measure")?;
-    let e2e = single.e2e_s.ok_or("no single-stream request finished")?;
+    let itl = single.itl_s.ok_or(BenchError::NoSecondToken)?;
+    let e2e = single.e2e_s.ok_or(BenchError::NoneFinished)?;
     let output = single.mean_output_tokens.unwrap_or(0.0);
     // Time per output token as vLLM's benchmarks define it, (e2e - ttft) / (tokens - 1): robust
     // to events that arrive together, which make the median inter-token gap 0 on a fast model.
     let tpot = (e2e.p50 - ttft.p50) / (output - 1.0);
     if !(output > 1.0 && tpot > 0.0) {
-        return Err(format!("no decode time to measure ({output:.1} tokens per request)"));
+        return Err(BenchError::NoDecodeTime { output_tokens: output });
     }
     Ok(BenchSummary {
         prompt_tokens: prompt.round() as u64,
@@ -100,10 +120,13 @@ mod tests {
     #[test]
     fn nothing_measured_is_an_error_not_a_zero() {
         let mut p = point(1, 0.2, None, 0.0);
-        assert!(summarise(std::slice::from_ref(&p), 4).unwrap_err().contains("no second token"));
+        let e = summarise(std::slice::from_ref(&p), 4).unwrap_err();
+        assert!(matches!(e, BenchError::NoSecondToken) && e.to_string().contains("no second token"), "{e:?}");
         p.ttft_s = None;
         p.failed.insert("503".into(), 3);
-        assert!(summarise(&[p], 4).unwrap_err().contains("3 failed"));
-        assert!(summarise(&[], 4).unwrap_err().contains("did not run"));
+        let e = summarise(&[p], 4).unwrap_err();
+        assert!(matches!(e, BenchError::NoneSucceeded { failed: 3 }) && e.to_string().contains("3 failed"), "{e:?}");
+        let e = summarise(&[], 4).unwrap_err();
+        assert!(matches!(e, BenchError::NoSingleStream) && e.to_string().contains("did not run"), "{e:?}");
     }
 }

@@ -113,7 +113,7 @@ pub fn run(a: Args) -> ExitCode {
 /// not serve is not an error: it is the report's answer (exit 1).
 fn up(a: Args) -> Result<ExitCode, Error> {
     if let Some(f) = a.min_decode_tokens_per_s {
-        ThroughputFloor::new(f).map_err(|reason| Error::Flag { flag: "--min-decode-tokens-per-s", reason })?;
+        ThroughputFloor::new(f).map_err(|e| Error::Flag { flag: "--min-decode-tokens-per-s", reason: e.to_string() })?;
     }
     let state_dir = a
         .state_dir
@@ -242,7 +242,7 @@ fn up(a: Args) -> Result<ExitCode, Error> {
     let envelope = match verdict::envelope(&node_verdict, serving) {
         Ok(e) => e,
         Err(why) => {
-            report.refusal = Some(why);
+            report.refusal = Some(why.to_string());
             report.phases = phases.finish();
             return finish(&report, &state_dir, a.report.as_deref(), None);
         }
@@ -367,7 +367,7 @@ fn backend_truth(
 ) -> BackendCheck {
     let floor = match ThroughputFloor::new(floor) {
         Ok(f) => f,
-        Err(e) => return BackendCheck::Fail { reasons: vec![e] },
+        Err(e) => return BackendCheck::Fail { reasons: vec![e.to_string()] },
     };
     let Some(pid) = status.engine_pid else {
         return BackendCheck::Fail { reasons: vec!["the server reports no running engine process".into()] };
