@@ -11,6 +11,9 @@ pub enum Error {
     /// A flag's value cannot be used.
     #[error("{flag}: {reason}")]
     Flag { flag: &'static str, reason: String },
+    /// A flag's value that is out of bounds or does not fit the others (`reason` says how).
+    #[error("{flag} {value}: {reason}")]
+    Value { flag: &'static str, value: String, reason: String },
     /// A flag that was not given, nor the environment variable that stands in for it.
     #[error("{flag}: not given and ${var} is not set")]
     Unset { flag: &'static str, var: &'static str },
@@ -59,6 +62,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A running engine that `qualify --url` cannot qualify (its URL named).
+    #[error(transparent)]
+    BlackBox(#[from] crate::blackbox::session::RunError),
     /// A local server (the supervisor and its engine child) that stopped or never got ready.
     #[error("{0}")]
     Server(#[from] brink_engine::server::ServeError),
@@ -141,5 +147,7 @@ mod tests {
         assert!(e.to_string().starts_with(&format!("--out {}: cannot write the folder: ", bad.join("x").display())), "{e}");
         assert_eq!(Error::Unset { flag: "--node-name", var: "NODE_NAME" }.to_string(), "--node-name: not given and $NODE_NAME is not set");
         assert_eq!(Error::Flag { flag: "--concurrency", reason: "0 is outside 1..=1024".into() }.to_string(), "--concurrency: 0 is outside 1..=1024");
+        let e = Error::Value { flag: "--top-k", value: "9".into(), reason: "more than the 8 experts".into() };
+        assert_eq!(e.to_string(), "--top-k 9: more than the 8 experts");
     }
 }

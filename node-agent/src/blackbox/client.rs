@@ -23,7 +23,65 @@ pub enum Sent {
     Answered { status: u16, body: String },
     Timeout,
     /// Refused, reset, or closed before the whole answer.
-    Dropped(String),
+    Dropped(Dropped),
+}
+
+/// Why a request got no whole answer: the connection or the exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Dropped {
+    #[error("cannot reach {base}: {source}")]
+    Unreachable {
+        base: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot set TCP_NODELAY: {0}")]
+    Socket(#[source] std::io::Error),
+    #[error("HTTP handshake failed: {0}")]
+    Handshake(#[source] hyper::Error),
+    #[error("cannot build the request: {0}")]
+    Request(#[source] hyper::http::Error),
+    /// Refused or reset while the request was sent or the answer's head awaited.
+    #[error("{0}")]
+    Exchange(#[source] hyper::Error),
+    #[error("the answer broke off: {0}")]
+    BrokeOff(#[source] hyper::Error),
+}
+
+/// A request the engine did not answer as it should, naming the URL.
+#[derive(Debug, thiserror::Error)]
+pub enum AnswerError {
+    #[error("{url}: the answer is not JSON ({source}): {excerpt}")]
+    NotJson {
+        url: String,
+        #[source]
+        source: serde_json::Error,
+        excerpt: String,
+    },
+    /// A status outside 2xx; `said`: the error's message, else an excerpt of the body.
+    #[error("{url}: HTTP {status}: {said}")]
+    Status { url: String, status: u16, said: String },
+    #[error("{url}: no answer within {:.0} s", .after.as_secs_f64())]
+    Timeout { url: String, after: Duration },
+    #[error("{url}: {source}")]
+    Dropped {
+        url: String,
+        #[source]
+        source: Dropped,
+    },
+    #[error("{url}: no `tokens` or `count` in the answer: {excerpt}")]
+    NoCount { url: String, excerpt: String },
+}
+
+impl AnswerError {
+    /// `sent`, which was not a 2xx answer, to `url` under `deadline`; `said` reads an error body.
+    fn failed(url: String, sent: Sent, deadline: Duration, said: fn(&str) -> String) -> AnswerError {
+        match sent {
+            Sent::Answered { status, body } => AnswerError::Status { url, status, said: said(&body) },
+            Sent::Timeout => AnswerError::Timeout { url, after: deadline },
+            Sent::Dropped(source) => AnswerError::Dropped { url, source },
+        }
+    }
 }
 
 /// The engine and what every request carries.
@@ -46,11 +104,11 @@ impl Engine {
         }
     }
 
-    async fn send_now(&self, method: Method, path: &str, body: Option<&Value>) -> Result<(u16, String), String> {
+    async fn send_now(&self, method: Method, path: &str, body: Option<&Value>) -> Result<(u16, String), Dropped> {
         let ep = &self.endpoint;
-        let tcp = TcpStream::connect(&ep.addr).await.map_err(|e| format!("cannot reach {}: {e}", ep.base))?;
-        tcp.set_nodelay(true).map_err(|e| e.to_string())?;
-        let (mut send, conn) = http1::handshake(TokioIo::new(tcp)).await.map_err(|e| format!("HTTP handshake failed: {e}"))?;
+        let tcp = TcpStream::connect(&ep.addr).await.map_err(|source| Dropped::Unreachable { base: ep.base.clone(), source })?;
+        tcp.set_nodelay(true).map_err(Dropped::Socket)?;
+        let (mut send, conn) = http1::handshake(TokioIo::new(tcp)).await.map_err(Dropped::Handshake)?;
         let mut b = Request::builder().method(method).uri(format!("{}{path}", ep.prefix)).header(header::HOST, &ep.host);
         if let Some(k) = &self.api_key {
             b = b.header(header::AUTHORIZATION, format!("Bearer {k}"));
@@ -62,11 +120,11 @@ impl Engine {
             }
             None => Bytes::new(),
         };
-        let req = b.body(Full::new(bytes)).map_err(|e| e.to_string())?;
+        let req = b.body(Full::new(bytes)).map_err(Dropped::Request)?;
         let exchange = async move {
-            let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+            let resp = send.send_request(req).await.map_err(Dropped::Exchange)?;
             let status = resp.status().as_u16();
-            let body = resp.into_body().collect().await.map_err(|e| format!("the answer broke off: {e}"))?.to_bytes();
+            let body = resp.into_body().collect().await.map_err(Dropped::BrokeOff)?.to_bytes();
             Ok((status, String::from_utf8_lossy(&body).into_owned()))
         };
         // The connection is driven here, not in a task of its own: when the deadline drops this
@@ -80,16 +138,14 @@ impl Engine {
     }
 
     /// `GET path` as JSON: `Ok(None)` for a 404 (the engine has no such endpoint).
-    pub async fn get_json(&self, path: &str, deadline: Duration) -> Result<Option<Value>, String> {
+    pub async fn get_json(&self, path: &str, deadline: Duration) -> Result<Option<Value>, AnswerError> {
         let url = self.endpoint.url(path);
         match self.send(Method::GET, path, None, deadline).await {
             Sent::Answered { status: 404, .. } => Ok(None),
-            Sent::Answered { status, body } if (200..300).contains(&status) => {
-                serde_json::from_str(&body).map(Some).map_err(|e| format!("{url}: the answer is not JSON ({e}): {}", excerpt(&body)))
-            }
-            Sent::Answered { status, body } => Err(format!("{url}: HTTP {status}: {}", excerpt(&body))),
-            Sent::Timeout => Err(format!("{url}: no answer within {:.0} s", deadline.as_secs_f64())),
-            Sent::Dropped(e) => Err(format!("{url}: {e}")),
+            Sent::Answered { status, body } if (200..300).contains(&status) => serde_json::from_str(&body)
+                .map(Some)
+                .map_err(|source| AnswerError::NotJson { url, source, excerpt: excerpt(&body) }),
+            other => Err(AnswerError::failed(url, other, deadline, excerpt)),
         }
     }
 
@@ -109,7 +165,7 @@ impl Engine {
             Sent::Answered { status, body } if (200..300).contains(&status) => parse_completion(&body, self.logprobs),
             Sent::Answered { status, body } => Answer::Status { status, body: said(&body) },
             Sent::Timeout => Answer::Timeout { after_s: t0.elapsed().as_secs_f64() },
-            Sent::Dropped(e) => Answer::Dropped(e),
+            Sent::Dropped(e) => Answer::Dropped(e.to_string()),
         }
     }
 }
@@ -170,17 +226,15 @@ impl TokenizerEndpoint {
         answer["count"].as_u64().or_else(|| answer["tokens"].as_array().map(|t| t.len() as u64))
     }
 
-    pub async fn tokens(&self, engine: &Engine, text: &str, deadline: Duration) -> Result<u64, String> {
+    pub async fn tokens(&self, engine: &Engine, text: &str, deadline: Duration) -> Result<u64, AnswerError> {
         let url = engine.endpoint.url(self.path);
         match engine.send(Method::POST, self.path, Some(&self.body(&engine.model, text)), deadline).await {
             Sent::Answered { status, body } if (200..300).contains(&status) => serde_json::from_str::<Value>(&body)
                 .ok()
                 .as_ref()
                 .and_then(Self::count)
-                .ok_or_else(|| format!("{url}: no `tokens` or `count` in the answer: {}", excerpt(&body))),
-            Sent::Answered { status, body } => Err(format!("{url}: HTTP {status}: {}", said(&body))),
-            Sent::Timeout => Err(format!("{url}: no answer within {:.0} s", deadline.as_secs_f64())),
-            Sent::Dropped(e) => Err(format!("{url}: {e}")),
+                .ok_or_else(|| AnswerError::NoCount { url, excerpt: excerpt(&body) }),
+            other => Err(AnswerError::failed(url, other, deadline, said)),
         }
     }
 }
@@ -225,6 +279,21 @@ mod tests {
                 a => panic!("{body}: {a:?}"),
             }
         }
+    }
+
+    #[test]
+    fn requests_that_fail_name_the_url() {
+        let url = "http://engine:8000/tokenize".to_string();
+        let minute = Duration::from_secs(60);
+        let e = AnswerError::failed(url.clone(), Sent::Answered { status: 500, body: r#"{"error":{"message":"boom"}}"#.into() }, minute, said);
+        assert!(matches!(e, AnswerError::Status { status: 500, .. }), "{e:?}");
+        assert_eq!(e.to_string(), "http://engine:8000/tokenize: HTTP 500: boom");
+        assert_eq!(AnswerError::failed(url.clone(), Sent::Timeout, minute, said).to_string(), "http://engine:8000/tokenize: no answer within 60 s");
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let sent = Sent::Dropped(Dropped::Unreachable { base: "http://engine:8000".into(), source: refused });
+        let e = AnswerError::failed(url, sent, minute, said);
+        assert!(e.to_string().starts_with("http://engine:8000/tokenize: cannot reach http://engine:8000: "), "{e}");
+        assert!(std::error::Error::source(&e).is_some_and(|s| s.to_string().starts_with("cannot reach")), "{e:?}");
     }
 
     #[test]

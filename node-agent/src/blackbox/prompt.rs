@@ -53,15 +53,26 @@ pub struct Sizer {
     fillers: Vec<String>,
 }
 
+/// No calibrated word costs one token after a space, so no prompt length can be hit exactly;
+/// `measured`: every word's costs as the engine counted them.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("cannot build prompts of exact lengths: no calibrated word costs one token after a space (measured: {})", list(.measured))]
+pub struct NoFiller {
+    pub measured: Vec<WordCost>,
+}
+
+fn list(costs: &[WordCost]) -> String {
+    if costs.is_empty() {
+        return "none".into();
+    }
+    costs.iter().map(|c| format!("{} ({} after a space)", c.word, c.next)).collect::<Vec<_>>().join(", ")
+}
+
 impl Sizer {
-    pub fn new(costs: &[WordCost]) -> Result<Sizer, String> {
+    pub fn new(costs: &[WordCost]) -> Result<Sizer, NoFiller> {
         let fillers: Vec<String> = costs.iter().filter(|c| c.next == 1).map(|c| c.word.clone()).collect();
         if fillers.is_empty() {
-            let seen: Vec<String> = costs.iter().map(|c| format!("{} ({} after a space)", c.word, c.next)).collect();
-            return Err(format!(
-                "cannot build prompts of exact lengths: no calibrated word costs one token after a space (measured: {})",
-                if seen.is_empty() { "none".into() } else { seen.join(", ") }
-            ));
+            return Err(NoFiller { measured: costs.to_vec() });
         }
         // Only words whose repeats are fillers too, so the cost model held for them.
         let mut starts: Vec<(String, u64)> = costs.iter().filter(|c| c.next == 1).map(|c| (c.word.clone(), c.first)).collect();
@@ -149,8 +160,11 @@ mod tests {
 
     #[test]
     fn no_one_token_word_is_a_clear_error() {
-        let e = Sizer::new(&costs(0, &|_| 3)).unwrap_err();
+        let measured = costs(0, &|_| 3);
+        let e = Sizer::new(&measured).unwrap_err();
+        assert_eq!(e, NoFiller { measured });
+        let e = e.to_string();
         assert!(e.contains("no calibrated word costs one token") && e.contains("the (3 after a space)"), "{e}");
-        assert!(Sizer::new(&[]).unwrap_err().contains("measured: none"));
+        assert!(Sizer::new(&[]).unwrap_err().to_string().ends_with("(measured: none)"));
     }
 }

@@ -14,11 +14,103 @@ use brink_kernels::thresholds::ModelShape;
 use hyper::Method;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::client::{Engine, Sent, TokenizerEndpoint, context_of};
+use super::client::{AnswerError, Dropped, Engine, Sent, TokenizerEndpoint, context_of};
 use super::plan::{self, Composition, GEN_TOKENS, HttpCase, Limits};
-use super::prompt::{self, Sizer, WordCost};
+use super::prompt::{self, NoFiller, Sizer, WordCost};
 use super::verdict::{self, Answer};
 use crate::http_bench::client::parse_url;
+
+/// Bad input to a run: an engine that cannot be reached or does not speak the OpenAI API,
+/// named by its URL (or by the flag at fault).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// `--url` is not an engine's URL (the message names it).
+    #[error("{0}")]
+    Url(String),
+    #[error("{url}: 404 Not Found (is this an OpenAI-compatible server?)")]
+    NoModelList { url: String },
+    /// `GET /v1/models` failed.
+    #[error(transparent)]
+    ModelList(#[from] AnswerError),
+    /// `--model` names no model the engine lists, or it lists none (the message says which).
+    #[error("{0}")]
+    Model(String),
+    #[error("{url}: not an OpenAI-compatible completion: {reason}")]
+    NotCompletion { url: String, reason: String },
+    #[error("{url}: {reason}")]
+    FirstDropped { url: String, reason: String },
+    /// The first, short prompt refused with a 4xx.
+    #[error("{url}: HTTP {status}{} to a {words}-word prompt: {body}", status_hint(*.status))]
+    FirstRefused { url: String, status: u16, words: usize, body: String },
+    #[error("calibrating the prompt sizes: {0}")]
+    Calibration(#[source] CountError),
+    #[error("{url}: {source}")]
+    Sizing {
+        url: String,
+        #[source]
+        source: NoFiller,
+    },
+    #[error("the context is too short for any prompt")]
+    ContextTooShort,
+}
+
+/// What to do about a 4xx to the first prompt.
+fn status_hint(status: u16) -> &'static str {
+    match status {
+        401 | 403 => " (pass the engine's key with --api-key)",
+        404 => " (is this an OpenAI-compatible server?)",
+        _ => "",
+    }
+}
+
+/// A prompt that could not be counted.
+#[derive(Debug, thiserror::Error)]
+pub enum CountError {
+    /// The tokenizer endpoint.
+    #[error(transparent)]
+    Tokenizer(#[from] AnswerError),
+    #[error("{path}: a negative count")]
+    Negative { path: &'static str },
+    /// A one-token completion whose usage could not be read (`problem`: what it answered).
+    #[error("{url}: {problem}")]
+    Usage { url: String, problem: String },
+}
+
+/// A prompt of a case's length that could not be built.
+#[derive(Debug, thiserror::Error)]
+enum SizeError {
+    #[error("shorter than {min}")]
+    TooShort { min: u64 },
+    #[error("the tokenizer endpoint counts {counted}")]
+    Miscounted { counted: u64 },
+    #[error(transparent)]
+    Count(#[from] CountError),
+}
+
+/// What an engine did instead of answering again after a failure.
+#[derive(Debug, thiserror::Error)]
+enum Silence {
+    #[error("GET {path}: HTTP {status}: {said}")]
+    Health { path: &'static str, status: u16, said: String },
+    #[error("GET {path}: no answer")]
+    HealthTimeout { path: &'static str },
+    #[error("GET {path}: {source}")]
+    HealthDropped {
+        path: &'static str,
+        #[source]
+        source: Dropped,
+    },
+    #[error("a short prompt again: {0}")]
+    Probe(String),
+}
+
+/// The engine stayed silent for `after` (the whole window a failed engine has).
+#[derive(Debug, thiserror::Error)]
+#[error("{last} (for {:.0} s)", .after.as_secs_f64())]
+struct Unresponsive {
+    last: Silence,
+    after: Duration,
+}
 
 /// What to qualify, and how patiently.
 #[derive(Clone, Debug)]
@@ -69,18 +161,18 @@ impl Counter {
         }
     }
 
-    async fn count(&self, engine: &Engine, text: &str) -> Result<u64, String> {
+    async fn count(&self, engine: &Engine, text: &str) -> Result<u64, CountError> {
         match self {
             Counter::Tokenizer { endpoint, offset } => {
                 let n = endpoint.tokens(engine, text, SETUP_DEADLINE).await?;
-                u64::try_from(n as i64 + offset).map_err(|_| format!("{}: a negative count", endpoint.path))
+                u64::try_from(n as i64 + offset).map_err(|_| CountError::Negative { path: endpoint.path })
             }
             Counter::Usage => match engine.complete(text, 1, SETUP_DEADLINE).await {
                 Answer::Completion { prompt_tokens, .. } => Ok(prompt_tokens),
                 other => {
                     let req = plan::Request { prompt_tokens: 0, max_tokens: 1 };
-                    let why = verdict::problem(&req, &other).map_or_else(|| format!("{other:?}"), |(p, _)| p);
-                    Err(format!("{}: {why}", engine.endpoint.url("/v1/completions")))
+                    let problem = verdict::problem(&req, &other).map_or_else(|| format!("{other:?}"), |(p, _)| p);
+                    Err(CountError::Usage { url: engine.endpoint.url("/v1/completions"), problem })
                 }
             },
         }
@@ -88,17 +180,18 @@ impl Counter {
 }
 
 /// Runs the qualification; `Err` for bad input (message names the URL or the flag).
-pub async fn run(o: &Options) -> Result<BlackBoxReport, String> {
+pub async fn run(o: &Options) -> Result<BlackBoxReport, RunError> {
     let mut phases = Vec::new();
     let t0 = Instant::now();
-    let endpoint = parse_url(&o.url)?;
+    let endpoint = parse_url(&o.url).map_err(|e| RunError::Url(e.to_string()))?;
     let mut engine = Engine { endpoint, model: String::new(), api_key: o.api_key.clone(), logprobs: true };
     let models_url = engine.endpoint.url("/v1/models");
     let models = engine
         .get_json("/v1/models", SETUP_DEADLINE)
         .await?
-        .ok_or_else(|| format!("{models_url}: 404 Not Found (is this an OpenAI-compatible server?)"))?;
-    engine.model = crate::http_bench::pick_model(&models, o.model.as_deref(), &models_url).map_err(|e| e.replace("--model-name", "--model"))?;
+        .ok_or_else(|| RunError::NoModelList { url: models_url.clone() })?;
+    engine.model = crate::http_bench::pick_model(&models, o.model.as_deref(), &models_url)
+        .map_err(|e| RunError::Model(e.to_string().replace("--model-name", "--model")))?;
     let health = match engine.send(Method::GET, "/health", None, SETUP_DEADLINE).await {
         Sent::Answered { status, .. } if (200..300).contains(&status) => Some("/health"),
         _ => None,
@@ -151,15 +244,10 @@ pub async fn run(o: &Options) -> Result<BlackBoxReport, String> {
     let completions_url = engine.endpoint.url("/v1/completions");
     let first_tokens = match first {
         Answer::Completion { prompt_tokens, completion_tokens, .. } if completion_tokens > 0 => prompt_tokens,
-        Answer::Malformed(e) => return Err(format!("{completions_url}: not an OpenAI-compatible completion: {e}")),
-        Answer::Dropped(e) => return Err(format!("{completions_url}: {e}")),
-        Answer::Status { status: s @ 400..=499, body } => {
-            let hint = match s {
-                401 | 403 => " (pass the engine's key with --api-key)",
-                404 => " (is this an OpenAI-compatible server?)",
-                _ => "",
-            };
-            return Err(format!("{completions_url}: HTTP {s}{hint} to a {}-word prompt: {body}", FIRST_PROMPT.split(' ').count()));
+        Answer::Malformed(reason) => return Err(RunError::NotCompletion { url: completions_url, reason }),
+        Answer::Dropped(reason) => return Err(RunError::FirstDropped { url: completions_url, reason }),
+        Answer::Status { status: status @ 400..=499, body } => {
+            return Err(RunError::FirstRefused { url: completions_url, status, words: FIRST_PROMPT.split(' ').count(), body });
         }
         other => {
             // It answers the API but fails a short prompt: refused, with that case.
@@ -197,14 +285,14 @@ pub async fn run(o: &Options) -> Result<BlackBoxReport, String> {
         let (a, r) = (counter.count(&engine, &alone).await, counter.count(&engine, &repeated).await);
         match (a, r) {
             (Ok(a), Ok(r)) => costs.extend(prompt::word_cost(w, a, r)),
-            (Err(e), _) | (_, Err(e)) => return Err(format!("calibrating the prompt sizes: {e}")),
+            (Err(e), _) | (_, Err(e)) => return Err(RunError::Calibration(e)),
         }
     }
-    let sizer = Sizer::new(&costs).map_err(|e| format!("{}: {e}", engine.endpoint.base))?;
+    let sizer = Sizer::new(&costs).map_err(|source| RunError::Sizing { url: engine.endpoint.base.clone(), source })?;
     let limits = Limits { context, max_batch_tokens: o.max_batch_tokens, prefill_chunk: o.prefill_chunk, min_prompt: sizer.min_prompt() };
     let derived = plan::derive(&o.shape, &limits, &DeviceLimits::gb10());
     let probe_len = PROBE_TOKENS.max(limits.min_prompt).min(limits.max_prompt());
-    let probe = (sizer.build(probe_len, o.seed, u64::MAX).ok_or("the context is too short for any prompt")?, probe_len);
+    let probe = (sizer.build(probe_len, o.seed, u64::MAX).ok_or(RunError::ContextTooShort)?, probe_len);
 
     // The first deadlines scale with the prefill speed of one medium prompt.
     let run = Arc::new(Runner { engine, sizer, counter, seed: o.seed });
@@ -314,21 +402,24 @@ struct Runner {
 impl Runner {
     /// A prompt of exactly `tokens` (checked with the tokenizer endpoint when there is one: a
     /// few orders are tried), or why not.
-    async fn prompt(&self, tokens: u64, nonce: &mut u64) -> Result<String, String> {
-        let mut last = String::new();
-        for _ in 0..3 {
+    async fn prompt(&self, tokens: u64, nonce: &mut u64) -> Result<String, SizeError> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
             *nonce += 1;
-            let text = self.sizer.build(tokens, self.seed, *nonce).ok_or_else(|| format!("shorter than {}", self.sizer.min_prompt()))?;
-            match &self.counter {
+            let text = self.sizer.build(tokens, self.seed, *nonce).ok_or(SizeError::TooShort { min: self.sizer.min_prompt() })?;
+            let miscount = match &self.counter {
                 Counter::Usage => return Ok(text),
                 Counter::Tokenizer { .. } => match self.counter.count(&self.engine, &text).await {
                     Ok(n) if n == tokens => return Ok(text),
-                    Ok(n) => last = format!("the tokenizer endpoint counts {n}"),
-                    Err(e) => last = e,
+                    Ok(n) => SizeError::Miscounted { counted: n },
+                    Err(e) => SizeError::Count(e),
                 },
+            };
+            if tries == 3 {
+                return Err(miscount);
             }
         }
-        Err(last)
     }
 
     /// Sends the case's requests together (a mixed case's decoding requests first) and returns
@@ -349,7 +440,7 @@ impl Runner {
         for i in order {
             let req = case.requests[i];
             match &prompts[i] {
-                Err(e) => slots[i] = Some(Answer::Unsized(e.clone())),
+                Err(e) => slots[i] = Some(Answer::Unsized(e.to_string())),
                 Ok(text) => {
                     let (me, text) = (self.clone(), text.clone());
                     handles.push((i, tokio::spawn(async move { me.engine.complete(&text, req.max_tokens, deadline).await })));
@@ -368,16 +459,16 @@ impl Runner {
 
     /// After a failure: the engine answers its health endpoint (when it has one) and completes
     /// a short prompt again within `window`, or `Err` with what it did instead.
-    async fn alive(&self, health: Option<&str>, probe: &(String, u64), window: Duration) -> Result<(), String> {
+    async fn alive(&self, health: Option<&'static str>, probe: &(String, u64), window: Duration) -> Result<(), Unresponsive> {
         let t0 = Instant::now();
         loop {
             let left = window.saturating_sub(t0.elapsed()).max(Duration::from_secs(1));
             let why = match health {
                 Some(path) => match self.engine.send(Method::GET, path, None, left).await {
                     Sent::Answered { status, .. } if (200..300).contains(&status) => None,
-                    Sent::Answered { status, body } => Some(format!("GET {path}: HTTP {status}: {}", super::client::said(&body))),
-                    Sent::Timeout => Some(format!("GET {path}: no answer")),
-                    Sent::Dropped(e) => Some(format!("GET {path}: {e}")),
+                    Sent::Answered { status, body } => Some(Silence::Health { path, status, said: super::client::said(&body) }),
+                    Sent::Timeout => Some(Silence::HealthTimeout { path }),
+                    Sent::Dropped(source) => Some(Silence::HealthDropped { path, source }),
                 },
                 None => None,
             };
@@ -387,15 +478,33 @@ impl Runner {
                     Answer::Completion { completion_tokens, .. } if completion_tokens > 0 => return Ok(()),
                     other => {
                         let req = plan::Request { prompt_tokens: probe.1, max_tokens: GEN_TOKENS };
-                        let p = verdict::problem(&req, &other).map_or_else(|| format!("{other:?}"), |(p, _)| p);
-                        format!("a short prompt again: {p}")
+                        Silence::Probe(verdict::problem(&req, &other).map_or_else(|| format!("{other:?}"), |(p, _)| p))
                     }
                 },
             };
             if t0.elapsed() >= window {
-                return Err(format!("{why} (for {:.0} s)", t0.elapsed().as_secs_f64()));
+                return Err(Unresponsive { last: why, after: t0.elapsed() });
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_first_prompt_says_what_to_do() {
+        let url = "http://engine:8000/v1/completions".to_string();
+        let refused = |status| RunError::FirstRefused { url: url.clone(), status, words: 5, body: "no".into() };
+        assert_eq!(
+            refused(401).to_string(),
+            "http://engine:8000/v1/completions: HTTP 401 (pass the engine's key with --api-key) to a 5-word prompt: no"
+        );
+        assert!(refused(404).to_string().contains("HTTP 404 (is this an OpenAI-compatible server?) to a 5-word prompt"));
+        assert_eq!(refused(422).to_string(), "http://engine:8000/v1/completions: HTTP 422 to a 5-word prompt: no");
+        let e = RunError::Calibration(CountError::Negative { path: "/tokenize" });
+        assert_eq!(e.to_string(), "calibrating the prompt sizes: /tokenize: a negative count");
     }
 }

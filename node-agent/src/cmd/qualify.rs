@@ -5,10 +5,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use brink_engine::gguf::GgufFile;
 use brink_kernels::thresholds::ModelShape;
 
 use crate::blackbox::{self, render};
+use crate::cmd::flags::model_shape;
+use crate::error::{Error, write_file};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -72,11 +73,9 @@ pub fn run(a: Args) -> ExitCode {
     }
 }
 
-fn shape(a: &Args) -> Result<ModelShape, String> {
+fn shape(a: &Args) -> Result<ModelShape, Error> {
     if let Some(path) = &a.shape {
-        let file = GgufFile::open(path).map_err(|e| format!("--shape {}: {e}", path.display()))?;
-        let config = brink_engine::arch::config(&file).map_err(|e| format!("--shape {}: {e}", path.display()))?;
-        return Ok(brink_engine::qualify::kernel_shape(&config));
+        return model_shape("--shape", path);
     }
     let mut s = ModelShape::qwen3_30b_a3b();
     s.top_k = a.top_k.unwrap_or(s.top_k);
@@ -85,7 +84,7 @@ fn shape(a: &Args) -> Result<ModelShape, String> {
     s.expert_ffn = a.expert_ffn.unwrap_or(s.expert_ffn);
     s.vocab = a.vocab.unwrap_or(s.vocab);
     if s.top_k > s.experts {
-        return Err(format!("--top-k {}: more than the {} experts", s.top_k, s.experts));
+        return Err(Error::Value { flag: "--top-k", value: s.top_k.to_string(), reason: format!("more than the {} experts", s.experts) });
     }
     if a.top_k.or(a.experts).or(a.hidden).or(a.expert_ffn).or(a.vocab).is_some() {
         s.name = format!("custom-h{}-e{}-top{}-ffn{}-v{}", s.hidden, s.experts, s.top_k, s.expert_ffn, s.vocab);
@@ -93,9 +92,9 @@ fn shape(a: &Args) -> Result<ModelShape, String> {
     Ok(s)
 }
 
-fn qualify(a: Args) -> Result<ExitCode, String> {
+fn qualify(a: Args) -> Result<ExitCode, Error> {
     if !(a.deadline_s.is_finite() && a.deadline_s > 0.0 && a.deadline_s <= 86_400.0) {
-        return Err(format!("--deadline-s {}: expected seconds in (0, 86400]", a.deadline_s));
+        return Err(Error::Value { flag: "--deadline-s", value: a.deadline_s.to_string(), reason: "expected seconds in (0, 86400]".into() });
     }
     let opts = blackbox::Options {
         url: a.url.clone(),
@@ -109,13 +108,15 @@ fn qualify(a: Args) -> Result<ExitCode, String> {
         deadline_factor: 10.0,
         seed: a.seed,
     };
-    let rt =
-        tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("cannot start the tokio runtime: {e}"))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Setup { what: "cannot start the tokio runtime", reason: e.to_string() })?;
     eprintln!("qualifying {} for {} (top_k {})", opts.url, opts.shape.name, opts.shape.top_k);
     let report = rt.block_on(blackbox::run(&opts))?;
-    let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+    let json = serde_json::to_string_pretty(&report).map_err(|e| Error::Setup { what: "cannot serialise the report", reason: e.to_string() })?;
     if let Some(path) = &a.out {
-        std::fs::write(path, format!("{json}\n")).map_err(|e| format!("--out {}: {e}", path.display()))?;
+        write_file(Some("--out"), path, "the report", &format!("{json}\n"))?;
     }
     if a.json {
         println!("{json}");
