@@ -57,8 +57,8 @@ pub struct Args {
     rms_eps: Option<f32>,
 }
 
-fn parse<T: std::str::FromStr<Err = SynthError>>(s: &str) -> Result<T, String> {
-    s.parse().map_err(|e: SynthError| e.to_string())
+fn parse<T: std::str::FromStr<Err = SynthError>>(s: &str) -> Result<T, SynthError> {
+    s.parse()
 }
 
 impl Args {

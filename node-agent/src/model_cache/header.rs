@@ -5,7 +5,8 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use brink_engine::gguf::GgufFile;
+use brink_engine::gguf::{GgufError, GgufFile};
+use brink_engine::model::ModelError;
 use serde::{Deserialize, Serialize};
 
 use super::kv_size;
@@ -30,11 +31,34 @@ pub struct HeaderFacts {
     pub kv_bytes_per_token: Option<u64>,
 }
 
-/// Reads the header of the model at `path` (any part of a split model). The error is the
-/// engine's message: it names the file, the key or the tensor.
-pub fn read(path: &Path) -> Result<HeaderFacts, String> {
-    let file = GgufFile::open(path).map_err(|e| e.to_string())?;
-    let config = brink_engine::arch::config(&file).map_err(|e| e.to_string())?;
+/// A header that cannot be read: the engine's error, which names the file, the key or the tensor.
+#[derive(Debug, thiserror::Error)]
+pub enum HeaderError {
+    /// Not a GGUF file, or a damaged one.
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    /// A GGUF file of a model brink cannot run (architecture, hyperparameters, tensor shapes).
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
+
+/// Why an indexed model's header could not be read, as the index keeps it (the message of the
+/// [`HeaderError`] when the model was indexed). Kept as a plain string in the index's JSON.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(transparent)]
+#[error("{0}")]
+pub struct Unreadable(pub String);
+
+impl From<HeaderError> for Unreadable {
+    fn from(e: HeaderError) -> Self {
+        Unreadable(e.to_string())
+    }
+}
+
+/// Reads the header of the model at `path` (any part of a split model).
+pub fn read(path: &Path) -> Result<HeaderFacts, HeaderError> {
+    let file = GgufFile::open(path)?;
+    let config = brink_engine::arch::config(&file)?;
     let quant_types: BTreeSet<String> = file.tensors().iter().map(|t| t.ggml_type().to_string()).collect();
     Ok(HeaderFacts {
         arch: config.arch.clone(),

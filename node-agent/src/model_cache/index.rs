@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::error::CacheError;
-use super::header::HeaderFacts;
+use super::header::{HeaderFacts, Unreadable};
 
 pub const INDEX_FILE: &str = "index.json";
 
@@ -32,7 +32,7 @@ pub struct Entry {
     pub last_used_ms: u64,
     /// The header's facts, or why they could not be read (the file is kept: it is what the
     /// `Model` asked for, and its status says why brink cannot serve it).
-    pub header: Result<HeaderFacts, String>,
+    pub header: Result<HeaderFacts, Unreadable>,
 }
 
 impl Index {
@@ -86,7 +86,7 @@ impl Index {
 mod tests {
     use super::*;
 
-    fn entry(sha: &str, header: Result<HeaderFacts, String>) -> Entry {
+    fn entry(sha: &str, header: Result<HeaderFacts, Unreadable>) -> Entry {
         Entry {
             sha256: sha.into(),
             size: 7,
@@ -112,11 +112,14 @@ mod tests {
         };
         let mut index = Index::default();
         index.upsert(entry("aa", Ok(facts)));
-        index.upsert(entry("bb", Err("not a GGUF file".into())));
+        index.upsert(entry("bb", Err(Unreadable("not a GGUF file".into()))));
         index.save(dir.path()).unwrap();
         assert_eq!(Index::load(dir.path()).unwrap(), index);
+        // The reason is kept as the plain string it always was.
+        let text = std::fs::read_to_string(dir.path().join(INDEX_FILE)).unwrap();
+        assert!(text.contains(r#""Err": "not a GGUF file""#), "{text}");
         assert!(!dir.path().join("index.json.tmp").exists());
-        index.upsert(Entry { size: 9, ..entry("aa", Err("x".into())) });
+        index.upsert(Entry { size: 9, ..entry("aa", Err(Unreadable("x".into()))) });
         assert_eq!(index.entries.len(), 2);
         assert_eq!(index.get("aa").unwrap().size, 9);
         assert_eq!(index.remove("bb").unwrap().sha256, "bb");

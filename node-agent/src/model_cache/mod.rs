@@ -34,7 +34,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use download::Progress;
 pub use error::CacheError;
-pub use header::HeaderFacts;
+pub use header::{HeaderError, HeaderFacts, Unreadable};
 pub use index::{Entry, Index};
 pub use remote_header::RangePolicy;
 pub use source::{Credentials, HttpPart, ModelSource};
@@ -315,7 +315,9 @@ impl ModelCache {
             files.push(to);
         }
         let first = files[0].clone();
-        let header = tokio::task::spawn_blocking(move || header::read(&first)).await.map_err(|e| CacheError::Task(e.to_string()))?;
+        let header = tokio::task::spawn_blocking(move || header::read(&first).map_err(Unreadable::from))
+            .await
+            .map_err(|e| CacheError::Task(e.to_string()))?;
         let entry = Entry {
             sha256: key.to_string(),
             size,
@@ -386,7 +388,7 @@ impl ModelCache {
         let facts = tokio::task::spawn_blocking(move || header::read(&owned))
             .await
             .map_err(|e| CacheError::Task(e.to_string()))?
-            .map_err(|message| CacheError::Header { path: path.to_path_buf(), message })?;
+            .map_err(|e| CacheError::Header { path: path.to_path_buf(), message: e.to_string() })?;
         Ok(CachedModel { sha256: key.to_string(), path: path.to_path_buf(), size, facts, fetched: false })
     }
 }
@@ -398,7 +400,7 @@ fn refresh_old_facts(entry: &mut Entry, first: &Path) -> bool {
     if !matches!(&entry.header, Ok(f) if f.kv_bytes_per_token.is_none() || f.shape_label.is_none()) {
         return false;
     }
-    entry.header = header::read(first);
+    entry.header = header::read(first).map_err(Unreadable::from);
     true
 }
 
@@ -407,7 +409,7 @@ async fn read_header_blocking(path: PathBuf) -> Result<HeaderFacts, CacheError> 
     tokio::task::spawn_blocking(move || header::read(&owned))
         .await
         .map_err(|e| CacheError::Task(e.to_string()))?
-        .map_err(|message| CacheError::Header { path, message })
+        .map_err(|e| CacheError::Header { path, message: e.to_string() })
 }
 
 /// Writes each part's header bytes into a sparse file of the part's length under `dir` (named
@@ -440,7 +442,7 @@ fn cached(entry: &Entry, first: &Path, fetched: bool) -> Result<CachedModel, Cac
         Ok(facts) => {
             Ok(CachedModel { sha256: entry.sha256.clone(), path: first.to_path_buf(), size: entry.size, facts: facts.clone(), fetched })
         }
-        Err(message) => Err(CacheError::Header { path: first.to_path_buf(), message: message.clone() }),
+        Err(why) => Err(CacheError::Header { path: first.to_path_buf(), message: why.to_string() }),
     }
 }
 

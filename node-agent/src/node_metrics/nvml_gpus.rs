@@ -6,6 +6,7 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 
 use super::gpu::GpuSample;
+use crate::device::nvml::{self, NvmlError};
 
 pub struct NvmlGpus {
     nvml: Nvml,
@@ -13,8 +14,8 @@ pub struct NvmlGpus {
 
 impl NvmlGpus {
     /// NVML, or why it is not there (no libnvidia-ml, no driver).
-    pub fn init() -> Result<NvmlGpus, String> {
-        Nvml::init().map(|nvml| NvmlGpus { nvml }).map_err(|e| format!("NVML unavailable (libnvidia-ml): {e}"))
+    pub fn init() -> Result<NvmlGpus, NvmlError> {
+        nvml::init().map(|nvml| NvmlGpus { nvml })
     }
 
     /// One sample of every GPU NVML lists. A reading NVML refuses (not supported on this GPU, or
