@@ -181,6 +181,16 @@ impl AttentionSpec {
         (1..=DECODE_MAX_HEADS.min(self.group().max(1))).rev().find(|d| self.group().is_multiple_of(*d)).unwrap_or(1)
     }
 
+    /// Heads a decode block serves in a grid of `splits` spans on a device of `sm_count` SMs:
+    /// the most (up to [`Self::decode_heads_per_block`], a divisor of the group) that still
+    /// gives every SM a block. Long contexts share each staged K/V tile among the whole group;
+    /// short ones (3 spans at 129 keys: 12 blocks of 8 heads) spread the heads over more blocks.
+    /// Each head's arithmetic is the same for any choice.
+    pub fn decode_heads_for(&self, splits: u64, sm_count: u32) -> u32 {
+        let (most, group) = (self.decode_heads_per_block(), self.group());
+        (1..=most).rev().filter(|d| group.is_multiple_of(*d)).find(|&d| splits * (self.heads / d) as u64 >= sm_count as u64).unwrap_or(1)
+    }
+
     pub fn describe(&self) -> String {
         format!(
             "heads={} kv_heads={} head_dim={} blocks={} block_size={} scale={}",
@@ -411,7 +421,7 @@ pub fn launches(n: &BatchCounts, spec: &AttentionSpec, limits: &DeviceLimits) ->
         .transpose()?;
     let decode = (n.decode_chunks > 0)
         .then(|| -> Result<(Launch, Launch), PlanError> {
-            let hb = spec.decode_heads_per_block() as u64;
+            let hb = spec.decode_heads_for(n.decode_splits, limits.sm_count) as u64;
             let split = Launch::checked(
                 &decode_kernel(spec.head_dim),
                 &shape,
@@ -704,7 +714,8 @@ pub fn launch<Y: DeviceRepr>(gpu: &Gpu, batch: &DeviceBatch, mut io: AttentionIo
     if let Some((split, combine)) = &l.decode {
         // The workspace: partial o of every (split, head), then their (max, sum) pairs.
         let part_ml = ws + 4 * plan.counts().decode_splits * spec.row_width();
-        let hb = spec.decode_heads_per_block() as i32;
+        // The heads per block the plan chose (grid.y = heads / hb).
+        let hb = (spec.heads / split.grid[1]) as i32;
         let f = gpu.function(&ATTENTION, &split.kernel)?;
         gpu.launch(split, &f, |b| {
             b.arg(&q).arg(&k).arg(&v).arg(&ws).arg(&part_ml).arg(&batch.decode).arg(&batch.work).arg(&batch.tables);
@@ -812,11 +823,36 @@ mod tests {
         assert_eq!(plan.counts().decode_splits, 8);
         assert_eq!(plan.workspace_floats(), 8 * 32 * 130);
         let (split, combine) = plan.launches(&DeviceLimits::h200()).unwrap().decode.unwrap();
-        assert_eq!((split.grid, combine.grid), ([8, 4, 1], [2, 32, 1]));
+        // 8 spans on 132 SMs: a head a block (decode_heads_for).
+        assert_eq!((split.grid, combine.grid), ([8, 32, 1], [2, 32, 1]));
         // Never fewer than the batch has, never for a batch without decode chunks.
         assert!(plan.clone().pad_decode_splits(2).is_err());
         let mut prefill = BatchPlan::new(&[chunk(0, 0, 5, 0)], &reversed(&spec), 5, &spec, DecodeRoute::Split).unwrap();
         assert!(prefill.pad_decode_splits(8).is_err());
+    }
+
+    #[test]
+    fn short_contexts_spread_heads_over_more_decode_blocks() {
+        let spec = QWEN;
+        // 3 spans (129 keys): 8 heads a block would be 12 blocks.
+        for (limits, hb) in [(DeviceLimits::h200(), 1), (DeviceLimits::gb10(), 2)] {
+            assert_eq!(spec.decode_heads_for(3, limits.sm_count), hb, "{}", limits.name);
+            let chunks = [chunk(0, 128, 1, 0)];
+            let plan = BatchPlan::new(&chunks, &reversed(&spec), 1, &spec, DecodeRoute::Split).unwrap();
+            let (split, _) = plan.launches(&limits).unwrap().decode.unwrap();
+            assert_eq!(split.grid, [3, 32 / hb, 1], "{}", limits.name);
+            split.check_cover().unwrap();
+        }
+        // Enough spans for every SM: the whole group shares each K/V tile.
+        assert_eq!(spec.decode_heads_for(33, 132), 8);
+        assert_eq!(spec.decode_heads_for(32, 132), 4);
+        assert_eq!(spec.decode_heads_for(12, 48), 8);
+        // Always a divisor of the group.
+        let odd = AttentionSpec::new(12, 2, 128, 1, 16);
+        for splits in 1..64 {
+            let hb = odd.decode_heads_for(splits, 132);
+            assert!(odd.group().is_multiple_of(hb), "{splits}: {hb}");
+        }
     }
 
     #[test]
