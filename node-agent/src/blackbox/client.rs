@@ -285,10 +285,12 @@ mod tests {
     fn requests_that_fail_name_the_url() {
         let url = "http://engine:8000/tokenize".to_string();
         let minute = Duration::from_secs(60);
-        let e = AnswerError::failed(url.clone(), Sent::Answered { status: 500, body: r#"{"error":{"message":"boom"}}"#.into() }, minute, said);
+        let boom = Sent::Answered { status: 500, body: r#"{"error":{"message":"boom"}}"#.into() };
+        let e = AnswerError::failed(url.clone(), boom, minute, said);
         assert!(matches!(e, AnswerError::Status { status: 500, .. }), "{e:?}");
         assert_eq!(e.to_string(), "http://engine:8000/tokenize: HTTP 500: boom");
-        assert_eq!(AnswerError::failed(url.clone(), Sent::Timeout, minute, said).to_string(), "http://engine:8000/tokenize: no answer within 60 s");
+        let e = AnswerError::failed(url.clone(), Sent::Timeout, minute, said);
+        assert_eq!(e.to_string(), "http://engine:8000/tokenize: no answer within 60 s");
         let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
         let sent = Sent::Dropped(Dropped::Unreachable { base: "http://engine:8000".into(), source: refused });
         let e = AnswerError::failed(url, sent, minute, said);

@@ -94,7 +94,11 @@ fn shape(a: &Args) -> Result<ModelShape, Error> {
 
 fn qualify(a: Args) -> Result<ExitCode, Error> {
     if !(a.deadline_s.is_finite() && a.deadline_s > 0.0 && a.deadline_s <= 86_400.0) {
-        return Err(Error::Value { flag: "--deadline-s", value: a.deadline_s.to_string(), reason: "expected seconds in (0, 86400]".into() });
+        return Err(Error::Value {
+            flag: "--deadline-s",
+            value: a.deadline_s.to_string(),
+            reason: "expected seconds in (0, 86400]".into(),
+        });
     }
     let opts = blackbox::Options {
         url: a.url.clone(),
@@ -114,7 +118,8 @@ fn qualify(a: Args) -> Result<ExitCode, Error> {
         .map_err(|e| Error::Setup { what: "cannot start the tokio runtime", reason: e.to_string() })?;
     eprintln!("qualifying {} for {} (top_k {})", opts.url, opts.shape.name, opts.shape.top_k);
     let report = rt.block_on(blackbox::run(&opts))?;
-    let json = serde_json::to_string_pretty(&report).map_err(|e| Error::Setup { what: "cannot serialise the report", reason: e.to_string() })?;
+    let json =
+        serde_json::to_string_pretty(&report).map_err(|e| Error::Setup { what: "cannot serialise the report", reason: e.to_string() })?;
     if let Some(path) = &a.out {
         write_file(Some("--out"), path, "the report", &format!("{json}\n"))?;
     }

@@ -55,17 +55,16 @@ fn compute_processes(uuid: &str) -> Result<Vec<GpuProcess>, NvmlError> {
     let nvml = init()?;
     let device = nvml.device_by_uuid(uuid).map_err(|source| NvmlError::NoDevice { uuid: uuid.into(), source })?;
     match device.running_compute_processes() {
-        Ok(list) => Ok(
-            list.into_iter()
-                .map(|p| GpuProcess {
-                    pid: p.pid,
-                    used_bytes: match p.used_gpu_memory {
-                        UsedGpuMemory::Used(b) => Some(b),
-                        UsedGpuMemory::Unavailable => None,
-                    },
-                })
-                .collect(),
-        ),
+        Ok(list) => Ok(list
+            .into_iter()
+            .map(|p| GpuProcess {
+                pid: p.pid,
+                used_bytes: match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => Some(b),
+                    UsedGpuMemory::Unavailable => None,
+                },
+            })
+            .collect()),
         Err(source) => Err(NvmlError::Call { call: format!("nvmlDeviceGetComputeRunningProcesses({uuid})"), source }),
     }
 }

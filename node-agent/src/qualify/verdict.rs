@@ -78,9 +78,7 @@ pub fn envelope(verdict: &Verdict, requested: ServingParams) -> Result<Envelope,
         prefill_chunk: requested.prefill_chunk.min(max),
     };
     match verdict {
-        Verdict::Qualified { max_tokens } | Verdict::Clamped { max_tokens, .. } if *max_tokens == 0 => {
-            Err(Refusal::NothingValidated)
-        }
+        Verdict::Qualified { max_tokens } | Verdict::Clamped { max_tokens, .. } if *max_tokens == 0 => Err(Refusal::NothingValidated),
         Verdict::Qualified { max_tokens } => Ok(clamp(*max_tokens, None)),
         Verdict::Clamped { max_tokens, first_failure } => Ok(clamp(*max_tokens, Some(*first_failure))),
         Verdict::NotQualified { .. } => Ok(Envelope {
