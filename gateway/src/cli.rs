@@ -49,6 +49,11 @@ pub struct Args {
     /// Characters of the prompt that pick its replica by affinity (0: off).
     #[arg(long, value_name = "N", default_value_t = 2048)]
     pub affinity_prefix_chars: usize,
+    /// Sequences each --upstream replica runs at once (its --slots): a prompt goes to the replica
+    /// holding its prefix only while that one has a slot free (default: unknown; then only while
+    /// it reports no queue and is within 4 requests of the least loaded).
+    #[arg(long, value_name = "N", conflicts_with = "kubernetes", value_parser = clap::value_parser!(u64).range(1..))]
+    pub upstream_slots: Option<u64>,
 }
 
 /// `http://host:port` (an optional trailing `/`), returned without the slash.
@@ -105,6 +110,7 @@ impl Args {
         config.retry_budget = self.retry_budget;
         config.poll_interval = Duration::from_millis(self.poll_interval_ms);
         config.affinity_prefix_chars = self.affinity_prefix_chars;
+        config.upstream_slots = self.upstream_slots;
         Ok(config)
     }
 }
@@ -144,9 +150,12 @@ mod tests {
             "3",
             "--retry-budget",
             "1",
+            "--upstream-slots",
+            "2",
         ])
         .unwrap();
         let c = args.into_config().unwrap();
+        assert_eq!(c.upstream_slots, Some(2));
         assert_eq!(c.upstreams, vec!["http://a:1".to_string(), "http://b:2".to_string()]);
         assert_eq!(c.api_keys, vec!["k1".to_string(), "k2".to_string()]);
         assert_eq!((c.per_key_concurrency, c.retry_budget, c.affinity_prefix_chars), (Some(3), 1, 2048));
@@ -163,6 +172,10 @@ mod tests {
             .unwrap_err();
         assert!(e.0.starts_with("--api-key-file /nonexistent/keys: cannot read it"), "{e}");
         assert!(Args::try_parse_from(["brink-gateway", "--upstream", "http://a:1", "--per-key-concurrency", "0"]).is_err());
+        let e = Args::try_parse_from(["brink-gateway", "--upstream", "http://a:1", "--upstream-slots", "0"]).unwrap_err();
+        assert!(e.to_string().contains("--upstream-slots"), "{e}");
+        // In a cluster the deployment says how many slots each replica has.
+        assert!(Args::try_parse_from(["brink-gateway", "--kubernetes", "--upstream-slots", "2"]).is_err());
         // One source of replicas: URLs or the cluster, never both, never neither.
         assert!(Args::try_parse_from(["brink-gateway"]).is_err());
         assert!(Args::try_parse_from(["brink-gateway", "--upstream", "http://a:1", "--kubernetes"]).is_err());

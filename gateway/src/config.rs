@@ -19,8 +19,13 @@ pub struct Config {
     pub poll_interval: Duration,
     /// Characters of the prompt that make its affinity key; 0 turns affinity off.
     pub affinity_prefix_chars: usize,
-    /// How many requests more than the least loaded replica the affinity choice may carry.
+    /// With a replica's slots unknown: how many requests more than the least loaded replica a
+    /// prompt's home may carry and still take the prompt.
     pub load_bound: f64,
+    /// Sequences each `--upstream` replica runs at once (its `--slots`), when given: a prompt's
+    /// home takes it only with a slot free. Replicas found in a cluster use their deployment's
+    /// `serving.concurrency` instead.
+    pub upstream_slots: Option<u64>,
     /// Replicas come from the cluster's API (watched), not from `upstreams`.
     pub kubernetes: bool,
     /// With `kubernetes`: the namespaces whose replicas are routed to (empty: all).
@@ -39,6 +44,7 @@ impl Config {
             poll_interval: Duration::from_millis(1000),
             affinity_prefix_chars: 2048,
             load_bound: DEFAULT_LOAD_BOUND,
+            upstream_slots: None,
             kubernetes: false,
             namespaces: Vec::new(),
         }

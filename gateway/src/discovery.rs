@@ -22,6 +22,9 @@ const MAX_POLL_BODY: usize = 8 << 20;
 /// The load series a replica may export: brink's, and vLLM's under its own names.
 const RUNNING_SERIES: &[&str] = &["brink_requests_running", "vllm:num_requests_running"];
 const WAITING_SERIES: &[&str] = &["brink_requests_waiting", "vllm:num_requests_waiting"];
+/// KV cache use as a fraction 0..1: vLLM's (the older name, then the newer); brink's is
+/// `brink_kv_blocks_used / brink_kv_blocks_total`.
+const KV_FRACTION_SERIES: &[&str] = &["vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc"];
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Seen {
@@ -29,18 +32,37 @@ pub struct Seen {
     /// The names its `/v1/models` listed last time it answered (kept while it is unhealthy, so
     /// a request for a known model gets 503, not 404, while its replicas restart).
     pub models: Vec<String>,
-    /// Running + waiting requests from its `/metrics`; 0 when it exports neither.
-    pub reported_load: f64,
+    /// What its `/metrics` said of its load (all 0 / unknown when it exports none of it).
+    pub load: Load,
+    /// The gateway's own requests in flight to it when that `/metrics` answered (they are in
+    /// its running and waiting counts, and counted fresh by the gateway instead).
+    pub ours_at_poll: u64,
+    /// Tokens per sequence, from its `/engine` (brink) or `/v1/models` (vLLM's `max_model_len`).
+    pub context: Option<u64>,
     /// Why it is unhealthy, for the log.
     pub problem: Option<String>,
 }
 
+/// A replica's load as its `/metrics` reports it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Load {
+    pub running: f64,
+    pub waiting: f64,
+    /// KV cache blocks held by sequences, as a fraction of the cache; none when not exported.
+    pub kv_use: Option<f64>,
+}
+
 /// What a cluster says of a replica (found through the Kubernetes API): the names its deployment
-/// answers to, and the name the replica itself serves (requests are passed on under it).
+/// answers to, and the name the replica itself serves (requests are passed on under it), and
+/// the serving limits it was started with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Declared {
     pub models: Vec<String>,
     pub served_as: String,
+    /// Sequences it serves at once (`serving.concurrency`).
+    pub slots: Option<u64>,
+    /// Tokens per sequence (`serving.context`).
+    pub context: Option<u64>,
 }
 
 pub struct Upstream {
@@ -62,6 +84,8 @@ impl Upstream {
         let mut seen = self.polled();
         if let Some(d) = self.declared() {
             seen.models = d.models;
+            // What the replica says of itself wins over what it was started with.
+            seen.context = seen.context.or(d.context);
         }
         seen
     }
@@ -140,14 +164,27 @@ pub async fn poll_forever(upstream: Arc<Upstream>, client: UpstreamClient, key: 
 pub async fn poll_once(upstream: &Upstream, client: &UpstreamClient, key: Option<&str>) -> Seen {
     let previous = upstream.polled();
     let ready = fetch(client, &upstream.base, "/ready", key).await;
+    let mut listed_context = None;
     let models = match fetch(client, &upstream.base, "/v1/models", key).await {
-        Ok((StatusCode::OK, body)) => parse_models(&body).ok_or_else(|| "/v1/models: not an OpenAI model list".to_string()),
+        Ok((StatusCode::OK, body)) => {
+            listed_context = context_from_models(&body);
+            parse_models(&body).ok_or_else(|| "/v1/models: not an OpenAI model list".to_string())
+        }
         Ok((status, _)) => Err(format!("/v1/models answered {status}")),
         Err(e) => Err(format!("/v1/models: {e}")),
     };
-    let reported_load = match fetch(client, &upstream.base, "/metrics", key).await {
-        Ok((StatusCode::OK, body)) => load_from_metrics(&String::from_utf8_lossy(&body)),
-        _ => 0.0,
+    let context = match fetch(client, &upstream.base, "/engine", key).await {
+        Ok((StatusCode::OK, body)) => context_from_engine(&body),
+        _ => None,
+    };
+    let context = context.or(listed_context);
+    // The gateway's requests in flight as the metrics come back: the most of before and after,
+    // so one that finished meanwhile is taken as counted there (a replica that looks a little
+    // less busy, never busier than it is).
+    let ours_before = upstream.in_flight();
+    let (load, ours_at_poll) = match fetch(client, &upstream.base, "/metrics", key).await {
+        Ok((StatusCode::OK, body)) => (load_from_metrics(&String::from_utf8_lossy(&body)), ours_before.max(upstream.in_flight())),
+        _ => (Load::default(), 0),
     };
     let problem = match (&ready, &models) {
         (Ok((StatusCode::OK, _)), Ok(_)) => None,
@@ -158,7 +195,7 @@ pub async fn poll_once(upstream: &Upstream, client: &UpstreamClient, key: Option
         (_, Err(e)) => Some(e.clone()),
         _ => None,
     };
-    Seen { healthy: problem.is_none(), models: models.unwrap_or(previous.models), reported_load, problem }
+    Seen { healthy: problem.is_none(), models: models.unwrap_or(previous.models), load, ours_at_poll, context, problem }
 }
 
 async fn fetch(client: &UpstreamClient, base: &str, path: &str, key: Option<&str>) -> Result<(StatusCode, Bytes), String> {
@@ -189,25 +226,53 @@ pub fn parse_models(body: &[u8]) -> Option<Vec<String>> {
     Some(out)
 }
 
-/// Running + waiting requests from a Prometheus text body (each series summed over its label
-/// sets); 0 when the replica exports none of the known series.
-pub fn load_from_metrics(text: &str) -> f64 {
-    let mut running = None;
-    let mut waiting = None;
+/// The context brink's `GET /engine` reports (`{"context": N, ...}`).
+pub fn context_from_engine(body: &[u8]) -> Option<u64> {
+    let v: Json = serde_json::from_slice(body).ok()?;
+    v.get("context")?.as_u64().filter(|&c| c > 0)
+}
+
+/// The context vLLM lists with its model (`max_model_len`), the smallest when it lists several.
+pub fn context_from_models(body: &[u8]) -> Option<u64> {
+    let v: Json = serde_json::from_slice(body).ok()?;
+    v.get("data")?.as_array()?.iter().filter_map(|m| m.get("max_model_len")?.as_u64()).filter(|&c| c > 0).min()
+}
+
+/// Running and waiting requests and KV cache use from a Prometheus text body (each series
+/// summed over its label sets); 0 (and no KV use) for what the replica does not export or
+/// exports as garbage.
+pub fn load_from_metrics(text: &str) -> Load {
+    let (mut running, mut waiting, mut kv_fraction) = (0.0, 0.0, None::<f64>);
+    let (mut blocks_used, mut blocks_total) = (None::<f64>, None::<f64>);
     for line in text.lines() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
         let Some((name, value)) = sample(line) else { continue };
+        if !value.is_finite() || value < 0.0 {
+            continue;
+        }
         if RUNNING_SERIES.contains(&name) {
-            *running.get_or_insert(0.0) += value;
+            running += value;
         } else if WAITING_SERIES.contains(&name) {
-            *waiting.get_or_insert(0.0) += value;
+            waiting += value;
+        } else if KV_FRACTION_SERIES.contains(&name) {
+            // One engine per replica: several label sets (engines of a data-parallel vLLM)
+            // are as full as the fullest.
+            kv_fraction = Some(kv_fraction.map_or(value, |k| k.max(value)));
+        } else if name == "brink_kv_blocks_used" {
+            *blocks_used.get_or_insert(0.0) += value;
+        } else if name == "brink_kv_blocks_total" {
+            *blocks_total.get_or_insert(0.0) += value;
         }
     }
-    let load: f64 = running.unwrap_or(0.0) + waiting.unwrap_or(0.0);
-    if load.is_finite() && load > 0.0 { load } else { 0.0 }
+    let kv_blocks = match (blocks_used, blocks_total) {
+        (Some(used), Some(total)) if total > 0.0 => Some(used / total),
+        _ => None,
+    };
+    let kv_use = kv_blocks.or(kv_fraction).map(|k| k.clamp(0.0, 1.0));
+    Load { running, waiting, kv_use }
 }
 
 /// `name{labels} value [timestamp]` → (name, value).
@@ -242,25 +307,46 @@ fn sample(line: &str) -> Option<(&str, f64)> {
 mod tests {
     use super::*;
 
+    fn load(running: f64, waiting: f64, kv_use: Option<f64>) -> Load {
+        Load { running, waiting, kv_use }
+    }
+
     #[test]
-    fn load_is_running_plus_waiting() {
+    fn load_is_running_waiting_and_kv_blocks() {
         let text = "# HELP brink_requests_running Sequences.\n# TYPE brink_requests_running gauge\n\
-                    brink_requests_running 3\nbrink_requests_waiting 2\nbrink_requests_total 99\n";
-        assert_eq!(load_from_metrics(text), 5.0);
-        assert_eq!(load_from_metrics("brink_ready 1\n"), 0.0);
-        assert_eq!(load_from_metrics(""), 0.0);
+                    brink_requests_running 3\nbrink_requests_waiting 2\nbrink_requests_total 99\n\
+                    brink_kv_blocks_total 400\nbrink_kv_blocks_used 100\nbrink_kv_blocks_cached 250\n";
+        assert_eq!(load_from_metrics(text), load(3.0, 2.0, Some(0.25)));
+        assert_eq!(load_from_metrics("brink_ready 1\n"), Load::default());
+        assert_eq!(load_from_metrics(""), Load::default());
+        // No cache yet (total 0): no KV use rather than a division by zero.
+        assert_eq!(load_from_metrics("brink_kv_blocks_total 0\nbrink_kv_blocks_used 0\n"), Load::default());
     }
 
     #[test]
     fn labelled_series_are_summed_and_vllm_names_read() {
         let text = "vllm:num_requests_running{model_name=\"a b}\",engine=\"0\"} 2\n\
-                    vllm:num_requests_running{model_name=\"c\"} 1 1700000000\nvllm:num_requests_waiting{x=\"\\\"\"} 4\n";
-        assert_eq!(load_from_metrics(text), 7.0);
+                    vllm:num_requests_running{model_name=\"c\"} 1 1700000000\nvllm:num_requests_waiting{x=\"\\\"\"} 4\n\
+                    vllm:kv_cache_usage_perc{engine=\"0\"} 0.5\nvllm:kv_cache_usage_perc{engine=\"1\"} 0.75\n";
+        assert_eq!(load_from_metrics(text), load(3.0, 4.0, Some(0.75)));
+        assert_eq!(load_from_metrics("vllm:gpu_cache_usage_perc 1.5\n"), load(0.0, 0.0, Some(1.0)));
     }
 
     #[test]
     fn garbage_metrics_are_load_zero() {
-        assert_eq!(load_from_metrics("brink_requests_running NaN\nbrink_requests_waiting{oops 3\n}}}\n"), 0.0);
+        let text =
+            "brink_requests_running NaN\nbrink_requests_waiting{oops 3\n}}}\nbrink_requests_waiting -4\nvllm:kv_cache_usage_perc inf\n";
+        assert_eq!(load_from_metrics(text), Load::default());
+    }
+
+    #[test]
+    fn context_from_brink_and_vllm() {
+        assert_eq!(context_from_engine(br#"{"ready":true,"context":26000,"restarts":0}"#), Some(26000));
+        assert_eq!(context_from_engine(br#"{"ready":false,"context":null}"#), None);
+        assert_eq!(context_from_engine(b"<html>"), None);
+        let vllm = br#"{"object":"list","data":[{"id":"m","max_model_len":32768},{"id":"lora","max_model_len":8192}]}"#;
+        assert_eq!(context_from_models(vllm), Some(8192));
+        assert_eq!(context_from_models(br#"{"data":[{"id":"m"}]}"#), None);
     }
 
     #[test]

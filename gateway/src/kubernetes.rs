@@ -6,7 +6,8 @@
 //! `Serving` with an endpoint, its `Ready` and `Qualified` conditions (where present) are true,
 //! and no EndpointSlice lists its address and port as not ready: the slices follow the Pod's
 //! readiness probe (the engine's `/ready`) within seconds, before the node agent's next status
-//! report. The gateway's own polls of `/ready` and `/metrics` still decide health and load.
+//! report. The gateway's own polls of `/ready` and `/metrics` still decide health and load; the
+//! replica's `serving` limits tell its slots (for prefix affinity) and its context.
 
 use std::sync::Arc;
 
@@ -93,7 +94,15 @@ pub fn routable(
         if out.iter().any(|(b, _)| *b == base) {
             continue;
         }
-        out.push((base, Declared { models: dep.spec.served_names(), served_as: r.spec.model.clone() }));
+        out.push((
+            base,
+            Declared {
+                models: dep.spec.served_names(),
+                served_as: r.spec.model.clone(),
+                slots: Some(u64::from(r.spec.serving.concurrency)),
+                context: Some(r.spec.serving.context),
+            },
+        ));
     }
     out
 }
@@ -188,8 +197,9 @@ mod tests {
         let slices =
             vec![slice("a", 8000, &[("10.0.0.5", Some(false)), ("10.0.0.1", Some(true))]), slice("a", 9000, &[("10.0.0.2", Some(false))])];
         let got = routable(&deps, &reps, &slices);
-        let chat = Declared { models: vec!["qwen".into(), "chat".into()], served_as: "qwen".into() };
-        let code = Declared { models: vec!["coder".into()], served_as: "coder".into() };
+        let limits = (Some(4), Some(4096));
+        let chat = Declared { models: vec!["qwen".into(), "chat".into()], served_as: "qwen".into(), slots: limits.0, context: limits.1 };
+        let code = Declared { models: vec!["coder".into()], served_as: "coder".into(), slots: limits.0, context: limits.1 };
         assert_eq!(
             got,
             vec![

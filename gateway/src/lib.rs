@@ -1,6 +1,7 @@
 //! brink-gateway: one OpenAI/Anthropic-compatible endpoint in front of serving replicas, given
 //! as `--upstream` URLs or found in a cluster (`--kubernetes`). See docs/gateway.md.
 
+pub mod affinity;
 pub mod cli;
 pub mod config;
 pub mod discovery;

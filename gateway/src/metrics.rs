@@ -10,6 +10,8 @@ pub enum Rejection {
     Unauthorized,
     KeyLimit,
     NoHealthyReplica,
+    /// The request asks for more tokens than any replica's context holds.
+    OverContext,
 }
 
 impl Rejection {
@@ -20,6 +22,7 @@ impl Rejection {
             Rejection::Unauthorized => "unauthorized",
             Rejection::KeyLimit => "key_limit",
             Rejection::NoHealthyReplica => "no_healthy_replica",
+            Rejection::OverContext => "over_context",
         }
     }
 }
@@ -31,6 +34,8 @@ pub struct Metrics {
     pub requests: IntCounterVec,
     pub retries: IntCounterVec,
     pub affinity_hits: IntCounterVec,
+    /// Prompt keys moved to another replica because their home had no room, by why.
+    pub affinity_moves: IntCounterVec,
     pub rejections: IntCounterVec,
     pub upstream_healthy: IntGaugeVec,
     pub upstream_in_flight: IntGaugeVec,
@@ -68,6 +73,11 @@ impl Metrics {
                 "Requests sent first to their prompt prefix's replica.",
                 &["model"],
             ),
+            affinity_moves: counter(
+                "brink_gateway_affinity_moves_total",
+                "Prompt prefixes moved to another replica because theirs had no room (no free slot, a queue, over the load bound, a full KV cache).",
+                &["model", "reason"],
+            ),
             rejections: counter("brink_gateway_rejections_total", "Requests the gateway answered itself, by reason.", &["reason"]),
             upstream_healthy: gauge("brink_gateway_upstream_healthy", "1 while the replica's /ready answers 200.", &["upstream"]),
             upstream_in_flight: gauge(
@@ -87,8 +97,14 @@ impl Metrics {
             m.upstream_healthy.with_label_values(&[u]).set(0);
             m.upstream_in_flight.with_label_values(&[u]).set(0);
         }
-        for r in [Rejection::UnknownModel, Rejection::BadRequest, Rejection::Unauthorized, Rejection::KeyLimit, Rejection::NoHealthyReplica]
-        {
+        for r in [
+            Rejection::UnknownModel,
+            Rejection::BadRequest,
+            Rejection::Unauthorized,
+            Rejection::KeyLimit,
+            Rejection::NoHealthyReplica,
+            Rejection::OverContext,
+        ] {
             m.rejections.with_label_values(&[r.label()]).inc_by(0);
         }
         m

@@ -16,6 +16,15 @@ pub fn model(body: &Json) -> Result<&str, String> {
     }
 }
 
+/// The tokens a request asks to generate (`max_completion_tokens`, else `max_tokens`, as the
+/// engine reads them) with the field's name: a replica whose context is smaller refuses it
+/// (`check_max_tokens` in engine/src/wire/request.rs). None when absent or not a positive
+/// integer (the replica's own 400 then says what is wrong).
+pub fn requested_tokens(body: &Json) -> Option<(&'static str, u64)> {
+    let field = ["max_completion_tokens", "max_tokens"].into_iter().find(|f| !matches!(body.get(*f), None | Some(Json::Null)))?;
+    Some((field, body[field].as_u64().filter(|&n| n > 0)?))
+}
+
 /// The first `chars` characters of the prompt: Anthropic's `system`, then every message's text
 /// (chat and Anthropic messages), or `prompt` (completions). Only text parts count; anything
 /// else in the body (sampling, tools) leaves the key alone.
@@ -82,6 +91,24 @@ impl Prefix {
             }
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod requested_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn requested_tokens_as_the_engine_reads_them() {
+        assert_eq!(requested_tokens(&json!({"max_tokens": 100})), Some(("max_tokens", 100)));
+        assert_eq!(requested_tokens(&json!({"max_completion_tokens": 50, "max_tokens": 100})), Some(("max_completion_tokens", 50)));
+        assert_eq!(requested_tokens(&json!({"max_completion_tokens": null, "max_tokens": 7})), Some(("max_tokens", 7)));
+        // What the engine refuses itself, with its own message.
+        assert_eq!(requested_tokens(&json!({"max_completion_tokens": "x", "max_tokens": 7})), None);
+        assert_eq!(requested_tokens(&json!({"max_tokens": 0})), None);
+        assert_eq!(requested_tokens(&json!({"max_tokens": -3})), None);
+        assert_eq!(requested_tokens(&json!({})), None);
     }
 }
 

@@ -71,32 +71,62 @@ async fn admit_and_send(gw: &Arc<Gateway>, api: Api, req: Request<Body>) -> Resu
         .map_err(|e| (Rejection::BadRequest, GatewayError::new(Kind::BadRequest, format!("the request body is not valid JSON: {e}"))))?;
     let model = crate::prompt::model(&json).map_err(|m| (Rejection::BadRequest, GatewayError::new(Kind::BadRequest, m)))?.to_string();
     let key = pick::prompt_key(&crate::prompt::prefix(&json, gw.config.affinity_prefix_chars), gw.config.affinity_prefix_chars);
+    let asked = crate::prompt::requested_tokens(&json);
 
     let upstreams = gw.upstreams();
     let seen: Vec<_> = upstreams.iter().map(|u| u.seen()).collect();
+    let slots: Vec<Option<u64>> = upstreams.iter().map(|u| u.declared().and_then(|d| d.slots).or(gw.config.upstream_slots)).collect();
     let candidates: Vec<Candidate> = upstreams
         .iter()
         .zip(&seen)
-        .map(|(u, s)| Candidate {
+        .zip(&slots)
+        .map(|((u, s), &slots)| Candidate {
             name: &u.base,
             healthy: s.healthy,
             models: &s.models,
-            reported_load: s.reported_load,
+            running: s.load.running,
+            waiting: s.load.waiting,
+            ours_at_poll: s.ours_at_poll,
             in_flight: u.in_flight(),
+            slots,
+            kv_use: s.load.kv_use,
+            context: s.context,
         })
         .collect();
-    let decision = pick::pick(&candidates, &model, key, gw.config.load_bound);
+    let home = key.and_then(|k| gw.affinity.home(&model, k));
+    let ask = pick::Ask { model: &model, key, home: home.as_deref(), need_tokens: asked.map(|(_, n)| n) };
+    let decision = pick::pick(&candidates, &ask, gw.config.load_bound);
     if decision.order.is_empty() {
+        if let Some((field, n)) = asked {
+            // Replicas serve the model, but none of a context that holds what the request asks.
+            let without = pick::pick(&candidates, &pick::Ask { need_tokens: None, ..ask }, gw.config.load_bound);
+            if let Some(largest) = largest_context(&candidates, &without.order) {
+                let message = format!(
+                    "{field}: {n} is more than the model's context of {largest} tokens (the largest of the replicas serving '{model}')"
+                );
+                return Err((Rejection::OverContext, GatewayError { param: Some(field), ..GatewayError::new(Kind::BadRequest, message) }));
+            }
+        }
         return Err(no_replica(&model, &seen));
     }
     let model_in_flight = ModelInFlight::start(&gw.metrics, &model);
-    if decision.affinity_hit {
-        gw.metrics.affinity_hits.with_label_values(&[&model]).inc();
+    match decision.affinity {
+        pick::Affinity::Hit => gw.metrics.affinity_hits.with_label_values(&[&model]).inc(),
+        pick::Affinity::Moved { why, .. } => {
+            gw.metrics.affinity_moves.with_label_values(&[&model, why.label()]).inc();
+            if let Some(k) = key {
+                gw.affinity.set_home(&model, k, &upstreams[decision.order[0]].base);
+            }
+        }
+        pick::Affinity::None => {}
     }
-    let order: Vec<usize> = decision.order.into_iter().take(1 + gw.config.retry_budget).collect();
+    // The contexts, for a prompt a replica refuses as longer than its own.
+    let contexts: Vec<Option<u64>> = candidates.iter().map(|c| c.context).collect();
     drop(candidates);
+    let mut queue: std::collections::VecDeque<usize> = decision.order.into();
+    let mut retries_left = gw.config.retry_budget;
 
-    for (attempt, &i) in order.iter().enumerate() {
+    while let Some(i) = queue.pop_front() {
         let upstream = &upstreams[i];
         let in_flight = upstream.start_request(&gw.metrics);
         let body = match upstream.declared() {
@@ -106,7 +136,7 @@ async fn admit_and_send(gw: &Arc<Gateway>, api: Api, req: Request<Body>) -> Resu
         };
         let upstream_req = build_request(gw, &upstream.base, &parts.uri, &parts.headers, body)
             .map_err(|m| (Rejection::BadRequest, GatewayError::new(Kind::BadRequest, m)))?;
-        let is_last = attempt + 1 == order.len();
+        let is_last = queue.is_empty() || retries_left == 0;
         let refusal = match gw.client.request(upstream_req).await {
             Ok(resp) => {
                 let status = resp.status();
@@ -114,6 +144,42 @@ async fn admit_and_send(gw: &Arc<Gateway>, api: Api, req: Request<Body>) -> Resu
                 // before its first byte (below).
                 let count = |label: &str| gw.metrics.requests.with_label_values(&[&model, &upstream.base, label]).inc();
                 let refused = status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS;
+                // A prompt longer than this replica's context may fit another's: only then is
+                // the refusal read (it is small, and complete before anything reached the
+                // client).
+                let larger_elsewhere = |ctx: Option<u64>| {
+                    queue.iter().any(|&j| match (contexts[j], ctx) {
+                        (Some(other), Some(own)) => other > own,
+                        _ => true,
+                    })
+                };
+                if status == StatusCode::BAD_REQUEST && larger_elsewhere(contexts[i]) {
+                    count(status.as_str());
+                    let (head, incoming) = resp.into_parts();
+                    let answer = http_body_util::Limited::new(incoming, MAX_REFUSAL_BYTES).collect().await.map(|b| b.to_bytes());
+                    let Ok(answer) = answer else {
+                        let message = format!("{} answered 400 and its body broke", upstream.base);
+                        return Ok(GatewayError::new(Kind::BadGateway, message).response(api));
+                    };
+                    let Some(refusal) = context_refusal(&answer) else {
+                        return Ok(pass_on(head, answer, (slot, in_flight, model_in_flight)));
+                    };
+                    queue.retain(|&j| contexts[j].is_none_or(|c| c > refusal.prompt_tokens));
+                    if queue.is_empty() {
+                        let largest = contexts.iter().flatten().max().copied().unwrap_or(refusal.context).max(refusal.context);
+                        // The engine's words, with the largest context of the model's replicas.
+                        let message = format!(
+                            "the prompt is {} tokens; the model's context is {largest} tokens (the largest of the replicas serving '{model}'), and at least one must be left to generate",
+                            refusal.prompt_tokens
+                        );
+                        gw.metrics.reject(Rejection::OverContext);
+                        return Ok(GatewayError { param: refusal.param, ..GatewayError::new(Kind::BadRequest, message) }.response(api));
+                    }
+                    // Not a retry of a refusal to serve: the budget stays for those.
+                    gw.metrics.retries.with_label_values(&[&model, "context"]).inc();
+                    drop(in_flight);
+                    continue;
+                }
                 if !refused || is_last {
                     let (mut head, mut incoming) = resp.into_parts();
                     // Nothing goes to the client before the body's first frame: a replica that
@@ -130,6 +196,7 @@ async fn admit_and_send(gw: &Arc<Gateway>, api: Api, req: Request<Body>) -> Resu
                             let msg = format!("no replica answered: the last one tried, {}, failed: {message}", upstream.base);
                             return Ok(GatewayError::new(Kind::BadGateway, msg).response(api));
                         }
+                        retries_left -= 1;
                         gw.metrics.retries.with_label_values(&[&model, "closed_before_body"]).inc();
                         continue;
                     }
@@ -159,10 +226,61 @@ async fn admit_and_send(gw: &Arc<Gateway>, api: Api, req: Request<Body>) -> Resu
                 reason
             }
         };
+        retries_left -= 1;
         gw.metrics.retries.with_label_values(&[&model, refusal]).inc();
     }
-    // `order` is never empty, and its last attempt always returns.
+    // The order is never empty, and its last attempt always returns; a context refusal with
+    // nowhere left to go returns too.
     unreachable!("the last attempt returns")
+}
+
+/// Largest refusal body read to learn whether a replica refused a prompt as over its context.
+const MAX_REFUSAL_BYTES: usize = 64 << 10;
+
+/// A replica's answer read whole (a refusal that is the answer after all), to the client as it
+/// came.
+fn pass_on(mut head: axum::http::response::Parts, body: Bytes, guards: impl Send + 'static) -> Response {
+    strip_hop_by_hop(&mut head.headers);
+    head.headers.remove(header::CONTENT_LENGTH);
+    drop(guards);
+    Response::from_parts(head, Body::from(body))
+}
+
+/// The largest known context among `order`'s candidates, when every one of them has one.
+fn largest_context(candidates: &[Candidate], order: &[usize]) -> Option<u64> {
+    let contexts: Option<Vec<u64>> = order.iter().map(|&i| candidates[i].context).collect();
+    contexts?.into_iter().max()
+}
+
+/// The engine's refusal of a prompt longer than its context (`check_prompt_fits` in
+/// engine/src/wire/request.rs: "the prompt is N tokens; the model's context is M tokens, ..."),
+/// in either API's error shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContextRefusal {
+    pub prompt_tokens: u64,
+    pub context: u64,
+    /// The request field the replica named (`messages` or `prompt`).
+    pub param: Option<&'static str>,
+}
+
+pub fn context_refusal(body: &[u8]) -> Option<ContextRefusal> {
+    let v: Json = serde_json::from_slice(body).ok()?;
+    let error = v.get("error")?;
+    let message = error.get("message")?.as_str()?;
+    // The number right after `what` and what follows it.
+    let number_after = |s: &'_ str, what: &str| -> Option<(u64, usize)> {
+        let rest = s.strip_prefix(what)?;
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        Some((rest[..digits].parse().ok()?, what.len() + digits))
+    };
+    let (prompt_tokens, end) = number_after(message, "the prompt is ")?;
+    let (context, _) = number_after(&message[end..], " tokens; the model's context is ")?;
+    let param = match error.get("param").and_then(Json::as_str) {
+        Some("messages") => Some("messages"),
+        Some("prompt") => Some("prompt"),
+        _ => None,
+    };
+    Some(ContextRefusal { prompt_tokens, context, param })
 }
 
 /// One request of a model in flight through the gateway, until dropped (with the answer's body).
@@ -305,4 +423,26 @@ pub fn describe_client_error(e: &hyper_util::client::legacy::Error) -> String {
         source = s.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_engines_context_refusal_is_recognised_in_either_shape() {
+        let openai = br#"{"error":{"message":"the prompt is 700 tokens; the model's context is 512 tokens, and at least one must be left to generate","type":"invalid_request_error","param":"prompt","code":null}}"#;
+        assert_eq!(context_refusal(openai), Some(ContextRefusal { prompt_tokens: 700, context: 512, param: Some("prompt") }));
+        let anthropic = br#"{"type":"error","error":{"type":"invalid_request_error","message":"the prompt is 9000 tokens; the model's context is 8192 tokens, and at least one must be left to generate"}}"#;
+        assert_eq!(context_refusal(anthropic), Some(ContextRefusal { prompt_tokens: 9000, context: 8192, param: None }));
+        for other in [
+            &br#"{"error":{"message":"max_tokens: 0 is not allowed","param":"max_tokens"}}"#[..],
+            br#"{"error":{"message":"see: the prompt is 7 tokens; the model's context is 5 tokens"}}"#,
+            br#"{"error":{"message":"the prompt is many tokens; the model's context is 5 tokens"}}"#,
+            br#"{"error":{"message":"the prompt is 7 tokens; the model's context is tokens"}}"#,
+            b"not json",
+        ] {
+            assert_eq!(context_refusal(other), None, "{}", String::from_utf8_lossy(other));
+        }
+    }
 }

@@ -28,6 +28,8 @@ pub struct Gateway {
     /// Each known replica's polling task, to end when the replica goes.
     polls: Mutex<HashMap<String, tokio::task::AbortHandle>>,
     pub keys: Keys,
+    /// Prompt keys that moved off their rendezvous replica.
+    pub affinity: crate::affinity::Homes,
     pub metrics: Arc<Metrics>,
     pub client: UpstreamClient,
 }
@@ -36,7 +38,15 @@ impl Gateway {
     pub fn new(config: Config) -> Gateway {
         let metrics = Arc::new(Metrics::new(&config.upstreams));
         let keys = Keys::new(config.api_keys.clone(), config.per_key_concurrency);
-        Gateway { config, upstreams: RwLock::default(), polls: Mutex::default(), keys, metrics, client: proxy::client() }
+        Gateway {
+            config,
+            upstreams: RwLock::default(),
+            polls: Mutex::default(),
+            keys,
+            affinity: crate::affinity::Homes::default(),
+            metrics,
+            client: proxy::client(),
+        }
     }
 
     /// The replicas known now (a snapshot: a request keeps the set it started with).

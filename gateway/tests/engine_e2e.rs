@@ -1,7 +1,9 @@
-//! End to end against two REAL brink servers (the engine's in-process server on the synthetic
-//! tiny model, CPU backend, each engine in a `brink-engine-child` process) with different model
-//! names behind the gateway: each model's requests, plain and streamed, are answered by the
-//! server that serves it, and the model list has both.
+//! End to end against REAL brink servers (the engine's in-process server on the synthetic tiny
+//! model, CPU backend, each engine in a `brink-engine-child` process) with different model names
+//! behind the gateway: each model's requests, plain and streamed, are answered by a server that
+//! serves it, and the model list has both. Model `alpha` has two servers of different contexts:
+//! a request that only the larger admits is served there, one that neither admits gets a 400
+//! naming both numbers.
 
 mod common;
 
@@ -14,6 +16,7 @@ use brink_engine::server::supervisor::EngineCommand;
 use brink_engine::server::{ServeOptions, serve_on_with};
 use brink_engine::synth::{self, Preset, SynthSpec};
 use common::*;
+use http_body_util::BodyExt;
 use serde_json::json;
 
 /// Loading a model on a loaded 2-core CI machine is slow; this bounds it.
@@ -35,13 +38,13 @@ fn engine_child() -> EngineCommand {
     EngineCommand { program, args: Vec::new() }
 }
 
-fn options(model: PathBuf, name: &str, scratch: &std::path::Path) -> ServeOptions {
+fn options(model: PathBuf, name: &str, context: usize, scratch: &std::path::Path) -> ServeOptions {
     ServeOptions {
         worker: WorkerConfig {
             model,
             backend: BackendKind::Cpu,
             slots: 2,
-            context: 512,
+            context,
             max_batch_tokens: 256,
             prefill_chunk: 64,
             max_queue: 16,
@@ -50,7 +53,7 @@ fn options(model: PathBuf, name: &str, scratch: &std::path::Path) -> ServeOption
         model_name: Some(name.into()),
         api_keys: Vec::new(),
         stall_timeout: Duration::from_secs(60),
-        stall_dir: scratch.join(format!("stalls-{name}")),
+        stall_dir: scratch.join(format!("stalls-{name}-{context}")),
         inject_fault: None,
         quarantine_min_chunk: 8,
         requeue_after_restart: 1,
@@ -87,12 +90,13 @@ fn two_real_servers_behind_the_gateway() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("tiny.gguf");
     synth::generate(&SynthSpec::from_preset(Preset::Tiny), &model, |_, _| {}).unwrap_or_else(|e| panic!("{e}"));
-    let (alpha_url, alpha_stop, alpha_done) = start_server(options(model.clone(), "alpha", dir.path()));
-    let (beta_url, beta_stop, beta_done) = start_server(options(model, "beta", dir.path()));
+    let (alpha_url, alpha_stop, alpha_done) = start_server(options(model.clone(), "alpha", 512, dir.path()));
+    let (big_url, big_stop, big_done) = start_server(options(model.clone(), "alpha", 2048, dir.path()));
+    let (beta_url, beta_stop, beta_done) = start_server(options(model, "beta", 512, dir.path()));
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
-        let mut config = brink_gateway::Config::new(vec![alpha_url.clone(), beta_url.clone()]);
+        let mut config = brink_gateway::Config::new(vec![alpha_url.clone(), beta_url.clone(), big_url.clone()]);
         // Discovery must see each server turn ready after its model loads.
         config.poll_interval = Duration::from_millis(100);
         let gw = gateway(config).await;
@@ -100,15 +104,17 @@ fn two_real_servers_behind_the_gateway() {
         loop {
             let r = call(&format!("{}/v1/models", gw.url), "GET", &[], "").await;
             // Each server also answers to `brink`; it is listed once.
-            if model_ids(&r.json()) == ["alpha", "brink", "beta"] {
+            let healthy =
+                metrics(&gw).await.lines().filter(|l| l.starts_with("brink_gateway_upstream_healthy{") && l.ends_with(" 1")).count();
+            if model_ids(&r.json()) == ["alpha", "brink", "beta"] && healthy == 3 {
                 break;
             }
             assert!(t0.elapsed() < LOAD_DEADLINE, "the servers did not both become ready: {}", r.body);
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
 
-        for (name, url) in [("alpha", &alpha_url), ("beta", &beta_url)] {
-            let before = requests_total(url).await;
+        for (name, urls) in [("alpha", vec![&alpha_url, &big_url]), ("beta", vec![&beta_url])] {
+            let before = requests_total_of(&urls).await;
             let plain = json!({"model": name, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 4, "temperature": 0});
             let r = post(&format!("{}/v1/chat/completions", gw.url), &plain).await;
             assert_eq!(r.status, 200, "{name}: {}", r.body);
@@ -125,20 +131,56 @@ fn two_real_servers_behind_the_gateway() {
             assert_eq!(first["model"], name);
             assert_eq!(first["object"], "chat.completion.chunk");
 
-            // Both went to this model's server, none to the other.
-            assert_eq!(requests_total(url).await - before, 2.0, "{name}'s server answered both");
+            // Both went to this model's servers, none to the other.
+            assert_eq!(requests_total_of(&urls).await - before, 2.0, "{name}'s servers answered both");
         }
         let other_before = requests_total(&beta_url).await;
         let r = post(&format!("{}/v1/completions", gw.url), &json!({"model": "alpha", "prompt": "Once", "max_tokens": 2})).await;
         assert_eq!(r.status, 200, "{}", r.body);
         assert_eq!(requests_total(&beta_url).await, other_before, "alpha's request never reached beta's server");
-        // A prompt over the replicas' context gets the engine's 400, naming both numbers, as it
-        // gave it; so does any other bad field: the gateway adds no 5xx of its own.
+        // A prompt over the only replica's context gets the engine's 400, naming both numbers, as
+        // it gave it; so does any other bad field: the gateway adds no 5xx of its own.
         let long = vec!["word"; 700].join(" ");
-        let r = post(&format!("{}/v1/completions", gw.url), &json!({"model": "alpha", "prompt": long, "max_tokens": 2})).await;
+        let r = post(&format!("{}/v1/completions", gw.url), &json!({"model": "beta", "prompt": long, "max_tokens": 2})).await;
         assert_eq!(r.status, 400, "{}", r.body);
         let message = r.json()["error"]["message"].as_str().unwrap_or_default().to_string();
         assert!(message.contains("the prompt is") && message.contains("context is 512 tokens"), "{message}");
+
+        // The same prompt for alpha: the 512-token replica refuses it (when tried first), the
+        // 2048-token one serves it.
+        let (small_before, big_before) = (requests_total(&alpha_url).await, requests_total(&big_url).await);
+        let r = post(&format!("{}/v1/completions", gw.url), &json!({"model": "alpha", "prompt": long, "max_tokens": 2})).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(requests_total(&big_url).await - big_before, 1.0, "the larger context served it");
+        assert!(requests_total(&alpha_url).await - small_before <= 1.0);
+        // max_tokens that only the larger context holds: never sent to the smaller. Streamed and
+        // dropped after the first chunk (a thousand tokens of a debug build would take minutes).
+        let small_before = requests_total(&alpha_url).await;
+        for _ in 0..3 {
+            let body = json!({"model": "alpha", "prompt": "Once", "max_tokens": 1000, "stream": true});
+            let req = request(&format!("{}/v1/completions", gw.url), "POST", &[], &body.to_string());
+            let resp = tokio::time::timeout(DEADLINE, client().request(req)).await.expect("no response head").unwrap();
+            assert_eq!(resp.status(), 200);
+            let mut stream = resp.into_body();
+            tokio::time::timeout(DEADLINE, stream.frame()).await.expect("no first chunk").expect("an empty stream").unwrap();
+        }
+        assert_eq!(requests_total(&alpha_url).await, small_before, "max_tokens over 512 never went to the 512-token replica");
+        // Over every replica's context: 400 naming both numbers (the prompt's tokens, the
+        // largest context).
+        let longer = vec!["word"; 3000].join(" ");
+        let r = post(&format!("{}/v1/completions", gw.url), &json!({"model": "alpha", "prompt": longer, "max_tokens": 2})).await;
+        assert_eq!(r.status, 400, "{}", r.body);
+        let message = r.json()["error"]["message"].as_str().unwrap_or_default().to_string();
+        assert!(message.contains("the prompt is") && message.contains("context is 2048 tokens"), "{message}");
+        let r = post(&format!("{}/v1/completions", gw.url), &json!({"model": "alpha", "prompt": "Once", "max_tokens": 5000})).await;
+        assert_eq!(r.status, 400, "{}", r.body);
+        assert_eq!(r.json()["error"]["param"], "max_tokens");
+        let message = r.json()["error"]["message"].as_str().unwrap_or_default().to_string();
+        assert!(message.contains("5000") && message.contains("context of 2048 tokens"), "{message}");
+        let m = metrics(&gw).await;
+        // The max_tokens refusal, and the prompt's when the smaller replica was tried first.
+        assert!(metric(&m, "brink_gateway_rejections_total", &[("reason", "over_context")]).is_some_and(|n| n >= 1.0), "{m}");
+
         for bad in [
             json!({"model": "alpha", "prompt": "x", "temperature": "hot"}),
             json!({"model": "beta", "messages": "not a list"}),
@@ -153,10 +195,18 @@ fn two_real_servers_behind_the_gateway() {
         assert_eq!(r.json()["error"]["message"], "model 'gamma' is not served by any replica; served: alpha, brink, beta");
     });
 
-    for (stop, done) in [(alpha_stop, alpha_done), (beta_stop, beta_done)] {
+    for (stop, done) in [(alpha_stop, alpha_done), (big_stop, big_done), (beta_stop, beta_done)] {
         stop.send(()).expect("the server is gone");
         assert_eq!(done.recv_timeout(Duration::from_secs(60)).expect("serve_on did not return"), Ok(()));
     }
+}
+
+async fn requests_total_of(urls: &[&String]) -> f64 {
+    let mut sum = 0.0;
+    for url in urls {
+        sum += requests_total(url).await;
+    }
+    sum
 }
 
 async fn requests_total(url: &str) -> f64 {

@@ -221,3 +221,51 @@ async fn with_affinity_off_ties_go_in_upstream_order() {
     let m = metrics(&gw).await;
     assert_eq!(metric(&m, "brink_gateway_affinity_hits_total", &[("model", "m")]), None, "{m}");
 }
+
+/// Two one-slot replicas: a prompt whose replica is busy with another request of the same prefix
+/// goes to the free one, and its prefix's home moves there: later requests with that prefix stay
+/// on the new home even once the old one is free (no ping-pong between two clients' turns).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_whose_replica_has_no_free_slot_moves_and_stays_moved() {
+    let a = Stub::start("A", &["m"]).await;
+    let b = Stub::start("B", &["m"]).await;
+    let mut c = config(&[&a, &b]);
+    c.upstream_slots = Some(1);
+    let gw = gateway(c).await;
+    wait_models(&gw, &[], &["m"]).await;
+    let url = format!("{}/v1/chat/completions", gw.url);
+    let system: String = (0..300).map(|i| format!("rule {i}. ")).collect();
+    let turn = |i: usize, stream: bool| {
+        json!({"model": "m", "stream": stream,
+               "messages": [{"role": "system", "content": system}, {"role": "user", "content": format!("turn {i}")}]})
+    };
+
+    // Turn 0, streamed and held open by the stub: its replica's one slot is taken.
+    let req = request(&url, "POST", &[], &turn(0, true).to_string());
+    let resp = tokio::time::timeout(DEADLINE, client().request(req)).await.expect("no response head").unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut held = resp.into_body();
+    let first = tokio::time::timeout(DEADLINE, held.frame()).await.expect("no first chunk").unwrap().unwrap();
+    let first = String::from_utf8(first.into_data().unwrap().to_vec()).unwrap();
+    let (home, other, other_stub) = if first.contains(r#""answered_by":"A""#) { ("A", "B", &b) } else { ("B", "A", &a) };
+
+    // Turn 1 of the same prefix meanwhile: no free slot at home, so the other replica.
+    let r = post(&url, &turn(1, false)).await;
+    assert_eq!(r.json()["answered_by"], other, "{}", r.body);
+    let m = metrics(&gw).await;
+    assert_eq!(metric(&m, "brink_gateway_affinity_moves_total", &[("model", "m"), ("reason", "no_free_slot")]), Some(1.0), "{m}");
+
+    // The held stream ends; the old home is free again, but the prefix now lives elsewhere.
+    let stub_of = |name: &str| if name == "A" { &a } else { &b };
+    stub_of(home).state.gate.add_permits(1);
+    tokio::time::timeout(DEADLINE, held.collect()).await.expect("the held stream did not end").unwrap();
+    wait_idle(&gw).await;
+    for i in 2..6 {
+        let r = post(&url, &turn(i, false)).await;
+        assert_eq!(r.json()["answered_by"], other, "turn {i}: {}", r.body);
+    }
+    assert_eq!(other_stub.hits().len(), 5);
+    let m = metrics(&gw).await;
+    assert_eq!(metric(&m, "brink_gateway_affinity_hits_total", &[("model", "m")]), Some(5.0), "{m}");
+    assert_eq!(metric(&m, "brink_gateway_affinity_moves_total", &[("model", "m"), ("reason", "no_free_slot")]), Some(1.0), "{m}");
+}
