@@ -284,6 +284,11 @@ pub fn render(report: &SelfTestReport) -> String {
             let _ = writeln!(s, "  {}: {}", c.id, c.detail);
         }
     }
+    let costs = family_costs(&report.cases);
+    if !costs.is_empty() {
+        let line: Vec<String> = costs.iter().map(|c| format!("{} {:.1}s ({} cases)", c.kernel, c.wall_ms / 1e3, c.cases)).collect();
+        let _ = writeln!(s, "\ntime by kernel family (wall, most first): {}", line.join(", "));
+    }
     let _ =
         writeln!(s, "\nphases:  {}", report.phases.iter().map(|p| format!("{} {:.2}s", p.name, p.seconds)).collect::<Vec<_>>().join(", "));
     let _ = writeln!(
@@ -300,6 +305,31 @@ pub fn render(report: &SelfTestReport) -> String {
         }
     );
     s
+}
+
+/// The wall time one kernel family's executed cases took, the device and its CPU twin together.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FamilyCost {
+    pub kernel: String,
+    pub wall_ms: f64,
+    pub cases: usize,
+}
+
+/// Each kernel's executed cases' wall time summed, the most expensive family first (ties by
+/// name): where a self-test's minutes go.
+pub fn family_costs(cases: &[CaseReport]) -> Vec<FamilyCost> {
+    let mut by: Vec<FamilyCost> = Vec::new();
+    for c in cases.iter().filter(|c| !matches!(c.result, CaseResult::Skipped | CaseResult::Planned)) {
+        match by.iter_mut().find(|f| f.kernel == c.kernel) {
+            Some(f) => {
+                f.wall_ms += c.wall_ms;
+                f.cases += 1;
+            }
+            None => by.push(FamilyCost { kernel: c.kernel.clone(), wall_ms: c.wall_ms, cases: 1 }),
+        }
+    }
+    by.sort_by(|a, b| b.wall_ms.total_cmp(&a.wall_ms).then_with(|| a.kernel.cmp(&b.kernel)));
+    by
 }
 
 #[cfg(test)]
@@ -326,6 +356,27 @@ mod tests {
 
     fn none() -> NegativeControls {
         NegativeControls::default()
+    }
+
+    #[test]
+    fn family_costs_sum_executed_cases_most_expensive_first() {
+        let timed = |kernel: &str, result: CaseResult, ms: f64| CaseReport { wall_ms: ms, ..case(kernel, 1, result) };
+        let cases = [
+            timed("attention", CaseResult::Passed, 900.0),
+            timed("rope", CaseResult::Passed, 5.0),
+            timed("attention", CaseResult::Failed, 100.0),
+            timed("moe_gemm", CaseResult::Passed, 400.0),
+            timed("moe_gemv", CaseResult::Planned, 0.0),
+            timed("moe_gemm", CaseResult::Skipped, 9_999.0),
+            timed("rope", CaseResult::Skipped, 1.0),
+            timed("neg_gemv_gridz", CaseResult::Flagged, 5.0),
+        ];
+        let got: Vec<(String, f64, usize)> = family_costs(&cases).into_iter().map(|f| (f.kernel, f.wall_ms, f.cases)).collect();
+        assert_eq!(
+            got,
+            vec![("attention".into(), 1000.0, 2), ("moe_gemm".into(), 400.0, 1), ("neg_gemv_gridz".into(), 5.0, 1), ("rope".into(), 5.0, 1)]
+        );
+        assert!(family_costs(&[]).is_empty());
     }
 
     /// `cases` and both required controls flagged in this run.
