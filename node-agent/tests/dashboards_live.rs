@@ -307,6 +307,7 @@ mod live {
             scheduled_time: time_of(previous_at),
             model: MODEL.into(),
             nodes: SWEEP_NODES.iter().map(|n| n.to_string()).collect(),
+            deployment: None,
             workload: s.workload.clone(),
             self_test: s.self_test,
             baseline: s.baseline.clone(),

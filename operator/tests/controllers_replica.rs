@@ -451,3 +451,42 @@ async fn a_server_error_on_pod_create_fails_the_reconcile() {
             .contains("brink_operator_reconcile_errors_total{controller=\"modelreplica\",kind=\"api\"} 1")
     );
 }
+
+/// A replica on another engine publishes its engine's API as `podIP:port` of its leader Pod (a
+/// deployment's sweep measures it there); brink's own replicas and Pods without an IP do not.
+#[test]
+fn another_engines_replica_publishes_its_leader_pods_address_and_engine_port() {
+    let config = brink_operator::controllers::Config::default();
+    let replica = |kind: &str, port: Option<u16>| -> ModelReplica {
+        let mut engine = serde_json::json!({ "image": "img:1", "version": "1", "kind": kind });
+        if let Some(p) = port {
+            engine["port"] = p.into();
+        }
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "brink.dev/v1alpha1", "kind": "ModelReplica",
+            "metadata": { "name": "d-0", "namespace": "llm" },
+            "spec": {
+                "deployment": "d", "node": "spark-1", "model": "m", "revision": "r1", "engine": engine,
+                "serving": { "context": 4096, "maxBatchTokens": 8192, "prefillChunk": 2048, "concurrency": 4, "kvFraction": 0.5 }
+            }
+        }))
+        .expect("replica")
+    };
+    let pod = |ip: Option<&str>| Pod {
+        status: Some(PodStatus { pod_ip: ip.map(str::to_string), ..PodStatus::default() }),
+        ..Pod::default()
+    };
+    let cases = [
+        (replica("vllm", None), Some(pod(Some("10.1.2.3"))), Some("10.1.2.3:8000")),
+        (replica("sglang", None), Some(pod(Some("10.1.2.3"))), Some("10.1.2.3:30000")),
+        (replica("llamacpp", Some(9090)), Some(pod(Some("fd00::7"))), Some("[fd00::7]:9090")),
+        (replica("llamacpp", None), Some(pod(None)), None),
+        (replica("llamacpp", None), Some(pod(Some(""))), None),
+        (replica("vllm", None), None, None),
+        (replica("brink", None), Some(pod(Some("10.1.2.3"))), None),
+    ];
+    for (r, p, want) in cases {
+        let kind = r.spec.engine.kind;
+        assert_eq!(replica::engine_endpoint(&r, p.as_ref(), &config).as_deref(), want, "{kind:?}");
+    }
+}

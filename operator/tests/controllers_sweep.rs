@@ -421,6 +421,55 @@ fn nodes_are_selected_by_label_and_agent_and_sorted() {
     assert_eq!(sweep::select_nodes(&BTreeMap::new(), &nodes, &sparks), ["spark-1", "spark-2", "spark-3", "spark-4"]);
 }
 
+/// A sweep over a deployment (`deploymentRef`) measures the nodes that run its replicas (a
+/// gang's leader node), and its own replicas there neither drain nor skip the node.
+#[test]
+fn a_sweep_over_a_deployment_measures_the_nodes_of_its_replicas() {
+    let replica = |name: &str, deployment: &str, node: &str, workers: &[&str], deleting: bool| -> Arc<brink_api::crd::ModelReplica> {
+        let mut r = json!({
+            "apiVersion": "brink.dev/v1alpha1", "kind": "ModelReplica",
+            "metadata": { "name": name, "namespace": NS },
+            "spec": {
+                "deployment": deployment, "node": node, "model": "qwen", "revision": "r1",
+                "engine": { "image": "vllm/vllm-openai:v0.11.0", "version": "0.11.0", "kind": "vllm" },
+                "serving": { "context": 4096, "maxBatchTokens": 8192, "prefillChunk": 2048, "concurrency": 4, "kvFraction": 0.5 }
+            }
+        });
+        if !workers.is_empty() {
+            r["spec"]["gang"] = json!({ "workers": workers, "fabric": "cx7-a", "rdma": false });
+        }
+        if deleting {
+            r["metadata"]["deletionTimestamp"] = json!("2026-12-01T00:00:00Z");
+        }
+        Arc::new(serde_json::from_value(r).expect("replica"))
+    };
+    let replicas = vec![
+        replica("lc-0", "lc", "spark-1", &[], false),
+        replica("lc-1", "lc", "spark-2", &["spark-3"], false),
+        replica("lc-2", "lc", "spark-4", &[], true),
+        replica("other-0", "other", "spark-3", &[], false),
+    ];
+    let selected: Vec<String> = ["spark-1", "spark-2", "spark-3", "spark-4"].map(String::from).to_vec();
+    assert_eq!(sweep::deployment_nodes(selected.clone(), Some(NS), "lc", &replicas), ["spark-1", "spark-2"]);
+    assert_eq!(sweep::deployment_nodes(selected.clone(), Some(NS), "other", &replicas), ["spark-3"]);
+    assert!(sweep::deployment_nodes(selected.clone(), Some("elsewhere"), "lc", &replicas).is_empty());
+    assert!(sweep::deployment_nodes(selected, Some(NS), "none", &replicas).is_empty());
+
+    let mut s = nightly(None, "Forbid");
+    assert_eq!(run_spec(&s, NOW_S, vec![], &[]).deployment, None, "no deploymentRef: brink's engine on each node");
+    s.spec.deployment_ref = Some(brink_api::crd::DeploymentRef { name: "lc".into() });
+    let spec = run_spec(&s, NOW_S, vec!["spark-1".into(), "spark-2".into()], &[]);
+    assert_eq!(spec.deployment.as_deref(), Some("lc"));
+    assert_eq!(serde_json::to_value(&spec).expect("JSON")["deployment"], "lc");
+
+    // spark-3 holds lc-1's worker and other-0: only other-0 is load to drain for a sweep of lc.
+    assert_eq!(sweep_run::resident_replicas(&replicas, "spark-3", None), 2);
+    assert_eq!(sweep_run::resident_replicas(&replicas, "spark-3", Some((NS, "lc"))), 1);
+    assert_eq!(sweep_run::resident_replicas(&replicas, "spark-2", Some((NS, "lc"))), 0);
+    assert_eq!(sweep_run::resident_replicas(&replicas, "spark-2", Some(("elsewhere", "lc"))), 1, "another namespace's lc");
+    assert_eq!(sweep_run::resident_replicas(&replicas, "spark-4", None), 0, "a replica being deleted is not resident");
+}
+
 #[test]
 fn outlier_findings_are_replaced_not_repeated() {
     let outlier = |v: f64| brink_api::crd::Finding {

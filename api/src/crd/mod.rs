@@ -34,7 +34,7 @@ pub use model_replica::{
     StallReport, Throughput,
 };
 pub use regression_sweep::{
-    BaselineKind, BaselinePolicy, ConcurrencyPolicy, GridPoint, RegressionSweep, RegressionSweepSpec, RegressionSweepStatus, SweepSelfTest,
+    DeploymentRef, BaselineKind, BaselinePolicy, ConcurrencyPolicy, GridPoint, RegressionSweep, RegressionSweepSpec, RegressionSweepStatus, SweepSelfTest,
     SweepVerdict, Tolerance, WorkloadGrid,
 };
 pub use spark_node::{

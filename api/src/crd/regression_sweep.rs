@@ -70,6 +70,15 @@ pub struct RegressionSweepSpec {
     #[serde(default = "default_true")]
     pub drain_replicas: bool,
     pub model_ref: ModelRef,
+    /// Sweep this `ModelDeployment`'s replicas (same namespace) through their engine's HTTP API
+    /// instead of brink's engine started on the node: a deployment on another engine (vLLM,
+    /// SGLang, llama.cpp). Each selected node that runs one of its replicas (a gang's leader
+    /// node) measures that replica, as `brink-agent sweep --url` does: the black-box
+    /// qualification in the self-test's place, then the grid at the replica's serving limits.
+    /// The deployment's own replicas are what is measured, so they are neither drained nor a
+    /// reason to skip the node; `modelRef` names the deployment's Model (its shape).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment_ref: Option<DeploymentRef>,
     pub workload: WorkloadGrid,
     #[serde(default)]
     pub self_test: SweepSelfTest,
@@ -79,6 +88,13 @@ pub struct RegressionSweepSpec {
     #[serde(default = "default_node_timeout")]
     #[schemars(range(min = 60, max = 86_400))]
     pub node_timeout_seconds: u32,
+}
+
+/// A `ModelDeployment` by name, in the sweep's namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct DeploymentRef {
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    pub name: String,
 }
 
 fn default_successful_history() -> u32 {

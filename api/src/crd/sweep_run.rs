@@ -47,6 +47,11 @@ pub struct SweepRunSpec {
     /// The nodes selected at firing time.
     #[schemars(length(max = 5000))]
     pub nodes: Vec<String>,
+    /// The `ModelDeployment` (same namespace) whose replicas are measured through their
+    /// engine's API, one per node (the sweep's `deploymentRef`); absent: brink's engine on each node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub deployment: Option<String>,
     pub workload: WorkloadGrid,
     pub self_test: SweepSelfTest,
     pub baseline: BaselinePolicy,

@@ -4,8 +4,11 @@
 
 use std::collections::HashSet;
 
-use brink_api::crd::{NodeRunState, RunPhase, SweepRun, WorkloadGrid, result_name};
+use std::time::Duration;
+
+use brink_api::crd::{ModelReplica, NodeRunState, RunPhase, SweepRun, WorkloadGrid, result_name};
 use kube::ResourceExt;
+use thiserror::Error;
 
 /// A run this node has a part in, by namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -94,6 +97,45 @@ pub fn negative_controls(asked: bool, hosted_replicas: usize) -> Result<bool, St
     super::qualify_plan::negative_controls(hosted_replicas).map(|()| true)
 }
 
+/// The black-box qualification's deadline floor per case when a sweep measures a deployment's
+/// replica (as `brink-agent sweep --url`'s `--case-deadline-s` default).
+pub const REPLICA_CASE_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Why this node cannot measure the replica of the deployment a run names.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum ReplicaTargetError {
+    #[error("ModelDeployment {namespace}/{deployment} has no replica on node {node} (a gang's leader node serves its API)")]
+    NoReplica { namespace: String, deployment: String, node: String },
+    #[error("ModelReplica {namespace}/{replica} publishes no endpoint yet (status.endpoint: its engine's Pod has no IP)")]
+    NoEndpoint { namespace: String, replica: String },
+}
+
+/// The replica of `deployment` (namespace `ns`) whose node (a gang's leader node) is `node`,
+/// not being deleted, and the URL of its engine's API (its `status.endpoint`).
+pub fn replica_target<'a>(
+    replicas: &'a [ModelReplica],
+    ns: &str,
+    deployment: &str,
+    node: &str,
+) -> Result<(&'a ModelReplica, String), ReplicaTargetError> {
+    let mut here: Vec<&ModelReplica> = replicas
+        .iter()
+        .filter(|r| r.namespace().as_deref() == Some(ns) && r.spec.deployment == deployment && r.spec.node == node)
+        .filter(|r| r.metadata.deletion_timestamp.is_none())
+        .collect();
+    // Every agent and every round picks the same one.
+    here.sort_by_key(|r| r.name_any());
+    let replica = here.first().ok_or_else(|| ReplicaTargetError::NoReplica {
+        namespace: ns.into(),
+        deployment: deployment.into(),
+        node: node.into(),
+    })?;
+    let endpoint = replica.status.as_ref().and_then(|s| s.endpoint.as_deref()).filter(|e| !e.is_empty());
+    let endpoint =
+        endpoint.ok_or_else(|| ReplicaTargetError::NoEndpoint { namespace: ns.into(), replica: replica.name_any() })?;
+    Ok((replica, format!("http://{endpoint}")))
+}
+
 /// Serving slots and context for the grid: one slot per concurrent stream of the largest
 /// point, and a context that holds the longest prompt plus its generated tokens (the model's
 /// trained context can be far larger, and its KV for every slot would not fit), rounded up to
@@ -122,6 +164,7 @@ mod tests {
                 scheduled_time: Time(Timestamp::from_second(at).unwrap()),
                 model: "m".into(),
                 nodes: nodes.iter().map(|(n, _)| n.to_string()).collect(),
+                deployment: None,
                 workload: WorkloadGrid { prompt_tokens: vec![64], concurrency: vec![1], generated_tokens: vec![8], requests_per_point: 2 },
                 self_test: SweepSelfTest { enabled: true, negative_controls: true },
                 baseline: BaselinePolicy::default(),

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use brink_api::DeviceReport;
-use brink_api::crd::{CachePhase, Model, ModelReplica, ResultState, SweepResult, SweepResultStatus, SweepRun};
+use brink_api::crd::{CachePhase, Model, ModelReplica, ResultState, Serving, SweepResult, SweepResultStatus, SweepRun};
 use brink_engine::BackendKind;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Resource};
@@ -22,7 +22,7 @@ use super::cache_plan;
 use super::errors::Call;
 use super::sweep_plan::{self, Busy, Decision, RunRef};
 use crate::model_cache::ModelCache;
-use crate::sweep::{ExtraCase, Plan};
+use crate::sweep::{ExtraCase, External, Plan};
 
 /// Runs one node's sweep (blocking: the self-test and the engine run in child processes).
 pub trait SweepExecutor: Send + Sync + 'static {
@@ -149,12 +149,30 @@ impl Agent {
             .map_err(|e| self.problem(Call::new("list", "modelreplicas", None), e))?
             .items;
         let hosted = cache_plan::wanted(&self.settings.node, &replicas).iter().map(|w| w.replicas.len()).sum();
-        let (plan, skipped_controls) = match self.sweep_model(cache, &r.namespace, &run.spec.model, &replicas).await {
-            Ok(model) => self.plan(run, model, s, hosted),
-            Err(why) => {
-                let error = Some(format!("Model {}/{}: {why}", r.namespace, run.spec.model));
-                return Ok(SweepResultStatus { state: ResultState::Failed, error, finished_at: Some(self.now()), ..started.clone() });
-            }
+        let failed = |error: String| SweepResultStatus {
+            state: ResultState::Failed,
+            error: Some(error),
+            finished_at: Some(self.now()),
+            ..started.clone()
+        };
+        // A run over a deployment measures its replica here through the engine's API.
+        let replica = match run.spec.deployment.as_deref() {
+            None => None,
+            Some(d) => match sweep_plan::replica_target(&replicas, &r.namespace, d, &self.settings.node) {
+                Ok((replica, url)) => Some((replica.spec.serving.clone(), url)),
+                Err(why) => return Ok(failed(why.to_string())),
+            },
+        };
+        let model = match self.sweep_model(cache, &r.namespace, &run.spec.model, &replicas).await {
+            Ok(model) => model,
+            Err(why) => return Ok(failed(format!("Model {}/{}: {why}", r.namespace, run.spec.model))),
+        };
+        let (plan, skipped_controls) = match replica {
+            None => self.plan(run, model, s, hosted),
+            Some((serving, url)) => match replica_plan(run, model, s, &serving, url) {
+                Ok(plan) => (plan, None),
+                Err(why) => return Ok(failed(format!("Model {}/{}: {why}", r.namespace, run.spec.model))),
+            },
         };
         let task = tokio::task::spawn_blocking(move || executor.execute(&plan)).await;
         let mut status = task.unwrap_or_else(|e| SweepResultStatus {
@@ -196,7 +214,8 @@ impl Agent {
             load_timeout: s.load_timeout,
             stall_timeout: s.stall_timeout,
             state_dir: s.state_dir.clone(),
-            // The node's own brink engine; `Plan::external` measures another engine's API.
+            // The node's own brink engine; a run over a deployment measures its replica's API
+            // instead ([`replica_plan`]).
             external: None,
         };
         (plan, controls.err())
@@ -301,6 +320,39 @@ impl Agent {
         let f = self.finished();
         ["Done", "Failed"].iter().map(|k| (*k, f.get(k).copied().unwrap_or(0))).collect()
     }
+}
+
+/// The executor's plan for a run over a deployment: the replica's engine measured at `url`
+/// through its API, at the replica's serving limits, with the black-box qualification in the
+/// self-test's place (it has no negative controls; the extra cases are brink's engine's own).
+/// Err: the Model's file has no shape to derive the qualification's lengths from.
+fn replica_plan(run: &SweepRun, model: PathBuf, s: &SweepSettings, serving: &Serving, url: String) -> Result<Plan, String> {
+    let shape = crate::cmd::flags::model_shape("the Model's file", &model).map_err(|e| e.to_string())?;
+    let external = External {
+        url,
+        model_name: None,
+        api_key: None,
+        shape,
+        context: Some(serving.context),
+        case_deadline: sweep_plan::REPLICA_CASE_DEADLINE,
+    };
+    Ok(Plan {
+        model,
+        backend: s.backend,
+        grid: run.spec.workload.clone(),
+        self_test: run.spec.self_test,
+        negative_controls_allowed: false,
+        extra_cases: Vec::new(),
+        max_batch_tokens: serving.max_batch_tokens,
+        prefill_chunk: serving.prefill_chunk,
+        context: usize::try_from(serving.context).unwrap_or(usize::MAX),
+        slots: serving.concurrency as usize,
+        point_timeout: s.point_timeout,
+        load_timeout: s.load_timeout,
+        stall_timeout: s.stall_timeout,
+        state_dir: s.state_dir.clone(),
+        external: Some(external),
+    })
 }
 
 /// The state as the API serialises it.

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use brink_api::crd::{Model, ModelReplica, PodFailures, ReplicaPhase};
+use brink_api::crd::{EngineKind, Model, ModelReplica, PodFailures, ReplicaPhase};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::DynamicObject;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -27,6 +27,39 @@ use super::lws;
 use crate::decide::{self, FailureRecord, PodState, Recovery};
 
 pub const CONTROLLER: &str = "modelreplica";
+
+/// The field manager of `status.endpoint` alone, so that publishing it never takes the phase
+/// from the manager that wrote it (the agent's or this operator's own).
+pub const ENDPOINT_MANAGER: &str = "brink-operator-endpoint";
+
+/// `host:port` of the engine's HTTP API of a replica on another engine (vLLM, SGLang,
+/// llama.cpp), from its leader Pod's IP: a sweep of the deployment measures it there. None for
+/// brink's engine (its agent reports for it) and before the Pod has an IP.
+pub fn engine_endpoint(replica: &ModelReplica, leader: Option<&Pod>, config: &super::context::Config) -> Option<String> {
+    if replica.spec.engine.kind == EngineKind::Brink {
+        return None;
+    }
+    let ip = leader?.status.as_ref()?.pod_ip.as_deref().filter(|ip| !ip.is_empty())?;
+    let port = member_pod::engine_port(replica, config);
+    Some(if ip.contains(':') { format!("[{ip}]:{port}") } else { format!("{ip}:{port}") })
+}
+
+/// Publishes `endpoint` in the replica's status when it differs from what is there (None:
+/// withdrawn).
+async fn publish_endpoint(ctx: &Context, replica: &ModelReplica, ns: &str, endpoint: Option<String>) -> Result<()> {
+    if replica.status.as_ref().and_then(|s| s.endpoint.as_ref()) == endpoint.as_ref() {
+        return Ok(());
+    }
+    let name = replica.name_any();
+    // Left out, the field this manager alone applied before is removed.
+    let status = endpoint.map_or_else(|| json!({}), |e| json!({ "endpoint": e }));
+    let patch = json!({ "apiVersion": "brink.dev/v1alpha1", "kind": "ModelReplica", "metadata": { "name": name }, "status": status });
+    let api: Api<ModelReplica> = Api::namespaced(ctx.client.clone(), ns);
+    api.patch_status(&name, &PatchParams::apply(ENDPOINT_MANAGER).force(), &Patch::Apply(&patch))
+        .await
+        .map_err(|e| Error::kube(format!("writing the endpoint of ModelReplica {ns}/{name}"), e))?;
+    Ok(())
+}
 
 #[instrument(skip_all, fields(namespace = replica.namespace().unwrap_or_default(), replica = replica.name_any()))]
 pub async fn reconcile(replica: Arc<ModelReplica>, ctx: Arc<Context>) -> Result<Action> {
@@ -141,6 +174,7 @@ async fn reconcile_inner(replica: &ModelReplica, ctx: &Context) -> Result<Action
         members_now.push(now);
     }
     let pod_now = members_now.first().cloned().flatten();
+    publish_endpoint(ctx, replica, &ns, engine_endpoint(replica, pod_now.as_ref(), &ctx.config)).await?;
 
     let resync = Duration::from_secs(ctx.config.resync_seconds.max(1) * 3);
     let now_s = ctx.now_s();
@@ -223,6 +257,7 @@ async fn reconcile_leader_worker_set(replica: &ModelReplica, model: &Model, ctx:
     let leader = lws::leader_pod_name(&name);
     let pod = pods.get_opt(&leader).await.map_err(|e| Error::kube(format!("reading Pod {ns}/{leader}"), e))?;
     let (phase, _) = phase_from_pod(pod.as_ref());
+    publish_endpoint(ctx, replica, ns, engine_endpoint(replica, pod.as_ref(), &ctx.config)).await?;
     let status = replica.status.clone().unwrap_or_default();
     if let Some(next) = phase_update(replica, phase) {
         write_status(ctx, ns, &name, next, status.pod_failures.as_ref()).await?;

@@ -94,6 +94,18 @@ pub fn select_nodes(selector: &BTreeMap<String, String>, nodes: &[Arc<Node>], sp
     out
 }
 
+/// Of `selected`, the nodes a sweep of `deployment`'s replicas measures: those where one of its
+/// replicas (namespace `ns`, not being deleted) has its node (a gang's leader node: its engine's
+/// API is served there).
+pub fn deployment_nodes(selected: Vec<String>, ns: Option<&str>, deployment: &str, replicas: &[Arc<ModelReplica>]) -> Vec<String> {
+    let hosts: BTreeSet<&str> = replicas
+        .iter()
+        .filter(|r| r.namespace().as_deref() == ns && r.spec.deployment == deployment && r.metadata.deletion_timestamp.is_none())
+        .map(|r| r.spec.node.as_str())
+        .collect();
+    selected.into_iter().filter(|n| hosts.contains(n.as_str())).collect()
+}
+
 /// The run a firing at `scheduled_s` creates: the sweep's settings as they are now, the
 /// selected nodes, and the stall shapes seen in serving since the previous firing.
 pub fn run_spec(sweep: &RegressionSweep, scheduled_s: i64, nodes: Vec<String>, replicas: &[Arc<ModelReplica>]) -> SweepRunSpec {
@@ -113,6 +125,7 @@ pub fn run_spec(sweep: &RegressionSweep, scheduled_s: i64, nodes: Vec<String>, r
         scheduled_time: time_of(scheduled_s),
         model: s.model_ref.name.clone(),
         nodes,
+        deployment: s.deployment_ref.as_ref().map(|d| d.name.clone()),
         workload: s.workload.clone(),
         self_test: s.self_test,
         baseline: s.baseline.clone(),
@@ -347,8 +360,12 @@ async fn create_run(sctx: &SweepContext, sweep: &RegressionSweep, ns: &str, sche
     let ctx = &sctx.base;
     let caches = &ctx.caches;
     let name = schedule::run_name(&sweep.name_any(), scheduled_s);
-    let nodes = select_nodes(&sweep.spec.node_selector, &caches.nodes.state(), &caches.spark_nodes.state());
-    let spec = run_spec(sweep, scheduled_s, nodes, &caches.replicas.state());
+    let mut nodes = select_nodes(&sweep.spec.node_selector, &caches.nodes.state(), &caches.spark_nodes.state());
+    let replicas = caches.replicas.state();
+    if let Some(d) = &sweep.spec.deployment_ref {
+        nodes = deployment_nodes(nodes, Some(ns), &d.name, &replicas);
+    }
+    let spec = run_spec(sweep, scheduled_s, nodes, &replicas);
     let mut run = SweepRun::new(&name, spec);
     run.metadata.namespace = Some(ns.to_string());
     let owner = sweep.controller_owner_ref(&()).ok_or_else(|| Error::MissingField {

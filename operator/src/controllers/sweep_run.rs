@@ -58,9 +58,15 @@ pub fn node_alive(ctx: &Context, node: &str, now_s: u64) -> bool {
     !ctx.heartbeats.observe(node, renew_s, duration, now_s, &policy).assess(now_s, &policy).evicts()
 }
 
-/// Serving replicas bound to `node` and not on their way out.
-pub fn resident_replicas(replicas: &[Arc<ModelReplica>], node: &str) -> u32 {
-    let n = replicas.iter().filter(|r| r.spec.nodes().contains(&node) && r.metadata.deletion_timestamp.is_none()).count();
+/// Serving replicas bound to `node` and not on their way out, except those of `measured`
+/// (`(namespace, deployment)`: the deployment the run measures through its API, whose replicas
+/// are what the sweep runs against, not load to drain).
+pub fn resident_replicas(replicas: &[Arc<ModelReplica>], node: &str, measured: Option<(&str, &str)>) -> u32 {
+    let n = replicas
+        .iter()
+        .filter(|r| r.spec.nodes().contains(&node) && r.metadata.deletion_timestamp.is_none())
+        .filter(|r| measured.is_none_or(|(ns, d)| r.namespace().as_deref() != Some(ns) || r.spec.deployment != d))
+        .count();
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
@@ -232,7 +238,7 @@ async fn reconcile_inner(run: &SweepRun, sctx: &SweepContext) -> Result<Action> 
                 state: was.map_or(NodeRunState::Waiting, |p| p.state),
                 started_s: was.and_then(|p| p.started_at.as_ref()).map(|t| t.0.as_second()),
                 alive: node_alive(ctx, node, u64::try_from(now_s).unwrap_or(0)),
-                resident_replicas: resident_replicas(&replicas, node),
+                resident_replicas: resident_replicas(&replicas, node, run.spec.deployment.as_deref().map(|d| (ns.as_str(), d))),
                 result: result_of(&name, node).and_then(|r| r.status.as_ref().map(|s| s.state)),
             }
         })

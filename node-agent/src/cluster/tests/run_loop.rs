@@ -339,3 +339,70 @@ async fn a_missing_model_fails_the_result_and_resident_replicas_skip_the_negativ
     stop_tx.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(3), running).await.unwrap().unwrap().unwrap();
 }
+
+/// A run over a deployment on another engine measures this node's replica of it through the
+/// engine's API (its `status.endpoint`), at the replica's serving limits, without negative
+/// controls or brink's extra cases; a run over a deployment with no replica here fails saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_over_a_deployment_measures_its_replica_through_the_engine_api() {
+    let w = world();
+    let r1: serde_json::Value = w.double.get_value("brink.dev", "sweepruns", Some("ops"), "r1").unwrap();
+    for (name, deployment, at) in [("r3", "lc", "2027-01-15T09:00:00Z"), ("r4", "absent", "2027-01-15T10:00:00Z")] {
+        let mut run = r1.clone();
+        run["metadata"] = json!({ "name": name, "namespace": "ops" });
+        run["spec"]["deployment"] = json!(deployment);
+        run["spec"]["scheduledTime"] = json!(at);
+        w.double.seed_value(run).unwrap();
+    }
+    // llama.cpp replicas of `lc`: one on this node (the one measured), one elsewhere. Their
+    // Model is not here (see the test above for why the cache must not write their status).
+    for (name, node, endpoint) in [("lc-0", "n1", "10.0.0.7:8080"), ("lc-1", "n2", "10.0.0.8:8080")] {
+        w.double
+            .seed_value(json!({
+                "apiVersion": "brink.dev/v1alpha1", "kind": "ModelReplica",
+                "metadata": { "name": name, "namespace": "ops" },
+                "spec": {
+                    "deployment": "lc", "node": node, "model": "elsewhere", "revision": "r1",
+                    "engine": { "image": "llama.cpp:server", "version": "b1", "kind": "llamacpp" },
+                    "serving": { "context": 1024, "maxBatchTokens": 512, "prefillChunk": 256, "concurrency": 2, "kvFraction": 0.5 }
+                },
+                "status": { "phase": "Serving", "endpoint": endpoint }
+            }))
+            .unwrap();
+    }
+    let executor = Arc::new(FakeExecutor::default());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(run_loop(parts(&w, executor.clone(), None), async move {
+        let _ = stop_rx.await;
+    }));
+    let double = &w.double;
+    let state = |name: &'static str, want: ResultState| {
+        move || {
+            let r: SweepResult = double.get(Some("ops"), name)?;
+            r.status.filter(|s| s.state == want)
+        }
+    };
+    until("r1's result", 20, state("r1-n1", ResultState::Done)).await;
+    let measured = until("r3's result", 20, state("r3-n1", ResultState::Done)).await;
+    assert_eq!(measured.points.len(), 1, "{measured:?}");
+    let failed = until("r4's result", 20, state("r4-n1", ResultState::Failed)).await;
+    assert_eq!(
+        failed.error.as_deref(),
+        Some("ModelDeployment ops/absent has no replica on node n1 (a gang's leader node serves its API)"),
+        "{failed:?}"
+    );
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(3), running).await.unwrap().unwrap().unwrap();
+
+    let plans = executor.plans.lock().unwrap().clone();
+    assert_eq!(plans.len(), 2, "r1 and r3 reached the executor, r4 did not");
+    assert!(plans[0].external.is_none(), "r1: brink's engine on the node");
+    let p = &plans[1];
+    let ext = p.external.as_ref().expect("r3 measures the replica's engine");
+    assert_eq!(ext.url, "http://10.0.0.7:8080");
+    assert_eq!((ext.context, ext.model_name.as_deref(), ext.case_deadline), (Some(1024), None, Duration::from_secs(30)));
+    assert_eq!(ext.shape, crate::cmd::flags::model_shape("m", &w.model_path).unwrap(), "the shape of the run's Model");
+    assert_eq!((p.max_batch_tokens, p.prefill_chunk, p.slots), (512, 256, 2), "the replica's serving limits");
+    assert!(!p.negative_controls_allowed && p.extra_cases.is_empty(), "brink's own cases do not apply to another engine");
+    assert_eq!(p.grid, plans[0].grid);
+}
