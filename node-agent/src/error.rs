@@ -65,6 +65,9 @@ pub enum Error {
     /// A running engine that `qualify --url` cannot qualify (its URL named).
     #[error(transparent)]
     BlackBox(#[from] crate::blackbox::session::RunError),
+    /// The kernel self-test's worker processes cannot start (this executable not found).
+    #[error(transparent)]
+    SelfTestWorker(#[from] crate::qualify::kernels::NoWorker),
     /// A local server (the supervisor and its engine child) that stopped or never got ready.
     #[error("{0}")]
     Server(#[from] brink_engine::server::ServeError),

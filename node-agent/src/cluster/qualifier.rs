@@ -97,7 +97,7 @@ impl Qualifier for SelfTest {
             opts.negative_controls_off_reason = Some(why.clone());
         }
         // A run without controls (replicas resident) counts the proof an earlier run kept.
-        let report = qualify::controls::run_kernels(opts, &self.state_dir, &fp).map_err(QualifyError::Failed)?;
+        let report = qualify::controls::run_kernels(opts, &self.state_dir, &fp).map_err(|e| QualifyError::Failed(e.to_string()))?;
         self.kernel_cases.lock().unwrap_or_else(|p| p.into_inner()).insert(class.to_string(), by_kernel(&report));
         let q = Qualification::new(fp, &report, qualify::rfc3339(std::time::SystemTime::now()));
         let envelope = verdict::envelope(&q.verdict, serving).ok();

@@ -41,11 +41,11 @@ pub fn write(path: &Path, proof: &ControlsProof) -> Result<(), StoreError> {
 
 /// Runs the kernel self-test with the kept proof for `fingerprint` offered to its verdict, and
 /// keeps this run's proof when it gives one.
-pub fn run_kernels(mut opts: Options, state_dir: &Path, fingerprint: &Fingerprint) -> Result<SelfTestReport, String> {
+pub fn run_kernels(mut opts: Options, state_dir: &Path, fingerprint: &Fingerprint) -> Result<SelfTestReport, super::kernels::NoWorker> {
     let file = path(state_dir, &fingerprint.shape_class);
     opts.fingerprint = Some(fingerprint.digest());
     opts.earlier_controls = read(&file);
-    let report = super::kernels::run(&opts).map_err(|e| e.to_string())?;
+    let report = super::kernels::run(&opts)?;
     if let Some(proof) = proof_of(&report, fingerprint, super::rfc3339(std::time::SystemTime::now()))
         && let Err(e) = write(&file, &proof)
     {
