@@ -35,38 +35,57 @@ impl Endpoint {
     }
 }
 
+/// A `--url` that cannot be benchmarked; every message names the URL and the flag.
+#[derive(Debug, Error)]
+pub enum UrlError {
+    #[error("--url {url}: https is not supported (plain HTTP/1.1 only); benchmark the server's own http port")]
+    Https { url: String },
+    #[error("--url {url}: unsupported scheme `{scheme}`; expected http://HOST:PORT")]
+    Scheme { url: String, scheme: String },
+    #[error("--url {url}: expected http://HOST:PORT")]
+    NoScheme { url: String },
+    #[error("--url {url}: no host")]
+    NoHost { url: String },
+    #[error("--url {url}: credentials in the URL are not supported; use --api-key")]
+    Credentials { url: String },
+    #[error("--url {url}: `{port}` is not a port number")]
+    Port { url: String, port: String },
+    #[error("--url {url}: a query or fragment has no place in the server's base URL")]
+    QueryOrFragment { url: String },
+}
+
 /// Parses `--url`. A trailing `/v1` is accepted (the OpenAI clients' base URL) and dropped.
-pub fn parse_url(url: &str) -> Result<Endpoint, String> {
-    let bad = |why: &str| format!("--url {url}: {why}");
+pub fn endpoint(url: &str) -> Result<Endpoint, UrlError> {
+    let u = || url.to_string();
     let rest = match url.split_once("://") {
         Some(("http", rest)) => rest,
-        Some(("https", _)) => return Err(bad("https is not supported (plain HTTP/1.1 only); benchmark the server's own http port")),
-        Some((scheme, _)) => return Err(bad(&format!("unsupported scheme `{scheme}`; expected http://HOST:PORT"))),
-        None => return Err(bad("expected http://HOST:PORT")),
+        Some(("https", _)) => return Err(UrlError::Https { url: u() }),
+        Some((scheme, _)) => return Err(UrlError::Scheme { url: u(), scheme: scheme.to_string() }),
+        None => return Err(UrlError::NoScheme { url: u() }),
     };
     let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
     if authority.is_empty() {
-        return Err(bad("no host"));
+        return Err(UrlError::NoHost { url: u() });
     }
     if authority.contains('@') {
-        return Err(bad("credentials in the URL are not supported; use --api-key"));
+        return Err(UrlError::Credentials { url: u() });
     }
     // The port follows the last `:` outside an IPv6 literal's brackets.
     let port_colon = authority.rfind(':').filter(|&i| !authority[i..].contains(']'));
     let (host, port) = match port_colon {
         Some(i) => {
             let port = &authority[i + 1..];
-            (&authority[..i], port.parse::<u16>().map_err(|_| bad(&format!("`{port}` is not a port number")))?)
+            (&authority[..i], port.parse::<u16>().map_err(|_| UrlError::Port { url: u(), port: port.to_string() })?)
         }
         None => (authority, 80),
     };
     if host.is_empty() || host == "[]" {
-        return Err(bad("no host"));
+        return Err(UrlError::NoHost { url: u() });
     }
     let mut prefix = path.trim_end_matches('/');
     prefix = prefix.strip_suffix("/v1").unwrap_or(prefix);
     if prefix.contains(['?', '#']) {
-        return Err(bad("a query or fragment has no place in the server's base URL"));
+        return Err(UrlError::QueryOrFragment { url: u() });
     }
     Ok(Endpoint {
         base: format!("http://{authority}{prefix}"),
@@ -74,6 +93,11 @@ pub fn parse_url(url: &str) -> Result<Endpoint, String> {
         host: authority.to_string(),
         prefix: prefix.to_string(),
     })
+}
+
+/// [`endpoint`] for callers that report errors as text.
+pub fn parse_url(url: &str) -> Result<Endpoint, String> {
+    endpoint(url).map_err(|e| e.to_string())
 }
 
 /// How long a connection may take to open before the server counts as unreachable.
@@ -365,7 +389,7 @@ pub async fn stream_completion(conn: &mut Conn, body: &Value, api_key: Option<&s
                 Ok(Chunk::Usage { prompt_tokens, completion_tokens }) => usage = Some((prompt_tokens, completion_tokens)),
                 Ok(Chunk::Other | Chunk::Done) => {}
                 Ok(Chunk::Error(msg)) => return StreamEnd::Broken(format!("the server reported an error in the stream: {msg}")),
-                Err(e) => return StreamEnd::Broken(e),
+                Err(e) => return StreamEnd::Broken(e.to_string()),
             }
         }
     }

@@ -67,19 +67,55 @@ pub struct UrlArgs {
     pub seed: u64,
 }
 
-/// Runs the grid and writes the table (stdout), then `json` and the CSV if asked.
+/// What stops `bench --url`; every message names the URL, flag or file at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Url(#[from] client::UrlError),
+    #[error(transparent)]
+    Grid(#[from] grid::GridError),
+    #[error("cannot start the tokio runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error(transparent)]
+    Http(#[from] client::HttpError),
+    #[error(transparent)]
+    Model(#[from] PickError),
+    #[error(transparent)]
+    Calibration(#[from] CalibrationError),
+    #[error("{}: cannot serialise the results: {source}", path.display())]
+    Serialise {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no request to {url} succeeded (see the failures above)")]
+    NoneSucceeded { url: String },
+}
+
+/// [`bench`] for callers that report errors as text.
 pub fn run(a: &UrlArgs, url: &str, json_out: Option<&Path>) -> Result<(), String> {
-    let endpoint = client::parse_url(url)?;
+    bench(a, url, json_out).map_err(|e| e.to_string())
+}
+
+/// Runs the grid and writes the table (stdout), then `json` and the CSV if asked.
+pub fn bench(a: &UrlArgs, url: &str, json_out: Option<&Path>) -> Result<(), BenchError> {
+    let endpoint = client::endpoint(url)?;
     let budget = match (a.requests, a.duration) {
         (Some(n), _) => Budget::Requests(n),
-        (None, Some(s)) => Budget::Duration(grid::duration_flag(s).map_err(|e| e.to_string())?),
+        (None, Some(s)) => Budget::Duration(grid::duration_flag(s)?),
         (None, None) => Budget::PerClient(4),
     };
-    let points = grid::expand(&a.prompt_tokens, &a.concurrency, &a.max_tokens, budget).map_err(|e| e.to_string())?;
+    let points = grid::expand(&a.prompt_tokens, &a.concurrency, &a.max_tokens, budget)?;
     let rt =
-        tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("cannot start the tokio runtime: {e}"))?;
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(BenchError::Runtime)?;
     rt.block_on(async {
-        let models = client::get_json(&endpoint, "/v1/models", a.api_key.as_deref()).await?;
+        let models = client::fetch_json(&endpoint, "/v1/models", a.api_key.as_deref()).await?;
         let model = pick_model(&models, a.model_name.as_deref(), &endpoint.url("/v1/models"))?;
         eprintln!("benchmarking {model} at {} over {} points", endpoint.base, points.len());
         let target = Arc::new(Target { endpoint: endpoint.clone(), model: model.clone(), api_key: a.api_key.clone(), seed: a.seed });
@@ -92,13 +128,14 @@ pub fn run(a: &UrlArgs, url: &str, json_out: Option<&Path>) -> Result<(), String
         });
         if let Some(path) = json_out {
             let doc = report::json_doc(settings, &endpoint.base, models, &results);
-            write(path, &serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?)?;
+            let text = serde_json::to_string_pretty(&doc).map_err(|source| BenchError::Serialise { path: path.to_path_buf(), source })?;
+            write(path, &text)?;
         }
         if let Some(path) = &a.csv {
             write(path, &report::csv(&results))?;
         }
         if results.iter().all(|r| r.requests == 0) {
-            return Err(format!("no request to {} succeeded (see the failures above)", endpoint.url("/v1/completions")));
+            return Err(BenchError::NoneSucceeded { url: endpoint.url("/v1/completions") });
         }
         Ok(())
     })
@@ -130,15 +167,26 @@ pub async fn measure(
     Ok((sizes.calibrated().to_vec(), results))
 }
 
+/// A model that the server at `url` does not list (`wanted`: `--model-name`).
+#[derive(Debug, thiserror::Error)]
+pub enum PickError {
+    #[error("--model-name {wanted}: {url} lists {}", if listed.is_empty() { "no models".to_string() } else { listed.join(", ") })]
+    NotListed { wanted: String, url: String, listed: Vec<String> },
+    #[error("{url} lists no models (expected {{\"data\": [{{\"id\": ...}}]}})")]
+    NoModels { url: String },
+}
+
 /// The model to request: `--model-name` if the server lists it, else the first listed.
-pub fn pick_model(models: &Value, wanted: Option<&str>, url: &str) -> Result<String, String> {
+pub fn pick_model(models: &Value, wanted: Option<&str>, url: &str) -> Result<String, PickError> {
     let ids: Vec<&str> = models["data"].as_array().map(|d| d.iter().filter_map(|m| m["id"].as_str()).collect()).unwrap_or_default();
     match wanted {
         Some(w) if ids.contains(&w) => Ok(w.to_string()),
-        Some(w) => Err(format!("--model-name {w}: {url} lists {}", if ids.is_empty() { "no models".into() } else { ids.join(", ") })),
-        None => {
-            ids.first().map(|s| s.to_string()).ok_or_else(|| format!("{url} lists no models (expected {{\"data\": [{{\"id\": ...}}]}})"))
-        }
+        Some(w) => Err(PickError::NotListed {
+            wanted: w.to_string(),
+            url: url.to_string(),
+            listed: ids.iter().map(|s| s.to_string()).collect(),
+        }),
+        None => ids.first().map(|s| s.to_string()).ok_or_else(|| PickError::NoModels { url: url.to_string() }),
     }
 }
 
@@ -166,8 +214,8 @@ fn progress(p: grid::GridPoint, budget: Budget) -> ProgressBar {
     bar.with_message(label)
 }
 
-fn write(path: &Path, text: &str) -> Result<(), String> {
-    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
+fn write(path: &Path, text: &str) -> Result<(), BenchError> {
+    std::fs::write(path, text).map_err(|source| BenchError::Write { path: path.to_path_buf(), source })
 }
 
 #[cfg(test)]
@@ -180,8 +228,8 @@ mod tests {
         let url = "http://h:1/v1/models";
         assert_eq!(pick_model(&models, None, url).unwrap(), "a");
         assert_eq!(pick_model(&models, Some("b"), url).unwrap(), "b");
-        assert_eq!(pick_model(&models, Some("c"), url).unwrap_err(), "--model-name c: http://h:1/v1/models lists a, b");
-        assert!(pick_model(&json!({"data": []}), None, url).unwrap_err().contains("lists no models"));
-        assert!(pick_model(&json!({"data": []}), Some("x"), url).unwrap_err().contains("lists no models"));
+        assert_eq!(pick_model(&models, Some("c"), url).unwrap_err().to_string(), "--model-name c: http://h:1/v1/models lists a, b");
+        assert!(pick_model(&json!({"data": []}), None, url).unwrap_err().to_string().contains("lists no models"));
+        assert!(pick_model(&json!({"data": []}), Some("x"), url).unwrap_err().to_string().contains("lists no models"));
     }
 }

@@ -51,12 +51,21 @@ pub enum Chunk {
     Error(String),
 }
 
+/// An event's payload that is not JSON (`excerpt`: its start).
+#[derive(Debug, thiserror::Error)]
+#[error("an SSE event is not JSON ({source}): {excerpt}")]
+pub struct NotJsonEvent {
+    #[source]
+    pub source: serde_json::Error,
+    pub excerpt: String,
+}
+
 /// Classifies one event's payload; a payload that is not JSON is an error to report.
-pub fn classify(data: &str) -> Result<Chunk, String> {
+pub fn classify(data: &str) -> Result<Chunk, NotJsonEvent> {
     if data.trim() == "[DONE]" {
         return Ok(Chunk::Done);
     }
-    let v: Value = serde_json::from_str(data).map_err(|e| format!("an SSE event is not JSON ({e}): {}", excerpt(data)))?;
+    let v: Value = serde_json::from_str(data).map_err(|source| NotJsonEvent { source, excerpt: excerpt(data) })?;
     if let Some(err) = v.get("error").filter(|e| !e.is_null()) {
         let msg = err.get("message").and_then(Value::as_str).map(str::to_string).unwrap_or_else(|| err.to_string());
         return Ok(Chunk::Error(msg));
@@ -115,6 +124,6 @@ mod tests {
         for (data, want) in cases {
             assert_eq!(classify(data).unwrap(), want, "{data}");
         }
-        assert!(classify("<html>").unwrap_err().contains("not JSON"));
+        assert!(classify("<html>").unwrap_err().to_string().contains("not JSON"));
     }
 }

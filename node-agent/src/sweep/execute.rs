@@ -186,7 +186,7 @@ fn run_external(plan: &Plan, ext: &External, device: &DeviceReport, r: &mut Swee
     rt.block_on(async {
         let models_url = endpoint.url("/v1/models");
         let models = http_bench::client::fetch_json(&endpoint, "/v1/models", ext.api_key.as_deref()).await.map_err(|e| e.to_string())?;
-        let model = http_bench::pick_model(&models, ext.model_name.as_deref(), &models_url)?;
+        let model = http_bench::pick_model(&models, ext.model_name.as_deref(), &models_url).map_err(|e| e.to_string())?;
         let target = Arc::new(Target { endpoint: endpoint.clone(), model, api_key: ext.api_key.clone(), seed: 0 });
         r.points = grid_points(target, &plan.grid, plan.point_timeout).await?;
         Ok(())
