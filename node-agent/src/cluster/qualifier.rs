@@ -19,7 +19,7 @@ use crate::qualify::{self, cache, verdict};
 pub struct QualifyJob {
     pub shape_class: String,
     /// `Err(why)`: the negative controls are off (replicas are resident).
-    pub negative_controls: Result<(), String>,
+    pub negative_controls: Result<(), super::qualify_plan::ReplicasResident>,
     /// A verified model file of the class outside the cache (a node path or PVC), if one is
     /// known: where the class's full shape is read from.
     pub model_file: Option<PathBuf>,
@@ -94,7 +94,7 @@ impl Qualifier for SelfTest {
         opts.serving.prefill_chunk = self.prefill_chunk;
         if let Err(why) = &job.negative_controls {
             opts.negative_controls = false;
-            opts.negative_controls_off_reason = Some(why.clone());
+            opts.negative_controls_off_reason = Some(why.to_string());
         }
         // A run without controls (replicas resident) counts the proof an earlier run kept.
         let report = qualify::controls::run_kernels(opts, &self.state_dir, &fp).map_err(|e| QualifyError::Failed(e.to_string()))?;

@@ -20,11 +20,18 @@ pub fn pending(requested: &[String], results: &BTreeMap<String, ShapeQualificati
 
 /// Whether the self-test may run its deliberately broken kernels: only on a node with no
 /// replica resident (a negative control that misbehaves must not take a serving engine down).
-pub fn negative_controls(resident_replicas: usize) -> Result<(), String> {
+pub fn negative_controls(resident_replicas: usize) -> Result<(), ReplicasResident> {
     match resident_replicas {
         0 => Ok(()),
-        n => Err(format!("{n} replica(s) resident on this node: the deliberately broken kernels are not run next to a serving engine")),
+        count => Err(ReplicasResident { count }),
     }
+}
+
+/// Why the negative controls are off: serving replicas on this node.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{count} replica(s) resident on this node: the deliberately broken kernels are not run next to a serving engine")]
+pub struct ReplicasResident {
+    pub count: usize,
 }
 
 #[cfg(test)]
@@ -99,6 +106,6 @@ mod tests {
     #[test]
     fn negative_controls_only_on_an_empty_node() {
         assert!(negative_controls(0).is_ok());
-        assert!(negative_controls(2).unwrap_err().starts_with("2 replica(s) resident"));
+        assert!(negative_controls(2).unwrap_err().to_string().starts_with("2 replica(s) resident"));
     }
 }

@@ -90,7 +90,7 @@ pub fn decide(node: &str, runs: &[SweepRun], results: &HashSet<(String, String)>
 
 /// Whether the run's negative controls (deliberate hangs) may run: asked for, and no replica on
 /// this node (its SparkNode's `status.replicas`). `Err`: why they are skipped, for the result.
-pub fn negative_controls(asked: bool, hosted_replicas: usize) -> Result<bool, String> {
+pub fn negative_controls(asked: bool, hosted_replicas: usize) -> Result<bool, super::qualify_plan::ReplicasResident> {
     if !asked {
         return Ok(false);
     }
@@ -313,7 +313,7 @@ mod tests {
             match want {
                 Ok(v) => assert_eq!(got, Ok(v), "{asked} {hosted}"),
                 Err(n) => {
-                    let why = got.expect_err("skipped");
+                    let why = got.expect_err("skipped").to_string();
                     assert!(why.contains(&format!("{n} replica(s) resident")), "{why}");
                 }
             }

@@ -218,7 +218,7 @@ impl Agent {
             // instead ([`replica_plan`]).
             external: None,
         };
-        (plan, controls.err())
+        (plan, controls.err().map(|e| e.to_string()))
     }
 
     /// Creates this node's result owned by the run (server-side apply: the object is this node's).

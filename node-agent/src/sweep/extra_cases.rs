@@ -33,14 +33,14 @@ const MAX_FAILING: usize = 16;
 /// The model-level case for `c`: one sequence is a prompt of `tokens`; several are what a
 /// serving step holds, a prefill chunk of `tokens - (sequences - 1)` beside one decode row per
 /// other sequence. `Err`: a shape no step can have (why, naming it).
-pub fn model_case(c: &ExtraCase) -> Result<ModelCase, String> {
+pub fn model_case(c: &ExtraCase) -> Result<ModelCase, NoSuchStep> {
     let id = format!("model/extra/t{}x{}", c.tokens, c.sequences);
     let seqs = u64::from(c.sequences);
     if c.tokens == 0 || seqs == 0 {
-        return Err(format!("{id}: a step has at least one token and one sequence"));
+        return Err(NoSuchStep::Empty { id });
     }
     if seqs > c.tokens {
-        return Err(format!("{id}: {} sequences cannot share {} tokens (each has at least one row)", c.sequences, c.tokens));
+        return Err(NoSuchStep::TooManySequences { id, sequences: c.sequences, tokens: c.tokens });
     }
     let (composition, batch) = if seqs == 1 {
         (Composition::Single, vec![c.tokens])
@@ -50,6 +50,15 @@ pub fn model_case(c: &ExtraCase) -> Result<ModelCase, String> {
         (Composition::MixedDecode, batch)
     };
     Ok(ModelCase { id, composition, tokens: c.tokens, batch, reasons: vec![format!("stalled in serving: {}", c.source)] })
+}
+
+/// An extra case whose shape no serving step can have (`id`: the case's).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoSuchStep {
+    #[error("{id}: a step has at least one token and one sequence")]
+    Empty { id: String },
+    #[error("{id}: {sequences} sequences cannot share {tokens} tokens (each has at least one row)")]
+    TooManySequences { id: String, sequences: u32, tokens: u64 },
 }
 
 /// What the replay needs to start its worker.
@@ -75,7 +84,7 @@ pub fn run(r: &Replay<'_>, extra: &[ExtraCase]) -> Vec<CaseReport> {
                 out.push(session::skipped(&case, &why));
             }
             Ok(case) => runnable.push(case),
-            Err(why) => out.push(invalid(c, &why)),
+            Err(why) => out.push(invalid(c, &why.to_string())),
         }
     }
     if runnable.is_empty() {
@@ -203,7 +212,7 @@ mod tests {
         let decode = model_case(&extra(8, 8)).unwrap();
         assert_eq!(decode.batch, vec![1; 8]);
         for (t, s, needle) in [(0, 1, "at least one token"), (5, 0, "at least one token"), (3, 4, "4 sequences cannot share 3 tokens")] {
-            let e = model_case(&extra(t, s)).unwrap_err();
+            let e = model_case(&extra(t, s)).unwrap_err().to_string();
             assert!(e.contains(needle) && e.contains(&format!("t{t}x{s}")), "{e}");
         }
     }
