@@ -429,7 +429,7 @@ impl Agent {
     /// `model`'s facts read without downloading it; None for a local file not on this node.
     async fn probe(&self, cache: &ModelCache, model: &Model, namespace: &str) -> Result<Option<ModelFacts>, String> {
         let credentials = self.credentials(model, namespace).await?;
-        let source = cache_plan::source(model, credentials, &self.settings.pvc_root)?;
+        let source = cache_plan::source(model, credentials, &self.settings.pvc_root).map_err(|e| e.to_string())?;
         if let ModelSource::Local { path, .. } = &source
             && !path.exists()
         {
@@ -443,7 +443,7 @@ impl Agent {
         let Some(secret) = cache_plan::secret_name(model) else { return Ok(None) };
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
         match secrets.get(secret).await {
-            Ok(s) => cache_plan::credentials(&format!("{namespace}/{secret}"), &s.data.unwrap_or_default()).map(Some),
+            Ok(s) => cache_plan::credentials(&format!("{namespace}/{secret}"), &s.data.unwrap_or_default()).map(Some).map_err(|e| e.to_string()),
             Err(e) => Err(explain(Call::new("get", "secrets", Some(secret)), &self.settings.api_url, &e).to_string()),
         }
     }
@@ -459,7 +459,7 @@ impl Agent {
     ) -> Result<Result<CachedModel, String>, AgentError> {
         let node = self.settings.node.clone();
         let credentials = self.credentials(model, &w.namespace).await;
-        let source = credentials.and_then(|c| cache_plan::source(model, c, &self.settings.pvc_root));
+        let source = credentials.and_then(|c| cache_plan::source(model, c, &self.settings.pvc_root).map_err(|e| e.to_string()));
         let source = match source {
             Ok(s) => s,
             Err(why) => {

@@ -115,7 +115,7 @@ pub fn secret_name(model: &Model) -> Option<&str> {
 
 /// What the cache downloads or verifies for `model`. A PVC is read where the DaemonSet mounts
 /// it: `<pvc_root>/<claimName>/<path>`.
-pub fn source(model: &Model, credentials: Option<Credentials>, pvc_root: &Path) -> Result<ModelSource, String> {
+pub fn source(model: &Model, credentials: Option<Credentials>, pvc_root: &Path) -> Result<ModelSource, SourceError> {
     let name = format!("Model {}/{}", model.namespace().unwrap_or_default(), model.name_any());
     let spec = &model.spec;
     if let Some(https) = &spec.source.https {
@@ -125,36 +125,56 @@ pub fn source(model: &Model, credentials: Option<Credentials>, pvc_root: &Path) 
                 let dir = if https.url.ends_with('/') { https.url.clone() } else { format!("{}/", https.url) };
                 parts.iter().map(|p| HttpPart { url: format!("{dir}{}", p.file), sha256: p.sha256.clone() }).collect()
             }
-            _ => return Err(format!("{name}: spec must set exactly one of sha256 and parts")),
+            _ => return Err(SourceError::ShaOrParts { model: name }),
         };
         return Ok(ModelSource::Http { parts, credentials });
     }
     let path = match (&spec.source.node_path, &spec.source.pvc) {
         (Some(p), None) => Path::new(&p.path).to_path_buf(),
         (None, Some(pvc)) => pvc_root.join(&pvc.claim_name).join(&pvc.path),
-        _ => return Err(format!("{name}: spec.source must set exactly one of https, nodePath, pvc")),
+        _ => return Err(SourceError::SourceKind { model: name }),
     };
     match (&spec.sha256, &spec.parts) {
         (Some(sha), None) => Ok(ModelSource::Local { path, sha256: sha.clone() }),
-        (None, Some(_)) => Err(format!(
-            "{name}: a split GGUF (parts) from a node path or PVC is not supported by the cache yet: serve it over https, or merge the parts"
-        )),
-        _ => Err(format!("{name}: spec must set exactly one of sha256 and parts")),
+        (None, Some(_)) => Err(SourceError::SplitLocal { model: name }),
+        _ => Err(SourceError::ShaOrParts { model: name }),
     }
 }
 
+/// A Model whose spec the cache cannot act on (`model`: "Model NAMESPACE/NAME").
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SourceError {
+    #[error("{model}: spec must set exactly one of sha256 and parts")]
+    ShaOrParts { model: String },
+    #[error("{model}: spec.source must set exactly one of https, nodePath, pvc")]
+    SourceKind { model: String },
+    #[error(
+        "{model}: a split GGUF (parts) from a node path or PVC is not supported by the cache yet: serve it over https, or merge the parts"
+    )]
+    SplitLocal { model: String },
+}
+
+/// A credentials Secret (`secret`: "NAMESPACE/NAME") the cache cannot use.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CredentialsError {
+    #[error("Secret {secret}: key `{key}` is not UTF-8")]
+    NotUtf8 { secret: String, key: &'static str },
+    #[error("Secret {secret}: expected key `token`, or keys `username` and `password`")]
+    NoKeys { secret: String },
+}
+
 /// Credentials from the Secret's data: `token` (bearer), or `username` and `password` (basic).
-pub fn credentials(secret: &str, data: &BTreeMap<String, ByteString>) -> Result<Credentials, String> {
-    let text = |key: &str| -> Result<Option<String>, String> {
+pub fn credentials(secret: &str, data: &BTreeMap<String, ByteString>) -> Result<Credentials, CredentialsError> {
+    let text = |key: &'static str| -> Result<Option<String>, CredentialsError> {
         data.get(key)
             .map(|b| String::from_utf8(b.0.clone()).map(|s| s.trim_end_matches(['\r', '\n']).to_string()))
             .transpose()
-            .map_err(|_| format!("Secret {secret}: key `{key}` is not UTF-8"))
+            .map_err(|_| CredentialsError::NotUtf8 { secret: secret.to_string(), key })
     };
     match (text("token")?, text("username")?, text("password")?) {
         (Some(token), _, _) if !token.is_empty() => Ok(Credentials::Bearer(token)),
         (_, Some(user), Some(password)) => Ok(Credentials::Basic { user, password }),
-        _ => Err(format!("Secret {secret}: expected key `token`, or keys `username` and `password`")),
+        _ => Err(CredentialsError::NoKeys { secret: secret.to_string() }),
     }
 }
 
@@ -511,9 +531,9 @@ mod tests {
         assert_eq!(source(&pvc, None, root).unwrap(), ModelSource::Local { path: "/mnt/pvc/weights/q/m.gguf".into(), sha256: sha.clone() });
         let split_local =
             model(Src { https: None, node_path: Some(NodePathSource { path: "/models".into() }), pvc: None }, None, Some(parts));
-        assert!(source(&split_local, None, root).unwrap_err().contains("Model ai/m: a split GGUF"));
+        assert!(source(&split_local, None, root).unwrap_err().to_string().contains("Model ai/m: a split GGUF"));
         let neither = model(Src { https: None, node_path: None, pvc: None }, Some(&sha), None);
-        assert!(source(&neither, None, root).unwrap_err().contains("exactly one of https, nodePath, pvc"));
+        assert!(source(&neither, None, root).unwrap_err().to_string().contains("exactly one of https, nodePath, pvc"));
     }
 
     #[test]
@@ -524,8 +544,8 @@ mod tests {
             credentials("s", &data(&[("username", b"u"), ("password", b"p")])).unwrap(),
             Credentials::Basic { user: "u".into(), password: "p".into() }
         );
-        assert!(credentials("s", &data(&[("username", b"u")])).unwrap_err().contains("Secret s: expected key `token`"));
-        assert!(credentials("s", &data(&[("token", &[0xff, 0xfe])])).unwrap_err().contains("`token` is not UTF-8"));
+        assert!(credentials("s", &data(&[("username", b"u")])).unwrap_err().to_string().contains("Secret s: expected key `token`"));
+        assert!(credentials("s", &data(&[("token", &[0xff, 0xfe])])).unwrap_err().to_string().contains("`token` is not UTF-8"));
     }
 
     fn facts() -> HeaderFacts {

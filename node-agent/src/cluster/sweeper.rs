@@ -283,7 +283,7 @@ impl Agent {
         let in_use = self.models_in_use(replicas).await.map_err(|e| e.to_string())?;
         if cache_plan::our_entry(&model, &node).is_some_and(|e| e.phase == CachePhase::Ready) {
             let credentials = self.credentials(&model, namespace).await?;
-            let source = cache_plan::source(&model, credentials, &self.settings.pvc_root)?;
+            let source = cache_plan::source(&model, credentials, &self.settings.pvc_root).map_err(|e| e.to_string())?;
             return cache.ensure(&source, &in_use, &mut |_, _| {}).await.map(|m| m.path).map_err(|e| e.to_string());
         }
         let w = cache_plan::Wanted { namespace: namespace.into(), model: name.into(), replicas: Vec::new() };
