@@ -185,3 +185,151 @@ async fn too_few_peers_in_a_fabric_leave_the_gang_unplaced_and_say_why() {
     fleet.until("placed after all", 60, |s: &Snapshot| (gangs(s).len() == 1 && s.pods.len() == 2).then_some(())).await;
     fleet.stop().await;
 }
+
+/// What a gang's agent writes once its leader's qualification passed: the replica serves and
+/// passed its threshold test since `at_s`.
+async fn agent_serves(fleet: &Fleet, replica: &str, at_s: i64) {
+    let api: Api<brink_api::crd::ModelReplica> = Api::namespaced(fleet.double.client(), NS);
+    let at = k8s_openapi::jiff::Timestamp::from_second(at_s).expect("valid time").to_string();
+    let status = json!({
+        "apiVersion": "brink.dev/v1alpha1", "kind": "ModelReplica", "metadata": { "name": replica },
+        "status": { "conditions": [
+            { "type": "Ready", "status": "True", "reason": "Serving", "message": "serving", "lastTransitionTime": at },
+            { "type": "Qualified", "status": "True", "reason": "Passed", "message": "qualified", "lastTransitionTime": at },
+        ] }
+    });
+    api.patch_status(replica, &PatchParams::apply("brink-agent").force(), &Patch::Apply(&status)).await.expect("agent status");
+}
+
+/// A gang as the rollout leaves it at one moment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum GangState {
+    /// Replica and every member Pod present, all of one replica object, at `revision`, and
+    /// (for the new revision) serving.
+    Whole { revision: String },
+    /// Anything else: being replaced.
+    Replacing(String),
+}
+
+/// Every gang of `s` (replicas of `size` nodes), by replica name.
+fn gang_states(s: &Snapshot, size: usize, new_revision: &str) -> BTreeMap<String, GangState> {
+    let mut out = BTreeMap::new();
+    let names: std::collections::BTreeSet<String> = s.replicas.iter().map(|r| r.name_any()).collect();
+    for name in names {
+        let live: Vec<_> = s.replicas.iter().filter(|r| r.name_any() == name && r.metadata.deletion_timestamp.is_none()).collect();
+        let member_names: Vec<String> = std::iter::once(name.clone()).chain((1..size).map(|i| format!("{name}-w{i}"))).collect();
+        let members: Vec<&Pod> = s.pods.iter().filter(|p| member_names.contains(&p.name_any())).collect();
+        // Never a partial gang: the members present belong to one replica object.
+        let owners: std::collections::BTreeSet<String> =
+            members.iter().filter_map(|p| p.owner_references().first().map(|o| o.uid.clone())).collect();
+        assert!(owners.len() <= 1, "gang {name} has members of two replicas at once: {}", s.describe());
+        let state = match live.as_slice() {
+            [r] if members.len() == size
+                && members.iter().all(|p| p.metadata.deletion_timestamp.is_none())
+                && owners.iter().all(|o| Some(o) == r.metadata.uid.as_ref()) =>
+            {
+                let serving = r.status.as_ref().is_some_and(|st| st.phase == brink_api::crd::ReplicaPhase::Serving);
+                if r.spec.revision != new_revision || serving {
+                    GangState::Whole { revision: r.spec.revision.clone() }
+                } else {
+                    GangState::Replacing(format!("{name} at the new revision, not serving yet"))
+                }
+            }
+            _ => GangState::Replacing(format!("{name}: {} live replica(s), {} member Pod(s)", live.len(), members.len())),
+        };
+        out.insert(name, state);
+    }
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rollout_replaces_one_whole_gang_at_a_time() {
+    let fleet = Fleet::start(&nodes(4));
+    let sparks = ["spark-1", "spark-2", "spark-3", "spark-4"];
+    for node in sparks {
+        label(&fleet, node, "cx7-a").await;
+    }
+    let dep = deploy_gang(&fleet, 2).await;
+    fleet
+        .deployments()
+        .patch(&dep.name_any(), &PatchParams::default(), &Patch::Merge(json!({ "spec": { "replicas": 2 } })))
+        .await
+        .expect("two gangs");
+    fleet.until("two gangs placed", 60, |s: &Snapshot| (gangs(s).len() == 2 && s.pods.len() == 4).then_some(())).await;
+    for leader in ["qwen-0", "qwen-1"] {
+        fleet.mark_ready(leader).await;
+        agent_serves(&fleet, leader, common::NOW_S).await;
+    }
+    fleet.until("both gangs serve", 60, |s: &Snapshot| s.settled(2, 2, "True").then_some(())).await;
+    let before = fleet.snapshot().await;
+    let old_revision = before.replicas[0].spec.revision.clone();
+    assert!(before.replicas.iter().all(|r| r.spec.revision == old_revision), "{}", before.describe());
+    let old_uids: BTreeMap<String, Option<String>> = before.replicas.iter().map(|r| (r.name_any(), r.metadata.uid.clone())).collect();
+
+    let patch = json!({ "spec": { "engine": { "image": "vllm/vllm-openai:v0.11.1", "version": "0.11.1" } } });
+    fleet.deployments().patch("qwen", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("new engine build");
+
+    // Play the kubelet and the agents while the clock moves: every new leader turns Ready and
+    // serves; at every step at most one gang is being replaced, and never in part.
+    let mut now_s = common::NOW_S;
+    let mut new_revision: Option<String> = None;
+    let mut replaced_in_order: Vec<String> = Vec::new();
+    let mut done = false;
+    for _ in 0..400 {
+        let s = fleet.snapshot().await;
+        if new_revision.is_none() {
+            new_revision = s.replicas.iter().map(|r| r.spec.revision.clone()).find(|r| *r != old_revision);
+        }
+        let Some(new) = new_revision.clone() else {
+            fleet.let_pass(1).await;
+            continue;
+        };
+        let states = gang_states(&s, 2, &new);
+        let replacing: Vec<&String> = states.iter().filter(|(_, st)| matches!(st, GangState::Replacing(_))).map(|(n, _)| n).collect();
+        assert!(replacing.len() <= 1, "two gangs replaced at once: {states:?}\n{}", s.describe());
+        if let Some(name) = replacing.first() {
+            if replaced_in_order.last() != Some(name) {
+                replaced_in_order.push((*name).clone());
+            }
+        }
+        if states.len() == 2 && states.values().all(|st| *st == GangState::Whole { revision: new.clone() }) {
+            done = true;
+            break;
+        }
+        for r in s.replicas.iter().filter(|r| r.spec.revision == new && r.metadata.deletion_timestamp.is_none()) {
+            let leader_ready = s.pods.iter().any(|p| {
+                p.name_any() == r.name_any()
+                    && p.owner_references().first().map(|o| Some(&o.uid) == r.metadata.uid.as_ref()).unwrap_or(false)
+                    && p.status
+                        .as_ref()
+                        .and_then(|st| st.conditions.as_ref())
+                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            });
+            let worker = s.pods.iter().any(|p| p.name_any() == format!("{}-w1", r.name_any()));
+            let agent_done = r.status.as_ref().is_some_and(|st| st.conditions.iter().any(|c| c.type_ == "Qualified" && c.status == "True"));
+            if worker && !leader_ready && s.pods.iter().any(|p| p.name_any() == r.name_any()) {
+                fleet.mark_ready(&r.name_any()).await;
+            }
+            if worker && !agent_done {
+                agent_serves(&fleet, &r.name_any(), now_s).await;
+            }
+        }
+        now_s += 2;
+        fleet.set_clock(now_s);
+        for node in sparks {
+            fleet.renew(node, now_s).await;
+        }
+        fleet.let_pass(1).await;
+    }
+    let s = fleet.snapshot().await;
+    assert!(done, "the rollout did not finish: {replaced_in_order:?}\n{}", s.describe());
+    // Each gang was replaced (new objects), one after the other, each once.
+    assert_eq!(replaced_in_order.len(), 2, "{replaced_in_order:?}");
+    assert_ne!(replaced_in_order[0], replaced_in_order[1]);
+    for r in s.replicas.iter() {
+        assert_ne!(old_uids.get(&r.name_any()).cloned().flatten(), r.metadata.uid, "{} was not recreated", r.name_any());
+    }
+    // Each gang came back whole on its own nodes.
+    assert_eq!(gangs(&s), gangs(&before));
+    fleet.stop().await;
+}
