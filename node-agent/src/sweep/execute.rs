@@ -25,7 +25,7 @@ use brink_kernels::thresholds::ModelShape;
 use super::extra_cases::{self, ExtraCase};
 use super::figures;
 use crate::blackbox;
-use crate::http_bench::{self, client::parse_url};
+use crate::http_bench::{self, client::endpoint};
 use crate::http_bench::grid::{self, Budget};
 use crate::http_bench::runner::{self, Target};
 use crate::http_bench::stats;
@@ -73,6 +73,54 @@ pub struct External {
     pub case_deadline: Duration,
 }
 
+/// Why a node's part of a sweep stopped (recorded as the result's `error`); each names the
+/// model file, URL or step at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum SweepError {
+    #[error("{}: {source}", path.display())]
+    Gguf {
+        path: PathBuf,
+        #[source]
+        source: brink_engine::gguf::GgufError,
+    },
+    #[error("{}: {source}", path.display())]
+    Config {
+        path: PathBuf,
+        #[source]
+        source: brink_engine::model::ModelError,
+    },
+    #[error("self-test: {0}")]
+    SelfTest(#[source] qualify::kernels::NoWorker),
+    #[error("cannot find this executable to start the model-test worker: {0}")]
+    Exe(#[source] std::io::Error),
+    #[error("not benchmarked: {0}")]
+    Refused(#[source] verdict::Refusal),
+    /// Starting the engine's server.
+    #[error(transparent)]
+    Server(#[from] crate::error::Error),
+    #[error("the engine did not start: {0}")]
+    NotReady(#[source] crate::error::Error),
+    #[error("black-box qualification: {0}")]
+    BlackBox(#[source] blackbox::session::RunError),
+    /// The black-box qualification of the engine at `url` did not pass (`verdict`: its line).
+    #[error("not benchmarked: {verdict}")]
+    NotQualified { url: String, verdict: String },
+    #[error(transparent)]
+    Url(#[from] http_bench::client::UrlError),
+    #[error("cannot start the tokio runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error(transparent)]
+    Http(#[from] http_bench::client::HttpError),
+    #[error(transparent)]
+    Model(#[from] http_bench::PickError),
+    #[error("{point}: calibrating the prompt: {source}")]
+    Calibration {
+        point: String,
+        #[source]
+        source: runner::CalibrationError,
+    },
+}
+
 /// The result of running `plan` on this node (`device` as discovered).
 pub fn execute(plan: &Plan, device: &DeviceReport) -> SweepResultStatus {
     let mut r = SweepResultStatus { state: ResultState::Running, started_at: Some(now()), ..SweepResultStatus::default() };
@@ -81,7 +129,7 @@ pub fn execute(plan: &Plan, device: &DeviceReport) -> SweepResultStatus {
         None => run(plan, device, &mut r),
     };
     if let Err(e) = outcome {
-        r.error = Some(e);
+        r.error = Some(e.to_string());
     }
     r.state = if r.error.is_some() { ResultState::Failed } else { ResultState::Done };
     r.finished_at = Some(now());
@@ -92,9 +140,9 @@ fn now() -> Time {
     Time(Timestamp::now())
 }
 
-fn run(plan: &Plan, device: &DeviceReport, r: &mut SweepResultStatus) -> Result<(), String> {
-    let file = brink_engine::gguf::GgufFile::open(&plan.model).map_err(|e| format!("{}: {e}", plan.model.display()))?;
-    let config = brink_engine::arch::config(&file).map_err(|e| format!("{}: {e}", plan.model.display()))?;
+fn run(plan: &Plan, device: &DeviceReport, r: &mut SweepResultStatus) -> Result<(), SweepError> {
+    let file = brink_engine::gguf::GgufFile::open(&plan.model).map_err(|source| SweepError::Gguf { path: plan.model.clone(), source })?;
+    let config = brink_engine::arch::config(&file).map_err(|source| SweepError::Config { path: plan.model.clone(), source })?;
     drop(file);
     let context = crate::cmd::flags::context_for(plan.context, config.context);
     let serving = ServingParams { max_batch_tokens: plan.max_batch_tokens, prefill_chunk: plan.prefill_chunk, context: context as u64 };
@@ -113,10 +161,10 @@ fn run(plan: &Plan, device: &DeviceReport, r: &mut SweepResultStatus) -> Result<
                 if plan.negative_controls_allowed { "selfTest.negativeControls is false" } else { "serving replicas resident" }.into(),
             );
         }
-        let report = qualify::kernels::run(&opts).map_err(|e| format!("self-test: {e}"))?;
+        let report = qualify::kernels::run(&opts).map_err(SweepError::SelfTest)?;
         let mut outcome = figures::self_test_outcome(&report);
         if !plan.extra_cases.is_empty() {
-            let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable to start the model-test worker: {e}"))?;
+            let exe = std::env::current_exe().map_err(SweepError::Exe)?;
             let replay = extra_cases::Replay {
                 model: &plan.model,
                 backend: plan.backend,
@@ -130,7 +178,7 @@ fn run(plan: &Plan, device: &DeviceReport, r: &mut SweepResultStatus) -> Result<
         node_verdict = report.verdict;
     }
     // The grid runs within what the self-test validated, like serving would.
-    let envelope: Envelope = verdict::envelope(&node_verdict, serving).map_err(|e| format!("not benchmarked: {e}"))?;
+    let envelope: Envelope = verdict::envelope(&node_verdict, serving).map_err(SweepError::Refused)?;
 
     let opts = server::options(&server::EngineSpec {
         model: &plan.model,
@@ -144,7 +192,7 @@ fn run(plan: &Plan, device: &DeviceReport, r: &mut SweepResultStatus) -> Result<
     })?;
     let mut running = server::start("127.0.0.1", 0, opts)?;
     let outcome = (|| {
-        let status = running.wait_ready(plan.load_timeout).map_err(|e| format!("the engine did not start: {e}"))?;
+        let status = running.wait_ready(plan.load_timeout).map_err(SweepError::NotReady)?;
         let model = status.served_models.first().cloned().unwrap_or_else(|| "brink".into());
         let target = Arc::new(Target { endpoint: running.endpoint.clone(), model, api_key: None, seed: 0 });
         r.points = running.rt.block_on(grid_points(target, &plan.grid, plan.point_timeout))?;
@@ -156,10 +204,9 @@ fn run(plan: &Plan, device: &DeviceReport, r: &mut SweepResultStatus) -> Result<
 
 /// The black-box qualification of the external engine (unless the self-test is off), then
 /// the grid through its API.
-fn run_external(plan: &Plan, ext: &External, device: &DeviceReport, r: &mut SweepResultStatus) -> Result<(), String> {
-    let endpoint = parse_url(&ext.url)?;
-    let rt =
-        tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("cannot start the tokio runtime: {e}"))?;
+fn run_external(plan: &Plan, ext: &External, device: &DeviceReport, r: &mut SweepResultStatus) -> Result<(), SweepError> {
+    let endpoint = endpoint(&ext.url)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(SweepError::Runtime)?;
     let context = ext.context.unwrap_or(u64::from(ext.shape.context));
     let serving = ServingParams { max_batch_tokens: plan.max_batch_tokens, prefill_chunk: plan.prefill_chunk, context };
     r.fingerprint = Some(NodeFingerprint::of(&qualify::fingerprint(device.device.as_ref(), &ext.shape.name, serving)));
@@ -176,17 +223,17 @@ fn run_external(plan: &Plan, ext: &External, device: &DeviceReport, r: &mut Swee
             deadline_factor: 10.0,
             seed: 0,
         };
-        let report = rt.block_on(blackbox::run(&opts)).map_err(|e| format!("black-box qualification: {e}"))?;
+        let report = rt.block_on(blackbox::run(&opts)).map_err(SweepError::BlackBox)?;
         eprintln!("brink sweep: black-box qualification of {}: {}", ext.url, blackbox::render::verdict_line(&report.verdict));
         r.self_test = Some(figures::black_box_outcome(&report));
         if !report.ok() {
-            return Err(format!("not benchmarked: {}", blackbox::render::verdict_line(&report.verdict)));
+            return Err(SweepError::NotQualified { url: ext.url.clone(), verdict: blackbox::render::verdict_line(&report.verdict) });
         }
     }
     rt.block_on(async {
         let models_url = endpoint.url("/v1/models");
-        let models = http_bench::client::fetch_json(&endpoint, "/v1/models", ext.api_key.as_deref()).await.map_err(|e| e.to_string())?;
-        let model = http_bench::pick_model(&models, ext.model_name.as_deref(), &models_url).map_err(|e| e.to_string())?;
+        let models = http_bench::client::fetch_json(&endpoint, "/v1/models", ext.api_key.as_deref()).await?;
+        let model = http_bench::pick_model(&models, ext.model_name.as_deref(), &models_url)?;
         let target = Arc::new(Target { endpoint: endpoint.clone(), model, api_key: ext.api_key.clone(), seed: 0 });
         r.points = grid_points(target, &plan.grid, plan.point_timeout).await?;
         Ok(())
@@ -195,7 +242,7 @@ fn run_external(plan: &Plan, ext: &External, device: &DeviceReport, r: &mut Swee
 
 /// Every point of `grid` in order, each under `deadline` (a point that does not finish counts
 /// its requests as unanswered: a hang, not a slow number).
-async fn grid_points(target: Arc<Target>, g: &WorkloadGrid, deadline: Duration) -> Result<Vec<brink_api::crd::PointFigures>, String> {
+async fn grid_points(target: Arc<Target>, g: &WorkloadGrid, deadline: Duration) -> Result<Vec<brink_api::crd::PointFigures>, SweepError> {
     let budget = Budget::Requests(u64::from(g.requests_per_point));
     let mut sizes = runner::PromptSizes::default();
     let mut out = Vec::new();
@@ -203,7 +250,7 @@ async fn grid_points(target: Arc<Target>, g: &WorkloadGrid, deadline: Duration) 
         let prompt = sizes
             .calibration(&target, u64::from(point.prompt_tokens))
             .await
-            .map_err(|e| format!("{point}: calibrating the prompt: {e}"))?;
+            .map_err(|source| SweepError::Calibration { point: point.to_string(), source })?;
         out.push(run_point(&target, point, prompt, budget, i as u64, deadline).await);
     }
     Ok(out)
