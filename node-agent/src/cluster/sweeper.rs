@@ -326,8 +326,8 @@ impl Agent {
 /// through its API, at the replica's serving limits, with the black-box qualification in the
 /// self-test's place (it has no negative controls; the extra cases are brink's engine's own).
 /// Err: the Model's file has no shape to derive the qualification's lengths from.
-fn replica_plan(run: &SweepRun, model: PathBuf, s: &SweepSettings, serving: &Serving, url: String) -> Result<Plan, String> {
-    let shape = crate::cmd::flags::model_shape("the Model's file", &model).map_err(|e| e.to_string())?;
+fn replica_plan(run: &SweepRun, model: PathBuf, s: &SweepSettings, serving: &Serving, url: String) -> Result<Plan, crate::error::Error> {
+    let shape = crate::cmd::flags::model_shape("the Model's file", &model)?;
     let external = External {
         url,
         model_name: None,
