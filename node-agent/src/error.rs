@@ -62,9 +62,21 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The node agent's work against the cluster (`run`): the API call, Lease, Node or cache named.
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::agent::AgentError),
     /// A running engine that `qualify --url` cannot qualify (its URL named).
     #[error(transparent)]
     BlackBox(#[from] crate::blackbox::session::RunError),
+    /// A `--url` (or a server's own address) that is not an HTTP endpoint.
+    #[error(transparent)]
+    Url(#[from] crate::http_bench::client::UrlError),
+    /// A request to a running server that failed (its URL named).
+    #[error(transparent)]
+    Http(#[from] crate::http_bench::client::HttpError),
+    /// `bench --url` could not measure (its URL, flag or output file named).
+    #[error(transparent)]
+    BenchUrl(#[from] crate::http_bench::BenchError),
     /// The kernel self-test's worker processes cannot start (this executable not found).
     #[error(transparent)]
     SelfTestWorker(#[from] crate::qualify::kernels::NoWorker),

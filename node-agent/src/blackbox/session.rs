@@ -18,7 +18,7 @@ use super::client::{AnswerError, Dropped, Engine, Sent, TokenizerEndpoint, conte
 use super::plan::{self, Composition, GEN_TOKENS, HttpCase, Limits};
 use super::prompt::{self, NoFiller, Sizer, WordCost};
 use super::verdict::{self, Answer};
-use crate::http_bench::client::parse_url;
+use crate::http_bench::client::endpoint;
 
 /// Bad input to a run: an engine that cannot be reached or does not speak the OpenAI API,
 /// named by its URL (or by the flag at fault).
@@ -183,7 +183,7 @@ impl Counter {
 pub async fn run(o: &Options) -> Result<BlackBoxReport, RunError> {
     let mut phases = Vec::new();
     let t0 = Instant::now();
-    let endpoint = parse_url(&o.url).map_err(|e| RunError::Url(e.to_string()))?;
+    let endpoint = endpoint(&o.url).map_err(|e| RunError::Url(e.to_string()))?;
     let mut engine = Engine { endpoint, model: String::new(), api_key: o.api_key.clone(), logprobs: true };
     let models_url = engine.endpoint.url("/v1/models");
     let models = engine

@@ -73,6 +73,26 @@ pub enum AgentError {
     Cache(#[from] CacheError),
 }
 
+/// Why a Model's file could not be read or made present on this node; each names its Model,
+/// Secret, API call or cache path. Kept as text in the Model's status and the agent's log.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelFileError {
+    #[error("{0}")]
+    Api(#[from] ApiProblem),
+    #[error(transparent)]
+    Credentials(#[from] cache_plan::CredentialsError),
+    #[error(transparent)]
+    Source(#[from] cache_plan::SourceError),
+    #[error("{0}")]
+    Cache(#[from] CacheError),
+    /// The Model a sweep names is not in its namespace.
+    #[error("does not exist")]
+    NoModel,
+    /// A status write (or a list) of the agent's own failed meanwhile.
+    #[error("{0}")]
+    Agent(#[from] AgentError),
+}
+
 pub struct Agent {
     client: Client,
     pub settings: Settings,
@@ -246,7 +266,7 @@ impl Agent {
                     break;
                 }
                 Err(why) => {
-                    blocked.insert(class.clone(), why);
+                    blocked.insert(class.clone(), why.to_string());
                 }
             }
         }
@@ -390,7 +410,7 @@ impl Agent {
             let found = match cache.indexed_facts(&key) {
                 Ok(Some(f)) => Ok(Some(f)),
                 Ok(None) => self.probe(cache, model, &namespace).await,
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(ModelFileError::from(e)),
             };
             match found {
                 Ok(Some(f)) => {
@@ -427,24 +447,24 @@ impl Agent {
     }
 
     /// `model`'s facts read without downloading it; None for a local file not on this node.
-    async fn probe(&self, cache: &ModelCache, model: &Model, namespace: &str) -> Result<Option<ModelFacts>, String> {
+    async fn probe(&self, cache: &ModelCache, model: &Model, namespace: &str) -> Result<Option<ModelFacts>, ModelFileError> {
         let credentials = self.credentials(model, namespace).await?;
-        let source = cache_plan::source(model, credentials, &self.settings.pvc_root).map_err(|e| e.to_string())?;
+        let source = cache_plan::source(model, credentials, &self.settings.pvc_root)?;
         if let ModelSource::Local { path, .. } = &source
             && !path.exists()
         {
             return Ok(None);
         }
-        cache.probe(&source).await.map(Some).map_err(|e| e.to_string())
+        Ok(cache.probe(&source).await.map(Some)?)
     }
 
     /// The credentials from `model`'s Secret, if it names one.
-    pub(super) async fn credentials(&self, model: &Model, namespace: &str) -> Result<Option<Credentials>, String> {
+    pub(super) async fn credentials(&self, model: &Model, namespace: &str) -> Result<Option<Credentials>, ModelFileError> {
         let Some(secret) = cache_plan::secret_name(model) else { return Ok(None) };
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
         match secrets.get(secret).await {
-            Ok(s) => cache_plan::credentials(&format!("{namespace}/{secret}"), &s.data.unwrap_or_default()).map(Some).map_err(|e| e.to_string()),
-            Err(e) => Err(explain(Call::new("get", "secrets", Some(secret)), &self.settings.api_url, &e).to_string()),
+            Ok(s) => Ok(cache_plan::credentials(&format!("{namespace}/{secret}"), &s.data.unwrap_or_default()).map(Some)?),
+            Err(e) => Err(explain(Call::new("get", "secrets", Some(secret)), &self.settings.api_url, &e).into()),
         }
     }
 
@@ -456,14 +476,14 @@ impl Agent {
         model: &Model,
         w: &cache_plan::Wanted,
         in_use: &HashSet<String>,
-    ) -> Result<Result<CachedModel, String>, AgentError> {
+    ) -> Result<Result<CachedModel, ModelFileError>, AgentError> {
         let node = self.settings.node.clone();
         let credentials = self.credentials(model, &w.namespace).await;
-        let source = credentials.and_then(|c| cache_plan::source(model, c, &self.settings.pvc_root).map_err(|e| e.to_string()));
+        let source = credentials.and_then(|c| Ok(cache_plan::source(model, c, &self.settings.pvc_root)?));
         let source = match source {
             Ok(s) => s,
             Err(why) => {
-                let entry = cache_plan::entry(&node, CachePhase::Failed, 0, None, Some(why.clone()), self.now());
+                let entry = cache_plan::entry(&node, CachePhase::Failed, 0, None, Some(why.to_string()), self.now());
                 self.apply_model(model, cache_plan::model_status(model, entry, None)).await?;
                 return Ok(Err(why));
             }
@@ -517,7 +537,7 @@ impl Agent {
         };
         self.apply_model(model, body).await?;
         self.apply_downloads(w, None).await?;
-        Ok(outcome.map_err(|e| e.to_string()))
+        Ok(outcome.map_err(ModelFileError::from))
     }
 
     async fn apply_model(&self, model: &Model, body: serde_json::Value) -> Result<(), AgentError> {

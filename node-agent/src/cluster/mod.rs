@@ -242,12 +242,12 @@ pub struct Parts {
 /// qualification, model-cache and sweep rounds on every watch event and resync, one of each
 /// kind at a time. At `stop`: a sweep in flight is abandoned (its result says so), the other
 /// rounds are aborted, the endpoint closed and the SparkNode marked stopping.
-pub async fn run_loop(p: Parts, stop: impl Future<Output = ()>) -> Result<(), String> {
+pub async fn run_loop(p: Parts, stop: impl Future<Output = ()>) -> Result<(), crate::error::Error> {
     let agent = p.agent.clone();
     let node = agent.settings.node.clone();
     let ready = Arc::new(AtomicBool::new(false));
     let scalars = scrape(&p);
-    agent.start().await.map_err(|e| e.to_string())?;
+    agent.start().await?;
     let listener = match p.listen {
         None => None,
         Some(Listen::Bound(l)) => Some(l),
@@ -257,7 +257,7 @@ pub async fn run_loop(p: Parts, stop: impl Future<Output = ()>) -> Result<(), St
                 if let Err(e) = agent.stop().await {
                     eprintln!("brink-agent run: warning: could not mark SparkNode {node} AgentStopping: {e}");
                 }
-                return Err(format!("--listen {addr}: cannot listen there: {e}"));
+                return Err(crate::error::Error::Listen { flag: "--listen", addr: addr.to_string(), source: e });
             }
         },
     };

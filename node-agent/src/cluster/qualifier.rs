@@ -38,7 +38,7 @@ pub enum QualifyError {
 /// Runs to completion on a blocking thread: a self-test takes minutes.
 pub trait Qualifier: Send + Sync + 'static {
     /// Whether `shape_class` can be qualified now (quick); `Err(why)` leaves it waiting.
-    fn check(&self, job: &QualifyJob) -> Result<(), String>;
+    fn check(&self, job: &QualifyJob) -> Result<(), QualifyError>;
     fn qualify(&self, job: &QualifyJob) -> Result<ShapeQualification, QualifyError>;
 }
 
@@ -64,11 +64,11 @@ pub struct SelfTest {
 pub type KernelCasesByClass = std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, KernelCases>>>;
 
 impl Qualifier for SelfTest {
-    fn check(&self, job: &QualifyJob) -> Result<(), String> {
+    fn check(&self, job: &QualifyJob) -> Result<(), QualifyError> {
         match &self.device {
             // Nothing to execute: the result (not qualified, and why) is immediate.
             None => Ok(()),
-            Some(_) => self.shape(job).map(|_| ()).map_err(|e| e.to_string()),
+            Some(_) => self.shape(job).map(|_| ()),
         }
     }
 
@@ -203,9 +203,9 @@ mod tests {
         let class = crate::model_cache::header::read(&file).unwrap().shape_class;
         let t = self_test(dir.path(), Some(device()));
         assert_eq!(t.check(&job(&class, Some(file.clone()))), Ok(()));
-        let other = t.check(&job("qwen3moe-h9-e9-top9-ffn9", Some(file.clone()))).unwrap_err();
+        let other = t.check(&job("qwen3moe-h9-e9-top9-ffn9", Some(file.clone()))).unwrap_err().to_string();
         assert!(other.contains(&format!("its shape key is {class}, not qwen3moe-h9-e9-top9-ffn9")), "{other}");
-        let none = t.check(&job(&class, None)).unwrap_err();
+        let none = t.check(&job(&class, None)).unwrap_err().to_string();
         assert!(none.starts_with("no model of this class is in the node's cache yet"), "{none}");
         // The built-in class needs no file.
         assert_eq!(t.check(&job(&ModelShape::qwen3_30b_a3b().key(), None)), Ok(()));

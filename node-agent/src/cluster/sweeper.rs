@@ -17,7 +17,7 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Resource};
 use serde_json::json;
 
-use super::agent::{Agent, AgentError, MANAGER};
+use super::agent::{Agent, AgentError, MANAGER, ModelFileError};
 use super::cache_plan;
 use super::errors::Call;
 use super::sweep_plan::{self, Busy, Decision, RunRef};
@@ -270,24 +270,24 @@ impl Agent {
 
     /// `namespace/name`'s file on this node: from the cache (downloaded if needed, its status
     /// written as for a replica's model), or a local file verified in place.
-    async fn sweep_model(&self, cache: &ModelCache, namespace: &str, name: &str, replicas: &[ModelReplica]) -> Result<PathBuf, String> {
+    async fn sweep_model(&self, cache: &ModelCache, namespace: &str, name: &str, replicas: &[ModelReplica]) -> Result<PathBuf, ModelFileError> {
         let node = self.settings.node.clone();
         let models: Api<Model> = Api::namespaced(self.client().clone(), namespace);
         let model = match models.get_opt(name).await {
             Ok(Some(m)) => m,
-            Ok(None) => return Err("does not exist".into()),
-            Err(e) => return Err(self.problem(Call::new("get", "models", Some(name)), e).to_string()),
+            Ok(None) => return Err(ModelFileError::NoModel),
+            Err(e) => return Err(self.problem(Call::new("get", "models", Some(name)), e).into()),
         };
         // One user of the cache at a time: the model-cache round may be downloading this model.
         let _one_at_a_time = self.caching.lock().await;
-        let in_use = self.models_in_use(replicas).await.map_err(|e| e.to_string())?;
+        let in_use = self.models_in_use(replicas).await?;
         if cache_plan::our_entry(&model, &node).is_some_and(|e| e.phase == CachePhase::Ready) {
             let credentials = self.credentials(&model, namespace).await?;
-            let source = cache_plan::source(&model, credentials, &self.settings.pvc_root).map_err(|e| e.to_string())?;
-            return cache.ensure(&source, &in_use, &mut |_, _| {}).await.map(|m| m.path).map_err(|e| e.to_string());
+            let source = cache_plan::source(&model, credentials, &self.settings.pvc_root)?;
+            return Ok(cache.ensure(&source, &in_use, &mut |_, _| {}).await.map(|m| m.path)?);
         }
         let w = cache_plan::Wanted { namespace: namespace.into(), model: name.into(), replicas: Vec::new() };
-        self.fetch(cache, &model, &w, &in_use).await.map_err(|e| e.to_string())?.map(|m| m.path)
+        Ok(self.fetch(cache, &model, &w, &in_use).await??.path)
     }
 
     /// Cache keys of the Models replicas on this node use: never evicted for a sweep's model.

@@ -93,7 +93,7 @@ impl RateStats {
 
 pub fn run(a: Args) -> ExitCode {
     let result = match (&a.http.url, &a.engine) {
-        (Some(url), _) => crate::http_bench::run(&a.http, url, a.json.as_deref()).map_err(Error::Step),
+        (Some(url), _) => crate::http_bench::bench(&a.http, url, a.json.as_deref()).map_err(Error::from),
         (None, Some(engine)) => bench(&a, engine),
         (None, None) => {
             Err(Error::Step("give --model FILE (time the engine in process) or --url http://HOST:PORT (benchmark a running server)".into()))

@@ -95,11 +95,6 @@ pub fn endpoint(url: &str) -> Result<Endpoint, UrlError> {
     })
 }
 
-/// [`endpoint`] for callers that report errors as text.
-pub fn parse_url(url: &str) -> Result<Endpoint, String> {
-    endpoint(url).map_err(|e| e.to_string())
-}
-
 /// How long a connection may take to open before the server counts as unreachable.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -300,11 +295,6 @@ pub async fn fetch_json(ep: &Endpoint, path: &str, api_key: Option<&str>) -> Res
     serde_json::from_str(&text).map_err(|source| HttpError::NotJson { url, source, excerpt: excerpt(&text) })
 }
 
-/// [`fetch_json`] for callers that report errors as text.
-pub async fn get_json(ep: &Endpoint, path: &str, api_key: Option<&str>) -> Result<Value, String> {
-    fetch_json(ep, path, api_key).await.map_err(|e| e.to_string())
-}
-
 /// How a streaming request ended.
 #[derive(Debug)]
 pub enum StreamEnd {
@@ -418,10 +408,10 @@ mod tests {
             ("http://[::1]", "http://[::1]", "[::1]:80", ""),
         ];
         for (url, base, addr, prefix) in cases {
-            let ep = parse_url(url).unwrap();
+            let ep = endpoint(url).unwrap();
             assert_eq!((ep.base.as_str(), ep.addr.as_str(), ep.prefix.as_str()), (base, addr, prefix), "{url}");
         }
-        assert_eq!(parse_url("http://h:1/v1").unwrap().url("/v1/models"), "http://h:1/v1/models");
+        assert_eq!(endpoint("http://h:1/v1").unwrap().url("/v1/models"), "http://h:1/v1/models");
     }
 
     #[test]
@@ -436,7 +426,7 @@ mod tests {
             ("http://u:p@h:1", "--api-key"),
             ("http://h:1/x?y=1", "query"),
         ] {
-            let e = parse_url(url).unwrap_err();
+            let e = endpoint(url).unwrap_err().to_string();
             assert!(e.starts_with(&format!("--url {url}:")) && e.contains(needle), "{url}: {e}");
         }
     }

@@ -11,7 +11,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::client::{Conn, Endpoint, HttpError, parse_url, prompt_tokens_of};
+use super::client::{Conn, Endpoint, HttpError, endpoint, prompt_tokens_of};
 use super::runner::{PromptSizes, Target, calibrate};
 
 /// What the server does with a connection once it read a request from it.
@@ -33,7 +33,7 @@ type Seen = Arc<Mutex<Vec<usize>>>;
 /// prompt's words + 4 (a template's tokens, as llama.cpp counts them), closing as `close` says.
 async fn server(close: Close) -> (Endpoint, Seen) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let ep = parse_url(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+    let ep = endpoint(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
     let seen: Seen = Arc::default();
     let log = seen.clone();
     tokio::spawn(async move {

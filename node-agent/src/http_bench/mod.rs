@@ -98,11 +98,6 @@ pub enum BenchError {
     NoneSucceeded { url: String },
 }
 
-/// [`bench`] for callers that report errors as text.
-pub fn run(a: &UrlArgs, url: &str, json_out: Option<&Path>) -> Result<(), String> {
-    bench(a, url, json_out).map_err(|e| e.to_string())
-}
-
 /// Runs the grid and writes the table (stdout), then `json` and the CSV if asked.
 pub fn bench(a: &UrlArgs, url: &str, json_out: Option<&Path>) -> Result<(), BenchError> {
     let endpoint = client::endpoint(url)?;

@@ -233,7 +233,7 @@ fn sweep(a: Args) -> Result<ExitCode, Error> {
 
 /// `--url` and what goes with it; the shape from `--model`'s header when given.
 fn external(a: &Args, url: &str) -> Result<External, Error> {
-    crate::http_bench::client::parse_url(url).map_err(Error::Step)?;
+    crate::http_bench::client::endpoint(url)?;
     if !(a.case_deadline_s.is_finite() && a.case_deadline_s > 0.0 && a.case_deadline_s <= 86_400.0) {
         return Err(Error::Flag { flag: "--case-deadline-s", reason: format!("{}: expected seconds in (0, 86400]", a.case_deadline_s) });
     }

@@ -91,7 +91,7 @@ pub fn start(host: &str, port: u16, opts: ServeOptions) -> Result<Running, Error
         }
     };
     let task = rt.spawn(serve_on(listener, opts, shutdown));
-    let endpoint = client::parse_url(&format!("http://{addr}")).map_err(Error::Step)?;
+    let endpoint = client::endpoint(&format!("http://{addr}"))?;
     Ok(Running { rt, endpoint, addr, task, stop: Some(stop_tx) })
 }
 
@@ -122,7 +122,7 @@ impl Running {
 
     /// What the server says about its engine (`GET /engine`).
     pub fn engine_status(&self) -> Result<EngineStatus, Error> {
-        let v = self.rt.block_on(client::get_json(&self.endpoint, "/engine", None)).map_err(Error::Step)?;
+        let v = self.rt.block_on(client::fetch_json(&self.endpoint, "/engine", None))?;
         serde_json::from_value(v)
             .map_err(|e| Error::Answer { url: self.endpoint.url("/engine"), reason: format!("not an engine status: {e}") })
     }

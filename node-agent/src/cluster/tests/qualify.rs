@@ -18,8 +18,12 @@ struct Fake {
 }
 
 impl Qualifier for Fake {
-    fn check(&self, job: &QualifyJob) -> Result<(), String> {
-        if job.shape_class.starts_with("later-") { Err("no model of this class is in the node's cache yet".into()) } else { Ok(()) }
+    fn check(&self, job: &QualifyJob) -> Result<(), QualifyError> {
+        if job.shape_class.starts_with("later-") {
+            Err(QualifyError::Unresolved("no model of this class is in the node's cache yet".into()))
+        } else {
+            Ok(())
+        }
     }
 
     fn qualify(&self, job: &QualifyJob) -> Result<ShapeQualification, QualifyError> {

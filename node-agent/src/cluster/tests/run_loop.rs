@@ -26,7 +26,7 @@ use crate::sweep::Plan;
 struct NoQualifier;
 
 impl Qualifier for NoQualifier {
-    fn check(&self, _: &QualifyJob) -> Result<(), String> {
+    fn check(&self, _: &QualifyJob) -> Result<(), QualifyError> {
         Ok(())
     }
     fn qualify(&self, job: &QualifyJob) -> Result<ShapeQualification, QualifyError> {
