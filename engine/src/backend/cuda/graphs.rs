@@ -162,6 +162,12 @@ impl Graphs {
         self.eager_once = true;
     }
 
+    /// The step is answered (the engine runs it again): only its eager re-run remains.
+    pub(crate) fn next_step_eager(&mut self) {
+        self.retry = false;
+        self.eager_once = true;
+    }
+
     /// Whether a graph failed in this step (cleared by reading).
     pub(crate) fn take_retry(&mut self) -> bool {
         std::mem::take(&mut self.retry)

@@ -327,8 +327,7 @@ impl Backend for CudaBackend {
             Mode::Eager => return false,
         }
         self.graphs.mode = Mode::Eager;
-        self.graphs.retry_eagerly();
-        self.graphs.take_retry(); // answered here: only the next step's eager run remains
+        self.graphs.next_step_eager();
         true
     }
 
