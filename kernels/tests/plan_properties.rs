@@ -47,6 +47,7 @@ fn plan_key(p: &OpCase) -> String {
         OpCase::LatentProj(c) | OpCase::NegLatentTailSkip(c) => format!("latent k{} w{} g{} {}", c.k, c.width, c.groups, c.wtype),
         OpCase::Embed(c) => format!("embed v{} h{} {}", c.vocab, c.hidden, c.table),
         OpCase::RmsNorm(c) => format!("rmsnorm w{} r{}", c.width, c.rows_per_token),
+        OpCase::RmsNormQ8_1(c) => format!("rmsnorm_q8_1 w{} r{}", c.width, c.rows_per_token),
         OpCase::Rope(c) => format!("rope h{} d{}", c.heads, c.head_dim),
         OpCase::OutputHead(c) => format!("head h{} v{} {} s{:?}", c.hidden, c.vocab, c.wtype, c.sequences),
         OpCase::Sampling(c) => format!("sampling v{}", c.vocab),

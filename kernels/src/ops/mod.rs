@@ -20,6 +20,7 @@ pub mod moe_gemv;
 pub mod output_head;
 pub mod quantize;
 pub mod rmsnorm;
+pub mod rmsnorm_q8_1;
 pub mod rope;
 pub mod router;
 pub mod sampling;

@@ -30,7 +30,7 @@ pub const KERNEL: &str = "quantize";
 /// Warps per block; each warp quantizes one 32-value block per trip.
 const WARPS: u32 = 8;
 /// 32-bit words per q8_1 block: the first holds (d, s), the word `Guarded::check` looks at.
-const BLOCK_WORDS: usize = BLOCK_Q8_1_BYTES / 4;
+pub(crate) const BLOCK_WORDS: usize = BLOCK_Q8_1_BYTES / 4;
 /// Dequantized GPU values against the input: |d·q − x| <= d/2 (rounding) + 127·d·2^-11 (d
 /// stored as f16) = 0.5625·amax/127 = 0.00443·amax, and max |x| compared is >= every amax.
 pub const TOLERANCE: f64 = 0.0045;
@@ -307,7 +307,7 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &QuantizeCase) -> Result<Outcome, Gpu
     }))
 }
 
-fn blocks_of(words: &[u32]) -> Vec<BlockQ8_1> {
+pub(crate) fn blocks_of(words: &[u32]) -> Vec<BlockQ8_1> {
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     bytes.chunks_exact(BLOCK_Q8_1_BYTES).map(BlockQ8_1::from_bytes).collect()
 }
@@ -316,16 +316,16 @@ fn blocks_of(words: &[u32]) -> Vec<BlockQ8_1> {
 /// quants exact except a flip by one where x/d is a rounding tie (counted, not failed), and
 /// the dequantized values within [`TOLERANCE`] of x.
 #[derive(Default)]
-struct BlockCompare {
-    err: RelErr,
-    mismatches: u64,
+pub(crate) struct BlockCompare {
+    pub(crate) err: RelErr,
+    pub(crate) mismatches: u64,
     tie_flips: u64,
     first: Option<String>,
 }
 
 impl BlockCompare {
     /// One row; `x` is its source row, `None` for a padding row (all zeros expected).
-    fn row(&mut self, first_index: u64, gpu: &[BlockQ8_1], x: Option<&[f32]>) {
+    pub(crate) fn row(&mut self, first_index: u64, gpu: &[BlockQ8_1], x: Option<&[f32]>) {
         for (b, g) in gpu.iter().enumerate() {
             let xs = x.map(|x| &x[b * QK..(b + 1) * QK]);
             self.block(first_index + (b * QK) as u64, g, xs);
@@ -358,7 +358,7 @@ impl BlockCompare {
         self.first.get_or_insert(what);
     }
 
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let mut parts = Vec::new();
         if let Some(f) = &self.first {
             parts.push(format!("{} mismatches, first: {f}", self.mismatches));

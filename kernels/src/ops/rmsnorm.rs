@@ -48,7 +48,7 @@ pub struct RmsNormCase {
 }
 
 impl RmsNormCase {
-    fn warp_per_row(&self) -> bool {
+    pub(crate) fn warp_per_row(&self) -> bool {
         self.width <= WARP_ROW_MAX
     }
 
@@ -57,19 +57,19 @@ impl RmsNormCase {
         if self.warp_per_row() { 32 } else { THREADS as usize }
     }
 
-    fn rows_per_block(&self) -> u64 {
+    pub(crate) fn rows_per_block(&self) -> u64 {
         if self.warp_per_row() { WARPS as u64 } else { 1 }
     }
 
-    fn rows(&self, tokens: u64) -> u64 {
+    pub(crate) fn rows(&self, tokens: u64) -> u64 {
         tokens * self.rows_per_token as u64
     }
 
-    fn shape(&self, tokens: u64) -> String {
+    pub(crate) fn shape(&self, tokens: u64) -> String {
         format!("tokens={tokens} rows_per_token={} width={} eps={:e}", self.rows_per_token, self.width, self.eps)
     }
 
-    fn unsupported(&self, tokens: u64) -> Option<String> {
+    pub(crate) fn unsupported(&self, tokens: u64) -> Option<String> {
         if tokens == 0 {
             Some("0 tokens".into())
         } else if self.width == 0 || self.width > i32::MAX as u32 {

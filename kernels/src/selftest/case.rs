@@ -73,6 +73,8 @@ families! {
     LatentProj => ops::latent_proj::Family,
     Embed => ops::embed::Family,
     RmsNorm => ops::rmsnorm::Family,
+    /// The hidden norm that also writes its q8_1 quantization (decode's quantize launches skipped).
+    RmsNormQ8_1 => ops::rmsnorm_q8_1::Family,
     Rope => ops::rope::Family,
     OutputHead => ops::output_head::Family,
     Sampling => ops::sampling::Family,

@@ -25,8 +25,8 @@ use crate::ops::router::{RouterCase, Scoring};
 use crate::ops::sampling::SamplingCase;
 use crate::ops::swiglu::{self as swiglu_op, Output, SwigluCase};
 use crate::ops::{
-    add, dense_f32, embed, latent_proj, linear, moe_align, moe_combine, moe_gemm, moe_gemv, output_head, quantize, rmsnorm, rope, router,
-    sampling, swiglu,
+    add, dense_f32, embed, latent_proj, linear, moe_align, moe_combine, moe_gemm, moe_gemv, output_head, quantize, rmsnorm, rmsnorm_q8_1,
+    rope, router, sampling, swiglu,
 };
 use crate::quant::WeightType;
 use crate::routing::Routing;
@@ -284,6 +284,12 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
         let c = RmsNormCase { width, rows_per_token, eps: a.norm_eps };
         b.family(rmsnorm::KERNEL, tag, with(rmsnorm::critical_counts(&c, limits)), OpCase::RmsNorm(c), |t| rmsnorm::device_bytes(t, &c));
     }
+    // The hidden norm with its q8_1 quantization (attn_norm, ffn_norm): the plain norm's counts
+    // and the blocks' 2^31 point.
+    let c = RmsNormCase { width: shape.hidden, rows_per_token: 1, eps: a.norm_eps };
+    b.family(rmsnorm_q8_1::KERNEL, "hidden", with(rmsnorm_q8_1::critical_counts(&c, limits)), OpCase::RmsNormQ8_1(c), |t| {
+        rmsnorm_q8_1::device_bytes(t, &c)
+    });
     for (tag, heads) in [("q", a.heads), ("k", a.kv_heads)] {
         let c = RopeCase { heads, head_dim: a.head_dim, theta: a.rope_theta, sequences: 4 };
         b.family(rope::KERNEL, &format!("{tag}/seq4"), with(rope::critical_counts(&c, limits)), OpCase::Rope(c), |t| {

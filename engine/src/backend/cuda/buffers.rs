@@ -126,23 +126,57 @@ impl<T: DeviceRepr> Drop for Lease<T> {
 }
 
 /// A scratch buffer that grows to the largest request it has seen.
+///
+/// A q8_1 scratch also records which activation rows it currently holds the quantization of
+/// ([`ActRows`], set by whoever writes it: `dense::quantize_rows` or the norm that emits q8_1),
+/// so a projection of the same rows reuses it instead of quantizing again (`dense::ensure_q8_1`).
+/// The record is dropped when the buffer is reallocated, and the backend drops it at the entry
+/// of every op other than those that read it (the rule is in `cuda/mod.rs`, `CudaBackend::stale_q8_1`).
 pub(crate) struct Grow<T: DeviceRepr> {
     buf: CudaSlice<T>,
     allocs: AllocCounter,
+    holds: Option<ActRows>,
+}
+
+/// Rows of an activation as a q8_1 scratch records them: the activation's id (unique for the
+/// backend's lifetime: a pooled buffer handed out again is a new activation), rows and width.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ActRows {
+    pub id: u64,
+    pub rows: usize,
+    pub width: usize,
+}
+
+impl ActRows {
+    /// The first `rows` rows of width `width` of `x`.
+    pub(crate) fn of(x: &CudaAct, rows: usize, width: usize) -> Self {
+        ActRows { id: x.id, rows, width }
+    }
 }
 
 impl<T: DeviceRepr> Grow<T> {
     pub(crate) fn new(gpu: &Gpu, allocs: &AllocCounter) -> Result<Self, GpuError> {
-        Ok(Grow { buf: allocs.alloc(gpu, 1)?, allocs: allocs.clone() })
+        Ok(Grow { buf: allocs.alloc(gpu, 1)?, allocs: allocs.clone(), holds: None })
     }
 
-    /// Makes room for `len` elements; the contents are not kept (every user rewrites them).
+    /// Makes room for `len` elements (reallocating drops the contents and their record).
     pub(crate) fn ensure(&mut self, gpu: &Gpu, len: usize) -> Result<(), GpuError> {
         if self.buf.len() < len {
+            self.holds = None;
             self.buf = self.allocs.alloc(gpu, len)?;
             self.allocs.freed();
         }
         Ok(())
+    }
+
+    /// Records that the buffer now holds the quantization of `rows` (`None`: of nothing known).
+    pub(crate) fn set_holds(&mut self, rows: Option<ActRows>) {
+        self.holds = rows;
+    }
+
+    /// Whether the buffer holds the quantization of exactly `rows`.
+    pub(crate) fn holds(&self, rows: &ActRows) -> bool {
+        self.holds.as_ref() == Some(rows)
     }
 }
 
@@ -164,12 +198,17 @@ pub struct CudaAct {
     pub(crate) buf: Lease<f32>,
     rows: usize,
     width: usize,
+    /// Names this activation in a q8_1 scratch's record ([`ActRows`]).
+    id: u64,
 }
+
+/// Ids of activations, never reused.
+static NEXT_ACT_ID: AtomicU64 = AtomicU64::new(1);
 
 impl CudaAct {
     pub(crate) fn new(buf: Lease<f32>, rows: usize, width: usize) -> Self {
         debug_assert!(buf.len() >= rows * width);
-        CudaAct { buf, rows, width }
+        CudaAct { buf, rows, width, id: NEXT_ACT_ID.fetch_add(1, Ordering::Relaxed) }
     }
 
     pub fn rows(&self) -> usize {

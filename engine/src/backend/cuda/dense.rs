@@ -11,7 +11,7 @@ use brink_kernels::ops::quantize::{self, Source};
 use brink_kernels::quant::{BLOCK_Q8_1_BYTES, QK, WeightType};
 use cudarc::driver::CudaSlice;
 
-use super::buffers::Grow;
+use super::buffers::{ActRows, CudaAct, Grow};
 use super::weights::{CudaWeight, WeightData};
 use super::{fail, gpu_fail};
 use crate::model::{BackendError, MatrixDims};
@@ -22,10 +22,21 @@ pub(crate) fn q8_1_bytes(rows: usize, k: usize) -> usize {
     rows * (k / QK) * BLOCK_Q8_1_BYTES
 }
 
-/// Quantizes the first `rows` rows of `x` (`[rows, k]`) into `xq` as q8_1.
-pub(crate) fn quantize_rows(gpu: &Gpu, x: &CudaSlice<f32>, rows: usize, k: usize, xq: &mut Grow<u8>) -> Result<(), GpuError> {
+/// Makes `xq` hold the first `rows` rows of `x` (`[rows, k]`) as q8_1 (dense `quantize`) and
+/// records that it does. Nothing is launched when `xq` holds exactly those rows already: the
+/// norm before this projection wrote them with its output (`pointwise::rms_norm_q8_1`), or an
+/// earlier projection of the same rows did. The record and the rule that keeps it true are
+/// `Grow`'s and `CudaBackend::stale_q8_1`'s.
+pub(crate) fn quantize_rows(gpu: &Gpu, x: &CudaAct, rows: usize, k: usize, xq: &mut Grow<u8>) -> Result<(), GpuError> {
+    let these = ActRows::of(x, rows, k);
+    if xq.holds(&these) {
+        return Ok(());
+    }
+    xq.set_holds(None);
     xq.ensure(gpu, q8_1_bytes(rows, k))?;
-    quantize::launch(gpu, x, rows as u64, k as u32, rows as u64, Source::Dense, &mut **xq)
+    quantize::launch(gpu, &x.buf, rows as u64, k as u32, rows as u64, Source::Dense, &mut **xq)?;
+    xq.set_holds(Some(these));
+    Ok(())
 }
 
 /// `out[rows, n] = xq · Wᵀ` for q8_1 rows `xq` and `n` rows of `k` quantized weights.
@@ -56,7 +67,7 @@ pub(crate) fn check_matrix(w: &CudaWeight, k: usize, op: &str) -> Result<usize, 
 /// `xq` is the q8_1 scratch.
 pub(crate) fn project(
     gpu: &Gpu,
-    x: &CudaSlice<f32>,
+    x: &CudaAct,
     (rows, k): (usize, usize),
     w: &CudaWeight,
     xq: &mut Grow<u8>,
@@ -69,7 +80,7 @@ pub(crate) fn project(
             quantize_rows(gpu, x, rows, k, xq).map_err(failed)?;
             project_q8_1(gpu, xq, rows, (k, n), (*wtype, bytes), out).map_err(failed)
         }
-        WeightData::F32(values) => dense_f32(gpu, x, (rows, k), values, n, out),
+        WeightData::F32(values) => dense_f32(gpu, &x.buf, (rows, k), values, n, out),
     }
 }
 
@@ -77,24 +88,21 @@ pub(crate) fn project(
 /// every quantized weight; each output is the value `project` gives.
 pub(crate) fn project_each<const N: usize>(
     gpu: &Gpu,
-    x: &CudaSlice<f32>,
+    x: &CudaAct,
     (rows, k): (usize, usize),
     ws: &[&CudaWeight; N],
     xq: &mut Grow<u8>,
     outs: [&mut CudaSlice<f32>; N],
 ) -> Result<(), BackendError> {
-    let mut quantized = false;
     for (w, out) in ws.iter().zip(outs) {
         match &w.data {
             WeightData::Blocks { wtype, bytes } => {
                 let failed = |e: GpuError| gpu_fail(format_args!("projection by {}", w.name()), &e);
-                if !quantized {
-                    quantize_rows(gpu, x, rows, k, xq).map_err(failed)?;
-                    quantized = true;
-                }
+                // Launches nothing after the first (or when the norm left the rows quantized).
+                quantize_rows(gpu, x, rows, k, xq).map_err(failed)?;
                 project_q8_1(gpu, xq, rows, (k, w.rows()), (*wtype, bytes), out).map_err(failed)?;
             }
-            WeightData::F32(values) => dense_f32(gpu, x, (rows, k), values, w.rows(), out)?,
+            WeightData::F32(values) => dense_f32(gpu, &x.buf, (rows, k), values, w.rows(), out)?,
         }
     }
     Ok(())

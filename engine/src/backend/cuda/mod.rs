@@ -88,8 +88,6 @@ pub struct CudaBackend {
     /// Rows of the largest batch so far: a larger one trims the activation pool.
     high_water: usize,
     batch: BatchState,
-    /// q8_1 input of the dense projections.
-    xq: buffers::Grow<u8>,
     moe: MoeScratch,
     kv: Option<KvCache>,
     ropes: Vec<RopeTable>,
@@ -121,7 +119,6 @@ impl CudaBackend {
             acts: Pool::new(allocs.clone()),
             high_water: 0,
             batch: BatchState::new(&gpu, &allocs)?,
-            xq: buffers::Grow::new(&gpu, &allocs).map_err(setup)?,
             moe: MoeScratch::new(&gpu, &allocs).map_err(setup)?,
             kv: None,
             ropes: Vec::new(),
@@ -218,6 +215,21 @@ impl CudaBackend {
         };
         self.check_bad_ids()?;
         Ok(values)
+    }
+
+    /// The q8_1 scratch (`moe.xq`, the input of every quantized projection and of the MoE
+    /// block) records which activation's rows it holds (`buffers::ActRows`: the activation's
+    /// unique id, rows, width), set by whatever writes it: `dense::quantize_rows`, or the hidden
+    /// norm that writes its q8_1 rows with its output (`pointwise::rms_norm_q8_1`). A projection
+    /// (`linear`, `linear_each`, `logits`) and the MoE router (`moe::route`) quantize through
+    /// `dense::quantize_rows`, which launches nothing when the record names their input: so
+    /// attn_norm's rows serve q, k and v, ffn_norm's the router and the experts, the output
+    /// norm's the head. The record stays true because activations are written only by the op
+    /// that creates them (a fresh id), except in place by `add` and `rope`: both drop it here,
+    /// as does a reallocation of the scratch (`Grow::ensure`). Anything else that writes the
+    /// scratch must drop or reset it (`Grow::set_holds`).
+    fn stale_q8_1(&mut self) {
+        self.moe.xq.set_holds(None);
     }
 
     /// Device buffers the backend has allocated for activations and scratch since it opened
@@ -371,7 +383,12 @@ impl Backend for CudaBackend {
     fn rms_norm(&mut self, x: &CudaAct, w: &CudaWeight, eps: f32) -> Result<CudaAct> {
         let mut out = self.act(x.rows(), x.width())?;
         if !x.is_empty() && !self.graphs.replaying() {
-            pointwise::rms_norm(&self.gpu, x, w, eps, &mut out)?;
+            if pointwise::emits_q8_1(x, w) {
+                // The hidden norms: their q8_1 rows are the next projection's (or MoE block's) input.
+                pointwise::rms_norm_q8_1(&self.gpu, x, w, eps, &mut out, &mut self.moe.xq)?;
+            } else {
+                pointwise::rms_norm(&self.gpu, x, w, eps, &mut out)?;
+            }
         }
         Ok(out)
     }
@@ -380,7 +397,7 @@ impl Backend for CudaBackend {
         let n = dense::check_matrix(w, x.width(), "linear")?;
         let mut out = self.act(x.rows(), n)?;
         if !x.is_empty() && !self.graphs.replaying() {
-            dense::project(&self.gpu, &x.buf, (x.rows(), x.width()), w, &mut self.xq, &mut out.buf)?;
+            dense::project(&self.gpu, x, (x.rows(), x.width()), w, &mut self.moe.xq, &mut out.buf)?;
         }
         Ok(out)
     }
@@ -393,12 +410,13 @@ impl Backend for CudaBackend {
         }
         let mut out: [CudaAct; N] = out.try_into().map_err(|_| fail(format!("linear_each: not {N} outputs")))?;
         if !x.is_empty() && !self.graphs.replaying() {
-            dense::project_each(&self.gpu, &x.buf, (x.rows(), x.width()), &ws, &mut self.xq, out.each_mut().map(|o| &mut *o.buf))?;
+            dense::project_each(&self.gpu, x, (x.rows(), x.width()), &ws, &mut self.moe.xq, out.each_mut().map(|o| &mut *o.buf))?;
         }
         Ok(out)
     }
 
     fn rope(&mut self, x: &mut CudaAct, head_dim: usize, theta: f32) -> Result<()> {
+        self.stale_q8_1();
         if self.graphs.replaying() {
             return Ok(());
         }
@@ -423,6 +441,7 @@ impl Backend for CudaBackend {
     }
 
     fn add(&mut self, x: &mut CudaAct, y: &CudaAct) -> Result<()> {
+        self.stale_q8_1();
         if (x.is_empty() && y.is_empty()) || self.graphs.replaying() {
             return Ok(());
         }
@@ -443,7 +462,7 @@ impl Backend for CudaBackend {
             Mode::Replay(i) => return self.replay(i),
             Mode::Capture(key) => {
                 let mut out = self.act(x.rows(), vocab)?;
-                dense::project(&self.gpu, &x.buf, (x.rows(), x.width()), w, &mut self.xq, &mut out.buf)?;
+                dense::project(&self.gpu, x, (x.rows(), x.width()), w, &mut self.moe.xq, &mut out.buf)?;
                 let graph = self.gpu.end_capture();
                 let attn = self.batch.attn.take_device();
                 let (graph, attn) = match (graph, attn) {
@@ -467,7 +486,7 @@ impl Backend for CudaBackend {
         let mut values = Vec::new();
         if !x.is_empty() {
             let mut out = self.act(x.rows(), vocab)?;
-            dense::project(&self.gpu, &x.buf, (x.rows(), x.width()), w, &mut self.xq, &mut out.buf)?;
+            dense::project(&self.gpu, x, (x.rows(), x.width()), w, &mut self.moe.xq, &mut out.buf)?;
             self.monitor.board().enter(None, Op::DeviceWait);
             values = self.download(&out)?;
         }

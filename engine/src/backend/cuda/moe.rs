@@ -48,8 +48,10 @@ pub(crate) fn routed_path(tokens: usize) -> RoutedPath {
 
 /// The block's scratch, sized by the largest batch so far.
 pub(crate) struct MoeScratch {
-    /// x as q8_1 `[T, H/32]`: the router's and the GEMV's input.
-    xq: Grow<u8>,
+    /// x as q8_1 `[T, H/32]`: the router's and the GEMV's input. Also the dense projections'
+    /// q8_1 scratch (the backend's one), which the norm before this block may have filled with
+    /// x's rows already: `route`'s `quantize_rows` then launches nothing (`dense::quantize_rows`).
+    pub(crate) xq: Grow<u8>,
     logits: Grow<f32>,
     ids: Grow<i32>,
     weights: Grow<f32>,
@@ -184,7 +186,7 @@ fn route(
     let failed = |e: GpuError| gpu_fail(format_args!("moe router {}", router.name()), &e);
     let quantized_router = matches!(router.data, WeightData::Blocks { .. });
     if quantized_router || path == RoutedPath::Gemv {
-        quantize_rows(gpu, &x.buf, d.tokens, d.hidden, &mut s.xq).map_err(failed)?;
+        quantize_rows(gpu, x, d.tokens, d.hidden, &mut s.xq).map_err(failed)?;
     }
     s.logits.ensure(gpu, d.tokens * d.experts).map_err(failed)?;
     match &router.data {

@@ -1,11 +1,14 @@
 //! Ops that work row by row: RMS norm (whole rows or per head), RoPE, and `add`.
 
-use brink_kernels::cuda::Gpu;
+use brink_kernels::cuda::{Gpu, GpuError};
 use brink_kernels::ops::rmsnorm::{self, RmsNormCase};
+use brink_kernels::ops::rmsnorm_q8_1;
+use brink_kernels::quant::QK;
 use brink_kernels::ops::rope::{self, RopeSpec, RopeTable};
 
 use super::batch_state::BatchState;
-use super::buffers::CudaAct;
+use super::buffers::{ActRows, CudaAct, Grow};
+use super::dense::q8_1_bytes;
 use super::weights::{CudaWeight, WeightData};
 use super::{fail, gpu_fail};
 use crate::model::{BackendError, MatrixDims};
@@ -29,6 +32,30 @@ pub(crate) fn rms_norm(gpu: &Gpu, x: &CudaAct, w: &CudaWeight, eps: f32, out: &m
     let case = RmsNormCase { width: w.row_len() as u32, rows_per_token: groups as u32, eps };
     rmsnorm::launch(gpu, x.rows() as u64, &case, &x.view(), &scale.as_view(), &mut out.view_mut())
         .map_err(|e| gpu_fail(format_args!("rms_norm by {}", w.name()), &e))
+}
+
+/// Whether `rms_norm` of `x` by `w` also writes its q8_1 rows (`rms_norm_q8_1`): a whole-row
+/// norm (the hidden norms, whose outputs feed the quantized projections and the router) of a
+/// width in whole q8_1 blocks. The per-head Q/K norms do not.
+pub(crate) fn emits_q8_1(x: &CudaAct, w: &CudaWeight) -> bool {
+    matches!(w.data, WeightData::F32(_)) && w.row_len() == x.width() && x.width().is_multiple_of(QK) && x.width() <= i32::MAX as usize
+}
+
+/// `out = rms_norm(x)` as [`rms_norm`] computes it, and `xq` = its dense q8_1 quantization as
+/// `quantize` computes it from `out`, in one launch (`rmsnorm_q8_1`); `xq` then records that it
+/// holds `out`'s rows, so the projection or the MoE block after the norm quantizes nothing.
+pub(crate) fn rms_norm_q8_1(gpu: &Gpu, x: &CudaAct, w: &CudaWeight, eps: f32, out: &mut CudaAct, xq: &mut Grow<u8>) -> Result<(), BackendError> {
+    let what = |e: String| fail(format!("rms_norm by {}: {e}", w.name()));
+    let WeightData::F32(scale) = &w.data else {
+        return Err(what("a norm weight must be held as f32".into()));
+    };
+    let failed = |e: GpuError| gpu_fail(format_args!("rms_norm (with q8_1) by {}", w.name()), &e);
+    let case = RmsNormCase { width: x.width() as u32, rows_per_token: 1, eps };
+    xq.set_holds(None);
+    xq.ensure(gpu, q8_1_bytes(x.rows(), x.width())).map_err(failed)?;
+    rmsnorm_q8_1::launch(gpu, x.rows() as u64, &case, &x.view(), &scale.as_view(), &mut out.buf, &mut **xq).map_err(failed)?;
+    xq.set_holds(Some(ActRows::of(out, out.rows(), out.width())));
+    Ok(())
 }
 
 /// The frequency table of `spec`, made on first use (one per model in practice).
