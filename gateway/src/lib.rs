@@ -13,6 +13,9 @@ pub mod pick;
 pub mod prompt;
 pub mod proxy;
 pub mod server;
+pub mod spans;
+pub mod telemetry;
+pub mod trace;
 
 pub use config::Config;
-pub use server::{serve_on, serve_on_kubernetes};
+pub use server::{Gateway, serve, serve_kubernetes, serve_on, serve_on_kubernetes};

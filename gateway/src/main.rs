@@ -1,6 +1,8 @@
 use std::process::ExitCode;
 
+use brink_gateway::Gateway;
 use brink_gateway::cli::Args;
+use brink_gateway::telemetry::Telemetry;
 use clap::Parser;
 
 fn main() -> ExitCode {
@@ -14,6 +16,24 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Before the runtime: the OTLP batch exporter runs its own thread with a blocking client.
+    let telemetry = match Telemetry::from_env() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("brink-gateway: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let gateway = Gateway::new(config).traced(telemetry.tracer());
+    let code = run(listen, gateway);
+    // The spans still pending; a collector that is gone costs a message, not the exit code.
+    if let Err(e) = telemetry.shutdown() {
+        eprintln!("brink-gateway: {e}");
+    }
+    code
+}
+
+fn run(listen: std::net::SocketAddr, gateway: Gateway) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -29,6 +49,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         };
+        let config = &gateway.config;
         let served = if config.kubernetes {
             // kube's TLS and another dependency's may both link a rustls provider; rustls will
             // not choose between them, so the gateway names one.
@@ -42,10 +63,10 @@ fn main() -> ExitCode {
             };
             let scope = if config.namespaces.is_empty() { "all namespaces".to_string() } else { config.namespaces.join(", ") };
             eprintln!("brink-gateway: listening on http://{listen}, replicas from the cluster ({scope})");
-            brink_gateway::serve_on_kubernetes(listener, config, client, shutdown_signal()).await
+            brink_gateway::serve_kubernetes(listener, gateway, client, shutdown_signal()).await
         } else {
             eprintln!("brink-gateway: listening on http://{listen}, {} upstreams", config.upstreams.len());
-            brink_gateway::serve_on(listener, config, shutdown_signal()).await
+            brink_gateway::serve(listener, gateway, shutdown_signal()).await
         };
         match served {
             Ok(()) => ExitCode::SUCCESS,

@@ -1,6 +1,6 @@
 //! The gateway's own series (`brink_gateway_*`), rendered as Prometheus text on `/metrics`.
 
-use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
 
 /// Why a request was answered by the gateway itself, without reaching a replica.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,6 +27,10 @@ impl Rejection {
     }
 }
 
+/// The GenAI conventions' advisory buckets of the time to first token (seconds), as the
+/// engine's `gen_ai_server_time_to_first_token_seconds`, so the two read side by side.
+pub const FIRST_BYTE_BOUNDS: [f64; 16] = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0];
+
 pub struct Metrics {
     registry: Registry,
     /// One per attempt at a replica: the HTTP status it answered, or `error` for a connection
@@ -42,6 +46,9 @@ pub struct Metrics {
     /// Requests of a model the gateway holds (waiting at or answered by a replica): the queue an
     /// autoscaler of the model's deployment reads. Only models some replica serves get a series.
     pub model_in_flight: IntGaugeVec,
+    /// A successful answer's first body byte, from the request's arrival (retries included):
+    /// for a stream, its first event, which a brink replica sends with the first token.
+    pub first_byte: HistogramVec,
 }
 
 impl Metrics {
@@ -90,6 +97,16 @@ impl Metrics {
                 "Requests of the model the gateway has in flight, from routing to the end of the answer.",
                 &["model"],
             ),
+            first_byte: {
+                let opts = HistogramOpts::new(
+                    "brink_gateway_time_to_first_byte_seconds",
+                    "From the request's arrival to its successful answer's first body byte (retries included), by whether it streams.",
+                )
+                .buckets(FIRST_BYTE_BOUNDS.to_vec());
+                let h = HistogramVec::new(opts, &["model", "stream"]).expect("a valid metric definition");
+                registry.register(Box::new(h.clone())).expect("registered once");
+                h
+            },
             registry,
         };
         // Every upstream has its gauges from the start (0 until discovery says otherwise).

@@ -4,6 +4,9 @@
 //! head; HTTP 503 or 429), within the retry budget. Once a replica answers with anything else,
 //! its status, headers and body go to the client as they arrive (SSE frame by frame): nothing
 //! is buffered, and nothing that reached the client is ever sent again.
+//!
+//! Each request has a span, and each attempt at a replica a child span whose context the replica
+//! gets in `traceparent` ([`crate::trace`]).
 
 use std::sync::Arc;
 
@@ -21,6 +24,8 @@ use crate::keys::KeyRefusal;
 use crate::metrics::Rejection;
 use crate::pick::{self, Candidate};
 use crate::server::Gateway;
+use crate::spans::{self, AttemptEnd, AttemptStart};
+use crate::trace::RequestSpan;
 
 pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -40,16 +45,27 @@ fn retry_reason(status: StatusCode) -> &'static str {
 }
 
 pub async fn generate(gw: Arc<Gateway>, api: Api, req: Request<Body>) -> Response {
-    match admit_and_send(&gw, api, req).await {
+    let arrived = std::time::Instant::now();
+    let span = RequestSpan::start(gw.tracer.as_ref(), req.headers(), req.method().as_str(), req.uri().path(), api);
+    let resp = match admit_and_send(&gw, api, req, &span, arrived).await {
         Ok(resp) => resp,
         Err((why, e)) => {
             gw.metrics.reject(why);
+            span.set(vec![spans::rejected(why)]);
             e.response(api)
         }
-    }
+    };
+    span.answered(resp.status().as_u16());
+    resp
 }
 
-async fn admit_and_send(gw: &Arc<Gateway>, api: Api, req: Request<Body>) -> Result<Response, (Rejection, GatewayError)> {
+async fn admit_and_send(
+    gw: &Arc<Gateway>,
+    api: Api,
+    req: Request<Body>,
+    span: &RequestSpan,
+    arrived: std::time::Instant,
+) -> Result<Response, (Rejection, GatewayError)> {
     let slot = match gw.keys.admit(req.headers()) {
         Ok(slot) => slot,
         Err(r @ KeyRefusal::Busy { .. }) => {
@@ -72,6 +88,7 @@ async fn admit_and_send(gw: &Arc<Gateway>, api: Api, req: Request<Body>) -> Resu
     let model = crate::prompt::model(&json).map_err(|m| (Rejection::BadRequest, GatewayError::new(Kind::BadRequest, m)))?.to_string();
     let key = pick::prompt_key(&crate::prompt::prefix(&json, gw.config.affinity_prefix_chars), gw.config.affinity_prefix_chars);
     let asked = crate::prompt::requested_tokens(&json);
+    let stream = if json.get("stream") == Some(&Json::Bool(true)) { "true" } else { "false" };
 
     let upstreams = gw.upstreams();
     let seen: Vec<_> = upstreams.iter().map(|u| u.seen()).collect();
@@ -96,6 +113,7 @@ async fn admit_and_send(gw: &Arc<Gateway>, api: Api, req: Request<Body>) -> Resu
     let home = key.and_then(|k| gw.affinity.home(&model, k));
     let ask = pick::Ask { model: &model, key, home: home.as_deref(), need_tokens: asked.map(|(_, n)| n) };
     let decision = pick::pick(&candidates, &ask, gw.config.load_bound);
+    span.set(spans::routed(&model, &decision.affinity));
     if decision.order.is_empty() {
         if let Some((field, n)) = asked {
             // Replicas serve the model, but none of a context that holds what the request asks.
@@ -123,19 +141,23 @@ async fn admit_and_send(gw: &Arc<Gateway>, api: Api, req: Request<Body>) -> Resu
     // The contexts, for a prompt a replica refuses as longer than its own.
     let contexts: Vec<Option<u64>> = candidates.iter().map(|c| c.context).collect();
     drop(candidates);
+    // Only the first replica tried is the prompt's home.
+    let mut affinity_hit = matches!(decision.affinity, pick::Affinity::Hit);
     let mut queue: std::collections::VecDeque<usize> = decision.order.into();
     let mut retries_left = gw.config.retry_budget;
 
     while let Some(i) = queue.pop_front() {
         let upstream = &upstreams[i];
         let in_flight = upstream.start_request(&gw.metrics);
-        let body = match upstream.declared() {
-            // The deployment answers to this name; the replica serves it under its own.
-            Some(d) if d.served_as != model => renamed(&json, &d.served_as),
-            _ => bytes.clone(),
-        };
-        let upstream_req = build_request(gw, &upstream.base, &parts.uri, &parts.headers, body)
+        let declared = upstream.declared();
+        // The deployment answers to the client's name; the replica may serve it under its own.
+        let served_as = declared.as_ref().map_or(model.as_str(), |d| d.served_as.as_str());
+        let body = if served_as != model { renamed(&json, served_as) } else { bytes.clone() };
+        let attempt = span.attempt(AttemptStart { number: 0, replica: &upstream.base, model: &model, served_as, affinity_hit });
+        affinity_hit = false;
+        let mut upstream_req = build_request(gw, &upstream.base, &parts.uri, &parts.headers, body)
             .map_err(|m| (Rejection::BadRequest, GatewayError::new(Kind::BadRequest, m)))?;
+        attempt.inject(upstream_req.headers_mut());
         let is_last = queue.is_empty() || retries_left == 0;
         let refusal = match gw.client.request(upstream_req).await {
             Ok(resp) => {
@@ -159,10 +181,12 @@ async fn admit_and_send(gw: &Arc<Gateway>, api: Api, req: Request<Body>) -> Resu
                     let answer = http_body_util::Limited::new(incoming, MAX_REFUSAL_BYTES).collect().await.map(|b| b.to_bytes());
                     let Ok(answer) = answer else {
                         let message = format!("{} answered 400 and its body broke", upstream.base);
+                        attempt.end(&AttemptEnd::Failed { status: Some(400), reason: "body_error", message: message.clone() });
                         return Ok(GatewayError::new(Kind::BadGateway, message).response(api));
                     };
                     let Some(refusal) = context_refusal(&answer) else {
-                        return Ok(pass_on(head, answer, (slot, in_flight, model_in_flight)));
+                        attempt.end(&AttemptEnd::Answered { status: 400 });
+                        return Ok(pass_on(head, answer, (slot, in_flight, model_in_flight, attempt)));
                     };
                     queue.retain(|&j| contexts[j].is_none_or(|c| c > refusal.prompt_tokens));
                     if queue.is_empty() {
@@ -173,10 +197,13 @@ async fn admit_and_send(gw: &Arc<Gateway>, api: Api, req: Request<Body>) -> Resu
                             refusal.prompt_tokens
                         );
                         gw.metrics.reject(Rejection::OverContext);
+                        span.set(vec![spans::rejected(Rejection::OverContext)]);
+                        attempt.end(&AttemptEnd::Failed { status: Some(400), reason: "context", message: message.clone() });
                         return Ok(GatewayError { param: refusal.param, ..GatewayError::new(Kind::BadRequest, message) }.response(api));
                     }
                     // Not a retry of a refusal to serve: the budget stays for those.
                     gw.metrics.retries.with_label_values(&[&model, "context"]).inc();
+                    attempt.end(&AttemptEnd::Retried { status: Some(400), reason: "context" });
                     drop(in_flight);
                     continue;
                 }
@@ -192,19 +219,26 @@ async fn admit_and_send(gw: &Arc<Gateway>, api: Api, req: Request<Body>) -> Resu
                         count("error");
                         upstream.mark_down(&message, &gw.metrics);
                         drop(in_flight);
+                        let (status, reason) = (Some(status.as_u16()), "closed_before_body");
                         if is_last {
+                            attempt.end(&AttemptEnd::Failed { status, reason, message: message.clone() });
                             let msg = format!("no replica answered: the last one tried, {}, failed: {message}", upstream.base);
                             return Ok(GatewayError::new(Kind::BadGateway, msg).response(api));
                         }
+                        attempt.end(&AttemptEnd::Retried { status, reason });
                         retries_left -= 1;
                         gw.metrics.retries.with_label_values(&[&model, "closed_before_body"]).inc();
                         continue;
                     }
                     count(status.as_str());
-                    // The answer: streamed through; the key's slot and the in-flight count are
-                    // held by the body until it ends or the client goes.
+                    attempt.end(&AttemptEnd::Answered { status: status.as_u16() });
+                    if status.is_success() {
+                        gw.metrics.first_byte.with_label_values(&[&model, stream]).observe(arrived.elapsed().as_secs_f64());
+                    }
+                    // The answer: streamed through; the key's slot, the in-flight counts and the
+                    // spans are held by the body until it ends or the client goes.
                     strip_hop_by_hop(&mut head.headers);
-                    let guards = (slot, in_flight, model_in_flight);
+                    let guards = (slot, in_flight, model_in_flight, attempt, span.clone());
                     let frames = futures::stream::iter(first).chain(http_body_util::BodyStream::new(incoming)).map(move |frame| {
                         let _held = &guards;
                         frame
@@ -212,6 +246,7 @@ async fn admit_and_send(gw: &Arc<Gateway>, api: Api, req: Request<Body>) -> Resu
                     return Ok(Response::from_parts(head, Body::new(http_body_util::StreamBody::new(frames))));
                 }
                 count(status.as_str());
+                attempt.end(&AttemptEnd::Retried { status: Some(status.as_u16()), reason: retry_reason(status) });
                 retry_reason(status)
             }
             Err(e) => {
@@ -220,9 +255,11 @@ async fn admit_and_send(gw: &Arc<Gateway>, api: Api, req: Request<Body>) -> Resu
                 upstream.mark_down(&message, &gw.metrics);
                 drop(in_flight);
                 if is_last {
+                    attempt.end(&AttemptEnd::Failed { status: None, reason, message: message.clone() });
                     let msg = format!("no replica answered: the last one tried, {}, failed: {message}", upstream.base);
                     return Ok(GatewayError::new(Kind::BadGateway, msg).response(api));
                 }
+                attempt.end(&AttemptEnd::Retried { status: None, reason });
                 reason
             }
         };

@@ -32,6 +32,8 @@ pub struct Gateway {
     pub affinity: crate::affinity::Homes,
     pub metrics: Arc<Metrics>,
     pub client: UpstreamClient,
+    /// Spans are made only with a tracer (an OTLP exporter: [`crate::telemetry`]).
+    pub tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
 }
 
 impl Gateway {
@@ -46,7 +48,13 @@ impl Gateway {
             affinity: crate::affinity::Homes::default(),
             metrics,
             client: proxy::client(),
+            tracer: None,
         }
+    }
+
+    /// The gateway with its requests' spans made by `tracer`.
+    pub fn traced(self, tracer: Option<opentelemetry_sdk::trace::SdkTracer>) -> Gateway {
+        Gateway { tracer, ..self }
     }
 
     /// The replicas known now (a snapshot: a request keeps the set it started with).
@@ -122,7 +130,16 @@ pub async fn serve_on(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let gw = Arc::new(Gateway::new(config));
+    serve(listener, Gateway::new(config), shutdown).await
+}
+
+/// As [`serve_on`], with a gateway already made (a traced one: [`Gateway::traced`]).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    gw: Gateway,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let gw = Arc::new(gw);
     gw.set_upstreams(gw.config.upstreams.iter().map(|u| (u.clone(), None)).collect());
     let result = axum::serve(listener, router(gw.clone())).with_graceful_shutdown(shutdown).await;
     gw.stop_polls();
@@ -138,7 +155,17 @@ pub async fn serve_on_kubernetes(
     client: kube::Client,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let gw = Arc::new(Gateway::new(config));
+    serve_kubernetes(listener, Gateway::new(config), client, shutdown).await
+}
+
+/// As [`serve_on_kubernetes`], with a gateway already made.
+pub async fn serve_kubernetes(
+    listener: tokio::net::TcpListener,
+    gw: Gateway,
+    client: kube::Client,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let gw = Arc::new(gw);
     let watch = tokio::spawn(crate::kubernetes::watch(gw.clone(), client, gw.config.namespaces.clone()));
     let result = axum::serve(listener, router(gw.clone())).with_graceful_shutdown(shutdown).await;
     watch.abort();

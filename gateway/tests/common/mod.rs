@@ -29,6 +29,8 @@ pub struct Hit {
     pub model: String,
     pub authorization: Option<String>,
     pub x_api_key: Option<String>,
+    /// The W3C trace context the gateway sent.
+    pub traceparent: Option<String>,
 }
 
 pub struct StubState {
@@ -116,6 +118,7 @@ async fn stub_generate(State(s): State<Arc<StubState>>, uri: Uri, headers: Heade
         model: model.clone(),
         authorization: header("authorization"),
         x_api_key: header("x-api-key"),
+        traceparent: header("traceparent"),
     });
     if let Some(status) = *s.refuse_with.lock().unwrap() {
         let body = json!({"error": {"message": format!("stub {} refused", s.name), "type": "overloaded"}});
