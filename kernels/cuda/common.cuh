@@ -88,6 +88,12 @@ static __device__ __forceinline__ bool gather_source(const int* __restrict__ sor
     return valid;
 }
 
+// silu(g) * u with IEEE division; the twin repeats each rounding (expf itself differs by <= 2 ulp).
+// Shared by swiglu/swiglu_q8_1 (glue.cu) and the fused gate/up GEMV (moe_gemv.cu).
+static __device__ __forceinline__ float swiglu_value(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
 // Quantizes the 32 values of a warp (lane j holds value j) into one q8_1 block, step for step
 // as `quant::quantize_block_q8_1`: d = amax / 127, q = roundf(v / d) (half away from zero, IEEE
 // division), s = d * Σq; d and s stored as f16. Every lane must call it (two reductions);

@@ -14,10 +14,8 @@
 #define GLUE_WARPS (GLUE_THREADS / 32)
 #define DENSE_TOKENS 8  // tokens per dense_f32 block: each W row read serves them all
 
-// silu(g) * u with IEEE division; the twin repeats each rounding (expf itself differs by <= 2 ulp).
-static __device__ __forceinline__ float swiglu_value(float g, float u) {
-    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
-}
+// swiglu_value (silu(g) * u, IEEE-rounded) is in common.cuh: the fused gate/up GEMV of
+// moe_gemv.cu computes it too, and the two must agree bit for bit.
 
 extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
 swiglu(const float* __restrict__ gate, u64 gate_offset, const float* __restrict__ up, u64 up_offset, u64 in_stride,

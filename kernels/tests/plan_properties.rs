@@ -44,6 +44,9 @@ fn plan_key(p: &OpCase) -> String {
         OpCase::MoeGemv(c) | OpCase::NegGemvGridZ(c) => format!("gemv e{} k{} n{} kk{} {}", c.experts, c.top_k, c.n, c.k, c.wtype),
         OpCase::MoeGemm(c) => format!("gemm e{} k{} n{} kk{} {}", c.experts, c.top_k, c.n, c.k, c.wtype),
         OpCase::MoeCombine(c) => format!("combine k{} n{}", c.top_k, c.n),
+        // The weight format changes only which widths are refused, not the geometry.
+        OpCase::MoeGemvSwiglu(c) => format!("gemv_swiglu e{} k{} h{} f{}", c.dims.experts, c.dims.top_k, c.dims.hidden, c.dims.ffn),
+        OpCase::MoeGemvCombine(c) => format!("gemv_combine e{} k{} h{} f{}", c.dims.experts, c.dims.top_k, c.dims.hidden, c.dims.ffn),
         OpCase::LatentProj(c) | OpCase::NegLatentTailSkip(c) => format!("latent k{} w{} g{} {}", c.k, c.width, c.groups, c.wtype),
         OpCase::Embed(c) => format!("embed v{} h{} {}", c.vocab, c.hidden, c.table),
         OpCase::RmsNorm(c) => format!("rmsnorm w{} r{}", c.width, c.rows_per_token),

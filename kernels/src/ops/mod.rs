@@ -17,6 +17,7 @@ pub mod moe_align;
 pub mod moe_combine;
 pub mod moe_gemm;
 pub mod moe_gemv;
+pub mod moe_gemv_fused;
 pub mod output_head;
 pub mod quantize;
 pub mod rmsnorm;

@@ -143,8 +143,9 @@ pub fn negative_gridz_plan(tokens: u64, c: &GemvCase) -> Launch {
     }
 }
 
-/// One pair's output row: `weight(r)` returns row `r = e·N + n` of W.
-fn pair_row<R: AsRef<[u8]>>(weight: impl Fn(u64) -> R, x: &[BlockQ8_1], e: u64, d: &GemvDims, out: &mut [f32]) {
+/// One pair's output row: `weight(r)` returns row `r = e·N + n` of W (the twin's per-pair step,
+/// shared with the fused kernels' twins in `moe_gemv_fused`).
+pub fn pair_row<R: AsRef<[u8]>>(weight: impl Fn(u64) -> R, x: &[BlockQ8_1], e: u64, d: &GemvDims, out: &mut [f32]) {
     for (n, o) in out.iter_mut().enumerate() {
         *o = d.wtype.dot_q8_1(weight(e * d.n as u64 + n as u64).as_ref(), x);
     }

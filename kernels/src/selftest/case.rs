@@ -68,6 +68,10 @@ families! {
     MoeAlign => ops::moe_align::Family,
     Quantize => ops::quantize::Family,
     MoeGemv => ops::moe_gemv::Family,
+    /// Decode gate/up GEMVs with SwiGLU and q8_1 in the epilogue.
+    MoeGemvSwiglu => ops::moe_gemv_fused::GateUpFamily,
+    /// Decode down GEMV with the weighted combine over the slots in the epilogue.
+    MoeGemvCombine => ops::moe_gemv_fused::CombineFamily,
     MoeGemm => ops::moe_gemm::Family,
     MoeCombine => ops::moe_combine::Family,
     LatentProj => ops::latent_proj::Family,

@@ -17,6 +17,7 @@ use crate::ops::moe_align::{AlignCase, GEMM_TILE_M};
 use crate::ops::moe_combine::CombineCase;
 use crate::ops::moe_gemm::GemmCase;
 use crate::ops::moe_gemv::GemvCase;
+use crate::ops::moe_gemv_fused::{FfnDims, FusedCase};
 use crate::ops::output_head::HeadCase;
 use crate::ops::quantize::QuantizeCase;
 use crate::ops::rmsnorm::RmsNormCase;
@@ -25,8 +26,8 @@ use crate::ops::router::{RouterCase, Scoring};
 use crate::ops::sampling::SamplingCase;
 use crate::ops::swiglu::{self as swiglu_op, Output, SwigluCase};
 use crate::ops::{
-    add, dense_f32, embed, latent_proj, linear, moe_align, moe_combine, moe_gemm, moe_gemv, output_head, quantize, rmsnorm, rmsnorm_q8_1,
-    rope, router, sampling, swiglu,
+    add, dense_f32, embed, latent_proj, linear, moe_align, moe_combine, moe_gemm, moe_gemv, moe_gemv_fused, output_head, quantize, rmsnorm,
+    rmsnorm_q8_1, rope, router, sampling, swiglu,
 };
 use crate::quant::WeightType;
 use crate::routing::Routing;
@@ -269,6 +270,25 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
     let c = CombineCase { top_k: k, n: shape.hidden };
     let counts = routed(moe_combine::critical_counts(&c, limits));
     b.family(moe_combine::KERNEL, &format!("k{k}"), counts, OpCase::MoeCombine(c), |t| moe_combine::device_bytes(t, &c));
+
+    // The fused decode GEMVs (gate/up with SwiGLU and q8_1 in the epilogue; down with the
+    // weighted combine): the decode batches, their index points and the envelope, every weight
+    // format (the K-quants up to KQ_MAX_TOKENS). Each case also runs the unfused chain and must
+    // match it bit for bit.
+    for wtype in WeightType::ALL {
+        let dims = FfnDims { experts: e, top_k: k, hidden: shape.hidden, ffn: shape.expert_ffn, wtype };
+        let c = FusedCase { dims, routing: Routing::Uniform };
+        let skip = wtype.is_k_quant().then_some((KQ_MAX_TOKENS, KQ_SKIP));
+        let decode = || (1..=16).map(|t| Critical::new(t, "decode batch"));
+        let mut counts = with(moe_gemv_fused::gate_up_critical_counts(&c, limits));
+        counts.extend(decode());
+        let (tag, bytes) = (format!("{wtype}/k{k}"), |t| moe_gemv_fused::gate_up_device_bytes(t, &c));
+        b.family_up_to(moe_gemv_fused::GATE_UP_KERNEL, &tag, counts, OpCase::MoeGemvSwiglu(c), bytes, skip);
+        let mut counts = with(moe_gemv_fused::combine_critical_counts(&c, limits));
+        counts.extend(decode());
+        let bytes = |t| moe_gemv_fused::combine_device_bytes(t, &c);
+        b.family_up_to(moe_gemv_fused::COMBINE_KERNEL, &tag, counts, OpCase::MoeGemvCombine(c), bytes, skip);
+    }
 
     // The dense per-token kernels: embedding lookup per table type, the hidden RMS norm and the
     // per-head Q/K norms, RoPE on Q and on K over a batch of 4 sequences (positions restart).

@@ -1,0 +1,703 @@
+//! The routed experts' decode GEMVs with their glue fused into the epilogue (`cuda/moe_gemv.cu`):
+//!
+//! - [`GATE_UP_KERNEL`] (`moe_gemv_swiglu_q8_1`): gate and up GEMVs of a (token, slot) pair over
+//!   a tile of 32 FFN columns, then `silu(gate)·up` quantized to that tile's q8_1 block, in one
+//!   launch. It replaces `moe_gemv(gate)`, `moe_gemv(up)` and `swiglu_q8_1` (pair order): the
+//!   per-row arithmetic is `moe_gemv`'s and the epilogue `swiglu_q8_1`'s, so the bytes equal that
+//!   chain's bit for bit (the self-test runs both and counts differing blocks).
+//! - [`COMBINE_KERNEL`] (`moe_gemv_combine`): the down GEMV of every slot of a token with the
+//!   router-weighted sum over the slots in the epilogue, replacing `moe_gemv(down)` and
+//!   `moe_combine`: each dot as `moe_gemv`'s, the sum as `moe_combine`'s (slot order, `acc += w·y`),
+//!   so the output equals that chain's bit for bit.
+//!
+//! Geometry (both): the index that grows with tokens on `grid.x` (pairs for gate/up, tokens for
+//! the combine), column tiles on `grid.y` (bounded by the weight shape: a typed error past the
+//! device's `grid.y`), warps per block from the device's limits (at most 16). 64-bit indexes.
+
+use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
+use crate::cuda::{Gpu, GpuError};
+use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
+use crate::limits::DeviceLimits;
+use crate::ops::moe_align::GEMM_TILE_M;
+use crate::ops::moe_combine::{self, CombineCase, combine_cpu};
+use crate::ops::moe_gemv::{self, GemvBuffers, GemvDims, moe_gemv_cpu, pair_row};
+use crate::ops::quantize::{self, Source};
+use crate::ops::swiglu::{self, GateUp, swiglu_q8_1_cpu, swiglu_value};
+use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform, fill_weights};
+use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType, dequantize_q8_1, quantize_row_q8_1};
+use crate::routing::{Routing, route};
+use crate::sources::MOE_GEMV;
+use crate::testdata::{uniform_row, weight_row};
+use crate::thresholds::{Critical, overflow_point};
+
+pub const GATE_UP_KERNEL: &str = "moe_gemv_swiglu_q8_1";
+pub const COMBINE_KERNEL: &str = "moe_gemv_combine";
+/// Warps per block at most (`GEMV_FUSED_MAX_WARPS`, the kernels' `__launch_bounds__`).
+pub const MAX_WARPS: u32 = 16;
+/// FFN columns per gate/up block: one q8_1 block of the output.
+pub const GATE_UP_TILE: u32 = QK as u32;
+/// Against the twin (which sums each dot in a different order): the GEMV's tolerance, plus the
+/// q8_1 step for gate/up. The exact check is against the device's unfused chain.
+pub const COMBINE_TOLERANCE: f64 = moe_gemv::TOLERANCE;
+pub const GATE_UP_TOLERANCE: f64 = swiglu::Q8_1_TOLERANCE + moe_gemv::TOLERANCE;
+/// 32-bit words per q8_1 block.
+const BLOCK_WORDS: usize = BLOCK_Q8_1_BYTES / 4;
+
+/// Warps per block: as many as the device's block allows, at most [`MAX_WARPS`].
+pub fn warps(limits: &DeviceLimits) -> u32 {
+    (limits.max_threads_per_block / limits.warp_size.max(1)).clamp(1, MAX_WARPS)
+}
+
+/// Output rows per combine block: the block's warps shared among rows × top_k (row, slot) dots.
+pub fn combine_rows(top_k: u32, limits: &DeviceLimits) -> u32 {
+    (warps(limits) / top_k.max(1)).max(1)
+}
+
+fn unsupported(kernel: &str, what: impl Into<String>, shape: &str) -> PlanError {
+    PlanError::Unsupported { kernel: kernel.into(), what: what.into(), shape: shape.into() }
+}
+
+/// The shape of a routed FFN block: `experts` experts of `ffn` columns over `hidden` inputs
+/// (gate/up: N = ffn, K = hidden; down: N = hidden, K = ffn).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FfnDims {
+    pub experts: u32,
+    pub top_k: u32,
+    pub hidden: u32,
+    pub ffn: u32,
+    pub wtype: WeightType,
+}
+
+impl FfnDims {
+    /// The gate/up GEMVs' dims (`moe_gemv` with top_k slots per token).
+    pub fn gate_up(&self) -> GemvDims {
+        GemvDims { experts: self.experts, top_k: self.top_k, n: self.ffn, k: self.hidden, wtype: self.wtype }
+    }
+
+    /// The down GEMV's dims as `moe_gemv` runs it (one pair per "token").
+    pub fn down(&self) -> GemvDims {
+        GemvDims { experts: self.experts, top_k: 1, n: self.hidden, k: self.ffn, wtype: self.wtype }
+    }
+}
+
+/// A self-test case of either fused kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FusedCase {
+    pub dims: FfnDims,
+    pub routing: Routing,
+}
+
+fn describe(kernel: &str, tokens: u64, d: &FfnDims) -> String {
+    format!("{kernel} tokens={tokens} experts={} top_k={} hidden={} ffn={} {}", d.experts, d.top_k, d.hidden, d.ffn, d.wtype)
+}
+
+/// Shape checks of both kernels: `moe_gemv`'s, with N of the GEMV and K checked for its format.
+fn check_dims(kernel: &str, tokens: u64, d: &FfnDims, n: u32, k: u32, shape: &str) -> Result<(), PlanError> {
+    let what = if tokens == 0 {
+        "no tokens".to_string()
+    } else if d.experts == 0 || d.top_k == 0 || d.top_k > d.experts {
+        format!("needs 1 <= top_k ({}) <= experts ({})", d.top_k, d.experts)
+    } else if n == 0 || n > i32::MAX as u32 {
+        format!("output width N = {n} must be in 1..2^31")
+    } else if let Some(what) = d.wtype.check_row_width(k as u64) {
+        format!("input width: {what}")
+    } else if tokens.checked_mul(d.top_k as u64).is_none_or(|p| p > u64::MAX / (2 * n as u64 + k as u64 + 64)) {
+        "tokens × top_k × width overflows 64-bit indexes".to_string()
+    } else {
+        return Ok(());
+    };
+    Err(unsupported(kernel, what, shape))
+}
+
+/// Gate/up: pairs on `grid.x`, the `ffn / 32` column tiles on `grid.y`, [`warps`] warps.
+/// Refuses an FFN width that is not a multiple of 32 (a tile is one q8_1 block).
+pub fn gate_up_plan(tokens: u64, d: &FfnDims, limits: &DeviceLimits) -> Result<Launch, PlanError> {
+    let shape = describe(GATE_UP_KERNEL, tokens, d);
+    check_dims(GATE_UP_KERNEL, tokens, d, d.ffn, d.hidden, &shape)?;
+    if !d.ffn.is_multiple_of(GATE_UP_TILE) {
+        return Err(unsupported(
+            GATE_UP_KERNEL,
+            format!("ffn width {} must be a multiple of {GATE_UP_TILE} (one q8_1 block a tile)", d.ffn),
+            &shape,
+        ));
+    }
+    let pairs = tokens * d.top_k as u64;
+    let tile = GATE_UP_TILE as u64;
+    Launch::checked(
+        GATE_UP_KERNEL,
+        shape,
+        [pairs, d.ffn as u64 / tile, 1],
+        [warps(limits) * 32, 1, 1],
+        0,
+        vec![Cover::Tiles { axis: 0, items: pairs, per_block: 1 }, Cover::Tiles { axis: 1, items: d.ffn as u64, per_block: tile }],
+        limits,
+    )
+}
+
+/// Combine: tokens on `grid.x`, tiles of [`combine_rows`] hidden rows on `grid.y`, [`warps`]
+/// warps; dynamic shared memory of rows × top_k floats (refused past the block's default).
+pub fn combine_plan(tokens: u64, d: &FfnDims, limits: &DeviceLimits) -> Result<Launch, PlanError> {
+    let shape = describe(COMBINE_KERNEL, tokens, d);
+    check_dims(COMBINE_KERNEL, tokens, d, d.hidden, d.ffn, &shape)?;
+    let rows = combine_rows(d.top_k, limits) as u64;
+    let shared = 4 * rows * d.top_k as u64;
+    if shared > limits.max_shared_mem_per_block as u64 {
+        let what = format!("top_k {} needs {shared} B of shared memory, the block has {}", d.top_k, limits.max_shared_mem_per_block);
+        return Err(unsupported(COMBINE_KERNEL, what, &shape));
+    }
+    let n = d.hidden as u64;
+    Launch::checked(
+        COMBINE_KERNEL,
+        shape,
+        [tokens, n.div_ceil(rows), 1],
+        [warps(limits) * 32, 1, 1],
+        shared,
+        vec![Cover::Tiles { axis: 0, items: tokens, per_block: 1 }, Cover::Tiles { axis: 1, items: n, per_block: rows }],
+        limits,
+    )
+}
+
+/// One pair's q8_1 activation row `[ffn / 32]`, tile by tile as the kernel computes it:
+/// `weight(r)` returns row `r = e·ffn + c` of the gate (`up` false) or up matrix.
+pub fn gate_up_pair<R: AsRef<[u8]>>(weight: impl Fn(bool, u64) -> R, x: &[BlockQ8_1], e: u64, d: &FfnDims) -> Vec<BlockQ8_1> {
+    let ffn = d.ffn as u64;
+    (0..ffn / QK as u64)
+        .flat_map(|tile| {
+            let v: Vec<f32> = (tile * QK as u64..(tile + 1) * QK as u64)
+                .map(|c| {
+                    let g = d.wtype.dot_q8_1(weight(false, e * ffn + c).as_ref(), x);
+                    let u = d.wtype.dot_q8_1(weight(true, e * ffn + c).as_ref(), x);
+                    swiglu_value(g, u)
+                })
+                .collect();
+            quantize_row_q8_1(&v)
+        })
+        .collect()
+}
+
+/// One token's output row `[hidden]`: `weight(r)` returns row `r = e·hidden + n` of the down
+/// matrix, `act(j)` slot j's q8_1 row, `w(j)` its router weight.
+pub fn combine_token<'a, R: AsRef<[u8]>>(
+    weight: impl Fn(u64) -> R,
+    act: impl Fn(usize) -> &'a [BlockQ8_1],
+    ids: &[i32],
+    w: impl Fn(usize) -> f32,
+    d: &FfnDims,
+) -> Vec<f32> {
+    let n = d.hidden as usize;
+    let ys: Vec<Vec<f32>> = (0..d.top_k as usize)
+        .map(|j| {
+            let mut y = vec![0.0f32; n];
+            pair_row(&weight, act(j), ids[j] as u64, &d.down(), &mut y);
+            y
+        })
+        .collect();
+    (0..n)
+        .map(|col| {
+            let mut acc = 0.0f32;
+            for (j, y) in ys.iter().enumerate() {
+                acc += w(j) * y[col];
+            }
+            acc
+        })
+        .collect()
+}
+
+/// CPU twin of the gate/up kernel: `w_gate`, `w_up` hold `experts·ffn` rows, `xq` `[tokens,
+/// hidden/32]`, `ids` `[tokens·top_k]`; returns the q8_1 activations `[tokens·top_k, ffn/32]`.
+pub fn gate_up_cpu(w_gate: &[u8], w_up: &[u8], xq: &[BlockQ8_1], ids: &[i32], d: &FfnDims) -> Vec<BlockQ8_1> {
+    let (nb, rb) = (d.hidden as usize / QK, d.wtype.row_bytes(d.hidden as usize));
+    let row = |up: bool, r: u64| {
+        let w = if up { w_up } else { w_gate };
+        &w[r as usize * rb..(r as usize + 1) * rb]
+    };
+    (0..ids.len())
+        .into_par_iter()
+        .flat_map_iter(|pair| {
+            let t = pair / d.top_k as usize;
+            gate_up_pair(row, &xq[t * nb..(t + 1) * nb], ids[pair] as u64, d)
+        })
+        .collect()
+}
+
+/// CPU twin of the combine kernel: `w_down` `experts·hidden` rows, `act` `[tokens·top_k,
+/// ffn/32]`, `ids` and `weights` `[tokens·top_k]`; returns `[tokens, hidden]`.
+pub fn combine_fused_cpu(w_down: &[u8], act: &[BlockQ8_1], ids: &[i32], weights: &[f32], d: &FfnDims) -> Vec<f32> {
+    let (k, nb, rb) = (d.top_k as usize, d.ffn as usize / QK, d.wtype.row_bytes(d.ffn as usize));
+    let row = |r: u64| &w_down[r as usize * rb..(r as usize + 1) * rb];
+    (0..ids.len() / k)
+        .into_par_iter()
+        .flat_map_iter(|t| {
+            let act = |j: usize| &act[(t * k + j) * nb..(t * k + j + 1) * nb];
+            combine_token(row, act, &ids[t * k..(t + 1) * k], |j| weights[t * k + j], d)
+        })
+        .collect()
+}
+
+/// The chains the kernels replace, from the existing twins (the unit tests hold the fused twins
+/// to them).
+pub fn gate_up_chain_cpu(w_gate: &[u8], w_up: &[u8], xq: &[BlockQ8_1], ids: &[i32], d: &FfnDims) -> Vec<BlockQ8_1> {
+    let (gate, up) = (moe_gemv_cpu(w_gate, xq, ids, &d.gate_up()), moe_gemv_cpu(w_up, xq, ids, &d.gate_up()));
+    swiglu_q8_1_cpu(&gate, &up, d.ffn as usize, Source::Dense)
+}
+
+pub fn combine_chain_cpu(w_down: &[u8], act: &[BlockQ8_1], ids: &[i32], weights: &[f32], d: &FfnDims) -> Vec<f32> {
+    combine_cpu(&moe_gemv_cpu(w_down, act, ids, &d.down()), weights, d.top_k as usize, d.hidden as usize)
+}
+
+/// Device buffers of the gate/up kernel: weights `[experts·ffn]` rows each, xq q8_1 `[tokens,
+/// hidden/32]`, ids `[tokens·top_k]`, out q8_1 `[tokens·top_k, ffn/32]` (any element types).
+pub struct GateUpBuffers<'a, X, O> {
+    pub w_gate: &'a CudaSlice<u8>,
+    pub w_up: &'a CudaSlice<u8>,
+    pub xq: &'a CudaSlice<X>,
+    pub ids: &'a CudaSlice<i32>,
+    pub out: &'a mut CudaSlice<O>,
+}
+
+/// The fused gate/up GEMV on the device. Buffers too small for the shape are refused.
+pub fn launch_gate_up<X: DeviceRepr, O: DeviceRepr>(
+    gpu: &Gpu,
+    tokens: u64,
+    d: &FfnDims,
+    b: GateUpBuffers<'_, X, O>,
+) -> Result<(), GpuError> {
+    let p = gate_up_plan(tokens, d, gpu.limits())?;
+    let pairs = tokens * d.top_k as u64;
+    let w_bytes = d.experts as u64 * d.ffn as u64 * d.wtype.row_bytes(d.hidden as usize) as u64;
+    let q8 = |rows: u64, width: u32| rows * (width as u64 / QK as u64) * BLOCK_Q8_1_BYTES as u64;
+    require_bytes(
+        &p,
+        &[
+            ("w_gate", b.w_gate.len() as u64, w_bytes),
+            ("w_up", b.w_up.len() as u64, w_bytes),
+            ("xq", bytes_of(b.xq.len(), size_of::<X>()), q8(tokens, d.hidden)),
+            ("ids", bytes_of(b.ids.len(), 4), 4 * pairs),
+            ("out", bytes_of(b.out.len(), size_of::<O>()), q8(pairs, d.ffn)),
+        ],
+    )?;
+    let f = gpu.function(&MOE_GEMV, GATE_UP_KERNEL)?;
+    let (wtype, top_k, n, k) = (d.wtype.code(), d.top_k as i32, d.ffn as i32, d.hidden as i32);
+    gpu.launch(&p, &f, |a| {
+        a.arg(b.w_gate).arg(b.w_up).arg(&wtype).arg(b.xq).arg(b.ids).arg(b.out).arg(&top_k).arg(&n).arg(&k);
+    })?;
+    Ok(())
+}
+
+/// Device buffers of the combine kernel: down weights `[experts·hidden]` rows, act q8_1
+/// `[tokens·top_k, ffn/32]`, ids and router weights `[tokens·top_k]`, out f32 `[tokens, hidden]`
+/// (any 4-byte element type).
+pub struct CombineBuffers<'a, A, O> {
+    pub w_down: &'a CudaSlice<u8>,
+    pub act: &'a CudaSlice<A>,
+    pub ids: &'a CudaSlice<i32>,
+    pub weights: &'a CudaSlice<f32>,
+    pub out: &'a mut CudaSlice<O>,
+}
+
+/// The fused down GEMV + weighted combine on the device. Buffers too small are refused.
+pub fn launch_combine<A: DeviceRepr, O: DeviceRepr>(
+    gpu: &Gpu,
+    tokens: u64,
+    d: &FfnDims,
+    b: CombineBuffers<'_, A, O>,
+) -> Result<(), GpuError> {
+    let p = combine_plan(tokens, d, gpu.limits())?;
+    let pairs = tokens * d.top_k as u64;
+    let w_bytes = d.experts as u64 * d.hidden as u64 * d.wtype.row_bytes(d.ffn as usize) as u64;
+    let out_elem = if size_of::<O>() == 4 { 0 } else { u64::MAX };
+    require_bytes(
+        &p,
+        &[
+            ("w_down", b.w_down.len() as u64, w_bytes),
+            ("act", bytes_of(b.act.len(), size_of::<A>()), pairs * (d.ffn as u64 / QK as u64) * BLOCK_Q8_1_BYTES as u64),
+            ("ids", bytes_of(b.ids.len(), 4), 4 * pairs),
+            ("weights", bytes_of(b.weights.len(), 4), 4 * pairs),
+            ("out (4-byte elements)", bytes_of(b.out.len(), size_of::<O>()), (4 * tokens * d.hidden as u64).max(out_elem)),
+        ],
+    )?;
+    let f = gpu.function(&MOE_GEMV, COMBINE_KERNEL)?;
+    let rows = combine_rows(d.top_k, gpu.limits()) as i32;
+    let (wtype, top_k, n, k) = (d.wtype.code(), d.top_k as i32, d.hidden as i32, d.ffn as i32);
+    gpu.launch(&p, &f, |a| {
+        a.arg(b.w_down).arg(&wtype).arg(b.act).arg(b.ids).arg(b.weights).arg(b.out).arg(&top_k).arg(&n).arg(&k).arg(&rows);
+    })?;
+    Ok(())
+}
+
+/// Counts where the gate/up kernel's flattened indexes pass 2^31 − 1.
+pub fn gate_up_critical_counts(c: &FusedCase, _limits: &DeviceLimits) -> Vec<Critical> {
+    let d = c.dims;
+    let (top_k, ffn, hidden) = (d.top_k as u64, d.ffn as u64, d.hidden as u64);
+    let mut v = vec![Critical::new(1, "single token (one decode step)")];
+    v.extend(overflow_point(top_k * (ffn / QK as u64), "moe_gemv_swiglu_q8_1: out block pair·(F/32) + tile passes 2^31 − 1"));
+    v.extend(overflow_point(hidden / QK as u64, "moe_gemv_swiglu_q8_1: xq block t·(H/32) passes 2^31 − 1"));
+    v
+}
+
+/// Counts where the combine kernel's flattened indexes pass 2^31 − 1.
+pub fn combine_critical_counts(c: &FusedCase, _limits: &DeviceLimits) -> Vec<Critical> {
+    let d = c.dims;
+    let (top_k, ffn, hidden) = (d.top_k as u64, d.ffn as u64, d.hidden as u64);
+    let mut v = vec![Critical::new(1, "single token (one decode step)")];
+    v.extend(overflow_point(hidden, "moe_gemv_combine: out[t·H + n] passes 2^31 − 1"));
+    v.extend(overflow_point(top_k * (ffn / QK as u64), "moe_gemv_combine: act block pair·(F/32) passes 2^31 − 1"));
+    v
+}
+
+fn gate_up_w_bytes(d: &FfnDims) -> u64 {
+    d.experts as u64 * d.ffn as u64 * d.wtype.row_bytes(d.hidden as usize) as u64
+}
+
+fn q8_bytes(rows: u64, width: u32) -> u64 {
+    rows * (width as u64 / QK as u64) * BLOCK_Q8_1_BYTES as u64
+}
+
+/// Gate/up self-test memory: ids, two weight tensors, x and xq, the chain's f32 gate and up,
+/// two guarded outputs.
+pub fn gate_up_device_bytes(tokens: u64, c: &FusedCase) -> u64 {
+    let d = c.dims;
+    let pairs = tokens * d.top_k as u64;
+    4 * pairs
+        + 2 * gate_up_w_bytes(&d)
+        + 4 * tokens * d.hidden as u64
+        + q8_bytes(tokens, d.hidden)
+        + 8 * pairs * d.ffn as u64
+        + 2 * (q8_bytes(pairs, d.ffn) + 4 * GUARD_WORDS as u64)
+}
+
+/// Combine self-test memory: ids, router weights, down weights, the pairs' f32 and q8_1
+/// activations, the chain's down output, two guarded outputs.
+pub fn combine_device_bytes(tokens: u64, c: &FusedCase) -> u64 {
+    let d = c.dims;
+    let pairs = tokens * d.top_k as u64;
+    let w = d.experts as u64 * d.hidden as u64 * d.wtype.row_bytes(d.ffn as usize) as u64;
+    8 * pairs
+        + w
+        + 4 * pairs * d.ffn as u64
+        + q8_bytes(pairs, d.ffn)
+        + 4 * pairs * d.hidden as u64
+        + 2 * (4 * tokens * d.hidden as u64 + 4 * GUARD_WORDS as u64)
+}
+
+const SEED_X: u64 = 0x70;
+const SEED_GATE: u64 = 0x71;
+const SEED_UP: u64 = 0x72;
+const SEED_DOWN: u64 = 0x73;
+const SEED_ROUTE: u64 = 0x74;
+const SEED_WEIGHTS: u64 = 0x75;
+/// Rows (pairs or tokens) compared when there are more.
+const SAMPLE: usize = 32;
+
+fn words_to_blocks(words: &[u32]) -> Vec<BlockQ8_1> {
+    let bytes: Vec<u8> = words.iter().flat_map(|x| x.to_le_bytes()).collect();
+    bytes.chunks_exact(BLOCK_Q8_1_BYTES).map(BlockQ8_1::from_bytes).collect()
+}
+
+/// Gate/up self-test: the fused kernel and the unfused device chain (`moe_gemv` ×2,
+/// `swiglu_q8_1`) on the same inputs; sampled pairs must match the chain byte for byte
+/// (`int_mismatches` counts differing blocks) and the twin within [`GATE_UP_TOLERANCE`].
+pub fn run_gate_up(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Outcome, GpuError> {
+    let d = c.dims;
+    gate_up_plan(tokens, &d, gpu.limits())?;
+    let (k, top_k) = (d.hidden as usize, d.top_k as usize);
+    let pairs = tokens as usize * top_k;
+    let ids = route(c.routing, tokens as usize, d.experts as usize, top_k, GEMM_TILE_M as usize, SEED_ROUTE);
+    let ids_dev = gpu.upload(&ids)?;
+    let w_blocks = d.experts as usize * d.ffn as usize * d.wtype.blocks_per_row(k);
+    let mut w_gate = gpu.alloc::<u8>(w_blocks * d.wtype.block_bytes())?;
+    let mut w_up = gpu.alloc::<u8>(w_blocks * d.wtype.block_bytes())?;
+    fill_weights(gpu, &mut w_gate, w_blocks, SEED_GATE, d.wtype)?;
+    fill_weights(gpu, &mut w_up, w_blocks, SEED_UP, d.wtype)?;
+    let mut xq = gpu.alloc::<u8>(q8_bytes(tokens, d.hidden) as usize)?;
+    let mut x = gpu.alloc::<f32>(tokens as usize * k)?;
+    fill_uniform(gpu, &mut x, tokens as usize * k, SEED_X, 1.0)?;
+    quantize::launch(gpu, &x, tokens, d.hidden, tokens, Source::Dense, &mut xq)?;
+    drop(x);
+    let row_words = d.ffn as usize / QK * BLOCK_WORDS;
+    let mut fused = Guarded::new(gpu, pairs * row_words)?;
+    let mut chain = Guarded::new(gpu, pairs * row_words)?;
+    gpu.synchronize()?;
+    let start = std::time::Instant::now();
+    launch_gate_up(gpu, tokens, &d, GateUpBuffers { w_gate: &w_gate, w_up: &w_up, xq: &xq, ids: &ids_dev, out: &mut fused.buf })?;
+    gpu.synchronize()?;
+    let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
+    {
+        let mut gate = gpu.alloc::<f32>(pairs * d.ffn as usize)?;
+        let mut up = gpu.alloc::<f32>(pairs * d.ffn as usize)?;
+        for (w, y) in [(&w_gate, &mut gate), (&w_up, &mut up)] {
+            moe_gemv::launch(gpu, tokens, &d.gate_up(), GemvBuffers { w, xq: &xq, ids: &ids_dev, y })?;
+        }
+        swiglu::launch_q8_1(
+            gpu,
+            pairs as u64,
+            d.ffn,
+            GateUp::Separate { gate: &gate, up: &up },
+            Source::Dense,
+            pairs as u64,
+            &mut chain.buf,
+        )?;
+        gpu.synchronize()?;
+    }
+    let (unwritten, past_end) = fused.check(gpu, BLOCK_WORDS)?;
+    let sampled = sample_rows(pairs as u64, top_k as u64, SAMPLE, tokens);
+    let want: Vec<Vec<BlockQ8_1>> = sampled
+        .par_iter()
+        .map(|&p| {
+            let t = p / top_k as u64;
+            let xq = quantize_row_q8_1(&uniform_row(SEED_X, t * k as u64, k, 1.0));
+            gate_up_pair(|up, r| weight_row(if up { SEED_UP } else { SEED_GATE }, r, k, d.wtype), &xq, ids[p as usize] as u64, &d)
+        })
+        .collect();
+    let (mut err, mut differing) = (RelErr::default(), 0u64);
+    for (&p, want) in sampled.iter().zip(&want) {
+        let at = p as usize * row_words;
+        let got = gpu.download_range(&fused.buf, at, row_words)?;
+        let unfused = gpu.download_range(&chain.buf, at, row_words)?;
+        differing += got.chunks(BLOCK_WORDS).zip(unfused.chunks(BLOCK_WORDS)).filter(|(a, b)| a != b).count() as u64;
+        err.add_slice(p * d.ffn as u64, &dequantize_q8_1(&words_to_blocks(&got)), &dequantize_q8_1(want));
+    }
+    let mut check = Check::of_floats(&err, GATE_UP_TOLERANCE, (unwritten, past_end), kernel_ms);
+    check.int_mismatches = differing;
+    if differing > 0 {
+        check.note = format!("{differing} q8_1 blocks differ from the unfused chain's; {}", check.note);
+    }
+    Ok(Outcome::Ran(check))
+}
+
+/// Combine self-test: the fused kernel and the unfused device chain (`moe_gemv` down,
+/// `moe_combine`) on the same inputs; sampled tokens must match the chain bit for bit
+/// (`int_mismatches` counts differing values) and the twin within [`COMBINE_TOLERANCE`].
+pub fn run_combine(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Outcome, GpuError> {
+    let d = c.dims;
+    combine_plan(tokens, &d, gpu.limits())?;
+    let (ffn, n, top_k) = (d.ffn as usize, d.hidden as usize, d.top_k as usize);
+    let pairs = tokens as usize * top_k;
+    let ids = route(c.routing, tokens as usize, d.experts as usize, top_k, GEMM_TILE_M as usize, SEED_ROUTE);
+    let ids_dev = gpu.upload(&ids)?;
+    let w_blocks = d.experts as usize * n * d.wtype.blocks_per_row(ffn);
+    let mut w_down = gpu.alloc::<u8>(w_blocks * d.wtype.block_bytes())?;
+    fill_weights(gpu, &mut w_down, w_blocks, SEED_DOWN, d.wtype)?;
+    let mut weights = gpu.alloc::<f32>(pairs)?;
+    fill_uniform(gpu, &mut weights, pairs, SEED_WEIGHTS, 1.0)?;
+    let mut act = gpu.alloc::<u8>(q8_bytes(pairs as u64, d.ffn) as usize)?;
+    let mut x = gpu.alloc::<f32>(pairs * ffn)?;
+    fill_uniform(gpu, &mut x, pairs * ffn, SEED_X, 1.0)?;
+    quantize::launch(gpu, &x, pairs as u64, d.ffn, pairs as u64, Source::Dense, &mut act)?;
+    drop(x);
+    let mut fused = Guarded::new(gpu, tokens as usize * n)?;
+    let mut chain = Guarded::new(gpu, tokens as usize * n)?;
+    gpu.synchronize()?;
+    let start = std::time::Instant::now();
+    launch_combine(gpu, tokens, &d, CombineBuffers { w_down: &w_down, act: &act, ids: &ids_dev, weights: &weights, out: &mut fused.buf })?;
+    gpu.synchronize()?;
+    let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
+    {
+        let mut down = gpu.alloc::<f32>(pairs * n)?;
+        moe_gemv::launch(gpu, pairs as u64, &d.down(), GemvBuffers { w: &w_down, xq: &act, ids: &ids_dev, y: &mut down })?;
+        moe_combine::launch(gpu, tokens, &CombineCase { top_k: d.top_k, n: d.hidden }, &down, &weights, &mut chain.buf)?;
+        gpu.synchronize()?;
+    }
+    let (unwritten, past_end) = fused.check(gpu, 1)?;
+    let sampled = sample_rows(tokens, 1, SAMPLE, tokens);
+    let want: Vec<Vec<f32>> = sampled
+        .par_iter()
+        .map(|&t| {
+            let acts: Vec<Vec<BlockQ8_1>> =
+                (0..top_k as u64).map(|j| quantize_row_q8_1(&uniform_row(SEED_X, (t * top_k as u64 + j) * ffn as u64, ffn, 1.0))).collect();
+            let ws = uniform_row(SEED_WEIGHTS, t * top_k as u64, top_k, 1.0);
+            let ids = &ids[t as usize * top_k..(t as usize + 1) * top_k];
+            combine_token(|r| weight_row(SEED_DOWN, r, ffn, d.wtype), |j| &acts[j], ids, |j| ws[j], &d)
+        })
+        .collect();
+    let (mut err, mut differing) = (RelErr::default(), 0u64);
+    for (&t, want) in sampled.iter().zip(&want) {
+        let at = t as usize * n;
+        let got = fused.read_f32(gpu, at, n)?;
+        let unfused = chain.read_f32(gpu, at, n)?;
+        differing += got.iter().zip(&unfused).filter(|(a, b)| a.to_bits() != b.to_bits()).count() as u64;
+        err.add_slice(at as u64, &got, want);
+    }
+    let mut check = Check::of_floats(&err, COMBINE_TOLERANCE, (unwritten, past_end), kernel_ms);
+    check.int_mismatches = differing;
+    if differing > 0 {
+        check.note = format!("{differing} values differ from the unfused chain's; {}", check.note);
+    }
+    Ok(Outcome::Ran(check))
+}
+
+/// The self-test's handle on the gate/up kernel (registered in `selftest::case`).
+pub struct GateUpFamily;
+
+impl KernelFamily for GateUpFamily {
+    type Case = FusedCase;
+
+    fn run(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Outcome, GpuError> {
+        run_gate_up(gpu, tokens, c)
+    }
+
+    fn plans(tokens: u64, c: &FusedCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+        Ok(vec![gate_up_plan(tokens, &c.dims, limits)?])
+    }
+}
+
+/// The self-test's handle on the combine kernel (registered in `selftest::case`).
+pub struct CombineFamily;
+
+impl KernelFamily for CombineFamily {
+    type Case = FusedCase;
+
+    fn run(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Outcome, GpuError> {
+        run_combine(gpu, tokens, c)
+    }
+
+    fn plans(tokens: u64, c: &FusedCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
+        Ok(vec![combine_plan(tokens, &c.dims, limits)?])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testdata::uniform_f32;
+    use crate::thresholds::TOP_K_SET;
+
+    fn qwen(top_k: u32, wtype: WeightType) -> FfnDims {
+        FfnDims { experts: 128, top_k, hidden: 2048, ffn: 768, wtype }
+    }
+
+    fn small(wtype: WeightType) -> FfnDims {
+        let b = wtype.block_size() as u32;
+        // hidden: 3 weight blocks; ffn: 2 q8_1 tiles, and a whole number of weight blocks.
+        FfnDims { experts: 5, top_k: 3, hidden: 3 * b, ffn: 64u32.max(b), wtype }
+    }
+
+    fn rows(seed: u64, count: u64, k: usize, wtype: WeightType) -> Vec<u8> {
+        (0..count).flat_map(|r| weight_row(seed, r, k, wtype)).collect()
+    }
+
+    fn q8_rows(seed: u64, rows: usize, k: usize) -> Vec<BlockQ8_1> {
+        let x: Vec<f32> = (0..(rows * k) as u64).map(|i| uniform_f32(seed, i, 1.0)).collect();
+        x.chunks(k).flat_map(quantize_row_q8_1).collect()
+    }
+
+    #[test]
+    fn gate_up_twin_equals_the_chain_of_twins() {
+        for wtype in WeightType::ALL {
+            let d = small(wtype);
+            let tokens = 4;
+            let (h, f) = (d.hidden as usize, d.ffn as usize);
+            let w_gate = rows(SEED_GATE, (d.experts * d.ffn) as u64, h, wtype);
+            let w_up = rows(SEED_UP, (d.experts * d.ffn) as u64, h, wtype);
+            let xq = q8_rows(SEED_X, tokens, h);
+            let ids = route(Routing::Uniform, tokens, d.experts as usize, d.top_k as usize, 64, SEED_ROUTE);
+            let fused = gate_up_cpu(&w_gate, &w_up, &xq, &ids, &d);
+            let chain = gate_up_chain_cpu(&w_gate, &w_up, &xq, &ids, &d);
+            assert_eq!(fused.len(), tokens * d.top_k as usize * f / QK);
+            assert!(fused == chain, "{wtype}: fused twin differs from moe_gemv x2 + swiglu_q8_1");
+        }
+    }
+
+    #[test]
+    fn combine_twin_equals_the_chain_of_twins() {
+        for wtype in WeightType::ALL {
+            let d = FfnDims { hidden: 40, ffn: 3 * wtype.block_size() as u32, ..small(wtype) };
+            let tokens = 4;
+            let pairs = tokens * d.top_k as usize;
+            let w_down = rows(SEED_DOWN, (d.experts * d.hidden) as u64, d.ffn as usize, wtype);
+            let act = q8_rows(SEED_X, pairs, d.ffn as usize);
+            let ids = route(Routing::Uniform, tokens, d.experts as usize, d.top_k as usize, 64, SEED_ROUTE);
+            let weights = uniform_row(SEED_WEIGHTS, 0, pairs, 1.0);
+            let fused = combine_fused_cpu(&w_down, &act, &ids, &weights, &d);
+            let chain = combine_chain_cpu(&w_down, &act, &ids, &weights, &d);
+            assert_eq!(fused.len(), tokens * d.hidden as usize);
+            assert!(fused.iter().zip(&chain).all(|(a, b)| a.to_bits() == b.to_bits()), "{wtype}: fused twin differs from the chain");
+        }
+    }
+
+    #[test]
+    fn plans_cover_every_item_for_all_counts_top_k_and_limits() {
+        let counts: Vec<u64> = (1..=64).chain([8191, 8192, 8193, 65_535, 1 << 20]).collect();
+        for limits in DeviceLimits::recorded() {
+            assert_eq!(warps(&limits), 16, "{}", limits.name);
+            for top_k in TOP_K_SET.into_iter().chain(1..=8).chain([32, 128]) {
+                let d = qwen(top_k, WeightType::Q4_0);
+                let rows = combine_rows(top_k, &limits) as u64;
+                for &t in &counts {
+                    let g = gate_up_plan(t, &d, &limits).unwrap_or_else(|e| panic!("{e}"));
+                    g.check_cover().unwrap_or_else(|e| panic!("{e}"));
+                    assert_eq!(g.grid, [(t * top_k as u64) as u32, 24, 1]);
+                    let c = combine_plan(t, &d, &limits).unwrap_or_else(|e| panic!("{e}"));
+                    c.check_cover().unwrap_or_else(|e| panic!("{e}"));
+                    assert_eq!(c.grid, [t as u32, 2048u64.div_ceil(rows) as u32, 1]);
+                    assert_eq!(c.shared_mem as u64, 4 * rows * top_k as u64);
+                    if t <= 8 {
+                        for p in [&g, &c] {
+                            for i in 0..p.cover.len() {
+                                assert!(p.simulate_cover(i).iter().all(|&h| h == 1), "{} t{t} k{top_k}", p.kernel);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn combine_rows_split_the_warps_among_slots() {
+        let l = DeviceLimits::gb10();
+        assert_eq!(combine_rows(8, &l), 2);
+        assert_eq!(combine_rows(1, &l), 16);
+        assert_eq!(combine_rows(3, &l), 5);
+        assert_eq!(combine_rows(32, &l), 1);
+        // A hidden width with a tail tile: the last rows read row N - 1 and are masked.
+        let d = FfnDims { hidden: 2049, ..qwen(3, WeightType::Q8_0) };
+        let p = combine_plan(2, &d, &l).unwrap();
+        assert_eq!(p.grid[1], 410);
+        assert_eq!(p.simulate_cover(1).iter().filter(|&&h| h == 1).count(), 2049);
+    }
+
+    #[test]
+    fn bad_shapes_are_refused() {
+        let l = DeviceLimits::h200();
+        let d = qwen(8, WeightType::Q8_0);
+        let un = |r: Result<Launch, PlanError>| matches!(r, Err(PlanError::Unsupported { .. }));
+        // The input width (K) is hidden for gate/up, ffn for the combine.
+        type Plan = fn(u64, &FfnDims, &DeviceLimits) -> Result<Launch, PlanError>;
+        for (plan, narrow) in [(gate_up_plan as Plan, FfnDims { hidden: 100, ..d }), (combine_plan as Plan, FfnDims { ffn: 100, ..d })] {
+            assert!(un(plan(0, &d, &l)));
+            assert!(un(plan(1, &FfnDims { top_k: 129, ..d }, &l)));
+            assert!(un(plan(1, &FfnDims { top_k: 0, ..d }, &l)));
+            assert!(un(plan(1, &narrow, &l)));
+        }
+        // gate/up: the FFN width is whole q8_1 blocks; K-quant inputs whole super-blocks.
+        let e = gate_up_plan(1, &FfnDims { ffn: 770, ..d }, &l).unwrap_err();
+        assert!(e.to_string().contains("multiple of 32"), "{e}");
+        assert!(un(gate_up_plan(1, &FfnDims { hidden: 2048 + 32, wtype: WeightType::Q4K, ..d }, &l)));
+        assert!(un(combine_plan(1, &FfnDims { ffn: 768 + 32, wtype: WeightType::Q4K, ..d }, &l)));
+        // grid.y past the device: a typed error naming the axis.
+        let wide = FfnDims { ffn: 32 * 65_536, ..d };
+        assert!(matches!(gate_up_plan(1, &wide, &l), Err(PlanError::GridDim { axis: 'y', .. })));
+        let wide = FfnDims { hidden: 2 * 65_535 + 1, ..d };
+        assert!(matches!(combine_plan(1, &wide, &l), Err(PlanError::GridDim { axis: 'y', .. })));
+        // Shared memory of the combine: rows x top_k floats.
+        let many = FfnDims { experts: 20_000, top_k: 16_384, ..d };
+        let e = combine_plan(1, &many, &l).unwrap_err();
+        assert!(e.to_string().contains("shared memory"), "{e}");
+    }
+
+    #[test]
+    fn overflow_points_for_qwen3_shape() {
+        let c = FusedCase { dims: qwen(8, WeightType::Q4_0), routing: Routing::Uniform };
+        let gu: Vec<u64> = gate_up_critical_counts(&c, &DeviceLimits::h200()).iter().map(|c| c.tokens).collect();
+        // out blocks: (2^31 − 1) / (8 · 24) = 11184810.6.
+        assert!(gu.contains(&11_184_810) && gu.contains(&11_184_811), "{gu:?}");
+        let cb: Vec<u64> = combine_critical_counts(&c, &DeviceLimits::h200()).iter().map(|c| c.tokens).collect();
+        // out: (2^31 − 1) / 2048 = 1048575.99.
+        assert!(cb.contains(&1_048_575) && cb.contains(&1_048_576), "{cb:?}");
+    }
+}
