@@ -89,9 +89,9 @@ output_head_gemm(const u32* x, const int* rows, u64 n_rows, u64 x_rows, const un
 template <int WT>
 static __device__ __forceinline__ void head_gemv_col(const block_q8_1* __restrict__ x, const int* __restrict__ rows, int n_rows,
                                                      u64 x_rows, const unsigned char* __restrict__ w, float* __restrict__ out,
-                                                     int vocab, int nb) {
+                                                     int vocab, int nb, u64 tile) {
     const int lane = threadIdx.x & 31;
-    const u64 col = (u64)blockIdx.x * HEAD_GEMV_WARPS + (threadIdx.x >> 5);
+    const u64 col = tile * HEAD_GEMV_WARPS + (threadIdx.x >> 5);
     const u64 col_read = col < (u64)vocab ? col : (u64)vocab - 1;
     u64 src[HEAD_GEMV_MAX_ROWS];
     bool bad[HEAD_GEMV_MAX_ROWS];
@@ -130,5 +130,30 @@ static __device__ __forceinline__ void head_gemv_col(const block_q8_1* __restric
 extern "C" __global__ void __launch_bounds__(HEAD_GEMV_WARPS * 32)
 output_head_gemv(const block_q8_1* x, const int* rows, int n_rows, u64 x_rows, const unsigned char* w, int wtype, float* out, int vocab,
                  int nb) {
-    DISPATCH_WTYPE(wtype, head_gemv_col<WT>(x, rows, n_rows, x_rows, w, out, vocab, nb));
+    DISPATCH_WTYPE(wtype, head_gemv_col<WT>(x, rows, n_rows, x_rows, w, out, vocab, nb, blockIdx.x));
+}
+
+// Up to three projections of the same q8_1 rows in one launch (q, k and v at decode): the
+// column tiles of the three (HEAD_GEMV_WARPS W rows each, as output_head_gemv's) follow each
+// other on grid.x, tiles0 of W0, then tiles1 of W1, then the rest of W2 (none for two). Each
+// block finds its matrix from blockIdx.x (block-uniform) and runs output_head_gemv's body on its
+// tile, so every output column is computed exactly as one output_head_gemv launch per matrix
+// computes it. Each matrix has its own weight type, output and width; x rows are r (no index
+// list), n_rows <= HEAD_GEMV_MAX_ROWS.
+extern "C" __global__ void __launch_bounds__(HEAD_GEMV_WARPS * 32)
+output_head_gemv3(const block_q8_1* x, int n_rows, u64 x_rows, int nb, const unsigned char* w0, int wtype0, float* out0, int n0,
+                  u64 tiles0, const unsigned char* w1, int wtype1, float* out1, int n1, u64 tiles1, const unsigned char* w2, int wtype2,
+                  float* out2, int n2) {
+    u64 tile = blockIdx.x;
+    if (tile < tiles0) {
+        DISPATCH_WTYPE(wtype0, head_gemv_col<WT>(x, nullptr, n_rows, x_rows, w0, out0, n0, nb, tile));
+        return;
+    }
+    tile -= tiles0;
+    if (tile < tiles1) {
+        DISPATCH_WTYPE(wtype1, head_gemv_col<WT>(x, nullptr, n_rows, x_rows, w1, out1, n1, nb, tile));
+        return;
+    }
+    tile -= tiles1;
+    DISPATCH_WTYPE(wtype2, head_gemv_col<WT>(x, nullptr, n_rows, x_rows, w2, out2, n2, nb, tile));
 }

@@ -58,6 +58,7 @@ fn plan_key(p: &OpCase) -> String {
             format!("attention h{} kv{} d{} ctx{} {:?} {:?}", c.heads, c.kv_heads, c.head_dim, c.context, c.layout, c.route)
         }
         OpCase::Linear(c) => format!("linear n{} k{} {}", c.n, c.k, c.wtype),
+        OpCase::Qkv(c) => format!("qkv k{} n{:?} {:?}", c.k, c.n, c.wtype),
         OpCase::Swiglu(c) => format!("swiglu w{} r{} {:?} {:?}", c.width, c.rows_per_token, c.layout, c.output),
         OpCase::Add(c) => format!("add w{}", c.width),
         OpCase::DenseF32(c) => format!("dense_f32 n{} k{}", c.n, c.k),

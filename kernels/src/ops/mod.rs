@@ -19,6 +19,7 @@ pub mod moe_gemm;
 pub mod moe_gemv;
 pub mod moe_gemv_fused;
 pub mod output_head;
+pub mod qkv;
 pub mod quantize;
 pub mod rmsnorm;
 pub mod rmsnorm_q8_1;

@@ -84,6 +84,8 @@ families! {
     Sampling => ops::sampling::Family,
     Attention => ops::attention::Family,
     Linear => ops::linear::Family,
+    /// q, k and v of one input: one launch at decode (`output_head_gemv3`), `linear`'s above.
+    Qkv => ops::qkv::Family,
     Swiglu => ops::swiglu::Family,
     Add => ops::add::Family,
     DenseF32 => ops::dense_f32::Family,

@@ -19,6 +19,7 @@ use crate::ops::moe_gemm::GemmCase;
 use crate::ops::moe_gemv::GemvCase;
 use crate::ops::moe_gemv_fused::{FfnDims, FusedCase};
 use crate::ops::output_head::HeadCase;
+use crate::ops::qkv::QkvCase;
 use crate::ops::quantize::QuantizeCase;
 use crate::ops::rmsnorm::RmsNormCase;
 use crate::ops::rope::RopeCase;
@@ -26,8 +27,8 @@ use crate::ops::router::{RouterCase, Scoring};
 use crate::ops::sampling::SamplingCase;
 use crate::ops::swiglu::{self as swiglu_op, Output, SwigluCase};
 use crate::ops::{
-    add, dense_f32, embed, latent_proj, linear, moe_align, moe_combine, moe_gemm, moe_gemv, moe_gemv_fused, output_head, quantize, rmsnorm,
-    rmsnorm_q8_1, rope, router, sampling, swiglu,
+    add, dense_f32, embed, latent_proj, linear, moe_align, moe_combine, moe_gemm, moe_gemv, moe_gemv_fused, output_head, qkv, quantize,
+    rmsnorm, rmsnorm_q8_1, rope, router, sampling, swiglu,
 };
 use crate::quant::WeightType;
 use crate::routing::Routing;
@@ -353,6 +354,14 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
         counts.extend(thresholds::tile_tails(output_head::TILE_M, false, &[1, 2, 128], "linear row tile"));
         let skip = (tag != "q4_K/q").then_some((KQ_MAX_TOKENS, KQ_SKIP));
         b.family_up_to(linear::KERNEL, tag, counts, OpCase::Linear(c), |t| linear::device_bytes(t, &c), skip);
+    }
+    // q, k and v as one decode launch (`qkv`): the fused GEMV for 1..=8 rows (every count),
+    // `linear`'s launches above; each case also runs `linear` per matrix and must match it bit
+    // for bit. q8_0 everywhere, and the Q4_K_M mix (v in q6_K) up to KQ_MAX_TOKENS.
+    for (wtype, tag) in [([WeightType::Q8_0; 3], "q8_0"), ([WeightType::Q4K, WeightType::Q4K, WeightType::Q6K], "q4_K-q6_K")] {
+        let c = QkvCase { k: shape.hidden, n: [q_width, kv_width, kv_width], wtype };
+        let skip = (wtype[0] != WeightType::Q8_0).then_some((KQ_MAX_TOKENS, KQ_SKIP));
+        b.family_up_to(qkv::KERNEL, tag, with(qkv::critical_counts(&c, limits)), OpCase::Qkv(c), |t| qkv::device_bytes(t, &c), skip);
     }
 
     // Glue between the big ops: SwiGLU over the routed pairs (f32 from separate gate/up; q8_1

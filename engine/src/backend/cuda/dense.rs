@@ -6,7 +6,9 @@
 //! embedding tables widened at load, the router's F32 matrix) take `dense_f32`.
 
 use brink_kernels::cuda::{Gpu, GpuError};
+use brink_kernels::ops::linear::LinearCase;
 use brink_kernels::ops::output_head::{self, HeadBuffers, HeadDims};
+use brink_kernels::ops::qkv;
 use brink_kernels::ops::quantize::{self, Source};
 use brink_kernels::quant::{BLOCK_Q8_1_BYTES, QK, WeightType};
 use cudarc::driver::CudaSlice;
@@ -85,7 +87,10 @@ pub(crate) fn project(
 }
 
 /// `outs[i] = x · Wᵢᵀ` for weights of the same width (q, k and v): `x` is quantized once for
-/// every quantized weight; each output is the value `project` gives.
+/// every quantized weight (or not at all, when the norm before left its rows in `xq`); each
+/// output is the value `project` gives. Up to three quantized weights are one launch
+/// (`qkv`: at decode `output_head_gemv3`, the column tiles of all of them on one grid; above
+/// 8 rows the same per-matrix launches as `project`).
 pub(crate) fn project_each<const N: usize>(
     gpu: &Gpu,
     x: &CudaAct,
@@ -94,6 +99,20 @@ pub(crate) fn project_each<const N: usize>(
     xq: &mut Grow<u8>,
     outs: [&mut CudaSlice<f32>; N],
 ) -> Result<(), BackendError> {
+    let blocks: [Option<(WeightType, &CudaSlice<u8>)>; N] = std::array::from_fn(|i| match &ws[i].data {
+        WeightData::Blocks { wtype, bytes } => Some((*wtype, bytes)),
+        WeightData::F32(_) => None,
+    });
+    if N <= qkv::MAX_MATRICES && blocks.iter().all(Option::is_some) {
+        let names = || ws.iter().map(|w| w.name()).collect::<Vec<_>>().join(", ");
+        let failed = |e: GpuError| gpu_fail(format_args!("projection by {}", names()), &e);
+        quantize_rows(gpu, x, rows, k, xq).map_err(failed)?;
+        let ps: [LinearCase; N] =
+            std::array::from_fn(|i| LinearCase { n: ws[i].rows() as u32, k: k as u32, wtype: blocks[i].map_or(WeightType::Q8_0, |b| b.0) });
+        let w: [&CudaSlice<u8>; N] = std::array::from_fn(|i| blocks[i].map_or(&**xq, |b| b.1));
+        let mut outs = outs;
+        return qkv::launch(gpu, rows as u64, &ps, xq, &w, &mut outs).map_err(failed);
+    }
     for (w, out) in ws.iter().zip(outs) {
         match &w.data {
             WeightData::Blocks { wtype, bytes } => {
