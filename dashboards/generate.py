@@ -76,14 +76,23 @@ def qualification_code(filters):
 QUAL_MAPPINGS = [{"type": "value", "options": {str(code): {"text": s, "color": color, "index": i} for i, (s, code, color) in enumerate(QUAL_STATES)}}]
 
 
-def variables(names):
+def row(title, repeat=None):
+    """A row header; with `repeat`, Grafana draws the row and the panels under it once per value
+    of that variable."""
+    r = {"type": "row", "title": title, "collapsed": False, "panels": [], "_w": 24, "_h": 1}
+    if repeat:
+        r["repeat"] = repeat
+    return r
+
+
+def variables(names, queries=None):
     out = [{"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus", "current": {}, "hide": 0, "refresh": 1, "regex": ""}]
     queries = {
         "cluster": "label_values(brink_node_memory_total_bytes, cluster)",
         "node": 'label_values(brink_node_memory_total_bytes{cluster=~"$cluster"}, node)',
         "model": 'label_values(brink_requests_total{cluster=~"$cluster"}, model)',
         "sweep": 'label_values(brink_sweep_figure{cluster=~"$cluster"}, sweep)',
-    }
+    } | (queries or {})
     for name in names:
         q = queries[name]
         out.append({
@@ -110,11 +119,11 @@ def layout(panels):
     x = y = row_h = 0
     for i, p in enumerate(panels, start=1):
         w, h = p.pop("_w"), p.pop("_h")
-        if x + w > 24:
+        if x + w > 24 or p["type"] == "row":
             x, y, row_h = 0, y + row_h, 0
         p["id"] = i
         p["gridPos"] = {"h": h, "w": w, "x": x, "y": y}
-        for j, t in enumerate(p["targets"]):
+        for j, t in enumerate(p.get("targets", [])):
             t["refId"] = chr(ord("A") + j)
             t["datasource"] = DS
         x += w
@@ -122,7 +131,7 @@ def layout(panels):
     return panels
 
 
-def dashboard(uid, title, description, var_names, panels):
+def dashboard(uid, title, description, var_names, panels, queries=None):
     return {
         "uid": uid,
         "title": title,
@@ -137,7 +146,7 @@ def dashboard(uid, title, description, var_names, panels):
         "time": {"from": "now-6h", "to": "now"},
         "annotations": {"list": []},
         "links": [{"title": "brink dashboards", "type": "dashboards", "tags": ["brink"], "asDropdown": True}],
-        "templating": {"list": variables(var_names)},
+        "templating": {"list": variables(var_names, queries)},
         "panels": layout(panels),
     }
 
@@ -254,6 +263,45 @@ def deployments():
     ])
 
 
+def gateway():
+    """The gateway's own series (docs/metrics.md, "Gateway"): its `model` is the name clients ask
+    for, and its `upstream` the replica's URL."""
+    # `node` is the gateway Pod's node (with several gateway replicas, one of them).
+    g = f"{C}, {N}"
+    rate = lambda series, by, extra="": f"sum by ({by}) (rate({series}{{{g}, {M}{extra}}}[{RATE}]))"
+    # A counter with no series yet (no retry, no affinity key so far) reads 0, not "no data".
+    zero = f"sum by (model) (0 * rate(brink_gateway_requests_total{{{g}, {M}}}[{RATE}]))"
+    first = "brink_gateway_time_to_first_byte_seconds_bucket"
+    hq = lambda q: f'histogram_quantile({q}, sum by (le, model) (rate({first}{{{g}, {M}, stream="true"}}[{RATE}])))'
+    failed = rate("brink_gateway_requests_total", "model, status", ', status!~"2.."')
+    return dashboard("brink-gateway", "brink / Gateway", "The fleet gateway: replicas' health, rejections, and per model its requests, time to first token, errors and retries.",
+                     ["cluster", "node", "model"], [
+        panel("Healthy replicas", "Replicas whose /ready answers 200, as the gateway polls them.", [target(f"sum(brink_gateway_upstream_healthy{{{g}}})", instant=True)], "stat", w=6, h=4),
+        panel("Requests in flight", "Requests the gateway holds, from routing to the end of the answer.", [target(f"sum(brink_gateway_model_in_flight{{{g}}})", instant=True)], "stat", w=6, h=4),
+        panel("Requests/s", "Attempts at replicas per second, every status.", [target(f"sum(rate(brink_gateway_requests_total{{{g}}}[{RATE}]))", instant=True)], "stat", w=6, h=4, unit="reqps"),
+        panel("Rejected/s", "Requests the gateway answered itself per second (unknown model, bad request, key, no healthy replica, over context).",
+              [target(f"sum(rate(brink_gateway_rejections_total{{{g}}}[{RATE}]))", instant=True)], "stat", w=6, h=4, unit="reqps"),
+        panel("Rejections by reason", "Requests the gateway answered itself, by reason (they carry no model: some never named one).",
+              [target(f"sum by (reason) (rate(brink_gateway_rejections_total{{{g}}}[{RATE}]))", "{{reason}}")], w=8, unit="reqps"),
+        panel("Replica health", "1 while a replica's /ready answers 200.", [target(f"max by (upstream) (brink_gateway_upstream_healthy{{{g}}})", "{{upstream}}")], w=8),
+        panel("In flight per replica", "Requests the gateway has in flight to each replica.", [target(f"sum by (upstream) (brink_gateway_upstream_in_flight{{{g}}})", "{{upstream}}")], w=8),
+        row("Model $model", repeat="model"),
+        panel("Requests by status", "Attempts at a replica per second, by the status it answered (`error`: the connection failed before a response or its body).",
+              [target(rate("brink_gateway_requests_total", "model, status"), "{{model}} {{status}}")], w=8, unit="reqps"),
+        panel("Time to first token", "From the request's arrival at the gateway to the first event of a successful stream (a brink replica sends it with the first token), retries included: p50/p95/p99.",
+              [target(hq(0.5), "{{model}} p50"), target(hq(0.95), "{{model}} p95"), target(hq(0.99), "{{model}} p99")], w=8, unit="s"),
+        panel("Requests in flight", "Requests of the model the gateway holds: the queue the optional autoscaler reads.",
+              [target(f"sum by (model) (brink_gateway_model_in_flight{{{g}, {M}}})", "{{model}}")], w=8),
+        panel("Errors by reason", "Attempts a replica did not answer with a success, by status (`503` restarting or overloaded, `429` queue full, `error` connection failed, 4xx the client's).",
+              [target(f"{failed} or {zero}", "{{model}} {{status}}")], w=8, unit="reqps"),
+        panel("Retries by reason", "Requests sent on to another replica, by why the previous refused (before any byte reached the client).",
+              [target(f"{rate('brink_gateway_retries_total', 'model, reason')} or {zero}", "{{model}} {{reason}}")], w=8, unit="reqps"),
+        panel("Prefix affinity", "Requests sent first to their prompt prefix's replica, and prefixes moved off a replica with no room, by why.",
+              [target(f"{rate('brink_gateway_affinity_hits_total', 'model')} or {zero}", "{{model}} hits"),
+               target(f"{rate('brink_gateway_affinity_moves_total', 'model, reason')} or {zero}", "{{model}} moved {{reason}}")], w=8, unit="reqps"),
+    ], queries={"model": 'label_values(brink_gateway_requests_total{cluster=~"$cluster"}, model)'})
+
+
 SWEEP_METRICS = [("outputTokensPerS", "Output tokens/s", "short"), ("ttftP50S", "TTFT p50", "s"), ("itlP50S", "Inter-token latency p50", "s")]
 
 
@@ -294,7 +342,7 @@ def sweeps():
 
 def main():
     out = pathlib.Path(__file__).resolve().parent
-    for name, build in [("fleet-overview", fleet), ("node-drilldown", node), ("selftest-matrix", selftest), ("deployments", deployments), ("sweep-trends", sweeps)]:
+    for name, build in [("fleet-overview", fleet), ("node-drilldown", node), ("selftest-matrix", selftest), ("deployments", deployments), ("sweep-trends", sweeps), ("gateway", gateway)]:
         (out / f"{name}.json").write_text(json.dumps(build(), indent=2) + "\n")
 
 

@@ -6,9 +6,9 @@
 //!   is a row of docs/metrics.md.
 //! - Live: the API double over HTTP, `brink-operator run` and `brink-agent run` against it, a
 //!   replica (`brink-agent up`, CPU backend, demo model, its self-test) that answers a few
-//!   requests, a RegressionSweep whose run the test plays the agents of (a regression and an
-//!   outlier), and a real Prometheus scraping the three with the target labels the chart's
-//!   ServiceMonitors set. Every target of every panel, its variables filled in, must parse and
+//!   requests through `brink-gateway` in front of it (one streamed), a RegressionSweep whose run
+//!   the test plays the agents of (a regression and an outlier), and a real Prometheus scraping
+//!   the four with the target labels the chart's ServiceMonitors set. Every target of every panel, its variables filled in, must parse and
 //!   return data; the failure names dashboard, panel and expression, and the series that had
 //!   no data.
 
@@ -30,7 +30,14 @@ fn dashboards_are_valid_grafana_json_over_documented_series() {
     let names: BTreeSet<&str> = dashes.iter().map(|(f, _)| f.as_str()).collect();
     assert_eq!(
         names,
-        BTreeSet::from(["deployments.json", "fleet-overview.json", "node-drilldown.json", "selftest-matrix.json", "sweep-trends.json"])
+        BTreeSet::from([
+            "deployments.json",
+            "fleet-overview.json",
+            "gateway.json",
+            "node-drilldown.json",
+            "selftest-matrix.json",
+            "sweep-trends.json"
+        ])
     );
     let docs = std::fs::read_to_string(repo().join("docs/metrics.md")).expect("docs/metrics.md");
     let documented = documented_series(&docs);
@@ -88,6 +95,9 @@ mod live {
     const SYSTEM_NS: &str = "brink-system";
     const NS: &str = "serving";
     const MODEL: &str = "demo";
+    /// The name the replica serves its model under, which clients (and so the gateway's
+    /// `model` label) use.
+    const GATEWAY_MODEL: &str = "brink";
     const DEPLOYMENT: &str = "chat";
     const SWEEP: &str = "nightly";
     const CLASS: &str = "qwen3moe-h2048-e128-top8-ffn768";
@@ -396,7 +406,24 @@ mod live {
         }
     }
 
-    fn prometheus_config(operator: SocketAddr, agent: SocketAddr, replica: &str) -> String {
+    /// Starts `brink-gateway` in front of the replica; returns it and its address once it lists
+    /// the replica's model.
+    fn start_gateway(bin: &Path, replica: &str, dir: &Path) -> Result<(Proc, SocketAddr), String> {
+        let addr = free_addr();
+        let mut cmd = Command::new(bin);
+        cmd.args(["--listen", &addr.to_string(), "--upstream", &format!("http://{replica}"), "--poll-interval-ms", "200"]);
+        let mut proc = Proc::spawn("brink-gateway", cmd, dir);
+        let listed = wait_for(Duration::from_secs(30), || {
+            let (status, body) = http(&addr.to_string(), "GET", "/v1/models", "");
+            (status == 200 && body.contains(GATEWAY_MODEL)).then_some(())
+        });
+        match listed {
+            Some(()) => Ok((proc, addr)),
+            None => Err(proc.exited().unwrap_or_else(|| format!("brink-gateway never listed {GATEWAY_MODEL}\n{}", proc.log_tail()))),
+        }
+    }
+
+    fn prometheus_config(operator: SocketAddr, agent: SocketAddr, replica: &str, gateway: SocketAddr) -> String {
         // The target labels the chart's ServiceMonitors set (the operator's Pod runs on some
         // node too). The operator's own series carry `namespace`/`node` of the objects they
         // describe: `honor_labels` keeps them instead of `exported_node`/`exported_namespace`.
@@ -418,6 +445,11 @@ scrape_configs:
     static_configs:
       - targets: ['{replica}']
         labels: {{cluster: {CLUSTER}, namespace: {NS}, node: {AGENT_NODE}, model: {MODEL}, deployment: {DEPLOYMENT}}}
+  - job_name: brink-gateway
+    honor_labels: true
+    static_configs:
+      - targets: ['{gateway}']
+        labels: {{cluster: {CLUSTER}, namespace: {SYSTEM_NS}, node: {AGENT_NODE}}}
 "#
         )
     }
@@ -454,6 +486,13 @@ scrape_configs:
         };
         let operator_bin =
             Path::new(env!("CARGO_BIN_EXE_brink-agent")).with_file_name(format!("brink-operator{}", std::env::consts::EXE_SUFFIX));
+        let gateway_bin =
+            Path::new(env!("CARGO_BIN_EXE_brink-agent")).with_file_name(format!("brink-gateway{}", std::env::consts::EXE_SUFFIX));
+        assert!(
+            gateway_bin.exists(),
+            "{} is missing: build it first with `cargo build -p brink-gateway --profile test` (scripts/test builds the workspace first)",
+            gateway_bin.display()
+        );
         assert!(
             operator_bin.exists(),
             "{} is missing: build it first with `cargo build -p brink-operator --profile test` (scripts/test runs `cargo build --workspace --all-targets --profile test` before the tests)",
@@ -504,24 +543,35 @@ scrape_configs:
         procs.push(Proc::spawn("brink-agent run", agent, dir));
 
         // The replica qualifies on the CPU while the operator and the agent start.
+        // The requests go through the gateway (one streamed: its time to first token).
         let replica = start_replica(dir);
-        let replica_addr = match replica {
+        let (replica_addr, gateway_addr) = match replica {
             Ok((p, addr)) => {
                 procs.push(p);
-                for prompt in ["Say hi", "Count to three", "Say hi"] {
+                let gateway_addr = match start_gateway(&gateway_bin, &addr, dir) {
+                    Ok((g, gateway_addr)) => {
+                        procs.push(g);
+                        gateway_addr
+                    }
+                    Err(e) => {
+                        failures.push(e);
+                        free_addr()
+                    }
+                };
+                for (prompt, stream) in [("Say hi", false), ("Count to three", true), ("Say hi", false)] {
                     let body = format!(
-                        r#"{{"model":"brink","messages":[{{"role":"user","content":"{prompt}"}}],"max_tokens":4,"temperature":0}}"#
+                        r#"{{"model":"{GATEWAY_MODEL}","messages":[{{"role":"user","content":"{prompt}"}}],"max_tokens":4,"temperature":0,"stream":{stream}}}"#
                     );
-                    let (status, answer) = http(&addr, "POST", "/v1/chat/completions", &body);
+                    let (status, answer) = http(&gateway_addr.to_string(), "POST", "/v1/chat/completions", &body);
                     if status != 200 {
-                        failures.push(format!("the replica answered {status} to a chat completion: {answer}"));
+                        failures.push(format!("the gateway answered {status} to a chat completion: {answer}"));
                     }
                 }
-                addr
+                (addr, gateway_addr)
             }
             Err(e) => {
                 failures.push(e);
-                free_addr().to_string()
+                (free_addr().to_string(), free_addr())
             }
         };
         // Readiness of the operator and the agent, as their probes read it.
@@ -541,11 +591,11 @@ scrape_configs:
             Err(e) => failures.push(e),
         }
 
-        // Prometheus scrapes the three until each target has at least three samples.
+        // Prometheus scrapes the four until each target has at least three samples.
         let prom_addr = free_addr().to_string();
         let config = dir.join("prometheus.yml");
         std::fs::File::create(&config)
-            .and_then(|mut f| f.write_all(prometheus_config(operator_addr, agent_addr, &replica_addr).as_bytes()))
+            .and_then(|mut f| f.write_all(prometheus_config(operator_addr, agent_addr, &replica_addr, gateway_addr).as_bytes()))
             .expect("prometheus.yml");
         let mut prom_cmd = Command::new(&prometheus);
         prom_cmd
@@ -557,12 +607,12 @@ scrape_configs:
         let scraped = wait_for(Duration::from_secs(30), || {
             let r = query(&prom_addr, "count_over_time(up[5m]) >= 3 and up == 1").ok()?;
             let jobs: BTreeSet<String> = r.iter().filter_map(|s| s["metric"]["job"].as_str().map(str::to_string)).collect();
-            (jobs.len() == 3).then_some(())
+            (jobs.len() == 4).then_some(())
         });
         if scraped.is_none() {
             let targets = http(&prom_addr, "GET", "/api/v1/targets", "").1;
             failures.push(format!(
-                "Prometheus did not scrape all three targets up three times in 30 s: {targets}\n{}",
+                "Prometheus did not scrape all four targets up three times in 30 s: {targets}\n{}",
                 prom.exited().unwrap_or_else(|| prom.log_tail())
             ));
         }
@@ -570,7 +620,8 @@ scrape_configs:
         let values = BTreeMap::from([
             ("cluster", CLUSTER.to_string()),
             ("node", format!("{AGENT_NODE}|{}", SWEEP_NODES.join("|"))),
-            ("model", MODEL.to_string()),
+            // The replicas' `model` is the Model's name, the gateway's the name clients ask for.
+            ("model", format!("{MODEL}|{GATEWAY_MODEL}")),
             ("sweep", SWEEP.to_string()),
             ("__rate_interval", "1m".to_string()),
             ("__range", "5m".to_string()),
