@@ -34,7 +34,13 @@ fn passed(id: &str) -> String {
         kernel_ms: 0.1,
         note: String::new(),
     };
-    serde_json::to_string(&WorkerMsg::Result { id: id.into(), outcome: Outcome::Ran(check), wall_ms: 0.2 }).unwrap()
+    serde_json::to_string(&WorkerMsg::Result { id: id.into(), outcome: Outcome::Ran(check), wall_ms: 0.2, gpu_ms: None, host_ms: None })
+        .unwrap()
+}
+
+/// The answer of a case whose GPU half is done and whose host check is in flight.
+fn staged(id: &str) -> String {
+    serde_json::to_string(&WorkerMsg::Staged { id: id.into(), gpu_ms: 0.1 }).unwrap()
 }
 
 fn case(id: &str, deadline_ms: u64, expect: Expect) -> Case {
@@ -130,6 +136,76 @@ fn a_dead_worker_is_reported_and_replaced() {
     }
     assert!(matches!(runner.run(&case("y", 5_000, Expect::Pass)), Returned::WorkerDied { .. }));
     assert_eq!(starts(&log), 2);
+}
+
+/// A worker script that stages every case (hanging on ids with "hang"), logs each case and
+/// each collection to `log`, and answers a collection with a pass.
+fn staging(log: &std::path::Path, starts: &std::path::Path) -> Runner {
+    let id_of = |key: &str| format!("$(echo \"$line\" | sed 's/^{{\"{key}\":\"\\([^\"]*\\)\".*/\\1/')");
+    let body = format!(
+        "case \"$line\" in *collect*) id={}; echo \"collect $id\" >> '{log}'; echo \"$(echo '{}' | sed \"s/ID/$id/\")\";; \
+         *hang*) exec sleep 600;; \
+         *) id={}; echo \"case $id\" >> '{log}'; echo \"$(echo '{}' | sed \"s/ID/$id/\")\";; esac",
+        id_of("collect"),
+        passed("ID"),
+        id_of("id"),
+        staged("ID"),
+        log = log.display()
+    );
+    scripted(&body, starts)
+}
+
+/// The overlap: cases are sent while earlier host checks are in flight (at most `depth`), the
+/// results come back in the cases' order, and a negative control that must hang runs with no
+/// check in flight, so its kill loses nothing and it is flagged.
+#[test]
+fn host_checks_overlap_the_next_cases_and_results_keep_their_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, st) = (dir.path().join("log"), dir.path().join("starts"));
+    let mut runner = staging(&log, &st);
+    runner.depth = 2;
+    assert!(matches!(runner.start(), Start::Ready { .. }));
+    let broken = LatentCase { k: 2560, width: 1792, groups: 8, wtype: WeightType::Q8_0 };
+    let neg =
+        Case { kernel: "neg_latent_tailskip".into(), params: OpCase::NegLatentTailSkip(broken), ..case("neg-hang", 400, Expect::Hang) };
+    let mut cases: Vec<Case> = ["a", "b", "c", "d"].iter().map(|id| case(id, 5_000, Expect::Pass)).collect();
+    cases.push(neg.clone());
+    cases.push(case("e", 5_000, Expect::Pass));
+    let mut order = Vec::new();
+    let results = runner.run_all(&cases, &mut |i, _| order.push(i));
+    assert_eq!(order, (0..cases.len()).collect::<Vec<_>>());
+    for (c, r) in cases.iter().zip(&results) {
+        let want = if c.id == "neg-hang" { CaseResult::Flagged } else { CaseResult::Passed };
+        assert_eq!(judge(c, r).result, want, "{}: {r:?}", c.id);
+    }
+    let log = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = log.lines().collect();
+    // Two checks in flight at most: b is sent before a is collected, c only after.
+    assert_eq!(lines[..4], ["case a", "case b", "collect a", "case c"], "{log}");
+    // Every check was collected before the negative control was sent, and once only.
+    let before_neg: Vec<&str> = lines.iter().copied().take_while(|l| *l != "case e").collect();
+    for id in ["a", "b", "c", "d"] {
+        assert_eq!(before_neg.iter().filter(|l| **l == format!("collect {id}")).count(), 1, "{log}");
+    }
+    assert_eq!(starts(&st), 2, "the hang's kill, then a fresh worker for e");
+}
+
+/// A case that hangs unexpectedly while checks are in flight: it is reported hung, and the
+/// cases whose checks the killed worker held run again in a fresh worker.
+#[test]
+fn checks_lost_with_a_killed_worker_run_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, st) = (dir.path().join("log"), dir.path().join("starts"));
+    let mut runner = staging(&log, &st);
+    assert!(matches!(runner.start(), Start::Ready { .. }));
+    let cases = vec![case("a", 5_000, Expect::Pass), case("b-hang", 400, Expect::Pass), case("c", 5_000, Expect::Pass)];
+    let results = runner.run_all(&cases, &mut |_, _| {});
+    let got: Vec<CaseResult> = cases.iter().zip(&results).map(|(c, r)| judge(c, r).result).collect();
+    assert_eq!(got, [CaseResult::Passed, CaseResult::Hung, CaseResult::Passed]);
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(log.lines().filter(|l| *l == "case a").count(), 2, "a ran again: {log}");
+    assert_eq!(starts(&st), 2);
+    assert!(runner.timing.host_ms == 0.0 && runner.timing.gpu_ms > 0.0);
 }
 
 #[test]

@@ -6,7 +6,7 @@ use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Launch, PlanError};
 use crate::limits::DeviceLimits;
 
-use super::Outcome;
+use super::{Outcome, Staged};
 
 pub trait KernelFamily {
     /// The problem of one case (shape, weight type, routing, ...), without the token count.
@@ -16,6 +16,14 @@ pub trait KernelFamily {
 
     /// Runs the case at `tokens` on the GPU and compares it with the CPU twin.
     fn run(gpu: &Gpu, tokens: u64, case: &Self::Case) -> Result<Outcome, GpuError>;
+
+    /// The GPU half of [`Self::run`]: launches, timing and downloads, leaving the CPU twin and
+    /// the comparison as a [`Staged::Check`] the self-test runs on other cores while the device
+    /// goes on with the next case. Families whose twin is cheap keep the default (everything in
+    /// [`Self::run`]); `run` must equal `stage(..)?.finish()`.
+    fn stage(gpu: &Gpu, tokens: u64, case: &Self::Case) -> Result<Staged, GpuError> {
+        Self::run(gpu, tokens, case).map(Staged::Done)
+    }
 
     /// The launches the case makes at `tokens`, planned against `limits` (no GPU needed). A
     /// negative control gives the plans of its fixed twin: its broken geometry is not a plan.

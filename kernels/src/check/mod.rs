@@ -7,6 +7,6 @@ pub mod compare;
 pub mod family;
 pub mod outcome;
 
-pub use compare::{RelErr, sample_rows};
+pub use compare::{RelErr, always_sampled, sample_rows, sample_rows_around};
 pub use family::KernelFamily;
-pub use outcome::{Check, Outcome};
+pub use outcome::{Check, HostCheck, Outcome, Staged};

@@ -1,5 +1,6 @@
 //! What running one self-test case on the GPU found: the [`Outcome`], and for a kernel that
-//! ran, the [`Check`] of its output against the CPU twin.
+//! ran, the [`Check`] of its output against the CPU twin; and [`Staged`], a case split into its
+//! GPU half and its host half ([`HostCheck`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -62,6 +63,36 @@ impl Check {
             && self.unwritten == 0
             && self.past_end == 0
             && self.int_mismatches == 0
+    }
+}
+
+/// The host half of a case whose GPU half is done: the CPU twin and the comparison, over host
+/// data only (everything it needs from the device was downloaded before it was made), so it
+/// can run on other cores while the device runs the next case.
+pub type HostCheck = Box<dyn FnOnce() -> Outcome + Send + 'static>;
+
+/// What the GPU half of a case left: the outcome already, or the host check still to run.
+pub enum Staged {
+    Done(Outcome),
+    Check(HostCheck),
+}
+
+impl Staged {
+    /// Runs the host check, if one is left (on the caller's thread).
+    pub fn finish(self) -> Outcome {
+        match self {
+            Staged::Done(o) => o,
+            Staged::Check(f) => f(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Staged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Staged::Done(o) => f.debug_tuple("Done").field(o).finish(),
+            Staged::Check(_) => f.write_str("Check(..)"),
+        }
     }
 }
 

@@ -88,7 +88,7 @@ fn items(tokens: u64, c: &DenseF32Case) -> u64 {
 
 /// Whether the kernel takes K in 16-byte loads (its rows are then 16-byte aligned too).
 pub fn vectorised(k: u64) -> bool {
-    k % 4 == 0
+    k.is_multiple_of(4)
 }
 
 /// The lane that accumulates element `k` of a row (see the module doc).

@@ -14,7 +14,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
+use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError};
 use crate::limits::DeviceLimits;
@@ -241,6 +241,11 @@ pub fn queue_hang(gpu: &Gpu) -> Result<(), GpuError> {
 }
 
 fn run_variant(gpu: &Gpu, variant: Variant, tokens: u64, c: &LatentCase) -> Result<Outcome, GpuError> {
+    stage_variant(gpu, variant, tokens, c).map(Staged::finish)
+}
+
+/// [`run_variant`]'s GPU half: up to the sampled rows downloaded; the twin is the host check.
+fn stage_variant(gpu: &Gpu, variant: Variant, tokens: u64, c: &LatentCase) -> Result<Staged, GpuError> {
     plan(tokens, c, gpu.limits())?; // refuse a bad shape before allocating for it
     let nb = c.blocks_per_row();
     let width = c.width as usize;
@@ -256,22 +261,26 @@ fn run_variant(gpu: &Gpu, variant: Variant, tokens: u64, c: &LatentCase) -> Resu
     gpu.synchronize()?;
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
     let (unwritten, past_end) = y.check(gpu, 1)?;
-    let err = compare(gpu, &y, tokens, c)?;
-    Ok(Outcome::Ran(Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms)))
+    let rows = sample_rows(tokens, TILE_M, SAMPLE_ROWS, tokens);
+    let got = rows.iter().map(|&t| y.read_f32(gpu, t as usize * width, width)).collect::<Result<Vec<_>, _>>()?;
+    let c = *c;
+    Ok(Staged::Check(Box::new(move || {
+        let err = compare(&got, &rows, &c);
+        Outcome::Ran(Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms))
+    })))
 }
 
-/// The twin's rows (computed in parallel from the seeds) against the GPU's.
-fn compare(gpu: &Gpu, y: &Guarded, tokens: u64, c: &LatentCase) -> Result<RelErr, GpuError> {
+/// The twin's rows (computed in parallel from the seeds) against the GPU's (`got`, the sampled
+/// `rows` in order).
+fn compare(got: &[Vec<f32>], rows: &[u64], c: &LatentCase) -> RelErr {
     let (k, nb, width) = (c.k as usize, c.blocks_per_row(), c.width as usize);
     let weights: Vec<u8> = (0..c.width as u64).into_par_iter().flat_map_iter(|r| weight_row(SEED_W, r, k, c.wtype)).collect();
-    let rows = sample_rows(tokens, TILE_M, SAMPLE_ROWS, tokens);
     let want: Vec<Vec<f32>> = rows.par_iter().map(|&t| latent_row_cpu(&weights, &q8_1_row(SEED_X, t, nb), c)).collect();
     let mut err = RelErr::default();
-    for (&t, want) in rows.iter().zip(&want) {
-        let at = t as usize * width;
-        err.add_slice(at as u64, &y.read_f32(gpu, at, width)?, want);
+    for ((&t, want), got) in rows.iter().zip(&want).zip(got) {
+        err.add_slice((t as usize * width) as u64, got, want);
     }
-    Ok(err)
+    err
 }
 
 /// The self-test's handle on this family (registered in `selftest::case`).
@@ -282,6 +291,10 @@ impl KernelFamily for Family {
 
     fn run(gpu: &Gpu, tokens: u64, c: &LatentCase) -> Result<Outcome, GpuError> {
         run_case(gpu, tokens, c)
+    }
+
+    fn stage(gpu: &Gpu, tokens: u64, c: &LatentCase) -> Result<Staged, GpuError> {
+        stage_variant(gpu, Variant::Fixed, tokens, c)
     }
 
     fn plans(tokens: u64, c: &LatentCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {

@@ -10,7 +10,7 @@
 use cudarc::driver::{CudaSlice, DeviceRepr};
 use serde::{Deserialize, Serialize};
 
-use crate::check::{KernelFamily, Outcome};
+use crate::check::{KernelFamily, Outcome, Staged};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Launch, PlanError};
 use crate::limits::DeviceLimits;
@@ -107,6 +107,11 @@ impl KernelFamily for Family {
 
     fn run(gpu: &Gpu, tokens: u64, c: &LinearCase) -> Result<Outcome, GpuError> {
         run_case(gpu, tokens, c)
+    }
+
+    fn stage(gpu: &Gpu, tokens: u64, c: &LinearCase) -> Result<Staged, GpuError> {
+        plan(tokens, c, gpu.limits())?;
+        output_head::stage_dense(&CALLER, gpu, tokens, &c.dims(), None)
     }
 
     fn plans(tokens: u64, c: &LinearCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {

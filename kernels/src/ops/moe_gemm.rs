@@ -11,7 +11,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
+use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError};
 use crate::limits::DeviceLimits;
@@ -306,8 +306,12 @@ struct Inputs {
     w: CudaSlice<u8>,
 }
 
+/// What one tile's run leaves for the host check: (kernel ms, the sampled pairs' rows,
+/// unwritten, past end).
+type TileRun = (f64, Vec<Vec<f32>>, u64, u64);
+
 /// One tile's run: poison y, launch, time it, then count unwritten / past-end words and
-/// compare the sampled pairs. Returns (kernel ms, error, unwritten, past end).
+/// download the sampled pairs' rows.
 fn run_tile(
     gpu: &Gpu,
     tokens: u64,
@@ -315,8 +319,8 @@ fn run_tile(
     tile: &GemmTile,
     ins: &Inputs,
     y: &mut Guarded,
-    want: &[(u64, Vec<f32>)],
-) -> Result<(f64, RelErr, u64, u64), GpuError> {
+    pairs: &[u64],
+) -> Result<TileRun, GpuError> {
     fill_words(gpu, &mut y.buf, POISON)?;
     gpu.synchronize()?;
     let start = std::time::Instant::now();
@@ -325,18 +329,20 @@ fn run_tile(
     gpu.synchronize()?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
     let (unwritten, past_end) = y.check(gpu, 1)?;
-    let mut err = RelErr::default();
-    for (p, w) in want {
-        let at = *p as usize * c.n as usize;
-        err.add_slice(at as u64, &y.read_f32(gpu, at, c.n as usize)?, w);
-    }
-    Ok((ms, err, unwritten, past_end))
+    let got = pairs.iter().map(|&p| y.read_f32(gpu, p as usize * c.n as usize, c.n as usize)).collect::<Result<Vec<_>, _>>()?;
+    Ok((ms, got, unwritten, past_end))
 }
 
 /// Self-test: route, align on the CPU, gather A and fill W on the device from seeds, run the
 /// default tile (its time is reported), then on small cases every other tile the device takes,
 /// and compare sampled pairs.
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &GemmCase) -> Result<Outcome, GpuError> {
+    stage_case(gpu, tokens, c).map(Staged::finish)
+}
+
+/// [`run_case`]'s GPU half: every tile run and its sampled pairs downloaded; the twin of the
+/// sampled pairs (weights regenerated for the experts they route to) is the host check.
+pub fn stage_case(gpu: &Gpu, tokens: u64, c: &GemmCase) -> Result<Staged, GpuError> {
     plan(tokens, c, &DEFAULT_TILE, gpu.limits())?;
     let (e, k, n, nb) = (c.experts as usize, c.top_k as usize, c.n as usize, c.k as usize / QK);
     let pairs = tokens as usize * k;
@@ -350,34 +356,46 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &GemmCase) -> Result<Outcome, GpuErro
     fill_weights(gpu, &mut w, e * n * c.wtype.blocks_per_row(c.k as usize), SEED_W, c.wtype)?;
     let ins = Inputs { sorted_ids, tile_expert: gpu.upload(&aligned.tile_expert)?, a, w };
     let mut y = Guarded::new(gpu, pairs * n)?;
-    // Computed while the device fills the inputs.
-    let want = reference(c, &ids, &sample_rows(pairs as u64, k as u64, SAMPLE_PAIRS, tokens));
+    let sampled = sample_rows(pairs as u64, k as u64, SAMPLE_PAIRS, tokens);
 
-    let mut check = Check {
-        max_rel_err: 0.0,
-        tolerance: TOLERANCE,
-        compared: 0,
-        unwritten: 0,
-        past_end: 0,
-        int_mismatches: 0,
-        kernel_ms: 0.0,
-        note: String::new(),
-    };
-    let mut notes = Vec::new();
+    // Per tile run: (kernel, is the default, ms, downloaded rows, unwritten, past end).
+    let mut tiles = Vec::new();
     let runs = TILES.iter().filter(|t| **t == DEFAULT_TILE || pairs as u64 <= OTHER_TILES_MAX_PAIRS);
     for tile in runs.filter(|t| plan(tokens, c, t, gpu.limits()).is_ok()) {
-        let (ms, err, unwritten, past_end) = run_tile(gpu, tokens, c, tile, &ins, &mut y, &want)?;
-        if *tile == DEFAULT_TILE {
-            check.kernel_ms = ms;
-        }
-        check.max_rel_err = check.max_rel_err.max(err.value());
-        check.compared += err.compared;
-        check.unwritten += unwritten;
-        check.past_end += past_end;
-        notes.push(format!("{}: {}", tile.kernel, err.describe()));
+        let (ms, got, unwritten, past_end) = run_tile(gpu, tokens, c, tile, &ins, &mut y, &sampled)?;
+        tiles.push((tile.kernel, *tile == DEFAULT_TILE, ms, got, unwritten, past_end));
     }
-    check.note = notes.join("; ");
-    Ok(Outcome::Ran(check))
+    let c = *c;
+    Ok(Staged::Check(Box::new(move || {
+        let want = reference(&c, &ids, &sampled);
+        let mut check = Check {
+            max_rel_err: 0.0,
+            tolerance: TOLERANCE,
+            compared: 0,
+            unwritten: 0,
+            past_end: 0,
+            int_mismatches: 0,
+            kernel_ms: 0.0,
+            note: String::new(),
+        };
+        let mut notes = Vec::new();
+        for (kernel, default, ms, got, unwritten, past_end) in tiles {
+            let mut err = RelErr::default();
+            for ((p, w), got) in want.iter().zip(&got) {
+                err.add_slice(*p * c.n as u64, got, w);
+            }
+            if default {
+                check.kernel_ms = ms;
+            }
+            check.max_rel_err = check.max_rel_err.max(err.value());
+            check.compared += err.compared;
+            check.unwritten += unwritten;
+            check.past_end += past_end;
+            notes.push(format!("{kernel}: {}", err.describe()));
+        }
+        check.note = notes.join("; ");
+        Outcome::Ran(check)
+    })))
 }
 
 /// The self-test's handle on this family (registered in `selftest::case`).
@@ -388,6 +406,10 @@ impl KernelFamily for Family {
 
     fn run(gpu: &Gpu, tokens: u64, c: &GemmCase) -> Result<Outcome, GpuError> {
         run_case(gpu, tokens, c)
+    }
+
+    fn stage(gpu: &Gpu, tokens: u64, c: &GemmCase) -> Result<Staged, GpuError> {
+        stage_case(gpu, tokens, c)
     }
 
     fn plans(tokens: u64, c: &GemmCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {

@@ -18,7 +18,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
+use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
 use crate::limits::DeviceLimits;
@@ -340,13 +340,23 @@ const SAMPLE_COLS: usize = 384;
 /// Self-test: x and W from seeds, logits poisoned, one launch, every logit checked as written
 /// and sampled rows x sampled columns (both including the last two tiles) against the twin.
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &HeadCase) -> Result<Outcome, GpuError> {
+    stage_case(gpu, tokens, c).map(Staged::finish)
+}
+
+/// [`run_case`]'s GPU half (see [`KernelFamily::stage`]).
+pub fn stage_case(gpu: &Gpu, tokens: u64, c: &HeadCase) -> Result<Staged, GpuError> {
     plans(tokens, c, gpu.limits())?; // refuse a bad shape before allocating for it
-    run_dense(&HEAD, gpu, tokens, &c.dims(), c.sequences)
+    stage_dense(&HEAD, gpu, tokens, &c.dims(), c.sequences)
 }
 
 /// The self-test of the dense kernels on `tokens` rows of x, computing every row (`None`) or
 /// the last of each of `sequences` sequences; `linear`'s self-test is this with every row.
 pub(crate) fn run_dense(caller: &Caller, gpu: &Gpu, tokens: u64, d: &HeadDims, sequences: Option<u32>) -> Result<Outcome, GpuError> {
+    stage_dense(caller, gpu, tokens, d, sequences).map(Staged::finish)
+}
+
+/// [`run_dense`]'s GPU half: up to the sampled logits downloaded; the twin is the host check.
+pub(crate) fn stage_dense(caller: &Caller, gpu: &Gpu, tokens: u64, d: &HeadDims, sequences: Option<u32>) -> Result<Staged, GpuError> {
     let nb = d.blocks_per_row();
     let out_rows = sequences.map_or(tokens, |s| tokens.min(s as u64));
     let mut x = gpu.alloc::<u8>(tokens as usize * nb * BLOCK_Q8_1_BYTES)?;
@@ -362,17 +372,32 @@ pub(crate) fn run_dense(caller: &Caller, gpu: &Gpu, tokens: u64, d: &HeadDims, s
     gpu.synchronize()?;
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
     let (unwritten, past_end) = out.check(gpu, 1)?;
-    let err = compare(gpu, &out, out_rows, rows.as_deref(), d)?;
-    Ok(Outcome::Ran(Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms)))
+    let (cols, sampled) =
+        (sample_rows(d.vocab as u64, TILE_N, SAMPLE_COLS, SEED_COLS), sample_rows(out_rows, TILE_M, SAMPLE_ROWS, out_rows));
+    let got = download(gpu, &out, &sampled, &cols, d.vocab as u64)?;
+    let d = *d;
+    Ok(Staged::Check(Box::new(move || {
+        let err = compare(&got, &sampled, &cols, rows.as_deref(), &d);
+        Outcome::Ran(Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms))
+    })))
+}
+
+/// The device's logits at the sampled rows and columns.
+fn download(gpu: &Gpu, out: &Guarded, sampled: &[u64], cols: &[u64], vocab: u64) -> Result<Vec<Vec<f32>>, GpuError> {
+    sampled
+        .iter()
+        .map(|&r| {
+            let row = out.read_f32(gpu, (r * vocab) as usize, vocab as usize)?;
+            Ok(cols.iter().map(|&c| row[c as usize]).collect())
+        })
+        .collect()
 }
 
 /// The twin's logits at sampled rows and columns (weights regenerated per sampled column)
-/// against the device's.
-fn compare(gpu: &Gpu, out: &Guarded, out_rows: u64, rows: Option<&[i32]>, d: &HeadDims) -> Result<RelErr, GpuError> {
+/// against the device's (`got`, row by row, the sampled columns of each).
+fn compare(got: &[Vec<f32>], sampled: &[u64], cols: &[u64], rows: Option<&[i32]>, d: &HeadDims) -> RelErr {
     let (k, nb, vocab) = (d.hidden as usize, d.blocks_per_row(), d.vocab as u64);
-    let cols = sample_rows(vocab, TILE_N, SAMPLE_COLS, SEED_COLS);
     let weights: Vec<Vec<u8>> = cols.par_iter().map(|&col| weight_row(SEED_W, col, k, d.wtype)).collect();
-    let sampled = sample_rows(out_rows, TILE_M, SAMPLE_ROWS, out_rows);
     let want: Vec<Vec<f32>> = sampled
         .par_iter()
         .map(|&r| {
@@ -383,13 +408,12 @@ fn compare(gpu: &Gpu, out: &Guarded, out_rows: u64, rows: Option<&[i32]>, d: &He
         })
         .collect();
     let mut err = RelErr::default();
-    for (&r, want) in sampled.iter().zip(&want) {
-        let got = out.read_f32(gpu, (r * vocab) as usize, vocab as usize)?;
-        for (&col, &wv) in cols.iter().zip(want) {
-            err.add(r * vocab + col, got[col as usize], wv);
+    for ((&r, want), got) in sampled.iter().zip(&want).zip(got) {
+        for ((&col, &wv), &g) in cols.iter().zip(want).zip(got) {
+            err.add(r * vocab + col, g, wv);
         }
     }
-    Ok(err)
+    err
 }
 
 /// The self-test's handle on this family (registered in `selftest::case`).
@@ -400,6 +424,10 @@ impl KernelFamily for Family {
 
     fn run(gpu: &Gpu, tokens: u64, c: &HeadCase) -> Result<Outcome, GpuError> {
         run_case(gpu, tokens, c)
+    }
+
+    fn stage(gpu: &Gpu, tokens: u64, c: &HeadCase) -> Result<Staged, GpuError> {
+        stage_case(gpu, tokens, c)
     }
 
     fn plans(tokens: u64, c: &HeadCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::check::{KernelFamily, Outcome};
+use crate::check::{KernelFamily, Outcome, Staged};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Launch, PlanError};
 use crate::limits::DeviceLimits;
@@ -44,6 +44,13 @@ macro_rules! families {
             pub fn run(&self, gpu: &Gpu, tokens: u64) -> Result<Outcome, GpuError> {
                 match self {
                     $(OpCase::$variant(c) => <$family as KernelFamily>::run(gpu, tokens, c),)*
+                }
+            }
+
+            /// The GPU half of the case at `tokens` ([`KernelFamily::stage`]).
+            pub fn stage(&self, gpu: &Gpu, tokens: u64) -> Result<Staged, GpuError> {
+                match self {
+                    $(OpCase::$variant(c) => <$family as KernelFamily>::stage(gpu, tokens, c),)*
                 }
             }
 

@@ -10,7 +10,7 @@ pub mod runner;
 pub mod session;
 pub mod worker;
 
-use crate::check::Outcome;
+use crate::check::{Outcome, Staged};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Launch, PlanError};
 use crate::limits::DeviceLimits;
@@ -19,6 +19,11 @@ use case::Case;
 /// Runs one case on the GPU (in the worker process).
 pub fn execute(gpu: &Gpu, case: &Case) -> Outcome {
     case.params.run(gpu, case.tokens).unwrap_or_else(GpuError::into_outcome)
+}
+
+/// The GPU half of one case (in the worker process): what is left is host work only.
+pub fn stage(gpu: &Gpu, case: &Case) -> Staged {
+    case.params.stage(gpu, case.tokens).unwrap_or_else(|e| Staged::Done(e.into_outcome()))
 }
 
 /// The launches a case makes, planned against `limits` (no GPU needed). Negative controls

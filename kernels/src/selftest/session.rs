@@ -24,6 +24,13 @@ use crate::thresholds::{ModelShape, Serving};
 /// must stay under a minute. `--max-tokens` raises it (a nightly sweep runs them all).
 pub const DEFAULT_MAX_TOKENS: u64 = 1 << 21;
 
+/// The phase summing the worker's GPU halves of the cases (launches, data, downloads; the
+/// whole case for families whose twin runs inline), and the one summing the host checks (CPU
+/// twins and comparisons) that ran on other cores beside them. With the overlap both can
+/// exceed "run cases", whose wall time is what the run cost.
+pub const GPU_PHASE: &str = "  of which GPU halves of cases (sum)";
+pub const HOST_PHASE: &str = "  of which host checks beside the GPU (sum)";
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Options {
     pub shape: ModelShape,
@@ -104,13 +111,17 @@ pub fn run(runner: &mut Runner, opts: &Options, progress: &mut dyn FnMut(Progres
             let t = Instant::now();
             let mut cases = Vec::with_capacity(cat.cases.len() + cat.skipped.len());
             let total = cat.cases.len();
-            for (index, case) in cat.cases.iter().enumerate() {
-                let returned = runner.run(case);
-                let r = judge(case, &returned);
+            let before = runner.timing;
+            // Results come in the catalogue's order, whatever order the host checks finish in.
+            runner.run_all(&cat.cases, &mut |index, returned| {
+                let r = judge(&cat.cases[index], returned);
                 progress(Progress::Case { index, total, report: &r });
                 cases.push(r);
-            }
+            });
             phases.push(Phase { name: "run cases".into(), seconds: t.elapsed().as_secs_f64() });
+            let (gpu_ms, host_ms) = (runner.timing.gpu_ms - before.gpu_ms, runner.timing.host_ms - before.host_ms);
+            phases.push(Phase { name: GPU_PHASE.into(), seconds: gpu_ms / 1e3 });
+            phases.push(Phase { name: HOST_PHASE.into(), seconds: host_ms / 1e3 });
             cases.extend(cat.skipped.iter().map(|(c, why)| skipped(c, why)));
             finish(opts, device, cases, phases, t_start)
         }
@@ -224,4 +235,151 @@ fn finish(opts: &Options, device: DeviceSummary, cases: Vec<CaseReport>, mut pha
     };
     summarise(&mut report);
     report
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::process::Command;
+
+    use super::*;
+    use crate::check::{Check, Outcome};
+    use crate::cuda::DeviceInfo;
+    use crate::selftest::worker::WorkerMsg;
+
+    /// The families whose default-class counts are pinned below (those of 2026-12-06; a family
+    /// added later brings its own cases, which the pinned counts leave out).
+    const PINNED: [&str; 19] = [
+        "add",
+        "attention",
+        "dense_f32",
+        "embed",
+        "latent_proj",
+        "linear",
+        "moe_align",
+        "moe_combine",
+        "moe_gemm",
+        "moe_gemv",
+        "neg_gemv_gridz",
+        "neg_latent_tailskip",
+        "output_head",
+        "quantize",
+        "rmsnorm",
+        "rope",
+        "router",
+        "sampling",
+        "swiglu",
+    ];
+
+    /// A worker script that answers every case with a pass, staging attention's (its host check
+    /// collected later, as the real worker does): the session's report must hold every derived
+    /// case, executed or skipped, whatever the overlap does.
+    fn scripted_worker() -> Runner {
+        let info = DeviceInfo {
+            name: "scripted".into(),
+            ordinal: 0,
+            driver_cuda_version: 13000,
+            nvrtc_version: (13, 0),
+            free_mem_bytes: 80 << 30,
+        };
+        let ready = serde_json::to_string(&WorkerMsg::Ready { limits: DeviceLimits::h200(), info, compile_seconds: 0.0 }).unwrap();
+        let check = Check {
+            max_rel_err: 0.0,
+            tolerance: 1e-6,
+            compared: 1,
+            unwritten: 0,
+            past_end: 0,
+            int_mismatches: 0,
+            kernel_ms: 0.1,
+            note: String::new(),
+        };
+        let result = serde_json::to_string(&WorkerMsg::Result {
+            id: "ID".into(),
+            outcome: Outcome::Ran(check),
+            wall_ms: 0.2,
+            gpu_ms: None,
+            host_ms: Some(0.1),
+        })
+        .unwrap();
+        let staged = serde_json::to_string(&WorkerMsg::Staged { id: "ID".into(), gpu_ms: 0.1 }).unwrap();
+        let (r0, r1) = result.split_once("ID").unwrap();
+        let (s0, s1) = staged.split_once("ID").unwrap();
+        let script = format!(
+            r#"echo '{ready}'; while IFS= read -r line; do case "$line" in '{{"collect":"'*) id=${{line#'{{"collect":"'}}; id=${{id%%'"'*}}; printf '%s%s%s\n' '{r0}' "$id" '{r1}';; *'"op":"attention"'*) id=${{line#'{{"id":"'}}; id=${{id%%'"'*}}; printf '%s%s%s\n' '{s0}' "$id" '{s1}';; *) id=${{line#'{{"id":"'}}; id=${{id%%'"'*}}; printf '%s%s%s\n' '{r0}' "$id" '{r1}';; esac; done"#
+        );
+        Runner::new(move || {
+            let mut c = Command::new("sh");
+            c.arg("-c").arg(&script);
+            c
+        })
+    }
+
+    /// The default class (the Qwen3-30B-A3B shape, `--max-tokens 65536`) on an H200 with 80 GiB
+    /// free: every derived case is in the report, executed or skipped with its reason, in the
+    /// catalogue's order, and the counts of the pinned families are those of 2026-12-06. The
+    /// host checks' overlap must not drop or reorder a case.
+    #[test]
+    fn default_class_counts_are_unchanged_through_the_overlap() {
+        let mut opts = Options::new(ModelShape::qwen3_30b_a3b(), "test");
+        opts.max_tokens = Some(65_536);
+        let mut runner = scripted_worker();
+        let mut seen = Vec::new();
+        let report = run(&mut runner, &opts, &mut |p| {
+            if let Progress::Case { index, .. } = p {
+                seen.push(index)
+            }
+        });
+        let limits = DeviceLimits::h200();
+        let cat = derive(&opts, &limits, (80u64 << 30) - opts.memory_reserve_bytes);
+        assert_eq!(seen, (0..cat.cases.len()).collect::<Vec<_>>(), "progress in the catalogue's order");
+        assert_eq!(report.derived as usize, cat.cases.len() + cat.skipped.len());
+        assert_eq!(report.executed as usize, cat.cases.len());
+        assert_eq!(report.skipped as usize, cat.skipped.len());
+        let ids: Vec<&str> = report.cases.iter().map(|c| c.id.as_str()).collect();
+        let want: Vec<&str> = cat.cases.iter().chain(cat.skipped.iter().map(|(c, _)| c)).map(|c| c.id.as_str()).collect();
+        assert_eq!(ids, want);
+        assert!(
+            report
+                .cases
+                .iter()
+                .filter(|c| c.kernel == "attention" && c.result != brink_api::selftest::CaseResult::Skipped)
+                .all(|c| c.result == brink_api::selftest::CaseResult::Passed)
+        );
+        assert!(report.phases.iter().any(|p| p.name == HOST_PHASE && p.seconds > 0.0));
+        // (derived, executed) of the pinned families.
+        let mut by: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        for c in report.cases.iter().filter(|c| PINNED.contains(&c.kernel.as_str())) {
+            let e = by.entry(PINNED.iter().find(|k| **k == c.kernel).unwrap()).or_default();
+            e.0 += 1;
+            e.1 += u64::from(c.result != brink_api::selftest::CaseResult::Skipped);
+        }
+        let got: Vec<(&str, u64, u64)> = by.iter().map(|(k, (d, e))| (*k, *d, *e)).collect();
+        assert_eq!(got, PINNED_COUNTS);
+        // 1,956 derived and 1,534 executed: the H100's run of 2026-12-06 (77.5 s warm).
+        let total = got.iter().fold((0, 0), |a, b| (a.0 + b.1, a.1 + b.2));
+        assert_eq!(total, (1956, 1534));
+    }
+
+    /// (family, derived, executed) of the default class.
+    const PINNED_COUNTS: [(&str, u64, u64); 19] = [
+        ("add", 14, 12),
+        ("attention", 265, 261),
+        ("dense_f32", 32, 26),
+        ("embed", 42, 36),
+        ("latent_proj", 170, 162),
+        ("linear", 125, 67),
+        ("moe_align", 105, 78),
+        ("moe_combine", 21, 17),
+        ("moe_gemm", 448, 292),
+        ("moe_gemv", 157, 119),
+        ("neg_gemv_gridz", 14, 14),
+        ("neg_latent_tailskip", 3, 3),
+        ("output_head", 153, 113),
+        ("quantize", 99, 77),
+        ("rmsnorm", 44, 36),
+        ("rope", 32, 24),
+        ("router", 111, 93),
+        ("sampling", 54, 54),
+        ("swiglu", 67, 50),
+    ];
 }

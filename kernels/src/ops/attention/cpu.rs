@@ -84,10 +84,12 @@ pub(super) fn attend_row(q_row: &[f32], slab: &Slab, c: &Chunk, i: u32, spec: &A
     let (d, group) = (spec.head_dim as usize, spec.group() as usize);
     let n = c.start_pos as usize + i as usize + 1;
     let scale = spec.q_scale();
-    for (h, (q, o)) in q_row.chunks_exact(d).zip(out.chunks_exact_mut(d)).enumerate() {
+    // Heads in parallel: one long-context row is `n · n_head · head_dim` multiply-adds, too
+    // much for one core; each head's arithmetic is the same in any order.
+    q_row.par_chunks_exact(d).zip(out.par_chunks_exact_mut(d)).enumerate().for_each(|(h, (q, o))| {
         let qs: Vec<f32> = q.iter().map(|x| x * scale).collect();
         attend(&qs, slab, h / group, n, o);
-    }
+    });
 }
 
 /// CPU twin over plain slices: Q `[rows, n_head, head_dim]`, caches `[blocks, block_size, n_kv,

@@ -22,7 +22,7 @@ use super::{
     AttentionIo, AttentionSpec, BatchCounts, BatchPlan, Chunk, DecodeRoute, DeviceBatch, KERNEL, TOLERANCE, cpu, launch, launches,
     physical_row, prefill_tile,
 };
-use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
+use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Launch, PlanError};
 use crate::limits::DeviceLimits;
@@ -227,17 +227,17 @@ pub fn device_bytes(tokens: u64, c: &AttentionCase) -> u64 {
 }
 
 /// The value every cache position of the case holds, regenerated for the twin: the batch's own
-/// rows, or history piece by piece.
-struct Inputs<'a> {
+/// rows, or history piece by piece. Owns its chunks and tables, so the host check can take it.
+struct Inputs {
     spec: AttentionSpec,
-    chunks: &'a [Chunk],
-    tables: &'a [u32],
+    chunks: Vec<Chunk>,
+    tables: Vec<u32>,
     /// First history row of each chunk.
     history_at: Vec<u64>,
 }
 
-impl<'a> Inputs<'a> {
-    fn new(spec: AttentionSpec, chunks: &'a [Chunk], tables: &'a [u32]) -> Inputs<'a> {
+impl Inputs {
+    fn new(spec: AttentionSpec, chunks: Vec<Chunk>, tables: Vec<u32>) -> Inputs {
         let history_at = chunks
             .iter()
             .scan(0u64, |acc, c| {
@@ -283,6 +283,62 @@ impl<'a> Inputs<'a> {
     /// The cache row of every history row, in order: chunk by chunk, positions `0..start_pos`.
     fn history(&self) -> impl Iterator<Item = i64> + '_ {
         self.chunks.iter().flat_map(move |c| (0..c.start_pos).map(move |p| self.row(c, p)))
+    }
+
+    /// What the twin's output of batch row `r` depends on, and nothing else: the model's shape,
+    /// where the row's chunk takes its history and its own rows, and the query's place in it
+    /// (Q row `first_row + i`). Not the cache's geometry or the route: the twin reads no cache.
+    fn twin_key(&self, r: &Row) -> TwinKey {
+        let c = &self.chunks[r.chunk];
+        let s = &self.spec;
+        TwinKey {
+            shape: (s.heads, s.kv_heads, s.head_dim, s.scale.to_bits()),
+            history_at: self.history_at[r.chunk],
+            start_pos: c.start_pos,
+            first_row: c.first_row,
+            i: r.i,
+        }
+    }
+}
+
+/// The inputs a twin output row is a pure function of ([`Inputs::twin_key`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct TwinKey {
+    shape: (u32, u32, u32, u32),
+    history_at: u64,
+    start_pos: u32,
+    first_row: u32,
+    i: u32,
+}
+
+/// Twin output rows computed in this process, shared by the cases that compare the same row of
+/// the same inputs (both decode routes of a layout; the short prompts and continuations whose
+/// first rows every count repeats). Bounded: cleared when it would pass [`TWIN_CACHE_FLOATS`].
+static TWIN_CACHE: std::sync::LazyLock<std::sync::Mutex<TwinCache>> = std::sync::LazyLock::new(Default::default);
+/// 2^27 floats: 512 MiB of host memory at most.
+const TWIN_CACHE_FLOATS: usize = 1 << 27;
+
+#[derive(Default)]
+struct TwinCache {
+    rows: std::collections::HashMap<TwinKey, std::sync::Arc<Vec<f32>>>,
+    floats: usize,
+}
+
+impl TwinCache {
+    fn get(key: &TwinKey) -> Option<std::sync::Arc<Vec<f32>>> {
+        TWIN_CACHE.lock().ok()?.rows.get(key).cloned()
+    }
+
+    fn put(key: TwinKey, row: std::sync::Arc<Vec<f32>>) {
+        let Ok(mut cache) = TWIN_CACHE.lock() else { return };
+        if cache.floats + row.len() > TWIN_CACHE_FLOATS {
+            cache.rows.clear();
+            cache.floats = 0;
+        }
+        cache.floats += row.len();
+        if let Some(old) = cache.rows.insert(key, row) {
+            cache.floats -= old.len();
+        }
     }
 }
 
@@ -370,28 +426,47 @@ fn select_rows(chunks: &[Chunk], tokens: u64, spec: &AttentionSpec, tile_rows: u
     rows
 }
 
-/// Sampled output rows against the twin over regenerated inputs.
-fn compare_outputs(gpu: &Gpu, inputs: &Inputs, rows: &[Row], out: &Guarded) -> Result<RelErr, GpuError> {
+/// The twin's output of every sampled row, over regenerated inputs: rows of every chunk at
+/// once (one slab per chunk, its rows and heads spread over the cores), rows the process has
+/// already computed for the same inputs taken from [`TWIN_CACHE`].
+fn twin_rows(inputs: &Inputs, rows: &[Row]) -> Vec<std::sync::Arc<Vec<f32>>> {
     let (spec, rw) = (&inputs.spec, inputs.spec.row_width() as usize);
+    let groups: Vec<&[Row]> = rows.chunk_by(|a, b| a.chunk == b.chunk).collect();
+    groups
+        .par_iter()
+        .flat_map_iter(|group| {
+            let c = &inputs.chunks[group[0].chunk];
+            let cached: Vec<Option<std::sync::Arc<Vec<f32>>>> = group.iter().map(|r| TwinCache::get(&inputs.twin_key(r))).collect();
+            let n = group.iter().zip(&cached).filter(|(_, k)| k.is_none()).map(|(r, _)| c.start_pos as u64 + r.i as u64 + 1).max();
+            let slab = n.map(|n| inputs.slab(group[0].chunk, n));
+            let want: Vec<std::sync::Arc<Vec<f32>>> = group
+                .par_iter()
+                .zip(cached)
+                .map(|(r, cached)| {
+                    cached.unwrap_or_else(|| {
+                        let mut o = vec![0.0f32; rw];
+                        let slab = slab.as_ref().expect("a slab for every row not cached");
+                        cpu::attend_row(&uniform_row(SEED_Q, r.row * rw as u64, rw, Q_AMPLITUDE), slab, c, r.i, spec, &mut o);
+                        let o = std::sync::Arc::new(o);
+                        TwinCache::put(inputs.twin_key(r), o.clone());
+                        o
+                    })
+                })
+                .collect();
+            want
+        })
+        .collect()
+}
+
+/// Sampled output rows (downloaded, in `rows`' order) against the twin.
+fn compare_outputs(inputs: &Inputs, rows: &[Row], got: &[Vec<f32>]) -> RelErr {
+    let rw = inputs.spec.row_width() as usize;
+    let want = twin_rows(inputs, rows);
     let mut err = RelErr::default();
-    for group in rows.chunk_by(|a, b| a.chunk == b.chunk) {
-        let c = &inputs.chunks[group[0].chunk];
-        let n = group.iter().map(|r| c.start_pos as u64 + r.i as u64 + 1).max().unwrap_or(1);
-        let slab = inputs.slab(group[0].chunk, n);
-        let want: Vec<Vec<f32>> = group
-            .par_iter()
-            .map(|r| {
-                let mut o = vec![0.0f32; rw];
-                cpu::attend_row(&uniform_row(SEED_Q, r.row * rw as u64, rw, Q_AMPLITUDE), &slab, c, r.i, spec, &mut o);
-                o
-            })
-            .collect();
-        for (r, want) in group.iter().zip(&want) {
-            let at = r.row as usize * rw;
-            err.add_slice(at as u64, &out.read_f32(gpu, at, rw)?, want);
-        }
+    for ((r, got), want) in rows.iter().zip(got).zip(&want) {
+        err.add_slice(r.row * rw as u64, got, want);
     }
-    Ok(err)
+    err
 }
 
 /// Cache words of sampled batch rows that differ from kv_store's twin (K and V).
@@ -418,12 +493,18 @@ fn compare_stored(gpu: &Gpu, inputs: &Inputs, rows: &[Row], kc: &CudaSlice<u16>,
 /// Self-test: history and batch K/V stored, Q from a seed, O poisoned; attention timed; every
 /// output written, nothing past the end, sampled rows against the twin, stored rows bit for bit.
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &AttentionCase) -> Result<Outcome, GpuError> {
+    stage_case(gpu, tokens, c).map(Staged::finish)
+}
+
+/// [`run_case`]'s GPU half: everything up to the sampled output rows downloaded (the stored rows
+/// are compared here, a few words each); the twin of the sampled rows is the host check.
+pub fn stage_case(gpu: &Gpu, tokens: u64, c: &AttentionCase) -> Result<Staged, GpuError> {
     let (spec, parts) = c.spec(tokens)?;
     let (chunks, tables) = c.batch(&parts);
     let plan = BatchPlan::new(&chunks, &tables, tokens, &spec, c.route)?;
     plan.launches(gpu.limits())?; // a bad shape is refused before anything is allocated
     kv_store::plan(tokens, &spec, gpu.limits())?;
-    let inputs = Inputs::new(spec, &chunks, &tables);
+    let inputs = Inputs::new(spec, chunks, tables);
     let cache = spec.cache_elems() as usize;
     let (mut kc, mut vc) = (gpu.alloc::<u16>(cache)?, gpu.alloc::<u16>(cache)?);
     store_history(gpu, &inputs, &mut kc, &mut vc)?;
@@ -447,15 +528,19 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &AttentionCase) -> Result<Outcome, Gp
     gpu.synchronize()?;
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
     let (unwritten, past_end) = out.check(gpu, 1)?;
-    let rows = select_rows(&chunks, tokens, &spec, c.tile_rows());
+    let rows = select_rows(&inputs.chunks, tokens, &spec, c.tile_rows());
     let stored = compare_stored(gpu, &inputs, &rows, &kc, &vc)?;
-    let err = compare_outputs(gpu, &inputs, &rows, &out)?;
-    let mut check = Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms);
-    if stored > 0 {
-        check.int_mismatches += stored;
-        check.note = format!("{stored} stored cache words differ from kv_store's twin; {}", check.note);
-    }
-    Ok(Outcome::Ran(check))
+    let rw = spec.row_width() as usize;
+    let got = rows.iter().map(|r| out.read_f32(gpu, r.row as usize * rw, rw)).collect::<Result<Vec<_>, _>>()?;
+    Ok(Staged::Check(Box::new(move || {
+        let err = compare_outputs(&inputs, &rows, &got);
+        let mut check = Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms);
+        if stored > 0 {
+            check.int_mismatches += stored;
+            check.note = format!("{stored} stored cache words differ from kv_store's twin; {}", check.note);
+        }
+        Outcome::Ran(check)
+    })))
 }
 
 /// The self-test's handle on this family (registered in `selftest::case`).
@@ -466,6 +551,10 @@ impl KernelFamily for Family {
 
     fn run(gpu: &Gpu, tokens: u64, c: &AttentionCase) -> Result<Outcome, GpuError> {
         run_case(gpu, tokens, c)
+    }
+
+    fn stage(gpu: &Gpu, tokens: u64, c: &AttentionCase) -> Result<Staged, GpuError> {
+        stage_case(gpu, tokens, c)
     }
 
     fn plans(tokens: u64, c: &AttentionCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
@@ -535,7 +624,7 @@ mod tests {
         let tokens = 40;
         let (spec, parts) = c.spec(tokens).unwrap();
         let (chunks, tables) = c.batch(&parts);
-        let inputs = Inputs::new(spec, &chunks, &tables);
+        let inputs = Inputs::new(spec, chunks.clone(), tables.clone());
         let w = spec.kv_width() as usize;
         let (mut kc, mut vc) = (vec![half::f16::ZERO; spec.cache_elems() as usize], vec![half::f16::ZERO; spec.cache_elems() as usize]);
         for (ci, ch) in chunks.iter().enumerate() {
