@@ -128,7 +128,10 @@ fn otlp_receives_genai_metrics_and_request_spans_with_chunk_children_and_metrics
     let messages = json!([{"role": "user", "content": "Tell me about paged attention and prefix caches in a few words, please."}]);
     let prompt_tokens = chat_prompt_tokens(&messages) as i64;
     assert!(prompt_tokens > 32, "{prompt_tokens} tokens: too short for several chunks");
-    let r = post(server.addr, "/v1/chat/completions", &json!({"model": "tiny", "messages": messages, "max_tokens": 6, "temperature": 0}));
+    // As a gateway sends it: the request's span is the child of the gateway's attempt span.
+    let body = json!({"model": "tiny", "messages": messages, "max_tokens": 6, "temperature": 0});
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let r = request(server.addr, "POST", "/v1/chat/completions", &[("traceparent", traceparent)], &body.to_string());
     assert_eq!(r.status, 200, "{}", r.body);
     let output_tokens = r.json()["usage"]["completion_tokens"].as_i64().unwrap();
     let r = post(server.addr, "/v1/completions", &json!({"model": "tiny", "prompt": "Once upon a time", "max_tokens": 3}));
@@ -226,6 +229,12 @@ fn otlp_receives_genai_metrics_and_request_spans_with_chunk_children_and_metrics
     let spans: Vec<&Span> = got.traces.iter().flat_map(|t| &t.resource_spans).flat_map(|r| &r.scope_spans).flat_map(|s| &s.spans).collect();
     let request = spans.iter().find(|s| s.name == "chat tiny").unwrap_or_else(|| panic!("no request span in {spans:?}"));
     assert_eq!(request.kind, SpanKind::Server as i32);
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    assert_eq!(
+        (hex(&request.trace_id), hex(&request.parent_span_id)),
+        ("4bf92f3577b34da6a3ce929d0e0e4736".to_string(), "00f067aa0ba902b7".to_string()),
+        "the request's span continues the traceparent it came with"
+    );
     assert_eq!(str_attr(&request.attributes, "gen_ai.operation.name"), "chat");
     assert_eq!(str_attr(&request.attributes, "gen_ai.request.model"), "tiny");
     assert!(str_attr(&request.attributes, "gen_ai.response.id").starts_with("chatcmpl-"));
@@ -248,7 +257,8 @@ fn otlp_receives_genai_metrics_and_request_spans_with_chunk_children_and_metrics
     }
     assert_eq!(next, prompt_tokens);
     eprintln!("OTLP: {} metric exports, {} spans ({} chunks of the chat request)", got.metrics.len(), spans.len(), chunks.len());
-    assert!(spans.iter().any(|s| s.name == "text_completion tiny"));
+    let completion = spans.iter().find(|s| s.name == "text_completion tiny").expect("the completion's span");
+    assert!(completion.parent_span_id.is_empty(), "without a traceparent, a trace of its own");
 }
 
 /// A real Prometheus (`scripts/prom-check`) scrapes the server and finds the series with their

@@ -252,7 +252,8 @@ async fn run_request(s: &Arc<AppState>, api: Api, headers: &HeaderMap, body: Bod
         },
         model: req.model.clone(),
     };
-    let mut sub = submit(s, loaded, &req, &id, &gen_ai)?;
+    let trace_parent = super::telemetry::trace_parent(headers);
+    let mut sub = submit(s, loaded, &req, &id, &gen_ai, trace_parent)?;
     // The first event decides the status: a refusal (full queue, quarantine) is an HTTP error,
     // not a stream that fails; once admitted, a stream starts and a later failure (a stall) is
     // the API's error event.
@@ -302,7 +303,14 @@ pub fn prompt_tokens(loaded: &Loaded, prompt: &Prompt) -> Result<Vec<u32>, ApiEr
     }
 }
 
-fn submit(s: &AppState, loaded: &Loaded, req: &GenerateRequest, request_id: &str, gen_ai: &GenAiLabels) -> Result<Submitted, Failure> {
+fn submit(
+    s: &AppState,
+    loaded: &Loaded,
+    req: &GenerateRequest,
+    request_id: &str,
+    gen_ai: &GenAiLabels,
+    trace_parent: Option<opentelemetry::trace::SpanContext>,
+) -> Result<Submitted, Failure> {
     let prompt = prompt_tokens(loaded, &req.prompt).map_err(fail)?;
     if prompt.is_empty() {
         return Err(fail(ApiError::invalid("prompt", "the prompt has no tokens")));
@@ -330,6 +338,7 @@ fn submit(s: &AppState, loaded: &Loaded, req: &GenerateRequest, request_id: &str
             index,
             request_id: request_id.to_string(),
             gen_ai: gen_ai.clone(),
+            trace_parent: trace_parent.clone(),
             events: tx.clone(),
             cancel,
             stream: req.stream,

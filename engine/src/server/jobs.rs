@@ -33,6 +33,9 @@ pub struct Job {
     pub request_id: String,
     /// The operation and the model the request named, for its metrics and span.
     pub gen_ai: GenAiLabels,
+    /// The W3C trace context the request came with (`traceparent`, from a gateway's attempt
+    /// span, say): the request's span is its child.
+    pub trace_parent: Option<opentelemetry::trace::SpanContext>,
     pub events: UnboundedSender<(usize, Event)>,
     /// Set by the handler when it ended the choice itself (a stop string): the supervisor cancels it.
     pub cancel: Arc<AtomicBool>,

@@ -445,7 +445,7 @@ impl Supervisor {
             Ok(_) => {
                 self.hb.prompt_tokens.fetch_add(prompt_len as u64, Ordering::Relaxed);
                 let _ = job.events.send((job.index, Event::Admitted));
-                let trace = self.hb.telemetry.start_request(&job.gen_ai, &job.request_id, prompt_len);
+                let trace = self.hb.telemetry.start_request(&job.gen_ai, &job.request_id, prompt_len, job.trace_parent.as_ref());
                 let active = Active {
                     sampling: job.sampling,
                     stop_tokens: job.stop_tokens,

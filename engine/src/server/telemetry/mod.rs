@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer as _};
+use opentelemetry::trace::{SpanContext, SpanKind, Status, TraceContextExt, Tracer as _};
 use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
 
 use crate::model::KernelLaunchFailure;
@@ -97,6 +97,24 @@ impl GenAiLabels {
 /// The OTel attribute form of a Prometheus label set (`gen_ai_request_model` → `gen_ai.request.model`).
 pub fn attributes(labels: &Labels) -> Vec<KeyValue> {
     labels.iter().map(|(k, v)| KeyValue::new(k.replace('_', ".").replace("gen.ai.", "gen_ai."), v.clone())).collect()
+}
+
+/// The W3C trace context a request came with (`traceparent`, and `tracestate`), when valid: its
+/// span's parent. A gateway sends its attempt's span here.
+pub fn trace_parent(headers: &axum::http::HeaderMap) -> Option<SpanContext> {
+    use opentelemetry::propagation::{Extractor, TextMapPropagator};
+    struct Headers<'a>(&'a axum::http::HeaderMap);
+    impl Extractor for Headers<'_> {
+        fn get(&self, key: &str) -> Option<&str> {
+            self.0.get(key).and_then(|v| v.to_str().ok())
+        }
+        fn keys(&self) -> Vec<&str> {
+            self.0.keys().map(|k| k.as_str()).collect()
+        }
+    }
+    let cx = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&Headers(headers));
+    let parent = cx.span().span_context().clone();
+    parent.is_valid().then_some(parent)
 }
 
 /// How a request ended, for its metrics and span.
@@ -234,9 +252,17 @@ impl Telemetry {
         self.otel.get()?.histograms.as_ref()
     }
 
-    /// A request (one choice) was admitted: its span starts.
-    pub fn start_request(&self, labels: &GenAiLabels, request_id: &str, prompt_tokens: usize) -> RequestTrace {
+    /// A request (one choice) was admitted: its span starts, a child of `parent` (the trace
+    /// context the request came with) when there is one.
+    pub fn start_request(
+        &self,
+        labels: &GenAiLabels,
+        request_id: &str,
+        prompt_tokens: usize,
+        parent: Option<&SpanContext>,
+    ) -> RequestTrace {
         let Some(tracer) = self.tracer() else { return RequestTrace(None) };
+        let parent = parent.map_or_else(Context::new, |p| Context::new().with_remote_span_context(p.clone()));
         let span = tracer
             .span_builder(format!("{} {}", labels.operation, labels.model))
             .with_kind(SpanKind::Server)
@@ -246,8 +272,8 @@ impl Telemetry {
                 KeyValue::new("gen_ai.response.id", request_id.to_string()),
                 KeyValue::new("gen_ai.usage.input_tokens", prompt_tokens as i64),
             ])
-            .start(tracer);
-        RequestTrace(Some(Context::new().with_span(span)))
+            .start_with_context(tracer, &parent);
+        RequestTrace(Some(parent.with_span(span)))
     }
 
     /// A prefill chunk of `trace`'s request goes into step `step`.
@@ -425,7 +451,7 @@ mod tests {
             decode_time: Duration::from_millis(60),
             finish_reason: "length",
         };
-        t.finish_request(&labels, t.start_request(&labels, "cmpl-1", 100), &end);
+        t.finish_request(&labels, t.start_request(&labels, "cmpl-1", 100, None), &end);
         assert_eq!(t.ttft.snapshot()[0].1.count, 1);
         assert_eq!(t.duration.snapshot()[0].1.count, 1);
         let tpot = t.tpot.snapshot();
@@ -434,5 +460,26 @@ mod tests {
         assert_eq!(tokens.len(), 2);
         assert_eq!(tokens.iter().map(|(l, s)| (l[2].1.as_str(), s.sum)).collect::<Vec<_>>(), [("input", 100.0), ("output", 3.0)]);
         assert_eq!(t.cached_prompt_tokens.load(Ordering::Relaxed), 64);
+    }
+
+    #[test]
+    fn a_valid_traceparent_is_the_parent() {
+        let mut headers = axum::http::HeaderMap::new();
+        assert_eq!(trace_parent(&headers), None);
+        headers.insert("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".parse().unwrap());
+        let p = trace_parent(&headers).expect("a parent");
+        assert_eq!(
+            (format!("{:032x}", p.trace_id()), format!("{:016x}", p.span_id())),
+            ("4bf92f3577b34da6a3ce929d0e0e4736".into(), "00f067aa0ba902b7".into())
+        );
+        assert!(p.is_remote() && p.is_sampled());
+        for bad in [
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "garbage",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+        ] {
+            headers.insert("traceparent", bad.parse().unwrap());
+            assert_eq!(trace_parent(&headers), None, "{bad}");
+        }
     }
 }
