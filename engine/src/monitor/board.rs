@@ -71,7 +71,7 @@ impl Op {
             Op::QkvProj | Op::AttnOut => "quantize_q8_1, dense gemm/gemv",
             Op::Rope => "rope",
             Op::Attention => "kv_store, attn_prefill / attn_decode + attn_decode_combine",
-            Op::Moe => "router, moe_align, quantize_q8_1, moe_gemm / moe_gemv, swiglu, moe_combine",
+            Op::Moe => "router, moe_align, quantize_q8_1, moe_gemm + swiglu + moe_combine / moe_gemv_swiglu_q8_1 + moe_gemv_combine",
             Op::Logits => "output_head",
             Op::Idle | Op::Loading | Op::Step | Op::DeviceWait => "",
         }

@@ -2,11 +2,15 @@
 //!
 //! ```text
 //! x [T, H] ─quantize─▶ xq ─dense (router)─▶ logits [T, E] ─router_topk─▶ ids, weights [T·k]
-//! small T (GEMV):  xq ─moe_gemv─▶ gate, up [T·k, F] ─swiglu_q8_1─▶ act_q ─moe_gemv─▶ down [T·k, H]
+//! small T (GEMV):  xq ─moe_gemv_swiglu_q8_1─▶ act_q [T·k, F/32] ─moe_gemv_combine (weights)─▶ out [T, H]
 //! large T (GEMM):  ids ─moe_align─▶ sorted rows; x ─quantize(gather)─▶ A ─moe_gemm─▶ gate, up
 //!                  ─swiglu_q8_1(gather)─▶ act_q ─moe_gemm─▶ down [T·k, H]
-//! down, weights ─moe_combine─▶ out [T, H]
+//!                  down, weights ─moe_combine─▶ out [T, H]
 //! ```
+//!
+//! The GEMV path's two fused kernels give the bytes of the unfused chain (`moe_gemv` gate and up,
+//! `swiglu_q8_1`, `moe_gemv` down, `moe_combine`) bit for bit; the chain still runs where gate and
+//! up differ in weight format (one fused launch reads both with one format).
 //!
 //! The router's F32 matrix runs through `dense_f32`, a quantized one through the dense q8_1
 //! kernels (see `weights`).
@@ -17,6 +21,7 @@ use brink_kernels::ops::moe_align::{self, AlignedDevice};
 use brink_kernels::ops::moe_combine::{self, CombineCase};
 use brink_kernels::ops::moe_gemm::{self, DEFAULT_TILE, GemmBuffers, GemmCase};
 use brink_kernels::ops::moe_gemv::{self, GemvBuffers, GemvDims};
+use brink_kernels::ops::moe_gemv_fused::{self, CombineBuffers, FfnDims, GateUpBuffers};
 use brink_kernels::ops::quantize::{self, Source};
 use brink_kernels::ops::router::{self, RouterSpec, Scoring};
 use brink_kernels::quant::WeightType;
@@ -156,7 +161,8 @@ pub(crate) fn moe(
     let path = routed_path(d.tokens);
     route(gpu, s, x, w.router, &d, spec.norm_top_k, path)?;
     match path {
-        RoutedPath::Gemv => experts_gemv(gpu, s, &d, [&gate, &up, &down])?,
+        // The down GEMV's epilogue is the combine: it writes `out` itself.
+        RoutedPath::Gemv => return experts_gemv(gpu, s, &d, [&gate, &up, &down], out),
         RoutedPath::Gemm => {
             let (t, k, e, tile) = (d.tokens as u64, d.top_k as u32, d.experts as u32, DEFAULT_TILE.m);
             let aligned = match s.aligned.take() {
@@ -212,25 +218,50 @@ fn ensure_ffn(gpu: &Gpu, s: &mut MoeScratch, d: &Dims, act_q_bytes: usize) -> Re
     s.act_q.ensure(gpu, act_q_bytes)
 }
 
-/// Per (token, slot) pair GEMVs: gate and up read the token's q8_1 row, down the pair's.
-fn experts_gemv(gpu: &Gpu, s: &mut MoeScratch, d: &Dims, [gate, up, down]: [&Experts<'_>; 3]) -> Result<(), BackendError> {
-    ensure_ffn(gpu, s, d, q8_1_bytes(d.pairs(), d.ffn)).map_err(gate.failed("GEMV"))?;
-    let dims = |e: &Experts<'_>, top_k: usize, n: usize, k: usize| GemvDims {
+/// Per (token, slot) pair GEMVs in two launches: gate and up with SwiGLU and q8_1 in the
+/// epilogue (`moe_gemv_swiglu_q8_1`, reading the token's q8_1 row) into `act_q`, then down with
+/// the router-weighted sum over the slots in the epilogue (`moe_gemv_combine`, reading the pairs'
+/// rows) into `out`. Only `act_q` is scratch (grown once, so nothing allocates inside a captured
+/// step); gate and up of different formats take the unfused gate/up chain.
+fn experts_gemv(
+    gpu: &Gpu,
+    s: &mut MoeScratch,
+    d: &Dims,
+    [gate, up, down]: [&Experts<'_>; 3],
+    out: &mut CudaAct,
+) -> Result<(), BackendError> {
+    let ffn = |wtype: WeightType| FfnDims {
         experts: d.experts as u32,
-        top_k: top_k as u32,
-        n: n as u32,
-        k: k as u32,
-        wtype: e.wtype,
+        top_k: d.top_k as u32,
+        hidden: d.hidden as u32,
+        ffn: d.ffn as u32,
+        wtype,
     };
     let t = d.tokens as u64;
-    for (e, y) in [(gate, &mut s.gate), (up, &mut s.up)] {
-        let bufs = GemvBuffers { w: e.bytes, xq: &*s.xq, ids: &s.ids, y: &mut **y };
-        moe_gemv::launch(gpu, t, &dims(e, d.top_k, d.ffn, d.hidden), bufs).map_err(e.failed("GEMV"))?;
+    s.act_q.ensure(gpu, q8_1_bytes(d.pairs(), d.ffn)).map_err(gate.failed("GEMV"))?;
+    if gate.wtype == up.wtype {
+        let bufs = GateUpBuffers { w_gate: gate.bytes, w_up: up.bytes, xq: &*s.xq, ids: &s.ids, out: &mut *s.act_q };
+        moe_gemv_fused::launch_gate_up(gpu, t, &ffn(gate.wtype), bufs).map_err(gate.failed("GEMV+SwiGLU"))?;
+    } else {
+        gate_up_unfused(gpu, s, d, [gate, up])?;
     }
-    swiglu_q8_1(gpu, s, d, Source::Dense, d.pairs() as u64)?;
-    // The down projection's rows are pairs already: a GEMV over T·k "tokens" of one slot each.
-    let bufs = GemvBuffers { w: down.bytes, xq: &*s.act_q, ids: &s.ids, y: &mut *s.down };
-    moe_gemv::launch(gpu, d.pairs() as u64, &dims(down, 1, d.hidden, d.ffn), bufs).map_err(down.failed("GEMV"))
+    let bufs = CombineBuffers { w_down: down.bytes, act: &*s.act_q, ids: &s.ids, weights: &s.weights, out: &mut out.buf };
+    moe_gemv_fused::launch_combine(gpu, t, &ffn(down.wtype), bufs).map_err(down.failed("GEMV+combine"))
+}
+
+/// gate and up as two `moe_gemv`s, then `swiglu_q8_1` into `act_q` (pair order): the chain the
+/// fused kernel replaces, for gate and up of different weight formats.
+fn gate_up_unfused(gpu: &Gpu, s: &mut MoeScratch, d: &Dims, [gate, up]: [&Experts<'_>; 2]) -> Result<(), BackendError> {
+    for g in [&mut s.gate, &mut s.up] {
+        g.ensure(gpu, d.pairs() * d.ffn).map_err(gate.failed("GEMV"))?;
+    }
+    let t = d.tokens as u64;
+    for (e, y) in [(gate, &mut s.gate), (up, &mut s.up)] {
+        let dims = GemvDims { experts: d.experts as u32, top_k: d.top_k as u32, n: d.ffn as u32, k: d.hidden as u32, wtype: e.wtype };
+        let bufs = GemvBuffers { w: e.bytes, xq: &*s.xq, ids: &s.ids, y: &mut **y };
+        moe_gemv::launch(gpu, t, &dims, bufs).map_err(e.failed("GEMV"))?;
+    }
+    swiglu_q8_1(gpu, s, d, Source::Dense, d.pairs() as u64)
 }
 
 /// Tiled GEMMs over the rows sorted by expert: x gathered per (token, slot) for gate and up,
