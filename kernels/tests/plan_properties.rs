@@ -52,6 +52,7 @@ fn plan_key(p: &OpCase) -> String {
         OpCase::RmsNorm(c) => format!("rmsnorm w{} r{}", c.width, c.rows_per_token),
         OpCase::RmsNormQ8_1(c) => format!("rmsnorm_q8_1 w{} r{}", c.width, c.rows_per_token),
         OpCase::Rope(c) => format!("rope h{} d{}", c.heads, c.head_dim),
+        OpCase::NormRope(c) => format!("norm_rope h{} d{}", c.heads, c.head_dim),
         OpCase::OutputHead(c) => format!("head h{} v{} {} s{:?}", c.hidden, c.vocab, c.wtype, c.sequences),
         OpCase::Sampling(c) => format!("sampling v{}", c.vocab),
         OpCase::Attention(c) => {

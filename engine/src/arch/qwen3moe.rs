@@ -171,12 +171,10 @@ impl<B: Backend> Loaded<B> for Qwen3Moe<B> {
             b.mark(layer, Op::AttnNorm)?;
             let h = b.rms_norm(&x, &l.attn_norm, c.norm_eps)?;
             b.mark(layer, Op::QkvProj)?;
-            let [mut q, mut k, v] = b.linear_each(&h, [&l.q, &l.k, &l.v])?;
+            let [q, k, v] = b.linear_each(&h, [&l.q, &l.k, &l.v])?;
             b.mark(layer, Op::Rope)?;
-            q = b.rms_norm(&q, &l.q_norm, c.norm_eps)?;
-            b.rope(&mut q, a.head_dim, a.rope_theta)?;
-            k = b.rms_norm(&k, &l.k_norm, c.norm_eps)?;
-            b.rope(&mut k, a.head_dim, a.rope_theta)?;
+            let q = b.norm_rope(&q, &l.q_norm, c.norm_eps, a.head_dim, a.rope_theta)?;
+            let k = b.norm_rope(&k, &l.k_norm, c.norm_eps, a.head_dim, a.rope_theta)?;
             let spec = AttentionSpec { layer: i, heads: a.heads, kv_heads: a.kv_heads, head_dim: a.head_dim, scale: a.scale() };
             b.mark(layer, Op::Attention)?;
             let attn = b.attention(&q, &k, &v, &spec)?;

@@ -148,6 +148,13 @@ pub trait Backend {
     }
     /// NEOX rotary embedding of each `head_dim` group of `x` at the batch's positions.
     fn rope(&mut self, x: &mut Self::Act, head_dim: usize, theta: f32) -> Result<()>;
+    /// `rope(rms_norm(x, w, eps))` over each `head_dim` group (Qwen3's per-head Q/K norm, then
+    /// the rotation): the values those two ops give, which a backend may compute in one pass.
+    fn norm_rope(&mut self, x: &Self::Act, w: &Self::Weight, eps: f32, head_dim: usize, theta: f32) -> Result<Self::Act> {
+        let mut y = self.rms_norm(x, w, eps)?;
+        self.rope(&mut y, head_dim, theta)?;
+        Ok(y)
+    }
     /// Stores the batch's K and V at their positions' cache rows (through the chunks' block
     /// tables), then causal attention of Q over each sequence's positions.
     fn attention(&mut self, q: &Self::Act, k: &Self::Act, v: &Self::Act, spec: &AttentionSpec) -> Result<Self::Act>;

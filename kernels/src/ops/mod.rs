@@ -18,6 +18,7 @@ pub mod moe_combine;
 pub mod moe_gemm;
 pub mod moe_gemv;
 pub mod moe_gemv_fused;
+pub mod norm_rope;
 pub mod output_head;
 pub mod qkv;
 pub mod quantize;

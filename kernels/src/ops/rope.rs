@@ -141,6 +141,11 @@ impl RopeTable {
     pub fn spec(&self) -> RopeSpec {
         self.spec
     }
+
+    /// The `head_dim / 2` frequencies on the device (the fused norm + RoPE reads them too).
+    pub(crate) fn freqs(&self) -> &CudaSlice<f32> {
+        &self.freqs
+    }
 }
 
 /// `(sin, cos)` of the f32 angle `pos · freq`, rounded from f64.
@@ -253,7 +258,7 @@ const MAX_START: u64 = 40_960;
 /// Positions of the self-test batch: `sequences` sequences (fewer if there are fewer tokens)
 /// of equal length, the remainder in the last; positions restart in each, the first at 0, the
 /// others at a pseudo-random offset below [`MAX_START`] (a sequence resuming with context).
-fn test_positions(tokens: u64, sequences: u32) -> Vec<i32> {
+pub(crate) fn test_positions(tokens: u64, sequences: u32) -> Vec<i32> {
     let seqs = (sequences as u64).clamp(1, tokens);
     let len = tokens / seqs;
     (0..tokens)

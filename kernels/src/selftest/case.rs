@@ -87,6 +87,8 @@ families! {
     /// The hidden norm that also writes its q8_1 quantization (decode's quantize launches skipped).
     RmsNormQ8_1 => ops::rmsnorm_q8_1::Family,
     Rope => ops::rope::Family,
+    /// Qwen3's per-head Q/K norm fused with NEOX RoPE (one launch per tensor instead of two).
+    NormRope => ops::norm_rope::Family,
     OutputHead => ops::output_head::Family,
     Sampling => ops::sampling::Family,
     Attention => ops::attention::Family,

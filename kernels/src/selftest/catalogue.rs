@@ -18,6 +18,7 @@ use crate::ops::moe_combine::CombineCase;
 use crate::ops::moe_gemm::GemmCase;
 use crate::ops::moe_gemv::GemvCase;
 use crate::ops::moe_gemv_fused::{FfnDims, FusedCase};
+use crate::ops::norm_rope::NormRopeCase;
 use crate::ops::output_head::HeadCase;
 use crate::ops::qkv::QkvCase;
 use crate::ops::quantize::QuantizeCase;
@@ -27,8 +28,8 @@ use crate::ops::router::{RouterCase, Scoring};
 use crate::ops::sampling::SamplingCase;
 use crate::ops::swiglu::{self as swiglu_op, Output, SwigluCase};
 use crate::ops::{
-    add, dense_f32, embed, latent_proj, linear, moe_align, moe_combine, moe_gemm, moe_gemv, moe_gemv_fused, output_head, qkv, quantize,
-    rmsnorm, rmsnorm_q8_1, rope, router, sampling, swiglu,
+    add, dense_f32, embed, latent_proj, linear, moe_align, moe_combine, moe_gemm, moe_gemv, moe_gemv_fused, norm_rope, output_head, qkv,
+    quantize, rmsnorm, rmsnorm_q8_1, rope, router, sampling, swiglu,
 };
 use crate::quant::WeightType;
 use crate::routing::Routing;
@@ -316,6 +317,13 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
         b.family(rope::KERNEL, &format!("{tag}/seq4"), with(rope::critical_counts(&c, limits)), OpCase::Rope(c), |t| {
             rope::device_bytes(t, &c)
         });
+    }
+    // The per-head Q/K norm fused with RoPE, on Q and on K (each case also runs rmsnorm and rope
+    // and must match them bit for bit).
+    for (tag, heads) in [("q", a.heads), ("k", a.kv_heads)] {
+        let c = NormRopeCase { heads, head_dim: a.head_dim, eps: a.norm_eps, theta: a.rope_theta, sequences: 4 };
+        let counts = with(norm_rope::critical_counts(&c, limits));
+        b.family(norm_rope::KERNEL, &format!("{tag}/seq4"), counts, OpCase::NormRope(c), |t| norm_rope::device_bytes(t, &c));
     }
 
     // Output head: full logits [T, vocab] (the parity tests; at vocab 151,936 they pass 2^31

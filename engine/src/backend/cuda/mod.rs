@@ -423,6 +423,20 @@ impl Backend for CudaBackend {
         pointwise::rope(&self.gpu, &self.batch, &mut self.ropes, x, head_dim, theta)
     }
 
+    fn norm_rope(&mut self, x: &CudaAct, w: &CudaWeight, eps: f32, head_dim: usize, theta: f32) -> Result<CudaAct> {
+        let mut out = self.act(x.rows(), x.width())?;
+        if x.is_empty() || self.graphs.replaying() {
+            return Ok(out);
+        }
+        if pointwise::norm_rope(&self.gpu, &self.batch, &mut self.ropes, x, w, (eps, head_dim, theta), &mut out)? {
+            return Ok(out);
+        }
+        drop(out);
+        let mut y = self.rms_norm(x, w, eps)?;
+        self.rope(&mut y, head_dim, theta)?;
+        Ok(y)
+    }
+
     fn attention(&mut self, q: &CudaAct, k: &CudaAct, v: &CudaAct, spec: &AttentionSpec) -> Result<CudaAct> {
         let mut out = self.act(q.rows(), q.width())?;
         if self.graphs.replaying() {

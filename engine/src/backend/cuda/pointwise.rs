@@ -2,6 +2,7 @@
 
 use brink_kernels::cuda::{Gpu, GpuError};
 use brink_kernels::ops::rmsnorm::{self, RmsNormCase};
+use brink_kernels::ops::norm_rope::{self, NormRopeCase};
 use brink_kernels::ops::rmsnorm_q8_1;
 use brink_kernels::quant::QK;
 use brink_kernels::ops::rope::{self, RopeSpec, RopeTable};
@@ -89,6 +90,40 @@ pub(crate) fn rope(
     let positions = batch.positions.slice(0..rows);
     rope::launch(gpu, rows as u64, heads as u32, t, &positions, &mut x.view_mut())
         .map_err(|e| gpu_fail(format_args!("rope (head_dim {head_dim}, theta {theta})"), &e))
+}
+
+/// `out = rope(rms_norm(x))` over each `head_dim` group of `x` (the per-head Q/K norm and the
+/// rotation) in one launch (`rmsnorm_rope_neox`), bit for bit [`rms_norm`] then [`rope`];
+/// `Ok(false)` (nothing launched) for a shape that kernel does not take (a head wider than a
+/// warp's row), which the caller then runs as the two ops.
+pub(crate) fn norm_rope(
+    gpu: &Gpu,
+    batch: &BatchState,
+    tables: &mut Vec<RopeTable>,
+    x: &CudaAct,
+    w: &CudaWeight,
+    (eps, head_dim, theta): (f32, usize, f32),
+    out: &mut CudaAct,
+) -> Result<bool, BackendError> {
+    let WeightData::F32(scale) = &w.data else { return Ok(false) };
+    if w.row_len() != head_dim || !x.width().is_multiple_of(head_dim.max(1)) || head_dim > rmsnorm::WARP_ROW_MAX as usize {
+        return Ok(false);
+    }
+    let rows = batch.require("norm_rope")?;
+    let what = |e: String| fail(format!("norm_rope by {} (head_dim {head_dim}, theta {theta}): {e}", w.name()));
+    if x.rows() != rows {
+        return Err(what(format!("{} rows, the batch has {rows} positions", x.rows())));
+    }
+    let heads = norm_groups(x.width(), head_dim).map_err(what)?;
+    let c = NormRopeCase { heads: heads as u32, head_dim: head_dim as u32, eps, theta, sequences: 1 };
+    if norm_rope::plan(rows as u64, &c, gpu.limits()).is_err() {
+        return Ok(false);
+    }
+    let t = table(gpu, tables, RopeSpec { head_dim: head_dim as u32, theta }).map_err(what)?;
+    let positions = batch.positions.slice(0..rows);
+    norm_rope::launch(gpu, rows as u64, &c, t, &positions, &scale.as_view(), &x.view(), &mut out.view_mut())
+        .map_err(|e| gpu_fail(format_args!("norm_rope by {} (head_dim {head_dim}, theta {theta})", w.name()), &e))?;
+    Ok(true)
 }
 
 /// `x += y` (the residual connections).
