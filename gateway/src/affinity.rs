@@ -23,10 +23,11 @@ impl Homes {
 
     pub fn set_home(&self, model: &str, key: u64, upstream: &str) {
         let mut homes = self.homes.lock().unwrap_or_else(|p| p.into_inner());
-        if homes.len() >= MAX_HOMES && !homes.contains_key(&(model.to_string(), key)) {
-            if let Some(any) = homes.keys().next().cloned() {
-                homes.remove(&any);
-            }
+        if homes.len() >= MAX_HOMES
+            && !homes.contains_key(&(model.to_string(), key))
+            && let Some(any) = homes.keys().next().cloned()
+        {
+            homes.remove(&any);
         }
         homes.insert((model.to_string(), key), upstream.to_string());
     }

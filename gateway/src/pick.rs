@@ -345,8 +345,10 @@ mod tests {
         let k1_then_2 = key_where(|k| choice(k, &[0, 1, 2]) == 1 && choice(k, &[0, 2]) == 2);
         let home = |key, home: &'static str| Ask { home: Some(home), ..ask("a", Some(key)) };
         let need = |tokens| Ask { need_tokens: Some(tokens), ..ask("a", None) };
+        /// Name, replicas, the ask, the order wanted, the affinity wanted.
+        type Case<'a> = (&'a str, Vec<R>, Ask<'a>, Vec<usize>, Affinity);
         #[rustfmt::skip]
-        let cases: Vec<(&str, Vec<R>, Ask, Vec<usize>, Affinity)> = vec![
+        let cases: Vec<Case> = vec![
             // Load, without a key.
             ("no key: least load first, the rest by load",
              vec![r().reported(3.0, 0.0), r().reported(1.0, 0.0), r().reported(1.0, 1.0)], ask("a", None), vec![1, 2, 0], NO_KEY),
