@@ -106,6 +106,7 @@ pub fn norm_rope_cpu(x: &[f32], w: &[f32], positions: &[i32], c: &NormRopeCase) 
 
 /// Normalises and rotates `x` into `y` (f32 bits; any element type; `y` may be `x`'s buffer,
 /// see [`launch_in_place`]) at `positions` (`[tokens]`), with `table`'s frequencies.
+#[allow(clippy::too_many_arguments)]
 pub fn launch<Y: DeviceRepr>(
     gpu: &Gpu,
     tokens: u64,
