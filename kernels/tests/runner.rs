@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use brink_api::selftest::CaseResult;
 use brink_kernels::check::{Check, Outcome};
-use brink_kernels::cuda::DeviceInfo;
+use brink_kernels::cuda::{DeviceInfo, LaunchError};
 use brink_kernels::limits::DeviceLimits;
 use brink_kernels::ops::latent_proj::LatentCase;
 use brink_kernels::ops::moe_combine::CombineCase;
@@ -141,16 +141,22 @@ fn a_dead_worker_is_reported_and_replaced() {
 /// A worker script that stages every case (hanging on ids with "hang"), logs each case and
 /// each collection to `log`, and answers a collection with a pass.
 fn staging(log: &std::path::Path, starts: &std::path::Path) -> Runner {
+    staging_with(log, starts, "")
+}
+
+/// [`staging`] with `first` run on each line before it (to answer some cases otherwise).
+fn staging_with(log: &std::path::Path, starts: &std::path::Path, first: &str) -> Runner {
     let id_of = |key: &str| format!("$(echo \"$line\" | sed 's/^{{\"{key}\":\"\\([^\"]*\\)\".*/\\1/')");
     let body = format!(
-        "case \"$line\" in *collect*) id={}; echo \"collect $id\" >> '{log}'; echo \"$(echo '{}' | sed \"s/ID/$id/\")\";; \
+        "{first}{sep}case \"$line\" in *collect*) id={}; echo \"collect $id\" >> '{log}'; echo \"$(echo '{}' | sed \"s/ID/$id/\")\";; \
          *hang*) exec sleep 600;; \
          *) id={}; echo \"case $id\" >> '{log}'; echo \"$(echo '{}' | sed \"s/ID/$id/\")\";; esac",
         id_of("collect"),
         passed("ID"),
         id_of("id"),
         staged("ID"),
-        log = log.display()
+        log = log.display(),
+        sep = if first.is_empty() { "" } else { "; " },
     );
     scripted(&body, starts)
 }
@@ -206,6 +212,35 @@ fn checks_lost_with_a_killed_worker_run_again() {
     assert_eq!(log.lines().filter(|l| *l == "case a").count(), 2, "a ran again: {log}");
     assert_eq!(starts(&st), 2);
     assert!(runner.timing.host_ms == 0.0 && runner.timing.gpu_ms > 0.0);
+}
+
+/// A sticky CUDA error ends the worker with the checks it held: they run again in a fresh
+/// worker, and the next case is not sent to the dead one.
+#[test]
+fn checks_lost_with_a_sticky_error_run_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, st) = (dir.path().join("log"), dir.path().join("starts"));
+    let err = LaunchError {
+        kernel: "k".into(),
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shared_mem: 0,
+        shape: String::new(),
+        phase: "execution".into(),
+        error: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
+        sticky: true,
+    };
+    let line = WorkerMsg::Result { id: "b-sticky".into(), outcome: Outcome::LaunchError(err), wall_ms: 1.0, gpu_ms: None, host_ms: None };
+    let sticky_line = serde_json::to_string(&line).unwrap();
+    // The staging script, with the sticky case answered and the worker exiting after it.
+    let body = format!("case \"$line\" in *sticky*) echo '{sticky_line}'; exit 3;; esac");
+    let mut runner = staging_with(&log, &st, &body);
+    assert!(matches!(runner.start(), Start::Ready { .. }));
+    let cases = vec![case("a", 5_000, Expect::Pass), case("b-sticky", 5_000, Expect::Pass), case("c", 5_000, Expect::Pass)];
+    let results = runner.run_all(&cases, &mut |_, _| {});
+    let got: Vec<CaseResult> = cases.iter().zip(&results).map(|(c, r)| judge(c, r).result).collect();
+    assert_eq!(got, [CaseResult::Passed, CaseResult::Failed, CaseResult::Passed], "{results:?}");
+    assert_eq!(starts(&st), 2);
 }
 
 #[test]

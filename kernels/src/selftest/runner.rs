@@ -128,8 +128,13 @@ impl Runner {
                 Sent::Staged => in_flight.push_back(i),
                 Sent::Final(r) => {
                     let lost = lost_worker(&r);
+                    let sticky = sticky(&r);
                     results[i] = Some(r);
-                    if lost {
+                    if sticky {
+                        // The worker exits after a sticky error, its checks in flight with it.
+                        self.child.stop();
+                    }
+                    if lost || sticky {
                         self.run_again(cases, &mut in_flight, &mut results);
                     }
                 }
@@ -214,6 +219,11 @@ impl Runner {
             Answer::RestartFailed { detail } => Returned::WorkerDied { detail, wall_ms: 0.0 },
         }
     }
+}
+
+/// Whether this result is a sticky CUDA error, after which the worker exits ([`super::worker::EXIT_STICKY`]).
+fn sticky(r: &Returned) -> bool {
+    matches!(r, Returned::Outcome { outcome: Outcome::LaunchError(e), .. } if e.sticky)
 }
 
 /// Whether the worker is gone after this result (killed at a deadline, or dead).
