@@ -34,6 +34,13 @@ pub const LLAMA_RPC_SERVER: &str = "/app/ggml-rpc-server";
 pub const QUALIFICATION_DIR: &str = "/var/run/brink/qualification";
 /// Written by the sidecar once the qualification passed (or passed clamped).
 pub const QUALIFIED_MARKER: &str = "/var/run/brink/qualification/passed";
+/// Where a replica's qualification report lies under the node's state directory `node_dir`
+/// (as the Pod mounts it): where the node's agent reads the reports it publishes
+/// (`brink-agent`'s `qualify::replica::report_path`, which keeps a name's letters, digits, `-`
+/// and `.`: all a Kubernetes name has).
+pub fn replica_report_path(node_dir: &str, namespace: &str, name: &str) -> String {
+    format!("{}/replicas/{namespace}/{name}.json", node_dir.trim_end_matches('/'))
+}
 /// Seconds of pending requests without a token counter moving that the liveness check calls a
 /// stall (the kubelet then restarts the engine).
 pub const STALL_SECONDS: u32 = 120;
@@ -377,8 +384,11 @@ exit 0
 /// connections, qualify it over its HTTP API at the replica's serving limits, and on a pass
 /// (or a pass clamped) mark the Pod qualified and hold; the readiness probe reads the marker.
 /// A failed qualification ends the container: the kubelet restarts it (qualifying again), and
-/// repeated failures are the replica's failed Pod.
-pub fn sidecar_script(port: u16, served_name: &str, serving: &Serving) -> String {
+/// repeated failures are the replica's failed Pod. Pass, clamp or refuse, the verdict is also
+/// written to `replica_report` (under the node's state directory, where brink's own replicas
+/// write theirs): the node's agent publishes it in the `ModelReplica`'s status, and a clamp
+/// becomes the deployment's `Clamped` condition.
+pub fn sidecar_script(port: u16, served_name: &str, serving: &Serving, replica_report: &str) -> String {
     let qualify = [
         s("brink-agent"),
         s("qualify"),
@@ -392,6 +402,8 @@ pub fn sidecar_script(port: u16, served_name: &str, serving: &Serving) -> String
         serving.prefill_chunk.to_string(),
         s("--out"),
         format!("{QUALIFICATION_DIR}/report.json"),
+        s("--replica-report"),
+        s(replica_report),
     ];
     format!(
         "rm -f {QUALIFIED_MARKER}\n\

@@ -21,11 +21,21 @@ pub enum ConditionType {
     Degraded,
     /// Work is pending and no progress is made (the engine's progress heartbeat stopped).
     Stalled,
+    /// A deployment's replica passed its qualification clamped: it serves, but admits only
+    /// prompts shorter than the deployment's context (the message names the replica and the
+    /// admitted token count). Absent while no replica is clamped.
+    Clamped,
 }
 
 impl ConditionType {
-    pub const ALL: [ConditionType; 5] =
-        [ConditionType::Ready, ConditionType::Qualified, ConditionType::Progressing, ConditionType::Degraded, ConditionType::Stalled];
+    pub const ALL: [ConditionType; 6] = [
+        ConditionType::Ready,
+        ConditionType::Qualified,
+        ConditionType::Progressing,
+        ConditionType::Degraded,
+        ConditionType::Stalled,
+        ConditionType::Clamped,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -34,6 +44,7 @@ impl ConditionType {
             ConditionType::Progressing => "Progressing",
             ConditionType::Degraded => "Degraded",
             ConditionType::Stalled => "Stalled",
+            ConditionType::Clamped => "Clamped",
         }
     }
 }
@@ -178,7 +189,7 @@ mod tests {
             let c = condition(*t, ConditionStatus::Unknown, "Pending", "", None, at(i as i64)).unwrap();
             assert!(set_condition(&mut cs, c));
         }
-        assert_eq!(cs.len(), 5);
+        assert_eq!(cs.len(), ConditionType::ALL.len());
         assert!(!is_true(&cs, ConditionType::Stalled), "Unknown is not True");
         assert_eq!(find_condition(&cs, ConditionType::Degraded).map(|c| c.type_.as_str()), Some("Degraded"));
         assert!(find_condition(&[], ConditionType::Ready).is_none());

@@ -30,7 +30,7 @@ pub use model_deployment::{
     RolloutPhase, RolloutStatus, RolloutStrategy, Serving, Spread,
 };
 pub use model_replica::{
-    DownloadProgress, ModelReplica, ModelReplicaSpec, ModelReplicaStatus, PodFailures, ReplicaGang, ReplicaPhase, ReplicaQualification,
+    DownloadProgress, ModelReplica, ModelReplicaSpec, ModelReplicaStatus, PodFailures, ReplicaGang, QualificationMethod, ReplicaPhase, ReplicaQualification,
     StallReport, Throughput,
 };
 pub use regression_sweep::{

@@ -150,6 +150,36 @@ pub struct ReplicaQualification {
     /// the model-level test included).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seconds_to_ready: Option<f64>,
+    /// Which test gave the verdict: `modelTest` (brink's own `serve`, before `/ready`) or
+    /// `blackBox` (another engine's qualification sidecar, `brink-agent qualify --url` over the
+    /// engine's HTTP API). Absent in reports of agents that predate it (`modelTest`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<QualificationMethod>,
+    /// The longest prompt (tokens) the verdict admits: the tested context when it passed,
+    /// under the first failure when it passed clamped; absent when refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admitted_prompt_tokens: Option<u64>,
+    /// The shortest failing prompt (tokens) of a clamped verdict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_failure_tokens: Option<u64>,
+}
+
+/// Which test a replica's qualification report comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum QualificationMethod {
+    /// brink's `serve`: the model-level threshold test in the Pod, before `/ready`.
+    ModelTest,
+    /// The qualification sidecar of another engine: `brink-agent qualify --url` against the
+    /// engine's HTTP API; the Pod is Ready only once it passed (or passed clamped).
+    BlackBox,
+}
+
+impl ReplicaQualification {
+    /// The verdict admits only prompts shorter than the context: `clamped`.
+    pub fn is_clamped(&self) -> bool {
+        self.model_test_state == "clamped"
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

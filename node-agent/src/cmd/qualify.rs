@@ -61,6 +61,12 @@ pub struct Args {
     /// Also write the JSON report to this file.
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
+    /// Also write the verdict as a replica's qualification report (what the node's agent
+    /// publishes in the `ModelReplica`'s status: pass, clamp with the longest admitted prompt,
+    /// or refuse) to this file. The qualification sidecar of a replica on another engine
+    /// writes it under the node's state directory, where brink's own replicas write theirs.
+    #[arg(long, value_name = "FILE")]
+    replica_report: Option<PathBuf>,
 }
 
 pub fn run(a: Args) -> ExitCode {
@@ -117,7 +123,13 @@ fn qualify(a: Args) -> Result<ExitCode, Error> {
         .build()
         .map_err(|e| Error::Setup { what: "cannot start the tokio runtime", reason: e.to_string() })?;
     eprintln!("qualifying {} for {} (top_k {})", opts.url, opts.shape.name, opts.shape.top_k);
+    let t0 = std::time::Instant::now();
     let report = rt.block_on(blackbox::run(&opts))?;
+    if let Some(path) = &a.replica_report {
+        let r = crate::qualify::replica::black_box_report(&report, t0.elapsed().as_secs_f64());
+        crate::qualify::replica::write_json(path, &r)
+            .map_err(|e| Error::Setup { what: "cannot write the replica report (--replica-report)", reason: e.to_string() })?;
+    }
     let json =
         serde_json::to_string_pretty(&report).map_err(|e| Error::Setup { what: "cannot serialise the report", reason: e.to_string() })?;
     if let Some(path) = &a.out {

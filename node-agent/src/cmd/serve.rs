@@ -172,6 +172,11 @@ fn model_test(a: &Args, backend: BackendKind, device: Option<&DeviceInfo>, batch
         held: hold.clone(),
         ready_check: None,
         seconds_to_ready: None,
+        method: Some(brink_api::crd::QualificationMethod::ModelTest),
+        // The model-level test's counts are a step's tokens (what brink clamps its batch
+        // limits to), not a prompt's: they stay in the message.
+        admitted_prompt_tokens: None,
+        first_failure_tokens: None,
     };
     let replica_name = std::env::var("BRINK_REPLICA").ok().filter(|s| !s.is_empty());
     let namespace = std::env::var("POD_NAMESPACE").unwrap_or_default();

@@ -170,6 +170,44 @@ pub use super::store::write_json;
 /// [`report_path`] by the replica's `serve`.
 pub type ReplicaReport = brink_api::crd::ReplicaQualification;
 
+/// What a black-box qualification (`brink-agent qualify --url`, the qualification sidecar of a
+/// replica on another engine) proved, as the replica's report: the verdict (pass, clamp with the
+/// longest admitted prompt, refuse) and its failing cases. A refused engine's Pod stays not
+/// ready, and `held` says why.
+pub fn black_box_report(r: &brink_api::BlackBoxReport, seconds: f64) -> ReplicaReport {
+    let mut failing_cases: Vec<FailingCase> = r
+        .cases
+        .iter()
+        .filter(|c| matches!(c.result, CaseResult::Failed | CaseResult::Hung))
+        .map(|c| FailingCase { id: c.id.clone(), kernel: c.kernel.clone(), tokens: c.tokens, detail: c.detail.clone() })
+        .collect();
+    failing_cases.sort_by(|a, b| (a.tokens, &a.id).cmp(&(b.tokens, &b.id)));
+    failing_cases.truncate(MAX_FAILING);
+    let line = crate::up::report::verdict_line(&r.verdict);
+    let first_failure_tokens = match r.verdict {
+        Verdict::Clamped { first_failure, .. } => Some(first_failure),
+        _ => None,
+    };
+    let held = (!r.ok()).then(|| {
+        let first = failing_cases.first().map(|c| format!(" (first failing case {} at {} tokens: {})", c.id, c.tokens, c.detail));
+        format!("black-box qualification of the engine refused: {line}{}", first.unwrap_or_default())
+    });
+    ReplicaReport {
+        shape_class: r.shape_class.clone(),
+        model_test_state: crate::node_metrics::qualification::state_name(&r.verdict).into(),
+        model_test_message: format!("black-box qualification of {} at {}: {line}", r.model, r.url),
+        reused: false,
+        failing_cases,
+        model_test_seconds: Some(seconds),
+        held,
+        ready_check: None,
+        seconds_to_ready: None,
+        method: Some(brink_api::crd::QualificationMethod::BlackBox),
+        admitted_prompt_tokens: r.max_prompt_tokens(),
+        first_failure_tokens,
+    }
+}
+
 /// Where the replica `namespace/name` keeps its report under the node's directory.
 pub fn report_path(dir: &Path, namespace: &str, name: &str) -> PathBuf {
     let safe = |s: &str| s.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '.') { c } else { '_' }).collect::<String>();
@@ -201,6 +239,79 @@ mod tests {
             tested_at: "2026-12-01T21:00:00Z".into(),
             seconds: 12.5,
         }
+    }
+
+    fn black_box(verdict: Verdict, failing_at: &[u64]) -> brink_api::BlackBoxReport {
+        let case = |tokens: u64, result: CaseResult| brink_api::CaseReport {
+            id: format!("single/t{tokens}"),
+            kernel: "blackbox/single".into(),
+            tokens,
+            batch: vec![tokens],
+            reasons: vec![],
+            expect: "pass".into(),
+            result,
+            detail: if result == CaseResult::Passed { String::new() } else { "HTTP 500 Internal Server Error".into() },
+            max_rel_err: None,
+            tolerance: None,
+            compared: 1,
+            kernel_ms: None,
+            wall_ms: 10.0,
+        };
+        let mut cases = vec![case(1, CaseResult::Passed), case(4096, CaseResult::Passed)];
+        cases.extend(failing_at.iter().rev().map(|t| case(*t, CaseResult::Failed)));
+        let mut r = brink_api::BlackBoxReport {
+            schema: brink_api::BLACKBOX_SCHEMA,
+            agent_version: "0".into(),
+            url: "http://127.0.0.1:8080".into(),
+            model: "qwen".into(),
+            shape_class: "qwen3moe-h2048-e128-top8-ffn768".into(),
+            top_k: 8,
+            limits: brink_api::EngineLimits { context: 8192, context_source: "--context".into(), max_batch_tokens: 2048, prefill_chunk: 512 },
+            sizing: "tokenize".into(),
+            finite_check: "logprobs".into(),
+            calibration_tokens_per_s: None,
+            derived: 0,
+            executed: 0,
+            passed: 0,
+            failed: 0,
+            hung: 0,
+            skipped: 0,
+            length_mismatches: 0,
+            engine_died: None,
+            verdict,
+            phases: vec![],
+            cases,
+        };
+        r.count();
+        r
+    }
+
+    #[test]
+    fn a_black_box_verdict_becomes_the_replicas_report() {
+        // Pass: the whole context admitted, nothing held.
+        let pass = black_box_report(&black_box(Verdict::Qualified { max_tokens: 8192 }, &[]), 3.0);
+        assert_eq!(
+            (pass.model_test_state.as_str(), pass.admitted_prompt_tokens, pass.first_failure_tokens, pass.held.as_deref()),
+            ("qualified", Some(8192), None, None)
+        );
+        assert_eq!(pass.method, Some(brink_api::crd::QualificationMethod::BlackBox));
+        assert_eq!(pass.model_test_message, "black-box qualification of qwen at http://127.0.0.1:8080: QUALIFIED up to 8192 tokens");
+        assert_eq!((pass.model_test_seconds, pass.reused, pass.shape_class.as_str()), (Some(3.0), false, "qwen3moe-h2048-e128-top8-ffn768"));
+
+        // Clamp: admitted under the first failure; serves (not held); failing cases smallest first.
+        let clamp = black_box_report(&black_box(Verdict::Clamped { max_tokens: 7068, first_failure: 7069 }, &[7069, 8192]), 3.0);
+        assert_eq!(
+            (clamp.model_test_state.as_str(), clamp.admitted_prompt_tokens, clamp.first_failure_tokens, clamp.held.as_deref()),
+            ("clamped", Some(7068), Some(7069), None)
+        );
+        assert_eq!(clamp.failing_cases.iter().map(|c| c.tokens).collect::<Vec<_>>(), [7069, 8192]);
+        assert!(clamp.model_test_message.ends_with("CLAMPED to 7068 tokens (first failure at 7069)"), "{}", clamp.model_test_message);
+
+        // Refuse: nothing admitted, held with the first failing case.
+        let refuse = black_box_report(&black_box(Verdict::Disqualified { reason: "single/t64 fails below passing 4096".into() }, &[64]), 3.0);
+        assert_eq!((refuse.model_test_state.as_str(), refuse.admitted_prompt_tokens), ("disqualified", None));
+        let held = refuse.held.expect("held");
+        assert!(held.starts_with("black-box qualification of the engine refused: DISQUALIFIED") && held.contains("single/t64 at 64 tokens"), "{held}");
     }
 
     #[test]

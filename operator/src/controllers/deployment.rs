@@ -22,7 +22,7 @@ use super::context::{Context, FIELD_MANAGER};
 use super::error::{Error, Result, api_code};
 use super::events::{publish, replica_ref};
 use super::names::heartbeat_lease;
-use super::plan::{self, Outcome, ReplicaState};
+use super::plan::{self, ClampedReplica, Outcome, ReplicaState};
 use super::rollout::{self, Template};
 use super::rollout_view;
 use super::service;
@@ -105,6 +105,7 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
             let outcome = Outcome {
                 replicas: live.iter().map(|r| ReplicaState::of(r, None)).collect(),
                 blocked: Some(blocked),
+                clamped: live.iter().filter_map(|r| ClampedReplica::of(r)).collect(),
                 // Nothing was decided: the last rollout status stands.
                 rollout: dep.status.as_ref().and_then(|s| s.rollout.clone()),
                 ..Outcome::default()
@@ -312,6 +313,7 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
         held: life.held.iter().map(|h| h.replica.clone()).collect(),
         failing: failing_pods(&live, &gone),
         not_qualified: not_qualified(&live, &gone),
+        clamped: live.iter().filter(|r| !gone(&r.name_any())).filter_map(|r| ClampedReplica::of(r)).collect(),
         rollout: Some(decision.status.clone()),
         rollout_condition: Some(rollout_view::rollout_condition(&decision.condition, dep.metadata.generation, Time(now))?),
     };

@@ -28,7 +28,7 @@ use kube::{Resource, ResourceExt};
 use super::context::Config;
 use super::error::{Error, Result};
 use super::names::{DEPLOYMENT_LABEL, MODEL_LABEL, POD_SPEC_ANNOTATION, REPLICA_LABEL, REVISION_LABEL, dns_label, label_value};
-use super::pod::{PodScheduling, env, field_env, host_path, model_mount, spec_hash};
+use super::pod::{NODE_STATE_DIR, PodScheduling, env, field_env, host_path, model_mount, spec_hash};
 use super::views::replica_memory;
 use crate::engines::{self, GangRank, Launch};
 
@@ -275,20 +275,24 @@ pub(crate) fn member_pod(replica: &ModelReplica, model: &Model, config: &Config,
                 kind.as_str()
             ))
         })?;
+        let report = engines::replica_report_path(NODE_STATE_DIR, &replica.namespace().unwrap_or_default(), &name);
         containers.push(Container {
             name: "qualify".into(),
             image: Some(image),
-            command: Some(vec!["bash".into(), "-c".into(), engines::sidecar_script(port, &s.model, &s.serving)]),
+            command: Some(vec!["bash".into(), "-c".into(), engines::sidecar_script(port, &s.model, &s.serving, &report)]),
             readiness_probe: Some(exec_probe(vec!["test".into(), "-f".into(), engines::QUALIFIED_MARKER.into()], 5, 1, 2)),
-            volume_mounts: Some(vec![mount("qualification", engines::QUALIFICATION_DIR)]),
+            // The node's state directory: the verdict goes where brink's replicas write theirs,
+            // and the node's agent publishes it in the replica's status.
+            volume_mounts: Some(vec![mount("qualification", engines::QUALIFICATION_DIR), mount("node-state", NODE_STATE_DIR)]),
             ..Container::default()
         });
         volumes.push(empty_dir("qualification", None));
+        volumes.push(host_path("node-state", &config.node_state_dir, "DirectoryOrCreate"));
         annotations.insert(LIVENESS_ANNOTATION.to_string(), liveness_words(kind));
         annotations.insert(
             READINESS_ANNOTATION.to_string(),
             format!(
-                "container qualify: brink-agent qualify against the engine's HTTP API on port {port}; Ready once it passed (or passed clamped), report in {}/report.json",
+                "container qualify: brink-agent qualify against the engine's HTTP API on port {port}; Ready once it passed (or passed clamped), report in {}/report.json; the verdict (pass, clamp with the longest admitted prompt, refuse) in the replica's status.qualification",
                 engines::QUALIFICATION_DIR
             ),
         );

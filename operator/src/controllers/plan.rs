@@ -6,8 +6,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use brink_api::crd::{
-    Condition, ConditionStatus, ConditionType, ModelDeployment, ModelDeploymentStatus, ModelReplica, ModelReplicaSpec, ReplicaGang, ReplicaPhase,
-    RolloutPhase, RolloutStatus, condition, set_condition,
+    Condition, ConditionStatus, ConditionType, ModelDeployment, ModelDeploymentStatus, ModelReplica, ModelReplicaSpec, QualificationMethod,
+    ReplicaGang, ReplicaPhase, RolloutPhase, RolloutStatus, condition, set_condition,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::{Resource, ResourceExt};
@@ -110,11 +110,71 @@ pub struct Outcome {
     /// Replicas their own qualification holds not ready (a model-level case failing below a
     /// passing count, backend truth), each `name: why` as its status reports it.
     pub not_qualified: Vec<String>,
+    /// Replicas that passed their qualification clamped, as their status reports it.
+    pub clamped: Vec<ClampedReplica>,
     /// The rollout's status, written as is (the previous one while nothing is decided: an
     /// apply that left it out would remove it).
     pub rollout: Option<RolloutStatus>,
     /// The rollout's `Progressing` condition, when it decided.
     pub rollout_condition: Option<Condition>,
+}
+
+/// A replica whose qualification passed clamped (and does not hold it not ready): what its
+/// status says the verdict admits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClampedReplica {
+    pub name: String,
+    pub method: Option<QualificationMethod>,
+    /// The longest prompt admitted (a black-box verdict's; brink's model-level test counts a
+    /// step's tokens and leaves it out).
+    pub admitted_prompt_tokens: Option<u64>,
+    pub first_failure_tokens: Option<u64>,
+    /// The verdict in a line, as the report says it.
+    pub message: String,
+}
+
+impl ClampedReplica {
+    /// `r`'s clamp, when its status reports one.
+    pub fn of(r: &ModelReplica) -> Option<ClampedReplica> {
+        let q = r.status.as_ref()?.qualification.as_ref().filter(|q| q.is_clamped() && q.held.is_none())?;
+        Some(ClampedReplica {
+            name: r.name_any(),
+            method: q.method,
+            admitted_prompt_tokens: q.admitted_prompt_tokens,
+            first_failure_tokens: q.first_failure_tokens,
+            message: q.model_test_message.clone(),
+        })
+    }
+}
+
+/// The deployment's `Clamped` condition, `(reason, message)`, when any replica passed its
+/// qualification clamped; `None` when none did (the condition is then absent). The message
+/// names each clamped replica and what it admits against the deployment's `context` (the
+/// longest prompt an engine admits, from its black-box qualification), replicas in name order.
+pub fn clamped_condition(clamped: &[ClampedReplica], context: u64) -> Option<(&'static str, String)> {
+    if clamped.is_empty() {
+        return None;
+    }
+    let mut sorted: Vec<&ClampedReplica> = clamped.iter().collect();
+    sorted.sort_by(|a, b| a.name.cmp(&b.name));
+    let below = sorted.iter().any(|c| c.admitted_prompt_tokens.is_some_and(|t| t < context));
+    let parts: Vec<String> = sorted
+        .iter()
+        .map(|c| match (c.method, c.admitted_prompt_tokens) {
+            (_, Some(admitted)) => {
+                let first = c.first_failure_tokens.map(|f| format!(", first failure at {f}")).unwrap_or_default();
+                let how = match c.method {
+                    Some(QualificationMethod::ModelTest) => "model-level threshold test",
+                    _ => "black-box qualification of its engine",
+                };
+                format!("{} admits prompts up to {admitted} tokens of the requested context {context} ({how}{first})", c.name)
+            }
+            (Some(QualificationMethod::BlackBox), None) => format!("{}: black-box qualification {}", c.name, c.message),
+            (_, None) => format!("{}: serves with its batch limits clamped ({})", c.name, c.message),
+        })
+        .collect();
+    let reason = if below { "PromptsBelowContext" } else { "ReplicaClamped" };
+    Some((reason, format!("{} of the replicas passed qualification clamped: {}", sorted.len(), parts.join("; "))))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -204,6 +264,12 @@ pub fn status(dep: &ModelDeployment, outcome: &Outcome, now: Time) -> Result<Mod
     for cond in [ready_cond, progressing, degraded] {
         set_condition(&mut conditions, cond);
     }
+    match clamped_condition(&outcome.clamped, dep.spec.serving.context) {
+        Some((reason, msg)) => {
+            set_condition(&mut conditions, c(ConditionType::Clamped, true, reason, msg)?);
+        }
+        None => conditions.retain(|k| k.type_ != ConditionType::Clamped.as_str()),
+    }
     Ok(ModelDeploymentStatus {
         observed_generation: generation,
         replicas,
@@ -289,6 +355,105 @@ mod tests {
 
     fn t(s: i64) -> Time {
         Time(k8s_openapi::jiff::Timestamp::from_second(s).expect("time"))
+    }
+
+    fn clamp(name: &str, method: Option<QualificationMethod>, admitted: Option<u64>, first: Option<u64>) -> ClampedReplica {
+        ClampedReplica {
+            name: name.into(),
+            method,
+            admitted_prompt_tokens: admitted,
+            first_failure_tokens: first,
+            message: "CLAMPED to 7068 tokens (first failure at 7069)".into(),
+        }
+    }
+
+    #[test]
+    fn the_clamped_condition_names_each_replica_and_what_it_admits() {
+        use QualificationMethod::{BlackBox, ModelTest};
+        struct Case {
+            what: &'static str,
+            clamped: Vec<ClampedReplica>,
+            want: Option<(&'static str, &'static str)>,
+        }
+        let cases = [
+            Case { what: "none clamped: no condition", clamped: vec![], want: None },
+            Case {
+                what: "a black-box clamp below the context",
+                clamped: vec![clamp("chat-0", Some(BlackBox), Some(7068), Some(7069))],
+                want: Some((
+                    "PromptsBelowContext",
+                    "1 of the replicas passed qualification clamped: chat-0 admits prompts up to 7068 tokens of the requested context 8192 \
+                     (black-box qualification of its engine, first failure at 7069)",
+                )),
+            },
+            Case {
+                what: "several, in name order, one without a first failure",
+                clamped: vec![clamp("chat-1", Some(BlackBox), Some(4000), None), clamp("chat-0", Some(BlackBox), Some(7068), Some(7069))],
+                want: Some((
+                    "PromptsBelowContext",
+                    "2 of the replicas passed qualification clamped: chat-0 admits prompts up to 7068 tokens of the requested context 8192 \
+                     (black-box qualification of its engine, first failure at 7069); chat-1 admits prompts up to 4000 tokens of the \
+                     requested context 8192 (black-box qualification of its engine)",
+                )),
+            },
+            Case {
+                what: "a clamp at or above the context admits every prompt the deployment asks for",
+                clamped: vec![clamp("chat-0", Some(BlackBox), Some(8192), Some(8300))],
+                want: Some((
+                    "ReplicaClamped",
+                    "1 of the replicas passed qualification clamped: chat-0 admits prompts up to 8192 tokens of the requested context 8192 \
+                     (black-box qualification of its engine, first failure at 8300)",
+                )),
+            },
+            Case {
+                what: "brink's model-level clamp (a step's tokens, no prompt count)",
+                clamped: vec![clamp("chat-0", Some(ModelTest), None, None)],
+                want: Some((
+                    "ReplicaClamped",
+                    "1 of the replicas passed qualification clamped: chat-0: serves with its batch limits clamped \
+                     (CLAMPED to 7068 tokens (first failure at 7069))",
+                )),
+            },
+            Case {
+                what: "an older agent's report (no method, no counts)",
+                clamped: vec![clamp("chat-0", None, None, None)],
+                want: Some((
+                    "ReplicaClamped",
+                    "1 of the replicas passed qualification clamped: chat-0: serves with its batch limits clamped \
+                     (CLAMPED to 7068 tokens (first failure at 7069))",
+                )),
+            },
+            Case {
+                what: "a black-box clamp whose report lacks the count",
+                clamped: vec![clamp("chat-0", Some(BlackBox), None, None)],
+                want: Some((
+                    "ReplicaClamped",
+                    "1 of the replicas passed qualification clamped: chat-0: black-box qualification CLAMPED to 7068 tokens (first failure at 7069)",
+                )),
+            },
+        ];
+        for case in cases {
+            let got = clamped_condition(&case.clamped, 8192);
+            assert_eq!(got.as_ref().map(|(r, m)| (*r, m.as_str())), case.want, "{}", case.what);
+        }
+    }
+
+    #[test]
+    fn a_clamp_sets_the_condition_and_its_end_removes_it() {
+        let clamped = Outcome {
+            replicas: vec![state("a", true, true)],
+            clamped: vec![clamp("a", Some(QualificationMethod::BlackBox), Some(700), Some(701))],
+            ..Outcome::default()
+        };
+        let s = status(&dep(1), &clamped, t(100)).expect("status");
+        let c = s.conditions.iter().find(|c| c.type_ == "Clamped").expect("Clamped");
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "PromptsBelowContext"));
+        assert!(c.message.contains("a admits prompts up to 700 tokens of the requested context 1024"), "{}", c.message);
+        let mut d = dep(1);
+        d.status = Some(s);
+        let passed = Outcome { replicas: vec![state("a", true, true)], ..Outcome::default() };
+        let s2 = status(&d, &passed, t(200)).expect("status");
+        assert!(s2.conditions.iter().all(|c| c.type_ != "Clamped"), "{:?}", s2.conditions);
     }
 
     #[test]

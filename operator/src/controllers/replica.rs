@@ -73,13 +73,15 @@ pub async fn reconcile(replica: Arc<ModelReplica>, ctx: Arc<Context>) -> Result<
 }
 
 /// Whether a writer other than this operator (the replica Pod's agent) set the status phase.
+/// A writer whose fields are known and hold no `phase` did not: the node's agent publishing a
+/// qualification report (an external engine's sidecar verdict) or download progress leaves
+/// the phase to the Pod. A writer whose fields are not recorded is taken to own it.
 fn agent_wrote_status(replica: &ModelReplica) -> bool {
-    replica
-        .metadata
-        .managed_fields
-        .iter()
-        .flatten()
-        .any(|m| m.subresource.as_deref() == Some("status") && m.manager.as_deref().is_some_and(|w| w != FIELD_MANAGER))
+    replica.metadata.managed_fields.iter().flatten().any(|m| {
+        m.subresource.as_deref() == Some("status")
+            && m.manager.as_deref().is_some_and(|w| w != FIELD_MANAGER)
+            && m.fields_v1.as_ref().is_none_or(|f| f.0.get("f:status").is_some_and(|s| s.get("f:phase").is_some()))
+    })
 }
 
 /// The phase to write, if any: a failed Pod always; otherwise the Pod's phase while the agent
@@ -354,5 +356,22 @@ mod tests {
         for (current, agent, pod, want) in cases {
             assert_eq!(phase_update(&replica(current, agent), pod), want, "{current:?} agent={agent} pod={pod:?}");
         }
+    }
+
+    #[test]
+    fn a_writer_of_other_status_fields_leaves_the_phase_to_the_pod() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1;
+        let with_fields = |fields: serde_json::Value| {
+            let mut r = replica(Some(ReplicaPhase::Loading), true);
+            r.metadata.managed_fields.as_mut().expect("entries")[0].fields_v1 = Some(FieldsV1(fields));
+            r
+        };
+        // The node's agent published the qualification sidecar's report: the Pod's readiness
+        // still moves the phase.
+        let report = with_fields(serde_json::json!({ "f:status": { "f:qualification": { ".": {} } } }));
+        assert_eq!(phase_update(&report, ReplicaPhase::Serving), Some(ReplicaPhase::Serving));
+        // A writer that set the phase keeps it.
+        let agent = with_fields(serde_json::json!({ "f:status": { "f:phase": {}, "f:qualification": {} } }));
+        assert_eq!(phase_update(&agent, ReplicaPhase::Serving), None);
     }
 }

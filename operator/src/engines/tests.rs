@@ -135,11 +135,13 @@ fn defaults_and_quoting() {
     assert_eq!(shell_quote("it's"), r"'it'\''s'");
     assert_eq!(shell_quote(""), "''");
     assert_eq!(shell_quote("a b;c"), "'a b;c'");
-    let script = sidecar_script(8000, "qwen", &SERVING);
+    let report = replica_report_path("/var/lib/brink/node/", "ai", "chat-0");
+    assert_eq!(report, "/var/lib/brink/node/replicas/ai/chat-0.json");
+    let script = sidecar_script(8000, "qwen", &SERVING, &report);
     assert!(script.contains(
         "brink-agent qualify --url http://127.0.0.1:8000 --model qwen --max-batch-tokens 4096 --prefill-chunk 1024 \
-         --out /var/run/brink/qualification/report.json || exit $?"
-    ));
+         --out /var/run/brink/qualification/report.json --replica-report /var/lib/brink/node/replicas/ai/chat-0.json || exit $?"
+    ), "{script}");
     assert!(script.contains("/dev/tcp/127.0.0.1/8000") && script.contains(&format!("touch {QUALIFIED_MARKER}")));
     assert!(progress_metrics(EngineKind::Brink).is_none());
 }

@@ -41,6 +41,7 @@ fn held() -> ReplicaQualification {
         held: Some("model-level threshold test disqualified: model/single fails at 1 tokens".into()),
         ready_check: Some("failed: model-level threshold test disqualified".into()),
         seconds_to_ready: None,
+        ..ReplicaQualification::default()
     }
 }
 
