@@ -100,6 +100,27 @@ fn stand_ins_are_flagged_with_their_verdicts() {
     assert!(cases(&r, "passed").iter().all(|c| c["tokens"].as_u64().unwrap() < 600));
 }
 
+/// `--replica-report FILE` (the qualification sidecar of an external engine's replica): the
+/// verdict as the replica's `status.qualification`, which the node's agent publishes. A clamp
+/// says the longest prompt admitted and the first failure, and does not hold the Pod.
+#[test]
+fn the_replica_report_carries_a_clamp_for_the_replicas_status() {
+    let fail = standin::start(Fault::FailFrom(700), false);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("replicas/llm/qwen-0.json");
+    let args = [&LIMITS[..], &["--deadline-s", "1", "--replica-report", file.to_str().unwrap()]].concat();
+    let (out, r) = qualify(&fail.url, &args);
+    assert_eq!(out.status.code(), Some(0), "{r:?}");
+    let q: brink_api::crd::ReplicaQualification = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(
+        (q.model_test_state.as_str(), q.admitted_prompt_tokens, q.first_failure_tokens, q.held.as_deref()),
+        ("clamped", Some(699), Some(700), None)
+    );
+    assert_eq!(q.method, Some(brink_api::crd::QualificationMethod::BlackBox));
+    assert!(q.failing_cases.first().is_some_and(|c| c.tokens >= 700 && c.detail.contains("HTTP 500")), "{q:?}");
+    assert!(q.model_test_message.contains("CLAMPED to 699 tokens (first failure at 700)"), "{}", q.model_test_message);
+}
+
 #[test]
 fn bad_engines_and_flags_are_named_with_exit_2() {
     let failed_with = |out: &Output, needles: &[&str]| {
