@@ -28,7 +28,7 @@ use crate::ops::moe_gemv::{self, GemvBuffers, GemvDims, moe_gemv_cpu, pair_row};
 use crate::ops::quantize::{self, Source};
 use crate::ops::swiglu::{self, GateUp, swiglu_q8_1_cpu, swiglu_value};
 use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform, fill_weights};
-use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType, dequantize_q8_1, quantize_row_q8_1};
+use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType, dequantize_q8_1, q8_1_bytes, quantize_row_q8_1};
 use crate::routing::{Routing, route};
 use crate::sources::MOE_GEMV;
 use crate::testdata::{uniform_row, weight_row};
@@ -269,15 +269,14 @@ pub fn launch_gate_up<X: DeviceRepr, O: DeviceRepr>(
     let p = gate_up_plan(tokens, d, gpu.limits())?;
     let pairs = tokens * d.top_k as u64;
     let w_bytes = d.experts as u64 * d.ffn as u64 * d.wtype.row_bytes(d.hidden as usize) as u64;
-    let q8 = |rows: u64, width: u32| rows * (width as u64 / QK as u64) * BLOCK_Q8_1_BYTES as u64;
     require_bytes(
         &p,
         &[
             ("w_gate", b.w_gate.len() as u64, w_bytes),
             ("w_up", b.w_up.len() as u64, w_bytes),
-            ("xq", bytes_of(b.xq.len(), size_of::<X>()), q8(tokens, d.hidden)),
+            ("xq", bytes_of(b.xq.len(), size_of::<X>()), q8_1_bytes(tokens, d.hidden)),
             ("ids", bytes_of(b.ids.len(), 4), 4 * pairs),
-            ("out", bytes_of(b.out.len(), size_of::<O>()), q8(pairs, d.ffn)),
+            ("out", bytes_of(b.out.len(), size_of::<O>()), q8_1_bytes(pairs, d.ffn)),
         ],
     )?;
     let f = gpu.function(&MOE_GEMV, GATE_UP_KERNEL)?;
@@ -314,7 +313,7 @@ pub fn launch_combine<A: DeviceRepr, O: DeviceRepr>(
         &p,
         &[
             ("w_down", b.w_down.len() as u64, w_bytes),
-            ("act", bytes_of(b.act.len(), size_of::<A>()), pairs * (d.ffn as u64 / QK as u64) * BLOCK_Q8_1_BYTES as u64),
+            ("act", bytes_of(b.act.len(), size_of::<A>()), q8_1_bytes(pairs, d.ffn)),
             ("ids", bytes_of(b.ids.len(), 4), 4 * pairs),
             ("weights", bytes_of(b.weights.len(), 4), 4 * pairs),
             ("out (4-byte elements)", bytes_of(b.out.len(), size_of::<O>()), (4 * tokens * d.hidden as u64).max(out_elem)),
@@ -353,10 +352,6 @@ fn gate_up_w_bytes(d: &FfnDims) -> u64 {
     d.experts as u64 * d.ffn as u64 * d.wtype.row_bytes(d.hidden as usize) as u64
 }
 
-fn q8_bytes(rows: u64, width: u32) -> u64 {
-    rows * (width as u64 / QK as u64) * BLOCK_Q8_1_BYTES as u64
-}
-
 /// Gate/up self-test memory: ids, two weight tensors, x and xq, the chain's f32 gate and up,
 /// two guarded outputs.
 pub fn gate_up_device_bytes(tokens: u64, c: &FusedCase) -> u64 {
@@ -365,9 +360,9 @@ pub fn gate_up_device_bytes(tokens: u64, c: &FusedCase) -> u64 {
     4 * pairs
         + 2 * gate_up_w_bytes(&d)
         + 4 * tokens * d.hidden as u64
-        + q8_bytes(tokens, d.hidden)
+        + q8_1_bytes(tokens, d.hidden)
         + 8 * pairs * d.ffn as u64
-        + 2 * (q8_bytes(pairs, d.ffn) + 4 * GUARD_WORDS as u64)
+        + 2 * (q8_1_bytes(pairs, d.ffn) + 4 * GUARD_WORDS as u64)
 }
 
 /// Combine self-test memory: ids, router weights, down weights, the pairs' f32 and q8_1
@@ -379,7 +374,7 @@ pub fn combine_device_bytes(tokens: u64, c: &FusedCase) -> u64 {
     8 * pairs
         + w
         + 4 * pairs * d.ffn as u64
-        + q8_bytes(pairs, d.ffn)
+        + q8_1_bytes(pairs, d.ffn)
         + 4 * pairs * d.hidden as u64
         + 2 * (4 * tokens * d.hidden as u64 + 4 * GUARD_WORDS as u64)
 }
@@ -413,7 +408,7 @@ pub fn run_gate_up(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Outcome, Gpu
     let mut w_up = gpu.alloc::<u8>(w_blocks * d.wtype.block_bytes())?;
     fill_weights(gpu, &mut w_gate, w_blocks, SEED_GATE, d.wtype)?;
     fill_weights(gpu, &mut w_up, w_blocks, SEED_UP, d.wtype)?;
-    let mut xq = gpu.alloc::<u8>(q8_bytes(tokens, d.hidden) as usize)?;
+    let mut xq = gpu.alloc::<u8>(q8_1_bytes(tokens, d.hidden) as usize)?;
     let mut x = gpu.alloc::<f32>(tokens as usize * k)?;
     fill_uniform(gpu, &mut x, tokens as usize * k, SEED_X, 1.0)?;
     quantize::launch(gpu, &x, tokens, d.hidden, tokens, Source::Dense, &mut xq)?;
@@ -484,7 +479,7 @@ pub fn run_combine(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Outcome, Gpu
     fill_weights(gpu, &mut w_down, w_blocks, SEED_DOWN, d.wtype)?;
     let mut weights = gpu.alloc::<f32>(pairs)?;
     fill_uniform(gpu, &mut weights, pairs, SEED_WEIGHTS, 1.0)?;
-    let mut act = gpu.alloc::<u8>(q8_bytes(pairs as u64, d.ffn) as usize)?;
+    let mut act = gpu.alloc::<u8>(q8_1_bytes(pairs as u64, d.ffn) as usize)?;
     let mut x = gpu.alloc::<f32>(pairs * ffn)?;
     fill_uniform(gpu, &mut x, pairs * ffn, SEED_X, 1.0)?;
     quantize::launch(gpu, &x, pairs as u64, d.ffn, pairs as u64, Source::Dense, &mut act)?;

@@ -22,7 +22,7 @@ use crate::limits::DeviceLimits;
 use crate::ops::linear::{self, LinearCase};
 use crate::ops::output_head::{GEMV_MAX_ROWS, GEMV_WARPS};
 use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_q8_1_rows, fill_weights};
-use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType};
+use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType, q8_1_bytes};
 use crate::sources::OUTPUT_HEAD;
 use crate::testdata::{q8_1_row, weight_row};
 use crate::thresholds::Critical;
@@ -139,7 +139,7 @@ pub fn launch<Y: DeviceRepr>(
     }
     let p = &launches[0];
     let nb = ps[0].k as u64 / QK as u64;
-    let mut need = vec![("x", bytes_of(x.len(), 1), rows * nb * BLOCK_Q8_1_BYTES as u64)];
+    let mut need = vec![("x", bytes_of(x.len(), 1), q8_1_bytes(rows, ps[0].k))];
     for ((c, w), out) in ps.iter().zip(ws).zip(outs.iter()) {
         need.push(("w", bytes_of(w.len(), 1), c.n as u64 * c.wtype.row_bytes(c.k as usize) as u64));
         need.push(("out", bytes_of(out.len(), size_of::<Y>()), 4 * rows * c.n as u64));
@@ -189,7 +189,7 @@ pub fn critical_counts(c: &QkvCase, limits: &DeviceLimits) -> Vec<Critical> {
 
 /// x, the three weights, the guarded outputs and `linear`'s outputs of a self-test case.
 pub fn device_bytes(tokens: u64, c: &QkvCase) -> u64 {
-    let x = tokens * (c.k as u64 / QK as u64) * BLOCK_Q8_1_BYTES as u64;
+    let x = q8_1_bytes(tokens, c.k);
     let per: u64 = c
         .projections()
         .iter()

@@ -22,7 +22,7 @@ use crate::limits::DeviceLimits;
 use crate::ops::quantize::{self, BLOCK_WORDS, BlockCompare, Source, blocks_of};
 use crate::ops::rmsnorm::{self, RmsNormCase};
 use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform};
-use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK};
+use crate::quant::{BlockQ8_1, QK, q8_1_bytes};
 use crate::sources::RMSNORM;
 use crate::testdata::uniform_row;
 use crate::thresholds::{Critical, overflow_point};
@@ -64,11 +64,6 @@ pub fn plan(tokens: u64, c: &RmsNormCase, limits: &DeviceLimits) -> Result<Launc
         vec![Cover::Tiles { axis: 0, items: rows, per_block }],
         limits,
     )
-}
-
-/// Bytes of the q8_1 output of `rows` rows of `width`.
-pub fn q8_1_bytes(rows: u64, width: u32) -> u64 {
-    rows * (width as u64 / QK as u64) * BLOCK_Q8_1_BYTES as u64
 }
 
 /// CPU twin: the plain norm's twin, then the dense quantize's twin of its output. Returns y

@@ -175,6 +175,11 @@ pub const BLOCK_Q4_0_BYTES: usize = 2 + QK / 2;
 /// `block_q8_1` (activations): f16 d, f16 s = d * sum(q), 32 x i8.
 pub const BLOCK_Q8_1_BYTES: usize = 4 + QK;
 
+/// Bytes of `rows` q8_1 rows of `width` values (a multiple of [`QK`]).
+pub fn q8_1_bytes(rows: u64, width: u32) -> u64 {
+    rows * (width as u64 / QK as u64) * BLOCK_Q8_1_BYTES as u64
+}
+
 /// One q8_1 block, as the CPU reference holds it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BlockQ8_1 {
