@@ -4,7 +4,7 @@ kernels/tests/quant_reference.rs compares brink's CPU dequantization with.
 
 usage: gguf_dequantize.py TYPE IN OUT [TYPE IN OUT ...]
 
-TYPE is a GGMLQuantizationType name (F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q5_K, Q6_K); IN holds
+TYPE is a GGMLQuantizationType name (F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4); IN holds
 whole blocks of that type; OUT receives the values as little-endian f32.
 """
 import sys

@@ -3,7 +3,8 @@
 //! blocks of every tensor type the engine computes.
 //!
 //! Expected: bit-identical values for every type. The K-quants too: brink evaluates ggml's
-//! `(d·sc)·q − dmin·m` in the same f32 steps as numpy does, with no FMA contraction. The one
+//! `(d·sc)·q − dmin·m` in the same f32 steps as numpy does, with no FMA contraction. MXFP4 over
+//! every exponent byte (subnormal scales at 0 and 1, infinities from 254 up) and every code. The one
 //! allowed difference is a NaN's quiet bit for f16, which ggml (and brink, via `half`) sets and
 //! numpy may leave clear.
 //!
@@ -62,7 +63,24 @@ fn cases() -> Vec<(TensorType, Vec<u8>)> {
         (TensorType::Q4_K, random_blocks(12, TensorType::Q4_K, &[Q4_K_D, Q4_K_DMIN])),
         (TensorType::Q5_K, random_blocks(13, TensorType::Q5_K, &[Q5_K_D, Q5_K_DMIN])),
         (TensorType::Q6_K, random_blocks(14, TensorType::Q6_K, &[Q6_K_D])),
+        (TensorType::MXFP4, mxfp4_blocks()),
     ]
+}
+
+/// `BLOCKS` random MXFP4 blocks whose exponent byte runs through all 256 values (16 times
+/// each), then one block per (exponent, code) pair: code c in every nibble of the block.
+fn mxfp4_blocks() -> Vec<u8> {
+    let mut bytes = random_blocks(39, TensorType::MXFP4, &[]);
+    for (b, block) in bytes.chunks_exact_mut(TensorType::MXFP4.block_bytes()).enumerate() {
+        block[0] = b as u8;
+    }
+    for e in 0..=255u8 {
+        for c in 0..16u8 {
+            bytes.push(e);
+            bytes.extend([c | c << 4; 16]);
+        }
+    }
+    bytes
 }
 
 /// gguf-py's name of the type (`GGMLQuantizationType`).

@@ -5,12 +5,14 @@
 //! the same integer sums, the same f16 scales, the same formula per block.
 //!
 //! The tensor types are one table keyed by ggml's id ([`types`]); [`TensorType`] is its rows the
-//! engine computes: the float types ([`float`]), q4_0 and q8_0 (here), and the K-quant
-//! super-blocks ([`kquants`]), with length-checked dequantization (multi-threaded for whole
-//! tensors) and the dot products with q8_1 rows.
+//! engine computes: the float types ([`float`]), q4_0 and q8_0 (here), the K-quant
+//! super-blocks ([`kquants`]) and mxfp4 ([`mxfp4`], dequantized on the CPU only: no kernel takes
+//! it yet), with length-checked dequantization (multi-threaded for whole tensors) and the dot
+//! products with q8_1 rows.
 
 pub mod float;
 pub mod kquants;
+pub mod mxfp4;
 pub mod types;
 
 use half::f16;
@@ -329,7 +331,7 @@ pub enum QuantError {
     TooLarge { ty: TensorType, values: u64 },
     #[error("{ty}: the bytes hold {values} values but the output has room for {out}")]
     OutputLength { ty: TensorType, values: usize, out: usize },
-    #[error("{0} weights have no q8_1 dot product: float weights multiply float activations")]
+    #[error("{0} weights have no q8_1 dot product: the kernels' weight formats are {known}", known = names(&WeightType::ALL.map(WeightType::ggml)))]
     NoQ8_1Dot(TensorType),
     #[error("{ty}: a weight row of {weights} values against {activations} q8_1 activation values")]
     DotLength { ty: TensorType, weights: usize, activations: usize },
@@ -349,6 +351,7 @@ impl TensorType {
     pub const Q4_K: TensorType = TensorType(GgmlType::Q4_K);
     pub const Q5_K: TensorType = TensorType(GgmlType::Q5_K);
     pub const Q6_K: TensorType = TensorType(GgmlType::Q6_K);
+    pub const MXFP4: TensorType = TensorType(GgmlType::MXFP4);
 
     /// Every computed type, by ggml id.
     pub const ALL: [TensorType; types::count(Keep::Computed)] = tensor_types(types::select(Keep::Computed));
@@ -394,8 +397,8 @@ impl TensorType {
         self.block_size() > 1
     }
 
-    /// The kernels' weight format for this type: every quantized type; the float types are
-    /// not dotted with q8_1 activations.
+    /// The kernels' weight format for this type: every quantized type but mxfp4 (CPU only, so
+    /// far); the float types are not dotted with q8_1 activations.
     pub fn weight_type(self) -> Option<WeightType> {
         WeightType::of(self.0)
     }
@@ -617,6 +620,7 @@ mod tensor_type_tests {
             (TensorType::Q4_K, 12, 256, 144),
             (TensorType::Q5_K, 13, 256, 176),
             (TensorType::Q6_K, 14, 256, 210),
+            (TensorType::MXFP4, 39, 32, 17),
         ];
         for (t, id, block_size, block_bytes) in table {
             assert_eq!((t.ggml_id(), t.block_size(), t.block_bytes()), (id, block_size, block_bytes), "{t}");
@@ -660,6 +664,7 @@ mod tensor_type_tests {
         let x = vec![quantize_block_q8_1(&[0.5; QK]); 7];
         assert_eq!(t.dot_q8_1(&[0; 176], &x), Err(QuantError::DotLength { ty: t, weights: 256, activations: 224 }));
         assert_eq!(TensorType::F16.dot_q8_1(&[0; 64], &x[..1]), Err(QuantError::NoQ8_1Dot(TensorType::F16)));
+        assert_eq!(TensorType::MXFP4.dot_q8_1(&[0; 17], &x[..1]), Err(QuantError::NoQ8_1Dot(TensorType::MXFP4)));
     }
 
     fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
@@ -807,7 +812,7 @@ mod device_view_tests {
             assert_eq!(serde_json::to_string(&t).unwrap(), format!("\"{}\"", t.name()));
             assert_eq!(serde_json::from_str::<WeightType>(&format!("\"{}\"", t.name().to_lowercase())).unwrap(), t);
         }
-        for tt in [TensorType::F32, TensorType::F16, TensorType::BF16] {
+        for tt in [TensorType::F32, TensorType::F16, TensorType::BF16, TensorType::MXFP4] {
             assert_eq!(tt.weight_type(), None);
         }
         assert_eq!(WeightType::Q6K.row_bytes(2048), 8 * 210);

@@ -12,7 +12,7 @@
 
 use std::fmt::Write as _;
 
-use super::{BlockQ8_1, QK, float, kquants};
+use super::{BlockQ8_1, QK, float, kquants, mxfp4};
 
 /// A ggml tensor element type, in the table's order (ids ascending).
 #[allow(non_camel_case_types)]
@@ -64,7 +64,8 @@ pub type DotFn = fn(&[u8], &[BlockQ8_1]) -> f32;
 pub enum Compute {
     /// Nothing: the reader knows its layout, the backends refuse it by name.
     ReadOnly,
-    /// Converted to f32 where it is used (norms, embeddings, the CPU matmuls).
+    /// Converted to f32 where it is used (norms, embeddings, the CPU matmuls): the float types,
+    /// and quantized types the kernels do not take as weights (mxfp4, until its device unpack).
     Float { dequantize: DequantizeFn },
     /// Also a kernel weight format: the kernels dot it with q8_1 rows. `dot` is the CPU twin of
     /// the device formula.
@@ -93,6 +94,11 @@ const fn read_only(ty: GgmlType, id: u32, name: &'static str, block_size: usize,
 
 const fn float_type(ty: GgmlType, id: u32, name: &'static str, bytes: usize, dequantize: DequantizeFn) -> TypeRow {
     TypeRow { compute: Compute::Float { dequantize }, ..read_only(ty, id, name, 1, bytes) }
+}
+
+/// A quantized type with a CPU dequantization and no kernel dot (see [`Compute::Float`]).
+const fn dequantized(ty: GgmlType, id: u32, name: &'static str, block: (usize, usize), dequantize: DequantizeFn) -> TypeRow {
+    TypeRow { compute: Compute::Float { dequantize }, ..read_only(ty, id, name, block.0, block.1) }
 }
 
 const fn weight_format(ty: GgmlType, id: u32, name: &'static str, block: (usize, usize), dequantize: DequantizeFn, dot: DotFn) -> TypeRow {
@@ -134,7 +140,7 @@ pub const TYPES: [TypeRow; 34] = [
     float_type(T::BF16, 30, "bf16", float::BF16_BYTES, float::dequantize_bf16_into),
     read_only(T::TQ1_0, 34, "tq1_0", QK_K, 2 + 4 * 13),
     read_only(T::TQ2_0, 35, "tq2_0", QK_K, 2 + 64),
-    read_only(T::MXFP4, 39, "mxfp4", 32, 1 + 16),
+    dequantized(T::MXFP4, 39, "mxfp4", (QK, mxfp4::BLOCK_MXFP4_BYTES), mxfp4::dequantize_mxfp4_into),
     read_only(T::NVFP4, 40, "nvfp4", 64, 4 + 32),
     read_only(T::Q1_0, 41, "q1_0", 128, 2 + 16),
 ];
@@ -316,6 +322,7 @@ mod tests {
             (GgmlType::Q6_K, 14, 256, 210),
             (GgmlType::Q8_K, 15, 256, 292),
             (GgmlType::BF16, 30, 1, 2),
+            (GgmlType::MXFP4, 39, 32, 17),
         ];
         for (t, id, block, bytes) in expect {
             assert_eq!((t.id(), t.block_size(), t.block_bytes()), (id, block, bytes), "{t}");
@@ -333,6 +340,7 @@ mod tests {
             assert!(h.contains(&format!("case WTYPE_{name}: {{ constexpr int WT = WTYPE_{name}; __VA_ARGS__; }} break;")), "{name}: {h}");
         }
         assert!(!h.contains("WTYPE_F32") && !h.contains("WTYPE_BF16"), "floats are not weight formats: {h}");
+        assert!(h.contains("#define TTYPE_MXFP4 39\n") && !h.contains("WTYPE_MXFP4"), "mxfp4 is dequantized, not a kernel weight: {h}");
         // Every line of a macro but its last continues.
         for block in h.split("#define").filter(|b| b.contains('\n')) {
             let lines: Vec<&str> = block.trim_end().lines().collect();
