@@ -21,6 +21,7 @@ use super::metrics;
 use super::state::{EngineStatus, Heartbeat, HttpCounters};
 use super::telemetry::GenAiLabels;
 use crate::wire::error::parse_body;
+use crate::wire::reply::ReplyFormat;
 use crate::wire::request::check_prompt_fits;
 use crate::wire::sse::{self, AnthropicStream, ChoiceStream, OpenAiChatStream, OpenAiCompletionStream};
 use crate::wire::stop::{StopMatcher, StopStep};
@@ -253,6 +254,8 @@ async fn run_request(s: &Arc<AppState>, api: Api, headers: &HeaderMap, body: Bod
         model: req.model.clone(),
     };
     let trace_parent = super::telemetry::trace_parent(headers);
+    // How the model marks reasoning and tool calls in its replies, told by its chat template.
+    let format = ReplyFormat::of_template(loaded.template.source());
     let mut sub = submit(s, loaded, &req, &id, &gen_ai, trace_parent)?;
     // The first event decides the status: a refusal (full queue, quarantine) is an HTTP error,
     // not a stream that fails; once admitted, a stream starts and a later failure (a stall) is
@@ -262,14 +265,14 @@ async fn run_request(s: &Arc<AppState>, api: Api, headers: &HeaderMap, body: Bod
         return Err((error.clone(), *retry_after));
     }
     if req.stream {
-        Ok(stream_response(api, id, req, sub, first))
+        Ok(stream_response(api, id, req, format, sub, first))
     } else {
         let (outputs, usage) = collect(&req, &mut sub, first).await?;
         let id_created = unix_now();
         Ok(match api {
-            Api::Chat => axum::Json(openai::chat_completion(&id, id_created, &req, &outputs, usage)).into_response(),
+            Api::Chat => axum::Json(openai::chat_completion(&id, id_created, &req, format, &outputs, usage)).into_response(),
             Api::Completion => axum::Json(openai::completion(&id, id_created, &req.model, &outputs, usage)).into_response(),
-            Api::Messages => axum::Json(anthropic::message(&id, &req, &outputs[0], usage)).into_response(),
+            Api::Messages => axum::Json(anthropic::message(&id, &req, format, &outputs[0], usage)).into_response(),
         })
     }
 }
@@ -289,12 +292,16 @@ fn worker_gone() -> ApiError {
     )
 }
 
-/// The prompt's tokens: chat messages rendered through the model's template, or the raw text.
-pub fn prompt_tokens(loaded: &Loaded, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
+/// The prompt's tokens: chat messages rendered through the model's template (with the
+/// request's template variables, such as `reasoning_effort`), or the raw text.
+pub fn prompt_tokens(loaded: &Loaded, req: &GenerateRequest) -> Result<Vec<u32>, ApiError> {
     let internal = |what: &str, e: &dyn std::fmt::Display| ApiError::new(ErrorKind::Internal, format!("{what}: {e}"));
-    match prompt {
+    match &req.prompt {
         Prompt::Chat { messages, tools } => {
-            let text = loaded.template.render(messages, tools.as_ref(), true).map_err(|e| ApiError::invalid("messages", e))?;
+            let text = loaded
+                .template
+                .render_with(messages, tools.as_ref(), true, &req.template_vars())
+                .map_err(|e| ApiError::invalid("messages", e))?;
             // A template that writes the BOS itself must not get a second one.
             let has_bos = !loaded.template.bos_token().is_empty() && text.starts_with(loaded.template.bos_token());
             loaded.tokenizer.encode(&text, !has_bos, true).map_err(|e| internal("tokenizing the rendered prompt", &e))
@@ -311,7 +318,7 @@ fn submit(
     gen_ai: &GenAiLabels,
     trace_parent: Option<opentelemetry::trace::SpanContext>,
 ) -> Result<Submitted, Failure> {
-    let prompt = prompt_tokens(loaded, &req.prompt).map_err(fail)?;
+    let prompt = prompt_tokens(loaded, req).map_err(fail)?;
     if prompt.is_empty() {
         return Err(fail(ApiError::invalid("prompt", "the prompt has no tokens")));
     }
@@ -425,7 +432,8 @@ impl Encoder {
             Encoder::Completion(e) => pieces
                 .iter()
                 .map(|p| match p {
-                    Piece::Text(t) => e.text(index, t),
+                    // Raw completions are not parsed (see `ChoiceStream`): all of it is text.
+                    Piece::Text(t) | Piece::Reasoning(t) => e.text(index, t),
                     // `/v1/completions` requests have no tools, so their text is never parsed for
                     // calls; should one appear, it goes out as the block the model wrote.
                     Piece::Call(c) => {
@@ -467,7 +475,7 @@ impl Encoder {
 /// An SSE response fed by a task that turns the worker's events into the API's frames. When the
 /// client goes away the body is dropped, the task's sends fail, it returns, and dropping its
 /// event receiver tells the worker to cancel.
-fn stream_response(api: Api, id: String, req: GenerateRequest, mut sub: Submitted, first: (usize, Event)) -> Response {
+fn stream_response(api: Api, id: String, req: GenerateRequest, format: ReplyFormat, mut sub: Submitted, first: (usize, Event)) -> Response {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(64);
     tokio::spawn(async move {
         let mut enc = match api {
@@ -486,7 +494,7 @@ fn stream_response(api: Api, id: String, req: GenerateRequest, mut sub: Submitte
         // for the count, which comes just before the first token (or for any output at all).
         let mut opened = !matches!(enc, Encoder::Messages(_));
         let n = req.n;
-        let mut choices: Vec<ChoiceStream> = (0..n).map(|_| ChoiceStream::new(&req)).collect();
+        let mut choices: Vec<ChoiceStream> = (0..n).map(|_| ChoiceStream::new(&req, format)).collect();
         let mut tokens = vec![0u64; n];
         let mut done = vec![false; n];
         let mut usage = Usage { prompt_tokens: sub.prompt_tokens as u64, ..Usage::default() };

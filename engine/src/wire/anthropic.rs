@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json, json};
 
 use super::error::ApiError;
+use super::reply::{self, ReplyFormat};
 use super::request::{self as req, FinishReason, GenerateRequest, Limits, Output, Prompt, Sampling, ToolChoice, Usage};
-use super::tool_calls;
 use crate::chat_template::json_kind;
 
 #[derive(Clone, Debug, Deserialize)]
@@ -254,6 +254,7 @@ impl MessagesRequest {
             n: 1,
             stream: self.stream.unwrap_or(false),
             include_usage: false,
+            reasoning_effort: None,
         })
     }
 }
@@ -263,8 +264,19 @@ impl MessagesRequest {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentBlock {
-    Text { text: String },
-    ToolUse { id: String, name: String, input: Json },
+    /// The model's reasoning. Anthropic signs its own; ours has an empty signature.
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
+    Text {
+        text: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        input: Json,
+    },
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -310,10 +322,15 @@ pub fn stop_reason(finish: &FinishReason, called_tools: bool) -> (&'static str, 
     }
 }
 
-/// The non-streaming answer to `/v1/messages`.
-pub fn message(id: &str, request: &GenerateRequest, output: &Output, usage: Usage) -> Message {
-    let (text, calls) = if request.parses_tool_calls() { tool_calls::split(&output.text) } else { (output.text.clone(), Vec::new()) };
-    let mut content = Vec::with_capacity(calls.len() + 1);
+/// The non-streaming answer to `/v1/messages`: the reply split in the model's `format` into a
+/// `thinking` block (returned by default, whether or not the request asked for thinking), a
+/// `text` block and `tool_use` blocks, in that order.
+pub fn message(id: &str, request: &GenerateRequest, format: ReplyFormat, output: &Output, usage: Usage) -> Message {
+    let reply::Reply { reasoning, content: text, calls } = reply::split(format, request.parses_tool_calls(), &output.text);
+    let mut content = Vec::with_capacity(calls.len() + 2);
+    if !reasoning.is_empty() {
+        content.push(ContentBlock::Thinking { thinking: reasoning, signature: String::new() });
+    }
     if !text.is_empty() {
         content.push(ContentBlock::Text { text });
     }
@@ -480,7 +497,7 @@ mod tests {
                 .into(),
             finish: FinishReason::EndOfTurn,
         };
-        let msg = message("msg_1", &r, &out, Usage { prompt_tokens: 500, completion_tokens: 20, cached_tokens: 480 });
+        let msg = message("msg_1", &r, ReplyFormat::Hermes, &out, Usage { prompt_tokens: 500, completion_tokens: 20, cached_tokens: 480 });
         let v = serde_json::to_value(&msg).unwrap();
         assert_eq!(v["type"], "message");
         assert_eq!(v["role"], "assistant");
@@ -494,10 +511,39 @@ mod tests {
             json!({"input_tokens": 20, "output_tokens": 20, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 480})
         );
         assert_eq!(serde_json::from_value::<Message>(v).unwrap(), msg);
-        let stopped =
-            message("m", &r, &Output { text: "Sunny".into(), finish: FinishReason::StopSequence("\n\nHuman:".into()) }, Usage::default());
+        let stopped = message(
+            "m",
+            &r,
+            ReplyFormat::Hermes,
+            &Output { text: "Sunny".into(), finish: FinishReason::StopSequence("\n\nHuman:".into()) },
+            Usage::default(),
+        );
         assert_eq!((stopped.stop_reason.as_deref(), stopped.stop_sequence.as_deref()), (Some("stop_sequence"), Some("\n\nHuman:")));
-        let long = message("m", &r, &Output { text: "Sun".into(), finish: FinishReason::MaxTokens }, Usage::default());
+        let long = message("m", &r, ReplyFormat::Hermes, &Output { text: "Sun".into(), finish: FinishReason::MaxTokens }, Usage::default());
         assert_eq!(long.stop_reason.as_deref(), Some("max_tokens"));
+    }
+
+    #[test]
+    fn response_with_thinking_first() {
+        let r = messages(SDK_BODY).unwrap();
+        let text = "<|channel|>analysis<|message|>Call it.<|end|><|start|>assistant<|channel|>commentary<|message|>Looking.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Paris\"}";
+        let msg = message("m", &r, ReplyFormat::Harmony, &Output { text: text.into(), finish: FinishReason::EndOfTurn }, Usage::default());
+        let v = serde_json::to_value(&msg).unwrap();
+        assert_eq!(v["content"][0], json!({"type": "thinking", "thinking": "Call it.", "signature": ""}));
+        assert_eq!(v["content"][1], json!({"type": "text", "text": "Looking."}));
+        assert_eq!((&v["content"][2]["type"], &v["content"][2]["input"]), (&json!("tool_use"), &json!({"city": "Paris"})));
+        assert_eq!(v["stop_reason"], "tool_use");
+        assert_eq!(serde_json::from_value::<Message>(v).unwrap(), msg);
+        let msg = message(
+            "m",
+            &r,
+            ReplyFormat::Hermes,
+            &Output { text: "<think>r</think>a".into(), finish: FinishReason::EndOfTurn },
+            Usage::default(),
+        );
+        assert_eq!(
+            msg.content,
+            vec![ContentBlock::Thinking { thinking: "r".into(), signature: String::new() }, ContentBlock::Text { text: "a".into() }]
+        );
     }
 }

@@ -6,6 +6,8 @@
 //! - [`request`] — [`GenerateRequest`], [`Limits`], the checks every API shares.
 //! - [`openai`] — `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
 //! - [`anthropic`] — `/v1/messages`.
+//! - [`reply`] — a reply split into reasoning, answer and tool calls, per chat format (Qwen3's
+//!   `<think>`, gpt-oss's harmony channels), whole or streamed.
 //! - [`tool_calls`] — `<tool_call>{...}</tool_call>` blocks in generated text, whole or streamed.
 //! - [`stop`] — stop strings over streamed bytes, holding back a possible partial match.
 //! - [`sse`] — server-sent-event framing and the per-API stream state machines.
@@ -14,6 +16,7 @@
 pub mod anthropic;
 pub mod error;
 pub mod openai;
+pub mod reply;
 pub mod request;
 pub mod sse;
 pub mod stop;

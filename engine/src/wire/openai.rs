@@ -6,8 +6,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json, json};
 
 use super::error::ApiError;
+use super::reply::{self, ReplyFormat};
 use super::request::{self as req, FinishReason, GenerateRequest, Limits, Output, Prompt, Sampling, ToolChoice, Usage};
-use super::tool_calls::{self, ToolCall};
+use super::tool_calls::ToolCall;
 use crate::chat_template::json_kind;
 
 #[derive(Clone, Debug, Deserialize)]
@@ -110,6 +111,8 @@ pub struct ChatCompletionRequest {
     pub tools: Option<Vec<ToolDef>>,
     /// `"none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}`.
     pub tool_choice: Option<Json>,
+    /// `"low" | "medium" | "high"`, for the chat template (gpt-oss's).
+    pub reasoning_effort: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -288,6 +291,7 @@ impl ChatCompletionRequest {
             n: req::check_n(self.n, limits)?,
             stream,
             include_usage: stream && self.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+            reasoning_effort: req::check_reasoning_effort(self.reasoning_effort)?,
         })
     }
 }
@@ -323,6 +327,7 @@ impl CompletionRequest {
             n: req::check_n(self.n, limits)?,
             stream,
             include_usage: stream && self.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+            reasoning_effort: None,
         })
     }
 }
@@ -382,6 +387,10 @@ impl ToolCallOut {
 pub struct AssistantMessage {
     pub role: String,
     pub content: Option<String>,
+    /// The model's reasoning, apart from the answer (vLLM's and llama.cpp's field); absent when
+    /// the model gave none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallOut>>,
 }
@@ -413,19 +422,28 @@ pub fn finish_reason(finish: &FinishReason, called_tools: bool) -> &'static str 
     }
 }
 
-/// The non-streaming answer to a chat completion; tool calls are parsed out of the text when
-/// the request had tools.
-pub fn chat_completion(id: &str, created: u64, request: &GenerateRequest, outputs: &[Output], usage: Usage) -> ChatCompletion {
+/// The non-streaming answer to a chat completion: each reply split in the model's `format` into
+/// reasoning (returned by default, as `reasoning_content`), content, and tool calls when the
+/// request had tools.
+pub fn chat_completion(
+    id: &str,
+    created: u64,
+    request: &GenerateRequest,
+    format: ReplyFormat,
+    outputs: &[Output],
+    usage: Usage,
+) -> ChatCompletion {
     let choices = outputs
         .iter()
         .enumerate()
         .map(|(index, out)| {
-            let (content, calls) = if request.parses_tool_calls() { tool_calls::split(&out.text) } else { (out.text.clone(), Vec::new()) };
+            let reply::Reply { reasoning, content, calls } = reply::split(format, request.parses_tool_calls(), &out.text);
             let tool_calls = if calls.is_empty() { None } else { Some(calls.iter().map(ToolCallOut::new).collect()) };
             let content = if content.is_empty() && tool_calls.is_some() { None } else { Some(content) };
+            let reasoning_content = (!reasoning.is_empty()).then_some(reasoning);
             ChatChoice {
                 index,
-                message: AssistantMessage { role: "assistant".into(), content, tool_calls },
+                message: AssistantMessage { role: "assistant".into(), content, reasoning_content, tool_calls },
                 logprobs: None,
                 finish_reason: finish_reason(&out.finish, !calls.is_empty()).into(),
             }
@@ -630,6 +648,12 @@ mod tests {
                 "tools[0].type: must be \"function\"",
             ),
             (format!(r#"{{"model": "brink", {m}, "tools": [{{"type": "function"}}]}}"#), 400, "tools[0]: missing field `function`"),
+            (
+                format!(r#"{{"model": "brink", {m}, "reasoning_effort": "extreme"}}"#),
+                400,
+                "reasoning_effort: must be \"low\", \"medium\" or \"high\", got \"extreme\"",
+            ),
+            (format!(r#"{{"model": "brink", {m}, "reasoning_effort": 3}}"#), 400, "reasoning_effort: invalid type: integer `3`"),
         ];
         for (body, status, start) in cases {
             let e = chat(&body).unwrap_err();
@@ -681,7 +705,7 @@ mod tests {
             Output { text: "It is sunny.".into(), finish: FinishReason::StopSequence("\n\nUser:".into()) },
         ];
         let usage = Usage { prompt_tokens: 100, completion_tokens: 30, cached_tokens: 64 };
-        let resp = chat_completion("chatcmpl-1", 1700000000, &r, &outputs, usage);
+        let resp = chat_completion("chatcmpl-1", 1700000000, &r, ReplyFormat::Hermes, &outputs, usage);
         let v = serde_json::to_value(&resp).unwrap();
         assert_eq!(v["object"], "chat.completion");
         assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
@@ -700,9 +724,54 @@ mod tests {
         assert_eq!(back, resp);
         // Without tools the same text is plain content.
         let plain = chat(r#"{"model": "brink", "messages": [{"role": "user", "content": "Hi"}]}"#).unwrap();
-        let resp = chat_completion("c", 0, &plain, &outputs[..1], usage);
+        let resp = chat_completion("c", 0, &plain, ReplyFormat::Hermes, &outputs[..1], usage);
         assert_eq!(resp.choices[0].message.content.as_deref(), Some(outputs[0].text.as_str()));
         assert_eq!(resp.choices[0].finish_reason, "stop");
+    }
+
+    #[test]
+    fn reasoning_effort_reaches_the_template() {
+        let r = chat(r#"{"model": "brink", "messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": "high"}"#).unwrap();
+        assert_eq!(r.reasoning_effort.as_deref(), Some("high"));
+        assert_eq!(Json::Object(r.template_vars()), json!({"reasoning_effort": "high"}));
+        let t = crate::chat_template::ChatTemplate::new("Reasoning: {{ reasoning_effort | default('medium') }}", "", "").unwrap();
+        let Prompt::Chat { messages, tools } = &r.prompt else { panic!("chat prompt expected") };
+        assert_eq!(t.render_with(messages, tools.as_ref(), true, &r.template_vars()).unwrap(), "Reasoning: high");
+        let r = chat(r#"{"model": "brink", "messages": [{"role": "user", "content": "Hi"}]}"#).unwrap();
+        assert!(r.template_vars().is_empty());
+        assert_eq!(t.render_with(&[json!({"role": "user", "content": "x"})], None, true, &r.template_vars()).unwrap(), "Reasoning: medium");
+    }
+
+    #[test]
+    fn chat_response_with_reasoning() {
+        let r = chat(SDK_TOOLS_BODY).unwrap();
+        let harmony = "<|channel|>analysis<|message|>Need Rome.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Rome\"}";
+        let outputs = [
+            Output { text: harmony.into(), finish: FinishReason::EndOfTurn },
+            Output {
+                text: "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>Sunny.".into(),
+                finish: FinishReason::EndOfTurn,
+            },
+        ];
+        let v = serde_json::to_value(chat_completion("c", 0, &r, ReplyFormat::Harmony, &outputs, Usage::default())).unwrap();
+        assert_eq!(v["choices"][0]["message"]["reasoning_content"], "Need Rome.");
+        assert_eq!(v["choices"][0]["message"]["content"], Json::Null);
+        assert_eq!(
+            v["choices"][0]["message"]["tool_calls"][0]["function"],
+            json!({"name": "get_weather", "arguments": "{\"city\":\"Rome\"}"})
+        );
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(v["choices"][1]["message"], json!({"role": "assistant", "content": "Sunny.", "reasoning_content": "Easy."}));
+        assert_eq!(v["choices"][1]["finish_reason"], "stop");
+        // Qwen3's <think> the same way; without reasoning the field is absent.
+        let plain = chat(r#"{"model": "brink", "messages": [{"role": "user", "content": "Hi"}]}"#).unwrap();
+        let outputs = [
+            Output { text: "<think>\nhello?\n</think>\n\nHello!".into(), finish: FinishReason::EndOfTurn },
+            Output { text: "Hello!".into(), finish: FinishReason::MaxTokens },
+        ];
+        let v = serde_json::to_value(chat_completion("c", 0, &plain, ReplyFormat::Hermes, &outputs, Usage::default())).unwrap();
+        assert_eq!(v["choices"][0]["message"], json!({"role": "assistant", "content": "Hello!", "reasoning_content": "hello?"}));
+        assert_eq!(v["choices"][1]["message"], json!({"role": "assistant", "content": "Hello!"}));
     }
 
     #[test]

@@ -81,12 +81,36 @@ pub struct GenerateRequest {
     pub stream: bool,
     /// OpenAI `stream_options.include_usage`: a last chunk with the usage.
     pub include_usage: bool,
+    /// OpenAI `reasoning_effort` (checked by [`check_reasoning_effort`]): given to the chat
+    /// template as the variable of that name (gpt-oss's template reads it).
+    pub reasoning_effort: Option<String>,
 }
 
 impl GenerateRequest {
     /// Whether the reply should be searched for `<tool_call>` blocks.
     pub fn parses_tool_calls(&self) -> bool {
         self.tool_choice != ToolChoice::None
+    }
+
+    /// The chat template variables the request sets beyond messages and tools.
+    pub fn template_vars(&self) -> serde_json::Map<String, Json> {
+        let mut vars = serde_json::Map::new();
+        if let Some(effort) = &self.reasoning_effort {
+            vars.insert("reasoning_effort".into(), Json::from(effort.clone()));
+        }
+        vars
+    }
+}
+
+/// The reasoning efforts models are trained on (gpt-oss's `Reasoning: low|medium|high`).
+pub const REASONING_EFFORTS: [&str; 3] = ["low", "medium", "high"];
+
+pub fn check_reasoning_effort(value: Option<String>) -> Result<Option<String>, ApiError> {
+    match value {
+        Some(v) if !REASONING_EFFORTS.contains(&v.as_str()) => {
+            Err(ApiError::invalid("reasoning_effort", format!("must be \"low\", \"medium\" or \"high\", got \"{v}\"")))
+        }
+        v => Ok(v),
     }
 }
 

@@ -7,17 +7,20 @@
 //!   `content_block_start` / `content_block_delta`s / `content_block_stop`, `message_delta` with
 //!   the stop reason and usage, `message_stop`; an error is an `error` event.
 //!
-//! The server feeds each choice's token bytes to a [`ChoiceStream`] (stop strings, then tool
-//! calls) and hands the resulting pieces to the API's encoder.
+//! The server feeds each choice's token bytes to a [`ChoiceStream`] (stop strings, then the
+//! reply format's parse into reasoning, text and tool calls) and hands the resulting pieces to
+//! the API's encoder. Reasoning goes out by default, apart from the answer: OpenAI's
+//! `delta.reasoning_content` (as vLLM and llama.cpp send it), Anthropic's `thinking` blocks.
 
 use serde::Serialize;
 use serde_json::{Value as Json, json};
 
 use super::error::ApiError;
 use super::openai::{self, UsageOut};
-use super::request::{FinishReason, GenerateRequest, Usage};
+use super::reply::{ReplyFormat, ReplyParser};
+use super::request::{FinishReason, GenerateRequest, Prompt, Usage};
 use super::stop::{StopMatcher, StopStep};
-use super::tool_calls::{Piece, ToolCall, ToolCallStream};
+use super::tool_calls::{Piece, ToolCall};
 use super::{anthropic, new_id};
 
 pub const OPENAI_DONE: &str = "data: [DONE]\n\n";
@@ -41,23 +44,25 @@ pub struct ChoiceStep {
     pub stopped: Option<FinishReason>,
 }
 
-/// One choice's output on its way to the client: stop strings cut it, then tool-call blocks
-/// are parsed out when the request has tools. Whitespace between and after tool calls is
-/// dropped, as the non-streaming answer trims it.
+/// One choice's output on its way to the client: stop strings cut it, then a chat reply is
+/// parsed in its format (reasoning, and tool calls when the request has tools); a raw
+/// completion is passed as it is. Whitespace between and after tool calls is dropped, as the
+/// non-streaming answer trims it.
 #[derive(Clone, Debug)]
 pub struct ChoiceStream {
     stop: StopMatcher,
-    tools: Option<ToolCallStream>,
+    parser: Option<ReplyParser>,
     called_tools: bool,
     /// Whitespace after a call, sent only if more text follows.
     pending_space: String,
 }
 
 impl ChoiceStream {
-    pub fn new(request: &GenerateRequest) -> ChoiceStream {
+    pub fn new(request: &GenerateRequest, format: ReplyFormat) -> ChoiceStream {
+        let chat = matches!(request.prompt, Prompt::Chat { .. });
         ChoiceStream {
             stop: StopMatcher::new(request.stop.clone()),
-            tools: request.parses_tool_calls().then(ToolCallStream::new),
+            parser: chat.then(|| ReplyParser::new(format, request.parses_tool_calls())),
             called_tools: false,
             pending_space: String::new(),
         }
@@ -85,12 +90,12 @@ impl ChoiceStream {
     }
 
     fn parse(&mut self, text: &str, last: bool) -> Vec<Piece> {
-        let Some(tools) = self.tools.as_mut() else {
+        let Some(parser) = self.parser.as_mut() else {
             return if text.is_empty() { Vec::new() } else { vec![Piece::Text(text.to_string())] };
         };
-        let mut pieces = tools.push(text);
+        let mut pieces = parser.push(text);
         if last {
-            pieces.extend(tools.finish());
+            pieces.extend(parser.finish());
         }
         let mut out = Vec::with_capacity(pieces.len());
         for piece in pieces {
@@ -103,11 +108,9 @@ impl ChoiceStream {
                 Piece::Text(t) if self.called_tools && t.trim().is_empty() => self.pending_space.push_str(&t),
                 Piece::Text(t) => {
                     let t = std::mem::take(&mut self.pending_space) + &t;
-                    match out.last_mut() {
-                        Some(Piece::Text(prev)) => prev.push_str(&t),
-                        _ => out.push(Piece::Text(t)),
-                    }
+                    super::reply::push_piece(&mut out, Piece::Text(t));
                 }
+                reasoning @ Piece::Reasoning(_) => super::reply::push_piece(&mut out, reasoning),
             }
         }
         out
@@ -137,6 +140,8 @@ struct Delta<'a> {
     role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_calls: Option<Vec<ToolCallDelta<'a>>>,
 }
@@ -194,19 +199,20 @@ impl OpenAiChatStream {
     pub fn start(&self) -> String {
         (0..self.n)
             .map(|index| {
-                let delta = Delta { role: Some("assistant"), content: Some(""), tool_calls: None };
+                let delta = Delta { role: Some("assistant"), content: Some(""), ..Delta::default() };
                 self.chunk(vec![ChunkChoice { index, delta, logprobs: None, finish_reason: None }])
             })
             .collect()
     }
 
-    /// Content and tool-call chunks for what choice `index` produced.
+    /// Content, reasoning and tool-call chunks for what choice `index` produced.
     pub fn pieces(&mut self, index: usize, pieces: &[Piece]) -> String {
         let mut out = String::new();
         for piece in pieces {
             let delta = match piece {
-                Piece::Text(t) if t.is_empty() => continue,
+                Piece::Text(t) | Piece::Reasoning(t) if t.is_empty() => continue,
                 Piece::Text(t) => Delta { content: Some(t), ..Delta::default() },
+                Piece::Reasoning(t) => Delta { reasoning_content: Some(t), ..Delta::default() },
                 Piece::Call(call) => Delta { tool_calls: Some(vec![self.call_delta(index, call)]), ..Delta::default() },
             };
             out += &self.chunk(vec![ChunkChoice { index, delta, logprobs: None, finish_reason: None }]);
@@ -301,6 +307,7 @@ pub fn openai_error(err: &ApiError) -> String {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Block {
+    Thinking,
     Text,
     ToolUse,
 }
@@ -353,21 +360,34 @@ impl AnthropicStream {
         (index, out)
     }
 
+    /// The open block's index when it is of this kind, else a new block's (its start in `out`).
+    fn open_or_continue(&mut self, block: Block, content_block: Json, out: &mut String) -> usize {
+        match self.open {
+            Some((index, open)) if open == block => index,
+            _ => {
+                let (index, start) = self.open(block, content_block);
+                *out += &start;
+                index
+            }
+        }
+    }
+
     pub fn pieces(&mut self, pieces: &[Piece]) -> String {
         let mut out = String::new();
         for piece in pieces {
             match piece {
-                Piece::Text(t) if t.is_empty() => {}
+                Piece::Text(t) | Piece::Reasoning(t) if t.is_empty() => {}
                 Piece::Text(t) => {
-                    let index = match self.open {
-                        Some((index, Block::Text)) => index,
-                        _ => {
-                            let (index, start) = self.open(Block::Text, json!({"type": "text", "text": ""}));
-                            out += &start;
-                            index
-                        }
-                    };
+                    let index = self.open_or_continue(Block::Text, json!({"type": "text", "text": ""}), &mut out);
                     let delta = json!({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": t}});
+                    out += &event_frame("content_block_delta", &delta);
+                }
+                // Anthropic signs its own thinking; ours has no signature (an empty one, which
+                // the SDKs accept).
+                Piece::Reasoning(t) => {
+                    let block = json!({"type": "thinking", "thinking": "", "signature": ""});
+                    let index = self.open_or_continue(Block::Thinking, block, &mut out);
+                    let delta = json!({"type": "content_block_delta", "index": index, "delta": {"type": "thinking_delta", "thinking": t}});
                     out += &event_frame("content_block_delta", &delta);
                 }
                 Piece::Call(call) => {
@@ -414,7 +434,7 @@ mod tests {
     fn request(tools: bool, stop: &[&str], n: usize, include_usage: bool) -> GenerateRequest {
         GenerateRequest {
             model: "brink".into(),
-            prompt: Prompt::Text(String::new()),
+            prompt: Prompt::Chat { messages: Vec::new(), tools: None },
             tool_choice: if tools { ToolChoice::Auto } else { ToolChoice::None },
             max_tokens: Some(10),
             sampling: Sampling::default(),
@@ -422,6 +442,7 @@ mod tests {
             n,
             stream: true,
             include_usage,
+            reasoning_effort: None,
         }
     }
 
@@ -449,7 +470,7 @@ mod tests {
     #[test]
     fn choice_stream_stops_and_parses_calls_across_tokens() {
         let req = request(true, &["<|user|>"], 1, false);
-        let mut c = ChoiceStream::new(&req);
+        let mut c = ChoiceStream::new(&req, ReplyFormat::Hermes);
         let tokens: [&[u8]; 8] = [
             b"Sure",
             b". <tool",
@@ -483,13 +504,77 @@ mod tests {
         assert_eq!(stopped, Some(FinishReason::StopSequence("<|user|>".into())));
         assert!(c.called_tools());
         // Whitespace after the last call is dropped.
-        let mut c = ChoiceStream::new(&req);
+        let mut c = ChoiceStream::new(&req, ReplyFormat::Hermes);
         let mut pieces = c.push(b"<tool_call>{\"name\": \"g\"}</tool_call>\n").pieces;
         pieces.extend(c.finish());
         assert_eq!(pieces.len(), 1);
         // Without tools the tags are text.
-        let mut c = ChoiceStream::new(&request(false, &[], 1, false));
+        let mut c = ChoiceStream::new(&request(false, &[], 1, false), ReplyFormat::Hermes);
         assert_eq!(c.push(b"<tool_call>{}</tool_call>").pieces, vec![Piece::Text("<tool_call>{}</tool_call>".into())]);
+        // A raw completion is not parsed at all.
+        let raw = GenerateRequest { prompt: Prompt::Text("x".into()), ..request(true, &[], 1, false) };
+        let mut c = ChoiceStream::new(&raw, ReplyFormat::Harmony);
+        assert_eq!(c.push(b"<|channel|>analysis<|message|>r").pieces, vec![Piece::Text("<|channel|>analysis<|message|>r".into())]);
+    }
+
+    /// Token bytes split at every byte (inside UTF-8 characters and markers alike) give what the
+    /// whole reply gives: the same parser behind the stop strings.
+    #[test]
+    fn choice_stream_harmony_at_every_byte_boundary() {
+        let reply = "<|channel|>analysis<|message|>Wetter für Paris 🌤<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>";
+        let req = request(true, &["STOP"], 1, false);
+        let run = |parts: &[&[u8]]| {
+            let mut c = ChoiceStream::new(&req, ReplyFormat::Harmony);
+            let mut out = Vec::new();
+            for part in parts {
+                c.push(part).pieces.into_iter().for_each(|p| crate::wire::reply::push_piece(&mut out, p));
+            }
+            c.finish().into_iter().for_each(|p| crate::wire::reply::push_piece(&mut out, p));
+            (out, c.called_tools())
+        };
+        let args = serde_json::from_str::<Json>(r#"{"city": "Paris"}"#).unwrap().as_object().unwrap().clone();
+        let want =
+            vec![Piece::Reasoning("Wetter für Paris 🌤".into()), Piece::Call(ToolCall { name: "get_weather".into(), arguments: args })];
+        let bytes = reply.as_bytes();
+        assert_eq!(run(&[bytes]), (want.clone(), true));
+        for at in 1..bytes.len() {
+            assert_eq!(run(&[&bytes[..at], &bytes[at..]]), (want.clone(), true), "split at byte {at}");
+        }
+        let singles: Vec<&[u8]> = bytes.chunks(1).collect();
+        assert_eq!(run(&singles), (want, true));
+    }
+
+    #[test]
+    fn reasoning_in_both_streams() {
+        let req = request(true, &[], 1, false);
+        let mut s = OpenAiChatStream::new("c", 1, &req);
+        let got = s.pieces(0, &[Piece::Reasoning("think \"hard\"".into()), Piece::Reasoning(String::new()), Piece::Text("4".into())]);
+        let head = r#"data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"brink","choices":[{"index":0,"delta":"#;
+        assert_eq!(
+            got,
+            format!(
+                "{head}{{\"reasoning_content\":\"think \\\"hard\\\"\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n{head}{{\"content\":\"4\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
+            )
+        );
+        let mut a = AnthropicStream::new("m", &req);
+        let call = ToolCall { name: "f".into(), arguments: serde_json::Map::new() };
+        let got = a.pieces(&[Piece::Reasoning("hmm".into())])
+            + &a.pieces(&[Piece::Reasoning(" more".into()), Piece::Text("ok".into()), Piece::Call(call)])
+            + &a.finish(&FinishReason::EndOfTurn, Usage::default());
+        let want = concat!(
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\",\"signature\":\"\"}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"hmm\"}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\" more\"}}\n\n",
+            "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"text_delta\",\"text\":\"ok\"}}\n\n",
+            "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":1}\n\n",
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":2,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_X\",\"name\":\"f\",\"input\":{}}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":2,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{}\"}}\n\n",
+            "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":2}\n\n",
+        );
+        assert!(mask_ids(&got).starts_with(want), "{got}");
+        assert!(got.contains("\"stop_reason\":\"tool_use\""));
     }
 
     #[test]

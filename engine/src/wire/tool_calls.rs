@@ -25,7 +25,10 @@ impl ToolCall {
 /// A piece of a parsed reply, in the order the model wrote them.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Piece {
+    /// The answer's text.
     Text(String),
+    /// Reasoning before the answer (see [`super::reply`]); never from the parse here.
+    Reasoning(String),
     Call(ToolCall),
 }
 
@@ -72,7 +75,7 @@ pub fn split(text: &str) -> (String, Vec<ToolCall>) {
     let mut calls = Vec::new();
     for piece in parse(text) {
         match piece {
-            Piece::Text(t) => content.push_str(&t),
+            Piece::Text(t) | Piece::Reasoning(t) => content.push_str(&t),
             Piece::Call(c) => calls.push(c),
         }
     }
