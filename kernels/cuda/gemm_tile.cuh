@@ -1,10 +1,17 @@
-// The dp4a GEMM tile shared by the routed GEMM (moe_gemm.cu) and the dense GEMM
+// The int8 tensor-core GEMM tile shared by the routed GEMM (moe_gemm.cu) and the dense GEMM
 // (output_head.cu): compiled in front of both, after common.cuh (`sources.rs`).
 //
 // A block computes a BM x BN tile of  acc[r, c] = dot(W[col0 + c, :], A[a_rows[r], :])  with
-// THREADS = (BM / TM) * (BN / TN) threads, each TM x TN outputs: rows ty + i * ROWS_T, columns
-// tx + j * COLS_T. A holds q8_1 rows of K / 32 blocks (9 words each: d | s << 16, 8 quant
-// words); W holds rows of any weight format (common.cuh), `w_row_bytes` apart.
+// THREADS = (BM / TM) * (BN / TN) threads, each TM x TN outputs. A holds q8_1 rows of K / 32
+// blocks (9 words each: d | s << 16, 8 quant words); W holds rows of any weight format
+// (common.cuh), `w_row_bytes` apart.
+//
+// Each 32-wide block's integer sums come from mma.sync m16n8k32 (s8 x s8 -> s32; q6_K: two
+// m16n8k16 halves, as it scales weights 16..31 apart): exactly the sums dp4a gave, so with the
+// same per-block float formula (block_partial) in the same block order the outputs are bit for
+// bit those of the CPU twins' arithmetic. Warps tile the block as (BM / 8TM) x (BN / 4TN), each
+// warp TM/2 x TN/2 sub-tiles of 16 x 8; thread outputs are rows gemm_tile_row(r) and columns
+// gemm_tile_col(c), which the callers' stores use.
 //
 // Per K step of KB 32-wide blocks the block stages in shared memory, as ints:
 //   a_q [KB][BM][QS]  activation quants;      w_q [KB][BN][QS]  weight quants unpacked to one
@@ -27,14 +34,46 @@
 // (`moe_gemm::tile_shared_bytes` in Rust).
 #define GEMM_QS 9
 
+// D += A (16 x 32, row-major s8) . B (32 x 8, column-major s8). Lane (g = lane / 4, t = lane % 4)
+// holds a = {A[g][4t..], A[g+8][4t..], A[g][16+4t..], A[g+8][16+4t..]}, b = {B[4t..][g],
+// B[16+4t..][g]} and d = {D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]} (PTX ISA fragments).
+static __device__ __forceinline__ void mma_s8_k32(int (&d)[4], const int (&a)[4], const int (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The k = 16 shape: a = {A[g][4t..], A[g+8][4t..]}, b = B[4t..][g]; d as above.
+static __device__ __forceinline__ void mma_s8_k16(int (&d)[4], int a0, int a1, int b0) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// The tile row of this thread's output row r (0 <= r < TM): its warp's rows, then the 16-row
+// sub-tile r / 2, then g or g + 8.
+template <int BM, int BN, int TM, int TN>
+static __device__ __forceinline__ int gemm_tile_row(int r) {
+    const int warp_m = (int)(threadIdx.x >> 5) / (BN / (4 * TN));
+    return warp_m * 8 * TM + (r >> 1) * 16 + (r & 1) * 8 + (int)((threadIdx.x & 31) >> 2);
+}
+
+// The tile column of this thread's output column c (0 <= c < TN): its warp's columns, then the
+// 8-column sub-tile c / 2, then 2t or 2t + 1.
+template <int BM, int BN, int TM, int TN>
+static __device__ __forceinline__ int gemm_tile_col(int c) {
+    const int warp_n = (int)(threadIdx.x >> 5) % (BN / (4 * TN));
+    return warp_n * 4 * TN + (c >> 1) * 8 + 2 * (int)(threadIdx.x & 3) + (c & 1);
+}
+
 template <int BM, int BN, int KB, int TM, int TN, int WT>
 static __device__ __forceinline__ void gemm_tile_loop(const u32* __restrict__ a, const u64* a_rows, const unsigned char* __restrict__ w,
                                                       u64 w_row_bytes, u64 n_cols, u64 col0, int nb, int* smem, float (&acc)[TM][TN]) {
-    constexpr int COLS_T = BN / TN;  // threads along a tile's columns
-    constexpr int ROWS_T = BM / TM;
-    constexpr int THREADS = COLS_T * ROWS_T;
+    constexpr int THREADS = (BM / TM) * (BN / TN);
     constexpr bool ROW_SUM = WT == WTYPE_Q4_K || WT == WTYPE_Q5_K;  // the min term needs Σ quants
     static_assert(BM % TM == 0 && BN % TN == 0, "tile not divisible by the thread sub-tile");
+    static_assert(TM % 2 == 0 && TN % 2 == 0 && BM % (8 * TM) == 0 && BN % (4 * TN) == 0,
+                  "the warps' 16 x 8 mma sub-tiles must cover the tile");
 
     int* a_q = smem;
     int* w_q = a_q + KB * BM * GEMM_QS;
@@ -45,8 +84,11 @@ static __device__ __forceinline__ void gemm_tile_loop(const u32* __restrict__ a,
     int* w_sc = (int*)(w_m + KB * BN);
 
     const int tid = threadIdx.x;
-    const int tx = tid % COLS_T;
-    const int ty = tid / COLS_T;
+    constexpr int MI = TM / 2, NI = TN / 2;  // 16 x 8 mma sub-tiles per warp
+    constexpr int WM = 8 * TM, WN = 4 * TN;  // a warp's rows and columns
+    const int warp = tid >> 5, lane = tid & 31;
+    const int warp_m = warp / (BN / WN), warp_n = warp % (BN / WN);
+    const int g = lane >> 2, tig = lane & 3;
 
 #pragma unroll
     for (int r = 0; r < TM; ++r)
@@ -98,37 +140,53 @@ static __device__ __forceinline__ void gemm_tile_loop(const u32* __restrict__ a,
 
         const int kb_n = min(KB, nb - kb0);  // block-uniform
         for (int kb = 0; kb < kb_n; ++kb) {
+            // Fragments straight from the staged words (word j of a block holds values 4j..4j+3):
+            // A rows g and g + 8 of each 16-row sub-tile take words tig and 4 + tig, W columns g
+            // of each 8-column sub-tile the same words; no ldmatrix needed.
+            int af[MI][4], bf[NI][2];
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi) {
+                const int* ar = a_q + (kb * BM + warp_m * WM + mi * 16 + g) * GEMM_QS;
+                af[mi][0] = ar[tig];
+                af[mi][1] = ar[8 * GEMM_QS + tig];
+                af[mi][2] = ar[4 + tig];
+                af[mi][3] = ar[8 * GEMM_QS + 4 + tig];
+            }
+#pragma unroll
+            for (int ni = 0; ni < NI; ++ni) {
+                const int* wr = w_q + (kb * BN + warp_n * WN + ni * 8 + g) * GEMM_QS;
+                bf[ni][0] = wr[tig];
+                bf[ni][1] = wr[4 + tig];
+            }
             int lo[TM][TN], hi[TM][TN];
 #pragma unroll
-            for (int r = 0; r < TM; ++r)
+            for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-                for (int c = 0; c < TN; ++c) lo[r][c] = hi[r][c] = 0;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                int av[TM], wv[TN];
-#pragma unroll
-                for (int r = 0; r < TM; ++r) av[r] = a_q[(kb * BM + ty + r * ROWS_T) * GEMM_QS + j];
-#pragma unroll
-                for (int c = 0; c < TN; ++c) wv[c] = w_q[(kb * BN + tx + c * COLS_T) * GEMM_QS + j];
-#pragma unroll
-                for (int r = 0; r < TM; ++r)
-#pragma unroll
-                    for (int c = 0; c < TN; ++c) {
-                        // q6_K scales weights 16..31 apart; the other formats sum the block whole.
-                        if (WT == WTYPE_Q6_K && j >= 4) hi[r][c] = dp4a(wv[c], av[r], hi[r][c]);
-                        else lo[r][c] = dp4a(wv[c], av[r], lo[r][c]);
+                for (int ni = 0; ni < NI; ++ni) {
+                    int d[4] = {0, 0, 0, 0}, h[4] = {0, 0, 0, 0};
+                    if constexpr (WT == WTYPE_Q6_K) {
+                        // q6_K scales weights 16..31 apart: two k = 16 halves.
+                        mma_s8_k16(d, af[mi][0], af[mi][1], bf[ni][0]);
+                        mma_s8_k16(h, af[mi][2], af[mi][3], bf[ni][1]);
+                    } else {
+                        mma_s8_k32(d, af[mi], bf[ni]);
                     }
-            }
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        lo[2 * mi + (q >> 1)][2 * ni + (q & 1)] = d[q];
+                        hi[2 * mi + (q >> 1)][2 * ni + (q & 1)] = h[q];
+                    }
+                }
             wscale ws[TN];
 #pragma unroll
             for (int c = 0; c < TN; ++c) {
-                const int at = kb * BN + tx + c * COLS_T;
+                const int at = kb * BN + gemm_tile_col<BM, BN, TM, TN>(c);
                 const int sc = w_sc[at];
                 ws[c] = wscale{w_d[at], w_m[at], (int)(short)(sc & 0xffff), sc >> 16};  // both halves signed
             }
 #pragma unroll
             for (int r = 0; r < TM; ++r) {
-                const int at = kb * BM + ty + r * ROWS_T;
+                const int at = kb * BM + gemm_tile_row<BM, BN, TM, TN>(r);
                 const float ad = a_d[at];
                 const int ax = a_x[at];
 #pragma unroll

@@ -1,4 +1,4 @@
-// Routed-expert GEMM for prefill, on int8 dp4a:
+// Routed-expert GEMM for prefill, on int8 tensor cores (gemm_tile.cuh):
 //   y[sorted_ids[r], n] = dot(W[tile_expert[r / BM]][n, :], A[r, :])
 // A [max_padded_rows, K/32] q8_1 holds the activations gathered in sorted row order (padding
 // rows are zeros); W [E, N, K] is in any weight format (common.cuh); y [pairs, N] f32 is indexed
@@ -6,7 +6,7 @@
 //
 // Geometry: grid.x = row tiles of BM = 64 rows (they grow with tokens: the launch covers
 // max_padded_rows / 64, the real count is on the device), grid.y = column tiles of BN (bounded),
-// block = THREADS threads, each computing TM x TN outputs. A block whose tile_expert is -1 (past
+// block = THREADS threads (warps of mma.sync sub-tiles), each computing TM x TN outputs. A block whose tile_expert is -1 (past
 // the real padded rows) returns before any __syncthreads: the test is block-uniform.
 //
 // The K loop is gemm_tile.cuh's (shared with the dense GEMM of output_head.cu): the tile's A
@@ -18,9 +18,7 @@ template <int BM, int BN, int KB, int TM, int TN, int WT>
 static __device__ __forceinline__ void moe_gemm_tile(const int* __restrict__ sorted_ids, const int* __restrict__ tile_expert,
                                                      const u32* __restrict__ a, const unsigned char* __restrict__ w, float* __restrict__ y,
                                                      u64 pairs, int n, int nb, int experts, u64* a_rows) {
-    constexpr int COLS_T = BN / TN;
-    constexpr int ROWS_T = BM / TM;
-    constexpr int THREADS = COLS_T * ROWS_T;
+    constexpr int THREADS = (BM / TM) * (BN / TN);
 
     const int e = tile_expert[blockIdx.x];
     if (e < 0 || e >= experts) return;  // block-uniform, before any barrier
@@ -36,15 +34,13 @@ static __device__ __forceinline__ void moe_gemm_tile(const int* __restrict__ sor
     gemm_tile_loop<BM, BN, KB, TM, TN, WT>(a, a_rows, w_e, row_bytes, (u64)n, col0, nb, smem, acc);
 
     // No barrier below: padding rows and columns past N are masked here, at the store.
-    const int tx = threadIdx.x % COLS_T;
-    const int ty = threadIdx.x / COLS_T;
 #pragma unroll
     for (int r = 0; r < TM; ++r) {
-        const int pair = sorted_ids[row0 + ty + r * ROWS_T];
+        const int pair = sorted_ids[row0 + gemm_tile_row<BM, BN, TM, TN>(r)];
         if (pair < 0 || (u64)pair >= pairs) continue;
 #pragma unroll
         for (int c = 0; c < TN; ++c) {
-            const u64 col = col0 + tx + c * COLS_T;
+            const u64 col = col0 + gemm_tile_col<BM, BN, TM, TN>(c);
             if (col < (u64)n) y[(u64)pair * (u64)n + col] = acc[r][c];
         }
     }

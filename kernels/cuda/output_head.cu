@@ -1,5 +1,5 @@
-// Dense quantized matmul on int8 dp4a: the LM head, and every dense projection of the engine
-// (`ops::linear`):  out[r, v] = dot(W[v, :], x[src(r), :]).
+// Dense quantized matmul on int8 (mma.sync tiles for the GEMM, dp4a for the GEMV): the LM
+// head, and every dense projection of the engine (`ops::linear`):  out[r, v] = dot(W[v, :], x[src(r), :]).
 // x [x_rows, K/32] q8_1, W [V, K] in any weight format (common.cuh), out [R, V] f32 (V = vocab
 // for the head, the projection's output width otherwise). src(r) = rows[r], or r when rows is
 // null (full logits for the parity tests; every dense projection); prefill passes the last
@@ -42,7 +42,6 @@ template <int WT>
 static __device__ __forceinline__ void head_gemm_tile(const u32* __restrict__ x, const int* __restrict__ rows, u64 n_rows, u64 x_rows,
                                                       const unsigned char* __restrict__ w, float* __restrict__ out, int vocab, int nb,
                                                       u64* src, bool* bad) {
-    constexpr int COLS_T = HEAD_BN / HEAD_TN;
     extern __shared__ __align__(16) int smem[];
 
     const int tid = threadIdx.x;
@@ -61,16 +60,14 @@ static __device__ __forceinline__ void head_gemm_tile(const u32* __restrict__ x,
                                                                    acc);
 
     // No barrier below: spare rows and columns are masked here, at the store.
-    const int tx = tid % COLS_T;
-    const int ty = tid / COLS_T;
 #pragma unroll
     for (int r = 0; r < HEAD_TM; ++r) {
-        const int t = ty + r * (HEAD_BM / HEAD_TM);
+        const int t = gemm_tile_row<HEAD_BM, HEAD_BN, HEAD_TM, HEAD_TN>(r);
         const u64 row = row0 + t;
         if (row >= n_rows) continue;
 #pragma unroll
         for (int c = 0; c < HEAD_TN; ++c) {
-            const u64 col = col0 + tx + c * COLS_T;
+            const u64 col = col0 + gemm_tile_col<HEAD_BM, HEAD_BN, HEAD_TM, HEAD_TN>(c);
             if (col < (u64)vocab) out[row * (u64)vocab + col] = bad[t] ? HEAD_NAN : acc[r][c];
         }
     }

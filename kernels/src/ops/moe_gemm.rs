@@ -418,7 +418,7 @@ impl KernelFamily for Family {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::quant::dequantize_q8_1;
     use crate::thresholds::TOP_K_SET;
@@ -522,7 +522,22 @@ mod tests {
             let num: Vec<u32> = args[1..].iter().map(|a| a.parse().unwrap()).collect();
             assert_eq!((num[0], num[1], num[2]), (t.m, t.n, t.k_blocks), "{t:?}");
             assert_eq!(t.threads, num[0] / num[3] * (num[1] / num[4]), "{t:?}");
+            assert!(mma_subtiles_cover(num[0], num[1], num[3], num[4]), "{t:?}: warps' 16 x 8 mma sub-tiles");
         }
+    }
+
+    /// `gemm_tile.cuh`'s warps tile a block with 16 x 8 mma.sync sub-tiles, each thread taking
+    /// TM / 2 x TN / 2 of them: TM and TN even, BM a multiple of 8 TM and BN of 4 TN.
+    pub(crate) fn mma_subtiles_cover(bm: u32, bn: u32, tm: u32, tn: u32) -> bool {
+        tm % 2 == 0 && tn % 2 == 0 && bm % (8 * tm) == 0 && bn % (4 * tn) == 0
+    }
+
+    #[test]
+    fn mma_cover_rule_rejects_uncoverable_tiles() {
+        assert!(mma_subtiles_cover(64, 64, 4, 4));
+        assert!(!mma_subtiles_cover(64, 64, 3, 4));
+        assert!(!mma_subtiles_cover(48, 64, 4, 4));
+        assert!(!mma_subtiles_cover(64, 24, 4, 4));
     }
 
     #[test]

@@ -608,6 +608,8 @@ mod tests {
         assert_eq!([define("HEAD_BM"), define("HEAD_BN"), define("HEAD_KB")], [TILE_M, TILE_N, K_BLOCKS]);
         assert_eq!(define_in(crate::sources::GEMM_TILE.code, "GEMM_QS"), STAGED_INTS);
         assert_eq!(define("HEAD_TM") * define("HEAD_TN") * GEMM_THREADS as u64, TILE_M * TILE_N);
+        let [bm, bn, tm, tn] = ["HEAD_BM", "HEAD_BN", "HEAD_TM", "HEAD_TN"].map(|n| define(n) as u32);
+        assert!(crate::ops::moe_gemm::tests::mma_subtiles_cover(bm, bn, tm, tn));
         assert_eq!([define("HEAD_GEMV_WARPS"), define("HEAD_GEMV_MAX_ROWS")], [GEMV_WARPS as u64, GEMV_MAX_ROWS]);
     }
 }
