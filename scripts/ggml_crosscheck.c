@@ -72,20 +72,29 @@ static void check_quantize(void) {
     }
     dump_u8("quant.q8_0", o80, b80 * R);
     dump_u8("quant.q8_K", o8k, b8k * R);
+    // The weight quantizer brink mirrors for mxfp4 (quantize_row_mxfp4_ref), on the same rows.
+    size_t bmx = ggml_row_size(GGML_TYPE_MXFP4, K);
+    uint8_t *omx = malloc(bmx * R);
+    ggml_quantize_chunk(GGML_TYPE_MXFP4, x, omx, 0, R, K, NULL);
+    dump_u8("quant.mxfp4", omx, bmx * R);
+    free(x); free(o80); free(o8k); free(omx);
 }
 
 // Dense matmuls: one activation row (ggml's vec_dot), two or more (llamafile's sgemm for the
 // float types and q4_0/q8_0, vec_dot for the K-quants), in shapes with sgemm's edge tiles
 // (rows not a multiple of 4, tokens not a multiple of 4).
-static const enum ggml_type mm_types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q4_0,
-                                          GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+static const enum ggml_type mm_types[] = {GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q4_0, GGML_TYPE_Q8_0,
+                                          GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_MXFP4};
 #define N_MM_TYPES (sizeof(mm_types) / sizeof(mm_types[0]))
 
 static void check_matmul(void) {
-    const int shapes[][2] = {{96, 2048}, {90, 768}};  // rows, row length
+    // rows, row length; the third (25 blocks of 32) for the 32-wide types, whose vec_dot may
+    // pair blocks and take an odd last one apart (mxfp4).
+    const int shapes[][2] = {{96, 2048}, {90, 768}, {40, 800}};
     const int ns[] = {1, 2, 3, 7, 40};
     for (size_t t = 0; t < N_MM_TYPES; t++) {
-        for (size_t sh = 0; sh < 2; sh++) {
+        for (size_t sh = 0; sh < 3; sh++) {
+            if (sh == 2 && ggml_blck_size(mm_types[t]) != 32) continue;
             const int N = shapes[sh][0], K = shapes[sh][1];
             for (size_t c = 0; c < sizeof(ns) / sizeof(ns[0]); c++) {
                 int n = ns[c];
@@ -207,7 +216,8 @@ static void check_elementwise(void) {
 }
 
 static void check_get_rows(void) {
-    const enum ggml_type types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_F16, GGML_TYPE_BF16};
+    const enum ggml_type types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K,
+                                    GGML_TYPE_Q6_K, GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_MXFP4};
     const int K = 512, V = 10;
     int32_t ids[5] = {9, 0, 3, 3, 7};
     for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {

@@ -1,7 +1,8 @@
 //! Compares `engine::cpu` with ggml's CPU ops, from a dump written by scripts/ggml_crosscheck.c
 //! (run both with scripts/ggml-crosscheck). Fails unless every op brink mirrors exactly is bit
-//! for bit ggml's: activation quantization; matmuls of every weight type brink multiplies, for
-//! 1, 2, 3, 7 and 40 activation rows (ggml's vec_dot and llamafile's sgemm), and the experts'
+//! for bit ggml's: activation quantization and the mxfp4 weight quantizer; matmuls of every
+//! weight type brink multiplies, for 1, 2, 3, 7 and 40 activation rows (ggml's vec_dot and
+//! llamafile's sgemm; an odd number of blocks for the 32-wide types), and the experts'
 //! mul_mat_id for 1 and 6 tokens; RMSNorm, softmax, SwiGLU, RoPE, argsort, get_rows, attention
 //! for decode and prefill.
 //!
@@ -15,6 +16,7 @@ use brink_engine::ggml_cpu::argsort::argsort_desc;
 use brink_engine::ggml_cpu::softmax::soft_max_rows;
 use brink_engine::ggml_cpu::{QuantizedActs, WeightMatrix, attention, get_rows, matmul, matmul_gather, rms_norm, rope_neox, swiglu};
 use brink_engine::gguf::GgmlType;
+use brink_kernels::quant::mxfp4;
 use half::f16;
 
 struct Dump(HashMap<String, (u32, Vec<u8>)>);
@@ -125,14 +127,27 @@ fn quantization(d: &Dump, v: &mut Verdict) {
     }
     v.check("quantize q8_0", bad80 == 0, format!("{bad80} of {} activation blocks differ", x.len() / 32));
     v.check("quantize q8_K", bad8k == 0, format!("{bad8k} of {} activation blocks differ", x.len() / 256));
+    let (ours, theirs) = (mxfp4::quantize_row_mxfp4(&x), d.bytes("quant.mxfp4"));
+    let bad = ours.chunks(mxfp4::BLOCK_MXFP4_BYTES).zip(theirs.chunks(mxfp4::BLOCK_MXFP4_BYTES)).filter(|(a, b)| a != b).count();
+    v.check("quantize mxfp4", bad == 0 && ours.len() == theirs.len(), format!("{bad} of {} weight blocks differ", x.len() / 32));
 }
 
-const MM_TYPES: [GgmlType; 8] =
-    [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
+const MM_TYPES: [GgmlType; 9] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::MXFP4,
+];
 
 fn matmuls(d: &Dump, v: &mut Verdict) {
     for ty in MM_TYPES {
-        for (rows, cols) in [(96, 2048), (90, 768)] {
+        let odd = (ty.block_size() == 32).then_some((40, 800));
+        for (rows, cols) in [(96, 2048), (90, 768)].into_iter().chain(odd) {
             for n in [1, 2, 3, 7, 40] {
                 let tag = format!("mm.{}.{rows}x{cols}.{n}", ty.name());
                 let w = WeightMatrix::new(ty, rows, cols, d.bytes(&format!("{tag}.w"))).expect("a rows x cols matrix");
@@ -199,7 +214,9 @@ fn elementwise(d: &Dump, v: &mut Verdict) {
     v.check("argsort desc (ties)", same == rows, format!("{same}/{rows} rows of 128 identical"));
 
     let ids = d.u32s("gr.ids");
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::F16, GgmlType::BF16] {
+    for ty in
+        [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::F16, GgmlType::BF16, GgmlType::MXFP4]
+    {
         let t = WeightMatrix::new(ty, 10, 512, d.bytes(&format!("gr.{}.w", ty.name()))).expect("a 10 x 512 table");
         let mut ours = vec![0.0; ids.len() * 512];
         get_rows(&t, &ids, &mut ours).expect("ids within the table");

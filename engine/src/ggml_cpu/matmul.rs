@@ -195,6 +195,11 @@ mod tests {
                 data =
                     (0..(rows * cols) as u64).flat_map(|i| (((uniform_pm1(seed, i) * 0.1).to_bits() >> 16) as u16).to_le_bytes()).collect();
             }
+            WeightKind::MXFP4 => {
+                for block in data.chunks_exact_mut(kind.block_bytes()) {
+                    block[0] = 118 + block[0] % 4; // scales 2^-10 .. 2^-7
+                }
+            }
             _ => {
                 let fields: &[usize] = match kind {
                     WeightKind::Q6_K => &[208],
@@ -217,9 +222,7 @@ mod tests {
     #[test]
     fn matmul_matches_vec_dot_and_f64_reference() {
         let shapes = [(1, 256, 1), (3, 512, 1), (37, 256, 5), (130, 768, 2), (5, 256, 70), (64, 2048, 33), (8, 512, 3)];
-        for ty in
-            [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::F32, GgmlType::F16, GgmlType::BF16]
-        {
+        for ty in WeightKind::ALL.map(WeightKind::ggml_type) {
             for (s, &(rows, cols, n)) in shapes.iter().enumerate() {
                 let data = random_matrix(ty, s as u64, rows, cols);
                 let w = WeightMatrix::new(ty, rows, cols, &data).unwrap();

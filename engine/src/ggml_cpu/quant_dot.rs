@@ -14,6 +14,12 @@
 //! lanes 0-3 are the low 128 bits (bytes 0-15), 4-7 the high ones. Per type:
 //! - q8_0, q4_0 (nibbles − 8; bytes 0-15 the low nibbles, 16-31 the high): acc[l] = fma(d_w·d_x,
 //!   lane l, acc[l]) per block; result `hsum8(acc)`.
+//! - mxfp4 (`ggml_vec_dot_mxfp4_q8_0`; mul_mat always runs it, sgemm takes no mxfp4): the code
+//!   values (E2M1 doubled, −12..12; low nibbles bytes 0-15, high 16-31) in the q4_0 lanes, scale
+//!   d_x·e8m0_half(e). Blocks go in pairs: even blocks into one set of 8 f32 lanes, odd blocks
+//!   into another, both fma'd as q4_0's; then `hsum8(acc_even + acc_odd)`, lane by lane. An odd
+//!   last block takes the scalar tail: one integer sum, `sum = fma(d, isum, sum)` (GCC contracts
+//!   the C's `sumf += d * (sumi1 + sumi2)` under -mfma, as for q5_K's mins).
 //! - q4_K, q5_K: lane l = Σ over the 4 pairs of 32-value sub-blocks of scale · Σ its 4 products;
 //!   acc[l] = fma(d_x·d_w, lane l, acc[l]). The mins: q8s[k] = bsums[2k] + bsums[2k+1], 4 i32
 //!   lanes m[2q]·q8s[2q] + m[2q+1]·q8s[2q+1]; q4_K keeps them in 4 f32 lanes (fma with
@@ -25,12 +31,15 @@
 //!   acc[l] = fma(d_x·d_w, lane l, acc[l]); result `hsum8(acc)`.
 //!
 //! `_mm256_maddubs_epi16` saturates its i16 pair sums; no pair here comes near (at most
-//! 2·128·127 for q8_0 with a −128 weight), so plain integer sums are the same.
+//! 2·128·127 for q8_0 with a −128 weight), so plain integer sums are the same. Where ggml takes
+//! |w| and moves w's sign onto x (`_mm256_sign_epi8`: q4_0, mxfp4), an activation of −128 would
+//! keep its sign; q8_0 activations lie in −127..127 (`quantize_block_q8_0`), so it never meets one.
 
 use brink_kernels::quant::kquants::{
     BLOCK_Q4_K_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, Q4_K_D, Q4_K_DMIN, Q4_K_QS, Q4_K_SCALES, Q5_K_D, Q5_K_DMIN, Q5_K_QH, Q5_K_QS,
     Q5_K_SCALES, Q6_K_D, Q6_K_QH, Q6_K_QL, Q6_K_SCALES, get_scale_min_k4,
 };
+use brink_kernels::quant::mxfp4::{BLOCK_MXFP4_BYTES, KVALUES, e8m0_to_f32_half};
 use brink_kernels::quant::{BLOCK_Q4_0_BYTES, BLOCK_Q8_0_BYTES};
 
 use super::act_quant::{BlockQ8_0, BlockQ8K, QK_K, f16_to_f32};
@@ -83,6 +92,29 @@ pub fn dot_q4_0_q8_0(w_row: &[u8], x: &[BlockQ8_0]) -> f32 {
         fma_lanes(&mut acc, f16_at(b, 0) * xb.d, &lanes_32(&q, &xb.qs));
     }
     hsum8(&acc)
+}
+
+/// The 32 code values of an mxfp4 block, in value order.
+#[inline(always)]
+fn mxfp4_values(b: &[u8; BLOCK_MXFP4_BYTES]) -> [i16; 32] {
+    std::array::from_fn(|i| if i < 16 { KVALUES[(b[1 + i] & 0x0f) as usize] } else { KVALUES[(b[1 + i - 16] >> 4) as usize] } as i16)
+}
+
+pub fn dot_mxfp4_q8_0(w_row: &[u8], x: &[BlockQ8_0]) -> f32 {
+    let (blocks, _) = w_row.as_chunks::<BLOCK_MXFP4_BYTES>();
+    let nb = blocks.len().min(x.len());
+    let mut acc = [[0.0f32; LANES]; 2];
+    for ib in 0..nb / 2 * 2 {
+        let (b, xb) = (&blocks[ib], &x[ib]);
+        fma_lanes(&mut acc[ib % 2], xb.d * e8m0_to_f32_half(b[0]), &lanes_32(&mxfp4_values(b), &xb.qs));
+    }
+    let mut sum = hsum8(&std::array::from_fn(|l| acc[0][l] + acc[1][l]));
+    if nb % 2 == 1 {
+        let (b, xb) = (&blocks[nb - 1], &x[nb - 1]);
+        let isum: i32 = mxfp4_values(b).iter().zip(&xb.qs).map(|(&w, &q)| w as i32 * q as i32).sum();
+        sum = fma_f32(xb.d * e8m0_to_f32_half(b[0]), isum as f32, sum);
+    }
+    sum
 }
 
 /// The 8 six-bit scales and mins of a q4_K/q5_K block.
@@ -233,6 +265,55 @@ mod tests {
         assert_eq!(dot_q8_0_q8_0(&w, &[x0, x1]), 16_777_218.0);
         // The textbook order: 2^24 + 3 rounds to 2^24 + 4.
         assert_eq!(16_777_216.0f32 + 3.0, 16_777_220.0);
+    }
+
+    /// An mxfp4 block of `codes` (value order) with exponent `e`.
+    fn mxfp4_block(e: u8, codes: [u8; 32]) -> Vec<u8> {
+        let mut b = vec![e];
+        b.extend((0..16).map(|j| codes[j] | codes[16 + j] << 4));
+        b
+    }
+
+    #[test]
+    fn mxfp4_hand_block() {
+        // e = 126: scale 2^-2. Value j < 16 is code j, value 16 + j code 15 − j.
+        let codes: [u8; 32] = std::array::from_fn(|j| if j < 16 { j as u8 } else { 31 - j as u8 });
+        let w = mxfp4_block(126, codes);
+        // The 16 code values sum to 0 (each meets its negative): x_q = 1, then 2, gives 0.
+        let x = BlockQ8_0 { d: 0.5, qs: std::array::from_fn(|j| if j < 16 { 1 } else { 2 }) };
+        assert_eq!(dot_mxfp4_q8_0(&w, &[x]), 0.0);
+        // x_q with the sign of its code (codes 8-15 negative): Σ|values| = 72 per half, so
+        // 72·1 + 72·2 = 216, · 0.5 · 0.25 = 27.
+        let x = BlockQ8_0 { d: 0.5, qs: std::array::from_fn(|j| if codes[j] >= 8 { -1 } else { 1 } * if j < 16 { 1 } else { 2 }) };
+        assert_eq!(dot_mxfp4_q8_0(&w, &[x]), 27.0);
+    }
+
+    /// Blocks go in pairs, even and odd into two sets of lanes: four blocks each putting 1 in
+    /// lane 0, the first scaled by 2^24, keep 2^24 + 2 (even: 2^24 + 1 → 2^24, odd: 1 + 1 = 2)
+    /// where one running sum loses all three ones.
+    #[test]
+    fn mxfp4_pairs_accumulate_apart() {
+        let w: Vec<u8> = (0..4).flat_map(|_| mxfp4_block(128, std::array::from_fn(|j| u8::from(j == 0)))).collect();
+        let mut x = [BlockQ8_0 { d: 1.0, qs: std::array::from_fn(|j| i8::from(j == 0)) }; 4];
+        x[0].d = 16_777_216.0;
+        assert_eq!(dot_mxfp4_q8_0(&w, &x), 16_777_218.0);
+    }
+
+    /// An odd last block is added with one FMA: −2^14 from the pair, then (1 + 2^-10) · 16385
+    /// = 16401 + 2^-10, a tie that a separate product would round to 16401 (even), leaving 17.
+    #[test]
+    fn mxfp4_odd_tail_is_fused() {
+        let mut w = mxfp4_block(128, std::array::from_fn(|j| u8::from(j == 0)));
+        w.extend(mxfp4_block(128, [0; 32]));
+        // Values 12 (code 7) at 0..=10, 1 (code 1) at 11: 10·12·127 + 12·95 + 5 = 16385.
+        w.extend(mxfp4_block(128, std::array::from_fn(|j| if j <= 10 { 7 } else { u8::from(j == 11) })));
+        let x0 = BlockQ8_0 { d: 1024.0, qs: std::array::from_fn(|j| if j == 0 { -16 } else { 0 }) };
+        let x1 = BlockQ8_0 { d: 1.0, qs: [1; 32] };
+        let mut q2 = [0i8; 32];
+        q2[..10].fill(127);
+        (q2[10], q2[11]) = (95, 5);
+        let x2 = BlockQ8_0 { d: 1.0 + 2f32.powi(-10), qs: q2 };
+        assert_eq!(dot_mxfp4_q8_0(&w, &[x0, x1, x2]), 17.0 + 2f32.powi(-10));
     }
 
     /// q6_K's unsigned quants minus 32·Σ bsums·scale equal the signed formula (q − 32) per value:

@@ -1,7 +1,8 @@
 //! Dot products of one weight row with one activation row, with ggml's CPU arithmetic.
 //!
 //! Quantized types: [`super::quant_dot`], in the lanes and order of ggml's AVX2 code (bit for
-//! bit). The q4_0 and q8_0 dots of llamafile's sgemm are the same arithmetic.
+//! bit). The q4_0 and q8_0 dots of llamafile's sgemm are the same arithmetic; sgemm takes no
+//! mxfp4, so ggml's mul_mat dots it with `ggml_vec_dot_mxfp4_q8_0` however many rows.
 //!
 //! Float types: the weights widened to f32 against the activations (already rounded to f16 or
 //! bf16 for those types, so each product is exact), summed in the lanes and order of ggml's
@@ -11,7 +12,7 @@
 use super::act_quant::{ActRow, VecDotType, f16_to_f32};
 use super::error::CpuError;
 use super::float_dot::{self, SumOrder};
-use super::quant_dot::{dot_q4_0_q8_0, dot_q4_k_q8_k, dot_q5_k_q8_k, dot_q6_k_q8_k, dot_q8_0_q8_0};
+use super::quant_dot::{dot_mxfp4_q8_0, dot_q4_0_q8_0, dot_q4_k_q8_k, dot_q5_k_q8_k, dot_q6_k_q8_k, dot_q8_0_q8_0};
 use crate::gguf::GgmlType;
 
 /// A weight type the CPU multiplies, resolved once (at model load) from the file's type.
@@ -26,10 +27,11 @@ pub enum WeightKind {
     Q4_K,
     Q5_K,
     Q6_K,
+    MXFP4,
 }
 
 impl WeightKind {
-    pub const ALL: [WeightKind; 8] = [
+    pub const ALL: [WeightKind; 9] = [
         WeightKind::F32,
         WeightKind::F16,
         WeightKind::BF16,
@@ -38,6 +40,7 @@ impl WeightKind {
         WeightKind::Q4_K,
         WeightKind::Q5_K,
         WeightKind::Q6_K,
+        WeightKind::MXFP4,
     ];
 
     /// The CPU's kind for a tensor type, or an error naming the type.
@@ -55,6 +58,7 @@ impl WeightKind {
             WeightKind::Q4_K => GgmlType::Q4_K,
             WeightKind::Q5_K => GgmlType::Q5_K,
             WeightKind::Q6_K => GgmlType::Q6_K,
+            WeightKind::MXFP4 => GgmlType::MXFP4,
         }
     }
 
@@ -64,7 +68,7 @@ impl WeightKind {
             WeightKind::F32 => VecDotType::F32,
             WeightKind::F16 => VecDotType::F16,
             WeightKind::BF16 => VecDotType::BF16,
-            WeightKind::Q4_0 | WeightKind::Q8_0 => VecDotType::Q8_0,
+            WeightKind::Q4_0 | WeightKind::Q8_0 | WeightKind::MXFP4 => VecDotType::Q8_0,
             WeightKind::Q4_K | WeightKind::Q5_K | WeightKind::Q6_K => VecDotType::Q8K,
         }
     }
@@ -92,6 +96,7 @@ pub fn vec_dot(kind: WeightKind, w_row: &[u8], x: ActRow<'_>) -> f32 {
         (WeightKind::BF16, ActRow::Float(x)) => dot_bf16(w_row, x),
         (WeightKind::Q4_0, ActRow::Q8_0(x)) => dot_q4_0_q8_0(w_row, x),
         (WeightKind::Q8_0, ActRow::Q8_0(x)) => dot_q8_0_q8_0(w_row, x),
+        (WeightKind::MXFP4, ActRow::Q8_0(x)) => dot_mxfp4_q8_0(w_row, x),
         (WeightKind::Q4_K, ActRow::Q8K(x)) => dot_q4_k_q8_k(w_row, x),
         (WeightKind::Q5_K, ActRow::Q8K(x)) => dot_q5_k_q8_k(w_row, x),
         (WeightKind::Q6_K, ActRow::Q8K(x)) => dot_q6_k_q8_k(w_row, x),
@@ -147,8 +152,8 @@ mod tests {
     use brink_kernels::testdata::{hash2, uniform_pm1};
     use half::f16;
 
-    /// Random blocks of `kind` whose f16 scales are of model size (2^-12 .. 2^-4, either sign for
-    /// d) and whose other bytes are arbitrary.
+    /// Random blocks of `kind` whose f16 scales (or mxfp4 exponents) are of model size (2^-12 ..
+    /// 2^-4, either sign for d) and whose other bytes are arbitrary.
     fn random_row(kind: WeightKind, seed: u64, cols: usize) -> Vec<u8> {
         let bb = kind.block_bytes();
         let nb = cols / kind.block_size();
@@ -162,6 +167,13 @@ mod tests {
             WeightKind::Q4_K => &[(Q4_K_D, true), (Q4_K_DMIN, true)],
             WeightKind::Q5_K => &[(Q5_K_D, true), (Q5_K_DMIN, true)],
             WeightKind::Q6_K => &[(Q6_K_D, true)],
+            WeightKind::MXFP4 => {
+                // Exponents of model size: scales 2^-13 .. 2^-5, values up to 12 times that.
+                for (b, block) in row.chunks_exact_mut(bb).enumerate() {
+                    block[0] = 115 + (hash2(seed ^ 0xe8, b as u64) % 9) as u8;
+                }
+                return row;
+            }
             WeightKind::F32 => return (0..cols as u64).flat_map(|i| uniform_pm1(seed, i).to_le_bytes()).collect(),
             WeightKind::F16 => return (0..cols as u64).flat_map(|i| f16::from_f32(uniform_pm1(seed, i)).to_le_bytes()).collect(),
             WeightKind::BF16 => {
@@ -196,8 +208,10 @@ mod tests {
         let mut worst = 0.0f64;
         for kind in WeightKind::ALL {
             for seed in 0..24u64 {
-                // One block, a few, and the shapes of the models (2048, 768 K-multiples).
-                let cols = [256, 512, 768, 2048, 256 * 3, 4096][seed as usize % 6];
+                // One block, a few, and the shapes of the models (2048, 768 K-multiples); for the
+                // 32-wide blocks also odd block counts (mxfp4's tail).
+                let cols = if kind.block_size() == 32 { [32, 96, 800, 2048, 2880, 4096] } else { [256, 512, 768, 2048, 256 * 3, 4096] }
+                    [seed as usize % 6];
                 let w = random_row(kind, seed, cols);
                 let x: Vec<f32> = (0..cols as u64).map(|i| uniform_pm1(seed + 100, i) * 3.0).collect();
                 let acts = QuantizedActs::new(kind.vec_dot_type(), &x, cols, 1);
