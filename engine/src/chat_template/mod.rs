@@ -23,6 +23,7 @@
 
 mod clock;
 mod error;
+mod harmony;
 mod message;
 pub mod pyjson;
 
@@ -62,6 +63,8 @@ pub struct ChatTemplate {
     /// Whether text-part arrays are joined into one string before rendering (false only for
     /// templates that render typed content and not plain strings).
     join_text_parts: bool,
+    /// A harmony (gpt-oss) template, whose messages are adapted first ([`harmony::adapt`]).
+    harmony: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -92,6 +95,7 @@ impl ChatTemplate {
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
             join_text_parts: true,
+            harmony: harmony::is_harmony(source),
         };
         template.join_text_parts = template.probe_join_text_parts();
         Ok(template)
@@ -151,7 +155,10 @@ impl ChatTemplate {
             .enumerate()
             .map(|(index, m)| serde_json::to_value(m).map_err(|e| ChatTemplateError::Message { index, problem: e.to_string() }))
             .collect::<Result<Vec<_>, _>>()?;
-        let messages = message::normalize(messages, self.join_text_parts)?;
+        let mut messages = message::normalize(messages, self.join_text_parts)?;
+        if self.harmony {
+            harmony::adapt(&mut messages);
+        }
         let tools = match tools {
             None | Some(Json::Null) => Json::Null,
             Some(Json::Array(list)) => {

@@ -42,8 +42,8 @@ pub struct MessagesRequest {
     pub tool_choice: Option<Json>,
 }
 
-/// The content blocks a request may carry. Thinking blocks of earlier turns are accepted and
-/// dropped: the template gets no thinking from clients.
+/// The content blocks a request may carry. An assistant's thinking blocks reach the template
+/// as `reasoning_content` (templates that keep reasoning read it); redacted ones are dropped.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 enum BlockIn {
@@ -62,7 +62,10 @@ enum BlockIn {
         #[serde(default)]
         is_error: Option<bool>,
     },
-    Thinking {},
+    Thinking {
+        #[serde(default)]
+        thinking: String,
+    },
     RedactedThinking {},
 }
 
@@ -144,17 +147,19 @@ fn convert_message(i: usize, m: &MessageIn, out: &mut Vec<Json>) -> Result<(), A
                     BlockIn::ToolUse { .. } => {
                         return Err(ApiError::invalid(&format!("{field}.content[{j}]"), "tool_use blocks belong in assistant messages"));
                     }
-                    BlockIn::Thinking {} | BlockIn::RedactedThinking {} => {}
+                    BlockIn::Thinking { .. } | BlockIn::RedactedThinking {} => {}
                 }
             }
             flush(&mut text, out);
         }
         "assistant" => {
             let mut text: Vec<String> = Vec::new();
+            let mut thinking: Vec<String> = Vec::new();
             let mut calls = Vec::new();
             for (j, b) in blocks.into_iter().enumerate() {
                 match b {
                     BlockIn::Text { text: t } => text.push(t),
+                    BlockIn::Thinking { thinking: t } if !t.is_empty() => thinking.push(t),
                     BlockIn::ToolUse { id, name, input } => {
                         if !input.is_object() {
                             return Err(ApiError::invalid(
@@ -167,7 +172,7 @@ fn convert_message(i: usize, m: &MessageIn, out: &mut Vec<Json>) -> Result<(), A
                     BlockIn::ToolResult { .. } => {
                         return Err(ApiError::invalid(&format!("{field}.content[{j}]"), "tool_result blocks belong in user messages"));
                     }
-                    BlockIn::Thinking {} | BlockIn::RedactedThinking {} => {}
+                    BlockIn::Thinking { .. } | BlockIn::RedactedThinking {} => {}
                 }
             }
             let mut msg = Map::new();
@@ -175,6 +180,9 @@ fn convert_message(i: usize, m: &MessageIn, out: &mut Vec<Json>) -> Result<(), A
             msg.insert("content".into(), if text.is_empty() && !calls.is_empty() { Json::Null } else { Json::from(text.join("\n")) });
             if !calls.is_empty() {
                 msg.insert("tool_calls".into(), Json::Array(calls));
+            }
+            if !thinking.is_empty() {
+                msg.insert("reasoning_content".into(), Json::from(thinking.join("\n")));
             }
             out.push(Json::Object(msg));
         }
@@ -400,7 +408,7 @@ mod tests {
             &vec![
                 json!({"role": "system", "content": "You are a weather bot."}),
                 json!({"role": "user", "content": "What's the weather in Paris?"}),
-                json!({"role": "assistant", "content": "Checking.", "tool_calls": [{"id": "toolu_01", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}),
+                json!({"role": "assistant", "content": "Checking.", "tool_calls": [{"id": "toolu_01", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}], "reasoning_content": "I should call the tool."}),
                 json!({"role": "tool", "content": "18C", "tool_call_id": "toolu_01"}),
                 json!({"role": "user", "content": "Thanks; and tomorrow?"}),
             ]

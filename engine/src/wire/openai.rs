@@ -91,6 +91,10 @@ pub struct MessageIn {
     pub tool_call_id: Option<String>,
     #[serde(default)]
     pub name: Option<String>,
+    /// An earlier answer's reasoning, as this server returned it (templates that keep
+    /// reasoning in the context read it: Qwen3's, and gpt-oss's as `thinking`).
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -253,6 +257,9 @@ fn template_message(i: usize, m: &MessageIn) -> Result<Json, ApiError> {
     }
     if let Some(name) = &m.name {
         out.insert("name".into(), Json::from(name.clone()));
+    }
+    if let Some(reasoning) = m.reasoning_content.as_ref().filter(|_| role == "assistant") {
+        out.insert("reasoning_content".into(), Json::from(reasoning.clone()));
     }
     Ok(Json::Object(out))
 }
