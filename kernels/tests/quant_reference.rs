@@ -126,9 +126,9 @@ fn dequantization_is_bit_identical_with_gguf_py() {
     if !python_has_gguf() {
         assert!(
             std::env::var("BRINK_REQUIRE_PY").as_deref() != Ok("1"),
-            "BRINK_REQUIRE_PY=1 but python3 cannot import gguf and numpy (pip install 'gguf>=0.17,<1')"
+            "BRINK_REQUIRE_PY=1 but python3 cannot import gguf and numpy (pip install 'gguf>=0.18,<1')"
         );
-        eprintln!("python3 with gguf not found: reference cross-check skipped (pip install 'gguf>=0.17,<1')");
+        eprintln!("python3 with gguf not found: reference cross-check skipped (pip install 'gguf>=0.18,<1')");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -19,7 +19,8 @@
 //!   d_x·e8m0_half(e). Blocks go in pairs: even blocks into one set of 8 f32 lanes, odd blocks
 //!   into another, both fma'd as q4_0's; then `hsum8(acc_even + acc_odd)`, lane by lane. An odd
 //!   last block takes the scalar tail: one integer sum, `sum = fma(d, isum, sum)` (GCC contracts
-//!   the C's `sumf += d * (sumi1 + sumi2)` under -mfma, as for q5_K's mins).
+//!   the C's `sumf += d * (sumi1 + sumi2)` under -mfma, as for q5_K's mins: `vfmadd231ss` in the
+//!   object scripts/ggml-crosscheck builds; its random rows rarely tell the two roundings apart).
 //! - q4_K, q5_K: lane l = Σ over the 4 pairs of 32-value sub-blocks of scale · Σ its 4 products;
 //!   acc[l] = fma(d_x·d_w, lane l, acc[l]). The mins: q8s[k] = bsums[2k] + bsums[2k+1], 4 i32
 //!   lanes m[2q]·q8s[2q] + m[2q+1]·q8s[2q+1]; q4_K keeps them in 4 f32 lanes (fma with
