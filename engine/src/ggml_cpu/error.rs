@@ -2,11 +2,12 @@
 //! type the CPU cannot multiply or a tensor whose bytes do not match its shape is reported with
 //! the numbers, never a panic.
 
+use super::vec_dot::WeightKind;
 use crate::gguf::GgmlType;
 
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
 pub enum CpuError {
-    #[error("tensor type {0} is not supported by the CPU backend: it multiplies f32, f16, bf16, q4_0, q8_0, q4_K, q5_K and q6_K")]
+    #[error("tensor type {0} is not supported by the CPU backend: it multiplies {kinds}", kinds = multiplied())]
     UnsupportedType(GgmlType),
     #[error("{ty} weight matrix of {rows} x {cols}: a row of {cols} values is not a whole number of {block}-value blocks")]
     PartialBlock { ty: GgmlType, rows: usize, cols: usize, block: usize },
@@ -20,4 +21,9 @@ pub enum CpuError {
     TokenId { id: u32, rows: usize },
     #[error("{ty} weight matrix of {rows} x {cols} is empty")]
     Empty { ty: GgmlType, rows: usize, cols: usize },
+}
+
+/// `f32, f16, …` of the types the CPU multiplies.
+fn multiplied() -> String {
+    WeightKind::ALL.map(|k| k.ggml_type().name()).join(", ")
 }

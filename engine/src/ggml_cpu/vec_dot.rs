@@ -288,6 +288,7 @@ mod tests {
                 Err(e) => {
                     assert_eq!(e, CpuError::UnsupportedType(ty));
                     assert!(e.to_string().contains(ty.name()), "{e}");
+                    assert!(e.to_string().ends_with("it multiplies f32, f16, bf16, q4_0, q8_0, q4_K, q5_K, q6_K, mxfp4"), "{e}");
                 }
             }
         }
