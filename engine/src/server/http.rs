@@ -220,6 +220,8 @@ fn fail(e: ApiError) -> Failure {
 /// The request as the engine runs it: its tokens and the per-choice jobs' channel.
 struct Submitted {
     prompt_tokens: usize,
+    /// How the reply marks reasoning and tool calls (see [`prompt_tokens`]).
+    format: ReplyFormat,
     events: UnboundedReceiver<(usize, Event)>,
     cancels: Vec<Arc<AtomicBool>>,
     tokenizer: Arc<crate::tokenizer::Tokenizer>,
@@ -254,9 +256,8 @@ async fn run_request(s: &Arc<AppState>, api: Api, headers: &HeaderMap, body: Bod
         model: req.model.clone(),
     };
     let trace_parent = super::telemetry::trace_parent(headers);
-    // How the model marks reasoning and tool calls in its replies, told by its chat template.
-    let format = ReplyFormat::of_template(loaded.template.source());
     let mut sub = submit(s, loaded, &req, &id, &gen_ai, trace_parent)?;
+    let format = sub.format;
     // The first event decides the status: a refusal (full queue, quarantine) is an HTTP error,
     // not a stream that fails; once admitted, a stream starts and a later failure (a stall) is
     // the API's error event.
@@ -293,8 +294,9 @@ fn worker_gone() -> ApiError {
 }
 
 /// The prompt's tokens: chat messages rendered through the model's template (with the
-/// request's template variables, such as `reasoning_effort`), or the raw text.
-pub fn prompt_tokens(loaded: &Loaded, req: &GenerateRequest) -> Result<Vec<u32>, ApiError> {
+/// request's template variables, such as `reasoning_effort`), or the raw text; and the format
+/// of the reply, told by the template and how the rendered prompt ends.
+pub fn prompt_tokens(loaded: &Loaded, req: &GenerateRequest) -> Result<(Vec<u32>, ReplyFormat), ApiError> {
     let internal = |what: &str, e: &dyn std::fmt::Display| ApiError::new(ErrorKind::Internal, format!("{what}: {e}"));
     match &req.prompt {
         Prompt::Chat { messages, tools } => {
@@ -304,9 +306,14 @@ pub fn prompt_tokens(loaded: &Loaded, req: &GenerateRequest) -> Result<Vec<u32>,
                 .map_err(|e| ApiError::invalid("messages", e))?;
             // A template that writes the BOS itself must not get a second one.
             let has_bos = !loaded.template.bos_token().is_empty() && text.starts_with(loaded.template.bos_token());
-            loaded.tokenizer.encode(&text, !has_bos, true).map_err(|e| internal("tokenizing the rendered prompt", &e))
+            let tokens = loaded.tokenizer.encode(&text, !has_bos, true).map_err(|e| internal("tokenizing the rendered prompt", &e))?;
+            Ok((tokens, ReplyFormat::of_prompt(loaded.template.source(), &text)))
         }
-        Prompt::Text(text) => loaded.tokenizer.encode(text, true, true).map_err(|e| internal("tokenizing the prompt", &e)),
+        // Raw completions are not parsed; the format is not used.
+        Prompt::Text(text) => {
+            let tokens = loaded.tokenizer.encode(text, true, true).map_err(|e| internal("tokenizing the prompt", &e))?;
+            Ok((tokens, ReplyFormat::Hermes))
+        }
     }
 }
 
@@ -318,7 +325,7 @@ fn submit(
     gen_ai: &GenAiLabels,
     trace_parent: Option<opentelemetry::trace::SpanContext>,
 ) -> Result<Submitted, Failure> {
-    let prompt = prompt_tokens(loaded, req).map_err(fail)?;
+    let (prompt, format) = prompt_tokens(loaded, req).map_err(fail)?;
     if prompt.is_empty() {
         return Err(fail(ApiError::invalid("prompt", "the prompt has no tokens")));
     }
@@ -352,7 +359,7 @@ fn submit(
         };
         jobs.send(job).map_err(|_| fail(worker_gone()))?;
     }
-    Ok(Submitted { prompt_tokens: prompt.len(), events: rx, cancels, tokenizer: loaded.tokenizer.clone() })
+    Ok(Submitted { prompt_tokens: prompt.len(), format, events: rx, cancels, tokenizer: loaded.tokenizer.clone() })
 }
 
 fn finish_reason(end: JobEnd) -> FinishReason {

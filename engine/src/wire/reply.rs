@@ -2,7 +2,9 @@
 //! these is its chat format, told by its chat template:
 //!
 //! - [`ReplyFormat::Hermes`] (Qwen3 and other ChatML models): a leading `<think>...</think>` is
-//!   the reasoning; the rest is the answer, with `<tool_call>` blocks ([`super::tool_calls`]).
+//!   the reasoning (or everything up to `</think>` when the prompt itself opened `<think>`, as
+//!   Qwen3's thinking-only templates do); the rest is the answer, with `<tool_call>` blocks
+//!   ([`super::tool_calls`]).
 //! - [`ReplyFormat::Harmony`] (gpt-oss): a sequence of messages, each a header and a body,
 //!   `[<|start|>assistant][ to=RECIPIENT]<|channel|>CHANNEL[ to=RECIPIENT][ [<|constrain|>]json]<|message|>BODY`
 //!   ended by `<|end|>`, `<|call|>`, `<|return|>` or the end of generation. The `analysis`
@@ -25,6 +27,8 @@ use super::tool_calls::{Piece, ToolCall, ToolCallStream};
 pub enum ReplyFormat {
     /// `<think>` reasoning and `<tool_call>` blocks (Qwen3, Hermes).
     Hermes,
+    /// As `Hermes`, for a prompt that ends with `<think>`: the reply begins inside the reasoning.
+    HermesThinking,
     /// OpenAI's harmony channels (gpt-oss).
     Harmony,
 }
@@ -34,6 +38,14 @@ impl ReplyFormat {
     /// headers; every other template gets the Hermes parse, which leaves plain text as it is.
     pub fn of_template(source: &str) -> ReplyFormat {
         if source.contains(CHANNEL) { ReplyFormat::Harmony } else { ReplyFormat::Hermes }
+    }
+
+    /// The format of the reply to one rendered chat prompt of that template.
+    pub fn of_prompt(template: &str, prompt: &str) -> ReplyFormat {
+        match ReplyFormat::of_template(template) {
+            ReplyFormat::Hermes if prompt.trim_end().ends_with(THINK_OPEN) => ReplyFormat::HermesThinking,
+            format => format,
+        }
     }
 }
 
@@ -74,7 +86,8 @@ pub enum ReplyParser {
 impl ReplyParser {
     pub fn new(format: ReplyFormat, tools: bool) -> ReplyParser {
         match format {
-            ReplyFormat::Hermes => ReplyParser::Hermes(HermesParser::new(tools)),
+            ReplyFormat::Hermes => ReplyParser::Hermes(HermesParser::new(tools, false)),
+            ReplyFormat::HermesThinking => ReplyParser::Hermes(HermesParser::new(tools, true)),
             ReplyFormat::Harmony => ReplyParser::Harmony(HarmonyParser::new(tools)),
         }
     }
@@ -140,8 +153,10 @@ pub struct HermesParser {
 }
 
 impl HermesParser {
-    pub fn new(tools: bool) -> HermesParser {
-        HermesParser { state: Think::Start, buf: String::new(), tools: tools.then(ToolCallStream::new) }
+    /// `thinking`: the prompt opened `<think>`, so the reply starts with reasoning.
+    pub fn new(tools: bool, thinking: bool) -> HermesParser {
+        let state = if thinking { Think::Thinking { started: false } } else { Think::Start };
+        HermesParser { state, buf: String::new(), tools: tools.then(ToolCallStream::new) }
     }
 
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
@@ -496,6 +511,17 @@ mod tests {
         check_splits(Q, false, "<think>\nstill going </thi", &[reasoning("still going </thi")]);
         // A `<think>` later in the answer is answer text.
         check_splits(Q, false, "a <think>b</think>", &[text("a <think>b</think>")]);
+    }
+
+    #[test]
+    fn hermes_prompt_opened_thinking() {
+        let t = ReplyFormat::HermesThinking;
+        check_splits(t, false, "\nlet me see\n</think>\n\nIt is 4.", &[reasoning("let me see"), text("It is 4.")]);
+        check_splits(t, true, "r</think><tool_call>{\"name\": \"f\"}</tool_call>", &[reasoning("r"), call("f", json!({}))]);
+        check_splits(t, false, "cut short", &[reasoning("cut short")]);
+        assert_eq!(ReplyFormat::of_prompt("{{ x }}", "<|im_start|>assistant\n<think>\n"), t);
+        assert_eq!(ReplyFormat::of_prompt("{{ x }}", "<|im_start|>assistant\n<think>\n\n</think>\n\n"), Q);
+        assert_eq!(ReplyFormat::of_prompt("<|channel|>", "<think>"), H);
     }
 
     #[test]
