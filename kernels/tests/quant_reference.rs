@@ -3,10 +3,10 @@
 //! blocks of every tensor type the engine computes.
 //!
 //! Expected: bit-identical values for every type. The K-quants too: brink evaluates ggml's
-//! `(d·sc)·q − dmin·m` in the same f32 steps as numpy does, with no FMA contraction. MXFP4 over
-//! every exponent byte (subnormal scales at 0 and 1, infinities from 254 up) and every code. The one
-//! allowed difference is a NaN's quiet bit for f16, which ggml (and brink, via `half`) sets and
-//! numpy may leave clear.
+//! `(d·sc)·q − dmin·m` in the same f32 steps as numpy does, with no FMA contraction. MXFP4
+//! over every exponent byte (subnormal scales at 0 and 1, infinities from 253 up) and every
+//! code. The one allowed difference is a NaN's quiet bit for f16, which ggml (and brink, via
+//! `half`) sets and numpy may leave clear.
 //!
 //! Needs python3 with `gguf` (scripts/test installs it). Without it the test says so and passes,
 //! unless `BRINK_REQUIRE_PY=1` (set by scripts/test), which makes a missing package a failure.

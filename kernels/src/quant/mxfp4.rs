@@ -5,8 +5,9 @@
 //! x = KVALUES[code] · 2^(e − 128) ([`e8m0_to_f32_half`]).
 //!
 //! Every product is exact (a power of two times an integer of at most 4 bits) unless it
-//! overflows: e = 254 with |code value| ≥ 4, or e = 255 with ≥ 2, give ±infinity in ggml, in
-//! gguf-py and here alike. Exponents 0 and 1 give f32 subnormals, kept (no flush to zero).
+//! reaches 2^128: e = 253 with |code value| ≥ 8, 254 with ≥ 4 and 255 with ≥ 2 give ±infinity
+//! in ggml, in gguf-py and here alike. Exponents 0 and 1 give f32 subnormals, kept (no flush
+//! to zero).
 
 /// Bytes of one block: the exponent, then 16 bytes of nibbles.
 pub const BLOCK_MXFP4_BYTES: usize = 1 + super::QK / 2;
