@@ -290,7 +290,12 @@ impl HarmonyParser {
                     // The header so far, without a `<|message|>` that may be arriving.
                     let header = end.unwrap_or(self.buf.len() - partial_suffix(&self.buf, &[MESSAGE]));
                     if !could_be_header(&self.buf[..header]) {
-                        // Not the format: what was read so far is the answer's text.
+                        // Not the format: what was read so far is the answer's text, a leading
+                        // marker included (released here, so the body does not end at it again).
+                        if let Some(marker) = [START, CHANNEL].into_iter().find(|m| self.buf.starts_with(m)) {
+                            push_piece(&mut out, Piece::Text(marker.to_string()));
+                            self.buf.drain(..marker.len());
+                        }
                         self.state = Harmony::Body(Body::Content);
                         continue;
                     }
@@ -492,6 +497,11 @@ mod tests {
             "<|channel|>analysis<|message|>r<|start|>assistant<|channel|>final<|message|>a",
             &[reasoning("r"), text("a")],
         );
+        // Headers that are not headers (a newline, too long) are text, markers and all.
+        check_splits(H, true, "<|channel|>\nodd<|end|>", &[text("<|channel|>\nodd")]);
+        check_splits(H, true, "<|start|><|channel|>\nodd", &[text("<|start|><|channel|>\nodd")]);
+        let long = format!("<|channel|>{}<|message|>x", "a".repeat(300));
+        check_splits(H, true, &long, &[text(&long)]);
         // A header cut short at the end is dropped; the reasoning before it is not.
         check_splits(H, true, "<|channel|>analysis<|message|>r<|end|><|start|>assistant<|chan", &[reasoning("r")]);
     }
