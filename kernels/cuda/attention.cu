@@ -234,6 +234,7 @@ static __device__ __forceinline__ void att_prefill(const float* __restrict__ q, 
     attn_prefill_d##D(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,                  \
                       float* __restrict__ out, const AttChunk* __restrict__ chunks, const int2* __restrict__ tiles,         \
                       const int* __restrict__ table, int n_head, int n_kv, int shift, float qscale) {                      \
+        GRID_DEPENDENCY_WAIT(); \
         att_prefill<D, TQ, TK>(q, kc, vc, out, chunks, tiles, table, n_head, n_kv, shift, qscale);                         \
     }
 
@@ -345,6 +346,7 @@ static __device__ __forceinline__ void att_decode(const float* __restrict__ q, c
                      float* __restrict__ part_o, float* __restrict__ part_ml, const AttChunk* __restrict__ chunks,          \
                      const int2* __restrict__ work, const int* __restrict__ table, int n_head, int n_kv, int shift, int hb,  \
                      float qscale) {                                                                                        \
+        GRID_DEPENDENCY_WAIT();                                                          \
         att_decode<D>(q, kc, vc, part_o, part_ml, chunks, work, table, n_head, n_kv, shift, hb, qscale);                  \
     }
 
@@ -357,6 +359,7 @@ ATT_DECODE(256)
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 attn_decode_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml, const AttChunk* __restrict__ chunks,
                     const int* __restrict__ offsets, float* __restrict__ out, int n_head, int d) {
+    GRID_DEPENDENCY_WAIT();
     const int c = blockIdx.x, h = blockIdx.y;
     const int first = offsets[c], n = offsets[c + 1] - first;
     float mx = ATT_NEG_INF;

@@ -5,7 +5,8 @@
 // - an index that grows with tokens is on grid.x or in a grid-stride loop, never on y/z;
 // - products that can pass 2^31 are computed in 64 bits (i64/u64);
 // - all 32 lanes reach every __shfl_*_sync and every __syncthreads: rows past the end read a
-//   valid row and are masked at the store, never skipped before a collective.
+//   valid row and are masked at the store, never skipped before a collective;
+// - the first statement is GRID_DEPENDENCY_WAIT() (below; `sources` tests check it).
 
 typedef unsigned long long u64;
 typedef long long i64;
@@ -18,6 +19,16 @@ typedef unsigned short u16;
 // `DISPATCH_WTYPE` are generated from the Rust type table (quant/types.rs) and compiled in
 // front of this header; a weight format's unpack (`wq_int`, the scales) is written here.
 #define FULL_MASK 0xffffffffu
+
+// Every kernel's first statement. In a replayed decode graph the edges between kernels are
+// programmatic (kernels/src/cuda/graph.rs): a kernel may be scheduled while the one before it
+// still runs, and waits here, before touching memory, until that one has finished and its
+// writes are visible. Launched any other way it returns at once. Hopper and later only.
+#if __CUDA_ARCH__ >= 900
+#define GRID_DEPENDENCY_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#else
+#define GRID_DEPENDENCY_WAIT() ((void)0)
+#endif
 
 struct block_q8_0 { u16 d; signed char qs[QK]; };        // 34 bytes
 struct block_q4_0 { u16 d; unsigned char qs[QK / 2]; };  // 18 bytes

@@ -32,6 +32,7 @@ static __device__ __forceinline__ float embed_element(const unsigned char* row, 
 extern "C" __global__ void __launch_bounds__(EMBED_THREADS)
 embed(const int* __restrict__ ids, const unsigned char* __restrict__ table, int ttype, float* __restrict__ out, int vocab,
       int hidden, unsigned long long* __restrict__ bad) {
+    GRID_DEPENDENCY_WAIT();
     const u64 t = blockIdx.x;
     const int id = ids[t];
     float* o = out + t * (u64)hidden;

@@ -20,6 +20,7 @@
 extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
 swiglu(const float* __restrict__ gate, u64 gate_offset, const float* __restrict__ up, u64 up_offset, u64 in_stride,
        float* __restrict__ out, u64 rows, int width) {
+    GRID_DEPENDENCY_WAIT();
     const u64 items = rows * (u64)width;
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < items; i += stride) {
@@ -38,6 +39,7 @@ swiglu(const float* __restrict__ gate, u64 gate_offset, const float* __restrict_
 extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
 swiglu_q8_1(const float* __restrict__ gate, u64 gate_offset, const float* __restrict__ up, u64 up_offset, u64 in_stride,
             const int* __restrict__ sorted_ids, u64 src_rows, int rows_per_token, block_q8_1* __restrict__ out, u64 rows, int width) {
+    GRID_DEPENDENCY_WAIT();
     const int nb = width / QK;
     const u64 items = rows * (u64)nb;
     const u64 warps = (u64)gridDim.x * GLUE_WARPS;
@@ -53,6 +55,7 @@ swiglu_q8_1(const float* __restrict__ gate, u64 gate_offset, const float* __rest
 // No __restrict__: out may alias a (the in-place residual add); each element is read and
 // written by one thread.
 extern "C" __global__ void __launch_bounds__(GLUE_THREADS) add_f32(const float* a, const float* __restrict__ b, float* out, u64 n) {
+    GRID_DEPENDENCY_WAIT();
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = __fadd_rn(a[i], b[i]);
 }
@@ -74,6 +77,7 @@ __device__ __forceinline__ float dot4_acc(float4 w, float4 x, float acc) {
 // depends on the warp only and the token loop on a constant, so every lane reaches every shuffle.
 extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
 dense_f32(const float* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, u64 tokens, int n_out, int k) {
+    GRID_DEPENDENCY_WAIT();
     const int lane = threadIdx.x & 31;
     const u64 items = (tokens + DENSE_TOKENS - 1) / DENSE_TOKENS * (u64)n_out;
     const u64 warps = (u64)gridDim.x * (blockDim.x >> 5);

@@ -8,6 +8,7 @@
 
 extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ v, const i64* __restrict__ dest,
                                     u16* __restrict__ kc, u16* __restrict__ vc, u64 rows, int width, i64 cache_rows) {
+    GRID_DEPENDENCY_WAIT();
     const u64 w4 = (u64)(width / 4);
     const u64 items = rows * w4;
     const u64 stride = (u64)gridDim.x * blockDim.x;

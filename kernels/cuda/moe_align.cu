@@ -20,6 +20,7 @@ static __device__ __forceinline__ bool is_expert(int e, int experts) {
 
 extern "C" __global__ void moe_align_count(const int* __restrict__ ids, u64 pairs, int experts,
                                            int* __restrict__ counts) {
+    GRID_DEPENDENCY_WAIT();
     __shared__ int hist[ALIGN_MAX_EXPERTS];
     for (int x = threadIdx.x; x < experts; x += blockDim.x) hist[x] = 0;
     __syncthreads();
@@ -75,6 +76,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 moe_align_offsets(int* __restrict__ counts, int experts, int tile, u64 max_rows, int sentinel,
                   int* __restrict__ offsets, int* __restrict__ padded_rows,
                   int* __restrict__ tile_expert, int* __restrict__ sorted_ids) {
+    GRID_DEPENDENCY_WAIT();
     __shared__ int off[ALIGN_MAX_EXPERTS];
     const int e = threadIdx.x;
     const long long count = e < experts ? counts[e] : 0;
@@ -104,6 +106,7 @@ moe_align_offsets(int* __restrict__ counts, int experts, int tile, u64 max_rows,
 extern "C" __global__ void moe_align_scatter(const int* __restrict__ ids, u64 pairs, int experts,
                                              const int* __restrict__ offsets, int* __restrict__ cursor,
                                              int* __restrict__ sorted_ids) {
+    GRID_DEPENDENCY_WAIT();
     __shared__ int chunk_count[ALIGN_MAX_EXPERTS];
     __shared__ int chunk_base[ALIGN_MAX_EXPERTS];
     for (int x = threadIdx.x; x < experts; x += blockDim.x) chunk_count[x] = 0;

@@ -5,6 +5,7 @@
 
 extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ w,
                                        float* __restrict__ out, u64 tokens, int top_k, int n) {
+    GRID_DEPENDENCY_WAIT();
     const u64 items = tokens * (u64)n;
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < items; i += stride) {

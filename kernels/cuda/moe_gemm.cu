@@ -58,6 +58,7 @@ static __device__ __forceinline__ void moe_gemm_tile(const int* __restrict__ sor
     extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN), MOE_GEMM_MIN_BLOCKS((BM / TM) * (BN / TN)))             \
         NAME(const int* sorted_ids, const int* tile_expert, const u32* a, const unsigned char* w, float* y, u64 pairs, int n,   \
              int nb, int experts, int wtype) {                                                                                  \
+        GRID_DEPENDENCY_WAIT();                                                                                                 \
         __shared__ u64 a_rows[BM];                                                                                              \
         DISPATCH_WTYPE(wtype,                                                                                                   \
                        moe_gemm_tile<BM, BN, KB, TM, TN, WT>(sorted_ids, tile_expert, a, w, y, pairs, n, nb, experts, a_rows)); \

@@ -29,6 +29,7 @@ static __device__ __forceinline__ void gemv_pair(u64 pair, const unsigned char* 
 extern "C" __global__ void moe_gemv(const unsigned char* __restrict__ w, int wtype,
                                     const block_q8_1* __restrict__ xq, const int* __restrict__ ids,
                                     float* __restrict__ y, int top_k, int n, int k) {
+    GRID_DEPENDENCY_WAIT();
     gemv_pair(blockIdx.x, w, wtype, xq, ids, y, top_k, n, k);
 }
 
@@ -70,6 +71,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_FUSED_MAX_WARPS * 32)
 moe_gemv_swiglu_q8_1(const unsigned char* __restrict__ w_gate, const unsigned char* __restrict__ w_up, int wtype,
                      const block_q8_1* __restrict__ xq, const int* __restrict__ ids, block_q8_1* __restrict__ out,
                      int top_k, int n, int k) {
+    GRID_DEPENDENCY_WAIT();
     __shared__ float gs[QK];
     __shared__ float us[QK];
     const int lane = threadIdx.x & 31;
@@ -109,6 +111,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_FUSED_MAX_WARPS * 32)
 moe_gemv_combine(const unsigned char* __restrict__ w, int wtype, const block_q8_1* __restrict__ act,
                  const int* __restrict__ ids, const float* __restrict__ weights, float* __restrict__ out,
                  int top_k, int n, int k, int rows) {
+    GRID_DEPENDENCY_WAIT();
     extern __shared__ float ys[];
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;

@@ -13,5 +13,6 @@
 extern "C" __global__ void moe_gemv_gridz_broken(const unsigned char* __restrict__ w, int wtype,
                                                  const block_q8_1* __restrict__ xq, const int* __restrict__ ids,
                                                  float* __restrict__ y, int top_k, int n, int k) {
+    GRID_DEPENDENCY_WAIT();
     gemv_pair(blockIdx.z, w, wtype, xq, ids, y, top_k, n, k);  // the bug: pairs grow with tokens, z stops at 65535
 }

@@ -20,6 +20,7 @@
 extern "C" __global__ void __launch_bounds__(LP_THREADS)
 latent_proj_tailskip_broken(const unsigned char* __restrict__ w, int wtype, const block_q8_1* __restrict__ x, float* __restrict__ y,
             u64 tokens, int nb, int width, int gw) {
+    GRID_DEPENDENCY_WAIT();
     const u64 row = (u64)blockIdx.x * LP_TILE_M + threadIdx.x / LP_LANES_PER_ROW;
     const bool real = row < tokens;
     const u64 src = real ? row : tokens - 1;

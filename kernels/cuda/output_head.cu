@@ -76,6 +76,7 @@ static __device__ __forceinline__ void head_gemm_tile(const u32* __restrict__ x,
 // At least 2 blocks per SM: up to 128 registers a thread (as moe_gemm.cu's 256-thread tile).
 extern "C" __global__ void __launch_bounds__(HEAD_THREADS, 2)
 output_head_gemm(const u32* x, const int* rows, u64 n_rows, u64 x_rows, const unsigned char* w, int wtype, float* out, int vocab, int nb) {
+    GRID_DEPENDENCY_WAIT();
     __shared__ u64 src[HEAD_BM];
     __shared__ bool bad[HEAD_BM];
     DISPATCH_WTYPE(wtype, head_gemm_tile<WT>(x, rows, n_rows, x_rows, w, out, vocab, nb, src, bad));
@@ -127,6 +128,7 @@ static __device__ __forceinline__ void head_gemv_col(const block_q8_1* __restric
 extern "C" __global__ void __launch_bounds__(HEAD_GEMV_WARPS * 32)
 output_head_gemv(const block_q8_1* x, const int* rows, int n_rows, u64 x_rows, const unsigned char* w, int wtype, float* out, int vocab,
                  int nb) {
+    GRID_DEPENDENCY_WAIT();
     DISPATCH_WTYPE(wtype, head_gemv_col<WT>(x, rows, n_rows, x_rows, w, out, vocab, nb, blockIdx.x));
 }
 
@@ -141,6 +143,7 @@ extern "C" __global__ void __launch_bounds__(HEAD_GEMV_WARPS * 32)
 output_head_gemv3(const block_q8_1* x, int n_rows, u64 x_rows, int nb, const unsigned char* w0, int wtype0, float* out0, int n0,
                   u64 tiles0, const unsigned char* w1, int wtype1, float* out1, int n1, u64 tiles1, const unsigned char* w2, int wtype2,
                   float* out2, int n2) {
+    GRID_DEPENDENCY_WAIT();
     u64 tile = blockIdx.x;
     if (tile < tiles0) {
         DISPATCH_WTYPE(wtype0, head_gemv_col<WT>(x, nullptr, n_rows, x_rows, w0, out0, n0, nb, tile));

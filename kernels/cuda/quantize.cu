@@ -17,6 +17,7 @@
 extern "C" __global__ void quantize(const float* __restrict__ x, u64 src_rows, int k,
                                     const int* __restrict__ sorted_ids, int rows_per_token,
                                     block_q8_1* __restrict__ out, u64 rows) {
+    GRID_DEPENDENCY_WAIT();
     const int nb = k / QK;
     const int lane = threadIdx.x & 31;
     const u64 items = rows * (u64)nb;

@@ -37,6 +37,7 @@ static __device__ __forceinline__ void rms_store(const float* x, const float* __
 
 extern "C" __global__ void __launch_bounds__(RMS_THREADS)
 rmsnorm_warp_rows(const float* x, float* y, const float* __restrict__ w, u64 rows, int width, float eps) {
+    GRID_DEPENDENCY_WAIT();
     const u64 row = (u64)blockIdx.x * RMS_WARPS + threadIdx.x / 32;
     const bool real = row < rows;
     const u64 src = real ? row : rows - 1;
@@ -48,6 +49,7 @@ rmsnorm_warp_rows(const float* x, float* y, const float* __restrict__ w, u64 row
 
 extern "C" __global__ void __launch_bounds__(RMS_THREADS)
 rmsnorm_block_rows(const float* x, float* y, const float* __restrict__ w, int width, float eps) {
+    GRID_DEPENDENCY_WAIT();
     __shared__ float warp_ss[RMS_WARPS];
     const u64 row = blockIdx.x;
     const float* xr = x + row * (u64)width;
@@ -84,6 +86,7 @@ static __device__ __forceinline__ void rms_store_q8_1(const float* x, const floa
 extern "C" __global__ void __launch_bounds__(RMS_THREADS)
 rmsnorm_q8_1_warp_rows(const float* x, float* y, const float* __restrict__ w, block_q8_1* __restrict__ yq, u64 rows, int width,
                        float eps) {
+    GRID_DEPENDENCY_WAIT();
     const u64 row = (u64)blockIdx.x * RMS_WARPS + threadIdx.x / 32;
     const bool real = row < rows;
     const u64 src = real ? row : rows - 1;
@@ -97,6 +100,7 @@ rmsnorm_q8_1_warp_rows(const float* x, float* y, const float* __restrict__ w, bl
 
 extern "C" __global__ void __launch_bounds__(RMS_THREADS)
 rmsnorm_q8_1_block_rows(const float* x, float* y, const float* __restrict__ w, block_q8_1* __restrict__ yq, int width, float eps) {
+    GRID_DEPENDENCY_WAIT();
     __shared__ float warp_ss[RMS_WARPS];
     const u64 row = blockIdx.x;
     const float* xr = x + row * (u64)width;
@@ -123,6 +127,7 @@ rmsnorm_q8_1_block_rows(const float* x, float* y, const float* __restrict__ w, b
 extern "C" __global__ void __launch_bounds__(RMS_THREADS)
 rmsnorm_rope_neox(const float* x, float* y, const float* __restrict__ w, const int* __restrict__ pos, const float* __restrict__ freq,
                   u64 rows, int heads, int half, float eps) {
+    GRID_DEPENDENCY_WAIT();
     const u64 row = (u64)blockIdx.x * RMS_WARPS + threadIdx.x / 32;
     const bool real = row < rows;
     const u64 src = real ? row : rows - 1;

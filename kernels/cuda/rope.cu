@@ -21,6 +21,7 @@
 extern "C" __global__ void __launch_bounds__(ROPE_THREADS)
 rope_neox(const float* x, float* y, const int* __restrict__ pos, const float* __restrict__ freq, u64 tokens, int heads,
           int half) {
+    GRID_DEPENDENCY_WAIT();
     const u64 per_token = (u64)heads * (u64)half;
     const u64 items = tokens * per_token;
     const u64 head = 2 * (u64)half;

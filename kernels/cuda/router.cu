@@ -27,6 +27,7 @@ static __device__ __forceinline__ bool ranks_before(float v, int i, float bv, in
 extern "C" __global__ void __launch_bounds__(ROUTER_WARPS * 32, 1)
 router_topk(const float* __restrict__ logits, u64 tokens, int experts, int top_k, int scoring,
             int renormalize, int* __restrict__ ids, float* __restrict__ weights) {
+    GRID_DEPENDENCY_WAIT();
     const int lane = threadIdx.x & 31;
     const u64 token = (u64)blockIdx.x * ROUTER_WARPS + (threadIdx.x >> 5);
     const u64 row = token < tokens ? token : tokens - 1;

@@ -239,6 +239,7 @@ static __device__ __forceinline__ SampleHit sample_select(const float* __restric
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 2)
 sampling_rows(const float* __restrict__ logits, int vocab, const SamplingParams* __restrict__ params, int* __restrict__ ids) {
+    GRID_DEPENDENCY_WAIT();
     __shared__ SampleShared sh;
     const u64 row = blockIdx.x;
     const float* l = logits + row * (u64)vocab;

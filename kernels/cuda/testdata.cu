@@ -19,6 +19,7 @@ static __device__ __forceinline__ float uniform_pm1(u64 seed, u64 i) {
 }
 
 extern "C" __global__ void fill_uniform_f32(float* out, u64 n, u64 seed, float scale) {
+    GRID_DEPENDENCY_WAIT();
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         out[i] = __fmul_rn(uniform_pm1(seed, i), scale);
@@ -54,6 +55,7 @@ static __device__ __forceinline__ void fill_kquant_block(unsigned char* blk, u64
 // Weight blocks of `wtype`. q8_0 / q4_0: d = f16(0.002 + 0.004 * u), q8_0 quants in
 // [-127, 127], q4_0 bytes uniform. K-quants: fill_kquant_block.
 extern "C" __global__ void fill_weights(unsigned char* out, u64 nblocks, u64 seed, int wtype) {
+    GRID_DEPENDENCY_WAIT();
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 b = (u64)blockIdx.x * blockDim.x + threadIdx.x; b < nblocks; b += stride) {
         if (wtype == WTYPE_Q8_0) {
@@ -71,6 +73,7 @@ extern "C" __global__ void fill_weights(unsigned char* out, u64 nblocks, u64 see
 }
 
 extern "C" __global__ void fill_u32(u32* out, u64 n, u32 value) {
+    GRID_DEPENDENCY_WAIT();
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = value;
 }
@@ -78,6 +81,7 @@ extern "C" __global__ void fill_u32(u32* out, u64 n, u32 value) {
 // Counts items i < n whose word at i * stride equals (`want_equal`) or differs from `value`.
 extern "C" __global__ void count_words(const u32* buf, u64 n, u64 stride, u32 value, int want_equal,
                                        unsigned long long* count) {
+    GRID_DEPENDENCY_WAIT();
     const u64 step = (u64)gridDim.x * blockDim.x;
     unsigned long long local = 0;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
@@ -92,6 +96,7 @@ extern "C" __global__ void count_words(const u32* buf, u64 n, u64 stride, u32 va
 // Row r of the output holds source row `row_ids[r]` (or r when row_ids is null); a source
 // outside [0, n_src) is a padding row and is written as zeros.
 extern "C" __global__ void fill_q8_1_rows(block_q8_1* out, u64 rows, int nb, u64 seed, const int* row_ids, u64 n_src) {
+    GRID_DEPENDENCY_WAIT();
     const u64 total = rows * (u64)nb;
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {

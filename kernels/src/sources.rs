@@ -104,3 +104,63 @@ pub fn sources_hash() -> String {
 pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// The first statement of every kernel entry point in `code`, by kernel name: what follows the
+/// opening brace of each `extern "C" __global__` function (macro line continuations skipped).
+#[cfg(test)]
+fn first_statements(code: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("extern \"C\" __global__") {
+        let after = &rest[at..];
+        // Neither `__launch_bounds__(..)` nor the parameters hold a brace: the first one opens
+        // the body, and the last parenthesised group before it is the parameter list.
+        let brace = after.find('{').expect("a kernel has a body");
+        let head = &after[..brace];
+        let params = head.rfind(')').and_then(|close| {
+            let mut depth = 0;
+            head[..=close].char_indices().rev().find_map(|(i, c)| {
+                depth += match c {
+                    ')' => 1,
+                    '(' => -1,
+                    _ => 0,
+                };
+                (depth == 0).then_some(i)
+            })
+        });
+        let name = params.map(|open| head[..open].split_whitespace().last().unwrap_or("")).unwrap_or("").to_string();
+        let first = after[brace + 1..].trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
+        let statement = first.split(';').next().unwrap_or("").trim().to_string();
+        out.push((name, statement));
+        rest = &after[brace + 1..];
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Decode graphs make kernel-to-kernel edges programmatic (`cuda::graph`): a kernel that
+    /// touched memory before `GRID_DEPENDENCY_WAIT()` could read what the kernel before it has
+    /// not written yet, or overwrite what that one still reads.
+    #[test]
+    fn every_kernel_waits_for_the_one_before_first() {
+        let mut kernels = 0;
+        for src in ALL {
+            for (name, first) in first_statements(src.code) {
+                kernels += 1;
+                assert_eq!(first, "GRID_DEPENDENCY_WAIT()", "{}: kernel {name} starts with {first:?}", src.file);
+            }
+        }
+        assert!(kernels >= 30, "only {kernels} kernels found");
+    }
+
+    #[test]
+    fn first_statements_reads_plain_and_macro_kernels() {
+        let code = "extern \"C\" __global__ void __launch_bounds__(256, 1)\nk(int a, float (*b)[4]) {\n    x = 1;\n}\n\
+                    #define K(NAME) \\\n    extern \"C\" __global__ void NAME(int a) { \\\n        y(); \\\n    }\n";
+        let got = first_statements(code);
+        assert_eq!(got, vec![("k".to_string(), "x = 1".to_string()), ("NAME".to_string(), "y()".to_string())]);
+    }
+}

@@ -4,16 +4,19 @@
 //! missing `libcuda`/`libnvrtc` is detected before the first call (cudarc would panic).
 
 pub mod compile;
+pub mod graph;
 pub mod probe;
+
+pub use graph::{KernelOverlap, StepGraph};
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::CUdevice_attribute as Attr;
-use cudarc::driver::sys::{CUgraphInstantiate_flags_enum as InstantiateFlags, CUstreamCaptureMode, CUstreamCaptureStatus};
+use cudarc::driver::sys::{CUstreamCaptureMode, CUstreamCaptureStatus};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DeviceRepr, DriverError, LaunchArgs, LaunchConfig,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, DriverError, LaunchArgs, LaunchConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -118,6 +121,8 @@ pub struct Gpu {
     functions: Mutex<HashMap<&'static str, HashMap<String, CudaFunction>>>,
     /// Synchronise after every launch so that asynchronous faults name their kernel.
     diagnostic: bool,
+    /// How the kernels of a captured graph follow one another (`BRINK_GRAPH_OVERLAP`).
+    overlap: KernelOverlap,
 }
 
 impl Gpu {
@@ -169,7 +174,19 @@ impl Gpu {
             free_mem_bytes: free as u64,
         };
         let diagnostic = std::env::var("BRINK_SYNC_LAUNCHES").is_ok_and(|v| v == "1");
-        Ok(Gpu { ctx, stream, limits, info, cache_dir: compile::default_cache_dir(), modules: Mutex::new(HashMap::new()), functions: Mutex::new(HashMap::new()), diagnostic })
+        let overlap = KernelOverlap::choose(std::env::var("BRINK_GRAPH_OVERLAP").ok().as_deref(), limits.compute_capability)
+            .map_err(|e| GpuError::Driver { call: "Gpu::open".into(), error: e })?;
+        Ok(Gpu {
+            ctx,
+            stream,
+            limits,
+            info,
+            cache_dir: compile::default_cache_dir(),
+            modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+            diagnostic,
+            overlap,
+        })
     }
 
     pub fn limits(&self) -> &DeviceLimits {
@@ -210,19 +227,25 @@ impl Gpu {
         matches!(self.stream.capture_status(), Ok(CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE))
     }
 
-    /// Ends the recording started by [`Gpu::begin_capture`] and instantiates it. The recorded
-    /// work has not run: launch the graph for that.
-    pub fn end_capture(&self) -> Result<CudaGraph, GpuError> {
-        // No flags: a captured step allocates nothing (the backend checks), so no node to free.
-        match self.stream.end_capture(InstantiateFlags(0)) {
+    /// Ends the recording started by [`Gpu::begin_capture`] and instantiates it, its
+    /// kernel-to-kernel edges made programmatic unless `BRINK_GRAPH_OVERLAP=off`
+    /// ([`graph`]). The recorded work has not run: launch the graph for that.
+    pub fn end_capture(&self) -> Result<StepGraph, GpuError> {
+        // No instantiate flags: a captured step allocates nothing (the backend checks).
+        match StepGraph::end_capture(&self.stream, self.overlap) {
             Ok(Some(g)) => Ok(g),
             Ok(None) => Err(GpuError::Driver { call: "cuStreamEndCapture".into(), error: "empty graph".into() }),
-            Err(e) => Err(driver_err("cuStreamEndCapture/cuGraphInstantiate", e)),
+            Err((call, e)) => Err(driver_err(call, e)),
         }
     }
 
+    /// How captured kernels follow one another on this GPU.
+    pub fn overlap(&self) -> KernelOverlap {
+        self.overlap
+    }
+
     /// Runs a graph made by [`Gpu::end_capture`] on the stream (asynchronously, like a launch).
-    pub fn replay(&self, graph: &CudaGraph) -> Result<(), GpuError> {
+    pub fn replay(&self, graph: &StepGraph) -> Result<(), GpuError> {
         graph.launch().map_err(|e| driver_err("cuGraphLaunch", e))?;
         if self.diagnostic {
             self.synchronize()?;

@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 
 use brink_kernels::ops::attention::{DeviceBatch, decode_splits};
-use cudarc::driver::CudaGraph;
+use brink_kernels::cuda::StepGraph;
 
 use super::buffers::CudaAct;
 use super::moe::ROUTED_GEMV_MAX_TOKENS;
@@ -80,7 +80,7 @@ pub(crate) enum Mode {
 /// A captured decode step.
 pub(crate) struct Entry {
     pub key: GraphKey,
-    pub graph: CudaGraph,
+    pub graph: StepGraph,
     /// The attention's index arrays the graph reads, rewritten before each replay.
     pub attn: DeviceBatch,
     /// The logits the graph writes, `[rows, vocab]`.
@@ -95,6 +95,8 @@ pub struct GraphStats {
     pub replayed: u64,
     /// Captures or replays that failed (each step ran again eagerly).
     pub failed: u64,
+    /// Kernel-to-kernel edges made programmatic over all captures (`BRINK_GRAPH_OVERLAP`).
+    pub programmatic_edges: u64,
 }
 
 pub(crate) struct Graphs {
@@ -212,7 +214,7 @@ impl Graphs {
 
     /// Keeps a captured graph, dropping the least recently used one past [`MAX_GRAPHS`];
     /// returns its index.
-    pub(crate) fn insert(&mut self, key: GraphKey, graph: CudaGraph, attn: DeviceBatch, out: CudaAct) -> usize {
+    pub(crate) fn insert(&mut self, key: GraphKey, graph: StepGraph, attn: DeviceBatch, out: CudaAct) -> usize {
         if self.entries.len() >= MAX_GRAPHS {
             if let Some(old) = self.entries.iter().enumerate().min_by_key(|(_, e)| e.last_used).map(|(i, _)| i) {
                 self.entries.swap_remove(old);
@@ -220,6 +222,7 @@ impl Graphs {
         }
         self.clock += 1;
         self.stats.captured += 1;
+        self.stats.programmatic_edges += graph.programmatic_edges as u64;
         self.entries.push(Entry { key, graph, attn, out, last_used: self.clock });
         self.entries.len() - 1
     }

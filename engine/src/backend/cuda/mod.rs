@@ -283,7 +283,10 @@ impl Drop for CudaBackend {
     fn drop(&mut self) {
         let s = self.graphs.stats;
         if s.captured + s.failed > 0 {
-            eprintln!("brink: CUDA graphs: {} decode steps captured, {} replayed, {} failed", s.captured, s.replayed, s.failed);
+            eprintln!(
+                "brink: CUDA graphs: {} decode steps captured ({} kernel edges programmatic), {} replayed, {} failed",
+                s.captured, s.programmatic_edges, s.replayed, s.failed
+            );
         }
     }
 }
