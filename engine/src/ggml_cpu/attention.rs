@@ -8,6 +8,12 @@
 //! - the probabilities are rounded to f16 (Vᵀ is f16) and each output value is the f32 sum
 //!   over positions of f16 p · f16 v, exact products.
 //!
+//! gpt-oss adds two things ([`AttnExt`], [`attention_ext`]): a sliding window on alternate
+//! layers (llama.cpp's `LLAMA_SWA_TYPE_STANDARD`: key j is masked for query p when p − j >=
+//! window, so a query sees `window` keys, itself included), and a per-head sink logit in the
+//! softmax ([`super::softmax`]). Masked keys before the window still sit in ggml's row: the
+//! softmax's vectors of 8 are counted from key 0, so the visible part starts on that grid.
+//!
 //! Query head h reads KV head h / (n_head / n_kv), as ggml's broadcast of src0 over src1 does.
 //! Both matmuls sum in ggml's AVX2 order ([`super::float_dot`]): `ggml_vec_dot_f16` for a batch
 //! of one token (decode), llamafile's sgemm for more (prefill); with ggml's vector expf in the
@@ -19,7 +25,17 @@ use rayon::prelude::*;
 
 use super::act_quant::{f16_to_f32, round_f16};
 use super::float_dot::{self, SumOrder};
+use super::ggml_exp::VECTOR;
 use super::softmax::soft_max_visible_in_place;
+
+/// gpt-oss's additions to [`attention_in_batch`]; the default adds nothing (qwen3moe).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttnExt<'a> {
+    /// Sliding window: a query at position p sees keys at p − window < j <= p.
+    pub window: Option<u32>,
+    /// One sink logit per query head (`ggml_soft_max_add_sinks`), not multiplied by the scale.
+    pub sinks: Option<&'a [f32]>,
+}
 
 /// Attention of `q` (`[n_q, n_head, d]`) over `k`, `v` (`[n_kv_pos, n_kv, d]`, f16) into `out`
 /// (`[n_q, n_head, d]`); query i sees keys `0..=q_pos[i]`; scores are multiplied by `scale`.
@@ -50,7 +66,32 @@ pub fn attention_in_batch(
     batch_tokens: usize,
     out: &mut [f32],
 ) {
+    attention_ext(q, k, v, q_pos, n_head, n_kv, d, scale, batch_tokens, AttnExt::default(), out);
+}
+
+/// [`attention_in_batch`] with a sliding window and/or sinks ([`AttnExt`]).
+///
+/// # Panics
+/// As [`attention`], and if the window is 0 or the sinks are not one per query head.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_ext(
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    q_pos: &[u32],
+    n_head: usize,
+    n_kv: usize,
+    d: usize,
+    scale: f32,
+    batch_tokens: usize,
+    ext: AttnExt<'_>,
+    out: &mut [f32],
+) {
     let n_q = q_pos.len();
+    assert!(ext.window != Some(0), "attention: a sliding window of 0 keys");
+    if let Some(s) = ext.sinks {
+        assert_eq!(s.len(), n_head, "attention: {} sinks for {n_head} query heads", s.len());
+    }
     assert!(d > 0 && n_kv > 0 && n_head.is_multiple_of(n_kv), "attention: {n_head} query heads over {n_kv} KV heads of {d}");
     assert_eq!(q.len(), n_q * n_head * d, "attention: q of {} values for {n_q} queries x {n_head} heads x {d}", q.len());
     assert_eq!(out.len(), q.len(), "attention: out of {} values for q of {}", out.len(), q.len());
@@ -79,16 +120,21 @@ pub fn attention_in_batch(
     out.par_chunks_exact_mut(d).enumerate().for_each(|(qh, o)| {
         let (i, h) = (qh / n_head, qh % n_head);
         let kvh = h / group;
-        let visible = q_pos[i] as usize + 1;
+        let end = q_pos[i] as usize + 1;
+        let first = ext.window.map_or(0, |w| end.saturating_sub(w as usize));
+        // From the start of first's vector of 8; the masked keys there are −inf (exp 0).
+        let start = first / VECTOR * VECTOR;
         let qr: Vec<f32> = q[qh * d..(qh + 1) * d].iter().map(|&x| round_f16(x)).collect();
-        let mut p: Vec<f32> = (0..visible).map(|j| float_dot::dot(qk_order, &kf[(j * n_kv + kvh) * d..][..d], &qr, |x| x)).collect();
-        soft_max_visible_in_place(&mut p, scale);
+        let mut p: Vec<f32> = (start..end)
+            .map(|j| if j < first { f32::NEG_INFINITY } else { float_dot::dot(qk_order, &kf[(j * n_kv + kvh) * d..][..d], &qr, |x| x) * scale })
+            .collect();
+        soft_max_visible_in_place(&mut p, 1.0, ext.sinks.map(|s| s[h]));
         // Each output value is the dot of a Vᵀ row with the f16 probabilities over llama.cpp's
         // KV length (a multiple of 256: no tail), position j in its lane, masked ones adding 0.
         // Accumulators are lane-major ([lane][d]) so the inner loop runs over contiguous dims;
         // every (dim, lane) accumulator still sums its positions in order.
         let mut acc = vec![0.0f32; lanes * d];
-        for (j, &pj) in p.iter().enumerate() {
+        for (j, &pj) in (start..).zip(&p) {
             let pj = round_f16(pj);
             if pj == 0.0 {
                 continue; // adds exactly 0 to every lane it would touch
@@ -125,19 +171,29 @@ mod tests {
     /// rounding of the probabilities (2^-11 relative) and the f32 sum of the outputs.
     #[allow(clippy::too_many_arguments)]
     fn reference(q: &[f32], k: &[f16], v: &[f16], q_pos: &[u32], n_head: usize, n_kv: usize, d: usize, scale: f32) -> Vec<f64> {
+        reference_ext(q, k, v, q_pos, n_head, n_kv, d, scale, AttnExt::default())
+    }
+
+    /// [`reference`] with a window (keys first..=pos) and sinks (in the max and the total).
+    #[allow(clippy::too_many_arguments)]
+    fn reference_ext(q: &[f32], k: &[f16], v: &[f16], q_pos: &[u32], n_head: usize, n_kv: usize, d: usize, scale: f32, ext: AttnExt) -> Vec<f64> {
         let mut out = vec![0.0; q.len()];
         for (i, &pos) in q_pos.iter().enumerate() {
             for h in 0..n_head {
                 let kvh = h / (n_head / n_kv);
                 let qr: Vec<f64> = q[(i * n_head + h) * d..][..d].iter().map(|&x| f16::from_f32(x).to_f64()).collect();
-                let s: Vec<f64> = (0..=pos as usize)
+                let first = ext.window.map_or(0, |w| (pos + 1).saturating_sub(w)) as usize;
+                let keys = first..=pos as usize;
+                let s: Vec<f64> = keys
+                    .clone()
                     .map(|j| k[(j * n_kv + kvh) * d..][..d].iter().zip(&qr).map(|(a, b)| a.to_f64() * b).sum::<f64>() * scale as f64)
                     .collect();
-                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sink = ext.sinks.map_or(f64::NEG_INFINITY, |s| s[h] as f64);
+                let m = s.iter().cloned().fold(sink, f64::max);
                 let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-                let z: f64 = e.iter().sum();
+                let z: f64 = e.iter().sum::<f64>() + (sink - m).exp();
                 for c in 0..d {
-                    out[(i * n_head + h) * d + c] = (0..=pos as usize).map(|j| e[j] / z * v[(j * n_kv + kvh) * d + c].to_f64()).sum();
+                    out[(i * n_head + h) * d + c] = keys.clone().zip(&e).map(|(j, e)| e / z * v[(j * n_kv + kvh) * d + c].to_f64()).sum();
                 }
             }
         }
@@ -227,6 +283,61 @@ mod tests {
         for h in 0..n_head {
             let want = if h < 2 { 1.0 } else { -2.0 };
             assert!(out[h * d..(h + 1) * d].iter().all(|&o| o == want), "head {h}");
+        }
+    }
+
+    /// Window and sinks against f64, queries at the window's edge (the window is 16 keys:
+    /// positions 15, 16 and 17 are the last that see key 0, the first that do not, and the next)
+    /// and far past it; a decode and a prefill batch, so both summation orders.
+    #[test]
+    fn window_and_sinks_match_f64() {
+        let (n_head, n_kv, d, n_pos, w) = (4, 2, 64, 60, 16u32);
+        let k = f16s(31, n_pos * n_kv * d, 1.0);
+        let v = f16s(32, n_pos * n_kv * d, 1.0);
+        let sinks = [-1.0f32, 0.0, 2.5, f32::NEG_INFINITY];
+        for q_pos in [vec![14u32, 15, 16, 17, 18, 59], vec![16], vec![41]] {
+            let q: Vec<f32> = (0..(q_pos.len() * n_head * d) as u64).map(|i| uniform_pm1(33, i) * 2.0).collect();
+            for ext in [AttnExt { window: Some(w), sinks: None }, AttnExt { window: Some(w), sinks: Some(&sinks) }, AttnExt { window: None, sinks: Some(&sinks) }] {
+                let mut out = vec![f32::NAN; q.len()];
+                attention_ext(&q, &k, &v, &q_pos, n_head, n_kv, d, 0.125, q_pos.len(), ext, &mut out);
+                let exact = reference_ext(&q, &k, &v, &q_pos, n_head, n_kv, d, 0.125, ext);
+                // As matches_f64_attention_with_gqa_and_causality (a sink only shrinks the mix).
+                for (i, (&got, &e)) in out.iter().zip(&exact).enumerate() {
+                    assert!((got as f64 - e).abs() <= 2f64.powi(-11) + 1e-5, "q_pos {q_pos:?} {ext:?} value {i}: {got} vs {e}");
+                }
+            }
+        }
+    }
+
+    /// A window covering every key is full attention, and −inf sinks are none, bit for bit; a
+    /// window of one key returns that key's value (its probability is exactly 1).
+    #[test]
+    fn wide_window_and_neg_inf_sinks_change_nothing() {
+        let (n_head, n_kv, d, n_pos) = (4, 2, 64, 40);
+        let k = f16s(41, n_pos * n_kv * d, 1.0);
+        let v = f16s(42, n_pos * n_kv * d, 1.0);
+        let q_pos = [0u32, 9, 31, 39];
+        let q: Vec<f32> = (0..(q_pos.len() * n_head * d) as u64).map(|i| uniform_pm1(43, i) * 3.0).collect();
+        let mut full = vec![0.0; q.len()];
+        attention(&q, &k, &v, &q_pos, n_head, n_kv, d, 0.125, &mut full);
+        let none = [f32::NEG_INFINITY; 4];
+        for ext in [AttnExt { window: Some(40), sinks: None }, AttnExt { window: Some(1 << 20), sinks: Some(&none) }] {
+            let mut got = vec![0.0; q.len()];
+            attention_ext(&q, &k, &v, &q_pos, n_head, n_kv, d, 0.125, q_pos.len(), ext, &mut got);
+            assert_eq!(got, full, "{ext:?}");
+        }
+        // A window of 39 keys is not full attention for the query at 39.
+        let mut got = vec![0.0; q.len()];
+        attention_ext(&q, &k, &v, &q_pos, n_head, n_kv, d, 0.125, q_pos.len(), AttnExt { window: Some(39), sinks: None }, &mut got);
+        let last = 3 * n_head * d;
+        assert_eq!(got[..last], full[..last]);
+        assert_ne!(got[last..], full[last..]);
+        attention_ext(&q, &k, &v, &q_pos, n_head, n_kv, d, 0.125, q_pos.len(), AttnExt { window: Some(1), sinks: None }, &mut got);
+        for (i, &p) in q_pos.iter().enumerate() {
+            for h in 0..n_head {
+                let want = &v[(p as usize * n_kv + h / 2) * d..][..d];
+                assert!(got[(i * n_head + h) * d..][..d].iter().zip(want).all(|(o, v)| *o == v.to_f32()), "query {i} head {h}");
+            }
         }
     }
 
