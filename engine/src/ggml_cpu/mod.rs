@@ -13,12 +13,13 @@
 //!   order of its quantized dots;
 //! - [`matmul`]: [`WeightMatrix`] (checked views of GGUF bytes) × activation rows, on rayon;
 //! - [`embedding`], [`norm`], [`rope`], [`softmax`], [`activation`], [`attention`], [`moe`]
-//!   (with [`argsort`], libstdc++'s sort order for ties).
+//!   (with [`argsort`], libstdc++'s sort order for ties), [`bias`].
 
 pub mod act_quant;
 pub mod activation;
 pub mod argsort;
 pub mod attention;
+pub mod bias;
 pub mod embedding;
 mod error;
 pub mod float_dot;
@@ -32,13 +33,14 @@ pub mod softmax;
 pub mod vec_dot;
 
 pub use act_quant::{QuantizedActs, VecDotType};
-pub use activation::{silu, swiglu};
-pub use attention::{attention, attention_in_batch};
+pub use activation::{silu, swiglu, swiglu_oai};
+pub use bias::{add_bias, add_id};
+pub use attention::{AttnExt, attention, attention_ext, attention_in_batch};
 pub use embedding::get_rows;
 pub use error::CpuError;
 pub use matmul::{WeightMatrix, matmul, matmul_gather, matmul_quantized};
-pub use moe::{Routing, check_moe_shape, combine, route};
+pub use moe::{Routing, check_moe_shape, combine, route, route_softmax_weight};
 pub use norm::{rms_norm, rms_norm_in_place};
-pub use rope::rope_neox;
+pub use rope::{Yarn, rope_neox, rope_neox_yarn};
 pub use softmax::{soft_max, soft_max_in_place};
 pub use vec_dot::{WeightKind, vec_dot, vec_dot_sgemm};

@@ -5,6 +5,10 @@
 //!   libstdc++'s order, so ties pick what llama.cpp picks), in that slot order;
 //! - weights = the selected probs; with `norm_topk_prob` (qwen3moe) divided by their sum (summed
 //!   in f64 and rounded to f32 as `ggml_sum_rows`, clamped below at 2^-14 as llama.cpp does);
+//! - gpt-oss gates the other way round ([`route_softmax_weight`], llama.cpp's
+//!   `LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT`): the first top_k of `argsort(logits, desc)`
+//!   (the router's bias already added, [`super::bias`]), then weights = soft_max over those
+//!   top_k logits alone, in slot order (a row of top_k: libm's expf below 8);
 //! - output = Σ over slots, in slot order, of expert_out · weight: f32 products, then f32 adds
 //!   `((e0·w0 + e1·w1) + e2·w2) + …`, as the graph's chain of `ggml_add`.
 
@@ -57,6 +61,28 @@ pub fn route(logits: &[f32], n_expert: usize, top_k: usize, norm_topk_prob: bool
         } else {
             weights.extend(w);
         }
+        experts.extend_from_slice(picked);
+    }
+    Routing { n_expert, top_k, experts, weights }
+}
+
+/// Routes each token of `logits` (`[n_tokens, n_expert]`) by gpt-oss's gating: the top_k
+/// logits, then their softmax as the weights.
+///
+/// # Panics
+/// As [`route`].
+pub fn route_softmax_weight(logits: &[f32], n_expert: usize, top_k: usize) -> Routing {
+    if let Err(e) = check_moe_shape(n_expert, top_k) {
+        panic!("route_softmax_weight: {e}");
+    }
+    assert!(logits.len().is_multiple_of(n_expert), "route_softmax_weight: {} logits in rows of {n_expert}", logits.len());
+    let n_tokens = logits.len() / n_expert;
+    let mut experts = Vec::with_capacity(n_tokens * top_k);
+    let mut weights = vec![0.0; n_tokens * top_k];
+    for (row, w) in logits.chunks_exact(n_expert).zip(weights.chunks_exact_mut(top_k)) {
+        let picked = &argsort_desc(row)[..top_k];
+        let l: Vec<f32> = picked.iter().map(|&e| row[e as usize]).collect();
+        soft_max(&l, 1.0, w);
         experts.extend_from_slice(picked);
     }
     Routing { n_expert, top_k, experts, weights }
@@ -134,6 +160,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// gpt-oss gating: the same experts as softmax gating (softmax keeps the order), weights the
+    /// softmax of the picked logits (checked in f64), summing to 1; ties and top_k 1.
+    #[test]
+    fn softmax_weight_gating() {
+        let (n_expert, top_k) = (32, 4);
+        let logits: Vec<f32> = (0..(5 * n_expert) as u64).map(|i| uniform_pm1(7, i) * 6.0).collect();
+        let r = route_softmax_weight(&logits, n_expert, top_k);
+        assert_eq!(r.experts, route(&logits, n_expert, top_k, true).experts);
+        for t in 0..5 {
+            let picked: Vec<f64> = r.experts[t * top_k..][..top_k].iter().map(|&e| logits[t * n_expert + e as usize] as f64).collect();
+            assert!(picked.windows(2).all(|p| p[0] >= p[1]), "token {t}: slots in descending logit order");
+            let z: f64 = picked.iter().map(|l| (l - picked[0]).exp()).sum();
+            for (s, l) in picked.iter().enumerate() {
+                let want = (l - picked[0]).exp() / z;
+                assert!((r.weights[t * top_k + s] as f64 - want).abs() <= 1e-6 * want, "token {t} slot {s}");
+            }
+            assert!((r.weights[t * top_k..][..top_k].iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        }
+        // Equal logits: experts in index order, equal weights; one expert: weight 1.
+        let r = route_softmax_weight(&[2.0; 8], 8, 4);
+        assert_eq!((r.experts, r.weights), (vec![0, 1, 2, 3], vec![0.25; 4]));
+        assert_eq!(route_softmax_weight(&[1.0, -3.0, 9.0], 3, 1).weights, vec![1.0]);
     }
 
     #[test]
