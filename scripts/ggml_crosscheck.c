@@ -242,8 +242,10 @@ static void check_get_rows(void) {
 
 // llama.cpp's non-flash-attention path: kq = mul_mat(K, Q); soft_max_ext(kq, mask, scale);
 // kqv = mul_mat(Vᵀ, kq), with an f16 K cache and a transposed f16 V cache.
-static void attention_case(const char *tag, int n_q, const int *qpos, int n_pos) {
-    const int n_head = 8, n_kv = 2, d = 128;
+// gpt-oss's layers add a sliding window (llama.cpp's standard SWA: key j masked for query p when
+// p - j >= window; 0 for none) and per-head sinks (ggml_soft_max_add_sinks).
+static void attention_case(const char *tag, int n_q, const int *qpos, int n_pos, int d, int window, int sinks) {
+    const int n_head = 8, n_kv = 2;
     struct ggml_context *ctx = ctx_new();
     float *qf = rnd(500 + n_q, (size_t)n_q * n_head * d, 3.0f);
     float *kf = rnd(501 + n_q, (size_t)n_pos * n_kv * d, 3.0f);
@@ -260,11 +262,16 @@ static void attention_case(const char *tag, int n_q, const int *qpos, int n_pos)
     struct ggml_tensor *mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_pos, n_q);
     float *m = mask->data;
     for (int i = 0; i < n_q; i++)
-        for (int j = 0; j < n_pos; j++) m[i * n_pos + j] = j <= qpos[i] ? 0.0f : -INFINITY;
+        for (int j = 0; j < n_pos; j++)
+            m[i * n_pos + j] = j <= qpos[i] && !(window > 0 && qpos[i] - j >= window) ? 0.0f : -INFINITY;
+    float *sf = rnd(503 + n_q, n_head, 4.0f);
+    struct ggml_tensor *sk = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n_head);
+    memcpy(sk->data, sf, n_head * 4);
     struct ggml_tensor *qp = ggml_permute(ctx, q, 0, 2, 1, 3);
     struct ggml_tensor *kp = ggml_permute(ctx, k, 0, 2, 1, 3);
     struct ggml_tensor *kq = ggml_mul_mat(ctx, kp, qp);
     kq = ggml_soft_max_ext(ctx, kq, mask, 1.0f / sqrtf((float)d), 0.0f);
+    if (sinks) ggml_soft_max_add_sinks(kq, sk);
     struct ggml_tensor *kqv = ggml_mul_mat(ctx, vt, kq);
     struct ggml_tensor *o = ggml_cont(ctx, ggml_permute(ctx, kqv, 0, 2, 1, 3));
     compute(ctx, o, 1);
@@ -276,6 +283,8 @@ static void attention_case(const char *tag, int n_q, const int *qpos, int n_pos)
     snprintf(name, sizeof name, "att.%s.v", tag); dump_u8(name, vh, (size_t)n_pos * n_kv * d * 2);
     snprintf(name, sizeof name, "att.%s.pos", tag); dump_i32(name, qpos, n_q);
     snprintf(name, sizeof name, "att.%s.out", tag); dump_f32(name, o->data, (size_t)n_q * n_head * d);
+    if (sinks) { snprintf(name, sizeof name, "att.%s.sinks", tag); dump_f32(name, sf, n_head); }
+    free(qf); free(kf); free(vf); free(vh); free(sf);
     ggml_free(ctx);
 }
 
@@ -285,8 +294,94 @@ static void attention_case(const char *tag, int n_q, const int *qpos, int n_pos)
 static void check_attention(void) {
     const int prefill[5] = {195, 196, 197, 198, 199};
     const int decode[1] = {200};
-    attention_case("prefill", 5, prefill, 256);
-    attention_case("decode", 1, decode, 256);
+    attention_case("prefill", 5, prefill, 256, 128, 0, 0);
+    attention_case("decode", 1, decode, 256, 128, 0, 0);
+    // gpt-oss (head_dim 64, window 128): queries at the window's edge (127 is the last to see
+    // key 0, 128 the first not to, 129 the next), past the first window with the first visible
+    // key inside a vector of 8 (200: keys 73..200), and the last; with and without sinks.
+    const int edge[8] = {126, 127, 128, 129, 130, 200, 254, 255};
+    const int edge_decode[1] = {129}, far_decode[1] = {250};
+    attention_case("swa-prefill", 8, edge, 256, 64, 128, 1);
+    attention_case("swa-decode", 1, edge_decode, 256, 64, 128, 1);
+    attention_case("swa-decode-far", 1, far_decode, 256, 64, 128, 1);
+    attention_case("swa-nosink", 8, edge, 256, 64, 128, 0);
+    attention_case("sink-full", 8, edge, 256, 64, 0, 1);
+}
+
+// gpt-oss's other ops: soft_max_ext with sinks on rows of 257 (vectors and a libm tail), YaRN
+// NEOX RoPE, ggml_swiglu_oai, ggml_add_id, and the softmax-weight gating of build_moe_ffn.
+static void check_gpt_oss(void) {
+    struct ggml_context *ctx = ctx_new();
+    const int S = 257, SR = 3, SH = 4;
+    struct ggml_tensor *s = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, S, SR, SH);
+    float *sf = rnd(900, (size_t)S * SR * SH, 30.0f);
+    memcpy(s->data, sf, ggml_nbytes(s));
+    // One sink above every scaled logit (it sets the max), the others inside the range.
+    float sinks[4] = {-1.5f, 0.25f, 40.0f, 2.0f};
+    struct ggml_tensor *sk = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, SH);
+    memcpy(sk->data, sinks, sizeof sinks);
+    struct ggml_tensor *sy = ggml_soft_max_ext(ctx, s, NULL, 0.125f, 0.0f);
+    ggml_soft_max_add_sinks(sy, sk);
+    compute(ctx, sy, 1);
+    dump_f32("sink.x", sf, (size_t)S * SR * SH); dump_f32("sink.sinks", sinks, SH); dump_f32("sink.y", sy->data, (size_t)S * SR * SH);
+
+    // YaRN as gpt-oss runs it (64 dims, base 150000, factor 32 over 4096, ext_factor 1), and
+    // other parameters (attn_factor, betas, n_ctx_orig) whose correction dims differ.
+    const int D = 64, H = 4, T = 9;
+    int32_t pos[9] = {0, 1, 127, 128, 129, 4095, 4096, 65536, 131071};
+    struct ggml_tensor *r = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, D, H, T);
+    float *rf = rnd(901, (size_t)D * H * T, 2.0f);
+    memcpy(r->data, rf, ggml_nbytes(r));
+    struct ggml_tensor *p = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, T);
+    memcpy(p->data, pos, sizeof pos);
+    struct ggml_tensor *y1 = ggml_rope_ext(ctx, r, p, NULL, D, GGML_ROPE_TYPE_NEOX, 4096, 150000.0f, 1.0f / 32.0f, 1.0f, 1.0f, 32.0f, 1.0f);
+    struct ggml_tensor *y2 = ggml_rope_ext(ctx, r, p, NULL, D, GGML_ROPE_TYPE_NEOX, 8192, 10000.0f, 0.25f, 1.0f, 0.8f, 24.0f, 2.0f);
+    compute(ctx, y1, 1);
+    compute(ctx, y2, 1);
+    dump_f32("yarn.x", rf, (size_t)D * H * T); dump_i32("yarn.pos", pos, T);
+    dump_f32("yarn.y1", y1->data, (size_t)D * H * T); dump_f32("yarn.y2", y2->data, (size_t)D * H * T);
+
+    // swiglu_oai over values reaching past both clamps
+    const int F = 2880 + 5;
+    struct ggml_tensor *g = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, F), *u = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, F);
+    float *gf = rnd(902, F, 12.0f), *uf = rnd(903, F, 10.0f);
+    memcpy(g->data, gf, F * 4); memcpy(u->data, uf, F * 4);
+    struct ggml_tensor *so = ggml_swiglu_oai(ctx, g, u, 1.702f, 7.0f);
+    compute(ctx, so, 1);
+    dump_f32("oai.g", gf, F); dump_f32("oai.u", uf, F); dump_f32("oai.y", so->data, F);
+
+    // Router: logits + bias, top 4 of 32 by argsort, softmax over the 4; one row of ties.
+    const int E = 32, K = 4, N = 6, W = 40;
+    struct ggml_tensor *lg = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, E, N);
+    float *lf = rnd(904, (size_t)E * N, 5.0f);
+    for (int e = 0; e < E; e++) lf[5 * E + e] = (float)(e % 3) * 0.5f;
+    memcpy(lg->data, lf, ggml_nbytes(lg));
+    struct ggml_tensor *lb = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, E);
+    float *lbf = rnd(905, E, 1.0f);
+    for (int e = 0; e < E; e++) if (e % 3 == 2) lbf[e] = 0.0f;  // keeps the last row's ties
+    memcpy(lb->data, lbf, E * 4);
+    struct ggml_tensor *probs = ggml_add(ctx, lg, lb);
+    struct ggml_tensor *sel = ggml_argsort_top_k(ctx, probs, K);
+    struct ggml_tensor *wts = ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, E, N), sel);
+    wts = ggml_soft_max(ctx, ggml_reshape_2d(ctx, wts, K, N));
+    struct ggml_tensor *selc = ggml_cont(ctx, sel);
+    compute(ctx, wts, 1);
+    compute(ctx, selc, 1);
+    dump_f32("route.logits", lf, (size_t)E * N); dump_f32("route.bias", lbf, E);
+    dump_i32("route.experts", selc->data, (size_t)K * N); dump_f32("route.weights", wts->data, (size_t)K * N);
+
+    // add_id: [W, K, N] expert outputs plus the picked experts' bias rows [W, E]
+    struct ggml_tensor *a = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, W, K, N);
+    float *af = rnd(906, (size_t)W * K * N, 3.0f);
+    memcpy(a->data, af, ggml_nbytes(a));
+    struct ggml_tensor *b = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, W, E);
+    float *bf = rnd(907, (size_t)W * E, 1.0f);
+    memcpy(b->data, bf, ggml_nbytes(b));
+    struct ggml_tensor *ai = ggml_add_id(ctx, a, b, selc);
+    compute(ctx, ai, 1);
+    dump_f32("addid.a", af, (size_t)W * K * N); dump_f32("addid.b", bf, (size_t)W * E); dump_f32("addid.y", ai->data, (size_t)W * K * N);
+    free(sf); free(rf); free(gf); free(uf); free(lf); free(lbf); free(af); free(bf);
+    ggml_free(ctx);
 }
 
 int main(int argc, char **argv) {
@@ -306,6 +401,7 @@ int main(int argc, char **argv) {
     check_elementwise();
     check_get_rows();
     check_attention();
+    check_gpt_oss();
     fclose(out);
     return 0;
 }

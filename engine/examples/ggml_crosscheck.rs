@@ -4,7 +4,8 @@
 //! weight type brink multiplies, for 1, 2, 3, 7 and 40 activation rows (ggml's vec_dot and
 //! llamafile's sgemm; an odd number of blocks for the 32-wide types), and the experts'
 //! mul_mat_id for 1 and 6 tokens; RMSNorm, softmax, SwiGLU, RoPE, argsort, get_rows, attention
-//! for decode and prefill.
+//! for decode and prefill; gpt-oss's ops: attention with a sliding window and sinks at the
+//! window's edge, softmax with sinks, YaRN RoPE, swiglu_oai, softmax-weight routing, add_id.
 //!
 //! `cargo run --release -p brink-engine --example ggml_crosscheck -- DUMP`
 
@@ -13,8 +14,12 @@ use std::process::ExitCode;
 
 use brink_engine::ggml_cpu::act_quant::{BlockQ8_0, BlockQ8K, quantize_row_q8_0, quantize_row_q8_k};
 use brink_engine::ggml_cpu::argsort::argsort_desc;
-use brink_engine::ggml_cpu::softmax::soft_max_rows;
-use brink_engine::ggml_cpu::{QuantizedActs, WeightMatrix, attention, get_rows, matmul, matmul_gather, rms_norm, rope_neox, swiglu};
+use brink_engine::ggml_cpu::activation::{OAI_ALPHA, OAI_LIMIT};
+use brink_engine::ggml_cpu::softmax::{soft_max_rows, soft_max_sink};
+use brink_engine::ggml_cpu::{
+    AttnExt, QuantizedActs, WeightMatrix, Yarn, add_bias, add_id, attention, attention_ext, get_rows, matmul, matmul_gather, rms_norm,
+    rope_neox, rope_neox_yarn, route_softmax_weight, swiglu, swiglu_oai,
+};
 use brink_engine::gguf::GgmlType;
 use brink_kernels::quant::mxfp4;
 use half::f16;
@@ -234,6 +239,57 @@ fn attentions(d: &Dump, v: &mut Verdict) {
     }
 }
 
+/// gpt-oss attention (head_dim 64, window 128 where the tag says swa, sinks where dumped).
+fn gpt_oss_attentions(d: &Dump, v: &mut Verdict) {
+    for (tag, window) in [("swa-prefill", Some(128)), ("swa-decode", Some(128)), ("swa-decode-far", Some(128)), ("swa-nosink", Some(128)), ("sink-full", None)] {
+        let q = d.f32s(&format!("att.{tag}.q"));
+        let (k, vv) = (d.f16s(&format!("att.{tag}.k")), d.f16s(&format!("att.{tag}.v")));
+        let sinks = (tag != "swa-nosink").then(|| d.f32s(&format!("att.{tag}.sinks")));
+        let pos = d.u32s(&format!("att.{tag}.pos"));
+        let mut ours = vec![0.0; q.len()];
+        let ext = AttnExt { window, sinks: sinks.as_deref() };
+        attention_ext(&q, &k, &vv, &pos, 8, 2, 64, 1.0 / 64f32.sqrt(), pos.len(), ext, &mut ours);
+        v.compare(&format!("attention {tag}"), &ours, &d.f32s(&format!("att.{tag}.out")));
+    }
+}
+
+fn gpt_oss_ops(d: &Dump, v: &mut Verdict) {
+    let (x, sinks) = (d.f32s("sink.x"), d.f32s("sink.sinks"));
+    let (width, rows_per_head) = (257, 3);
+    let mut ours = vec![0.0; x.len()];
+    for (r, (x, o)) in x.chunks_exact(width).zip(ours.chunks_exact_mut(width)).enumerate() {
+        soft_max_sink(x, 0.125, sinks[r / rows_per_head], o);
+    }
+    v.compare("soft_max_ext + sinks", &ours, &d.f32s("sink.y"));
+
+    let pos = d.u32s("yarn.pos");
+    let gpt_oss = Yarn { freq_scale: 1.0 / 32.0, ext_factor: 1.0, attn_factor: 1.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 4096 };
+    let other = Yarn { freq_scale: 0.25, ext_factor: 1.0, attn_factor: 0.8, beta_fast: 24.0, beta_slow: 2.0, n_ctx_orig: 8192 };
+    for (name, yarn, base, y) in [("rope yarn (gpt-oss)", gpt_oss, 150_000.0, "yarn.y1"), ("rope yarn (other)", other, 10_000.0, "yarn.y2")] {
+        let mut x = d.f32s("yarn.x");
+        rope_neox_yarn(&mut x, 4, 64, &pos, base, &yarn);
+        v.compare(name, &x, &d.f32s(y));
+    }
+
+    let (g, u) = (d.f32s("oai.g"), d.f32s("oai.u"));
+    let mut ours = vec![0.0; g.len()];
+    swiglu_oai(&g, &u, OAI_ALPHA, OAI_LIMIT, &mut ours);
+    v.compare("swiglu_oai", &ours, &d.f32s("oai.y"));
+
+    let (n_expert, top_k) = (32, 4);
+    let mut logits = d.f32s("route.logits");
+    add_bias(&mut logits, &d.f32s("route.bias"));
+    let r = route_softmax_weight(&logits, n_expert, top_k);
+    let theirs = d.u32s("route.experts");
+    let same = r.experts.iter().zip(&theirs).filter(|(a, b)| a == b).count();
+    v.check("route softmax_weight ids", same == theirs.len(), format!("{same}/{} experts identical", theirs.len()));
+    v.compare("route softmax_weight", &r.weights, &d.f32s("route.weights"));
+
+    let mut a = d.f32s("addid.a");
+    add_id(&mut a, &d.f32s("addid.b"), &theirs, 40);
+    v.compare("add_id", &a, &d.f32s("addid.y"));
+}
+
 fn main() -> ExitCode {
     let Some(path) = std::env::args().nth(1) else {
         eprintln!("usage: ggml_crosscheck DUMP (written by scripts/ggml_crosscheck.c; see scripts/ggml-crosscheck)");
@@ -252,6 +308,8 @@ fn main() -> ExitCode {
     mul_mat_ids(&dump, &mut v);
     elementwise(&dump, &mut v);
     attentions(&dump, &mut v);
+    gpt_oss_attentions(&dump, &mut v);
+    gpt_oss_ops(&dump, &mut v);
     if v.failures.is_empty() {
         println!("all {} checks passed", v.checks);
         ExitCode::SUCCESS
