@@ -13,8 +13,8 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 
 use brink_engine::ggml_cpu::act_quant::{BlockQ8_0, BlockQ8K, quantize_row_q8_0, quantize_row_q8_k};
-use brink_engine::ggml_cpu::argsort::argsort_desc;
 use brink_engine::ggml_cpu::activation::{OAI_ALPHA, OAI_LIMIT};
+use brink_engine::ggml_cpu::argsort::argsort_desc;
 use brink_engine::ggml_cpu::softmax::{soft_max_rows, soft_max_sink};
 use brink_engine::ggml_cpu::{
     AttnExt, QuantizedActs, WeightMatrix, Yarn, add_bias, add_id, attention, attention_ext, get_rows, matmul, matmul_gather, rms_norm,
@@ -241,7 +241,13 @@ fn attentions(d: &Dump, v: &mut Verdict) {
 
 /// gpt-oss attention (head_dim 64, window 128 where the tag says swa, sinks where dumped).
 fn gpt_oss_attentions(d: &Dump, v: &mut Verdict) {
-    for (tag, window) in [("swa-prefill", Some(128)), ("swa-decode", Some(128)), ("swa-decode-far", Some(128)), ("swa-nosink", Some(128)), ("sink-full", None)] {
+    for (tag, window) in [
+        ("swa-prefill", Some(128)),
+        ("swa-decode", Some(128)),
+        ("swa-decode-far", Some(128)),
+        ("swa-nosink", Some(128)),
+        ("sink-full", None),
+    ] {
         let q = d.f32s(&format!("att.{tag}.q"));
         let (k, vv) = (d.f16s(&format!("att.{tag}.k")), d.f16s(&format!("att.{tag}.v")));
         let sinks = (tag != "swa-nosink").then(|| d.f32s(&format!("att.{tag}.sinks")));
@@ -265,7 +271,8 @@ fn gpt_oss_ops(d: &Dump, v: &mut Verdict) {
     let pos = d.u32s("yarn.pos");
     let gpt_oss = Yarn { freq_scale: 1.0 / 32.0, ext_factor: 1.0, attn_factor: 1.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 4096 };
     let other = Yarn { freq_scale: 0.25, ext_factor: 1.0, attn_factor: 0.8, beta_fast: 24.0, beta_slow: 2.0, n_ctx_orig: 8192 };
-    for (name, yarn, base, y) in [("rope yarn (gpt-oss)", gpt_oss, 150_000.0, "yarn.y1"), ("rope yarn (other)", other, 10_000.0, "yarn.y2")] {
+    for (name, yarn, base, y) in [("rope yarn (gpt-oss)", gpt_oss, 150_000.0, "yarn.y1"), ("rope yarn (other)", other, 10_000.0, "yarn.y2")]
+    {
         let mut x = d.f32s("yarn.x");
         rope_neox_yarn(&mut x, 4, 64, &pos, base, &yarn);
         v.compare(name, &x, &d.f32s(y));

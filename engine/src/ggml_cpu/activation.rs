@@ -44,7 +44,13 @@ pub fn swiglu_oai(gate: &[f32], up: &[f32], alpha: f32, limit: f32, out: &mut [f
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
         // std::min(g, limit) and std::clamp(u, −limit, limit) as the C++ compares them.
         let x = if limit < g { limit } else { g };
-        let y = if u < -limit { -limit } else if limit < u { limit } else { u };
+        let y = if u < -limit {
+            -limit
+        } else if limit < u {
+            limit
+        } else {
+            u
+        };
         *o = x / (1.0 + (alpha * -x).exp()) * (y + 1.0);
     }
 }
@@ -98,7 +104,7 @@ mod tests {
         assert!(o[0] == o[1] && o[1] == o[2], "{o:?}");
         // Up clamps both ways: up −1e9 gives (−7 + 1) = −6 times the gate's part.
         swiglu_oai(&[1.0, 1.0, 1.0], &[-1e9, -7.0, 100.0], OAI_ALPHA, OAI_LIMIT, &mut o);
-        let gate = 1.0f32 / (1.0 + (1.702f32 * -1.0).exp());
+        let gate = 1.0f32 / (1.0 + (-1.702f32).exp());
         assert_eq!(o, [gate * -6.0, gate * -6.0, gate * 8.0]);
         // alpha 1, small values: silu(g) · (u + 1) with libm's SiLU.
         let mut o = [0.0; 10];

@@ -125,9 +125,16 @@ pub fn attention_ext(
         // From the start of first's vector of 8; the masked keys there are −inf (exp 0).
         let start = first / VECTOR * VECTOR;
         let qr: Vec<f32> = q[qh * d..(qh + 1) * d].iter().map(|&x| round_f16(x)).collect();
-        let mut p: Vec<f32> = (start..end)
-            .map(|j| if j < first { f32::NEG_INFINITY } else { float_dot::dot(qk_order, &kf[(j * n_kv + kvh) * d..][..d], &qr, |x| x) * scale })
-            .collect();
+        let mut p: Vec<f32> =
+            (start..end)
+                .map(|j| {
+                    if j < first {
+                        f32::NEG_INFINITY
+                    } else {
+                        float_dot::dot(qk_order, &kf[(j * n_kv + kvh) * d..][..d], &qr, |x| x) * scale
+                    }
+                })
+                .collect();
         soft_max_visible_in_place(&mut p, 1.0, ext.sinks.map(|s| s[h]));
         // Each output value is the dot of a Vᵀ row with the f16 probabilities over llama.cpp's
         // KV length (a multiple of 256: no tail), position j in its lane, masked ones adding 0.
@@ -176,7 +183,17 @@ mod tests {
 
     /// [`reference`] with a window (keys first..=pos) and sinks (in the max and the total).
     #[allow(clippy::too_many_arguments)]
-    fn reference_ext(q: &[f32], k: &[f16], v: &[f16], q_pos: &[u32], n_head: usize, n_kv: usize, d: usize, scale: f32, ext: AttnExt) -> Vec<f64> {
+    fn reference_ext(
+        q: &[f32],
+        k: &[f16],
+        v: &[f16],
+        q_pos: &[u32],
+        n_head: usize,
+        n_kv: usize,
+        d: usize,
+        scale: f32,
+        ext: AttnExt,
+    ) -> Vec<f64> {
         let mut out = vec![0.0; q.len()];
         for (i, &pos) in q_pos.iter().enumerate() {
             for h in 0..n_head {
@@ -297,7 +314,11 @@ mod tests {
         let sinks = [-1.0f32, 0.0, 2.5, f32::NEG_INFINITY];
         for q_pos in [vec![14u32, 15, 16, 17, 18, 59], vec![16], vec![41]] {
             let q: Vec<f32> = (0..(q_pos.len() * n_head * d) as u64).map(|i| uniform_pm1(33, i) * 2.0).collect();
-            for ext in [AttnExt { window: Some(w), sinks: None }, AttnExt { window: Some(w), sinks: Some(&sinks) }, AttnExt { window: None, sinks: Some(&sinks) }] {
+            for ext in [
+                AttnExt { window: Some(w), sinks: None },
+                AttnExt { window: Some(w), sinks: Some(&sinks) },
+                AttnExt { window: None, sinks: Some(&sinks) },
+            ] {
                 let mut out = vec![f32::NAN; q.len()];
                 attention_ext(&q, &k, &v, &q_pos, n_head, n_kv, d, 0.125, q_pos.len(), ext, &mut out);
                 let exact = reference_ext(&q, &k, &v, &q_pos, n_head, n_kv, d, 0.125, ext);

@@ -180,7 +180,8 @@ mod tests {
     }
 
     /// gpt-oss's YaRN: factor 32 over n_ctx_orig 4096, base 150000, 64 dims.
-    const GPT_OSS: Yarn = Yarn { freq_scale: 1.0 / 32.0, ext_factor: 1.0, attn_factor: 1.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 4096 };
+    const GPT_OSS: Yarn =
+        Yarn { freq_scale: 1.0 / 32.0, ext_factor: 1.0, attn_factor: 1.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 4096 };
 
     #[test]
     fn yarn_corr_dims_match_f64() {
