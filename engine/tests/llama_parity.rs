@@ -40,12 +40,14 @@ struct Case {
     tolerance: f64,
 }
 
-const CASES: [Case; 5] = [
+const CASES: [Case; 6] = [
     Case { preset: Preset::Tiny, scheme: "q8_0", tolerance: 1e-4 },
     Case { preset: Preset::Tiny, scheme: "q4_0", tolerance: 1e-4 },
     Case { preset: Preset::Tiny, scheme: "k-mix", tolerance: 1e-4 },
     Case { preset: Preset::Tiny, scheme: "f16", tolerance: 1e-4 },
     Case { preset: Preset::TinyTop8, scheme: "q4_0", tolerance: 1e-4 },
+    // gpt-oss's weight layout: routed experts in MXFP4, the rest q8_0.
+    Case { preset: Preset::Tiny, scheme: "mxfp4-moe", tolerance: 1e-4 },
 ];
 
 fn have_llama_cpp() -> bool {

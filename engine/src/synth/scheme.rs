@@ -1,5 +1,5 @@
-//! Which tensor type each weight matrix gets: one type for all (`--type q4_0`), or `k-mix`, a
-//! K-quant mix modelled on llama-quantize's Q4_K_M. Norm weights and the router stay F32 in
+//! Which tensor type each weight matrix gets: one type for all (`--type q4_0`), `k-mix`, a
+//! K-quant mix modelled on llama-quantize's Q4_K_M, or `mxfp4-moe` (gpt-oss's layout). Norm weights and the router stay F32 in
 //! every scheme, as llama-quantize leaves them.
 
 use brink_kernels::quant::TensorType;
@@ -29,10 +29,13 @@ pub enum QuantScheme {
     /// (`use_more_bits`: the first and last eighth and every third layer between) and q5_K on
     /// the others; output q6_K.
     KMix,
+    /// The routed experts in MXFP4, every other matrix q8_0: how llama.cpp's converter writes
+    /// gpt-oss (llama-quantize's MXFP4_MOE).
+    Mxfp4Moe,
 }
 
 impl QuantScheme {
-    pub const NAMES: [&str; 9] = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_K", "q5_K", "q6_K", "k-mix"];
+    pub const NAMES: [&str; 11] = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_K", "q5_K", "q6_K", "mxfp4", "k-mix", "mxfp4-moe"];
 
     /// The type of `matrix` in layer `layer` of `layers` (`layer` is ignored for the embedding
     /// and the output).
@@ -44,6 +47,10 @@ impl QuantScheme {
                 Matrix::AttnV | Matrix::FfnDownExps if use_more_bits(layer, layers) => TensorType::Q6_K,
                 Matrix::AttnV | Matrix::FfnDownExps => TensorType::Q5_K,
                 _ => TensorType::Q4_K,
+            },
+            QuantScheme::Mxfp4Moe => match matrix {
+                Matrix::FfnGateExps | Matrix::FfnUpExps | Matrix::FfnDownExps => TensorType::MXFP4,
+                _ => TensorType::Q8_0,
             },
         }
     }
@@ -63,7 +70,8 @@ impl QuantScheme {
                 // llama.cpp's LLAMA_FTYPE_GUESSED: a type without a file type of its own.
                 _ => 1024,
             },
-            QuantScheme::KMix => 15, // Q4_K_M
+            QuantScheme::KMix => 15,     // Q4_K_M
+            QuantScheme::Mxfp4Moe => 38, // MXFP4_MOE
         }
     }
 
@@ -71,6 +79,7 @@ impl QuantScheme {
         match self {
             QuantScheme::Uniform(ty) => ty.name(),
             QuantScheme::KMix => "k-mix",
+            QuantScheme::Mxfp4Moe => "mxfp4-moe",
         }
     }
 }
@@ -87,6 +96,9 @@ impl std::str::FromStr for QuantScheme {
     fn from_str(s: &str) -> Result<Self, SynthError> {
         if s.eq_ignore_ascii_case("k-mix") {
             return Ok(QuantScheme::KMix);
+        }
+        if s.eq_ignore_ascii_case("mxfp4-moe") {
+            return Ok(QuantScheme::Mxfp4Moe);
         }
         let ty = s.parse::<TensorType>().ok().filter(|t| FILLABLE.contains(t));
         ty.map(QuantScheme::Uniform).ok_or_else(|| SynthError::UnknownType(s.to_string()))

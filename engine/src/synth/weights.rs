@@ -12,6 +12,7 @@ use brink_kernels::quant::kquants::{
     BLOCK_Q4_K_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, K_SCALE_SIZE, Q4_K_DMIN, Q4_K_QS, Q4_K_SCALES, Q5_K_QH, Q5_K_QS, Q6_K_D, Q6_K_QH,
     Q6_K_SCALES,
 };
+use brink_kernels::quant::mxfp4::BLOCK_MXFP4_BYTES;
 use brink_kernels::quant::{BLOCK_Q4_0_BYTES, BLOCK_Q8_0_BYTES};
 use half::{bf16, f16};
 
@@ -47,7 +48,7 @@ const Q6_SC_MAX: u32 = 127;
 const Q6_SC_RMS: f32 = 97.267; // sqrt(95.5² + (64² − 1) / 12)
 
 /// The types [`fill_weights`] generates (a scheme names no other).
-pub const FILLABLE: [TensorType; 8] = [
+pub const FILLABLE: [TensorType; 9] = [
     TensorType::F32,
     TensorType::F16,
     TensorType::BF16,
@@ -56,6 +57,7 @@ pub const FILLABLE: [TensorType; 8] = [
     TensorType::Q4_K,
     TensorType::Q5_K,
     TensorType::Q6_K,
+    TensorType::MXFP4,
 ];
 
 /// Fills `out` (a whole number of `ty` blocks, `ty` one of [`FILLABLE`]) with zero-mean values
@@ -73,6 +75,7 @@ pub fn fill_weights(ty: TensorType, std: f32, rng: &mut Rng, out: &mut [u8]) {
         TensorType::Q4_K => out.chunks_exact_mut(BLOCK_Q4_K_BYTES).for_each(|b| q4_k_block(b, std, rng)),
         TensorType::Q5_K => out.chunks_exact_mut(BLOCK_Q5_K_BYTES).for_each(|b| q5_k_block(b, std, rng)),
         TensorType::Q6_K => out.chunks_exact_mut(BLOCK_Q6_K_BYTES).for_each(|b| q6_k_block(b, std, rng)),
+        TensorType::MXFP4 => out.chunks_exact_mut(BLOCK_MXFP4_BYTES).for_each(|b| mxfp4_block(b, std, rng)),
         other => unreachable!("{other} is not FILLABLE: schemes are parsed against it"),
     }
 }
@@ -125,6 +128,20 @@ fn q4_0_block(b: &mut [u8], std: f32, rng: &mut Rng) {
         }
         *q = lo | (hi << 4);
     }
+}
+
+/// RMS of MXFP4's code values (`KVALUES`, doubled): sqrt(2 · (1 + 4 + 9 + 16 + 36 + 64 + 144) / 16).
+const MXFP4_Q_RMS: f32 = 5.852;
+
+/// `block_mxfp4`: an E8M0 exponent, then 32 random codes. The scale is a power of two, so a
+/// block takes the one just below or just above `std / MXFP4_Q_RMS` at random: the spread
+/// straddles `std` rather than matching it.
+fn mxfp4_block(b: &mut [u8], std: f32, rng: &mut Rng) {
+    // e8m0_to_f32_half(e) = 2^(e - 128) multiplies the code values (twice the E2M1 values).
+    let below = (std / MXFP4_Q_RMS).log2().floor();
+    let e = 128.0 + below + f32::from(u8::from(rng.next_u64() & 1 == 1));
+    b[0] = e.clamp(1.0, 254.0) as u8;
+    random_bytes(rng, &mut b[1..]);
 }
 
 /// Packs eight six-bit scales and mins into ggml's 12 bytes (the inverse of `get_scale_min_k4`):
