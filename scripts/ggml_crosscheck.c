@@ -243,8 +243,10 @@ static void check_get_rows(void) {
 // llama.cpp's non-flash-attention path: kq = mul_mat(K, Q); soft_max_ext(kq, mask, scale);
 // kqv = mul_mat(Vᵀ, kq), with an f16 K cache and a transposed f16 V cache.
 // gpt-oss's layers add a sliding window (llama.cpp's standard SWA: key j masked for query p when
-// p - j >= window; 0 for none) and per-head sinks (ggml_soft_max_add_sinks).
-static void attention_case(const char *tag, int n_q, const int *qpos, int n_pos, int d, int window, int sinks) {
+// p - j >= window; 0 for none) and per-head sinks (ggml_soft_max_add_sinks). cellpos: the
+// position each of the n_pos cells holds (-1: empty), as llama.cpp's SWA cache reuses cells;
+// NULL: cell j holds position j.
+static void attention_case(const char *tag, int n_q, const int *qpos, int n_pos, int d, int window, int sinks, const int *cellpos) {
     const int n_head = 8, n_kv = 2;
     struct ggml_context *ctx = ctx_new();
     float *qf = rnd(500 + n_q, (size_t)n_q * n_head * d, 3.0f);
@@ -262,8 +264,10 @@ static void attention_case(const char *tag, int n_q, const int *qpos, int n_pos,
     struct ggml_tensor *mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_pos, n_q);
     float *m = mask->data;
     for (int i = 0; i < n_q; i++)
-        for (int j = 0; j < n_pos; j++)
-            m[i * n_pos + j] = j <= qpos[i] && !(window > 0 && qpos[i] - j >= window) ? 0.0f : -INFINITY;
+        for (int j = 0; j < n_pos; j++) {
+            int pj = cellpos ? cellpos[j] : j;
+            m[i * n_pos + j] = pj >= 0 && pj <= qpos[i] && !(window > 0 && qpos[i] - pj >= window) ? 0.0f : -INFINITY;
+        }
     float *sf = rnd(503 + n_q, n_head, 4.0f);
     struct ggml_tensor *sk = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n_head);
     memcpy(sk->data, sf, n_head * 4);
@@ -284,6 +288,7 @@ static void attention_case(const char *tag, int n_q, const int *qpos, int n_pos,
     snprintf(name, sizeof name, "att.%s.pos", tag); dump_i32(name, qpos, n_q);
     snprintf(name, sizeof name, "att.%s.out", tag); dump_f32(name, o->data, (size_t)n_q * n_head * d);
     if (sinks) { snprintf(name, sizeof name, "att.%s.sinks", tag); dump_f32(name, sf, n_head); }
+    if (cellpos) { snprintf(name, sizeof name, "att.%s.cells", tag); dump_i32(name, cellpos, n_pos); }
     free(qf); free(kf); free(vf); free(vh); free(sf);
     ggml_free(ctx);
 }
@@ -294,18 +299,25 @@ static void attention_case(const char *tag, int n_q, const int *qpos, int n_pos,
 static void check_attention(void) {
     const int prefill[5] = {195, 196, 197, 198, 199};
     const int decode[1] = {200};
-    attention_case("prefill", 5, prefill, 256, 128, 0, 0);
-    attention_case("decode", 1, decode, 256, 128, 0, 0);
+    attention_case("prefill", 5, prefill, 256, 128, 0, 0, NULL);
+    attention_case("decode", 1, decode, 256, 128, 0, 0, NULL);
     // gpt-oss (head_dim 64, window 128): queries at the window's edge (127 is the last to see
     // key 0, 128 the first not to, 129 the next), past the first window with the first visible
     // key inside a vector of 8 (200: keys 73..200), and the last; with and without sinks.
     const int edge[8] = {126, 127, 128, 129, 130, 200, 254, 255};
     const int edge_decode[1] = {129}, far_decode[1] = {250};
-    attention_case("swa-prefill", 8, edge, 256, 64, 128, 1);
-    attention_case("swa-decode", 1, edge_decode, 256, 64, 128, 1);
-    attention_case("swa-decode-far", 1, far_decode, 256, 64, 128, 1);
-    attention_case("swa-nosink", 8, edge, 256, 64, 128, 0);
-    attention_case("sink-full", 8, edge, 256, 64, 0, 1);
+    attention_case("swa-prefill", 8, edge, 256, 64, 128, 1, NULL);
+    attention_case("swa-decode", 1, edge_decode, 256, 64, 128, 1, NULL);
+    attention_case("swa-decode-far", 1, far_decode, 256, 64, 128, 1, NULL);
+    attention_case("swa-nosink", 8, edge, 256, 64, 128, 0, NULL);
+    attention_case("sink-full", 8, edge, 256, 64, 0, 1, NULL);
+    // A wrapped SWA cache: positions 100..255 in cells 100..255, 256..352 in cells 0..96,
+    // cells 97..99 empty; 230 sees cells 103..230, 340..352 see cells on both sides of the wrap.
+    int ring[256];
+    for (int c = 0; c < 256; c++) ring[c] = c < 97 ? c + 256 : c < 100 ? -1 : c;
+    const int ring_q[5] = {230, 340, 350, 351, 352}, ring_decode[1] = {352};
+    attention_case("swa-ring", 5, ring_q, 256, 64, 128, 1, ring);
+    attention_case("swa-ring-decode", 1, ring_decode, 256, 64, 128, 1, ring);
 }
 
 // gpt-oss's other ops: soft_max_ext with sinks on rows of 257 (vectors and a libm tail), YaRN

@@ -5,7 +5,7 @@
 //! llamafile's sgemm; an odd number of blocks for the 32-wide types), and the experts'
 //! mul_mat_id for 1 and 6 tokens; RMSNorm, softmax, SwiGLU, RoPE, argsort, get_rows, attention
 //! for decode and prefill; gpt-oss's ops: attention with a sliding window and sinks at the
-//! window's edge, softmax with sinks, YaRN RoPE, swiglu_oai, softmax-weight routing, add_id.
+//! window's edge and over a wrapped cache, softmax with sinks, YaRN RoPE, swiglu_oai, softmax-weight routing, add_id.
 //!
 //! `cargo run --release -p brink-engine --example ggml_crosscheck -- DUMP`
 
@@ -17,8 +17,8 @@ use brink_engine::ggml_cpu::activation::{OAI_ALPHA, OAI_LIMIT};
 use brink_engine::ggml_cpu::argsort::argsort_desc;
 use brink_engine::ggml_cpu::softmax::{soft_max_rows, soft_max_sink};
 use brink_engine::ggml_cpu::{
-    AttnExt, QuantizedActs, WeightMatrix, Yarn, add_bias, add_id, attention, attention_ext, get_rows, matmul, matmul_gather, rms_norm,
-    rope_neox, rope_neox_yarn, route_softmax_weight, swiglu, swiglu_oai,
+    AttnExt, QuantizedActs, WeightMatrix, Yarn, add_bias, add_id, attention, attention_cells, attention_ext, get_rows, matmul,
+    matmul_gather, rms_norm, rope_neox, rope_neox_yarn, route_softmax_weight, swiglu, swiglu_oai,
 };
 use brink_engine::gguf::GgmlType;
 use brink_kernels::quant::mxfp4;
@@ -255,6 +255,18 @@ fn gpt_oss_attentions(d: &Dump, v: &mut Verdict) {
         let mut ours = vec![0.0; q.len()];
         let ext = AttnExt { window, sinks: sinks.as_deref() };
         attention_ext(&q, &k, &vv, &pos, 8, 2, 64, 1.0 / 64f32.sqrt(), pos.len(), ext, &mut ours);
+        v.compare(&format!("attention {tag}"), &ours, &d.f32s(&format!("att.{tag}.out")));
+    }
+    // A wrapped sliding-window cache: cells hold positions out of order, some none (-1).
+    for tag in ["swa-ring", "swa-ring-decode"] {
+        let q = d.f32s(&format!("att.{tag}.q"));
+        let (k, vv) = (d.f16s(&format!("att.{tag}.k")), d.f16s(&format!("att.{tag}.v")));
+        let sinks = d.f32s(&format!("att.{tag}.sinks"));
+        let cells: Vec<Option<u32>> = d.u32s(&format!("att.{tag}.cells")).into_iter().map(|p| (p != u32::MAX).then_some(p)).collect();
+        let pos = d.u32s(&format!("att.{tag}.pos"));
+        let mut ours = vec![0.0; q.len()];
+        let ext = AttnExt { window: Some(128), sinks: Some(&sinks) };
+        attention_cells(&q, &k, &vv, &cells, &pos, 8, 2, 64, 1.0 / 64f32.sqrt(), pos.len(), ext, &mut ours);
         v.compare(&format!("attention {tag}"), &ours, &d.f32s(&format!("att.{tag}.out")));
     }
 }

@@ -87,7 +87,60 @@ pub fn attention_ext(
     ext: AttnExt<'_>,
     out: &mut [f32],
 ) {
-    let n_q = q_pos.len();
+    check_shapes(q, k, v, q_pos.len(), n_head, n_kv, d, ext, out);
+    let n_pos = k.len() / (n_kv * d);
+    if let Some(&p) = q_pos.iter().find(|&&p| p as usize >= n_pos) {
+        panic!("attention: a query at position {p} over {n_pos} cached positions");
+    }
+    // Keys first..=p of each query, from the start of first's vector of 8.
+    let first = |p: u32| ext.window.map_or(0, |w| (p as usize + 1).saturating_sub(w as usize));
+    let spans: Vec<(usize, usize)> = q_pos.iter().map(|&p| (first(p) / VECTOR * VECTOR, p as usize + 1)).collect();
+    attend(q, k, v, n_head, n_kv, d, scale, batch_tokens, ext.sinks, &spans, &|i, j| j >= first(q_pos[i]), out);
+}
+
+/// [`attention_ext`] over a KV cache whose cells are not in position order, as llama.cpp's
+/// sliding-window cache reuses the cells of keys out of every window: cell c holds the key at
+/// `cell_pos[c]` (`None`: empty). A query sees the cells at positions it sees (causal, and in
+/// the window); ggml's softmax vectors and output lanes follow the cells, not the positions.
+///
+/// # Panics
+/// As [`attention_ext`], if `cell_pos` is not one per cell, or a query sees no cell (its own
+/// key is always cached before it attends).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_cells(
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    cell_pos: &[Option<u32>],
+    q_pos: &[u32],
+    n_head: usize,
+    n_kv: usize,
+    d: usize,
+    scale: f32,
+    batch_tokens: usize,
+    ext: AttnExt<'_>,
+    out: &mut [f32],
+) {
+    check_shapes(q, k, v, q_pos.len(), n_head, n_kv, d, ext, out);
+    assert_eq!(cell_pos.len() * n_kv * d, k.len(), "attention: {} cell positions for {} values of k", cell_pos.len(), k.len());
+    // llama_hparams::is_masked_swa (standard): masked when p − j >= window.
+    let sees = |p: u32, c: usize| cell_pos[c].is_some_and(|j| j <= p && ext.window.is_none_or(|w| p - j < w));
+    let spans: Vec<(usize, usize)> = q_pos
+        .iter()
+        .map(|&p| {
+            let lo = (0..cell_pos.len()).find(|&c| sees(p, c));
+            let hi = (0..cell_pos.len()).rfind(|&c| sees(p, c));
+            match (lo, hi) {
+                (Some(lo), Some(hi)) => (lo / VECTOR * VECTOR, hi + 1),
+                _ => panic!("attention: the query at position {p} sees no cached cell"),
+            }
+        })
+        .collect();
+    attend(q, k, v, n_head, n_kv, d, scale, batch_tokens, ext.sinks, &spans, &|i, c| sees(q_pos[i], c), out);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_shapes(q: &[f32], k: &[f16], v: &[f16], n_q: usize, n_head: usize, n_kv: usize, d: usize, ext: AttnExt<'_>, out: &[f32]) {
     assert!(ext.window != Some(0), "attention: a sliding window of 0 keys");
     if let Some(s) = ext.sinks {
         assert_eq!(s.len(), n_head, "attention: {} sinks for {n_head} query heads", s.len());
@@ -101,10 +154,25 @@ pub fn attention_ext(
         k.len(),
         v.len()
     );
-    let n_pos = k.len() / (n_kv * d);
-    if let Some(&p) = q_pos.iter().find(|&&p| p as usize >= n_pos) {
-        panic!("attention: a query at position {p} over {n_pos} cached positions");
-    }
+}
+
+/// The attention of every (query, head) over cells `spans[i].0..spans[i].1` (the start on the
+/// softmax's 8-grid), `visible(i, cell)` saying which of them query i sees.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    n_head: usize,
+    n_kv: usize,
+    d: usize,
+    scale: f32,
+    batch_tokens: usize,
+    sinks: Option<&[f32]>,
+    spans: &[(usize, usize)],
+    visible: &(dyn Fn(usize, usize) -> bool + Sync),
+    out: &mut [f32],
+) {
     let group = n_head / n_kv;
     // llamafile's sgemm takes two or more rows when the row length is a multiple of 8 and the
     // row count of 4: scores have length d and n_kv rows (llama.cpp pads n_kv to 256), outputs
@@ -120,22 +188,18 @@ pub fn attention_ext(
     out.par_chunks_exact_mut(d).enumerate().for_each(|(qh, o)| {
         let (i, h) = (qh / n_head, qh % n_head);
         let kvh = h / group;
-        let end = q_pos[i] as usize + 1;
-        let first = ext.window.map_or(0, |w| end.saturating_sub(w as usize));
-        // From the start of first's vector of 8; the masked keys there are −inf (exp 0).
-        let start = first / VECTOR * VECTOR;
+        let (start, end) = spans[i];
         let qr: Vec<f32> = q[qh * d..(qh + 1) * d].iter().map(|&x| round_f16(x)).collect();
-        let mut p: Vec<f32> =
-            (start..end)
-                .map(|j| {
-                    if j < first {
-                        f32::NEG_INFINITY
-                    } else {
-                        float_dot::dot(qk_order, &kf[(j * n_kv + kvh) * d..][..d], &qr, |x| x) * scale
-                    }
-                })
-                .collect();
-        soft_max_visible_in_place(&mut p, 1.0, ext.sinks.map(|s| s[h]));
+        let mut p: Vec<f32> = (start..end)
+            .map(|j| {
+                if visible(i, j) {
+                    float_dot::dot(qk_order, &kf[(j * n_kv + kvh) * d..][..d], &qr, |x| x) * scale
+                } else {
+                    f32::NEG_INFINITY // masked: exp 0
+                }
+            })
+            .collect();
+        soft_max_visible_in_place(&mut p, 1.0, sinks.map(|s| s[h]));
         // Each output value is the dot of a Vᵀ row with the f16 probabilities over llama.cpp's
         // KV length (a multiple of 256: no tail), position j in its lane, masked ones adding 0.
         // Accumulators are lane-major ([lane][d]) so the inner loop runs over contiguous dims;
@@ -360,6 +424,77 @@ mod tests {
                 assert!(got[(i * n_head + h) * d..][..d].iter().zip(want).all(|(o, v)| *o == v.to_f32()), "query {i} head {h}");
             }
         }
+    }
+
+    /// Cells in position order are [`attention_ext`] bit for bit; a ring of cells (positions
+    /// 24..64 in 40 cells, wrapped at cell 24) matches f64 over the same keys; an empty cell, or
+    /// one holding a key out of every window, changes nothing however large its key and value.
+    #[test]
+    fn cells_in_any_order() {
+        let (n_head, n_kv, d, w) = (4, 2, 64, 16u32);
+        let sinks = [0.5f32, -2.0, 1.0, 3.0];
+        let ext = AttnExt { window: Some(w), sinks: Some(&sinks) };
+        let k = f16s(51, 64 * n_kv * d, 1.0);
+        let v = f16s(52, 64 * n_kv * d, 1.0);
+        let q_pos = [15u32, 16, 17, 40];
+        let q: Vec<f32> = (0..(q_pos.len() * n_head * d) as u64).map(|i| uniform_pm1(53, i) * 2.0).collect();
+        let (mut lin, mut cel) = (vec![0.0; q.len()], vec![0.0; q.len()]);
+        let in_order: Vec<Option<u32>> = (0..41).map(Some).collect();
+        let kv = 41 * n_kv * d;
+        attention_ext(&q, &k[..kv], &v[..kv], &q_pos, n_head, n_kv, d, 0.125, 4, ext, &mut lin);
+        attention_cells(&q, &k[..kv], &v[..kv], &in_order, &q_pos, n_head, n_kv, d, 0.125, 4, ext, &mut cel);
+        assert_eq!(lin, cel);
+
+        // Ring: cell c holds position 24 + (c + 16) % 40, so positions 24..64 sit in cells 24..40, 0..24.
+        let ring_pos: Vec<Option<u32>> = (0..40).map(|c| Some(24 + (c + 16) % 40)).collect();
+        let row = n_kv * d;
+        let mut rk = vec![f16::ZERO; 40 * row];
+        let mut rv = rk.clone();
+        for (c, p) in ring_pos.iter().enumerate() {
+            let p = p.unwrap() as usize;
+            rk[c * row..][..row].copy_from_slice(&k[p * row..][..row]);
+            rv[c * row..][..row].copy_from_slice(&v[p * row..][..row]);
+        }
+        // 41 is the first query whose window (26..=41) is all in the ring, and misses 24 and 25.
+        let q_pos = [41u32, 42, 43, 63];
+        let mut got = vec![0.0; q.len()];
+        attention_cells(&q, &rk, &rv, &ring_pos, &q_pos, n_head, n_kv, d, 0.125, 4, ext, &mut got);
+        let exact = reference_ext(&q, &k, &v, &q_pos, n_head, n_kv, d, 0.125, ext);
+        for (i, (&g, &e)) in got.iter().zip(&exact).enumerate() {
+            assert!((g as f64 - e).abs() <= 2f64.powi(-11) + 1e-5, "value {i}: {g} vs {e}");
+        }
+        // Replace the cells of positions 24 and 25 (out of every window here) with huge garbage,
+        // once as empty cells and once as still holding those positions: the same bits.
+        let (mut gk, mut gv) = (rk.clone(), rv.clone());
+        gk[24 * row..26 * row].iter_mut().chain(&mut gv[24 * row..26 * row]).for_each(|x| *x = f16::from_f32(3e4));
+        let mut empty = ring_pos.clone();
+        empty[24] = None;
+        empty[25] = None;
+        for pos in [&ring_pos, &empty] {
+            let mut again = vec![0.0; q.len()];
+            attention_cells(&q, &gk, &gv, pos, &q_pos, n_head, n_kv, d, 0.125, 4, ext, &mut again);
+            assert_eq!(again, got);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "sees no cached cell")]
+    fn a_query_with_no_cell_panics() {
+        let k = vec![f16::ZERO; 2 * 32];
+        attention_cells(
+            &[0.0; 32],
+            &k,
+            &k,
+            &[Some(0), None],
+            &[5],
+            1,
+            1,
+            32,
+            1.0,
+            1,
+            AttnExt { window: Some(4), sinks: None },
+            &mut [0.0; 32],
+        );
     }
 
     #[test]

@@ -34,7 +34,7 @@ pub mod vec_dot;
 
 pub use act_quant::{QuantizedActs, VecDotType};
 pub use activation::{silu, swiglu, swiglu_oai};
-pub use attention::{AttnExt, attention, attention_ext, attention_in_batch};
+pub use attention::{AttnExt, attention, attention_cells, attention_ext, attention_in_batch};
 pub use bias::{add_bias, add_id};
 pub use embedding::get_rows;
 pub use error::CpuError;
