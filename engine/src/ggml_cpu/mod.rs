@@ -13,7 +13,9 @@
 //!   order of its quantized dots;
 //! - [`matmul`]: [`WeightMatrix`] (checked views of GGUF bytes) × activation rows, on rayon;
 //! - [`embedding`], [`norm`], [`rope`], [`softmax`], [`activation`], [`attention`], [`moe`]
-//!   (with [`argsort`], libstdc++'s sort order for ties), [`bias`].
+//!   (with [`argsort`], libstdc++'s sort order for ties), [`bias`]; with gpt-oss's ops:
+//!   attention sinks and sliding windows (also over a wrapped cache, [`attention_cells`]),
+//!   YaRN RoPE, the clamped SwiGLU, softmax-weight gating and per-expert biases.
 
 pub mod act_quant;
 pub mod activation;

@@ -1,6 +1,6 @@
 //! NEOX RoPE as ggml's CPU computes it (`ggml_compute_forward_rope_flt`, `ggml_rope_cache_init`,
-//! `rotate_pairs`) with n_dims = head_dim and no YaRN (freq_scale 1, ext_factor 0,
-//! attn_factor 1), as qwen3moe uses it:
+//! `rotate_pairs`) with n_dims = head_dim; [`rope_neox`] without YaRN (freq_scale 1,
+//! ext_factor 0, attn_factor 1), as qwen3moe uses it:
 //!
 //! theta_scale = powf(freq_base, −2 / n_dims); per token, theta starts at the position (as f32)
 //! and is multiplied by theta_scale after each pair (iteratively, as ggml does: not
