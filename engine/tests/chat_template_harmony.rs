@@ -6,6 +6,8 @@
 //! `<|channel|>` headers, `to=functions.NAME` recipients); each case is also rendered by Python's
 //! Jinja2 when available (skipped with a message unless BRINK_REQUIRE_PY=1).
 
+mod jinja_common;
+
 use std::io::Write;
 use std::process::{Command, Stdio};
 
@@ -14,6 +16,8 @@ use brink_engine::wire::error::parse_body;
 use brink_engine::wire::openai::ChatCompletionRequest;
 use brink_engine::wire::{Limits, Prompt};
 use serde_json::{Map, Value as Json, json};
+
+use jinja_common::have_jinja2;
 
 const GPT_OSS: &str = include_str!("chat_template_gpt_oss.jinja");
 
@@ -166,16 +170,6 @@ for case in json.load(sys.stdin):
         out.append({"error": type(e).__name__ + ": " + str(e)})
 json.dump(out, sys.stdout)
 "#;
-
-fn have_jinja2() -> bool {
-    let ok = Command::new("python3").args(["-c", "import jinja2"]).output().is_ok_and(|o| o.status.success());
-    if !ok {
-        let msg = "python3 with the `jinja2` package (pip install 'jinja2==3.1.6') is not available";
-        assert!(std::env::var("BRINK_REQUIRE_PY").as_deref() != Ok("1"), "BRINK_REQUIRE_PY=1 but {msg}");
-        eprintln!("skipping the Jinja2 cross-check: {msg}");
-    }
-    ok
-}
 
 #[test]
 fn renders_as_jinja2_renders() {

@@ -4,12 +4,16 @@
 //! of every case against Python's Jinja2 set up as `transformers` sets it up
 //! (pip install 'jinja2==3.1.6'), skipped with a message when unavailable unless BRINK_REQUIRE_PY=1.
 
+mod jinja_common;
+
 use std::io::Write;
 use std::process::{Command, Stdio};
 
 use brink_engine::chat_template::{ChatMessage, ChatTemplate, ChatTemplateError};
 use brink_engine::gguf::{GgufFile, GgufWriter, Value};
 use serde_json::{Map, Value as Json, json};
+
+use jinja_common::have_jinja2;
 
 const QWEN3: &str = include_str!("chat_template_qwen3.jinja");
 
@@ -270,16 +274,6 @@ fn cases() -> Vec<Case> {
         all.push(case(QWEN3, msgs, tools, rand(2) == 0, extra));
     }
     all
-}
-
-fn have_jinja2() -> bool {
-    let ok = Command::new("python3").args(["-c", "import jinja2"]).output().is_ok_and(|o| o.status.success());
-    if !ok {
-        let msg = "python3 with the `jinja2` package (pip install 'jinja2==3.1.6') is not available";
-        assert!(std::env::var("BRINK_REQUIRE_PY").as_deref() != Ok("1"), "BRINK_REQUIRE_PY=1 but {msg}");
-        eprintln!("skipping the Jinja2 cross-check: {msg}");
-    }
-    ok
 }
 
 #[test]
