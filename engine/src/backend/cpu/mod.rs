@@ -16,8 +16,17 @@ use crate::monitor::{self, FaultKind, Monitor, Op};
 use kv::KvCache;
 
 const NAME: &str = "cpu";
-const MATRIX_TYPES: &[GgmlType] =
-    &[GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::MXFP4];
+const MATRIX_TYPES: &[GgmlType] = &[
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::MXFP4,
+];
 
 /// `[rows, width]` activations.
 #[derive(Clone, Debug, PartialEq)]
