@@ -15,9 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::CUdevice_attribute as Attr;
 use cudarc::driver::sys::{CUstreamCaptureMode, CUstreamCaptureStatus};
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, DriverError, LaunchArgs, LaunchConfig,
-};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, DriverError, LaunchArgs, LaunchConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::launch::Launch;
@@ -215,11 +213,12 @@ impl Gpu {
     /// caller keeps device allocations, copies from the host and synchronisation out of it.
     pub fn begin_capture(&self) -> Result<(), GpuError> {
         if self.diagnostic {
-            return Err(GpuError::Driver { call: "cuStreamBeginCapture".into(), error: "refused in diagnostic mode (BRINK_SYNC_LAUNCHES=1)".into() });
+            return Err(GpuError::Driver {
+                call: "cuStreamBeginCapture".into(),
+                error: "refused in diagnostic mode (BRINK_SYNC_LAUNCHES=1)".into(),
+            });
         }
-        self.stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
-            .map_err(|e| driver_err("cuStreamBeginCapture", e))
+        self.stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).map_err(|e| driver_err("cuStreamBeginCapture", e))
     }
 
     /// Whether the stream is recording a graph now.

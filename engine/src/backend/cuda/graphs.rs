@@ -20,8 +20,8 @@
 
 use std::collections::HashMap;
 
-use brink_kernels::ops::attention::{DeviceBatch, decode_splits};
 use brink_kernels::cuda::StepGraph;
+use brink_kernels::ops::attention::{DeviceBatch, decode_splits};
 
 use super::buffers::CudaAct;
 use super::moe::ROUTED_GEMV_MAX_TOKENS;
