@@ -1,7 +1,7 @@
 //! Device-side test data: fills from `(seed, index)` and the poison checks. The CPU twin of
 //! the generators is `crate::testdata`.
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, DeviceRepr};
 
 use cudarc::driver::PushKernelArg;
 
@@ -111,6 +111,48 @@ pub fn count_words(
     Ok(gpu.download(&count)?[0])
 }
 
+/// Elements worth downloading between two wanted rows rather than starting another copy: a
+/// device-to-host copy costs tens of microseconds before its first byte, the time of ~256 KiB.
+const MERGE_GAP_BYTES: usize = 256 << 10;
+
+/// Rows `rows` of `buf` (row r at elements `[r·width, (r + 1)·width)`), in `rows`' order:
+/// rows shorter than [`MERGE_GAP_BYTES`] with one copy per run of nearby rows instead of one
+/// per row (a case compares tens to hundreds of sampled rows, most of them in runs: the first
+/// and last tiles); longer rows one by one, as their copy's latency is small beside its bytes.
+pub fn download_rows<T: DeviceRepr + Default + Clone>(
+    gpu: &Gpu,
+    buf: &CudaSlice<T>,
+    rows: &[u64],
+    width: usize,
+) -> Result<Vec<Vec<T>>, GpuError> {
+    let mut out: Vec<Vec<T>> = vec![Vec::new(); rows.len()];
+    for run in row_runs(rows, std::mem::size_of::<T>() * width) {
+        let first = rows[run[0]];
+        let span = gpu.download_range(buf, first as usize * width, (rows[run[run.len() - 1]] - first + 1) as usize * width)?;
+        for k in run {
+            let at = (rows[k] - first) as usize * width;
+            out[k] = span[at..at + width].to_vec();
+        }
+    }
+    Ok(out)
+}
+
+/// [`download_rows`]' copies: indexes into `rows`, each run in ascending row order, consecutive
+/// rows of a run at most [`MERGE_GAP_BYTES`] apart; every row alone when a row is that long.
+fn row_runs(rows: &[u64], row_bytes: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by_key(|&i| rows[i]);
+    let gap = (row_bytes < MERGE_GAP_BYTES).then(|| (MERGE_GAP_BYTES / row_bytes.max(1)) as u64);
+    let mut runs: Vec<Vec<usize>> = Vec::new();
+    for i in order {
+        match runs.last_mut() {
+            Some(run) if gap.is_some_and(|gap| rows[i] <= rows[run[run.len() - 1]] + 1 + gap) => run.push(i),
+            _ => runs.push(vec![i]),
+        }
+    }
+    runs
+}
+
 /// Guard words after every output: a kernel that writes past its end overwrites them.
 pub const GUARD_WORDS: usize = 1024;
 
@@ -141,6 +183,11 @@ impl Guarded {
         Ok(gpu.download_range(&self.buf, start, len)?.into_iter().map(f32::from_bits).collect())
     }
 
+    /// Rows `rows` of `width` words as f32, in `rows`' order ([`download_rows`]).
+    pub fn read_rows_f32(&self, gpu: &Gpu, rows: &[u64], width: usize) -> Result<Vec<Vec<f32>>, GpuError> {
+        Ok(download_rows(gpu, &self.buf, rows, width)?.into_iter().map(|r| r.into_iter().map(f32::from_bits).collect()).collect())
+    }
+
     pub fn read_i32(&self, gpu: &Gpu, start: usize, len: usize) -> Result<Vec<i32>, GpuError> {
         Ok(gpu.download_range(&self.buf, start, len)?.into_iter().map(|w| w as i32).collect())
     }
@@ -167,4 +214,24 @@ pub fn with_in_place_diff(
         check.note = format!("in place differs from out of place in {diff} sampled values; {}", check.note);
     }
     Ok(check)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Short rows go in runs (a gap of up to 256 KiB is downloaded through), in ascending order
+    /// whatever order they were asked in; rows of 256 KiB or more each get a copy of their own.
+    #[test]
+    fn row_runs_merge_nearby_short_rows_only() {
+        let rows = [70, 0, 1, 2, 63, 10_000, 71, 200];
+        // 16 KiB rows merge across 16 rows of gap: 63 is 60 rows after 2, 70 is 6 after 63.
+        let runs = row_runs(&rows, 16 << 10);
+        let as_rows: Vec<Vec<u64>> = runs.iter().map(|r| r.iter().map(|&i| rows[i]).collect()).collect();
+        assert_eq!(as_rows, [vec![0, 1, 2], vec![63, 70, 71], vec![200], vec![10_000]]);
+        let long = row_runs(&rows, 600 << 10);
+        assert_eq!(long.len(), rows.len());
+        assert!(long.windows(2).all(|w| rows[w[0][0]] < rows[w[1][0]]));
+        assert!(row_runs(&[], 4).is_empty());
+    }
 }

@@ -531,7 +531,7 @@ pub fn stage_case(gpu: &Gpu, tokens: u64, c: &AttentionCase) -> Result<Staged, G
     let rows = select_rows(&inputs.chunks, tokens, &spec, c.tile_rows());
     let stored = compare_stored(gpu, &inputs, &rows, &kc, &vc)?;
     let rw = spec.row_width() as usize;
-    let got = rows.iter().map(|r| out.read_f32(gpu, r.row as usize * rw, rw)).collect::<Result<Vec<_>, _>>()?;
+    let got = out.read_rows_f32(gpu, &rows.iter().map(|r| r.row).collect::<Vec<_>>(), rw)?;
     Ok(Staged::Check(Box::new(move || {
         let err = compare_outputs(&inputs, &rows, &got);
         let mut check = Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms);
