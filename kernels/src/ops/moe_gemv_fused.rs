@@ -18,7 +18,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
+use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
 use crate::limits::DeviceLimits;
@@ -27,7 +27,7 @@ use crate::ops::moe_combine::{self, CombineCase, combine_cpu};
 use crate::ops::moe_gemv::{self, GemvBuffers, GemvDims, moe_gemv_cpu, pair_row};
 use crate::ops::quantize::{self, Source};
 use crate::ops::swiglu::{self, GateUp, swiglu_q8_1_cpu, swiglu_value};
-use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform, fill_weights};
+use crate::ops::testdata::{GUARD_WORDS, Guarded, download_rows, fill_uniform, fill_weights};
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType, dequantize_q8_1, q8_1_bytes, quantize_row_q8_1};
 use crate::routing::{Routing, route};
 use crate::sources::MOE_GEMV;
@@ -397,6 +397,12 @@ fn words_to_blocks(words: &[u32]) -> Vec<BlockQ8_1> {
 /// `swiglu_q8_1`) on the same inputs; sampled pairs must match the chain byte for byte
 /// (`int_mismatches` counts differing blocks) and the twin within [`GATE_UP_TOLERANCE`].
 pub fn run_gate_up(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Outcome, GpuError> {
+    stage_gate_up(gpu, tokens, c).map(Staged::finish)
+}
+
+/// [`run_gate_up`]'s GPU half: both launches, the poison check and the sampled pairs' fused and
+/// unfused blocks downloaded and compared; the twin is the host check.
+pub fn stage_gate_up(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Staged, GpuError> {
     let d = c.dims;
     gate_up_plan(tokens, &d, gpu.limits())?;
     let (k, top_k) = (d.hidden as usize, d.top_k as usize);
@@ -440,34 +446,47 @@ pub fn run_gate_up(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Outcome, Gpu
     }
     let (unwritten, past_end) = fused.check(gpu, BLOCK_WORDS)?;
     let sampled = sample_rows(pairs as u64, top_k as u64, SAMPLE, tokens);
-    let want: Vec<Vec<BlockQ8_1>> = sampled
-        .par_iter()
-        .map(|&p| {
-            let t = p / top_k as u64;
-            let xq = quantize_row_q8_1(&uniform_row(SEED_X, t * k as u64, k, 1.0));
-            gate_up_pair(|up, r| weight_row(if up { SEED_UP } else { SEED_GATE }, r, k, d.wtype), &xq, ids[p as usize] as u64, &d)
-        })
-        .collect();
-    let (mut err, mut differing) = (RelErr::default(), 0u64);
-    for (&p, want) in sampled.iter().zip(&want) {
-        let at = p as usize * row_words;
-        let got = gpu.download_range(&fused.buf, at, row_words)?;
-        let unfused = gpu.download_range(&chain.buf, at, row_words)?;
-        differing += got.chunks(BLOCK_WORDS).zip(unfused.chunks(BLOCK_WORDS)).filter(|(a, b)| a != b).count() as u64;
-        err.add_slice(p * d.ffn as u64, &dequantize_q8_1(&words_to_blocks(&got)), &dequantize_q8_1(want));
+    // Downloads here; the twin (hashing every weight row of each sampled pair's expert) is the
+    // host check, run beside the next cases' GPU halves.
+    let mut differing = 0u64;
+    let mut got = Vec::with_capacity(sampled.len());
+    let unfused = download_rows(gpu, &chain.buf, &sampled, row_words)?;
+    for ((&p, fused_row), unfused) in sampled.iter().zip(download_rows(gpu, &fused.buf, &sampled, row_words)?).zip(&unfused) {
+        differing += fused_row.chunks(BLOCK_WORDS).zip(unfused.chunks(BLOCK_WORDS)).filter(|(a, b)| a != b).count() as u64;
+        got.push((p, ids[p as usize] as u64, fused_row));
     }
-    let mut check = Check::of_floats(&err, GATE_UP_TOLERANCE, (unwritten, past_end), kernel_ms);
-    check.int_mismatches = differing;
-    if differing > 0 {
-        check.note = format!("{differing} q8_1 blocks differ from the unfused chain's; {}", check.note);
-    }
-    Ok(Outcome::Ran(check))
+    Ok(Staged::Check(Box::new(move || {
+        let want: Vec<Vec<BlockQ8_1>> = got
+            .par_iter()
+            .map(|&(p, e, _)| {
+                let t = p / top_k as u64;
+                let xq = quantize_row_q8_1(&uniform_row(SEED_X, t * k as u64, k, 1.0));
+                gate_up_pair(|up, r| weight_row(if up { SEED_UP } else { SEED_GATE }, r, k, d.wtype), &xq, e, &d)
+            })
+            .collect();
+        let mut err = RelErr::default();
+        for ((p, _, got), want) in got.iter().zip(&want) {
+            err.add_slice(p * d.ffn as u64, &dequantize_q8_1(&words_to_blocks(got)), &dequantize_q8_1(want));
+        }
+        let mut check = Check::of_floats(&err, GATE_UP_TOLERANCE, (unwritten, past_end), kernel_ms);
+        check.int_mismatches = differing;
+        if differing > 0 {
+            check.note = format!("{differing} q8_1 blocks differ from the unfused chain's; {}", check.note);
+        }
+        Outcome::Ran(check)
+    })))
 }
 
 /// Combine self-test: the fused kernel and the unfused device chain (`moe_gemv` down,
 /// `moe_combine`) on the same inputs; sampled tokens must match the chain bit for bit
 /// (`int_mismatches` counts differing values) and the twin within [`COMBINE_TOLERANCE`].
 pub fn run_combine(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Outcome, GpuError> {
+    stage_combine(gpu, tokens, c).map(Staged::finish)
+}
+
+/// [`run_combine`]'s GPU half: both launches, the poison check and the sampled tokens' fused and
+/// unfused outputs downloaded and compared; the twin is the host check.
+pub fn stage_combine(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Staged, GpuError> {
     let d = c.dims;
     combine_plan(tokens, &d, gpu.limits())?;
     let (ffn, n, top_k) = (d.ffn as usize, d.hidden as usize, d.top_k as usize);
@@ -499,30 +518,36 @@ pub fn run_combine(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Outcome, Gpu
     }
     let (unwritten, past_end) = fused.check(gpu, 1)?;
     let sampled = sample_rows(tokens, 1, SAMPLE, tokens);
-    let want: Vec<Vec<f32>> = sampled
-        .par_iter()
-        .map(|&t| {
-            let acts: Vec<Vec<BlockQ8_1>> =
-                (0..top_k as u64).map(|j| quantize_row_q8_1(&uniform_row(SEED_X, (t * top_k as u64 + j) * ffn as u64, ffn, 1.0))).collect();
-            let ws = uniform_row(SEED_WEIGHTS, t * top_k as u64, top_k, 1.0);
-            let ids = &ids[t as usize * top_k..(t as usize + 1) * top_k];
-            combine_token(|r| weight_row(SEED_DOWN, r, ffn, d.wtype), |j| &acts[j], ids, |j| ws[j], &d)
-        })
-        .collect();
-    let (mut err, mut differing) = (RelErr::default(), 0u64);
-    for (&t, want) in sampled.iter().zip(&want) {
-        let at = t as usize * n;
-        let got = fused.read_f32(gpu, at, n)?;
-        let unfused = chain.read_f32(gpu, at, n)?;
-        differing += got.iter().zip(&unfused).filter(|(a, b)| a.to_bits() != b.to_bits()).count() as u64;
-        err.add_slice(at as u64, &got, want);
+    // Downloads here; the twin (every down row of each sampled token's experts) is the host check.
+    let mut differing = 0u64;
+    let mut got = Vec::with_capacity(sampled.len());
+    let unfused = chain.read_rows_f32(gpu, &sampled, n)?;
+    for ((&t, fused_row), unfused) in sampled.iter().zip(fused.read_rows_f32(gpu, &sampled, n)?).zip(&unfused) {
+        differing += fused_row.iter().zip(unfused).filter(|(a, b)| a.to_bits() != b.to_bits()).count() as u64;
+        got.push((t, ids[t as usize * top_k..(t as usize + 1) * top_k].to_vec(), fused_row));
     }
-    let mut check = Check::of_floats(&err, COMBINE_TOLERANCE, (unwritten, past_end), kernel_ms);
-    check.int_mismatches = differing;
-    if differing > 0 {
-        check.note = format!("{differing} values differ from the unfused chain's; {}", check.note);
-    }
-    Ok(Outcome::Ran(check))
+    Ok(Staged::Check(Box::new(move || {
+        let want: Vec<Vec<f32>> = got
+            .par_iter()
+            .map(|(t, ids, _)| {
+                let acts: Vec<Vec<BlockQ8_1>> = (0..top_k as u64)
+                    .map(|j| quantize_row_q8_1(&uniform_row(SEED_X, (t * top_k as u64 + j) * ffn as u64, ffn, 1.0)))
+                    .collect();
+                let ws = uniform_row(SEED_WEIGHTS, t * top_k as u64, top_k, 1.0);
+                combine_token(|r| weight_row(SEED_DOWN, r, ffn, d.wtype), |j| &acts[j], ids, |j| ws[j], &d)
+            })
+            .collect();
+        let mut err = RelErr::default();
+        for ((t, _, got), want) in got.iter().zip(&want) {
+            err.add_slice(t * n as u64, got, want);
+        }
+        let mut check = Check::of_floats(&err, COMBINE_TOLERANCE, (unwritten, past_end), kernel_ms);
+        check.int_mismatches = differing;
+        if differing > 0 {
+            check.note = format!("{differing} values differ from the unfused chain's; {}", check.note);
+        }
+        Outcome::Ran(check)
+    })))
 }
 
 /// The self-test's handle on the gate/up kernel (registered in `selftest::case`).
@@ -533,6 +558,10 @@ impl KernelFamily for GateUpFamily {
 
     fn run(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Outcome, GpuError> {
         run_gate_up(gpu, tokens, c)
+    }
+
+    fn stage(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Staged, GpuError> {
+        stage_gate_up(gpu, tokens, c)
     }
 
     fn plans(tokens: u64, c: &FusedCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
@@ -548,6 +577,10 @@ impl KernelFamily for CombineFamily {
 
     fn run(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Outcome, GpuError> {
         run_combine(gpu, tokens, c)
+    }
+
+    fn stage(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Staged, GpuError> {
+        stage_combine(gpu, tokens, c)
     }
 
     fn plans(tokens: u64, c: &FusedCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {

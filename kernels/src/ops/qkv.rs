@@ -15,7 +15,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
+use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
 use crate::limits::DeviceLimits;
@@ -207,6 +207,12 @@ const SAMPLE_COLS: usize = 256;
 /// launch per matrix into second buffers: every output written, nothing past the ends, sampled
 /// rows x columns against the twin, and the fused outputs equal to `linear`'s bit for bit.
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &QkvCase) -> Result<Outcome, GpuError> {
+    stage_case(gpu, tokens, c).map(Staged::finish)
+}
+
+/// [`run_case`]'s GPU half: both runs, the poison checks and the sampled rows downloaded and
+/// compared with linear's; the twin is the host check.
+pub fn stage_case(gpu: &Gpu, tokens: u64, c: &QkvCase) -> Result<Staged, GpuError> {
     plans(tokens, c, gpu.limits())?; // refuse a bad shape before allocating for it
     let ps = c.projections();
     let nb = c.k as usize / QK;
@@ -234,33 +240,45 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &QkvCase) -> Result<Outcome, GpuError
         linear::launch(gpu, tokens, p, &x, w, &mut out.buf)?;
     }
     let (mut unwritten, mut past_end, mut differ) = (0, 0, 0u64);
-    let mut err = RelErr::default();
     let sampled = sample_rows(tokens, 8, SAMPLE_ROWS, tokens);
-    let x_rows: Vec<Vec<BlockQ8_1>> = sampled.iter().map(|&r| q8_1_row(SEED_X, r, nb)).collect();
-    let mut offset = 0u64;
+    // Per projection: its sampled columns and, per sampled row, the device's values there.
+    let mut got: Vec<(Vec<u64>, Vec<Vec<f32>>)> = Vec::with_capacity(ps.len());
     for (i, p) in ps.iter().enumerate() {
         let (u, e) = fused[i].check(gpu, 1)?;
         unwritten += u;
         past_end += e;
         let n = p.n as u64;
         let cols = sample_rows(n, GEMV_WARPS as u64, SAMPLE_COLS, SEED_W[i]);
-        let weights: Vec<Vec<u8>> = cols.par_iter().map(|&col| weight_row(SEED_W[i], col, p.k as usize, p.wtype)).collect();
-        for (&r, xr) in sampled.iter().zip(&x_rows) {
-            let got = fused[i].read_f32(gpu, (r * n) as usize, n as usize)?;
-            let base = plain[i].read_f32(gpu, (r * n) as usize, n as usize)?;
-            differ += got.iter().zip(&base).filter(|(a, b)| a.to_bits() != b.to_bits()).count() as u64;
-            for (&col, w) in cols.iter().zip(&weights) {
-                err.add(offset + r * n + col, got[col as usize], p.wtype.dot_q8_1(w, xr));
-            }
+        let mut rows = Vec::with_capacity(sampled.len());
+        let base = plain[i].read_rows_f32(gpu, &sampled, n as usize)?;
+        for (row, base) in fused[i].read_rows_f32(gpu, &sampled, n as usize)?.into_iter().zip(&base) {
+            differ += row.iter().zip(base).filter(|(a, b)| a.to_bits() != b.to_bits()).count() as u64;
+            rows.push(cols.iter().map(|&col| row[col as usize]).collect());
         }
-        offset += tokens * n;
+        got.push((cols, rows));
     }
-    let mut check = Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms);
-    check.int_mismatches += differ;
-    if differ > 0 {
-        check.note = format!("{differ} sampled outputs differ from linear's launches; {}", check.note);
-    }
-    Ok(Outcome::Ran(check))
+    // The twin (weight rows regenerated per sampled column) runs beside the next cases.
+    Ok(Staged::Check(Box::new(move || {
+        let x_rows: Vec<Vec<BlockQ8_1>> = sampled.par_iter().map(|&r| q8_1_row(SEED_X, r, nb)).collect();
+        let mut err = RelErr::default();
+        let mut offset = 0u64;
+        for (i, (p, (cols, rows))) in ps.iter().zip(&got).enumerate() {
+            let n = p.n as u64;
+            let weights: Vec<Vec<u8>> = cols.par_iter().map(|&col| weight_row(SEED_W[i], col, p.k as usize, p.wtype)).collect();
+            for ((&r, xr), row) in sampled.iter().zip(&x_rows).zip(rows) {
+                for ((&col, w), &g) in cols.iter().zip(&weights).zip(row) {
+                    err.add(offset + r * n + col, g, p.wtype.dot_q8_1(w, xr));
+                }
+            }
+            offset += tokens * n;
+        }
+        let mut check = Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms);
+        check.int_mismatches += differ;
+        if differ > 0 {
+            check.note = format!("{differ} sampled outputs differ from linear's launches; {}", check.note);
+        }
+        Outcome::Ran(check)
+    })))
 }
 
 /// The self-test's handle on this family (registered in `selftest::case`).
@@ -271,6 +289,10 @@ impl KernelFamily for Family {
 
     fn run(gpu: &Gpu, tokens: u64, c: &QkvCase) -> Result<Outcome, GpuError> {
         run_case(gpu, tokens, c)
+    }
+
+    fn stage(gpu: &Gpu, tokens: u64, c: &QkvCase) -> Result<Staged, GpuError> {
+        stage_case(gpu, tokens, c)
     }
 
     fn plans(tokens: u64, c: &QkvCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
