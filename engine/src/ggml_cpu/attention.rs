@@ -18,7 +18,7 @@
 //! Both matmuls sum in ggml's AVX2 order ([`super::float_dot`]): `ggml_vec_dot_f16` for a batch
 //! of one token (decode), llamafile's sgemm for more (prefill); with ggml's vector expf in the
 //! softmax, the outputs are llama.cpp's bit for bit (checked against its ggml on x86 AVX2, both
-//! cases, KV length 256).
+//! cases, KV length 256; gpt-oss's window of 128 at its edge, sinks, and a wrapped cache).
 
 use half::f16;
 use rayon::prelude::*;
