@@ -43,7 +43,7 @@ pub struct Args {
     /// Extra tries on other replicas for a request a replica refused before answering.
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub retry_budget: usize,
-    /// How often each replica's /ready, /v1/models and /metrics are read.
+    /// How often each replica's /ready (or /health), /v1/models and /metrics are read.
     #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
     pub poll_interval_ms: u64,
     /// Characters of the prompt that pick its replica by affinity (0: off).

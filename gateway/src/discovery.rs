@@ -19,12 +19,14 @@ const POLL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest `/v1/models` or `/metrics` body read from a replica.
 const MAX_POLL_BODY: usize = 8 << 20;
 
-/// The load series a replica may export: brink's, and vLLM's under its own names.
-const RUNNING_SERIES: &[&str] = &["brink_requests_running", "vllm:num_requests_running"];
-const WAITING_SERIES: &[&str] = &["brink_requests_waiting", "vllm:num_requests_waiting"];
-/// KV cache use as a fraction 0..1: vLLM's (the older name, then the newer); brink's is
+/// The load series a replica may export: brink's, vLLM's, and llama.cpp's server's (with
+/// `--metrics`: requests in a slot, and requests deferred for want of a free slot).
+const RUNNING_SERIES: &[&str] = &["brink_requests_running", "vllm:num_requests_running", "llamacpp:requests_processing"];
+const WAITING_SERIES: &[&str] = &["brink_requests_waiting", "vllm:num_requests_waiting", "llamacpp:requests_deferred"];
+/// KV cache use as a fraction 0..1: vLLM's (the older name, then the newer) and older
+/// llama.cpp servers' (the pinned one exports none); brink's is
 /// `brink_kv_blocks_used / brink_kv_blocks_total`.
-const KV_FRACTION_SERIES: &[&str] = &["vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc"];
+const KV_FRACTION_SERIES: &[&str] = &["vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc", "llamacpp:kv_cache_usage_ratio"];
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Seen {
@@ -160,10 +162,15 @@ pub async fn poll_forever(upstream: Arc<Upstream>, client: UpstreamClient, key: 
     }
 }
 
-/// One look at an upstream: `/ready`, `/v1/models`, `/metrics`.
+/// One look at an upstream: `/ready` (or `/health`), `/v1/models`, `/engine`, `/metrics`.
 pub async fn poll_once(upstream: &Upstream, client: &UpstreamClient, key: Option<&str>) -> Seen {
     let previous = upstream.polled();
-    let ready = fetch(client, &upstream.base, "/ready", key).await;
+    let mut probe = "/ready";
+    let mut ready = fetch(client, &upstream.base, probe, key).await;
+    if has_no_ready(&ready) {
+        probe = "/health";
+        ready = fetch(client, &upstream.base, probe, key).await;
+    }
     let mut listed_context = None;
     let models = match fetch(client, &upstream.base, "/v1/models", key).await {
         Ok((StatusCode::OK, body)) => {
@@ -186,16 +193,24 @@ pub async fn poll_once(upstream: &Upstream, client: &UpstreamClient, key: Option
         Ok((StatusCode::OK, body)) => (load_from_metrics(&String::from_utf8_lossy(&body)), ours_before.max(upstream.in_flight())),
         _ => (Load::default(), 0),
     };
-    let problem = match (&ready, &models) {
-        (Ok((StatusCode::OK, _)), Ok(_)) => None,
-        (Ok((status, body)), _) if *status != StatusCode::OK => {
-            Some(format!("/ready answered {status}: {}", String::from_utf8_lossy(body).trim()))
-        }
-        (Err(e), _) => Some(format!("/ready: {e}")),
-        (_, Err(e)) => Some(e.clone()),
-        _ => None,
-    };
+    let problem = not_ready(probe, &ready).or_else(|| models.as_ref().err().cloned());
     Seen { healthy: problem.is_none(), models: models.unwrap_or(previous.models), load, ours_at_poll, context, problem }
+}
+
+/// `/ready` answered 404: an engine without one (llama.cpp's server, vLLM), whose `/health`
+/// says instead (200 once its model is loaded; llama.cpp's is 503 while loading). Any other
+/// answer, a failure included, is the replica's readiness as it is.
+pub fn has_no_ready(answer: &Result<(StatusCode, Bytes), String>) -> bool {
+    matches!(answer, Ok((StatusCode::NOT_FOUND, _)))
+}
+
+/// Why the answer of readiness probe `path` says unhealthy; none when it is 200.
+pub fn not_ready(path: &str, answer: &Result<(StatusCode, Bytes), String>) -> Option<String> {
+    match answer {
+        Ok((StatusCode::OK, _)) => None,
+        Ok((status, body)) => Some(format!("{path} answered {status}: {}", String::from_utf8_lossy(body).trim())),
+        Err(e) => Some(format!("{path}: {e}")),
+    }
 }
 
 async fn fetch(client: &UpstreamClient, base: &str, path: &str, key: Option<&str>) -> Result<(StatusCode, Bytes), String> {
@@ -330,6 +345,48 @@ mod tests {
                     vllm:kv_cache_usage_perc{engine=\"0\"} 0.5\nvllm:kv_cache_usage_perc{engine=\"1\"} 0.75\n";
         assert_eq!(load_from_metrics(text), load(3.0, 4.0, Some(0.75)));
         assert_eq!(load_from_metrics("vllm:gpu_cache_usage_perc 1.5\n"), load(0.0, 0.0, Some(1.0)));
+    }
+
+    #[test]
+    fn llama_cpp_server_metrics_are_read() {
+        // What the pinned llama.cpp's `llama-server --metrics` (llama-cpp-python 0.3.36's
+        // vendored source) answers, its load gauges and a few of the other series around them.
+        let text = "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached tokens\n\
+                    # TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 14\n\
+                    # HELP llamacpp:tokens_predicted_total Number of generation tokens processed\n\
+                    # TYPE llamacpp:tokens_predicted_total counter\nllamacpp:tokens_predicted_total 7\n\
+                    # HELP llamacpp:n_tokens_max Largest observed sequence length (prompt + generation)\n\
+                    # TYPE llamacpp:n_tokens_max counter\nllamacpp:n_tokens_max 18\n\
+                    # HELP llamacpp:requests_processing Number of requests processing\n\
+                    # TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 2\n\
+                    # HELP llamacpp:requests_deferred Number of requests deferred\n\
+                    # TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 5\n\
+                    # HELP llamacpp:n_busy_slots_per_decode Average number of busy slots per llama_decode() call\n\
+                    # TYPE llamacpp:n_busy_slots_per_decode gauge\nllamacpp:n_busy_slots_per_decode 1.5\n";
+        assert_eq!(load_from_metrics(text), load(2.0, 5.0, None));
+        // Older servers also export the KV cache's use as a fraction.
+        let older = "llamacpp:kv_cache_usage_ratio 0.375\nllamacpp:kv_cache_tokens 384\nllamacpp:requests_processing 1\n";
+        assert_eq!(load_from_metrics(older), load(1.0, 0.0, Some(0.375)));
+    }
+
+    #[test]
+    fn health_is_asked_only_where_ready_is_missing() {
+        let answer = |status: u16, body: &'static str| Ok((StatusCode::from_u16(status).unwrap(), Bytes::from_static(body.as_bytes())));
+        // llama.cpp's server: no /ready.
+        let missing = answer(404, r#"{"error":{"message":"File Not Found","type":"not_found_error","code":404}}"#);
+        assert!(has_no_ready(&missing));
+        // brink's /ready while loading or draining, or a failure: the replica's own answer.
+        for other in [answer(200, ""), answer(503, "loading"), Err("connection refused".to_string())] {
+            assert!(!has_no_ready(&other), "{other:?}");
+        }
+        assert_eq!(not_ready("/health", &answer(200, r#"{"status":"ok"}"#)), None);
+        assert_eq!(
+            not_ready("/health", &answer(503, "{\"error\":{\"code\":503,\"message\":\"Loading model\"}}\n")).as_deref(),
+            Some(r#"/health answered 503 Service Unavailable: {"error":{"code":503,"message":"Loading model"}}"#)
+        );
+        // An engine with neither: unhealthy, named by the probe it fell back to.
+        assert_eq!(not_ready("/health", &answer(404, "")).as_deref(), Some("/health answered 404 Not Found: "));
+        assert_eq!(not_ready("/ready", &Err("no answer in 5s".into())).as_deref(), Some("/ready: no answer in 5s"));
     }
 
     #[test]

@@ -86,7 +86,11 @@ impl Metrics {
                 &["model", "reason"],
             ),
             rejections: counter("brink_gateway_rejections_total", "Requests the gateway answered itself, by reason.", &["reason"]),
-            upstream_healthy: gauge("brink_gateway_upstream_healthy", "1 while the replica's /ready answers 200.", &["upstream"]),
+            upstream_healthy: gauge(
+                "brink_gateway_upstream_healthy",
+                "1 while the replica's /ready (or, where it has none, /health) answers 200.",
+                &["upstream"],
+            ),
             upstream_in_flight: gauge(
                 "brink_gateway_upstream_in_flight",
                 "Requests the gateway has in flight to the replica.",
