@@ -3,7 +3,9 @@
 //! behind the gateway: each model's requests, plain and streamed, are answered by a server that
 //! serves it, and the model list has both. Model `alpha` has two servers of different contexts:
 //! a request that only the larger admits is served there, one that neither admits gets a 400
-//! naming both numbers.
+//! naming both numbers. With llama.cpp's own `llama-server` (BRINK_LLAMA_CPP_BIN), a third
+//! model served by it sits behind the same gateway next to two brink servers: a non-brink
+//! engine, healthy through its `/health`.
 
 mod common;
 
@@ -199,6 +201,144 @@ fn two_real_servers_behind_the_gateway() {
         stop.send(()).expect("the server is gone");
         assert_eq!(done.recv_timeout(Duration::from_secs(60)).expect("serve_on did not return"), Ok(()));
     }
+}
+
+/// llama.cpp's own `llama-server` (scripts/llama-cpp-bin builds it once from the pinned
+/// source; scripts/test sets BRINK_LLAMA_CPP_BIN to its folder), or why not.
+fn llama_server_bin() -> Option<PathBuf> {
+    let Some(dir) = std::env::var_os("BRINK_LLAMA_CPP_BIN").map(PathBuf::from) else {
+        let msg = "BRINK_LLAMA_CPP_BIN is not set (run scripts/llama-cpp-bin and set it to the folder it prints)";
+        assert!(std::env::var("BRINK_REQUIRE_PY").as_deref() != Ok("1"), "BRINK_REQUIRE_PY=1 but {msg}");
+        eprintln!("skipping llama.cpp's server behind the gateway: {msg}");
+        return None;
+    };
+    let bin = dir.join("llama-server");
+    assert!(bin.is_file(), "BRINK_LLAMA_CPP_BIN={} has no llama-server", dir.display());
+    Some(bin)
+}
+
+/// A child process killed when dropped (a failed assertion leaves no server behind).
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Brink's servers for `alpha` and `beta` and llama.cpp's `llama-server` for `gamma` (the same
+/// synthetic model, which llama.cpp loads as the parity tests show) behind one gateway: the
+/// gateway reads llama.cpp's health from its `/health` (it has no `/ready`) and lists all three
+/// models, and each model's chat completions, plain and streamed, come back from its own engine
+/// in the shape the OpenAI SDK parses.
+#[test]
+fn llama_cpp_server_behind_the_gateway_next_to_brink() {
+    let Some(llama_server) = llama_server_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    synth::generate(&SynthSpec::from_preset(Preset::Tiny), &model, |_, _| {}).unwrap_or_else(|e| panic!("{e}"));
+    let (alpha_url, alpha_stop, alpha_done) = start_server(options(model.clone(), "alpha", 512, dir.path()));
+    let (beta_url, beta_stop, beta_done) = start_server(options(model.clone(), "beta", 512, dir.path()));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    let llama_url = format!("http://127.0.0.1:{port}");
+    let log_path = dir.path().join("llama-server.log");
+    let mut llama = Killed(
+        std::process::Command::new(&llama_server)
+            .args(["-m", model.to_str().unwrap(), "--alias", "gamma", "--host", "127.0.0.1", "--port", &port])
+            .args(["-c", "1024", "--parallel", "1", "--threads", "1", "--metrics"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log_path).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut config = brink_gateway::Config::new(vec![alpha_url.clone(), beta_url.clone(), llama_url.clone()]);
+        config.poll_interval = Duration::from_millis(100);
+        let gw = gateway(config).await;
+        let t0 = Instant::now();
+        loop {
+            let r = call(&format!("{}/v1/models", gw.url), "GET", &[], "").await;
+            let m = metrics(&gw).await;
+            let healthy = m.lines().filter(|l| l.starts_with("brink_gateway_upstream_healthy{") && l.ends_with(" 1")).count();
+            if model_ids(&r.json()) == ["alpha", "brink", "beta", "gamma"] && healthy == 3 {
+                assert_eq!(metric(&m, "brink_gateway_upstream_healthy", &[("upstream", &llama_url)]), Some(1.0), "{m}");
+                break;
+            }
+            assert!(llama.0.try_wait().unwrap().is_none(), "llama-server exited: {}", log());
+            assert!(t0.elapsed() < LOAD_DEADLINE, "the three servers did not become ready: {}\n{}", r.body, log());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+
+        for name in ["alpha", "beta", "gamma"] {
+            let brink_before = [requests_total(&alpha_url).await, requests_total(&beta_url).await];
+            let llama_before = llama_tokens(&llama_url).await;
+            let plain = json!({"model": name, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 3, "temperature": 0});
+            let r = post(&format!("{}/v1/chat/completions", gw.url), &plain).await;
+            assert_eq!(r.status, 200, "{name}: {}", r.body);
+            let c = r.json();
+            assert_eq!(c["model"], name, "{c}");
+            assert_eq!(c["object"], "chat.completion", "{c}");
+            assert!(c["id"].is_string() && c["created"].is_u64(), "{c}");
+            assert_eq!(c["choices"][0]["index"], 0, "{c}");
+            assert_eq!(c["choices"][0]["message"]["role"], "assistant", "{c}");
+            assert!(c["choices"][0]["message"]["content"].is_string(), "{c}");
+            assert!(c["choices"][0]["finish_reason"].is_string(), "{c}");
+            assert!(c["usage"]["completion_tokens"].as_u64().is_some_and(|n| (1..=3).contains(&n)), "{c}");
+
+            let mut streamed = plain.clone();
+            streamed["stream"] = json!(true);
+            let r = post(&format!("{}/v1/chat/completions", gw.url), &streamed).await;
+            assert_eq!(r.status, 200, "{name}: {}", r.body);
+            assert!(r.header("content-type").unwrap().starts_with("text/event-stream"));
+            assert!(r.body.trim_end().ends_with("data: [DONE]"), "{name}: {}", r.body);
+            let chunks: Vec<serde_json::Value> = r
+                .body
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .filter(|d| *d != "[DONE]")
+                .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{name}: {e}: {d}")))
+                .collect();
+            assert!(!chunks.is_empty(), "{name}: {}", r.body);
+            for chunk in &chunks {
+                assert_eq!(chunk["model"], name, "{chunk}");
+                assert_eq!(chunk["object"], "chat.completion.chunk", "{chunk}");
+                assert!(chunk["choices"].is_array(), "{chunk}");
+            }
+            assert!(chunks.iter().any(|c| c["choices"][0]["finish_reason"].is_string()), "{name}: {}", r.body);
+
+            // Both went to this model's engine and no other: brink's servers count requests,
+            // llama.cpp's the tokens it generated.
+            let brink_after = [requests_total(&alpha_url).await, requests_total(&beta_url).await];
+            let served = brink_after.iter().zip(brink_before).map(|(a, b)| a - b).collect::<Vec<_>>();
+            let llama_generated = llama_tokens(&llama_url).await > llama_before;
+            let expected = match name {
+                "alpha" => (vec![2.0, 0.0], false),
+                "beta" => (vec![0.0, 2.0], false),
+                _ => (vec![0.0, 0.0], true),
+            };
+            assert_eq!(
+                (served, llama_generated),
+                expected,
+                "{name}: requests of alpha's and beta's servers, whether llama.cpp's generated"
+            );
+        }
+    });
+    drop(llama);
+
+    for (stop, done) in [(alpha_stop, alpha_done), (beta_stop, beta_done)] {
+        stop.send(()).expect("the server is gone");
+        assert_eq!(done.recv_timeout(Duration::from_secs(60)).expect("serve_on did not return"), Ok(()));
+    }
+}
+
+/// The tokens llama.cpp's server has generated (its `--metrics`).
+async fn llama_tokens(url: &str) -> f64 {
+    let m = call(&format!("{url}/metrics"), "GET", &[], "").await.body;
+    metric(&m, "llamacpp:tokens_predicted_total", &[]).unwrap_or_else(|| panic!("no llamacpp:tokens_predicted_total: {m}"))
 }
 
 async fn requests_total_of(urls: &[&String]) -> f64 {
