@@ -27,16 +27,21 @@ pub enum KernelOverlap {
     /// Programmatic edges from the launch-completion port (module doc). Needs compute
     /// capability 9.0 (Hopper, GB10); older devices get [`KernelOverlap::Off`].
     Start,
+    /// Programmatic edges from the programmatic port: no kernel triggers its dependents, so
+    /// the next kernel is scheduled when every block of the one before has exited, without
+    /// waiting for the grid's completion to be processed, and no block spins meanwhile.
+    Exit,
 }
 
 impl KernelOverlap {
-    /// From `BRINK_GRAPH_OVERLAP` (`off` or `start`; unset: `off`) and the device's compute
+    /// From `BRINK_GRAPH_OVERLAP` (`off`, `start` or `exit`; unset: `off`) and the device's compute
     /// capability; an unknown value is an error naming it.
     pub fn choose(env: Option<&str>, compute_capability: (u32, u32)) -> Result<KernelOverlap, String> {
         let wanted = match env.map(str::trim) {
             None | Some("") | Some("off") => KernelOverlap::Off,
             Some("start") => KernelOverlap::Start,
-            Some(other) => return Err(format!("BRINK_GRAPH_OVERLAP={other:?}: expected \"off\" or \"start\"")),
+            Some("exit") => KernelOverlap::Exit,
+            Some(other) => return Err(format!("BRINK_GRAPH_OVERLAP={other:?}: expected \"off\", \"start\" or \"exit\"")),
         };
         Ok(if compute_capability.0 >= 9 { wanted } else { KernelOverlap::Off })
     }
@@ -85,10 +90,15 @@ impl StepGraph {
             // SAFETY: `g` came from cuStreamEndCapture and is not used afterwards.
             let _ = unsafe { sys::cuGraphDestroy(g) };
         };
-        let programmatic_edges = match overlap {
-            KernelOverlap::Off => 0,
+        let port = match overlap {
+            KernelOverlap::Off => None,
+            KernelOverlap::Start => Some(sys::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER),
+            KernelOverlap::Exit => Some(sys::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC),
+        };
+        let programmatic_edges = match port {
+            None => 0,
             // SAFETY: `graph` is a valid graph owned here.
-            KernelOverlap::Start => match unsafe { make_kernel_edges_programmatic(graph) } {
+            Some(port) => match unsafe { make_kernel_edges_programmatic(graph, programmatic_edge(port)) } {
                 Ok(n) => n,
                 Err(e) => {
                     destroy(graph);
@@ -120,13 +130,15 @@ fn is_kernel(node: CUgraphNode) -> Result<bool, GraphError> {
     Ok(ty == CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL)
 }
 
-/// The edge kind of [`KernelOverlap::Start`].
-pub const PROGRAMMATIC_EDGE: CUgraphEdgeData = CUgraphEdgeData {
-    from_port: sys::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER as u8,
-    to_port: 0,
-    type_: sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8,
-    reserved: [0; 5],
-};
+/// A programmatic edge leaving the upstream kernel from `port`.
+pub fn programmatic_edge(port: u32) -> CUgraphEdgeData {
+    CUgraphEdgeData {
+        from_port: port as u8,
+        to_port: 0,
+        type_: sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8,
+        reserved: [0; 5],
+    }
+}
 
 /// Replaces every ordinary kernel-to-kernel edge of `graph` by a programmatic one; returns how
 /// many. Each edge is removed and added back in one step, so a failure leaves at most that
@@ -134,7 +146,7 @@ pub const PROGRAMMATIC_EDGE: CUgraphEdgeData = CUgraphEdgeData {
 ///
 /// # Safety
 /// `graph` must be a valid graph that nothing else uses meanwhile.
-unsafe fn make_kernel_edges_programmatic(graph: CUgraph) -> Result<usize, GraphError> {
+unsafe fn make_kernel_edges_programmatic(graph: CUgraph, edge: CUgraphEdgeData) -> Result<usize, GraphError> {
     let mut n = 0usize;
     // SAFETY (this block): counting call with null arrays, then arrays of that length.
     unsafe { sys::cuGraphGetEdges_v2(graph, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), &mut n) }
@@ -155,7 +167,7 @@ unsafe fn make_kernel_edges_programmatic(graph: CUgraph) -> Result<usize, GraphE
         unsafe { sys::cuGraphRemoveDependencies_v2(graph, &from[i], &to[i], &data[i], 1) }
             .result()
             .map_err(|e| ("cuGraphRemoveDependencies", e))?;
-        unsafe { sys::cuGraphAddDependencies_v2(graph, &from[i], &to[i], &PROGRAMMATIC_EDGE, 1) }
+        unsafe { sys::cuGraphAddDependencies_v2(graph, &from[i], &to[i], &edge, 1) }
             .result()
             .map_err(|e| ("cuGraphAddDependencies", e))?;
         converted += 1;
@@ -179,9 +191,11 @@ mod tests {
     }
 
     #[test]
-    fn the_programmatic_edge_leaves_from_the_launch_completion_port() {
-        assert_eq!(PROGRAMMATIC_EDGE.from_port, 2);
-        assert_eq!(PROGRAMMATIC_EDGE.type_, 1);
-        assert_eq!(PROGRAMMATIC_EDGE.to_port, 0);
+    fn programmatic_edges_leave_from_the_ports_of_the_cuda_headers() {
+        let start = programmatic_edge(sys::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER);
+        let exit = programmatic_edge(sys::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC);
+        assert_eq!((start.from_port, exit.from_port), (2, 1));
+        assert_eq!((start.type_, start.to_port, exit.type_), (1, 0, 1));
+        assert_eq!(KernelOverlap::choose(Some("exit"), (9, 0)), Ok(KernelOverlap::Exit));
     }
 }
