@@ -133,13 +133,17 @@ fn q4_0_block(b: &mut [u8], std: f32, rng: &mut Rng) {
 /// RMS of MXFP4's code values (`KVALUES`, doubled): sqrt(2 · (1 + 4 + 9 + 16 + 36 + 64 + 144) / 16).
 const MXFP4_Q_RMS: f32 = 5.852;
 
-/// `block_mxfp4`: an E8M0 exponent, then 32 random codes. The scale is a power of two, so a
-/// block takes the one just below or just above `std / MXFP4_Q_RMS` at random: the spread
-/// straddles `std` rather than matching it.
+/// `block_mxfp4`: an E8M0 exponent, then 32 random codes. The scale is a power of two: a block
+/// takes the one just below `t = std / MXFP4_Q_RMS` or twice it, the lower with the probability
+/// that makes the mean square scale t², so the values' spread is `std` on average.
 fn mxfp4_block(b: &mut [u8], std: f32, rng: &mut Rng) {
+    let t = std / MXFP4_Q_RMS;
+    let below = t.log2().floor();
+    let lo = below.exp2();
+    // p·lo² + (1 − p)·(2·lo)² = t², with lo <= t < 2·lo, so p is in (0, 1].
+    let p_lo = (4.0 * lo * lo - t * t) / (3.0 * lo * lo);
     // e8m0_to_f32_half(e) = 2^(e - 128) multiplies the code values (twice the E2M1 values).
-    let below = (std / MXFP4_Q_RMS).log2().floor();
-    let e = 128.0 + below + f32::from(u8::from(rng.next_u64() & 1 == 1));
+    let e = 128.0 + below + if rng.unit() < p_lo { 0.0 } else { 1.0 };
     b[0] = e.clamp(1.0, 254.0) as u8;
     random_bytes(rng, &mut b[1..]);
 }
