@@ -102,18 +102,8 @@ fn two_real_servers_behind_the_gateway() {
         // Discovery must see each server turn ready after its model loads.
         config.poll_interval = Duration::from_millis(100);
         let gw = gateway(config).await;
-        let t0 = Instant::now();
-        loop {
-            let r = call(&format!("{}/v1/models", gw.url), "GET", &[], "").await;
-            // Each server also answers to `brink`; it is listed once.
-            let healthy =
-                metrics(&gw).await.lines().filter(|l| l.starts_with("brink_gateway_upstream_healthy{") && l.ends_with(" 1")).count();
-            if model_ids(&r.json()) == ["alpha", "brink", "beta"] && healthy == 3 {
-                break;
-            }
-            assert!(t0.elapsed() < LOAD_DEADLINE, "the servers did not both become ready: {}", r.body);
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        // Each server also answers to `brink`; it is listed once.
+        wait_until_serving(&gw, &["alpha", "brink", "beta"], 3, String::new).await;
 
         for (name, urls) in [("alpha", vec![&alpha_url, &big_url]), ("beta", vec![&beta_url])] {
             let before = requests_total_of(&urls).await;
@@ -259,19 +249,12 @@ fn llama_cpp_server_behind_the_gateway_next_to_brink() {
         let mut config = brink_gateway::Config::new(vec![alpha_url.clone(), beta_url.clone(), llama_url.clone()]);
         config.poll_interval = Duration::from_millis(100);
         let gw = gateway(config).await;
-        let t0 = Instant::now();
-        loop {
-            let r = call(&format!("{}/v1/models", gw.url), "GET", &[], "").await;
-            let m = metrics(&gw).await;
-            let healthy = m.lines().filter(|l| l.starts_with("brink_gateway_upstream_healthy{") && l.ends_with(" 1")).count();
-            if model_ids(&r.json()) == ["alpha", "brink", "beta", "gamma"] && healthy == 3 {
-                assert_eq!(metric(&m, "brink_gateway_upstream_healthy", &[("upstream", &llama_url)]), Some(1.0), "{m}");
-                break;
-            }
+        let m = wait_until_serving(&gw, &["alpha", "brink", "beta", "gamma"], 3, || {
             assert!(llama.0.try_wait().unwrap().is_none(), "llama-server exited: {}", log());
-            assert!(t0.elapsed() < LOAD_DEADLINE, "the three servers did not become ready: {}\n{}", r.body, log());
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            log()
+        })
+        .await;
+        assert_eq!(metric(&m, "brink_gateway_upstream_healthy", &[("upstream", &llama_url)]), Some(1.0), "{m}");
 
         for name in ["alpha", "beta", "gamma"] {
             let brink_before = [requests_total(&alpha_url).await, requests_total(&beta_url).await];
@@ -339,6 +322,24 @@ fn llama_cpp_server_behind_the_gateway_next_to_brink() {
 async fn llama_tokens(url: &str) -> f64 {
     let m = call(&format!("{url}/metrics"), "GET", &[], "").await.body;
     metric(&m, "llamacpp:tokens_predicted_total", &[]).unwrap_or_else(|| panic!("no llamacpp:tokens_predicted_total: {m}"))
+}
+
+/// Polls the gateway until `/v1/models` lists `models` and `healthy` upstreams are healthy;
+/// returns the metrics of that moment. `check` runs at every poll that is not there yet (it may
+/// assert a child is alive) and gives text for the deadline's message.
+async fn wait_until_serving(gw: &Gateway, models: &[&str], healthy: usize, mut check: impl FnMut() -> String) -> String {
+    let t0 = Instant::now();
+    loop {
+        let r = call(&format!("{}/v1/models", gw.url), "GET", &[], "").await;
+        let m = metrics(gw).await;
+        let up = m.lines().filter(|l| l.starts_with("brink_gateway_upstream_healthy{") && l.ends_with(" 1")).count();
+        if model_ids(&r.json()) == models && up == healthy {
+            return m;
+        }
+        let context = check();
+        assert!(t0.elapsed() < LOAD_DEADLINE, "the servers did not all become ready: {}\n{context}", r.body);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 async fn requests_total_of(urls: &[&String]) -> f64 {

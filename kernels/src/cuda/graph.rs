@@ -167,9 +167,7 @@ unsafe fn make_kernel_edges_programmatic(graph: CUgraph, edge: CUgraphEdgeData) 
         unsafe { sys::cuGraphRemoveDependencies_v2(graph, &from[i], &to[i], &data[i], 1) }
             .result()
             .map_err(|e| ("cuGraphRemoveDependencies", e))?;
-        unsafe { sys::cuGraphAddDependencies_v2(graph, &from[i], &to[i], &edge, 1) }
-            .result()
-            .map_err(|e| ("cuGraphAddDependencies", e))?;
+        unsafe { sys::cuGraphAddDependencies_v2(graph, &from[i], &to[i], &edge, 1) }.result().map_err(|e| ("cuGraphAddDependencies", e))?;
         converted += 1;
     }
     Ok(converted)

@@ -264,12 +264,30 @@ impl Gpu {
             return Ok(m.clone());
         }
         let cubin = compile::compile(source, &self.limits.arch(), self.cache_dir.as_deref())?;
-        let module = self
-            .ctx
-            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin.bytes))
-            .map_err(|e| driver_err(&format!("cuModuleLoadData({})", source.file), e))?;
+        let module = self.load_cubin(source, cubin.bytes)?;
         modules.insert(source.file, module.clone());
         Ok(module)
+    }
+
+    /// Loads the modules of `sources` not loaded yet, compiling the missing ones in parallel
+    /// first ([`compile::compile_all`]; [`Gpu::module`] compiles under its lock, one at a time).
+    pub fn load_modules(&self, sources: &[KernelSource]) -> Result<(), GpuError> {
+        let missing: Vec<KernelSource> = {
+            let modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+            sources.iter().filter(|s| !modules.contains_key(s.file)).copied().collect()
+        };
+        let cubins = compile::compile_all(&missing, &self.limits.arch(), self.cache_dir.as_deref());
+        for (source, cubin) in missing.iter().zip(cubins) {
+            let module = self.load_cubin(source, cubin?.bytes)?;
+            self.modules.lock().unwrap_or_else(|p| p.into_inner()).entry(source.file).or_insert(module);
+        }
+        Ok(())
+    }
+
+    fn load_cubin(&self, source: &KernelSource, bytes: Vec<u8>) -> Result<Arc<CudaModule>, GpuError> {
+        self.ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(bytes))
+            .map_err(|e| driver_err(&format!("cuModuleLoadData({})", source.file), e))
     }
 
     /// The function `name` of `source`'s module, looked up once and then taken from the cache.

@@ -17,13 +17,12 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc::{Receiver, sync_channel};
 use std::time::Instant;
 
-use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::case::Case;
 use super::deadline::send_line;
 use crate::check::{Outcome, Staged};
-use crate::cuda::{DeviceInfo, Gpu, GpuError, compile};
+use crate::cuda::{DeviceInfo, Gpu, GpuError};
 use crate::limits::DeviceLimits;
 use crate::sources;
 
@@ -98,17 +97,6 @@ fn spawn_check(pool: &rayon::ThreadPool, check: crate::check::HostCheck) -> Rece
     rx
 }
 
-/// Compiles the sources missing from the disk cache `dir` all at once, before the GPU loads
-/// them one by one ([`Gpu::module`] compiles under its lock, so in series): NVRTC programs are
-/// independent, and a cold cache (a new node, or a changed kernel source or header) took
-/// 13-14 s in series on the H100 runs of 2026-12-06; in parallel it is bound by the slowest
-/// file. Errors are left to [`Gpu::module`], which compiles that source again and reports.
-fn warm_cache(srcs: &[sources::KernelSource], arch: &str, dir: &std::path::Path) {
-    srcs.par_iter().for_each(|src| {
-        let _ = compile::compile(src, arch, Some(dir));
-    });
-}
-
 /// Runs the worker loop; returns the process exit code.
 pub fn serve(input: impl BufRead, mut out: impl Write) -> i32 {
     let gpu = match Gpu::open(0) {
@@ -119,13 +107,8 @@ pub fn serve(input: impl BufRead, mut out: impl Write) -> i32 {
         Err(e) => return exit_after(&mut out, &WorkerMsg::Fatal { error: e.to_string() }, 1),
     };
     let start = Instant::now();
-    if let Some(dir) = compile::default_cache_dir() {
-        warm_cache(sources::ALL, &gpu.limits().arch(), &dir);
-    }
-    for src in sources::ALL {
-        if let Err(e) = gpu.module(src) {
-            return exit_after(&mut out, &WorkerMsg::Fatal { error: e.to_string() }, 1);
-        }
+    if let Err(e) = gpu.load_modules(sources::ALL) {
+        return exit_after(&mut out, &WorkerMsg::Fatal { error: e.to_string() }, 1);
     }
     let pool = match check_pool() {
         Ok(p) => p,
@@ -186,28 +169,4 @@ pub fn serve(input: impl BufRead, mut out: impl Write) -> i32 {
 fn exit_after(out: &mut impl Write, msg: &WorkerMsg, code: i32) -> i32 {
     let _ = send_line(out, msg);
     code
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every source warmed lands in the cache, so the GPU's loads that follow read CUBINs
-    /// instead of compiling. Needs libnvrtc; without it there is nothing to warm.
-    #[test]
-    fn warm_cache_leaves_a_cubin_for_every_source() {
-        if !compile::nvrtc_present() {
-            eprintln!("libnvrtc not found: warm_cache not exercised");
-            return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let srcs = [sources::TESTDATA, sources::ROPE, sources::EMBED];
-        let t = Instant::now();
-        warm_cache(&srcs, "sm_90", dir.path());
-        eprintln!("warmed {} sources in {:.2} s", srcs.len(), t.elapsed().as_secs_f64());
-        for src in &srcs {
-            let cubin = compile::compile(src, "sm_90", Some(dir.path())).unwrap();
-            assert!(cubin.from_cache && cubin.bytes.len() > 100, "{}", src.file);
-        }
-    }
 }

@@ -110,9 +110,7 @@ impl CudaBackend {
 
     pub fn open(ordinal: usize) -> std::result::Result<Self, BackendError> {
         let gpu = Gpu::open(ordinal).map_err(|e| fail(format!("cannot open GPU {ordinal}: {e}")))?;
-        for s in &SOURCES {
-            gpu.module(s).map_err(|e| fail(format!("kernels {}: {e}", s.file)))?;
-        }
+        gpu.load_modules(&SOURCES).map_err(|e| fail(format!("kernels: {e}")))?;
         let allocs = AllocCounter::default();
         let setup = |e: GpuError| fail(format!("allocating the backend's buffers: {e}"));
         Ok(CudaBackend {
