@@ -66,3 +66,4 @@ static __device__ __forceinline__ void moe_gemm_tile(const int* __restrict__ sor
 
 MOE_GEMM_KERNEL(moe_gemm_m64n64k4, 64, 64, 4, 4, 4)
 MOE_GEMM_KERNEL(moe_gemm_m64n128k16, 64, 128, 16, 4, 4)
+MOE_GEMM_KERNEL(moe_gemm_m64n128k4, 64, 128, 4, 4, 4)

@@ -80,8 +80,31 @@ impl GemmTile {
 pub const DEFAULT_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n64k4", m: 64, n: 64, k_blocks: 4, threads: 256 };
 /// 143,360 B of shared memory: fits the H200's 227 KiB opt-in, not GB10's 99 KiB.
 pub const LARGE_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n128k16", m: 64, n: 128, k_blocks: 16, threads: 512 };
+/// The default's rows and K step with twice its columns (35,840 B, no opt-in anywhere): each
+/// staged A row serves 128 columns instead of 64, so A is staged half as often per output.
+pub const WIDE_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n128k4", m: 64, n: 128, k_blocks: 4, threads: 512 };
 /// Every tile shape `moe_gemm.cu` instantiates.
-pub const TILES: [GemmTile; 2] = [DEFAULT_TILE, LARGE_TILE];
+pub const TILES: [GemmTile; 3] = [DEFAULT_TILE, LARGE_TILE, WIDE_TILE];
+
+/// The tile the engine's prefill uses: `BRINK_MOE_GEMM_TILE` (an entry point of [`TILES`]) for
+/// measuring the others on a device, else [`DEFAULT_TILE`]. Read once per process.
+pub fn configured_tile() -> Result<&'static GemmTile, String> {
+    static TILE: std::sync::OnceLock<Result<&'static GemmTile, String>> = std::sync::OnceLock::new();
+    TILE.get_or_init(|| match std::env::var("BRINK_MOE_GEMM_TILE") {
+        Ok(name) => tile_named(&name).map_err(|e| format!("BRINK_MOE_GEMM_TILE: {e}")),
+        Err(_) => Ok(&DEFAULT_TILE),
+    })
+    .clone()
+}
+
+/// The tile of `TILES` whose entry point is `kernel`, or an error listing them (for a tile
+/// named in configuration, e.g. the CUDA backend's `BRINK_MOE_GEMM_TILE`).
+pub fn tile_named(kernel: &str) -> Result<&'static GemmTile, String> {
+    TILES.iter().find(|t| t.kernel == kernel).ok_or_else(|| {
+        let names: Vec<&str> = TILES.iter().map(|t| t.kernel).collect();
+        format!("no routed GEMM tile is named '{kernel}'; tiles: {}", names.join(", "))
+    })
+}
 
 fn shape(tokens: u64, c: &GemmCase) -> String {
     format!("tokens={tokens} experts={} top_k={} n={} k={} {}", c.experts, c.top_k, c.n, c.k, c.wtype)
@@ -495,10 +518,21 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn tiles_are_found_by_name() {
+        for t in &TILES {
+            assert_eq!(tile_named(t.kernel), Ok(t));
+        }
+        let e = tile_named("moe_gemm_m1").unwrap_err();
+        assert!(e.contains("'moe_gemm_m1'") && e.contains("moe_gemm_m64n64k4, moe_gemm_m64n128k16, moe_gemm_m64n128k4"), "{e}");
+    }
+
+    #[test]
     fn large_tile_fits_h200_not_gb10() {
         let c = case(8, 768, 2048, WeightType::Q4_0, Routing::Uniform);
         let shared = LARGE_TILE.shared_bytes();
         assert_eq!((DEFAULT_TILE.shared_bytes(), shared), (23_552, 143_360));
+        assert_eq!(WIDE_TILE.shared_bytes(), 35_840);
+        assert!(plan(4096, &c, &WIDE_TILE, &DeviceLimits::gb10()).is_ok());
         assert!(shared > 99 * 1024 && shared <= 227 * 1024, "{shared}");
         assert!(plan(4096, &c, &LARGE_TILE, &DeviceLimits::h200()).is_ok());
         let e = plan(4096, &c, &LARGE_TILE, &DeviceLimits::gb10()).unwrap_err();
