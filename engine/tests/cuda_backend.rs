@@ -11,7 +11,7 @@
 use brink_engine::backend::cuda::{CudaAct, CudaBackend};
 use brink_engine::backend::{AttentionSpec, Backend, Batch, KvSpec, Logits, MoeSpec, MoeWeights, WeightRole};
 use brink_engine::gguf::GgmlType;
-use brink_engine::model::HostTensor;
+use brink_engine::model::{Activation, Gating, HostTensor, Rope};
 use brink_kernels::ops::embed::{EmbedCase, TableType, embed_cpu};
 use brink_kernels::ops::moe_combine::combine_cpu;
 use brink_kernels::ops::moe_gemv::{GemvDims, moe_gemv_cpu};
@@ -168,7 +168,7 @@ fn rope_rotates_at_the_batch_positions() {
     b.begin_batch(&bt).unwrap();
     let mut x = random(31, bt.rows() * heads * head_dim, 2.0);
     let mut xa = b.upload(bt.rows(), heads * head_dim, &x).unwrap();
-    b.rope(&mut xa, head_dim, theta).unwrap();
+    b.rope(&mut xa, head_dim, &Rope::Neox { theta }).unwrap();
     let positions: Vec<i32> = bt.positions.iter().map(|&p| p as i32).collect();
     rope_cpu(&mut x, &positions, heads, &RopeSpec { head_dim: head_dim as u32, theta });
     assert_close("rope", &b.download(&xa).unwrap(), &x, rope::TOLERANCE);
@@ -244,7 +244,7 @@ fn a_repeated_batch_allocates_nothing() {
         let x = b.embed(&table).unwrap();
         let h = b.rms_norm(&x, &norm, 1e-6).unwrap();
         let mut y = b.linear(&h, &q).unwrap();
-        b.rope(&mut y, 64, 10_000.0).unwrap();
+        b.rope(&mut y, 64, &Rope::Neox { theta: 10_000.0 }).unwrap();
         let s = b.select_logit_rows(&h).unwrap();
         b.logits(&s, &table).unwrap()
     };
@@ -300,7 +300,7 @@ fn bad_inputs_are_typed_errors() {
     ok.push(&[1], 0, &[3, 10], Logits::Last).unwrap();
     b.begin_batch(&ok).unwrap();
     let mut x = b.upload(2, 100, &[0.0; 200]).unwrap();
-    assert!(b.rope(&mut x, 64, 10_000.0).is_err());
+    assert!(b.rope(&mut x, 64, &Rope::Neox { theta: 10_000.0 }).is_err());
 }
 
 /// The routed block's reference, composed from the kernels' twins: router logits on the q8_1
@@ -347,8 +347,14 @@ fn moe_matches_the_twins_on_both_paths() {
         let (ut, up) = quant_tensor("blk.0.ffn_up_exps.weight", &[h, f, e], wtype, 93);
         let (dt, down) = quant_tensor("blk.0.ffn_down_exps.weight", &[f, h, e], wtype, 94);
         let ws: Vec<_> = [rt, gt, ut, dt].into_iter().map(|t| b.load_weight(t, WeightRole::Matrix).unwrap()).collect();
-        let w = MoeWeights { router: &ws[0], gate: &ws[1], up: &ws[2], down: &ws[3] };
-        let spec = MoeSpec { experts: c.experts, top_k: c.top_k, expert_ffn: c.ffn, norm_top_k: true, weights_scale: None };
+        let w = MoeWeights { router: &ws[0], gate: &ws[1], up: &ws[2], down: &ws[3], biases: None };
+        let spec = MoeSpec {
+            experts: c.experts,
+            top_k: c.top_k,
+            expert_ffn: c.ffn,
+            gating: Gating::SoftmaxThenTopK { norm_top_k: true, weights_scale: None },
+            activation: Activation::SwiGlu,
+        };
         // 3 tokens take the GEMVs, 100 the alignment and GEMMs.
         for tokens in [3usize, 100] {
             let x = random(95 + tokens as u64, tokens * c.hidden, 1.0);
@@ -358,7 +364,7 @@ fn moe_matches_the_twins_on_both_paths() {
             // rounding, which can move one quant by a step: well under 1e-2 of the largest output.
             assert_close(&format!("moe {wtype} tokens={tokens}"), &got, &c.reference(&x, &router, &gate, &up, &down), 1e-2);
         }
-        let bad = MoeSpec { weights_scale: Some(2.5), ..spec };
+        let bad = MoeSpec { gating: Gating::SoftmaxThenTopK { norm_top_k: true, weights_scale: Some(2.5) }, ..spec };
         let xa = b.upload(1, c.hidden, &vec![0.0; c.hidden]).unwrap();
         let e = b.moe(&xa, &w, &bad).err().unwrap().to_string();
         assert!(e.contains("expert_weights_scale"), "{e}");
@@ -412,7 +418,7 @@ impl RefAttention {
 fn attention_prefill_decode_and_mixed_batches() {
     let Some(mut b) = gpu() else { return };
     let (heads, kv_heads, d) = (4usize, 2usize, 64usize);
-    let spec = AttentionSpec { layer: 1, heads, kv_heads, head_dim: d, scale: 1.0 / (d as f32).sqrt() };
+    let spec = AttentionSpec { layer: 1, heads, kv_heads, head_dim: d, scale: 1.0 / (d as f32).sqrt(), window: None };
     b.alloc_kv(KvSpec { layers: 2, blocks: 2 * SEQ_BLOCKS as usize, block_size: BLOCK, kv_heads, head_dim: d }).unwrap();
     let mut r = RefAttention { heads, kv_heads, d, k: vec![Vec::new(); 2], v: vec![Vec::new(); 2] };
     let steps = [
@@ -431,7 +437,7 @@ fn attention_prefill_decode_and_mixed_batches() {
         );
         let (qa, ka, va) =
             (b.upload(n, heads * d, &q).unwrap(), b.upload(n, kv_heads * d, &k).unwrap(), b.upload(n, kv_heads * d, &v).unwrap());
-        let got = out(&mut b, |b| b.attention(&qa, &ka, &va, &spec));
+        let got = out(&mut b, |b| b.attention(&qa, &ka, &va, None, &spec));
         let kvw = kv_heads * d;
         let slots: Vec<usize> = chunks.iter().flat_map(|&(slot, _, len, _)| std::iter::repeat_n(slot as usize, len as usize)).collect();
         for row in 0..n {

@@ -84,6 +84,12 @@ pub struct LayerSpec {
     /// Weight type of each tensor role in the layer, by the name after `blk.N.`
     /// (`attn_q.weight`, `ffn_down_exps.weight`, ...).
     pub weights: BTreeMap<String, String>,
+    /// What the layer computes beyond the plain (qwen3moe) layer of the shape's dimensions, by
+    /// property (`attention.window`: `128`, `attention.sinks`: `true`, `attention.rope`:
+    /// `yarn(...)`, `ffn.gating`, `ffn.activation`, biases, ...). Empty for a plain layer, and
+    /// then left out of the encoding, so the keys of plain models are those they had before.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kind: BTreeMap<String, String>,
 }
 
 /// Prefix of the canonical encoding of a shape; bump the suffix with the encoding itself.
@@ -357,6 +363,7 @@ mod tests {
         s.layers = vec![LayerSpec {
             count: 48,
             weights: BTreeMap::from([("attn_q.weight".into(), "q8_0".into()), ("ffn_down_exps.weight".into(), "q8_0".into())]),
+            kind: BTreeMap::new(),
         }];
         s
     }
@@ -398,17 +405,24 @@ mod tests {
         wtype.layers[0].weights.insert("ffn_down_exps.weight".into(), "q4_0".into());
         let mut layers = a.clone();
         layers.layers[0].count = 47;
+        let mut window = a.clone();
+        window.layers[0].kind.insert("attention.window".into(), "128".into());
+        let mut sinks = window.clone();
+        sinks.layers[0].kind.insert("attention.sinks".into(), "true".into());
         for (b, field) in [
             (&head, "attention.head_dim: 128 -> 64"),
             (&vocab, "vocab: 151936 -> 151937"),
             (&wtype, "layers[0].weights.ffn_down_exps.weight: \"q8_0\" -> \"q4_0\""),
             (&layers, "layers[0].count: 48 -> 47"),
+            (&window, "layers[0].kind.attention.window: - -> \"128\""),
         ] {
             assert_ne!(a.key(), b.key(), "{field}");
             assert_eq!(a.name, b.name, "the label alone does not tell them apart");
             assert_eq!(a.changed_fields(b), vec![field.to_string()]);
         }
         assert!(a.changed_fields(&a.clone()).is_empty());
+        assert_eq!(window.changed_fields(&sinks), vec!["layers[0].kind.attention.sinks: - -> \"true\"".to_string()]);
+        assert_ne!(window.key(), sinks.key());
     }
 
     #[test]

@@ -138,6 +138,7 @@ mod tests {
                 norm_top_k: true,
                 weights_scale: None,
             },
+            layer_specs: Vec::new(),
             norm_eps: a.norm_eps,
             // The built-in class carries no weight types.
             weights: Default::default(),

@@ -1,7 +1,9 @@
-//! Model architectures, registered by `general.architecture`: one file each. `qwen3moe` is
-//! the first; `gpt-oss`, `mixtral` and `deepseek2` follow the same pattern (a `config` reader,
-//! a `load` that shape-checks every tensor, and the graph as [`Loaded::forward`]).
+//! Model architectures, registered by `general.architecture`: one file each (`qwen3moe`),
+//! each a `config` reader that maps GGUF keys to the per-layer spec list
+//! ([`crate::model::LayerSpec`]) and a `load` that shape-checks every tensor; the graph is the
+//! shared decoder's ([`decoder`]), driven by the specs.
 
+pub mod decoder;
 pub mod qwen3moe;
 
 use crate::backend::{Backend, Batch, WeightRole};

@@ -3,12 +3,11 @@
 //! (softmax router, top-k, renormalised weights). The graph follows llama.cpp's
 //! `llm_build_qwen3moe` op for op, so the CPU backend can match it token for token.
 
-use crate::backend::{AttentionSpec, Backend, Batch, MoeSpec, MoeWeights, WeightRole};
+use crate::backend::{Backend, WeightRole};
 use crate::gguf::GgufFile;
-use crate::model::{AttentionConfig, BackendError, Hyper, ModelConfig, ModelError, MoeConfig, TensorReader, TensorTypes};
-use crate::monitor::Op;
+use crate::model::{AttentionConfig, Gating, Hyper, ModelConfig, ModelError, MoeConfig, TensorTypes};
 
-use super::{Loaded, check_type};
+use super::decoder::{Decoder, DecoderLayer, Loader};
 
 pub const ARCH: &str = "qwen3moe";
 
@@ -63,142 +62,61 @@ pub fn config(file: &GgufFile) -> Result<ModelConfig, ModelError> {
         None => 10_000.0,
     };
     let layers = h.count("block_count", MAX_LAYERS)?;
-    Ok(ModelConfig {
+    let weights_scale = h.optional_f32("expert_weights_scale")?.filter(|&s| s != 0.0 && s != 1.0);
+    let mut config = ModelConfig {
         arch: ARCH.to_string(),
         layers,
         hidden,
         vocab,
         context: h.count("context_length", 1 << 24)?,
         attention: AttentionConfig { heads, kv_heads, head_dim, rope_theta },
-        moe: MoeConfig {
-            experts,
-            top_k,
-            expert_ffn,
-            norm_top_k: true,
-            weights_scale: h.optional_f32("expert_weights_scale")?.filter(|&s| s != 0.0 && s != 1.0),
-        },
+        moe: MoeConfig { experts, top_k, expert_ffn, norm_top_k: true, weights_scale },
+        layer_specs: Vec::new(),
         norm_eps: h.positive("attention.layer_norm_rms_epsilon")?,
         weights: TensorTypes::of(file, layers),
-    })
-}
-
-struct Layer<W> {
-    attn_norm: W,
-    q: W,
-    k: W,
-    v: W,
-    o: W,
-    q_norm: W,
-    k_norm: W,
-    ffn_norm: W,
-    router: W,
-    gate: W,
-    up: W,
-    down: W,
-}
-
-pub struct Qwen3Moe<B: Backend> {
-    config: ModelConfig,
-    embd: B::Weight,
-    layers: Vec<Layer<B::Weight>>,
-    out_norm: B::Weight,
-    /// `output.weight`, or the embedding table when the file ties them.
-    output: Option<B::Weight>,
+    };
+    // Every layer is the plain one: full attention with Q/K norm, NEOX RoPE, softmax-then-top-k
+    // routing with renormalised (and possibly scaled) weights, SwiGLU.
+    let mut layer = config.plain_layer();
+    layer.ffn.gating = Gating::SoftmaxThenTopK { norm_top_k: true, weights_scale };
+    config.layer_specs = vec![layer; layers];
+    Ok(config)
 }
 
 /// Reads every tensor (shape-checked against `config`, type-checked against the backend) and
 /// loads it onto the backend, one tensor at a time so the host never holds the whole model.
-pub fn load<B: Backend>(file: &GgufFile, config: ModelConfig, backend: &mut B) -> Result<Qwen3Moe<B>, ModelError> {
+pub fn load<B: Backend>(file: &GgufFile, config: ModelConfig, backend: &mut B) -> Result<Decoder<B>, ModelError> {
     let c = &config;
     let (hidden, vocab) = (c.hidden as u64, c.vocab as u64);
     let a = &c.attention;
     let (q_w, kv_w, d) = (a.q_width() as u64, a.kv_width() as u64, a.head_dim as u64);
     let (e, f) = (c.moe.experts as u64, c.moe.expert_ffn as u64);
-    let mut r = TensorReader::new(file);
-    let mut get = |name: String, dims: &[u64], role: WeightRole, b: &mut B| -> Result<B::Weight, ModelError> {
-        let t = r.read(&name, dims)?;
-        check_type(file, b, &t, role)?;
-        Ok(b.load_weight(t, role)?)
-    };
-    let embd = get("token_embd.weight".into(), &[hidden, vocab], WeightRole::Embedding, backend)?;
+    let mut g = Loader::new(file, c, backend)?;
+    let embd = g.get("token_embd.weight", &[hidden, vocab], WeightRole::Embedding)?;
     let mut layers = Vec::with_capacity(c.layers);
     for i in 0..c.layers {
         let n = |s: &str| format!("blk.{i}.{s}.weight");
-        layers.push(Layer {
-            attn_norm: get(n("attn_norm"), &[hidden], WeightRole::Scale, backend)?,
-            q: get(n("attn_q"), &[hidden, q_w], WeightRole::Matrix, backend)?,
-            k: get(n("attn_k"), &[hidden, kv_w], WeightRole::Matrix, backend)?,
-            v: get(n("attn_v"), &[hidden, kv_w], WeightRole::Matrix, backend)?,
-            o: get(n("attn_output"), &[q_w, hidden], WeightRole::Matrix, backend)?,
-            q_norm: get(n("attn_q_norm"), &[d], WeightRole::Scale, backend)?,
-            k_norm: get(n("attn_k_norm"), &[d], WeightRole::Scale, backend)?,
-            ffn_norm: get(n("ffn_norm"), &[hidden], WeightRole::Scale, backend)?,
-            router: get(n("ffn_gate_inp"), &[hidden, e], WeightRole::Matrix, backend)?,
-            gate: get(n("ffn_gate_exps"), &[hidden, f, e], WeightRole::Matrix, backend)?,
-            up: get(n("ffn_up_exps"), &[hidden, f, e], WeightRole::Matrix, backend)?,
-            down: get(n("ffn_down_exps"), &[f, hidden, e], WeightRole::Matrix, backend)?,
+        layers.push(DecoderLayer {
+            attn_norm: g.get(&n("attn_norm"), &[hidden], WeightRole::Scale)?,
+            q: g.get(&n("attn_q"), &[hidden, q_w], WeightRole::Matrix)?,
+            k: g.get(&n("attn_k"), &[hidden, kv_w], WeightRole::Matrix)?,
+            v: g.get(&n("attn_v"), &[hidden, kv_w], WeightRole::Matrix)?,
+            o: g.get(&n("attn_output"), &[q_w, hidden], WeightRole::Matrix)?,
+            qkvo_bias: None,
+            qk_norm: Some([g.get(&n("attn_q_norm"), &[d], WeightRole::Scale)?, g.get(&n("attn_k_norm"), &[d], WeightRole::Scale)?]),
+            sinks: None,
+            ffn_norm: g.get(&n("ffn_norm"), &[hidden], WeightRole::Scale)?,
+            router: g.get(&n("ffn_gate_inp"), &[hidden, e], WeightRole::Matrix)?,
+            gate: g.get(&n("ffn_gate_exps"), &[hidden, f, e], WeightRole::Matrix)?,
+            up: g.get(&n("ffn_up_exps"), &[hidden, f, e], WeightRole::Matrix)?,
+            down: g.get(&n("ffn_down_exps"), &[f, hidden, e], WeightRole::Matrix)?,
+            moe_bias: None,
         });
     }
-    let out_norm = get("output_norm.weight".into(), &[hidden], WeightRole::Scale, backend)?;
-    let output = match file.tensor("output.weight") {
-        Some(_) => Some(get("output.weight".into(), &[hidden, vocab], WeightRole::Matrix, backend)?),
-        None => None,
+    let out_norm = g.get("output_norm.weight", &[hidden], WeightRole::Scale)?;
+    let output = match g.has("output.weight") {
+        true => Some(g.get("output.weight", &[hidden, vocab], WeightRole::Matrix)?),
+        false => None,
     };
-    Ok(Qwen3Moe { config, embd, layers, out_norm, output })
-}
-
-impl<B: Backend> Loaded<B> for Qwen3Moe<B> {
-    fn config(&self) -> &ModelConfig {
-        &self.config
-    }
-
-    fn forward(&self, b: &mut B, batch: &Batch) -> Result<Vec<f32>, BackendError> {
-        let c = &self.config;
-        let a = &c.attention;
-        let moe = MoeSpec {
-            experts: c.moe.experts,
-            top_k: c.moe.top_k,
-            expert_ffn: c.moe.expert_ffn,
-            norm_top_k: c.moe.norm_top_k,
-            weights_scale: c.moe.weights_scale,
-        };
-        b.begin_batch(batch)?;
-        b.mark(None, Op::Embed)?;
-        let mut x = b.embed(&self.embd)?;
-        let last = self.layers.len() - 1;
-        for (i, l) in self.layers.iter().enumerate() {
-            let layer = Some(i as u32);
-            b.mark(layer, Op::AttnNorm)?;
-            let h = b.rms_norm(&x, &l.attn_norm, c.norm_eps)?;
-            b.mark(layer, Op::QkvProj)?;
-            let [q, k, v] = b.linear_each(&h, [&l.q, &l.k, &l.v])?;
-            b.mark(layer, Op::Rope)?;
-            let q = b.norm_rope(&q, &l.q_norm, c.norm_eps, a.head_dim, a.rope_theta)?;
-            let k = b.norm_rope(&k, &l.k_norm, c.norm_eps, a.head_dim, a.rope_theta)?;
-            let spec = AttentionSpec { layer: i, heads: a.heads, kv_heads: a.kv_heads, head_dim: a.head_dim, scale: a.scale() };
-            b.mark(layer, Op::Attention)?;
-            let attn = b.attention(&q, &k, &v, &spec)?;
-            b.mark(layer, Op::AttnOut)?;
-            let mut attn = b.linear(&attn, &l.o)?;
-            if i == last {
-                // Only the rows whose logits are wanted go on (llama.cpp's inp_out_ids): the
-                // remaining ops work row by row, so this changes no value.
-                attn = b.select_logit_rows(&attn)?;
-                x = b.select_logit_rows(&x)?;
-            }
-            b.add(&mut attn, &x)?;
-            let ffn_in = attn;
-            b.mark(layer, Op::FfnNorm)?;
-            let h = b.rms_norm(&ffn_in, &l.ffn_norm, c.norm_eps)?;
-            b.mark(layer, Op::Moe)?;
-            let w = MoeWeights { router: &l.router, gate: &l.gate, up: &l.up, down: &l.down };
-            let mut y = b.moe(&h, &w, &moe)?;
-            b.add(&mut y, &ffn_in)?;
-            x = y;
-        }
-        b.mark(None, Op::OutputNorm)?;
-        let h = b.rms_norm(&x, &self.out_norm, c.norm_eps)?;
-        b.mark(None, Op::Logits)?;
-        b.logits(&h, self.output.as_ref().unwrap_or(&self.embd))
-    }
+    Ok(Decoder { config, embd, layers, out_norm, output })
 }

@@ -15,7 +15,7 @@ pub use batch::{Batch, Chunk, Logits};
 use std::sync::Arc;
 
 use crate::gguf::GgmlType;
-use crate::model::{BackendError, HostTensor};
+use crate::model::{Activation, BackendError, Gating, HostTensor, LayerSpec, Rope};
 use crate::monitor::{Monitor, Op};
 
 /// What a weight is used for, so a backend can say which tensor types it computes with.
@@ -77,6 +77,8 @@ pub struct AttentionSpec {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub scale: f32,
+    /// Sliding window: a query at position p sees keys p − w < j <= p (`None`: all before it).
+    pub window: Option<u32>,
 }
 
 /// The routed-expert block of one layer.
@@ -88,6 +90,19 @@ pub struct MoeWeights<'a, W> {
     pub up: &'a W,
     /// `[experts][hidden, expert_ffn]`.
     pub down: &'a W,
+    /// The router's and each expert's biases, when the layer has them.
+    pub biases: Option<MoeBiases<'a, W>>,
+}
+
+/// Biases of a routed-expert block (gpt-oss), F32.
+pub struct MoeBiases<'a, W> {
+    /// `[experts]`, added to the router logits.
+    pub router: &'a W,
+    /// `[experts][expert_ffn]`, added to each pick's gate and up projections.
+    pub gate: &'a W,
+    pub up: &'a W,
+    /// `[experts][hidden]`, added to each pick's down projection before its weight.
+    pub down: &'a W,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -95,8 +110,8 @@ pub struct MoeSpec {
     pub experts: usize,
     pub top_k: usize,
     pub expert_ffn: usize,
-    pub norm_top_k: bool,
-    pub weights_scale: Option<f32>,
+    pub gating: Gating,
+    pub activation: Activation,
 }
 
 pub type Result<T> = std::result::Result<T, BackendError>;
@@ -110,6 +125,9 @@ pub trait Backend {
     type Weight;
 
     fn name(&self) -> &'static str;
+    /// Refuses, naming the feature, a layer this backend cannot compute (a sliding window,
+    /// sinks, YaRN, ...): called for every layer when a model loads, before any weight.
+    fn check_layer(&self, layer: usize, spec: &LayerSpec) -> Result<()>;
     /// Tensor types this backend computes with in `role`.
     fn supported_types(&self, role: WeightRole) -> &'static [GgmlType];
     fn load_weight(&mut self, t: HostTensor, role: WeightRole) -> Result<Self::Weight>;
@@ -146,22 +164,34 @@ pub trait Backend {
         let name = self.name();
         out.try_into().map_err(|_| BackendError::new(name, format!("linear_each: not {N} outputs")))
     }
-    /// NEOX rotary embedding of each `head_dim` group of `x` at the batch's positions.
-    fn rope(&mut self, x: &mut Self::Act, head_dim: usize, theta: f32) -> Result<()>;
+    /// NEOX rotary embedding (`rope`: plain or YaRN) of each `head_dim` group of `x` at the
+    /// batch's positions.
+    fn rope(&mut self, x: &mut Self::Act, head_dim: usize, rope: &Rope) -> Result<()>;
     /// `rope(rms_norm(x, w, eps))` over each `head_dim` group (Qwen3's per-head Q/K norm, then
     /// the rotation): the values those two ops give, which a backend may compute in one pass.
-    fn norm_rope(&mut self, x: &Self::Act, w: &Self::Weight, eps: f32, head_dim: usize, theta: f32) -> Result<Self::Act> {
+    fn norm_rope(&mut self, x: &Self::Act, w: &Self::Weight, eps: f32, head_dim: usize, rope: &Rope) -> Result<Self::Act> {
         let mut y = self.rms_norm(x, w, eps)?;
-        self.rope(&mut y, head_dim, theta)?;
+        self.rope(&mut y, head_dim, rope)?;
         Ok(y)
     }
     /// Stores the batch's K and V at their positions' cache rows (through the chunks' block
-    /// tables), then causal attention of Q over each sequence's positions.
-    fn attention(&mut self, q: &Self::Act, k: &Self::Act, v: &Self::Act, spec: &AttentionSpec) -> Result<Self::Act>;
-    /// Routed experts: router softmax, top-k, SwiGLU experts, weighted combine.
+    /// tables), then causal attention of Q over each sequence's positions (within
+    /// `spec.window`), with one sink logit per head from `sinks` when given.
+    fn attention(
+        &mut self,
+        q: &Self::Act,
+        k: &Self::Act,
+        v: &Self::Act,
+        sinks: Option<&Self::Weight>,
+        spec: &AttentionSpec,
+    ) -> Result<Self::Act>;
+    /// Routed experts: the router (`spec.gating`), the picked experts' gate and up, the
+    /// activation, down, the weighted combine; biases where `w.biases` has them.
     fn moe(&mut self, x: &Self::Act, w: &MoeWeights<'_, Self::Weight>, spec: &MoeSpec) -> Result<Self::Act>;
     /// `x += y`.
     fn add(&mut self, x: &mut Self::Act, y: &Self::Act) -> Result<()>;
+    /// `x[r] += bias` for every row r (an F32 vector as wide as `x`).
+    fn add_bias(&mut self, x: &mut Self::Act, bias: &Self::Weight) -> Result<()>;
     /// The batch's logit rows of `x` (`Batch::logit_rows`), in that order.
     fn select_logit_rows(&mut self, x: &Self::Act) -> Result<Self::Act>;
     /// `x · Wᵀ` copied to the host: `[rows, vocab]`.

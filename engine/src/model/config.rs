@@ -6,6 +6,7 @@ use std::path::Path;
 use crate::gguf::{GgufFile, Metadata};
 
 use super::error::ModelError;
+use super::layer::LayerSpec;
 
 /// What the graph and the backends need to know about a model. Every field comes from the
 /// file's metadata (or the shapes of its tensors), never from a built-in table.
@@ -20,6 +21,10 @@ pub struct ModelConfig {
     pub context: usize,
     pub attention: AttentionConfig,
     pub moe: MoeConfig,
+    /// What each layer computes, in order (`layers` entries): the seam the backends and the
+    /// qualification key are driven by. `attention` and `moe` are the dimensions every layer
+    /// shares (the KV cache's shape, the shape label).
+    pub layer_specs: Vec<LayerSpec>,
     /// `<arch>.attention.layer_norm_rms_epsilon`.
     pub norm_eps: f32,
     /// The weight type of every tensor, as the file stores them: part of the qualification key.
@@ -108,6 +113,13 @@ impl ModelConfig {
     /// exactly when their keys are equal.
     pub fn shape_class(&self) -> String {
         crate::qualify::kernel_shape(self).key()
+    }
+
+    /// The qwen3moe layer of the shared dimensions ([`LayerSpec::plain`]): what each layer's
+    /// kind in the qualification key is told apart from.
+    pub fn plain_layer(&self) -> LayerSpec {
+        let (a, m) = (&self.attention, &self.moe);
+        LayerSpec::plain(a.heads, a.kv_heads, a.head_dim, a.rope_theta, m.experts, m.top_k, m.expert_ffn)
     }
 }
 

@@ -13,10 +13,13 @@ pub fn kernel_shape(c: &ModelConfig) -> ModelShape {
     // wrap should a caller build a config by hand.
     let u = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
     let mut layers: Vec<LayerSpec> = Vec::new();
-    for weights in &c.weights.layers {
+    let plain = c.plain_layer();
+    for (i, weights) in c.weights.layers.iter().enumerate() {
+        // Each layer's kind: how its spec differs from the plain layer (none for qwen3moe).
+        let kind = c.layer_specs.get(i).map(|s| s.kind(&plain)).unwrap_or_default();
         match layers.last_mut() {
-            Some(last) if last.weights == *weights => last.count += 1,
-            _ => layers.push(LayerSpec { count: 1, weights: weights.clone() }),
+            Some(last) if last.weights == *weights && last.kind == kind => last.count += 1,
+            _ => layers.push(LayerSpec { count: 1, weights: weights.clone(), kind }),
         }
     }
     ModelShape {
@@ -64,6 +67,7 @@ mod tests {
             context: 40_960,
             attention: AttentionConfig { heads: 32, kv_heads: 4, head_dim: 128, rope_theta: 1_000_000.0 },
             moe: MoeConfig { experts: 128, top_k: 8, expert_ffn: 768, norm_top_k: true, weights_scale: None },
+            layer_specs: Vec::new(),
             norm_eps: 1e-6,
             weights: TensorTypes { global: q8(&["token_embd.weight"]), layers: vec![q8(&["attn_q.weight"]); 48] },
         };
@@ -76,7 +80,7 @@ mod tests {
         assert_eq!(s.name, builtin.name);
         assert_ne!(s.key(), builtin.key());
         builtin.weights = q8(&["token_embd.weight"]);
-        builtin.layers = vec![LayerSpec { count: 48, weights: q8(&["attn_q.weight"]) }];
+        builtin.layers = vec![LayerSpec { count: 48, weights: q8(&["attn_q.weight"]), kind: BTreeMap::new() }];
         assert_eq!(s, builtin);
     }
 
@@ -89,6 +93,31 @@ mod tests {
         assert_eq!(counts, [2, 1, 1]);
     }
 
+    #[test]
+    fn layer_kinds_are_in_the_key_and_a_plain_spec_list_changes_nothing() {
+        let mut c =
+            ModelConfig { weights: TensorTypes { global: BTreeMap::new(), layers: vec![q8(&["attn_q.weight"]); 4] }, ..qwen_like() };
+        let before = kernel_shape(&c);
+        c.layer_specs = vec![c.plain_layer(); 4];
+        assert_eq!(kernel_shape(&c), before, "plain layers have no kind");
+        // gpt-oss's alternation: a window on even layers makes four entries of one layer.
+        for (i, l) in c.layer_specs.iter_mut().enumerate() {
+            l.attention.sinks = true;
+            l.attention.window = (i % 2 == 0).then_some(128);
+        }
+        let s = kernel_shape(&c);
+        assert_eq!(s.layers.iter().map(|l| l.count).collect::<Vec<_>>(), [1, 1, 1, 1]);
+        assert_eq!(s.layers[0].kind.get("attention.window").map(String::as_str), Some("128"));
+        assert_eq!(s.layers[1].kind.get("attention.window"), None);
+        assert_ne!(s.key(), before.key());
+        let mut other = c.clone();
+        other.layer_specs[3].ffn.activation = crate::model::Activation::ClampedSwiGlu { alpha: 1.702, limit: 7.0 };
+        assert_eq!(
+            s.changed_fields(&kernel_shape(&other)),
+            vec!["layers[3].kind.ffn.activation: - -> \"clamped_swiglu(alpha=1.702,limit=7)\"".to_string()]
+        );
+    }
+
     fn qwen_like() -> ModelConfig {
         ModelConfig {
             arch: "qwen3moe".into(),
@@ -98,6 +127,7 @@ mod tests {
             context: 4096,
             attention: AttentionConfig { heads: 4, kv_heads: 2, head_dim: 64, rope_theta: 1_000_000.0 },
             moe: MoeConfig { experts: 16, top_k: 4, expert_ffn: 256, norm_top_k: true, weights_scale: None },
+            layer_specs: Vec::new(),
             norm_eps: 1e-6,
             weights: TensorTypes::default(),
         }

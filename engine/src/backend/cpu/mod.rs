@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::backend::{AttentionSpec, Backend, Batch, KvSpec, MoeSpec, MoeWeights, Result, WeightRole};
 use crate::ggml_cpu::{self, CpuError, WeightMatrix};
 use crate::gguf::GgmlType;
-use crate::model::{BackendError, HostTensor, MatrixDims};
+use crate::model::{BackendError, HostTensor, LayerSpec, MatrixDims, Rope};
 use crate::monitor::{self, FaultKind, Monitor, Op};
 
 use kv::KvCache;
@@ -81,7 +81,35 @@ impl CpuBackend {
     /// Stores the batch's K/V rows at their cache rows, then attends each chunk over its
     /// sequence's positions, gathered through its block table into contiguous scratch (or read
     /// in place when its blocks are consecutive): the arithmetic is that of an unpaged cache.
-    fn attend(&mut self, batch: &Batch, q: &CpuAct, k: &CpuAct, v: &CpuAct, spec: &AttentionSpec) -> Result<CpuAct> {
+    fn attend(
+        &mut self,
+        batch: &Batch,
+        q: &CpuAct,
+        k: &CpuAct,
+        v: &CpuAct,
+        sinks: Option<&CpuWeight>,
+        spec: &AttentionSpec,
+    ) -> Result<CpuAct> {
+        let sinks = match sinks {
+            Some(w) => {
+                let s = w.values.as_deref().ok_or_else(|| err(format!("{} is not an F32 vector", w.t.name)))?;
+                if s.len() != spec.heads {
+                    return Err(err(format!(
+                        "attention (layer {}): {} has {} sinks for {} heads",
+                        spec.layer,
+                        w.t.name,
+                        s.len(),
+                        spec.heads
+                    )));
+                }
+                Some(s)
+            }
+            None => None,
+        };
+        if spec.window == Some(0) {
+            return Err(err(format!("attention (layer {}): a sliding window of 0 keys", spec.layer)));
+        }
+        let ext = ggml_cpu::AttnExt { window: spec.window, sinks };
         let kv = self.kv()?;
         for (i, c) in batch.chunks.iter().enumerate() {
             if let Some(why) = kv.table_unsupported(batch.table(c), c.end_pos() as usize) {
@@ -98,7 +126,8 @@ impl CpuBackend {
         for c in &batch.chunks {
             let rows = c.first_row as usize..(c.first_row + c.len) as usize;
             let (kc, vc) = kv.positions(spec.layer, batch.table(c), c.end_pos() as usize, &mut k_scratch, &mut v_scratch);
-            ggml_cpu::attention(
+            // Summed as llama.cpp sums a batch of this chunk's tokens (`ggml_cpu::attention`).
+            ggml_cpu::attention_ext(
                 &q.data[rows.start * width..rows.end * width],
                 kc,
                 vc,
@@ -107,6 +136,8 @@ impl CpuBackend {
                 spec.kv_heads,
                 spec.head_dim,
                 spec.scale,
+                rows.len(),
+                ext,
                 &mut out.data[rows.start * width..rows.end * width],
             );
         }
@@ -134,6 +165,11 @@ impl Backend for CpuBackend {
 
     fn name(&self) -> &'static str {
         NAME
+    }
+
+    fn check_layer(&self, _layer: usize, _spec: &LayerSpec) -> Result<()> {
+        // Every feature of the spec list has its llama.cpp-checked op in ggml_cpu.
+        Ok(())
     }
 
     fn supported_types(&self, role: WeightRole) -> &'static [GgmlType] {
@@ -200,17 +236,26 @@ impl Backend for CpuBackend {
         Ok(linear(x, &m))
     }
 
-    fn rope(&mut self, x: &mut CpuAct, head_dim: usize, theta: f32) -> Result<()> {
-        if head_dim == 0 || !x.width.is_multiple_of(head_dim) || x.rows != self.batch.rows() {
+    fn rope(&mut self, x: &mut CpuAct, head_dim: usize, rope: &Rope) -> Result<()> {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) || !x.width.is_multiple_of(head_dim) || x.rows != self.batch.rows() {
             return Err(err(format!("rope: [{}, {}] in heads of {head_dim} for a batch of {}", x.rows, x.width, self.batch.rows())));
         }
-        ggml_cpu::rope_neox(&mut x.data, x.width / head_dim, head_dim, &self.batch.positions, theta);
+        let heads = x.width / head_dim;
+        match *rope {
+            Rope::Neox { theta } => ggml_cpu::rope_neox(&mut x.data, heads, head_dim, &self.batch.positions, theta),
+            Rope::Yarn { theta, factor, orig_ctx, beta_fast, beta_slow, attn_factor } => {
+                // llama.cpp's cparams for a YaRN model: freq_scale = 1 / factor, ext_factor 1.
+                let yarn =
+                    ggml_cpu::Yarn { freq_scale: 1.0 / factor, ext_factor: 1.0, attn_factor, beta_fast, beta_slow, n_ctx_orig: orig_ctx };
+                ggml_cpu::rope_neox_yarn(&mut x.data, heads, head_dim, &self.batch.positions, theta, &yarn);
+            }
+        }
         Ok(())
     }
 
-    fn attention(&mut self, q: &CpuAct, k: &CpuAct, v: &CpuAct, spec: &AttentionSpec) -> Result<CpuAct> {
+    fn attention(&mut self, q: &CpuAct, k: &CpuAct, v: &CpuAct, sinks: Option<&CpuWeight>, spec: &AttentionSpec) -> Result<CpuAct> {
         let batch = std::mem::take(&mut self.batch);
-        let result = self.attend(&batch, q, k, v, spec);
+        let result = self.attend(&batch, q, k, v, sinks, spec);
         self.batch = batch;
         result
     }
@@ -224,6 +269,15 @@ impl Backend for CpuBackend {
             return Err(err(format!("add: [{}, {}] + [{}, {}]", x.rows, x.width, y.rows, y.width)));
         }
         x.data.iter_mut().zip(&y.data).for_each(|(a, b)| *a += b);
+        Ok(())
+    }
+
+    fn add_bias(&mut self, x: &mut CpuAct, bias: &CpuWeight) -> Result<()> {
+        let b = bias.values.as_deref().ok_or_else(|| err(format!("{} is not an F32 vector", bias.t.name)))?;
+        if b.len() != x.width {
+            return Err(err(format!("add_bias: {} has {} values for rows of {}", bias.t.name, b.len(), x.width)));
+        }
+        ggml_cpu::add_bias(&mut x.data, b);
         Ok(())
     }
 

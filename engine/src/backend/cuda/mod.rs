@@ -36,7 +36,7 @@ use brink_kernels::sources::{self, KernelSource};
 
 use crate::backend::{AttentionSpec, Backend, Batch, KvSpec, MoeSpec, MoeWeights, Result, WeightRole};
 use crate::gguf::GgmlType;
-use crate::model::{BackendError, HostTensor, MatrixDims};
+use crate::model::{BackendError, HostTensor, LayerSpec, MatrixDims, Rope};
 use crate::monitor::{FaultKind, Monitor, Op};
 
 use batch_state::BatchState;
@@ -50,6 +50,14 @@ pub use graphs::GraphStats;
 pub use weights::CudaWeight;
 
 const NAME: &str = "cuda";
+
+/// The theta of plain NEOX RoPE, the only kind the rope kernels compute.
+fn neox_theta(rope: &Rope) -> Result<f32> {
+    match *rope {
+        Rope::Neox { theta } => Ok(theta),
+        Rope::Yarn { .. } => Err(fail("YaRN RoPE is not supported by the CUDA backend")),
+    }
+}
 
 pub(crate) fn fail(message: impl Into<String>) -> BackendError {
     BackendError::new(NAME, message)
@@ -297,6 +305,21 @@ impl Backend for CudaBackend {
         NAME
     }
 
+    fn check_layer(&self, layer: usize, spec: &LayerSpec) -> Result<()> {
+        // The kernels compute qwen3moe's layer: full attention after per-head Q/K norm and
+        // plain NEOX RoPE, softmax-then-top-k routing into SwiGLU experts, no biases or sinks.
+        // (The attention kernel takes a window and sinks, but the engine's path to it does not
+        // yet: refuse rather than compute another model.)
+        let mut missing = spec.features();
+        if let crate::model::Gating::SoftmaxThenTopK { weights_scale: Some(_), .. } = spec.ffn.gating {
+            missing.push("expert_weights_scale");
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(fail(format!("layer {layer} needs {}, which the CUDA backend does not compute (use --backend cpu)", missing.join(", "))))
+    }
+
     fn supported_types(&self, role: WeightRole) -> &'static [GgmlType] {
         weights::supported_types(role)
     }
@@ -416,7 +439,8 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
-    fn rope(&mut self, x: &mut CudaAct, head_dim: usize, theta: f32) -> Result<()> {
+    fn rope(&mut self, x: &mut CudaAct, head_dim: usize, rope: &Rope) -> Result<()> {
+        let theta = neox_theta(rope)?;
         self.stale_q8_1();
         if self.graphs.replaying() {
             return Ok(());
@@ -424,7 +448,8 @@ impl Backend for CudaBackend {
         pointwise::rope(&self.gpu, &self.batch, &mut self.ropes, x, head_dim, theta)
     }
 
-    fn norm_rope(&mut self, x: &CudaAct, w: &CudaWeight, eps: f32, head_dim: usize, theta: f32) -> Result<CudaAct> {
+    fn norm_rope(&mut self, x: &CudaAct, w: &CudaWeight, eps: f32, head_dim: usize, rope: &Rope) -> Result<CudaAct> {
+        let theta = neox_theta(rope)?;
         let mut out = self.act(x.rows(), x.width())?;
         if x.is_empty() || self.graphs.replaying() {
             return Ok(out);
@@ -434,11 +459,17 @@ impl Backend for CudaBackend {
         }
         drop(out);
         let mut y = self.rms_norm(x, w, eps)?;
-        self.rope(&mut y, head_dim, theta)?;
+        self.rope(&mut y, head_dim, rope)?;
         Ok(y)
     }
 
-    fn attention(&mut self, q: &CudaAct, k: &CudaAct, v: &CudaAct, spec: &AttentionSpec) -> Result<CudaAct> {
+    fn attention(&mut self, q: &CudaAct, k: &CudaAct, v: &CudaAct, sinks: Option<&CudaWeight>, spec: &AttentionSpec) -> Result<CudaAct> {
+        if let Some(w) = spec.window {
+            return Err(fail(format!("attention (layer {}): a sliding window of {w} is not supported by the CUDA backend", spec.layer)));
+        }
+        if sinks.is_some() {
+            return Err(fail(format!("attention (layer {}): attention sinks are not supported by the CUDA backend", spec.layer)));
+        }
         let mut out = self.act(q.rows(), q.width())?;
         if self.graphs.replaying() {
             return Ok(out);
@@ -453,6 +484,10 @@ impl Backend for CudaBackend {
             moe::moe(&self.gpu, &mut self.moe, x, w, spec, &mut out)?;
         }
         Ok(out)
+    }
+
+    fn add_bias(&mut self, _x: &mut CudaAct, bias: &CudaWeight) -> Result<()> {
+        Err(fail(format!("bias {}: projection biases are not supported by the CUDA backend", bias.name())))
     }
 
     fn add(&mut self, x: &mut CudaAct, y: &CudaAct) -> Result<()> {

@@ -34,7 +34,7 @@ use super::dense::{dense_f32, project_q8_1, q8_1_bytes, quantize_rows};
 use super::weights::{CudaWeight, WeightData};
 use super::{fail, gpu_fail};
 use crate::backend::{MoeSpec, MoeWeights};
-use crate::model::{BackendError, MatrixDims};
+use crate::model::{Activation, BackendError, Gating, MatrixDims};
 
 /// Up to this many tokens the experts run as GEMVs (each pair reads its expert's rows once,
 /// no alignment); above, as tiled GEMMs over tokens sorted by expert. llama.cpp switches at
@@ -128,19 +128,31 @@ fn experts<'a>(w: &'a CudaWeight, (row_len, rows, experts): (usize, usize, usize
     }
 }
 
-fn check(x: &CudaAct, w: &MoeWeights<'_, CudaWeight>, spec: &MoeSpec) -> Result<Dims, String> {
+/// The block's dimensions and whether the picked weights are renormalised, or why the CUDA
+/// backend cannot compute it.
+fn check(x: &CudaAct, w: &MoeWeights<'_, CudaWeight>, spec: &MoeSpec) -> Result<(Dims, bool), String> {
     let d = Dims { tokens: x.rows(), hidden: x.width(), ffn: spec.expert_ffn, experts: spec.experts, top_k: spec.top_k };
     if d.top_k == 0 || d.top_k > d.experts {
         return Err(format!("top_k {} must be in 1..={}", d.top_k, d.experts));
     }
-    if let Some(s) = spec.weights_scale {
+    let norm_top_k = match spec.gating {
         // The combine applies the router's weights as they are; no kernel scales them yet.
-        return Err(format!("expert_weights_scale {s} is not supported by the CUDA backend's combine"));
+        Gating::SoftmaxThenTopK { weights_scale: Some(s), .. } | Gating::TopKThenSoftmax { weights_scale: Some(s) } => {
+            return Err(format!("expert_weights_scale {s} is not supported by the CUDA backend's combine"));
+        }
+        Gating::SoftmaxThenTopK { norm_top_k, weights_scale: None } => norm_top_k,
+        Gating::TopKThenSoftmax { .. } => return Err("top-k-then-softmax routing is not supported by the CUDA backend".into()),
+    };
+    if spec.activation != Activation::SwiGlu {
+        return Err(format!("{:?} is not supported by the CUDA backend (SwiGLU only)", spec.activation));
+    }
+    if w.biases.is_some() {
+        return Err("expert biases are not supported by the CUDA backend".into());
     }
     if w.router.dims() != [d.hidden as u64, d.experts as u64] {
         return Err(format!("router {} has dims {:?}, expected [{}, {}]", w.router.name(), w.router.dims(), d.hidden, d.experts));
     }
-    Ok(d)
+    Ok((d, norm_top_k))
 }
 
 /// `out [T, H]` = the routed experts of `x [T, H]`.
@@ -152,14 +164,14 @@ pub(crate) fn moe(
     spec: &MoeSpec,
     out: &mut CudaAct,
 ) -> Result<(), BackendError> {
-    let d = check(x, w, spec).map_err(|why| fail(format!("moe: {why}")))?;
+    let (d, norm_top_k) = check(x, w, spec).map_err(|why| fail(format!("moe: {why}")))?;
     let shapes = |e: String| fail(format!("moe: {e}"));
     let gate = experts(w.gate, (d.hidden, d.ffn, d.experts)).map_err(shapes)?;
     let up = experts(w.up, (d.hidden, d.ffn, d.experts)).map_err(shapes)?;
     let down = experts(w.down, (d.ffn, d.hidden, d.experts)).map_err(shapes)?;
     let failed = |e: GpuError| gpu_fail(format_args!("moe ({} tokens, {} experts, top {})", d.tokens, d.experts, d.top_k), &e);
     let path = routed_path(d.tokens);
-    route(gpu, s, x, w.router, &d, spec.norm_top_k, path)?;
+    route(gpu, s, x, w.router, &d, norm_top_k, path)?;
     match path {
         // The down GEMV's epilogue is the combine: it writes `out` itself.
         RoutedPath::Gemv => return experts_gemv(gpu, s, &d, [&gate, &up, &down], out),
@@ -230,13 +242,8 @@ fn experts_gemv(
     [gate, up, down]: [&Experts<'_>; 3],
     out: &mut CudaAct,
 ) -> Result<(), BackendError> {
-    let ffn = |wtype: WeightType| FfnDims {
-        experts: d.experts as u32,
-        top_k: d.top_k as u32,
-        hidden: d.hidden as u32,
-        ffn: d.ffn as u32,
-        wtype,
-    };
+    let ffn =
+        |wtype: WeightType| FfnDims { experts: d.experts as u32, top_k: d.top_k as u32, hidden: d.hidden as u32, ffn: d.ffn as u32, wtype };
     let t = d.tokens as u64;
     s.act_q.ensure(gpu, q8_1_bytes(d.pairs(), d.ffn)).map_err(gate.failed("GEMV"))?;
     if gate.wtype == up.wtype {
