@@ -13,6 +13,17 @@
 //            that every entry a chunk reads exists and is below num_blocks.
 // GQA: query head h reads kv head h / (n_head / n_kv). Scores are taken in log2 units: q is
 // scaled by scale * log2(e) once, then softmax uses exp2f (the CPU twin does the same).
+// Sliding window (llama.cpp's LLAMA_SWA_TYPE_STANDARD, llama_hparams::is_masked_swa): with
+// window > 0 the query at position q sees key p only when q - p < window, i.e. keys
+// max(0, q - window + 1) ..= q; window 0 is plain causal attention. Whole key tiles and decode
+// spans before the first row's window are neither loaded nor scored; keys staged below a
+// row's window repeat the tile's first visible key (loads never leave the window) and are -inf.
+// Sinks (gpt-oss; ggml_soft_max_ext with sinks): sinks null, or one f32 logit per query head,
+// in natural-log units like scale * q.k; the softmax's max is taken over the scores and the
+// sink, its denominator gains exp(sink - max), the sink adds no value. In log2 units the sink
+// is sinks[h] * log2(e). Prefill starts each row's online softmax at (m = sink, l = 1); decode
+// adds it in the combine, once per (chunk, head). sinks == null and window == 0 take exactly
+// the arithmetic of plain causal attention.
 //
 // attn_prefill_d{64,128,256}: grid (query tiles, n_head), 128 threads. A tile is BQ rows of one
 //   chunk (tiles of all chunks flattened on grid.x through tiles[]: {chunk, first query}). The
@@ -24,14 +35,19 @@
 //   Rows past the chunk's end repeat its last row (valid loads, finite values), take part in
 //   every shuffle and __syncthreads, and are masked at the store. The key-tile loop bound is
 //   block-uniform (the tile's last row); keys past each row's causal limit are -inf, and loads
-//   past the tile's last key repeat that key. Key 0 is visible to every row, so the first tile
-//   gives each row a finite max: no (-inf) - (-inf).
+//   past the tile's last key repeat that key. Without a window key 0 is visible to every row, so
+//   the first tile gives each row a finite max; with one a row may see nothing in the first tiles
+//   (the tile loop starts at the first row's window): while a row's max is -inf its exponents are
+//   taken against 0 (exp2(-inf - 0) = 0), never (-inf) - (-inf). Its own key is in a later tile.
 // attn_decode_d{64,128,256}: grid (splits of all decode chunks, n_head / hb), 128 threads. A
 //   block takes DEC_SPAN keys of one 1-token chunk for hb heads sharing a kv head (K and V read
 //   once for the group): scores into shared memory, an exact max and sum over the span, the
-//   partial o = sum p v, written with (max, sum) to the workspace at index blockIdx.x.
+//   partial o = sum p v, written with (max, sum) to the workspace at index blockIdx.x. With a
+//   window the plan lists only the spans from the one holding the window's first key: each holds
+//   at least one visible key, so every partial's max is finite.
 // attn_decode_combine: grid (decode chunks, n_head): merges a chunk's partials
-//   (o = sum_s o_s 2^(m_s - M) / sum_s l_s 2^(m_s - M)) into its output row.
+//   (o = sum_s o_s 2^(m_s - M) / (sum_s l_s 2^(m_s - M) [+ 2^(sink - M)]), M over the partials'
+//   maxima [and the sink]) into its output row.
 
 #define ATT_THREADS 128
 #define ATT_PAD 4                  // floats after each staged row: spreads banks, keeps 16 B alignment
@@ -39,6 +55,12 @@
 #define DEC_MAX_HB 8               // heads per decode block at most
 #define DEC_TILE_FLOATS 8192       // keys x D staged at once by the decode kernel
 #define ATT_NEG_INF __int_as_float(0xff800000)
+#define ATT_LOG2E 1.44269504088896340736f  // log2(e), rounded to f32 as Rust's f32::consts::LOG2_E
+
+// Head h's sink in log2 units, or -inf without sinks.
+static __device__ __forceinline__ float att_sink(const float* __restrict__ sinks, int h) {
+    return sinks ? sinks[h] * ATT_LOG2E : ATT_NEG_INF;
+}
 
 struct __align__(16) AttChunk {
     int table, start_pos, n_tokens, first_row;
@@ -59,22 +81,23 @@ static __device__ __forceinline__ float4 att_f16x4(u32 lo, u32 hi) {
 }
 
 // Stages keys k0 .. k0 + ROWS - 1 of one kv head into s ([ROWS][D + ATT_PAD] f32), 16 bytes of
-// f16 per load; keys past kmax repeat kmax (valid memory: the table covers kmax; the callers mask
-// them). Key p lives in cache row tab[p >> shift] << shift | (p & mask): one table load per
-// staged key row, by one thread, into blk[]. A barrier inside: every thread calls this (the
-// callers' loop bounds are block-uniform), and the callers' own barrier before each call keeps
-// the previous call's readers of blk[] done before it is rewritten.
+// f16 per load; keys past kmax repeat kmax and keys below kmin repeat kmin (kmin <= kmax; valid
+// memory: the table covers kmin ..= kmax; the callers mask them). Key p lives in cache row
+// tab[p >> shift] << shift | (p & mask): one table load per staged key row, by one thread, into
+// blk[]. A barrier inside: every thread calls this (the callers' loop bounds are block-uniform),
+// and the callers' own barrier before each call keeps the previous call's readers of blk[] done
+// before it is rewritten.
 template <int D, int ROWS>
 static __device__ __forceinline__ void att_stage(float* s, const u16* __restrict__ cache, const int* __restrict__ tab, int shift,
-                                                 int k0, int kmax, int n_kv, int kvh) {
+                                                 int k0, int kmin, int kmax, int n_kv, int kvh) {
     constexpr int V8 = D / 8;
     constexpr int LD = D + ATT_PAD;
     __shared__ int blk[ROWS];
-    for (int r = threadIdx.x; r < ROWS; r += ATT_THREADS) blk[r] = tab[min(k0 + r, kmax) >> shift];
+    for (int r = threadIdx.x; r < ROWS; r += ATT_THREADS) blk[r] = tab[max(min(k0 + r, kmax), kmin) >> shift];
     __syncthreads();
     for (int e = threadIdx.x; e < ROWS * V8; e += ATT_THREADS) {
         const int r = e / V8, c = e - r * V8;
-        const int key = min(k0 + r, kmax);
+        const int key = max(min(k0 + r, kmax), kmin);
         const u64 row = ((u64)(u32)blk[r] << shift) | (u64)(key & ((1 << shift) - 1));
         const uint4 raw = *(const uint4*)(cache + att_kv_offset(row, n_kv, kvh, D) + (u64)c * 8);
         float* dst = s + r * LD + c * 8;
@@ -95,7 +118,8 @@ template <int D, int TQ, int TK>
 static __device__ __forceinline__ void att_prefill(const float* __restrict__ q, const u16* __restrict__ kc,
                                                    const u16* __restrict__ vc, float* __restrict__ out,
                                                    const AttChunk* __restrict__ chunks, const int2* __restrict__ tiles,
-                                                   const int* __restrict__ table, int n_head, int n_kv, int shift, float qscale) {
+                                                   const int* __restrict__ table, int n_head, int n_kv, int shift, float qscale,
+                                                   int window, const float* __restrict__ sinks) {
     constexpr int BQ = 16 * TQ;
     constexpr int BK = 8 * TK;
     constexpr int LD = D + ATT_PAD;
@@ -121,23 +145,28 @@ static __device__ __forceinline__ void att_prefill(const float* __restrict__ q, 
         *(float4*)(sq + r * LD + c * 4) = v;
     }
 
+    // The sink starts each row's softmax: max = sink, sum = 2^(sink - sink) = 1, o = 0.
+    const float sink = att_sink(sinks, h);
     float o[TQ][TD], m[TQ], l[TQ];
-    int lim[TQ];
+    int lim[TQ], lo[TQ];
 #pragma unroll
     for (int i = 0; i < TQ; ++i) {
-        m[i] = ATT_NEG_INF;
-        l[i] = 0.0f;
+        m[i] = sink;                   // -inf without sinks
+        l[i] = sinks ? 1.0f : 0.0f;
         lim[i] = ch.start_pos + q0 + min(qg * TQ + i, nq - 1);
+        lo[i] = window > 0 ? lim[i] - window + 1 : 0;  // the row's first key (may be < 0: none masked below)
 #pragma unroll
         for (int c = 0; c < TD; ++c) o[i][c] = 0.0f;
     }
     const int kmax = ch.start_pos + q0 + nq - 1;  // the last key any row of the tile sees
-    const int n_kt = kmax / BK + 1;               // block-uniform
+    const int kmin = window > 0 ? max(0, ch.start_pos + q0 - window + 1) : 0;  // the first (row 0's window)
+    const int n_kt = kmax / BK + 1;               // block-uniform, as is the first tile
+    const int kt0 = kmin / BK;                    // tiles before the first row's window are skipped
 
-    for (int kt = 0; kt < n_kt; ++kt) {
+    for (int kt = kt0; kt < n_kt; ++kt) {
         const int k0 = kt * BK;
         __syncthreads();  // Q staged (first tile); every warp done with the previous V tile
-        att_stage<D, BK>(skv, kc, tab, shift, k0, kmax, n_kv, kvh);
+        att_stage<D, BK>(skv, kc, tab, shift, k0, kmin, kmax, n_kv, kvh);
         __syncthreads();
         float s[TQ][TK];
 #pragma unroll
@@ -161,18 +190,21 @@ static __device__ __forceinline__ void att_prefill(const float* __restrict__ q, 
             float mx = ATT_NEG_INF;
 #pragma unroll
             for (int j = 0; j < TK; ++j) {
-                if (k0 + j * 8 + g > lim[i]) s[i][j] = ATT_NEG_INF;
+                const int key = k0 + j * 8 + g;
+                if (key > lim[i] || key < lo[i]) s[i][j] = ATT_NEG_INF;
                 mx = fmaxf(mx, s[i][j]);
             }
             mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
             mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 4));
             const float m_new = fmaxf(m[i], mx);
-            const float alpha = exp2f(m[i] - m_new);  // 0 on the first tile (m = -inf)
+            // Nothing seen yet (a window's first tiles, no sink): exponents against 0, all 0.
+            const float m_use = m_new == ATT_NEG_INF ? 0.0f : m_new;
+            const float alpha = exp2f(m[i] - m_use);  // 0 on the first visible tile (m = -inf)
             float sum = 0.0f;
 #pragma unroll
             for (int j = 0; j < TK; ++j) {
-                s[i][j] = exp2f(s[i][j] - m_new);  // masked keys: exp2(-inf) = 0
+                s[i][j] = exp2f(s[i][j] - m_use);  // masked keys: exp2(-inf) = 0
                 sum += s[i][j];
             }
             sum += __shfl_xor_sync(FULL_MASK, sum, 1);
@@ -184,7 +216,7 @@ static __device__ __forceinline__ void att_prefill(const float* __restrict__ q, 
             for (int c = 0; c < TD; ++c) o[i][c] *= alpha;
         }
         __syncthreads();  // every warp done with K
-        att_stage<D, BK>(skv, vc, tab, shift, k0, kmax, n_kv, kvh);
+        att_stage<D, BK>(skv, vc, tab, shift, k0, kmin, kmax, n_kv, kvh);
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < TK; ++j) {
@@ -214,7 +246,7 @@ static __device__ __forceinline__ void att_prefill(const float* __restrict__ q, 
         const int r = qg * TQ + i;
         if (r < nq) {
             const u64 row = (u64)ch.first_row + (u64)(q0 + r);
-            const float inv = 1.0f / l[i];  // l >= 1: the row's max term is exp2(0)
+            const float inv = 1.0f / l[i];  // l >= 1: the row's max term (its own key or the sink) is exp2(0)
             float* dst = out + (row * (u64)n_head + (u64)h) * (u64)D + g * 4;
 #pragma unroll
             for (int c = 0; c < TD / 4; ++c) {
@@ -233,9 +265,10 @@ static __device__ __forceinline__ void att_prefill(const float* __restrict__ q, 
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                                              \
     attn_prefill_d##D(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,                  \
                       float* __restrict__ out, const AttChunk* __restrict__ chunks, const int2* __restrict__ tiles,         \
-                      const int* __restrict__ table, int n_head, int n_kv, int shift, float qscale) {                      \
-        GRID_DEPENDENCY_WAIT(); \
-        att_prefill<D, TQ, TK>(q, kc, vc, out, chunks, tiles, table, n_head, n_kv, shift, qscale);                         \
+                      const int* __restrict__ table, int n_head, int n_kv, int shift, float qscale, int window,             \
+                      const float* __restrict__ sinks) {                                                                    \
+        GRID_DEPENDENCY_WAIT();                                                                                             \
+        att_prefill<D, TQ, TK>(q, kc, vc, out, chunks, tiles, table, n_head, n_kv, shift, qscale, window, sinks);          \
     }
 
 // (D, TQ, TK): tiles of 64 rows x 64 keys for D 64 and 128, 32 x 32 for D 256 (registers: TQ*D/8
@@ -249,7 +282,7 @@ static __device__ __forceinline__ void att_decode(const float* __restrict__ q, c
                                                   const u16* __restrict__ vc, float* __restrict__ part_o,
                                                   float* __restrict__ part_ml, const AttChunk* __restrict__ chunks,
                                                   const int2* __restrict__ work, const int* __restrict__ table, int n_head,
-                                                  int n_kv, int shift, int hb, float qscale) {
+                                                  int n_kv, int shift, int hb, float qscale, int window) {
     constexpr int LD = D + ATT_PAD;
     constexpr int KT = DEC_TILE_FLOATS / D < DEC_SPAN ? DEC_TILE_FLOATS / D : DEC_SPAN;  // keys staged at once: 64, 64, 32
     constexpr int NSUB = DEC_SPAN / KT;
@@ -264,7 +297,8 @@ static __device__ __forceinline__ void att_decode(const float* __restrict__ q, c
     // before any barrier, and the combine never reads its partials.
     if (w.x < 0) return;
     const AttChunk ch = chunks[w.x];
-    const int pos = ch.start_pos;  // the query's position: it sees keys 0 ..= pos
+    const int pos = ch.start_pos;  // the query's position: it sees keys lo ..= pos
+    const int lo = window > 0 ? max(0, pos - window + 1) : 0;
     const int k0 = w.y * DEC_SPAN;
     const int h0 = blockIdx.y * hb;
     const int kvh = h0 / (n_head / n_kv);
@@ -276,7 +310,7 @@ static __device__ __forceinline__ void att_decode(const float* __restrict__ q, c
 
     for (int sub = 0; sub < NSUB; ++sub) {
         __syncthreads();  // Q staged; every thread done with the previous K tile
-        att_stage<D, KT>(skv, kc, tab, shift, k0 + sub * KT, pos, n_kv, kvh);
+        att_stage<D, KT>(skv, kc, tab, shift, k0 + sub * KT, lo, pos, n_kv, kvh);
         __syncthreads();
         const int kk = t % KT;
         const int key = k0 + sub * KT + kk;
@@ -284,13 +318,13 @@ static __device__ __forceinline__ void att_decode(const float* __restrict__ q, c
             float acc = 0.0f;
             for (int d = 0; d < D; d += 4)
                 acc = att_dot4(*(const float4*)(sq + hg * D + d), *(const float4*)(skv + kk * LD + d), acc);
-            ss[hg * DEC_SPAN + sub * KT + kk] = key <= pos ? acc : ATT_NEG_INF;
+            ss[hg * DEC_SPAN + sub * KT + kk] = key <= pos && key >= lo ? acc : ATT_NEG_INF;
         }
     }
     __syncthreads();
 
-    // Exact softmax pieces over the span, a warp per head (warp-uniform loop). Key k0 <= pos is
-    // in every span, so the max is finite.
+    // Exact softmax pieces over the span, a warp per head (warp-uniform loop). Every span the
+    // plan lists holds a visible key (k0 <= pos, and lo <= k0 + DEC_SPAN - 1), so the max is finite.
     const int warp = t >> 5, lane = t & 31;
     for (int hg = warp; hg < hb; hg += ATT_THREADS / 32) {
         float v[DEC_SPAN / 32];
@@ -321,7 +355,7 @@ static __device__ __forceinline__ void att_decode(const float* __restrict__ q, c
     for (int i = 0; i < NO; ++i) acc[i] = 0.0f;
     for (int sub = 0; sub < NSUB; ++sub) {
         __syncthreads();  // p written (first); every thread done with the previous V tile
-        att_stage<D, KT>(skv, vc, tab, shift, k0 + sub * KT, pos, n_kv, kvh);
+        att_stage<D, KT>(skv, vc, tab, shift, k0 + sub * KT, lo, pos, n_kv, kvh);
         __syncthreads();
         const float* ps = ss + sub * KT;
 #pragma unroll 4
@@ -345,9 +379,9 @@ static __device__ __forceinline__ void att_decode(const float* __restrict__ q, c
     attn_decode_d##D(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,                   \
                      float* __restrict__ part_o, float* __restrict__ part_ml, const AttChunk* __restrict__ chunks,          \
                      const int2* __restrict__ work, const int* __restrict__ table, int n_head, int n_kv, int shift, int hb,  \
-                     float qscale) {                                                                                        \
-        GRID_DEPENDENCY_WAIT();                                                          \
-        att_decode<D>(q, kc, vc, part_o, part_ml, chunks, work, table, n_head, n_kv, shift, hb, qscale);                  \
+                     float qscale, int window) {                                                                            \
+        GRID_DEPENDENCY_WAIT();                                                                                             \
+        att_decode<D>(q, kc, vc, part_o, part_ml, chunks, work, table, n_head, n_kv, shift, hb, qscale, window);          \
     }
 
 ATT_DECODE(64)
@@ -355,16 +389,18 @@ ATT_DECODE(128)
 ATT_DECODE(256)
 
 // One block per (decode chunk, head); every thread walks the chunk's splits (a few hundred at
-// most) for the global max and sum, then owns dims t, t + 128, ... No collectives.
+// most) for the global max and sum, then owns dims t, t + 128, ... No collectives. The head's
+// sink (if any) enters the max and, once, the sum.
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 attn_decode_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml, const AttChunk* __restrict__ chunks,
-                    const int* __restrict__ offsets, float* __restrict__ out, int n_head, int d) {
+                    const int* __restrict__ offsets, float* __restrict__ out, int n_head, int d, const float* __restrict__ sinks) {
     GRID_DEPENDENCY_WAIT();
     const int c = blockIdx.x, h = blockIdx.y;
     const int first = offsets[c], n = offsets[c + 1] - first;
-    float mx = ATT_NEG_INF;
+    const float sink = att_sink(sinks, h);
+    float mx = sink;  // -inf without sinks
     for (int s = 0; s < n; ++s) mx = fmaxf(mx, part_ml[((u64)(first + s) * (u64)n_head + (u64)h) * 2]);
-    float sum = 0.0f;
+    float sum = sinks ? exp2f(sink - mx) : 0.0f;
     for (int s = 0; s < n; ++s) {
         const u64 at = ((u64)(first + s) * (u64)n_head + (u64)h) * 2;
         sum += part_ml[at + 1] * exp2f(part_ml[at] - mx);

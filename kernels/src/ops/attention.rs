@@ -26,6 +26,16 @@
 //! Scores are in log2 units: Q is scaled once by `scale · log2(e)` and softmax uses `exp2`. The CPU
 //! twin ([`attention_cpu`]) takes an exact two-pass softmax in f32 over the same f16-rounded K/V;
 //! [`TOLERANCE`] bounds what the kernels' online / split summation orders and dot orders differ by.
+//!
+//! Two options of the attention (gpt-oss; none for qwen3moe), taking exactly the plain causal
+//! arithmetic when off:
+//! - a sliding window [`AttentionSpec::window`] (llama.cpp's `LLAMA_SWA_TYPE_STANDARD`): a query
+//!   at position q sees key p only when `q − p < window` ([`first_key`]). The plan lists only
+//!   the decode spans from the window's first key ([`decode_spans`]); the prefill kernel skips
+//!   key tiles before its first row's window.
+//! - per-head sinks ([`AttentionIo::sinks`], `ggml_soft_max_ext` with sinks): one logit per
+//!   query head, in the units of `scale · q·k`, that enters the softmax's max and denominator and
+//!   adds no value; the decode combine adds it once per (sequence, head), not per span.
 
 mod cpu;
 mod layout;
@@ -91,12 +101,21 @@ pub struct AttentionSpec {
     pub block_size: u32,
     /// Softmax scale, `1 / sqrt(head_dim)` for qwen3.
     pub scale: f32,
+    /// Sliding window: a query at position q sees key p only when `q − p < window`; 0: every
+    /// key up to q (plain causal attention).
+    #[serde(default)]
+    pub window: u32,
 }
 
 impl AttentionSpec {
     /// A spec with the usual scale `1 / sqrt(head_dim)`.
     pub fn new(heads: u32, kv_heads: u32, head_dim: u32, blocks: u32, block_size: u32) -> AttentionSpec {
-        AttentionSpec { heads, kv_heads, head_dim, blocks, block_size, scale: 1.0 / (head_dim as f32).sqrt() }
+        AttentionSpec { heads, kv_heads, head_dim, blocks, block_size, scale: 1.0 / (head_dim as f32).sqrt(), window: 0 }
+    }
+
+    /// This spec with a sliding window of `window` keys (0: none).
+    pub fn with_window(self, window: u32) -> AttentionSpec {
+        AttentionSpec { window, ..self }
     }
 
     /// Why the kernels cannot run this spec, if they cannot.
@@ -123,6 +142,8 @@ impl AttentionSpec {
             ))
         } else if !(self.scale.is_finite() && self.scale > 0.0) {
             Some(format!("scale {} must be finite and > 0", self.scale))
+        } else if self.window as u64 > I32_MAX {
+            Some(format!("window {}: the kernels take it as an i32", self.window))
         } else {
             None
         }
@@ -192,8 +213,9 @@ impl AttentionSpec {
     }
 
     pub fn describe(&self) -> String {
+        let window = if self.window > 0 { format!(" window={}", self.window) } else { String::new() };
         format!(
-            "heads={} kv_heads={} head_dim={} blocks={} block_size={} scale={}",
+            "heads={} kv_heads={} head_dim={} blocks={} block_size={} scale={}{window}",
             self.heads, self.kv_heads, self.head_dim, self.blocks, self.block_size, self.scale
         )
     }
@@ -362,9 +384,27 @@ impl BatchCounts {
     }
 }
 
-/// Splits of a decode step at `pos`: it attends to `pos + 1` keys.
+/// Splits of a decode step at `pos` without a window: it attends to `pos + 1` keys.
 pub fn decode_splits(pos: u32) -> u64 {
     (pos as u64 + 1).div_ceil(DECODE_SPAN)
+}
+
+/// The first key a query at `pos` sees under `window` (0: none): `max(0, pos − window + 1)`
+/// (llama.cpp masks key p when `pos − p >= window`).
+pub fn first_key(pos: u32, window: u32) -> u32 {
+    if window == 0 { 0 } else { (pos as u64 + 1).saturating_sub(window as u64) as u32 }
+}
+
+/// The decode spans a step at `pos` runs under `window` (0: none): from the span holding its
+/// first key to the span holding `pos`. Each holds at least one key the step sees.
+pub fn decode_spans(pos: u32, window: u32) -> std::ops::Range<u64> {
+    first_key(pos, window) as u64 / DECODE_SPAN..pos as u64 / DECODE_SPAN + 1
+}
+
+/// Splits of a decode step at `pos` under `window`: [`decode_splits`] without one.
+pub fn window_decode_splits(pos: u32, window: u32) -> u64 {
+    let r = decode_spans(pos, window);
+    r.end - r.start
 }
 
 /// The launches of one attention call, in order.
@@ -488,7 +528,7 @@ impl BatchPlan {
             if c.n_tokens == 1 && route == DecodeRoute::Split {
                 let idx = p.decode.len() as i32;
                 p.decode.push(*c);
-                p.work.extend((0..decode_splits(c.start_pos)).map(|s| [idx, s as i32]));
+                p.work.extend(decode_spans(c.start_pos, spec.window).map(|s| [idx, s as i32]));
                 if p.work.len() as u64 > I32_MAX {
                     return Err(unsupported("more than 2^31 − 1 decode splits", spec.describe()));
                 }
@@ -661,6 +701,9 @@ pub struct AttentionIo<'a, Y> {
     pub out: CudaViewMut<'a, Y>,
     /// Decode partials: at least [`BatchPlan::workspace_floats`] floats (any size without decode chunks).
     pub workspace: CudaViewMut<'a, f32>,
+    /// Per-head sinks, `[n_head]` f32 logits in the units of `scale · q·k` (gpt-oss's
+    /// `attn_sinks`), or `None` for a softmax over the keys alone.
+    pub sinks: Option<CudaView<'a, f32>>,
 }
 
 /// Refuses a buffer the kernels' 16-byte loads and stores cannot use.
@@ -693,6 +736,7 @@ pub fn launch<Y: DeviceRepr>(gpu: &Gpu, batch: &DeviceBatch, mut io: AttentionIo
             ("k_cache", bytes_of(io.k_cache.len(), 2), 2 * spec.cache_elems()),
             ("v_cache", bytes_of(io.v_cache.len(), 2), 2 * spec.cache_elems()),
             ("workspace", bytes_of(io.workspace.len(), 4), 4 * ws_floats),
+            ("sinks", io.sinks.as_ref().map_or(4 * spec.heads as u64, |s| bytes_of(s.len(), 4)), 4 * spec.heads as u64),
         ],
     )?;
     let stream = gpu.stream();
@@ -701,14 +745,17 @@ pub fn launch<Y: DeviceRepr>(gpu: &Gpu, batch: &DeviceBatch, mut io: AttentionIo
     let (v, _v) = io.v_cache.device_ptr(stream);
     let (out, _o) = io.out.device_ptr_mut(stream);
     let (ws, _w) = io.workspace.device_ptr_mut(stream);
+    // A null pointer without sinks: the kernels test it.
+    let sinks_view = io.sinks.as_ref().map(|s| s.device_ptr(stream));
+    let sinks: u64 = sinks_view.as_ref().map_or(0, |(p, _)| *p);
     require_aligned(first, &[("q", q), ("k_cache", k), ("v_cache", v), ("out", out)])?;
     let (n_head, n_kv, shift, d) = (spec.heads as i32, spec.kv_heads as i32, spec.block_shift() as i32, spec.head_dim as i32);
-    let qscale = spec.q_scale();
+    let (qscale, window) = (spec.q_scale(), spec.window as i32);
     if let Some(p) = &l.prefill {
         let f = gpu.function(&ATTENTION, &p.kernel)?;
         gpu.launch(p, &f, |b| {
             b.arg(&q).arg(&k).arg(&v).arg(&out).arg(&batch.prefill).arg(&batch.tiles).arg(&batch.tables);
-            b.arg(&n_head).arg(&n_kv).arg(&shift).arg(&qscale);
+            b.arg(&n_head).arg(&n_kv).arg(&shift).arg(&qscale).arg(&window).arg(&sinks);
         })?;
     }
     if let Some((split, combine)) = &l.decode {
@@ -719,11 +766,11 @@ pub fn launch<Y: DeviceRepr>(gpu: &Gpu, batch: &DeviceBatch, mut io: AttentionIo
         let f = gpu.function(&ATTENTION, &split.kernel)?;
         gpu.launch(split, &f, |b| {
             b.arg(&q).arg(&k).arg(&v).arg(&ws).arg(&part_ml).arg(&batch.decode).arg(&batch.work).arg(&batch.tables);
-            b.arg(&n_head).arg(&n_kv).arg(&shift).arg(&hb).arg(&qscale);
+            b.arg(&n_head).arg(&n_kv).arg(&shift).arg(&hb).arg(&qscale).arg(&window);
         })?;
         let f = gpu.function(&ATTENTION, COMBINE_KERNEL)?;
         gpu.launch(combine, &f, |b| {
-            b.arg(&ws).arg(&part_ml).arg(&batch.decode).arg(&batch.offsets).arg(&out).arg(&n_head).arg(&d);
+            b.arg(&ws).arg(&part_ml).arg(&batch.decode).arg(&batch.offsets).arg(&out).arg(&n_head).arg(&d).arg(&sinks);
         })?;
     }
     Ok(())
@@ -735,7 +782,7 @@ mod tests {
 
     /// 8 sequences of 40,960 positions in blocks of 16.
     const QWEN: AttentionSpec =
-        AttentionSpec { heads: 32, kv_heads: 4, head_dim: 128, blocks: 8 * 2560, block_size: 16, scale: 0.088_388_35 };
+        AttentionSpec { heads: 32, kv_heads: 4, head_dim: 128, blocks: 8 * 2560, block_size: 16, scale: 0.088_388_35, window: 0 };
     const QWEN_SLOT_BLOCKS: u32 = 2560;
 
     /// A cache of `slots` sequences of `ctx` positions (a multiple of 16) in blocks of 16.
@@ -807,6 +854,41 @@ mod tests {
             split.check_cover().unwrap();
             combine.check_cover().unwrap();
         }
+    }
+
+    /// llama.cpp's `is_masked_swa` (STANDARD): key p is masked for the query at q when
+    /// `q − p >= window`, so the first key seen is `q − window + 1`.
+    #[test]
+    fn windowed_decode_plans_list_only_the_spans_in_the_window() {
+        assert_eq!([0, 126, 127, 128, 190, 191, 255].map(|p| first_key(p, 128)), [0, 0, 0, 1, 63, 64, 128]);
+        assert_eq!([5, u32::MAX >> 1].map(|p| first_key(p, 0)), [0, 0]);
+        assert_eq!(first_key(40_959, 1), 40_959);
+        // Positions 127 (keys 0..=127: spans 0, 1), 190 (63..=190: spans 0..=2, span 0 holds one
+        // key), 191 (64..=191: spans 1, 2), 40,959 (40,832..=40,959: spans 638, 639).
+        for (pos, spans) in [(127u32, 0..2u64), (190, 0..3), (191, 1..3), (40_959, 638..640)] {
+            assert_eq!(decode_spans(pos, 128), spans, "{pos}");
+            assert_eq!(window_decode_splits(pos, 128), spans.end - spans.start);
+            // Every span holds a key the step sees.
+            for s in spans {
+                let (k0, k1) = (s * DECODE_SPAN, s * DECODE_SPAN + DECODE_SPAN - 1);
+                assert!(k0 <= pos as u64 && k1 >= first_key(pos, 128) as u64, "{pos} span {s}");
+            }
+        }
+        assert_eq!(
+            (0..=40_959).map(|p| window_decode_splits(p, 0)).collect::<Vec<_>>(),
+            (0..=40_959).map(decode_splits).collect::<Vec<_>>()
+        );
+        let spec = QWEN.with_window(128);
+        let chunks = [chunk(0, 0, 1, 0), chunk(1, 190, 1, 1), chunk(2, 40_959, 1, 2)];
+        let plan = BatchPlan::new(&chunks, &reversed(&spec), 3, &spec, DecodeRoute::Split).unwrap();
+        assert_eq!(plan.offsets, vec![0, 1, 4, 6]);
+        assert_eq!(plan.work, vec![[0, 0], [1, 0], [1, 1], [1, 2], [2, 638], [2, 639]]);
+        assert_eq!(plan.workspace_floats(), 6 * 32 * 130);
+        assert!(spec.describe().ends_with(" window=128") && !QWEN.describe().contains("window"));
+        // Another window is another plan: a device batch is not rewritten across them.
+        let plain = BatchPlan::new(&chunks, &reversed(&QWEN), 3, &QWEN, DecodeRoute::Split).unwrap();
+        assert_eq!(plain.busy_decode_splits(), 1 + 3 + 640);
+        assert!(AttentionSpec { window: 1 << 31, ..QWEN }.unsupported().is_some());
     }
 
     #[test]

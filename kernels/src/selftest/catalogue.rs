@@ -448,6 +448,8 @@ fn attention_cases(b: &mut Builder, shape: &ModelShape, serving: &Serving, limit
         layout: Layout::Prompts { sequences: 1 },
         route: DecodeRoute::Split,
         block_size: attention::DEFAULT_BLOCK_SIZE,
+        window: 0,
+        sinks: false,
     };
     for (layout, route, tag, extra) in [
         (Layout::Prompts { sequences: 1 }, DecodeRoute::Split, "prompt", envelope.clone()),

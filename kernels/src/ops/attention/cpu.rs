@@ -1,15 +1,18 @@
 //! The CPU twin: causal attention with an exact two-pass softmax in f32.
 //!
 //! Per (row, head): q scaled by `scale · log2(e)` (one f32 product, as the kernels stage it),
-//! scores `q · k` in f32 over the cache's f16 keys converted to f32, `m = max`, `p = exp2(s − m)`,
-//! `l = Σ p`, `o = (Σ p · v) · (1 / l)`. The kernels differ in order only: their dot products are
-//! one FMA chain over the head dimension (here 8 interleaved partial sums, which vectorise), and
-//! their softmax is online over key tiles (prefill) or split over spans and merged (decode).
+//! scores `q · k` in f32 over the cache's f16 keys converted to f32, for the keys the row sees
+//! (`first_key(pos, window) ..= pos`), `m = max` (then `max(m, sink)` with a sink, the sink
+//! taken to log2 units by one f32 product `sink · log2(e)` as the kernels do), `p = exp2(s − m)`,
+//! `l = Σ p` (then `+ exp2(sink − m)`), `o = (Σ p · v) · (1 / l)`. The kernels differ in order
+//! only: their dot products are one FMA chain over the head dimension (here 8 interleaved
+//! partial sums, which vectorise), and their softmax is online over key tiles (prefill, the
+//! sink first) or split over spans and merged (decode, the sink in the merge).
 
 use half::f16;
 use rayon::prelude::*;
 
-use super::{AttentionSpec, Chunk, KERNEL, chunks_unsupported, physical_row};
+use super::{AttentionSpec, Chunk, KERNEL, chunks_unsupported, first_key, physical_row};
 use crate::launch::PlanError;
 
 /// K and V of one sequence's positions `0..n` as f32, each position `n_kv · head_dim` wide
@@ -59,18 +62,30 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
 }
 
-/// One query head `qs` (already scaled by `q_scale`) against positions `0..n` of kv head `kvh`.
-pub(super) fn attend(qs: &[f32], slab: &Slab, kvh: usize, n: usize, out: &mut [f32]) {
+/// A sink logit (units of `scale · q·k`) in the log2 units of the scores, as the kernels take it.
+pub(super) fn sink_log2(sink: f32) -> f32 {
+    sink * std::f32::consts::LOG2_E
+}
+
+/// One query head `qs` (already scaled by `q_scale`) against positions `lo..n` of kv head
+/// `kvh`, with the head's sink (log2 units, [`sink_log2`]) in the softmax if there is one.
+pub(super) fn attend(qs: &[f32], slab: &Slab, kvh: usize, lo: usize, n: usize, sink: Option<f32>, out: &mut [f32]) {
     let d = qs.len();
-    let mut p: Vec<f32> = (0..n).map(|pos| dot(qs, slab.key(pos, kvh, d))).collect();
-    let m = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut p: Vec<f32> = (lo..n).map(|pos| dot(qs, slab.key(pos, kvh, d))).collect();
+    let mut m = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if let Some(s) = sink {
+        m = m.max(s);
+    }
     let mut l = 0.0f32;
     for s in p.iter_mut() {
         *s = (*s - m).exp2();
         l += *s;
     }
+    if let Some(s) = sink {
+        l += (s - m).exp2();
+    }
     out.fill(0.0);
-    for (pos, &w) in p.iter().enumerate() {
+    for (pos, &w) in (lo..n).zip(&p) {
         for (o, &v) in out.iter_mut().zip(slab.value(pos, kvh, d)) {
             *o += w * v;
         }
@@ -79,22 +94,25 @@ pub(super) fn attend(qs: &[f32], slab: &Slab, kvh: usize, n: usize, out: &mut [f
     out.iter_mut().for_each(|o| *o *= inv);
 }
 
-/// The output row of batch row `row` (query `i` of chunk `c`), every head, from a slab of `c`'s sequence.
-pub(super) fn attend_row(q_row: &[f32], slab: &Slab, c: &Chunk, i: u32, spec: &AttentionSpec, out: &mut [f32]) {
+/// The output row of batch row `row` (query `i` of chunk `c`), every head, from a slab of `c`'s
+/// sequence (positions from the row's first key on are read), with the heads' `sinks` if any.
+pub(super) fn attend_row(q_row: &[f32], slab: &Slab, c: &Chunk, i: u32, spec: &AttentionSpec, sinks: Option<&[f32]>, out: &mut [f32]) {
     let (d, group) = (spec.head_dim as usize, spec.group() as usize);
-    let n = c.start_pos as usize + i as usize + 1;
+    let pos = c.start_pos + i;
+    let (lo, n) = (first_key(pos, spec.window) as usize, pos as usize + 1);
     let scale = spec.q_scale();
     // Heads in parallel: one long-context row is `n · n_head · head_dim` multiply-adds, too
     // much for one core; each head's arithmetic is the same in any order.
     q_row.par_chunks_exact(d).zip(out.par_chunks_exact_mut(d)).enumerate().for_each(|(h, (q, o))| {
         let qs: Vec<f32> = q.iter().map(|x| x * scale).collect();
-        attend(&qs, slab, h / group, n, o);
+        attend(&qs, slab, h / group, lo, n, sinks.map(|s| sink_log2(s[h])), o);
     });
 }
 
 /// CPU twin over plain slices: Q `[rows, n_head, head_dim]`, caches `[blocks, block_size, n_kv,
 /// head_dim]` holding every position the chunks read, read through the chunks' block tables in
-/// the flat `tables`. Returns O `[rows, n_head, head_dim]`; rows no chunk covers are zero.
+/// the flat `tables`, under the spec's window, with per-head `sinks` (`[n_head]`) or none.
+/// Returns O `[rows, n_head, head_dim]`; rows no chunk covers are zero.
 pub fn attention_cpu(
     q: &[f32],
     k_cache: &[f16],
@@ -102,6 +120,7 @@ pub fn attention_cpu(
     chunks: &[Chunk],
     tables: &[u32],
     spec: &AttentionSpec,
+    sinks: Option<&[f32]>,
 ) -> Result<Vec<f32>, PlanError> {
     let rw = spec.row_width() as usize;
     let rows = q.len().checked_div(rw).unwrap_or(0) as u64;
@@ -111,6 +130,8 @@ pub fn attention_cpu(
             Some(format!("q holds {} floats, not whole rows of {rw}", q.len()))
         } else if (k_cache.len() as u64) < need || (v_cache.len() as u64) < need {
             Some(format!("caches of {} and {} elements, the spec needs {need}", k_cache.len(), v_cache.len()))
+        } else if let Some(s) = sinks.filter(|s| (s.len() as u64) < spec.heads as u64) {
+            Some(format!("{} sinks for {} heads", s.len(), spec.heads))
         } else {
             chunks_unsupported(chunks, tables, rows, spec)
         }
@@ -123,7 +144,7 @@ pub fn attention_cpu(
         let slab = Slab::from_cache(k_cache, v_cache, &tables[c.table as usize..], c.end(), spec);
         let first = c.first_row as usize;
         out[first * rw..(first + c.n_tokens as usize) * rw].par_chunks_mut(rw).enumerate().for_each(|(i, o)| {
-            attend_row(&q[(first + i) * rw..][..rw], &slab, c, i as u32, spec, o);
+            attend_row(&q[(first + i) * rw..][..rw], &slab, c, i as u32, spec, sinks, o);
         });
     }
     Ok(out)
@@ -131,7 +152,7 @@ pub fn attention_cpu(
 
 #[cfg(test)]
 mod tests {
-    use super::super::{DECODE_SPAN, TOLERANCE, prefill_tile};
+    use super::super::{DECODE_SPAN, TOLERANCE, decode_spans, prefill_tile};
     use super::*;
     use crate::check::RelErr;
     use crate::ops::kv_store::kv_store_cpu;
@@ -145,8 +166,18 @@ mod tests {
     }
 
     /// Straightforward softmax attention in f64 with `exp`, position p of a chunk's sequence at
-    /// block `table[p / block_size]`, row `p % block_size`.
-    fn reference_f64(q: &[f32], kc: &[f16], vc: &[f16], chunks: &[Chunk], tables: &[u32], spec: &AttentionSpec) -> Vec<f64> {
+    /// block `table[p / block_size]`, row `p % block_size`; the query at `pos` sees key p when
+    /// `p <= pos` and (with a window) `pos − p < window`, written as llama.cpp's mask is; a
+    /// sink `z` adds `exp(z − m)` to the denominator, the max m taken over it too.
+    fn reference_f64(
+        q: &[f32],
+        kc: &[f16],
+        vc: &[f16],
+        chunks: &[Chunk],
+        tables: &[u32],
+        spec: &AttentionSpec,
+        sinks: Option<&[f32]>,
+    ) -> Vec<f64> {
         let bs = spec.block_size as usize;
         let (d, rw, w, group) = (spec.head_dim as usize, spec.row_width() as usize, spec.kv_width() as usize, spec.group() as usize);
         let mut out = vec![0.0f64; q.len()];
@@ -159,14 +190,17 @@ mod tests {
                         let block = tables[c.table as usize + pos / bs] as usize;
                         cache[(block * bs + pos % bs) * w + (h / group) * d + j].to_f64()
                     };
-                    let n = c.start_pos as usize + i + 1;
+                    let pos = (c.start_pos as usize + i) as i64;
+                    let masked = |p: i64| p > pos || (spec.window > 0 && pos - p >= spec.window as i64);
+                    let seen: Vec<usize> = (0..=pos).filter(|&p| !masked(p)).map(|p| p as usize).collect();
                     let s: Vec<f64> =
-                        (0..n).map(|p| (0..d).map(|j| qh[j] as f64 * at(kc, p, j)).sum::<f64>() * spec.scale as f64).collect();
-                    let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                        seen.iter().map(|&p| (0..d).map(|j| qh[j] as f64 * at(kc, p, j)).sum::<f64>() * spec.scale as f64).collect();
+                    let sink = sinks.map(|z| z[h] as f64);
+                    let m = s.iter().copied().chain(sink).fold(f64::NEG_INFINITY, f64::max);
                     let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-                    let l: f64 = e.iter().sum();
+                    let l: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |z| (z - m).exp());
                     for j in 0..d {
-                        out[row * rw + h * d + j] = (0..n).map(|p| e[p] * at(vc, p, j)).sum::<f64>() / l;
+                        out[row * rw + h * d + j] = seen.iter().zip(&e).map(|(&p, e)| e * at(vc, p, j)).sum::<f64>() / l;
                     }
                 }
             }
@@ -201,8 +235,8 @@ mod tests {
             let chunks = [chunk(0, 0, 72, 0), chunk(0, 72, 7, 72), chunk(1, 250, 1, 79), chunk(2, 0, 1, 80), chunk(2, 1, 8, 81)];
             let rows = 89;
             let q = uniform_row(3, 0, rows * spec.row_width() as usize, 4.0);
-            let got = attention_cpu(&q, &kc, &vc, &chunks, &tables, &spec).unwrap();
-            let want = reference_f64(&q, &kc, &vc, &chunks, &tables, &spec);
+            let got = attention_cpu(&q, &kc, &vc, &chunks, &tables, &spec, None).unwrap();
+            let want = reference_f64(&q, &kc, &vc, &chunks, &tables, &spec, None);
             let mut err = RelErr::default();
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 err.add(i as u64, *g, *w as f32);
@@ -217,9 +251,13 @@ mod tests {
         let (spec, tables) = (spec(4, 2, 64, 1), scrambled(1));
         let (kc, vc) = random_cache(&spec, 21);
         let q = uniform_row(5, 0, 50 * spec.row_width() as usize, 4.0);
-        let whole = attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 50, 0)], &tables, &spec).unwrap();
-        let split = attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 20, 0), chunk(0, 20, 29, 20), chunk(0, 49, 1, 49)], &tables, &spec).unwrap();
-        assert_eq!(whole, split);
+        for (window, sinks) in [(0, None), (7, Some(&[0.5f32, -1.0, 2.0, 0.0][..]))] {
+            let spec = spec.with_window(window);
+            let whole = attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 50, 0)], &tables, &spec, sinks).unwrap();
+            let parts = [chunk(0, 0, 20, 0), chunk(0, 20, 29, 20), chunk(0, 49, 1, 49)];
+            let split = attention_cpu(&q, &kc, &vc, &parts, &tables, &spec, sinks).unwrap();
+            assert_eq!(whole, split, "window {window}");
+        }
     }
 
     /// Two sequences whose tables share their first blocks see the same keys there: the same
@@ -240,7 +278,7 @@ mod tests {
                 Chunk { table: 0, start_pos: pos, n_tokens: 1, first_row: 0 },
                 Chunk { table: 5, start_pos: pos, n_tokens: 1, first_row: 1 },
             ];
-            let out = attention_cpu(&q, &kc, &vc, &chunks, &tables, &spec).unwrap();
+            let out = attention_cpu(&q, &kc, &vc, &chunks, &tables, &spec, None).unwrap();
             assert_eq!(out[..rw] == out[rw..], same, "position {pos}");
         }
     }
@@ -250,12 +288,12 @@ mod tests {
         let (spec, tables) = (spec(2, 1, 64, 1), scrambled(1));
         let (mut kc, mut vc) = random_cache(&spec, 31);
         let q = uniform_row(6, 0, 40 * spec.row_width() as usize, 4.0);
-        let before = attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 40, 0)], &tables, &spec).unwrap();
+        let before = attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 40, 0)], &tables, &spec, None).unwrap();
         // Rewrite position 17 through the store: rows 0..17 must not change, row 17 must.
         let rows = uniform_row(9, 0, 64, 3.0);
         let dest = crate::ops::kv_store::destinations(&tables, [17], &spec);
         kv_store_cpu(&mut kc, &mut vc, &rows, &rows, &dest, &spec).unwrap();
-        let after = attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 40, 0)], &tables, &spec).unwrap();
+        let after = attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 40, 0)], &tables, &spec, None).unwrap();
         let rw = spec.row_width() as usize;
         assert_eq!(before[..17 * rw], after[..17 * rw]);
         assert_ne!(before[17 * rw..18 * rw], after[17 * rw..18 * rw]);
@@ -267,13 +305,16 @@ mod tests {
         let (kc, vc) = random_cache(&spec, 1);
         let q = vec![0.0f32; 2 * 128];
         let t = [1, 0];
-        assert!(attention_cpu(&q[..100], &kc, &vc, &[chunk(0, 0, 1, 0)], &t, &spec).is_err());
-        assert!(attention_cpu(&q, &kc[..10], &vc, &[chunk(0, 0, 1, 0)], &t, &spec).is_err());
-        assert!(attention_cpu(&q, &kc, &vc, &[chunk(0, 7, 2, 0)], &t, &spec).is_err());
-        assert!(attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 3, 0)], &t, &spec).is_err());
-        assert!(attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 2, 0)], &[2], &spec).is_err());
-        assert!(attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 2, 0)], &t, &AttentionSpec { head_dim: 32, ..spec }).is_err());
-        assert!(attention_cpu(&q, &kc, &vc, &[chunk(0, 6, 2, 0)], &t, &spec).is_ok());
+        assert!(attention_cpu(&q[..100], &kc, &vc, &[chunk(0, 0, 1, 0)], &t, &spec, None).is_err());
+        assert!(attention_cpu(&q, &kc[..10], &vc, &[chunk(0, 0, 1, 0)], &t, &spec, None).is_err());
+        assert!(attention_cpu(&q, &kc, &vc, &[chunk(0, 7, 2, 0)], &t, &spec, None).is_err());
+        assert!(attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 3, 0)], &t, &spec, None).is_err());
+        assert!(attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 2, 0)], &[2], &spec, None).is_err());
+        assert!(attention_cpu(&q, &kc, &vc, &[chunk(0, 0, 2, 0)], &t, &AttentionSpec { head_dim: 32, ..spec }, None).is_err());
+        assert!(attention_cpu(&q, &kc, &vc, &[chunk(0, 6, 2, 0)], &t, &spec, Some(&[0.0])).is_err(), "a sink per head");
+        assert!(attention_cpu(&q, &kc, &vc, &[chunk(0, 6, 2, 0)], &t, &spec.with_window(1 << 31), None).is_err());
+        assert!(attention_cpu(&q, &kc, &vc, &[chunk(0, 6, 2, 0)], &t, &spec, Some(&[0.0, 1.0])).is_ok());
+        assert!(attention_cpu(&q, &kc, &vc, &[chunk(0, 6, 2, 0)], &t, &spec, None).is_ok());
     }
 
     /// Lanes combined by xor shuffles at `offsets`, as `__shfl_xor_sync` butterflies do.
@@ -289,26 +330,35 @@ mod tests {
         a.iter().zip(b).fold(0.0f32, |acc, (x, y)| x.mul_add(*y, acc))
     }
 
-    /// `attn_prefill` for one row at position `pos`: 64-key tiles, keys j·8 + g on lane g, the
-    /// online max / sum with 8-lane butterflies, P V as an FMA chain in key order.
-    fn emulate_prefill(qs: &[f32], slab: &Slab, kvh: usize, pos: usize) -> Vec<f32> {
+    /// `attn_prefill` for one row at position `pos` in a query tile whose first row is at
+    /// `tile_first`: 64-key tiles from the one holding the first row's first key (`window`), keys
+    /// j·8 + g on lane g, masked past `pos` and before the row's own first key, the online max /
+    /// sum started at the sink (`m = sink, l = 1`) or at (−inf, 0), exponents against 0 while
+    /// the max is −inf, 8-lane butterflies, P V as an FMA chain in key order.
+    fn emulate_prefill(qs: &[f32], slab: &Slab, kvh: usize, pos: usize, window: u32, tile_first: usize, sink: Option<f32>) -> Vec<f32> {
         let d = qs.len();
         let bk = prefill_tile(d as u32).unwrap().keys as usize;
         let (tk, neg) = (bk / 8, f32::NEG_INFINITY);
-        let (mut m, mut l, mut o) = (neg, 0.0f32, vec![0.0f32; d]);
-        for k0 in (0..=pos).step_by(bk) {
+        let (lo, kmin) = (first_key(pos as u32, window) as usize, first_key(tile_first as u32, window) as usize);
+        let (mut m, mut l, mut o) = match sink {
+            Some(z) => (z, 1.0f32, vec![0.0f32; d]),
+            None => (neg, 0.0f32, vec![0.0f32; d]),
+        };
+        for k0 in (kmin / bk * bk..=pos).step_by(bk) {
             let key = |g: usize, j: usize| k0 + j * 8 + g;
+            let seen = |k: usize| k <= pos && k >= lo;
             let mut s: Vec<Vec<f32>> = (0..8)
-                .map(|g| (0..tk).map(|j| if key(g, j) > pos { neg } else { fma_dot(qs, slab.key(key(g, j), kvh, d)) }).collect())
+                .map(|g| (0..tk).map(|j| if seen(key(g, j)) { fma_dot(qs, slab.key(key(g, j), kvh, d)) } else { neg }).collect())
                 .collect();
             let mx = butterfly(s.iter().map(|r| r.iter().copied().fold(neg, f32::max)).collect(), &[1, 2, 4], f32::max);
             let m_new = m.max(mx);
-            let alpha = (m - m_new).exp2();
+            let m_use = if m_new == neg { 0.0 } else { m_new };
+            let alpha = (m - m_use).exp2();
             let sums: Vec<f32> = s
                 .iter_mut()
                 .map(|r| {
                     r.iter_mut().fold(0.0, |acc, x| {
-                        *x = (*x - m_new).exp2();
+                        *x = (*x - m_use).exp2();
                         acc + *x
                     })
                 })
@@ -318,7 +368,7 @@ mod tests {
             o.iter_mut().for_each(|x| *x *= alpha);
             for j in 0..tk {
                 for (g, sg) in s.iter().enumerate() {
-                    let v = slab.value(key(g, j).min(pos), kvh, d);
+                    let v = slab.value(key(g, j).clamp(kmin, pos), kvh, d);
                     o.iter_mut().zip(v).for_each(|(x, v)| *x = sg[j].mul_add(*v, *x));
                 }
             }
@@ -327,24 +377,29 @@ mod tests {
         o.iter().map(|x| x * inv).collect()
     }
 
-    /// `attn_decode` + `attn_decode_combine` for one row at position `pos`: `DECODE_SPAN`-key spans with an
-    /// exact max and 32-lane sum each, merged with `exp2(m_s − M)` weights.
-    fn emulate_decode(qs: &[f32], slab: &Slab, kvh: usize, pos: usize) -> Vec<f32> {
+    /// `attn_decode` + `attn_decode_combine` for one row at position `pos`: the plan's
+    /// `DECODE_SPAN`-key spans (from the window's first key), an exact max and 32-lane sum each,
+    /// merged with `exp2(m_s − M)` weights, the sink in M and, first, in the sum.
+    fn emulate_decode(qs: &[f32], slab: &Slab, kvh: usize, pos: usize, window: u32, sink: Option<f32>) -> Vec<f32> {
         let (d, span, neg) = (qs.len(), DECODE_SPAN as usize, f32::NEG_INFINITY);
+        let lo = first_key(pos as u32, window) as usize;
         let mut parts: Vec<(f32, f32, Vec<f32>)> = Vec::new();
-        for k0 in (0..=pos).step_by(span) {
-            let mut s: Vec<f32> = (k0..k0 + span).map(|k| if k > pos { neg } else { fma_dot(qs, slab.key(k, kvh, d)) }).collect();
+        for k0 in decode_spans(pos as u32, window).map(|s| s as usize * span) {
+            let seen = |k: usize| k <= pos && k >= lo;
+            let mut s: Vec<f32> = (k0..k0 + span).map(|k| if seen(k) { fma_dot(qs, slab.key(k, kvh, d)) } else { neg }).collect();
             let mx = s.iter().copied().fold(neg, f32::max);
+            assert!(mx > neg, "every span holds a key the row sees");
             s.iter_mut().for_each(|x| *x = (*x - mx).exp2());
             let lanes: Vec<f32> = (0..32).map(|lane| (0..span / 32).fold(0.0, |acc, i| acc + s[lane + 32 * i])).collect();
             let sum = butterfly(lanes, &[16, 8, 4, 2, 1], |a, b| a + b);
             let o: Vec<f32> = (0..d)
-                .map(|j| s.iter().enumerate().fold(0.0f32, |acc, (kk, p)| p.mul_add(slab.value((k0 + kk).min(pos), kvh, d)[j], acc)))
+                .map(|j| s.iter().enumerate().fold(0.0f32, |acc, (kk, p)| p.mul_add(slab.value((k0 + kk).clamp(lo, pos), kvh, d)[j], acc)))
                 .collect();
             parts.push((mx, sum, o));
         }
-        let m = parts.iter().map(|p| p.0).fold(neg, f32::max);
-        let l = parts.iter().fold(0.0f32, |acc, p| p.1.mul_add((p.0 - m).exp2(), acc));
+        let m = parts.iter().map(|p| p.0).fold(sink.unwrap_or(neg), f32::max);
+        let l0 = sink.map_or(0.0, |z| (z - m).exp2());
+        let l = parts.iter().fold(l0, |acc, p| p.1.mul_add((p.0 - m).exp2(), acc));
         let inv = 1.0 / l;
         (0..d).map(|j| parts.iter().fold(0.0f32, |acc, p| p.2[j].mul_add((p.0 - m).exp2(), acc)) * inv).collect()
     }
@@ -364,12 +419,121 @@ mod tests {
             for (r, pos) in [0usize, 1, 63, 64, 127, 128, 129, 1000, last / 2, last].into_iter().enumerate() {
                 let qs: Vec<f32> = uniform_row(43, r as u64 * d as u64, d as usize, 4.0).iter().map(|x| x * spec.q_scale()).collect();
                 let mut want = vec![0.0f32; d as usize];
-                attend(&qs, &slab, 0, pos + 1, &mut want);
-                pre.add_slice(0, &emulate_prefill(&qs, &slab, 0, pos), &want);
-                dec.add_slice(0, &emulate_decode(&qs, &slab, 0, pos), &want);
+                attend(&qs, &slab, 0, 0, pos + 1, None, &mut want);
+                pre.add_slice(0, &emulate_prefill(&qs, &slab, 0, pos, 0, pos, None), &want);
+                dec.add_slice(0, &emulate_decode(&qs, &slab, 0, pos, 0, None), &want);
             }
             eprintln!("d={d}: prefill order {:.2e}, decode order {:.2e}", pre.value(), dec.value());
             assert!(pre.value() < TOLERANCE / 10.0 && dec.value() < TOLERANCE / 10.0, "d={d}: {} {}", pre.value(), dec.value());
         }
+    }
+
+    /// The same with gpt-oss's window of 128 and sinks (gpt-oss's are a few units; ±4 here, and
+    /// one far above every score): rows at the window's edges, past it, in a query tile whose
+    /// first row's window starts tiles earlier than the row's own (the skipped-tile path).
+    #[test]
+    fn tolerance_covers_the_kernels_orders_with_a_window_and_sinks() {
+        let window = 128u32;
+        for d in [64u32, 128, 256] {
+            let ctx = 4000u32;
+            let spec = AttentionSpec::new(2, 1, d, ctx / 16, 16).with_window(window);
+            let (kc, vc) = random_cache(&spec, 47);
+            let table: Vec<u32> = (0..ctx / 16).rev().collect();
+            let slab = Slab::from_cache(&kc, &vc, &table, ctx as u64, &spec);
+            let (mut pre, mut dec) = (RelErr::default(), RelErr::default());
+            let w = window as usize;
+            let positions = [0usize, 1, w - 2, w - 1, w, w + 1, 2 * w - 1, 2 * w, 2 * w + 1, 1000, ctx as usize - 1];
+            for (r, pos) in positions.into_iter().enumerate() {
+                for (k, sink) in [None, Some(-4.0f32), Some(1.5), Some(4.0), Some(40.0)].into_iter().enumerate() {
+                    let qs: Vec<f32> =
+                        uniform_row(53, (r * 8 + k) as u64 * d as u64, d as usize, 4.0).iter().map(|x| x * spec.q_scale()).collect();
+                    let sink = sink.map(sink_log2);
+                    let mut want = vec![0.0f32; d as usize];
+                    attend(&qs, &slab, 0, first_key(pos as u32, window) as usize, pos + 1, sink, &mut want);
+                    for tile_first in [pos, pos.saturating_sub(63), pos.saturating_sub(31)] {
+                        pre.add_slice(0, &emulate_prefill(&qs, &slab, 0, pos, window, tile_first, sink), &want);
+                    }
+                    dec.add_slice(0, &emulate_decode(&qs, &slab, 0, pos, window, sink), &want);
+                }
+            }
+            eprintln!("d={d} window {window}: prefill order {:.2e}, decode order {:.2e}", pre.value(), dec.value());
+            assert!(pre.value() < TOLERANCE / 10.0 && dec.value() < TOLERANCE / 10.0, "d={d}: {} {}", pre.value(), dec.value());
+        }
+    }
+
+    /// Sliding windows at and around their edges, chunks starting inside a window, decode steps
+    /// past it, with and without sinks, through scrambled tables: the twin against f64.
+    #[test]
+    fn window_and_sinks_match_f64_softmax_attention() {
+        for (heads, kv, d) in [(4, 2, 64), (2, 1, 128)] {
+            let base = spec(heads, kv, d, 3);
+            let tables = scrambled(3);
+            let (kc, vc) = random_cache(&base, 13);
+            for window in [1u32, 2, 7, 8, 9, 16, 17, 64, 100] {
+                let w = window;
+                // A prompt of 2w + 1 (edges w − 1, w, w + 1, 2w ± 1 in its rows), a chunk starting
+                // inside a window (at w − 1) and one starting past it, decode steps at w − 2 ..= w + 1
+                // and 2w − 1 ..= 2w + 1.
+                let prompt = (2 * w + 2).min(200);
+                let chunks = [
+                    chunk(0, 0, prompt, 0),
+                    chunk(1, w - 1, 5, prompt),
+                    chunk(1, w + 4, 3, prompt + 5),
+                    chunk(2, (2 * w + 1).min(250), 1, prompt + 8),
+                    chunk(2, w.saturating_sub(2), 1, prompt + 9),
+                    chunk(2, w, 1, prompt + 10),
+                ];
+                let rows = prompt as usize + 11;
+                let q = uniform_row(3 + w as u64, 0, rows * base.row_width() as usize, 4.0);
+                let sinks: Vec<f32> = uniform_row(17, 0, heads as usize, 3.0);
+                for sinks in [None, Some(&sinks[..])] {
+                    let spec = base.with_window(window);
+                    let got = attention_cpu(&q, &kc, &vc, &chunks, &tables, &spec, sinks).unwrap();
+                    let want = reference_f64(&q, &kc, &vc, &chunks, &tables, &spec, sinks);
+                    let mut err = RelErr::default();
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        err.add(i as u64, *g, *w as f32);
+                    }
+                    assert!(
+                        err.value() < 2e-6,
+                        "{heads}/{kv}/{d} window {window} sinks {}: {} {}",
+                        sinks.is_some(),
+                        err.value(),
+                        err.describe()
+                    );
+                }
+            }
+        }
+    }
+
+    /// The options off take the plain arithmetic bit for bit: a window wider than every
+    /// position seen, and sinks of −inf, change nothing. A window of 1 is each row's own value.
+    #[test]
+    fn options_off_change_nothing_and_a_window_of_one_is_the_own_value() {
+        let (base, tables) = (spec(4, 2, 64, 1), scrambled(1));
+        let (kc, vc) = random_cache(&base, 29);
+        let rw = base.row_width() as usize;
+        let q = uniform_row(8, 0, 60 * rw, 4.0);
+        let chunks = [chunk(0, 0, 40, 0), chunk(0, 40, 19, 40), chunk(0, 59, 1, 59)];
+        let plain = attention_cpu(&q, &kc, &vc, &chunks, &tables, &base, None).unwrap();
+        let wide = attention_cpu(&q, &kc, &vc, &chunks, &tables, &base.with_window(60), None).unwrap();
+        let minus_inf = [f32::NEG_INFINITY; 4];
+        let no_sink = attention_cpu(&q, &kc, &vc, &chunks, &tables, &base, Some(&minus_inf)).unwrap();
+        assert!(plain == wide && plain == no_sink);
+        let narrow = attention_cpu(&q, &kc, &vc, &chunks, &tables, &base.with_window(59), None).unwrap();
+        assert_eq!(plain[..59 * rw], narrow[..59 * rw]);
+        assert_ne!(plain[59 * rw..], narrow[59 * rw..], "position 59 no longer sees key 0");
+        let one = attention_cpu(&q, &kc, &vc, &chunks, &tables, &base.with_window(1), None).unwrap();
+        let d = 64;
+        for pos in 0..60usize {
+            let row = physical_row(&tables, pos as u32, &base).unwrap() as usize;
+            for h in 0..4 {
+                let v: Vec<f32> = vc[(row * 2 + h / 2) * d..][..d].iter().map(|x| x.to_f32()).collect();
+                assert_eq!(one[pos * rw + h * d..][..d], v[..], "position {pos} head {h}");
+            }
+        }
+        // A sink far above every score takes (nearly) all the weight: the outputs shrink.
+        let big = attention_cpu(&q, &kc, &vc, &chunks, &tables, &base, Some(&[30.0; 4])).unwrap();
+        assert!(big.iter().zip(&plain).all(|(b, p)| b.abs() <= p.abs() * 1e-6 + 1e-30));
     }
 }

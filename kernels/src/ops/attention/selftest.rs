@@ -4,7 +4,8 @@
 //! attention launched, sampled rows compared with the twin.
 //!
 //! Inputs are pure functions of seeds: Q in ±[`Q_AMPLITUDE`] (softmax peaked enough that each
-//! output depends on particular keys), the batch's K/V rows in ±1, and the context before each
+//! output depends on particular keys), per-head sinks (when the case has them) in
+//! ±[`SINK_AMPLITUDE`], the batch's K/V rows in ±1, and the context before each
 //! chunk ("history") in ±1, generated in pieces of at most [`PIECE_FLOATS`] floats and stored
 //! through the same kernel. The twin regenerates exactly the keys a sampled row reads. Attention
 //! costs the CPU `keys × n_head × head_dim` per row, so the rows compared are chosen within a
@@ -19,8 +20,8 @@ use serde::{Deserialize, Serialize};
 
 use super::layout::{self, Layout, Part};
 use super::{
-    AttentionIo, AttentionSpec, BatchCounts, BatchPlan, Chunk, DecodeRoute, DeviceBatch, KERNEL, TOLERANCE, cpu, launch, launches,
-    physical_row, prefill_tile,
+    AttentionIo, AttentionSpec, BatchCounts, BatchPlan, Chunk, DecodeRoute, DeviceBatch, KERNEL, TOLERANCE, cpu, first_key, launch,
+    launches, physical_row, prefill_tile,
 };
 use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
@@ -45,16 +46,26 @@ pub struct AttentionCase {
     pub route: DecodeRoute,
     /// Positions per cache block (a power of two).
     pub block_size: u32,
+    /// Sliding window (0: none), as [`AttentionSpec::window`].
+    #[serde(default)]
+    pub window: u32,
+    /// Per-head sinks in the softmax.
+    #[serde(default)]
+    pub sinks: bool,
 }
 
 const SEED_Q: u64 = 0x90;
 const SEED_K: u64 = 0x91;
 const SEED_V: u64 = 0x92;
+const SEED_SINKS: u64 = 0x95;
 /// History pieces take seeds `base + piece`: far apart so that K and V never share one.
 const SEED_K_HISTORY: u64 = 0x9300_0000;
 const SEED_V_HISTORY: u64 = 0x9400_0000;
 /// Q in ±4: scores spread over a few units, so the softmax is peaked rather than an average.
 pub const Q_AMPLITUDE: f32 = 4.0;
+/// Sinks in ±4 (natural-log units, as scores): from negligible to taking most of the weight of
+/// rows whose scores are low (gpt-oss's learned sinks are of this order).
+pub const SINK_AMPLITUDE: f32 = 4.0;
 /// Floats of K (and of V) history generated per piece on the device.
 const PIECE_FLOATS: u64 = 1 << 25;
 /// CPU budget of the comparison: multiply-adds of the twin, and K/V elements regenerated.
@@ -74,13 +85,19 @@ impl AttentionCase {
         prefill_tile(self.head_dim).map_or(1, |t| t.rows)
     }
 
+    /// The sinks the case runs with (one per head, from a seed), if it has them.
+    pub fn sink_values(&self) -> Option<Vec<f32>> {
+        self.sinks.then(|| uniform_row(SEED_SINKS, 0, self.heads as usize, SINK_AMPLITUDE))
+    }
+
     /// The test cache for a batch of `tokens` (one sequence per chunk, each with a table of
     /// blocks for the positions the layout reaches) and the layout's parts.
     pub fn spec(&self, tokens: u64) -> Result<(AttentionSpec, Vec<Part>), PlanError> {
-        let parts = self.layout.parts(tokens, self.context);
+        let parts = self.layout.parts(tokens, self.context, self.window);
         let (slots, max_ctx) = (layout::slots(&parts), layout::max_ctx(&parts));
         let blocks = layout::total_blocks(&parts, self.block_size);
-        let spec = AttentionSpec::new(self.heads, self.kv_heads, self.head_dim, blocks.min(I32_MAX) as u32, self.block_size);
+        let spec = AttentionSpec::new(self.heads, self.kv_heads, self.head_dim, blocks.min(I32_MAX) as u32, self.block_size)
+            .with_window(self.window);
         if tokens == 0 || tokens > I32_MAX || blocks > I32_MAX || max_ctx > I32_MAX || self.context == 0 {
             let what = format!(
                 "{tokens} tokens over {slots} sequences of {max_ctx} positions, {blocks} blocks of {} (context {}): each in 1..2^31",
@@ -100,7 +117,9 @@ impl AttentionCase {
     /// is below 2^31 (the farthest row only grows with the count).
     fn cache_overflow_count(&self) -> Option<u64> {
         let kvw = self.kv_heads as u64 * self.head_dim as u64;
-        let passes = |t: u64| layout::farthest_row(&self.layout.parts(t, self.context), self.block_size).saturating_mul(kvw) > I32_MAX + 1;
+        let passes = |t: u64| {
+            layout::farthest_row(&self.layout.parts(t, self.context, self.window), self.block_size).saturating_mul(kvw) > I32_MAX + 1
+        };
         let (mut lo, mut hi) = (1u64, I32_MAX);
         if !passes(hi) {
             return None;
@@ -115,7 +134,7 @@ impl AttentionCase {
     /// The spec and the counts the launches depend on, in closed form.
     pub fn counts(&self, tokens: u64) -> Result<(AttentionSpec, BatchCounts), PlanError> {
         let (spec, parts) = self.spec(tokens)?;
-        Ok((spec, layout::counts(&parts, self.tile_rows(), self.route)))
+        Ok((spec, layout::counts(&parts, self.tile_rows(), self.route, self.window)))
     }
 }
 
@@ -138,7 +157,9 @@ pub fn plans(tokens: u64, c: &AttentionCase, limits: &DeviceLimits) -> Result<Ve
 /// tile's tails, chunks ending on a cache block's boundary ±1, per layout the 2^31 points of Q/O
 /// `(row·n_head + h)·head_dim` and of the farthest cache element read `((block·block_size +
 /// row)·n_kv + kvh)·head_dim`, and the decode batches whose steps cover every kind of split (see
-/// `layout::decode_position`).
+/// `layout::decode_position`). With a window w, the window's edges: prompts and chunks of w ± 1
+/// and 2w ± 1 tokens and one far past ([`window_counts`]), decode batches through every step
+/// of the longer cycle.
 pub fn critical_counts(c: &AttentionCase, _limits: &DeviceLimits) -> Vec<Critical> {
     let bq = c.tile_rows();
     let (rw, bs) = (c.heads as u64 * c.head_dim as u64, c.block_size.max(1) as u64);
@@ -188,7 +209,9 @@ pub fn critical_counts(c: &AttentionCase, _limits: &DeviceLimits) -> Vec<Critica
         Layout::Decode => {
             match c.route {
                 DecodeRoute::Split => {
-                    v.extend((2..=16).map(|t| Critical::new(t, "attention: decode batch (steps cycle through every split shape)")))
+                    // Every step of the cycle and the last one: 16 steps, 19 with a window.
+                    let last = 16.max(layout::decode_table(c.context, c.window).len() as u64 + 1);
+                    v.extend((2..=last).map(|t| Critical::new(t, "attention: decode batch (steps cycle through every split shape)")))
                 }
                 DecodeRoute::Prefill => v.extend([2, 9, 10].map(|t| Critical::new(t, "attention: decode steps as 1-row prefill tiles"))),
             }
@@ -199,7 +222,40 @@ pub fn critical_counts(c: &AttentionCase, _limits: &DeviceLimits) -> Vec<Critica
             v.extend(around(bq + 8, &format!("{tile} of a prompt beside 8 decode steps")));
         }
     }
+    v.extend(window_counts(c));
     v
+}
+
+/// The window's edges for a case with one (none without): where the last row of a prompt (or
+/// of a chunk continuing a sequence, whose first rows see the cached keys inside their window)
+/// sees w − 1, w and w + 1 positions, the same past the first window (2w ± 1), and far past it
+/// (8w + 37); for 4 prompts, each of them; beside 8 decode steps, the prompt.
+pub fn window_counts(c: &AttentionCase) -> Vec<Critical> {
+    if c.window == 0 {
+        return vec![];
+    }
+    let w = c.window as u64;
+    let edges = |per: u64, plus: u64, why: String| -> Vec<Critical> {
+        [w - 1, w, w + 1, 2 * w - 1, 2 * w, 2 * w + 1, 8 * w + 37]
+            .into_iter()
+            .map(|n| n * per + plus)
+            .filter(|&t| t > 0)
+            .map(|t| Critical::new(t, why.clone()))
+            .collect()
+    };
+    match c.layout {
+        Layout::Prompts { sequences } => {
+            let s = sequences.max(1) as u64;
+            edges(s, 0, format!("attention: window {w}: prompts of w ± 1, 2w ± 1 tokens and far past ({s} prompts)"))
+        }
+        Layout::Continue { cached } => {
+            edges(1, 0, format!("attention: window {w}: a chunk of w ± 1, 2w ± 1 tokens and far past after {cached} cached positions"))
+        }
+        Layout::Runs { .. } => vec![],
+        Layout::ContextEnd => edges(1, 0, format!("attention: window {w}: chunks of w ± 1, 2w ± 1 tokens ending at the context")),
+        Layout::Decode => vec![],
+        Layout::Mixed => edges(1, 8, format!("attention: window {w}: a prompt of w ± 1, 2w ± 1 tokens and far past beside 8 decode steps")),
+    }
 }
 
 fn piece_rows(spec: &AttentionSpec) -> u64 {
@@ -216,7 +272,13 @@ pub fn device_bytes(tokens: u64, c: &AttentionCase) -> u64 {
     let (rw, kvw) = (spec.row_width(), spec.kv_width());
     let history = layout::history_rows(&parts).min(piece_rows(&spec));
     let chunks = layout::slots(&parts);
-    4 * tokens * rw
+    let sinks = if c.sinks { 4 * c.heads as u64 } else { 0 };
+    // poison_below_windows: the NaN rows (a piece at most) and their destinations.
+    let poisoned = if c.window > 0 { chunks * POISON_ROWS as u64 } else { 0 };
+    let poison = poisoned.min(piece_rows(&spec)) * 4 * kvw + 8 * poisoned;
+    sinks
+        + poison
+        + 4 * tokens * rw
         + 4 * (tokens * rw + GUARD_WORDS as u64)
         + 2 * 4 * tokens * kvw
         + 8 * tokens
@@ -230,6 +292,7 @@ pub fn device_bytes(tokens: u64, c: &AttentionCase) -> u64 {
 /// rows, or history piece by piece. Owns its chunks and tables, so the host check can take it.
 struct Inputs {
     spec: AttentionSpec,
+    sinks: Option<Vec<f32>>,
     chunks: Vec<Chunk>,
     tables: Vec<u32>,
     /// First history row of each chunk.
@@ -237,7 +300,7 @@ struct Inputs {
 }
 
 impl Inputs {
-    fn new(spec: AttentionSpec, chunks: Vec<Chunk>, tables: Vec<u32>) -> Inputs {
+    fn new(spec: AttentionSpec, sinks: Option<Vec<f32>>, chunks: Vec<Chunk>, tables: Vec<u32>) -> Inputs {
         let history_at = chunks
             .iter()
             .scan(0u64, |acc, c| {
@@ -246,7 +309,7 @@ impl Inputs {
                 Some(at)
             })
             .collect();
-        Inputs { spec, chunks, tables, history_at }
+        Inputs { spec, sinks, chunks, tables, history_at }
     }
 
     /// Elements `[0, width)` of K and V at `pos` of chunk `c`'s sequence, f16-rounded.
@@ -266,11 +329,16 @@ impl Inputs {
         }
     }
 
-    /// Positions `0..n` of chunk `c`'s sequence, as the twin reads them.
-    fn slab(&self, c: usize, n: u64) -> cpu::Slab {
+    /// Positions `0..n` of chunk `c`'s sequence, as the twin reads them: those from `lo` on
+    /// regenerated (the rows' first key under the window), those before left zero (never read).
+    fn slab(&self, c: usize, lo: u64, n: u64) -> cpu::Slab {
         let w = self.spec.kv_width() as usize;
         let (mut k, mut v) = (vec![0.0f32; n as usize * w], vec![0.0f32; n as usize * w]);
-        k.par_chunks_mut(w).zip(v.par_chunks_mut(w)).enumerate().for_each(|(pos, (k, v))| self.position(c, pos as u64, k, v));
+        k.par_chunks_mut(w)
+            .zip(v.par_chunks_mut(w))
+            .enumerate()
+            .skip(lo as usize)
+            .for_each(|(pos, (k, v))| self.position(c, pos as u64, k, v));
         cpu::Slab { k, v, width: w }
     }
 
@@ -293,6 +361,8 @@ impl Inputs {
         let s = &self.spec;
         TwinKey {
             shape: (s.heads, s.kv_heads, s.head_dim, s.scale.to_bits()),
+            window: s.window,
+            sinks: self.sinks.is_some(),
             history_at: self.history_at[r.chunk],
             start_pos: c.start_pos,
             first_row: c.first_row,
@@ -305,6 +375,9 @@ impl Inputs {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct TwinKey {
     shape: (u32, u32, u32, u32),
+    window: u32,
+    /// The sinks are a function of the heads (one seed).
+    sinks: bool,
     history_at: u64,
     start_pos: u32,
     first_row: u32,
@@ -369,6 +442,41 @@ fn store_history(gpu: &Gpu, inputs: &Inputs, kc: &mut CudaSlice<u16>, vc: &mut C
     Ok(())
 }
 
+/// Positions below each chunk's first key (its first row's window) that are overwritten with
+/// NaN: a kernel that loads one of them (a tile or span edge one off) turns its output NaN even
+/// where the mask hides the score (p · v = 0 · NaN).
+const POISON_ROWS: u32 = 256;
+
+/// With a window, overwrites the last [`POISON_ROWS`] history positions before each chunk's
+/// first key (which no row of the chunk sees) with NaN K and V, through kv_store.
+fn poison_below_windows(gpu: &Gpu, inputs: &Inputs, kc: &mut CudaSlice<u16>, vc: &mut CudaSlice<u16>) -> Result<(), GpuError> {
+    let spec = &inputs.spec;
+    if spec.window == 0 {
+        return Ok(());
+    }
+    let dest: Vec<i64> = inputs
+        .chunks
+        .iter()
+        .flat_map(|c| {
+            let lo = first_key(c.start_pos, spec.window);
+            (lo.saturating_sub(POISON_ROWS)..lo).map(move |p| inputs.row(c, p))
+        })
+        .collect();
+    if dest.is_empty() {
+        return Ok(());
+    }
+    let w = spec.kv_width() as usize;
+    let rows = dest.len().min(piece_rows(spec) as usize);
+    let nan = gpu.upload(&vec![f32::NAN; rows * w])?;
+    for piece in dest.chunks(rows) {
+        let d = gpu.upload(piece)?;
+        let src = KvRows { k: nan.slice(..piece.len() * w), v: nan.slice(..piece.len() * w), dest: d.as_view() };
+        kv_store::launch(gpu, spec, piece.len() as u64, &src, &mut kc.as_view_mut(), &mut vc.as_view_mut())?;
+        gpu.synchronize()?; // the piece's destinations are freed next round
+    }
+    Ok(())
+}
+
 /// Stores the batch's own K/V rows at their chunks' positions, as the engine does before attention.
 fn store_batch(gpu: &Gpu, inputs: &Inputs, tokens: u64, kc: &mut CudaSlice<u16>, vc: &mut CudaSlice<u16>) -> Result<(), GpuError> {
     let (spec, n) = (&inputs.spec, tokens as usize * inputs.spec.kv_width() as usize);
@@ -410,8 +518,9 @@ fn select_rows(chunks: &[Chunk], tokens: u64, spec: &AttentionSpec, tile_rows: u
         let chunk = chunks.partition_point(|c| c.first_row as u64 <= row) - 1;
         let c = &chunks[chunk];
         let i = (row - c.first_row as u64) as u32;
-        let cost = (c.start_pos as u64 + i as u64 + 1) * spec.row_width() * 2;
-        let gen_cost = if made.contains(&chunk) { 0 } else { c.end() * spec.kv_width() * 2 };
+        let pos = c.start_pos + i;
+        let cost = (pos as u64 + 1 - first_key(pos, spec.window) as u64) * spec.row_width() * 2;
+        let gen_cost = if made.contains(&chunk) { 0 } else { (c.end() - first_key(c.start_pos, spec.window) as u64) * spec.kv_width() * 2 };
         if !rows.is_empty() && (fma + cost > FMA_BUDGET || generated + gen_cost > GEN_BUDGET) {
             continue;
         }
@@ -437,8 +546,9 @@ fn twin_rows(inputs: &Inputs, rows: &[Row]) -> Vec<std::sync::Arc<Vec<f32>>> {
         .flat_map_iter(|group| {
             let c = &inputs.chunks[group[0].chunk];
             let cached: Vec<Option<std::sync::Arc<Vec<f32>>>> = group.iter().map(|r| TwinCache::get(&inputs.twin_key(r))).collect();
-            let n = group.iter().zip(&cached).filter(|(_, k)| k.is_none()).map(|(r, _)| c.start_pos as u64 + r.i as u64 + 1).max();
-            let slab = n.map(|n| inputs.slab(group[0].chunk, n));
+            let uncached: Vec<u32> = group.iter().zip(&cached).filter(|(_, k)| k.is_none()).map(|(r, _)| c.start_pos + r.i).collect();
+            let (lo, n) = (uncached.iter().min().map(|&p| first_key(p, spec.window)), uncached.iter().max().map(|&p| p as u64 + 1));
+            let slab = lo.zip(n).map(|(lo, n)| inputs.slab(group[0].chunk, lo as u64, n));
             let want: Vec<std::sync::Arc<Vec<f32>>> = group
                 .par_iter()
                 .zip(cached)
@@ -446,7 +556,8 @@ fn twin_rows(inputs: &Inputs, rows: &[Row]) -> Vec<std::sync::Arc<Vec<f32>>> {
                     cached.unwrap_or_else(|| {
                         let mut o = vec![0.0f32; rw];
                         let slab = slab.as_ref().expect("a slab for every row not cached");
-                        cpu::attend_row(&uniform_row(SEED_Q, r.row * rw as u64, rw, Q_AMPLITUDE), slab, c, r.i, spec, &mut o);
+                        let q = uniform_row(SEED_Q, r.row * rw as u64, rw, Q_AMPLITUDE);
+                        cpu::attend_row(&q, slab, c, r.i, spec, inputs.sinks.as_deref(), &mut o);
                         let o = std::sync::Arc::new(o);
                         TwinCache::put(inputs.twin_key(r), o.clone());
                         o
@@ -504,11 +615,13 @@ pub fn stage_case(gpu: &Gpu, tokens: u64, c: &AttentionCase) -> Result<Staged, G
     let plan = BatchPlan::new(&chunks, &tables, tokens, &spec, c.route)?;
     plan.launches(gpu.limits())?; // a bad shape is refused before anything is allocated
     kv_store::plan(tokens, &spec, gpu.limits())?;
-    let inputs = Inputs::new(spec, chunks, tables);
+    let inputs = Inputs::new(spec, c.sink_values(), chunks, tables);
     let cache = spec.cache_elems() as usize;
     let (mut kc, mut vc) = (gpu.alloc::<u16>(cache)?, gpu.alloc::<u16>(cache)?);
     store_history(gpu, &inputs, &mut kc, &mut vc)?;
+    poison_below_windows(gpu, &inputs, &mut kc, &mut vc)?;
     store_batch(gpu, &inputs, tokens, &mut kc, &mut vc)?;
+    let sinks = inputs.sinks.as_ref().map(|s| gpu.upload(s)).transpose()?;
     let n = tokens as usize * spec.row_width() as usize;
     let mut q = gpu.alloc::<f32>(n)?;
     fill_uniform(gpu, &mut q, n, SEED_Q, Q_AMPLITUDE)?;
@@ -523,6 +636,7 @@ pub fn stage_case(gpu: &Gpu, tokens: u64, c: &AttentionCase) -> Result<Staged, G
         v_cache: vc.as_view(),
         out: out.buf.slice_mut(..n),
         workspace: workspace.as_view_mut(),
+        sinks: sinks.as_ref().map(|s| s.as_view()),
     };
     launch(gpu, &batch, io)?;
     gpu.synchronize()?;
@@ -574,6 +688,8 @@ mod tests {
         layout: Layout::Prompts { sequences: 1 },
         route: DecodeRoute::Split,
         block_size: 16,
+        window: 0,
+        sinks: false,
     };
 
     fn counts(c: &AttentionCase) -> Vec<u64> {
@@ -597,7 +713,7 @@ mod tests {
         // 262,142 blocks and read below element 2^31, 611 hold 262,151 and read past it.
         let decode = counts(&AttentionCase { layout: Layout::Decode, ..QWEN });
         assert!(decode.contains(&610) && decode.contains(&611) && (1..=16).all(|t| decode.contains(&t)));
-        assert_eq!(layout::total_blocks(&Layout::Decode.parts(611, 40_960), 16), 262_151);
+        assert_eq!(layout::total_blocks(&Layout::Decode.parts(611, 40_960, 0), 16), 262_151);
         // Blocks of 16: 4133 cached positions end a block after 11 and 27 more tokens.
         let cont = counts(&AttentionCase { layout: Layout::Continue { cached: 4133 }, ..QWEN });
         assert!([10, 11, 12, 26, 27, 28].iter().all(|t| cont.contains(t)), "{cont:?}");
@@ -610,7 +726,7 @@ mod tests {
         for layout in [Layout::Runs { len: 61 }, Layout::Decode, Layout::Runs { len: 5 }] {
             let c = AttentionCase { layout, ..QWEN };
             let t = c.cache_overflow_count().unwrap();
-            let far = |t| layout::farthest_row(&layout.parts(t, c.context), 16) * 512;
+            let far = |t| layout::farthest_row(&layout.parts(t, c.context, 0), 16) * 512;
             assert!(far(t - 1) <= 1 << 31 && far(t) > 1 << 31, "{layout:?} {t}");
         }
     }
@@ -624,7 +740,7 @@ mod tests {
         let tokens = 40;
         let (spec, parts) = c.spec(tokens).unwrap();
         let (chunks, tables) = c.batch(&parts);
-        let inputs = Inputs::new(spec, chunks.clone(), tables.clone());
+        let inputs = Inputs::new(spec, c.sink_values(), chunks.clone(), tables.clone());
         let w = spec.kv_width() as usize;
         let (mut kc, mut vc) = (vec![half::f16::ZERO; spec.cache_elems() as usize], vec![half::f16::ZERO; spec.cache_elems() as usize]);
         for (ci, ch) in chunks.iter().enumerate() {
@@ -638,13 +754,13 @@ mod tests {
         }
         let rw = spec.row_width() as usize;
         let q = uniform_row(SEED_Q, 0, tokens as usize * rw, Q_AMPLITUDE);
-        let got = cpu::attention_cpu(&q, &kc, &vc, &chunks, &tables, &spec).unwrap();
+        let got = cpu::attention_cpu(&q, &kc, &vc, &chunks, &tables, &spec, inputs.sinks.as_deref()).unwrap();
         for (ci, ch) in chunks.iter().enumerate() {
-            let slab = inputs.slab(ci, ch.end());
+            let slab = inputs.slab(ci, 0, ch.end());
             for i in 0..ch.n_tokens {
                 let row = ch.first_row as usize + i as usize;
                 let mut want = vec![0.0f32; rw];
-                cpu::attend_row(&q[row * rw..][..rw], &slab, ch, i, &spec, &mut want);
+                cpu::attend_row(&q[row * rw..][..rw], &slab, ch, i, &spec, inputs.sinks.as_deref(), &mut want);
                 assert_eq!(got[row * rw..][..rw], want[..], "chunk {ci} row {i}");
             }
         }
@@ -672,7 +788,7 @@ mod tests {
     fn history_rows_in_closed_form() {
         for layout in [Layout::Decode, Layout::Mixed, Layout::Continue { cached: 4133 }, Layout::ContextEnd, Layout::Runs { len: 5 }] {
             for t in (1..=40).chain([102, 103, 1000]) {
-                let parts = layout.parts(t, 40_960);
+                let parts = layout.parts(t, 40_960, 0);
                 let listed: u64 = layout::chunks(&parts, 16).iter().map(|c| c.start_pos as u64).sum();
                 assert_eq!(layout::history_rows(&parts), listed, "{layout:?} {t}");
             }
