@@ -116,6 +116,8 @@ fn kernel_spec(spec: &AttentionSpec, kv: &KvSpec) -> Result<kattn::AttentionSpec
         blocks: u(kv.blocks, "blocks")?,
         block_size: u(kv.block_size, "block_size")?,
         scale: spec.scale,
+        // The backend refuses windowed layers before this (`check_layer`, `attention`).
+        window: 0,
     };
     match s.unsupported() {
         Some(why) => Err(fail(format!("attention (layer {}): {why}", spec.layer))),
@@ -150,6 +152,8 @@ pub(crate) fn attention(
         v_cache: layer.v.as_view(),
         out: out.buf.slice_mut(0..qn),
         workspace: workspace.as_view_mut(),
+        // The backend refuses layers with sinks before this (`check_layer`, `attention`).
+        sinks: None,
     };
     kattn::launch(gpu, device, io).map_err(|e| gpu_fail(format_args!("attention (layer {})", spec.layer), &e))
 }
