@@ -5,11 +5,12 @@
 //! a request that only the larger admits is served there, one that neither admits gets a 400
 //! naming both numbers. With llama.cpp's own `llama-server` (BRINK_LLAMA_CPP_BIN), a third
 //! model served by it sits behind the same gateway next to two brink servers: a non-brink
-//! engine, healthy through its `/health`.
+//! engine, healthy through its `/health`, which both official SDKs reach through the gateway
+//! (chat completions and messages, plain and streamed, tool calls, the model list).
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use brink_engine::BackendKind;
@@ -221,7 +222,8 @@ impl Drop for Killed {
 /// synthetic model, which llama.cpp loads as the parity tests show) behind one gateway: the
 /// gateway reads llama.cpp's health from its `/health` (it has no `/ready`) and lists all three
 /// models, and each model's chat completions, plain and streamed, come back from its own engine
-/// in the shape the OpenAI SDK parses.
+/// in the shape the OpenAI SDK parses. Then both official SDKs drive `gamma` through the gateway
+/// ([`sdks_to_llama_server`]): llama-server with the real Qwen3 template, which can render tools.
 #[test]
 fn llama_cpp_server_behind_the_gateway_next_to_brink() {
     let Some(llama_server) = llama_server_bin() else { return };
@@ -236,7 +238,8 @@ fn llama_cpp_server_behind_the_gateway_next_to_brink() {
     let mut llama = Killed(
         std::process::Command::new(&llama_server)
             .args(["-m", model.to_str().unwrap(), "--alias", "gamma", "--host", "127.0.0.1", "--port", &port])
-            .args(["-c", "1024", "--parallel", "1", "--threads", "1", "--metrics"])
+            .args(["-c", "1024", "--parallel", "1", "--threads", "1", "--metrics", "--jinja", "--chat-template-file"])
+            .arg(qwen3_template())
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(&log_path).unwrap())
             .spawn()
@@ -309,6 +312,8 @@ fn llama_cpp_server_behind_the_gateway_next_to_brink() {
                 "{name}: requests of alpha's and beta's servers, whether llama.cpp's generated"
             );
         }
+
+        sdks_to_llama_server(&gw, &llama_url, [&alpha_url, &beta_url]).await;
     });
     drop(llama);
 
@@ -316,6 +321,126 @@ fn llama_cpp_server_behind_the_gateway_next_to_brink() {
         stop.send(()).expect("the server is gone");
         assert_eq!(done.recv_timeout(Duration::from_secs(60)).expect("serve_on did not return"), Ok(()));
     }
+}
+
+/// The real Qwen3 chat template (the engine's template tests' copy): the synthetic model's own
+/// minimal template has no tools, and llama-server ignores the tools of a request whose template
+/// cannot render them (`chat_template_caps.supports_tools` false), as it would for such a model.
+fn qwen3_template() -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/chat_template_qwen3.jinja");
+    assert!(path.is_file(), "{} is missing", path.display());
+    path
+}
+
+/// Which calls of `sdk_llama_server.py` reach the engine, and how many requests each makes.
+const SDK_CALLS: [(&str, f64); 8] = [
+    ("openai", 1.0),
+    ("openai_stream", 1.0),
+    ("anthropic", 1.0),
+    ("anthropic_stream", 1.0),
+    ("openai_tools", 2.0),
+    ("openai_tools_stream", 1.0),
+    ("anthropic_tools", 2.0),
+    ("anthropic_tools_stream", 1.0),
+];
+
+/// Both official SDKs (gateway/tests/sdk_llama_server.py) through the gateway to llama-server's
+/// model `gamma`: chat completions and messages, plain and streamed, forced tool calls plain and
+/// streamed and each call's result sent back, and the model list. Every answer came from
+/// llama-server: its build in the OpenAI answers' `system_fingerprint` (brink's servers send
+/// none), the gateway's count of 200s from it, and none of brink's servers counting a request.
+/// Skipped without python3's `openai` and `anthropic` packages unless BRINK_REQUIRE_PY=1.
+async fn sdks_to_llama_server(gw: &Gateway, llama_url: &str, brink_urls: [&String; 2]) {
+    let have = std::process::Command::new("python3").args(["-c", "import openai, anthropic"]).output().is_ok_and(|o| o.status.success());
+    if !have {
+        let msg = "python3 with the `openai` and `anthropic` packages (see scripts/test) is not available";
+        assert!(std::env::var("BRINK_REQUIRE_PY").as_deref() != Ok("1"), "BRINK_REQUIRE_PY=1 but {msg}");
+        eprintln!("skipping the SDKs against llama.cpp's server: {msg}");
+        return;
+    }
+    let build = call(&format!("{llama_url}/props"), "GET", &[], "").await.json()["build_info"].as_str().map(String::from);
+    let build = build.expect("llama-server's /props names its build");
+    let served_200 = || async {
+        let m = metrics(gw).await;
+        metric(&m, "brink_gateway_requests_total", &[("model", "gamma"), ("upstream", llama_url), ("status", "200")]).unwrap_or(0.0)
+    };
+    let (gw_before, brink_before, llama_before) = (served_200().await, requests_total_of(&brink_urls).await, llama_tokens(llama_url).await);
+
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk_llama_server.py");
+    let gw_url = gw.url.clone();
+    let t0 = Instant::now();
+    let run = tokio::task::spawn_blocking(move || std::process::Command::new("python3").arg(&script).arg(&gw_url).arg("gamma").output());
+    let out = tokio::time::timeout(LOAD_DEADLINE, run).await.expect("sdk_llama_server.py did not end").unwrap().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "sdk_llama_server.py: {stderr}");
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    eprintln!("both SDKs to llama-server through the gateway: {:.1} s", t0.elapsed().as_secs_f64());
+    for (name, _) in SDK_CALLS {
+        assert!(v[name].get("error").is_none(), "{name}: {}", v[name]);
+    }
+
+    // Chat completions, plain and streamed, from llama-server's build.
+    let c = &v["openai"];
+    assert_eq!(
+        (c["model"].as_str(), c["fingerprint"].as_str(), c["finish"].as_str()),
+        (Some("gamma"), Some(&*build), Some("length")),
+        "{v}"
+    );
+    assert!(c["text"].as_str().is_some_and(|t| !t.is_empty()) && c["completion_tokens"] == 8, "{v}");
+    let c = &v["openai_stream"];
+    assert_eq!((&c["models"], &c["fingerprints"]), (&json!(["gamma"]), &json!([&build])), "{v}");
+    assert!(c["text_chunks"].as_u64().is_some_and(|n| n >= 2) && c["chunks"].as_u64() > c["text_chunks"].as_u64(), "{v}");
+    assert!(c["text"].as_str().is_some_and(|t| !t.is_empty()) && c["finish"] == "length" && c["usage"] == 8, "{v}");
+    // Messages, plain and streamed: every event of Anthropic's stream, text in several deltas.
+    let m = &v["anthropic"];
+    assert_eq!(
+        (m["model"].as_str(), m["stop_reason"].as_str(), m["output_tokens"].as_u64()),
+        (Some("gamma"), Some("max_tokens"), Some(8)),
+        "{v}"
+    );
+    assert!(m["text"].as_str().is_some_and(|t| !t.is_empty()), "{v}");
+    let m = &v["anthropic_stream"];
+    for event in ["message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"] {
+        assert!(m["events"].as_array().is_some_and(|e| e.contains(&json!(event))), "no {event}: {v}");
+    }
+    assert!(m["text_deltas"].as_u64().is_some_and(|n| n >= 2) && m["text"].as_str().is_some_and(|t| !t.is_empty()), "{v}");
+    assert_eq!(
+        (m["model"].as_str(), m["stop_reason"].as_str(), m["output_tokens"].as_u64()),
+        (Some("gamma"), Some("max_tokens"), Some(8)),
+        "{v}"
+    );
+
+    // Tool calls: the engine's call parsed by each SDK, whole when streamed in pieces, and the
+    // answer to its result.
+    let weather = json!([{"name": "get_weather", "arguments": {"city": "Paris"}}]);
+    let t = &v["openai_tools"];
+    assert_eq!((&t["calls"], t["finish"].as_str(), t["fingerprint"].as_str()), (&weather, Some("tool_calls"), Some(&*build)), "{v}");
+    assert!(t["answer"]["text"].is_string() && t["answer"]["calls"] == json!([]), "{v}");
+    let (asked, answered) = (t["prompt_tokens"].as_u64().unwrap_or(0), t["answer"]["prompt_tokens"].as_u64().unwrap_or(0));
+    assert!(asked > 0 && answered > asked, "the call and its result went back: {v}");
+    let t = &v["openai_tools_stream"];
+    assert_eq!((&t["calls"], t["finish"].as_str(), &t["fingerprints"]), (&weather, Some("tool_calls"), &json!([&build])), "{v}");
+    assert!(t["tool_deltas"].as_u64().is_some_and(|n| n >= 2), "{v}");
+    let uses = json!([{"name": "get_weather", "input": {"city": "Paris"}}]);
+    let t = &v["anthropic_tools"];
+    assert_eq!((&t["uses"], t["stop_reason"].as_str()), (&uses, Some("tool_use")), "{v}");
+    assert!(t["answer"]["text"].is_string() && t["answer"]["uses"] == json!([]), "{v}");
+    let t = &v["anthropic_tools_stream"];
+    assert_eq!((&t["uses"], t["stop_reason"].as_str()), (&uses, Some("tool_use")), "{v}");
+    assert!(t["json_deltas"].as_u64().is_some_and(|n| n >= 2), "{v}");
+
+    // The whole cluster's models, through either SDK; a bad field gets the engine's own 400.
+    let all = json!(["alpha", "beta", "brink", "gamma"]);
+    assert_eq!((&v["models"], &v["anthropic_models"]), (&all, &all), "{v}");
+    let e = &v["openai_absurd_max_tokens"]["error"];
+    assert_eq!((e["class"].as_str(), e["status"].as_u64()), (Some("BadRequestError"), Some(400)), "{v}");
+
+    // Routed: every request to llama-server, none to brink's servers.
+    let requests: f64 = SDK_CALLS.iter().map(|(_, n)| n).sum();
+    assert_eq!(served_200().await - gw_before, requests, "the gateway's 200s from llama-server");
+    assert_eq!(requests_total_of(&brink_urls).await, brink_before, "brink's servers answered none");
+    assert!(llama_tokens(llama_url).await > llama_before, "llama-server generated");
 }
 
 /// The tokens llama.cpp's server has generated (its `--metrics`).
