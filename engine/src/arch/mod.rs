@@ -1,9 +1,10 @@
-//! Model architectures, registered by `general.architecture`: one file each (`qwen3moe`),
-//! each a `config` reader that maps GGUF keys to the per-layer spec list
+//! Model architectures, registered by `general.architecture`: one file each (`qwen3moe`,
+//! `gpt-oss`), each a `config` reader that maps GGUF keys to the per-layer spec list
 //! ([`crate::model::LayerSpec`]) and a `load` that shape-checks every tensor; the graph is the
 //! shared decoder's ([`decoder`]), driven by the specs.
 
 pub mod decoder;
+pub mod gpt_oss;
 pub mod qwen3moe;
 
 use crate::backend::{Backend, Batch, WeightRole};
@@ -22,15 +23,17 @@ pub trait Loaded<B: Backend> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
     Qwen3Moe,
+    GptOss,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 1] = [Arch::Qwen3Moe];
+    pub const ALL: [Arch; 2] = [Arch::Qwen3Moe, Arch::GptOss];
 
     /// The `general.architecture` value.
     pub fn name(self) -> &'static str {
         match self {
             Arch::Qwen3Moe => qwen3moe::ARCH,
+            Arch::GptOss => gpt_oss::ARCH,
         }
     }
 
@@ -50,6 +53,7 @@ impl Arch {
 pub fn config(file: &GgufFile) -> Result<ModelConfig, ModelError> {
     match Arch::of(file)? {
         Arch::Qwen3Moe => qwen3moe::config(file),
+        Arch::GptOss => gpt_oss::config(file),
     }
 }
 
@@ -59,6 +63,10 @@ pub fn load<B: Backend + 'static>(file: &GgufFile, backend: &mut B) -> Result<Bo
         Arch::Qwen3Moe => {
             let config = qwen3moe::config(file)?;
             Ok(Box::new(qwen3moe::load(file, config, backend)?))
+        }
+        Arch::GptOss => {
+            let config = gpt_oss::config(file)?;
+            Ok(Box::new(gpt_oss::load(file, config, backend)?))
         }
     }
 }
@@ -77,4 +85,36 @@ pub(crate) fn check_type<B: Backend>(file: &GgufFile, b: &B, t: &HostTensor, rol
         role: role.name(),
         supported: supported.iter().map(|t| t.name()).collect(),
     })
+}
+
+/// Header-only model files for the config readers' table tests.
+#[cfg(test)]
+pub(crate) mod test_files {
+    use crate::gguf::{GgmlType, GgufFile, GgufWriter, Value};
+
+    /// A file of `general.architecture` = `arch`, the `entries` (keys without the `<arch>.`
+    /// prefix), and an F32 `token_embd.weight` of `[hidden, vocab]` (the vocabulary's source).
+    pub fn file(arch: &str, entries: &[(&str, Value)], hidden: u64, vocab: u64) -> (tempfile::TempDir, GgufFile) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(format!("{arch}.gguf"));
+        let mut w = GgufWriter::new();
+        w.set("general.architecture", arch).unwrap();
+        for (k, v) in entries {
+            w.set(&format!("{arch}.{k}"), v.clone()).unwrap();
+        }
+        w.add_tensor("token_embd.weight", &[hidden, vocab], GgmlType::F32).unwrap();
+        w.write_file(&path, &[&vec![0u8; (hidden * vocab * 4) as usize]]).unwrap();
+        let f = GgufFile::open(&path).unwrap();
+        (dir, f)
+    }
+
+    /// `entries` with `key` replaced by `value` (`None`: removed).
+    pub fn with(entries: &[(&'static str, Value)], key: &str, value: Option<Value>) -> Vec<(&'static str, Value)> {
+        let mut out: Vec<_> = entries.iter().filter(|(k, _)| *k != key).cloned().collect();
+        if let Some(v) = value {
+            let k = entries.iter().map(|(k, _)| *k).find(|k| *k == key).expect("a key of the table");
+            out.push((k, v));
+        }
+        out
+    }
 }

@@ -120,3 +120,63 @@ pub fn load<B: Backend>(file: &GgufFile, config: ModelConfig, backend: &mut B) -
     };
     Ok(Decoder { config, embd, layers, out_norm, output })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::test_files::{file, with};
+    use crate::gguf::Value;
+    use crate::model::{Activation, Rope};
+
+    fn qwen3_30b_like() -> Vec<(&'static str, Value)> {
+        vec![
+            ("block_count", Value::U32(3)),
+            ("context_length", Value::U32(40_960)),
+            ("embedding_length", Value::U32(2048)),
+            ("expert_feed_forward_length", Value::U32(768)),
+            ("attention.head_count", Value::U32(32)),
+            ("attention.head_count_kv", Value::U32(4)),
+            ("attention.key_length", Value::U32(128)),
+            ("attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+            ("rope.freq_base", Value::F32(1e6)),
+            ("expert_count", Value::U32(128)),
+            ("expert_used_count", Value::U32(8)),
+        ]
+    }
+
+    fn read(entries: &[(&str, Value)]) -> Result<ModelConfig, ModelError> {
+        let (_dir, f) = file(ARCH, entries, 64, 8);
+        config(&f)
+    }
+
+    #[test]
+    fn every_qwen3moe_layer_is_the_plain_layer() {
+        let c = read(&qwen3_30b_like()).unwrap();
+        assert_eq!(c.layer_specs, vec![c.plain_layer(); 3]);
+        let l = c.layer_specs[2];
+        assert_eq!(l.attention.rope, Rope::Neox { theta: 1e6 });
+        assert_eq!((l.attention.heads, l.attention.kv_heads, l.attention.head_dim, l.attention.window), (32, 4, 128, None));
+        assert!(l.attention.qk_norm && !l.attention.sinks && !l.attention.biases && !l.ffn.biases);
+        assert_eq!(l.ffn.gating, Gating::SoftmaxThenTopK { norm_top_k: true, weights_scale: None });
+        assert_eq!(l.ffn.activation, Activation::SwiGlu);
+        let mut e = qwen3_30b_like();
+        e.push(("expert_weights_scale", Value::F32(2.5)));
+        let c = read(&e).unwrap();
+        assert_eq!(c.layer_specs[0].ffn.gating, Gating::SoftmaxThenTopK { norm_top_k: true, weights_scale: Some(2.5) });
+        assert_eq!(c.layer_specs[0].kind(&c.plain_layer()).len(), 1, "the scale is part of the key");
+    }
+
+    #[test]
+    fn bad_qwen3moe_keys_are_named() {
+        let base = qwen3_30b_like();
+        for (key, value, needle) in [
+            ("attention.head_count_kv", Some(Value::U32(5)), "qwen3moe.attention.head_count_kv"),
+            ("expert_used_count", Some(Value::U32(129)), "qwen3moe.expert_used_count"),
+            ("block_count", None, "qwen3moe.block_count"),
+            ("rope.freq_base", Some(Value::F32(-1.0)), "qwen3moe.rope.freq_base"),
+        ] {
+            let e = read(&with(&base, key, value.clone())).unwrap_err().to_string();
+            assert!(e.contains(needle) && e.contains("qwen3moe.gguf"), "{key} = {value:?}: {e}");
+        }
+    }
+}

@@ -51,6 +51,22 @@ pub use weights::CudaWeight;
 
 const NAME: &str = "cuda";
 
+/// Refuses a layer the CUDA backend cannot compute, naming every missing feature. Its path
+/// computes qwen3moe's layer: full attention after per-head Q/K norm and plain NEOX RoPE,
+/// softmax-then-top-k routing into SwiGLU experts, no biases, sinks or weights scale. (The
+/// attention kernels take a window and sinks since 1a2c7e4, but this path does not pass them
+/// yet: refuse rather than compute another model.)
+pub(crate) fn check_layer(layer: usize, spec: &LayerSpec) -> Result<()> {
+    let mut missing = spec.features();
+    if let crate::model::Gating::SoftmaxThenTopK { weights_scale: Some(_), .. } = spec.ffn.gating {
+        missing.push("expert_weights_scale");
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(fail(format!("layer {layer} needs {}, which the CUDA backend does not compute (use --backend cpu)", missing.join(", "))))
+}
+
 /// The theta of plain NEOX RoPE, the only kind the rope kernels compute.
 fn neox_theta(rope: &Rope) -> Result<f32> {
     match *rope {
@@ -306,18 +322,7 @@ impl Backend for CudaBackend {
     }
 
     fn check_layer(&self, layer: usize, spec: &LayerSpec) -> Result<()> {
-        // The kernels compute qwen3moe's layer: full attention after per-head Q/K norm and
-        // plain NEOX RoPE, softmax-then-top-k routing into SwiGLU experts, no biases or sinks.
-        // (The attention kernel takes a window and sinks, but the engine's path to it does not
-        // yet: refuse rather than compute another model.)
-        let mut missing = spec.features();
-        if let crate::model::Gating::SoftmaxThenTopK { weights_scale: Some(_), .. } = spec.ffn.gating {
-            missing.push("expert_weights_scale");
-        }
-        if missing.is_empty() {
-            return Ok(());
-        }
-        Err(fail(format!("layer {layer} needs {}, which the CUDA backend does not compute (use --backend cpu)", missing.join(", "))))
+        check_layer(layer, spec)
     }
 
     fn supported_types(&self, role: WeightRole) -> &'static [GgmlType] {
@@ -543,5 +548,44 @@ impl Backend for CudaBackend {
         // Every step ends here: the one place the backend waits for the device anyway.
         self.check_bad_ids()?;
         Ok(values)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Activation, Gating};
+
+    #[test]
+    fn a_layer_the_kernels_do_not_compute_is_refused_naming_each_feature() {
+        let plain = LayerSpec::plain(32, 4, 128, 1e6, 128, 8, 768);
+        assert!(check_layer(0, &plain).is_ok(), "qwen3moe's layer loads");
+        let mut gpt_oss = plain;
+        gpt_oss.attention.window = Some(128);
+        gpt_oss.attention.sinks = true;
+        gpt_oss.attention.biases = true;
+        gpt_oss.attention.qk_norm = false;
+        gpt_oss.attention.rope =
+            Rope::Yarn { theta: 1.5e5, factor: 32.0, orig_ctx: 4096, beta_fast: 32.0, beta_slow: 1.0, attn_factor: 1.0 };
+        gpt_oss.ffn.gating = Gating::TopKThenSoftmax { weights_scale: None };
+        gpt_oss.ffn.activation = Activation::ClampedSwiGlu { alpha: 1.702, limit: 7.0 };
+        gpt_oss.ffn.biases = true;
+        let e = check_layer(4, &gpt_oss).unwrap_err().to_string();
+        for needle in [
+            "layer 4",
+            "sliding-window attention",
+            "attention sinks",
+            "YaRN RoPE",
+            "attention biases",
+            "top-k-then-softmax routing",
+            "clamped SwiGLU",
+            "expert biases",
+            "cuda backend",
+        ] {
+            assert!(e.contains(needle), "{needle}: {e}");
+        }
+        let mut scaled = plain;
+        scaled.ffn.gating = Gating::SoftmaxThenTopK { norm_top_k: true, weights_scale: Some(2.5) };
+        assert!(check_layer(0, &scaled).unwrap_err().to_string().contains("expert_weights_scale"));
     }
 }
