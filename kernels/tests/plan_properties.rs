@@ -5,7 +5,8 @@
 //!
 //! Configurations come from the self-test catalogue for the Qwen3-30B-A3B class, with top_k
 //! varied over the whole set (routing and weight type do not change geometry, so one of each
-//! distinct plan-relevant configuration is kept).
+//! distinct plan-relevant configuration is kept), and the attention of a gpt-oss-like class
+//! (sinks on every layer, a sliding window of 128 on every other one).
 
 use std::collections::BTreeMap;
 
@@ -13,7 +14,7 @@ use brink_kernels::limits::DeviceLimits;
 use brink_kernels::selftest::case::{Case, OpCase};
 use brink_kernels::selftest::catalogue::{Options, derive};
 use brink_kernels::selftest::plans;
-use brink_kernels::thresholds::{ModelShape, Serving, TOP_K_SET};
+use brink_kernels::thresholds::{LayerSpec, ModelShape, Serving, TOP_K_SET};
 use rayon::prelude::*;
 
 const MAX_TOKENS: u64 = 1 << 20;
@@ -30,6 +31,21 @@ fn configurations() -> Vec<Case> {
         for case in derive(&shape, &Serving::default(), &DeviceLimits::gb10(), &opts).cases {
             let key = plan_key(&case.params);
             by_key.entry(key).or_insert(case);
+        }
+    }
+    let mut windowed = ModelShape::qwen3_30b_a3b();
+    let kind = |w: Option<&str>| -> BTreeMap<String, String> {
+        w.map(|w| ("attention.window".to_string(), w.to_string())).into_iter().chain([("attention.sinks".into(), "true".into())]).collect()
+    };
+    windowed.layers = vec![
+        LayerSpec { count: 1, weights: BTreeMap::new(), kind: kind(Some("128")) },
+        LayerSpec { count: 1, weights: BTreeMap::new(), kind: kind(None) },
+    ];
+    let opts = Options { memory_budget_bytes: u64::MAX, negative_controls: false, max_tokens: None };
+    for case in derive(&windowed, &Serving::default(), &DeviceLimits::gb10(), &opts).cases {
+        // Sinks change no plan: the windowed families only.
+        if matches!(case.params, OpCase::Attention(c) if c.window > 0) {
+            by_key.entry(plan_key(&case.params)).or_insert(case);
         }
     }
     by_key.into_values().collect()
@@ -56,7 +72,8 @@ fn plan_key(p: &OpCase) -> String {
         OpCase::OutputHead(c) => format!("head h{} v{} {} s{:?}", c.hidden, c.vocab, c.wtype, c.sequences),
         OpCase::Sampling(c) => format!("sampling v{}", c.vocab),
         OpCase::Attention(c) => {
-            format!("attention h{} kv{} d{} ctx{} {:?} {:?}", c.heads, c.kv_heads, c.head_dim, c.context, c.layout, c.route)
+            let (h, kv, d, ctx, w) = (c.heads, c.kv_heads, c.head_dim, c.context, c.window);
+            format!("attention h{h} kv{kv} d{d} ctx{ctx} {:?} {:?} w{w} sinks {}", c.layout, c.route, c.sinks)
         }
         OpCase::Linear(c) => format!("linear n{} k{} {}", c.n, c.k, c.wtype),
         OpCase::Qkv(c) => format!("qkv k{} n{:?} {:?}", c.k, c.n, c.wtype),

@@ -433,8 +433,44 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
 /// slots of 40,960), a prompt beside decode steps. Then the other head dims and a GQA group of 3
 /// at a few counts, so that every kernel instance runs. Attention is quadratic in a sequence:
 /// prompts stop at the serving envelope, the context is reached by a chunk continuing a sequence.
+/// All of it once per attention variant of the shape's layers ([`attention_variants`]): a
+/// sliding window adds its edges to every layout's counts and a chunk continuing a sequence
+/// inside the first window; the plain variant's families keep their tags and counts.
 fn attention_cases(b: &mut Builder, shape: &ModelShape, serving: &Serving, limits: &DeviceLimits) {
+    for (window, sinks) in attention_variants(shape) {
+        attention_variant_cases(b, shape, serving, limits, window, sinks);
+    }
+}
+
+/// The distinct (sliding window, sinks) pairs of the shape's layers, from each layer's kind
+/// (`attention.window`: a count or `none`; `attention.sinks`: `true`), in order; (0, false)
+/// for a shape without layers or whose layers are all plain.
+pub fn attention_variants(shape: &ModelShape) -> Vec<(u32, bool)> {
+    let mut v: Vec<(u32, bool)> = shape
+        .layers
+        .iter()
+        .map(|l| {
+            let window = l.kind.get("attention.window").and_then(|w| w.parse::<u32>().ok()).unwrap_or(0);
+            (window, l.kind.get("attention.sinks").is_some_and(|s| s == "true"))
+        })
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    if v.is_empty() {
+        v.push((0, false));
+    }
+    v
+}
+
+/// A variant's families, their tags prefixed with `w{window}` and `sinks` when it has them.
+fn attention_variant_cases(b: &mut Builder, shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, window: u32, sinks: bool) {
     let a = shape.attention;
+    let prefix = match (window, sinks) {
+        (0, false) => String::new(),
+        (0, true) => "sinks/".to_string(),
+        (w, false) => format!("w{w}/"),
+        (w, true) => format!("w{w}-sinks/"),
+    };
     let envelope: Vec<Critical> = [serving.prefill_chunk, serving.max_batch_tokens]
         .into_iter()
         .flat_map(|n| [n - 1, n, n + 1].map(|t| Critical::new(t, format!("serving envelope {n} -1/0/+1"))))
@@ -448,9 +484,11 @@ fn attention_cases(b: &mut Builder, shape: &ModelShape, serving: &Serving, limit
         layout: Layout::Prompts { sequences: 1 },
         route: DecodeRoute::Split,
         block_size: attention::DEFAULT_BLOCK_SIZE,
-        window: 0,
-        sinks: false,
+        window,
+        sinks,
     };
+    // A chunk continuing a sequence inside its first window (the plain variant has none).
+    let in_window = (window > 10).then(|| (Layout::Continue { cached: window / 2 + 5 }, DecodeRoute::Split, "continue-in-window", vec![]));
     for (layout, route, tag, extra) in [
         (Layout::Prompts { sequences: 1 }, DecodeRoute::Split, "prompt", envelope.clone()),
         (Layout::Prompts { sequences: 4 }, DecodeRoute::Split, "prompts4", envelope.clone()),
@@ -460,11 +498,14 @@ fn attention_cases(b: &mut Builder, shape: &ModelShape, serving: &Serving, limit
         (Layout::Decode, DecodeRoute::Split, "decode", vec![]),
         (Layout::Decode, DecodeRoute::Prefill, "decode-via-prefill", vec![]),
         (Layout::Mixed, DecodeRoute::Split, "mixed", envelope.clone()),
-    ] {
+    ]
+    .into_iter()
+    .chain(in_window)
+    {
         let c = AttentionCase { layout, route, ..model };
         let mut counts = attention::critical_counts(&c, limits);
         counts.extend(extra);
-        b.family(attention::KERNEL, tag, counts, OpCase::Attention(c), |t| attention::device_bytes(t, &c));
+        b.family(attention::KERNEL, &format!("{prefix}{tag}"), counts, OpCase::Attention(c), |t| attention::device_bytes(t, &c));
     }
     for (heads, kv_heads, head_dim) in [(8, 2, 64), (16, 2, 256), (12, 4, 128)] {
         let other = AttentionCase { heads, kv_heads, head_dim, context: 4096, ..model };
@@ -473,7 +514,7 @@ fn attention_cases(b: &mut Builder, shape: &ModelShape, serving: &Serving, limit
             [(Layout::Prompts { sequences: 1 }, vec![1, 2, tile - 1, tile, tile + 1, 2 * tile + 1, 1000]), (Layout::Decode, vec![1, 9, 10])]
         {
             let c = AttentionCase { layout, ..other };
-            let tag = format!("h{heads}-kv{kv_heads}-d{head_dim}/{}", if c.layout == Layout::Decode { "decode" } else { "prompt" });
+            let tag = format!("{prefix}h{heads}-kv{kv_heads}-d{head_dim}/{}", if c.layout == Layout::Decode { "decode" } else { "prompt" });
             let counts = counts
                 .into_iter()
                 .map(|t| Critical::new(t, format!("head_dim {head_dim}, GQA group {}: every kernel instance runs", heads / kv_heads)))
@@ -517,5 +558,91 @@ fn negative_controls(b: &mut Builder, shape: &ModelShape, limits: &DeviceLimits,
             let bytes = latent_proj::device_bytes(tokens, &c);
             b.push("neg_latent_tailskip", "q8_0", tokens, vec![why.into()], OpCase::NegLatentTailSkip(c), expect, bytes);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::thresholds::LayerSpec;
+
+    fn opts() -> Options {
+        Options { memory_budget_bytes: u64::MAX, negative_controls: false, max_tokens: None }
+    }
+
+    fn layer(count: u32, kind: &[(&str, &str)]) -> LayerSpec {
+        LayerSpec { count, weights: BTreeMap::new(), kind: kind.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
+    }
+
+    /// (id, tokens) of every attention case, derived and skipped alike.
+    fn attention_ids(shape: &ModelShape) -> Vec<(String, u64)> {
+        let cat = derive(shape, &Serving::default(), &DeviceLimits::h200(), &opts());
+        let mut v: Vec<(String, u64)> = cat
+            .cases
+            .iter()
+            .chain(cat.skipped.iter().map(|(c, _)| c))
+            .filter(|c| c.kernel == attention::KERNEL)
+            .map(|c| (c.id.clone(), c.tokens))
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn attention_variants_come_from_the_layers_kinds() {
+        let mut shape = ModelShape::qwen3_30b_a3b();
+        assert_eq!(attention_variants(&shape), [(0, false)]);
+        shape.layers = vec![layer(48, &[])];
+        assert_eq!(attention_variants(&shape), [(0, false)]);
+        // gpt-oss: sinks everywhere, a window of 128 on every other layer.
+        let (swa, full) = ([("attention.window", "128"), ("attention.sinks", "true")], [("attention.sinks", "true")]);
+        shape.layers = (0..12).map(|i| if i % 2 == 0 { layer(1, &swa) } else { layer(1, &full) }).collect();
+        assert_eq!(attention_variants(&shape), [(0, true), (128, true)]);
+        shape.layers = vec![layer(2, &[("attention.window", "none")]), layer(1, &[("attention.window", "4096")])];
+        assert_eq!(attention_variants(&shape), [(0, false), (4096, false)]);
+    }
+
+    /// Plain layers (or none listed) derive exactly the attention cases they did before windows.
+    #[test]
+    fn plain_layers_keep_the_attention_cases() {
+        let plain = ModelShape::qwen3_30b_a3b();
+        let ids = attention_ids(&plain);
+        assert!(ids.iter().all(|(id, _)| !id.contains("sinks") && !id.contains("/w")), "{ids:?}");
+        assert!(ids.iter().any(|(id, _)| id == "attention/prompt/t1"));
+        let listed = ModelShape { layers: vec![layer(48, &[])], ..plain.clone() };
+        assert_eq!(attention_ids(&listed), ids);
+    }
+
+    /// A windowed variant runs every layout with the window's edges among its counts.
+    #[test]
+    fn windowed_layers_add_families_at_the_window_edges() {
+        let shape = ModelShape {
+            layers: vec![layer(1, &[("attention.window", "128"), ("attention.sinks", "true")]), layer(1, &[("attention.sinks", "true")])],
+            ..ModelShape::qwen3_30b_a3b()
+        };
+        let ids = attention_ids(&shape);
+        let tokens = |family: &str| -> Vec<u64> {
+            ids.iter().filter(|(id, _)| id.starts_with(&format!("attention/{family}/t"))).map(|(_, t)| *t).collect()
+        };
+        for family in ["w128-sinks/prompt", "w128-sinks/continue", "w128-sinks/continue-in-window", "w128-sinks/context-end"] {
+            let t = tokens(family);
+            for edge in [127, 128, 129, 255, 256, 257, 1061] {
+                assert!(t.contains(&edge), "{family} lacks {edge}: {t:?}");
+            }
+        }
+        // 4 prompts: each at the edge; beside 8 decode steps: the prompt at the edge.
+        assert!([508, 512, 516, 1020, 1024, 1028].iter().all(|e| tokens("w128-sinks/prompts4").contains(e)));
+        assert!([135, 136, 137, 263, 264, 265].iter().all(|e| tokens("w128-sinks/mixed").contains(e)));
+        // Decode batches through every step of the longer cycle, both routes.
+        assert!((2..=19).all(|t| tokens("w128-sinks/decode").contains(&t)));
+        assert!(tokens("w128-sinks/decode-via-prefill").contains(&19));
+        // The full-attention layers with sinks: the plain families' counts under their own tags.
+        let plain = attention_ids(&ModelShape::qwen3_30b_a3b());
+        let sinks: Vec<(String, u64)> =
+            ids.iter().filter_map(|(id, t)| id.strip_prefix("attention/sinks/").map(|rest| (format!("attention/{rest}"), *t))).collect();
+        assert_eq!(sinks, plain);
+        assert!(tokens("w128-sinks/h8-kv2-d64/prompt").contains(&65));
     }
 }

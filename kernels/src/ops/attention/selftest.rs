@@ -213,7 +213,13 @@ pub fn critical_counts(c: &AttentionCase, _limits: &DeviceLimits) -> Vec<Critica
                     let last = 16.max(layout::decode_table(c.context, c.window).len() as u64 + 1);
                     v.extend((2..=last).map(|t| Critical::new(t, "attention: decode batch (steps cycle through every split shape)")))
                 }
-                DecodeRoute::Prefill => v.extend([2, 9, 10].map(|t| Critical::new(t, "attention: decode steps as 1-row prefill tiles"))),
+                DecodeRoute::Prefill => {
+                    v.extend([2, 9, 10].map(|t| Critical::new(t, "attention: decode steps as 1-row prefill tiles")));
+                    if c.window > 0 {
+                        let all = layout::decode_table(c.context, c.window).len() as u64 + 1;
+                        v.push(Critical::new(all, "attention: decode steps as 1-row prefill tiles, every window edge"));
+                    }
+                }
             }
             v.extend(cache_overflow(&format!("decode steps over {} positions each", c.context)));
         }
@@ -736,7 +742,14 @@ mod tests {
     /// the same K/V laid out slot-contiguously.
     #[test]
     fn scrambled_tables_read_what_was_stored() {
-        let c = AttentionCase { heads: 4, kv_heads: 2, head_dim: 64, context: 300, layout: Layout::Mixed, ..QWEN };
+        for (window, sinks) in [(0, false), (7, true)] {
+            scrambled_tables_read_what_was_stored_with(window, sinks);
+        }
+    }
+
+    /// The slab of a windowed row starts at its first key (zeros below): the twin reads no more.
+    fn scrambled_tables_read_what_was_stored_with(window: u32, sinks: bool) {
+        let c = AttentionCase { heads: 4, kv_heads: 2, head_dim: 64, context: 300, layout: Layout::Mixed, window, sinks, ..QWEN };
         let tokens = 40;
         let (spec, parts) = c.spec(tokens).unwrap();
         let (chunks, tables) = c.batch(&parts);
@@ -756,12 +769,12 @@ mod tests {
         let q = uniform_row(SEED_Q, 0, tokens as usize * rw, Q_AMPLITUDE);
         let got = cpu::attention_cpu(&q, &kc, &vc, &chunks, &tables, &spec, inputs.sinks.as_deref()).unwrap();
         for (ci, ch) in chunks.iter().enumerate() {
-            let slab = inputs.slab(ci, 0, ch.end());
+            let slab = inputs.slab(ci, first_key(ch.start_pos, window) as u64, ch.end());
             for i in 0..ch.n_tokens {
                 let row = ch.first_row as usize + i as usize;
                 let mut want = vec![0.0f32; rw];
                 cpu::attend_row(&q[row * rw..][..rw], &slab, ch, i, &spec, inputs.sinks.as_deref(), &mut want);
-                assert_eq!(got[row * rw..][..rw], want[..], "chunk {ci} row {i}");
+                assert_eq!(got[row * rw..][..rw], want[..], "window {window}: chunk {ci} row {i}");
             }
         }
         assert_eq!(tables[0], spec.blocks - 1, "the first sequence starts in the top block");
