@@ -205,7 +205,7 @@ fn file_tensors_decode_to_their_plans() {
         ty.dequantize_rows(&bytes, plan.dims[0] as usize, &mut x).unwrap();
         let (mean, sd) = moments(&x);
         match plan.init {
-            Init::Matrix { std, .. } | Init::Router { std } | Init::Head { std, .. } => {
+            Init::Matrix { std, .. } | Init::Router { std } | Init::Bias { std } | Init::Head { std, .. } => {
                 assert!((sd / f64::from(std) - 1.0).abs() < 0.1, "{}: std {sd} vs {std}", plan.name);
                 assert!(mean.abs() < 0.1 * f64::from(std), "{}: mean {mean}", plan.name);
             }

@@ -1,6 +1,7 @@
 //! `brink-agent gen-model` as a user runs it: it writes a model our reader opens, says what it
-//! wrote, writes the same bytes twice, and refuses unknown architectures, types, presets and bad
-//! shapes with an error naming the flag.
+//! wrote, writes the same bytes twice, writes gpt-oss with `--arch gpt-oss`, and refuses unknown
+//! architectures, types, presets (for the architecture) and bad shapes with an error naming the
+//! flag.
 
 use std::process::Command;
 
@@ -36,13 +37,37 @@ fn writes_the_model_it_describes() {
 }
 
 #[test]
+fn writes_a_gpt_oss_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gpt-oss.gguf");
+    let args = ["gen-model", "--arch", "gpt-oss", "--preset", "tiny", "--layers", "3", "--sliding-window", "64", "--out"];
+    let out = agent().args(args).arg(&path).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let file = GgufFile::open(&path).unwrap();
+    assert_eq!(file.architecture().unwrap(), "gpt-oss");
+    assert_eq!(file.metadata().get_u32("gpt-oss.block_count").unwrap(), 3);
+    assert_eq!(file.metadata().get_u32("gpt-oss.attention.sliding_window").unwrap(), 64);
+    // MXFP4 experts by default, as the published gpt-oss files.
+    assert_eq!(file.require_tensor("blk.2.ffn_up_exps.weight").unwrap().ggml_type(), GgmlType::MXFP4);
+    assert_eq!(file.require_tensor("blk.2.attn_sinks.weight").unwrap().ggml_type(), GgmlType::F32);
+    let bytes = std::fs::metadata(&path).unwrap().len();
+    assert!(stdout.contains(&format!("{bytes} bytes")), "{stdout}");
+}
+
+#[test]
 fn bad_flags_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let out_path = dir.path().join("bad.gguf");
     let out = out_path.to_str().unwrap();
     let base = ["gen-model", "--out", out];
     for (extra, needles) in [
-        (vec!["--arch", "llama"], vec!["--arch", "llama", "qwen3moe"]),
+        (vec!["--arch", "llama"], vec!["--arch", "llama", "qwen3moe", "gpt-oss"]),
+        (vec!["--arch", "gpt-oss", "--preset", "demo"], vec!["--preset", "demo", "gpt-oss", "tiny", "gpt-oss-20b", "gpt-oss-120b"]),
+        (vec!["--arch", "qwen3moe", "--preset", "gpt-oss-20b"], vec!["--preset", "gpt-oss-20b", "qwen3moe", "qwen3-30b-a3b"]),
+        (vec!["--arch", "qwen3moe", "--sliding-window", "64"], vec!["--sliding-window", "gpt-oss"]),
+        (vec!["--arch", "gpt-oss", "--sliding-window", "0"], vec!["--sliding-window 0"]),
+        (vec!["--arch", "gpt-oss", "--type", "q4_K"], vec!["--hidden", "token_embd.weight", "q4_K"]),
         (vec!["--arch", "qwen3moe", "--type", "q3_K"], vec!["--type", "q3_K", "k-mix"]),
         (vec!["--arch", "qwen3moe", "--preset", "huge"], vec!["--preset", "huge", "qwen3-30b-a3b"]),
         (vec!["--arch", "qwen3moe", "--kv-heads", "3"], vec!["--kv-heads 3"]),

@@ -24,6 +24,10 @@ pub enum ShapeField {
     Context,
     RopeTheta,
     RmsEps,
+    /// gpt-oss only.
+    SlidingWindow,
+    YarnFactor,
+    YarnOriginalContext,
 }
 
 impl ShapeField {
@@ -41,6 +45,9 @@ impl ShapeField {
             ShapeField::Context => "--context",
             ShapeField::RopeTheta => "--rope-theta",
             ShapeField::RmsEps => "--rms-eps",
+            ShapeField::SlidingWindow => "--sliding-window",
+            ShapeField::YarnFactor => "--yarn-factor",
+            ShapeField::YarnOriginalContext => "--yarn-original-context",
         }
     }
 }
@@ -53,11 +60,11 @@ impl std::fmt::Display for ShapeField {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
-    #[error("unknown architecture {0:?}: the generator writes qwen3moe")]
+    #[error("unknown architecture {0:?}: expected qwen3moe or gpt-oss")]
     UnknownArch(String),
-    #[error("unknown preset {name:?}: expected one of {}", .known.join(", "))]
-    UnknownPreset { name: String, known: Vec<&'static str> },
-    #[error("unknown type {0:?}: expected one of f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, q6_K, k-mix")]
+    #[error("unknown {arch} preset {name:?}: expected one of {}", .known.join(", "))]
+    UnknownPreset { arch: &'static str, name: String, known: Vec<&'static str> },
+    #[error("unknown type {0:?}: expected one of f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, q6_K, mxfp4, k-mix, mxfp4-moe")]
     UnknownType(String),
     #[error("{field} {value}: {problem}")]
     BadShape { field: ShapeField, value: String, problem: String },

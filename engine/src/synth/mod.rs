@@ -1,18 +1,22 @@
-//! Synthetic models: valid `qwen3moe` GGUF files of any shape and tensor type, with deterministic
-//! random weights and a small real byte-level BPE vocabulary. Small ones serve the tests and the
-//! demo; a Qwen3-30B-A3B-shaped one serves the benchmarks.
+//! Synthetic models: valid `qwen3moe` and `gpt-oss` GGUF files of any shape and tensor type, with
+//! deterministic random weights and a small real byte-level BPE vocabulary. Small ones serve the
+//! tests and the demo; Qwen3-30B-A3B- and gpt-oss-20b/120b-shaped ones serve the benchmarks,
+//! plans and memory fit.
 //!
 //! The same seed, shape and type always give the same bytes, whatever the number of threads.
 //! Tensor data is drawn directly in each type's block format and streamed to the file, so a
 //! 16 GiB model never sits in memory.
 //!
 //! - [`SynthSpec`]: what to generate (shape, type scheme, seed); [`SynthSpec::plan`] validates
-//!   it and lays out the file; [`generate`] writes it.
-//! - [`presets`]: named shapes (`tiny`, `tiny-top8`, `demo`, `qwen3-30b-a3b`).
+//!   it and lays out the file; [`generate`] writes it. gpt-oss: [`gpt_oss::GptOssSpec`],
+//!   [`gpt_oss::generate`].
+//! - [`presets`]: named shapes (qwen3moe: `tiny`, `tiny-top8`, `demo`, `qwen3-30b-a3b`; gpt-oss:
+//!   `tiny`, `gpt-oss-20b`, `gpt-oss-120b`).
 //! - [`vocab`] and [`bpe`]: the tokenizer; [`weights`]: the block generators.
 
 pub mod bpe;
 mod error;
+pub mod gpt_oss;
 pub mod presets;
 pub mod qwen3moe;
 mod rng;
@@ -26,11 +30,11 @@ use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-
 use crate::gguf::GgufWriter;
 
 pub use error::{ShapeField, SynthError};
-pub use presets::Preset;
+pub use gpt_oss::{GptOssShape, GptOssSpec};
+pub use presets::{GptOssPreset, Preset};
 pub use qwen3moe::{Init, Qwen3MoeShape, TensorPlan};
 pub use rng::Rng;
 pub use scheme::{Matrix, QuantScheme};
@@ -41,6 +45,25 @@ pub use vocab::Vocab;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Arch {
     Qwen3Moe,
+    GptOss,
+}
+
+impl Arch {
+    pub const ALL: [Arch; 2] = [Arch::Qwen3Moe, Arch::GptOss];
+
+    /// `general.architecture`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Qwen3Moe => qwen3moe::ARCH,
+            Arch::GptOss => gpt_oss::ARCH,
+        }
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 impl std::str::FromStr for Arch {
@@ -49,6 +72,7 @@ impl std::str::FromStr for Arch {
     fn from_str(s: &str) -> Result<Self, SynthError> {
         match s {
             qwen3moe::ARCH => Ok(Arch::Qwen3Moe),
+            gpt_oss::ARCH => Ok(Arch::GptOss),
             _ => Err(SynthError::UnknownArch(s.to_string())),
         }
     }
@@ -89,6 +113,14 @@ impl ModelPlan {
     /// Bytes of tensor data (without padding).
     pub fn data_bytes(&self) -> u64 {
         self.writer.tensors().iter().map(|t| t.size).sum()
+    }
+
+    /// The length of the file [`generate`] writes: the header and every tensor padded to the
+    /// alignment. Computed from the plan alone (a 60 GB model's costs its header).
+    pub fn file_bytes(&self) -> u64 {
+        let align = self.writer.alignment();
+        let data: u64 = self.writer.tensors().iter().map(|t| t.size.next_multiple_of(align)).sum();
+        self.writer.header_bytes().len() as u64 + data
     }
 }
 
@@ -165,9 +197,14 @@ impl Report {
 
 /// Writes the model to `path` (through `path.partial`, renamed when complete, so an interrupted
 /// run never leaves a file that looks finished). `progress(done, total)` gets tensor-data bytes.
-pub fn generate(spec: &SynthSpec, path: &Path, mut progress: impl FnMut(u64, u64)) -> Result<Report, SynthError> {
+pub fn generate(spec: &SynthSpec, path: &Path, progress: impl FnMut(u64, u64)) -> Result<Report, SynthError> {
     let start = Instant::now();
-    let plan = spec.plan()?;
+    write_plan(&spec.plan()?, path, start, progress)
+}
+
+/// Writes a planned model (any architecture) as [`generate`] describes; `start` is when the
+/// work began, for the report's time.
+pub(crate) fn write_plan(plan: &ModelPlan, path: &Path, start: Instant, mut progress: impl FnMut(u64, u64)) -> Result<Report, SynthError> {
     let total = plan.data_bytes();
     let mut partial = path.as_os_str().to_owned();
     partial.push(".partial");

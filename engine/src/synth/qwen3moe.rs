@@ -58,6 +58,9 @@ pub enum Init {
     Norm,
     /// The router (F32, as llama-quantize leaves `ffn_gate_inp`).
     Router { std: f32 },
+    /// A bias or another F32 vector (gpt-oss's attention sinks): zero-mean values of this
+    /// standard deviation.
+    Bias { std: f32 },
     /// The output head: rows of the vocabulary's `[PAD]` tokens (`live_rows..`) get
     /// [`PAD_ROW_SCALE`] of the standard deviation, as untrained rows of a real checkpoint stay
     /// near their small initial values, so greedy decoding picks real tokens.
@@ -71,7 +74,7 @@ impl Init {
     pub fn tensor_type(self) -> TensorType {
         match self {
             Init::Matrix { ty, .. } | Init::Head { ty, .. } => ty,
-            Init::Norm | Init::Router { .. } => TensorType::F32,
+            Init::Norm | Init::Router { .. } | Init::Bias { .. } => TensorType::F32,
         }
     }
 }

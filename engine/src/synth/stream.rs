@@ -36,7 +36,7 @@ pub fn fill_chunk(tensor: &TensorPlan, seed: u64, chunk: u64, out: &mut [u8]) {
             fill_weights(ty, std, &mut rng, live);
             fill_weights(ty, std * PAD_ROW_SCALE, &mut rng, pad);
         }
-        Init::Router { std } => fill_weights(TensorType::F32, std, &mut rng, out),
+        Init::Router { std } | Init::Bias { std } => fill_weights(TensorType::F32, std, &mut rng, out),
         Init::Norm => fill_around(1.0, NORM_SPREAD, &mut rng, out),
     }
 }

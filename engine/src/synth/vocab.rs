@@ -1,7 +1,7 @@
-//! The synthetic models' vocabulary: a real byte-level BPE ("gpt2" model, Qwen2 pre-tokenizer)
-//! laid out as Qwen's: byte tokens and merged tokens, then the special tokens, then `[PAD{id}]`
-//! tokens (type UNUSED, as `convert_hf_to_gguf.py` pads Qwen's 151,665 tokens to 151,936) up to
-//! the requested size.
+//! The synthetic models' vocabulary: a real byte-level BPE ("gpt2" model) laid out as Qwen's or
+//! gpt-oss's: byte tokens and merged tokens, then the family's special tokens ([`Layout`]), then
+//! `[PAD{id}]` tokens (type UNUSED, as `convert_hf_to_gguf.py` pads Qwen's 151,665 tokens to
+//! 151,936) up to the requested size.
 
 use crate::gguf::{GgufError, GgufWriter, Value};
 
@@ -20,7 +20,7 @@ pub const IM_START: &str = "<|im_start|>";
 pub const IM_END: &str = "<|im_end|>";
 const SPECIALS: [&str; 3] = [ENDOFTEXT, IM_START, IM_END];
 
-/// The fewest tokens a vocabulary can have: every byte and the special tokens.
+/// The fewest tokens a Qwen-layout vocabulary can have: every byte and the special tokens.
 pub const MIN_VOCAB: u64 = 256 + SPECIALS.len() as u64;
 
 /// `tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`).
@@ -33,6 +33,31 @@ pub const CHAT_TEMPLATE: &str = "{%- for message in messages %}\
 {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}\
 {%- endfor %}\
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+
+/// A model family's tokenizer keys: its special tokens (ids right after the BPE tokens, in this
+/// order), which of them are BOS, EOS and padding, the pre-tokenizer name and the chat template.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub specials: &'static [&'static str],
+    pub bos: &'static str,
+    pub eos: &'static str,
+    pub pad: &'static str,
+    /// `tokenizer.ggml.pre`.
+    pub pre: &'static str,
+    /// `tokenizer.chat_template`.
+    pub chat_template: &'static str,
+}
+
+impl Layout {
+    /// The fewest tokens a vocabulary of this layout can have: every byte and the specials.
+    pub fn min_vocab(&self) -> u64 {
+        256 + self.specials.len() as u64
+    }
+}
+
+/// Qwen's: `<|endoftext|>` is BOS and padding, `<|im_end|>` EOS, the Qwen2 pre-tokenizer, ChatML.
+pub const QWEN: Layout =
+    Layout { specials: &SPECIALS, bos: ENDOFTEXT, eos: IM_END, pad: ENDOFTEXT, pre: "qwen2", chat_template: CHAT_TEMPLATE };
 
 /// A complete vocabulary, as the GGUF `tokenizer.*` keys store it.
 #[derive(Clone, Debug, PartialEq)]
@@ -47,6 +72,7 @@ pub struct Vocab {
     pub bos: u32,
     pub eos: u32,
     pub pad: u32,
+    pub layout: Layout,
 }
 
 /// GPT-2's `bytes_to_unicode`: printable Latin-1 bytes map to themselves, the others to
@@ -77,24 +103,34 @@ fn mapped(bytes: &[u8], chars: &[char; 256]) -> String {
 }
 
 impl Vocab {
-    /// Builds a vocabulary of exactly `size` tokens (`MIN_VOCAB..=i32::MAX`, checked by the
-    /// caller's shape validation).
+    /// Builds a Qwen-layout vocabulary of exactly `size` tokens (`MIN_VOCAB..=i32::MAX`, checked
+    /// by the caller's shape validation).
     pub fn build(size: u64) -> Vocab {
-        let trained = size.min(TRAINED_TOKENS) - SPECIALS.len() as u64;
+        Self::build_for(size, QWEN)
+    }
+
+    /// Builds a vocabulary of exactly `size` tokens (`layout.min_vocab()..=i32::MAX`, checked by
+    /// the caller's shape validation) with `layout`'s special tokens.
+    pub fn build_for(size: u64, layout: Layout) -> Vocab {
+        let specials = layout.specials;
+        let trained = size.min(TRAINED_TOKENS) - specials.len() as u64;
         let (order, chars) = byte_to_unicode();
         let bpe = bpe::train(CORPUS, &order, trained as usize);
         let mut tokens: Vec<String> = bpe.tokens.iter().map(|t| mapped(t, &chars)).collect();
         let merges = bpe.merges.iter().map(|&(l, r)| format!("{} {}", tokens[l as usize], tokens[r as usize])).collect();
         let bpe_tokens = tokens.len() as u32;
         let mut token_types = vec![TOKEN_NORMAL; tokens.len()];
-        tokens.extend(SPECIALS.iter().map(|s| s.to_string()));
-        token_types.extend([TOKEN_CONTROL; SPECIALS.len()]);
+        tokens.extend(specials.iter().map(|s| s.to_string()));
+        token_types.extend(std::iter::repeat_n(TOKEN_CONTROL, specials.len()));
         // The corpus may run out of merges before `trained`: the padding fills the rest.
         let padded = tokens.len() as u64..size;
         tokens.extend(padded.clone().map(|id| format!("[PAD{id}]")));
         token_types.extend(padded.map(|_| TOKEN_UNUSED));
-        let endoftext = bpe_tokens;
-        Vocab { tokens, token_types, merges, bpe_tokens, bos: endoftext, eos: bpe_tokens + 2, pad: endoftext }
+        let id = |text: &str| {
+            bpe_tokens + specials.iter().position(|s| *s == text).expect("a layout's BOS, EOS and padding are among its specials") as u32
+        };
+        let (bos, eos, pad) = (id(layout.bos), id(layout.eos), id(layout.pad));
+        Vocab { tokens, token_types, merges, bpe_tokens, bos, eos, pad, layout }
     }
 
     pub fn len(&self) -> usize {
@@ -107,13 +143,13 @@ impl Vocab {
 
     /// The id of a special token by its text.
     pub fn special(&self, text: &str) -> Option<u32> {
-        SPECIALS.iter().position(|s| *s == text).map(|i| self.bpe_tokens + i as u32)
+        self.layout.specials.iter().position(|s| *s == text).map(|i| self.bpe_tokens + i as u32)
     }
 
-    /// Sets the `tokenizer.*` keys as Qwen's GGUF files carry them.
+    /// Sets the `tokenizer.*` keys as the family's GGUF files carry them.
     pub fn write_metadata(&self, w: &mut GgufWriter) -> Result<(), GgufError> {
         w.set("tokenizer.ggml.model", "gpt2")?;
-        w.set("tokenizer.ggml.pre", "qwen2")?;
+        w.set("tokenizer.ggml.pre", self.layout.pre)?;
         w.set("tokenizer.ggml.tokens", Value::from(self.tokens.clone()))?;
         w.set("tokenizer.ggml.token_type", Value::from(self.token_types.clone()))?;
         w.set("tokenizer.ggml.merges", Value::from(self.merges.clone()))?;
@@ -121,7 +157,7 @@ impl Vocab {
         w.set("tokenizer.ggml.eos_token_id", self.eos)?;
         w.set("tokenizer.ggml.padding_token_id", self.pad)?;
         w.set("tokenizer.ggml.add_bos_token", false)?;
-        w.set("tokenizer.chat_template", CHAT_TEMPLATE)?;
+        w.set("tokenizer.chat_template", self.layout.chat_template)?;
         Ok(())
     }
 }

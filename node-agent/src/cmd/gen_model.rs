@@ -1,25 +1,28 @@
 //! `brink-agent gen-model`: write a synthetic model (deterministic random weights, a small real
-//! BPE vocabulary) of a preset's shape, with any field overridden by a flag.
+//! BPE vocabulary) of a preset's shape, with any field overridden by a flag, in either
+//! architecture the generator writes (qwen3moe, gpt-oss).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use brink_engine::synth::{self, Arch, Preset, QuantScheme, SynthError, SynthSpec};
+use brink_engine::synth::{self, Arch, GptOssPreset, GptOssSpec, Preset, QuantScheme, Report, SynthError, SynthSpec};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Architecture (general.architecture); the generator writes qwen3moe.
-    #[arg(long, value_parser = parse::<Arch>)]
+    /// Architecture (general.architecture): qwen3moe or gpt-oss.
+    #[arg(long, default_value = "qwen3moe", value_parser = parse::<Arch>)]
     arch: Arch,
     /// The GGUF file to write.
     #[arg(long)]
     out: PathBuf,
-    /// Starting shape: tiny, tiny-top8, demo or qwen3-30b-a3b.
-    #[arg(long, default_value = "demo", value_parser = parse::<Preset>)]
-    preset: Preset,
-    /// Tensor type of the weight matrices: f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, q6_K or k-mix
-    /// (a Q4_K_M-like mix). Default: the preset's (q4_0 for qwen3-30b-a3b, else q8_0).
+    /// Starting shape. qwen3moe: tiny, tiny-top8, demo (default) or qwen3-30b-a3b; gpt-oss: tiny
+    /// (default), gpt-oss-20b or gpt-oss-120b.
+    #[arg(long)]
+    preset: Option<String>,
+    /// Tensor type of the weight matrices: f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, q6_K, mxfp4,
+    /// k-mix (a Q4_K_M-like mix) or mxfp4-moe (MXFP4 experts, q8_0 elsewhere). Default: the
+    /// preset's (q4_0 for qwen3-30b-a3b, mxfp4-moe for gpt-oss, else q8_0).
     #[arg(long = "type", value_name = "TYPE", value_parser = parse::<QuantScheme>)]
     ty: Option<QuantScheme>,
     /// Seed of the random weights: the same seed, shape and type give the same bytes.
@@ -55,15 +58,80 @@ pub struct Args {
     rope_theta: Option<f32>,
     #[arg(long)]
     rms_eps: Option<f32>,
+    /// gpt-oss: the sliding window of the even layers (attention.sliding_window).
+    #[arg(long)]
+    sliding_window: Option<u32>,
+    /// gpt-oss: YaRN's rope.scaling.factor.
+    #[arg(long)]
+    yarn_factor: Option<f32>,
+    /// gpt-oss: YaRN's rope.scaling.original_context_length.
+    #[arg(long)]
+    yarn_original_context: Option<u32>,
+}
+
+/// What to write, in either architecture.
+enum Spec {
+    Qwen3Moe(SynthSpec),
+    GptOss(GptOssSpec),
 }
 
 fn parse<T: std::str::FromStr<Err = SynthError>>(s: &str) -> Result<T, SynthError> {
     s.parse()
 }
 
+/// A flag the architecture has no field for, or a preset it does not have: a usage error naming
+/// the flag and what it accepts.
+fn usage(flag: &str, problem: impl std::fmt::Display) -> String {
+    format!("{flag}: {problem}")
+}
+
 impl Args {
-    fn spec(&self) -> SynthSpec {
-        let mut spec = SynthSpec::from_preset(self.preset);
+    fn spec(&self) -> Result<Spec, String> {
+        match self.arch {
+            Arch::Qwen3Moe => {
+                let only_gpt_oss = [
+                    ("--sliding-window", self.sliding_window.is_some()),
+                    ("--yarn-factor", self.yarn_factor.is_some()),
+                    ("--yarn-original-context", self.yarn_original_context.is_some()),
+                ];
+                if let Some((flag, _)) = only_gpt_oss.iter().find(|(_, set)| *set) {
+                    return Err(usage(flag, "only gpt-oss has it (--arch gpt-oss)"));
+                }
+                let preset: Preset = self.preset.as_deref().unwrap_or("demo").parse().map_err(|e| usage("--preset", e))?;
+                Ok(Spec::Qwen3Moe(self.qwen3moe(preset)))
+            }
+            Arch::GptOss => {
+                let preset: GptOssPreset = self.preset.as_deref().unwrap_or("tiny").parse().map_err(|e| usage("--preset", e))?;
+                Ok(Spec::GptOss(self.gpt_oss(preset)))
+            }
+        }
+    }
+
+    fn gpt_oss(&self, preset: GptOssPreset) -> GptOssSpec {
+        let mut spec = GptOssSpec::from_preset(preset);
+        let s = &mut spec.shape;
+        s.layers = self.layers.unwrap_or(s.layers);
+        s.hidden = self.hidden.unwrap_or(s.hidden);
+        s.experts = self.experts.unwrap_or(s.experts);
+        s.top_k = self.top_k.unwrap_or(s.top_k);
+        s.expert_ffn = self.expert_ffn.unwrap_or(s.expert_ffn);
+        s.heads = self.heads.unwrap_or(s.heads);
+        s.kv_heads = self.kv_heads.unwrap_or(s.kv_heads);
+        s.head_dim = self.head_dim.unwrap_or(s.head_dim);
+        s.vocab = self.vocab.unwrap_or(s.vocab);
+        s.context = self.context.unwrap_or(s.context);
+        s.rope_theta = self.rope_theta.unwrap_or(s.rope_theta);
+        s.rms_eps = self.rms_eps.unwrap_or(s.rms_eps);
+        s.sliding_window = self.sliding_window.unwrap_or(s.sliding_window);
+        s.yarn_factor = self.yarn_factor.unwrap_or(s.yarn_factor);
+        s.yarn_original_context = self.yarn_original_context.unwrap_or(s.yarn_original_context);
+        spec.scheme = self.ty.unwrap_or(spec.scheme);
+        spec.seed = self.seed;
+        spec
+    }
+
+    fn qwen3moe(&self, preset: Preset) -> SynthSpec {
+        let mut spec = SynthSpec::from_preset(preset);
         let s = &mut spec.shape;
         s.layers = self.layers.unwrap_or(s.layers);
         s.hidden = self.hidden.unwrap_or(s.hidden);
@@ -84,29 +152,69 @@ impl Args {
 }
 
 pub fn run(args: Args) -> ExitCode {
-    // The only architecture today; the match grows with the generator.
-    let Arch::Qwen3Moe = args.arch;
-    let spec = args.spec();
-    let s = &spec.shape;
-    eprintln!(
-        "generating {}: qwen3moe, {} layers, hidden {}, {} experts (top {}), expert width {}, heads {}/{} × {}, vocab {}, context {}, type {}, seed {}",
-        args.out.display(),
-        s.layers,
-        s.hidden,
-        s.experts,
-        s.top_k,
-        s.expert_ffn,
-        s.heads,
-        s.kv_heads,
-        s.head_dim,
-        s.vocab,
-        s.context,
-        spec.scheme,
-        spec.seed
-    );
+    let spec = match args.spec() {
+        Ok(spec) => spec,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let report = match &spec {
+        Spec::Qwen3Moe(spec) => {
+            let s = &spec.shape;
+            eprintln!(
+                "generating {}: qwen3moe, {} layers, hidden {}, {} experts (top {}), expert width {}, heads {}/{} × {}, vocab {}, context {}, type {}, seed {}",
+                args.out.display(),
+                s.layers,
+                s.hidden,
+                s.experts,
+                s.top_k,
+                s.expert_ffn,
+                s.heads,
+                s.kv_heads,
+                s.head_dim,
+                s.vocab,
+                s.context,
+                spec.scheme,
+                spec.seed
+            );
+            with_progress(&args.out, |path, progress| synth::generate(spec, path, progress))
+        }
+        Spec::GptOss(spec) => {
+            let s = &spec.shape;
+            eprintln!(
+                "generating {}: gpt-oss, {} layers (window {} on even layers), hidden {}, {} experts (top {}), expert width {}, heads {}/{} × {}, vocab {}, context {} (YaRN ×{} over {}), type {}, seed {}",
+                args.out.display(),
+                s.layers,
+                s.sliding_window,
+                s.hidden,
+                s.experts,
+                s.top_k,
+                s.expert_ffn,
+                s.heads,
+                s.kv_heads,
+                s.head_dim,
+                s.vocab,
+                s.context,
+                s.yarn_factor,
+                s.yarn_original_context,
+                spec.scheme,
+                spec.seed
+            );
+            with_progress(&args.out, |path, progress| synth::gpt_oss::generate(spec, path, progress))
+        }
+    };
+    report_outcome(report)
+}
+
+/// Runs `generate` with a progress bar for large models.
+fn with_progress(
+    out: &Path,
+    generate: impl FnOnce(&Path, &mut dyn FnMut(u64, u64)) -> Result<Report, SynthError>,
+) -> Result<Report, SynthError> {
     // Only a large model is worth a bar; indicatif draws nothing when stderr is not a terminal.
     let mut bar: Option<ProgressBar> = None;
-    let report = synth::generate(&spec, &args.out, |done, total| {
+    let report = generate(out, &mut |done, total| {
         if total < 256 << 20 {
             return;
         }
@@ -119,6 +227,10 @@ pub fn run(args: Args) -> ExitCode {
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
+    report
+}
+
+fn report_outcome(report: Result<Report, SynthError>) -> ExitCode {
     match report {
         Ok(r) => {
             println!(
