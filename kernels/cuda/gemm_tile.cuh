@@ -66,11 +66,165 @@ static __device__ __forceinline__ int gemm_tile_col(int c) {
     return warp_n * 4 * TN + (c >> 1) * 8 + 2 * (int)(threadIdx.x & 3) + (c & 1);
 }
 
-template <int BM, int BN, int KB, int TM, int TN, int WT>
+// With PF, one K step's global reads, held in registers between `gemm_stage_load` and
+// `gemm_stage_store`: each thread's items at fixed strides of THREADS, so every load of the
+// step is issued before the first one is waited on, and while the step before it computes.
+template <int BM, int BN, int KB, int THREADS>
+struct gemm_stage {
+    static constexpr int A_ITEMS = BM * KB * 9, A_PER = (A_ITEMS + THREADS - 1) / THREADS;  // q8_1 words
+    static constexpr int Q_ITEMS = BN * KB * 8, Q_PER = (Q_ITEMS + THREADS - 1) / THREADS;  // weight quant ints
+    static constexpr int S_ITEMS = BN * KB, S_PER = (S_ITEMS + THREADS - 1) / THREADS;      // weight scales
+    u32 a[A_PER];
+    int q[Q_PER];
+    wscale sc[S_PER];
+};
+
+// Reads K step kb0 (blocks kb0 .. kb0 + KB - 1; those past nb as zeros). Item i of A is word
+// i % 9 of the block (row i / 9 / KB, kb i / 9 % KB); of the quants, int i % 8 of (column
+// i / 8 / KB, kb i / 8 % KB); of the scales, (column i / KB, kb i % KB): KB consecutive blocks
+// of one row or column are contiguous in memory.
+template <int BM, int BN, int KB, int THREADS, int WT>
+static __device__ __forceinline__ void gemm_stage_load(gemm_stage<BM, BN, KB, THREADS>& st, const u32* __restrict__ a, const u64* a_rows,
+                                                       const unsigned char* __restrict__ w, u64 w_row_bytes, u64 n_cols, u64 col0,
+                                                       int nb, int kb0) {
+    using S = gemm_stage<BM, BN, KB, THREADS>;
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < S::A_PER; ++j) {
+        const int i = tid + j * THREADS;
+        if (S::A_ITEMS % THREADS != 0 && i >= S::A_ITEMS) break;
+        const int blk = i / 9, word = i - blk * 9;
+        const int row = blk / KB, kb = blk - row * KB;
+        st.a[j] = kb0 + kb < nb ? a[(a_rows[row] * (u64)nb + (u64)(kb0 + kb)) * 9 + word] : 0u;
+    }
+#pragma unroll
+    for (int j = 0; j < S::Q_PER; ++j) {
+        const int i = tid + j * THREADS;
+        if (S::Q_ITEMS % THREADS != 0 && i >= S::Q_ITEMS) break;
+        const int blk = i >> 3, u = i & 7;
+        const int c = blk / KB, kb = blk - c * KB;
+        const u64 col = col0 + c < n_cols ? col0 + c : n_cols - 1;
+        st.q[j] = kb0 + kb < nb ? wq_int<WT>(w + col * w_row_bytes, kb0 + kb, u) : 0;
+    }
+#pragma unroll
+    for (int j = 0; j < S::S_PER; ++j) {
+        const int i = tid + j * THREADS;
+        if (S::S_ITEMS % THREADS != 0 && i >= S::S_ITEMS) break;
+        const int c = i / KB, kb = i - c * KB;
+        const u64 col = col0 + c < n_cols ? col0 + c : n_cols - 1;
+        wscale r = {0.0f, 0.0f, 0, 0};
+        if (kb0 + kb < nb) r = wq_scale<WT>(w + col * w_row_bytes, kb0 + kb);
+        st.sc[j] = r;
+    }
+}
+
+// Writes a step read by gemm_stage_load into the shared-memory layout of the header comment.
+template <int BM, int BN, int KB, int THREADS, int WT>
+static __device__ __forceinline__ void gemm_stage_store(const gemm_stage<BM, BN, KB, THREADS>& st, const u32* __restrict__ a,
+                                                        const u64* a_rows, int nb, int kb0, int* a_q, int* w_q, float* a_d, int* a_x,
+                                                        float* w_d, float* w_m, int* w_sc) {
+    using S = gemm_stage<BM, BN, KB, THREADS>;
+    constexpr bool ROW_SUM = WT == WTYPE_Q4_K || WT == WTYPE_Q5_K;  // the min term needs Σ quants
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < S::A_PER; ++j) {
+        const int i = tid + j * THREADS;
+        if (S::A_ITEMS % THREADS != 0 && i >= S::A_ITEMS) break;
+        const int blk = i / 9, word = i - blk * 9;
+        const int row = blk / KB, kb = blk - row * KB;
+        const u32 v = st.a[j];
+        if (word == 0) {
+            a_d[kb * BM + row] = f16_to_f32((u16)(v & 0xffff));
+            int x = __float_as_int(f16_to_f32((u16)(v >> 16)));
+            if constexpr (ROW_SUM) {
+                // The block's quant words, read again (other threads hold them): Σ quants.
+                x = 0;
+                if (kb0 + kb < nb) {
+                    const u32* src = a + (a_rows[row] * (u64)nb + (u64)(kb0 + kb)) * 9;
+                    for (int q = 1; q <= 8; ++q) x = dp4a((int)src[q], 0x01010101, x);
+                }
+            }
+            a_x[kb * BM + row] = x;
+        } else {
+            a_q[(kb * BM + row) * GEMM_QS + word - 1] = (int)v;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < S::Q_PER; ++j) {
+        const int i = tid + j * THREADS;
+        if (S::Q_ITEMS % THREADS != 0 && i >= S::Q_ITEMS) break;
+        const int blk = i >> 3, u = i & 7;
+        const int c = blk / KB, kb = blk - c * KB;
+        w_q[(kb * BN + c) * GEMM_QS + u] = st.q[j];
+    }
+#pragma unroll
+    for (int j = 0; j < S::S_PER; ++j) {
+        const int i = tid + j * THREADS;
+        if (S::S_ITEMS % THREADS != 0 && i >= S::S_ITEMS) break;
+        const int c = i / KB, kb = i - c * KB;
+        const wscale r = st.sc[j];
+        w_d[kb * BN + c] = r.d;
+        w_m[kb * BN + c] = r.dmin;
+        w_sc[kb * BN + c] = (int)(((u32)r.sc & 0xffffu) | ((u32)r.m << 16));
+    }
+}
+
+// A step staged item by item, each stored as it arrives (no PF): a batch of a step's reads in
+// registers spills at the 128 registers a thread that two 256-thread blocks per SM allow.
+template <int BM, int KB, int THREADS, int WT>
+static __device__ __forceinline__ void gemm_stage_a_direct(const u32* __restrict__ a, const u64* a_rows, int nb, int kb0, int* a_q,
+                                                           float* a_d, int* a_x) {
+    constexpr bool ROW_SUM = WT == WTYPE_Q4_K || WT == WTYPE_Q5_K;  // the min term needs Σ quants
+    for (int i = threadIdx.x; i < BM * KB * 9; i += THREADS) {
+        const int blk = i / 9, word = i - blk * 9;
+        const int row = blk / KB, kb = blk - row * KB;
+        const bool in = kb0 + kb < nb;
+        const u32* src = a + (a_rows[row] * (u64)nb + (u64)(kb0 + kb)) * 9;
+        const u32 v = in ? src[word] : 0u;
+        if (word == 0) {
+            a_d[kb * BM + row] = f16_to_f32((u16)(v & 0xffff));
+            int x = __float_as_int(f16_to_f32((u16)(v >> 16)));
+            if constexpr (ROW_SUM) {
+                // The quant words are this block's own (the word threads load them too).
+                x = 0;
+                if (in)
+                    for (int q = 1; q <= 8; ++q) x = dp4a((int)src[q], 0x01010101, x);
+            }
+            a_x[kb * BM + row] = x;
+        } else {
+            a_q[(kb * BM + row) * GEMM_QS + word - 1] = (int)v;
+        }
+    }
+}
+
+template <int BN, int KB, int THREADS, int WT>
+static __device__ __forceinline__ void gemm_stage_w_direct(const unsigned char* __restrict__ w, u64 w_row_bytes, u64 n_cols, u64 col0,
+                                                           int nb, int kb0, int* w_q, float* w_d, float* w_m, int* w_sc) {
+    for (int i = threadIdx.x; i < BN * KB * 9; i += THREADS) {
+        const int blk = i / 9, u = i - blk * 9;
+        const int c = blk / KB, kb = blk - c * KB;
+        const int b = kb0 + kb;
+        const u64 col = col0 + c < n_cols ? col0 + c : n_cols - 1;
+        const unsigned char* row = w + col * w_row_bytes;
+        if (u < 8) {
+            w_q[(kb * BN + c) * GEMM_QS + u] = b < nb ? wq_int<WT>(row, b, u) : 0;
+        } else {
+            wscale s = {0.0f, 0.0f, 0, 0};
+            if (b < nb) s = wq_scale<WT>(row, b);
+            w_d[kb * BN + c] = s.d;
+            w_m[kb * BN + c] = s.dmin;
+            w_sc[kb * BN + c] = (int)(((u32)s.sc & 0xffffu) | ((u32)s.m << 16));
+        }
+    }
+}
+
+// PF (prefetch): the next K step's global reads are issued before this step's mma loop, so
+// their latency hides behind it (registers: one gemm_stage more per thread). Either way the
+// shared-memory contents and the arithmetic are the same, so the outputs are bit for bit equal.
+template <int BM, int BN, int KB, int TM, int TN, int WT, bool PF = false>
 static __device__ __forceinline__ void gemm_tile_loop(const u32* __restrict__ a, const u64* a_rows, const unsigned char* __restrict__ w,
                                                       u64 w_row_bytes, u64 n_cols, u64 col0, int nb, int* smem, float (&acc)[TM][TN]) {
     constexpr int THREADS = (BM / TM) * (BN / TN);
-    constexpr bool ROW_SUM = WT == WTYPE_Q4_K || WT == WTYPE_Q5_K;  // the min term needs Σ quants
     static_assert(BM % TM == 0 && BN % TN == 0, "tile not divisible by the thread sub-tile");
     static_assert(TM % 2 == 0 && TN % 2 == 0 && BM % (8 * TM) == 0 && BN % (4 * TN) == 0,
                   "the warps' 16 x 8 mma sub-tiles must cover the tile");
@@ -95,48 +249,24 @@ static __device__ __forceinline__ void gemm_tile_loop(const u32* __restrict__ a,
 #pragma unroll
         for (int c = 0; c < TN; ++c) acc[r][c] = 0.0f;
 
+    gemm_stage<BM, BN, KB, THREADS> st;
+    if constexpr (PF) {
+        __syncthreads();  // a_rows is written
+        gemm_stage_load<BM, BN, KB, THREADS, WT>(st, a, a_rows, w, w_row_bytes, n_cols, col0, nb, 0);
+    }
     for (int kb0 = 0; kb0 < nb; kb0 += KB) {
         __syncthreads();  // a_rows is written / the previous step's reads are done
-
-        // A: one thread per word of each staged q8_1 block.
-        for (int i = tid; i < BM * KB * 9; i += THREADS) {
-            const int blk = i / 9, word = i - blk * 9;
-            const int row = blk / KB, kb = blk - row * KB;
-            const bool in = kb0 + kb < nb;
-            const u32* src = a + (a_rows[row] * (u64)nb + (u64)(kb0 + kb)) * 9;
-            const u32 v = in ? src[word] : 0u;
-            if (word == 0) {
-                a_d[kb * BM + row] = f16_to_f32((u16)(v & 0xffff));
-                int x = __float_as_int(f16_to_f32((u16)(v >> 16)));
-                if constexpr (ROW_SUM) {
-                    // The quant words are this block's own (the word threads load them too).
-                    x = 0;
-                    if (in)
-                        for (int q = 1; q <= 8; ++q) x = dp4a((int)src[q], 0x01010101, x);
-                }
-                a_x[kb * BM + row] = x;
-            } else {
-                a_q[(kb * BM + row) * GEMM_QS + word - 1] = (int)v;
-            }
-        }
-        // W: per (column, block) 8 items for the unpacked quant ints and one for the scales.
-        for (int i = tid; i < BN * KB * 9; i += THREADS) {
-            const int blk = i / 9, u = i - blk * 9;
-            const int c = blk / KB, kb = blk - c * KB;
-            const int b = kb0 + kb;
-            const u64 col = col0 + c < n_cols ? col0 + c : n_cols - 1;
-            const unsigned char* row = w + col * w_row_bytes;
-            if (u < 8) {
-                w_q[(kb * BN + c) * GEMM_QS + u] = b < nb ? wq_int<WT>(row, b, u) : 0;
-            } else {
-                wscale s = {0.0f, 0.0f, 0, 0};
-                if (b < nb) s = wq_scale<WT>(row, b);
-                w_d[kb * BN + c] = s.d;
-                w_m[kb * BN + c] = s.dmin;
-                w_sc[kb * BN + c] = (int)(((u32)s.sc & 0xffffu) | ((u32)s.m << 16));
-            }
+        if constexpr (PF) {
+            gemm_stage_store<BM, BN, KB, THREADS, WT>(st, a, a_rows, nb, kb0, a_q, w_q, a_d, a_x, w_d, w_m, w_sc);
+        } else {
+            gemm_stage_a_direct<BM, KB, THREADS, WT>(a, a_rows, nb, kb0, a_q, a_d, a_x);
+            gemm_stage_w_direct<BN, KB, THREADS, WT>(w, w_row_bytes, n_cols, col0, nb, kb0, w_q, w_d, w_m, w_sc);
         }
         __syncthreads();
+        // Block-uniform: every thread loads the next step or none does.
+        if constexpr (PF) {
+            if (kb0 + KB < nb) gemm_stage_load<BM, BN, KB, THREADS, WT>(st, a, a_rows, w, w_row_bytes, n_cols, col0, nb, kb0 + KB);
+        }
 
         const int kb_n = min(KB, nb - kb0);  // block-uniform
         for (int kb = 0; kb < kb_n; ++kb) {

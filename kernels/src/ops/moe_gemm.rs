@@ -58,6 +58,9 @@ pub struct GemmTile {
     pub n: u32,
     pub k_blocks: u32,
     pub threads: u32,
+    /// Each next K step's global reads issued before the current step's mma loop
+    /// (`gemm_tile_loop`'s PF): the same outputs bit for bit, one staged step more in registers.
+    pub prefetch: bool,
 }
 
 /// Ints per staged block in shared memory: 8 quant ints and one pad (`GEMM_QS`).
@@ -77,14 +80,16 @@ impl GemmTile {
 }
 
 /// The default: 23,552 B of shared memory, within every card's 48 KiB without opting in.
-pub const DEFAULT_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n64k4", m: 64, n: 64, k_blocks: 4, threads: 256 };
+pub const DEFAULT_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n64k4", m: 64, n: 64, k_blocks: 4, threads: 256, prefetch: false };
 /// 143,360 B of shared memory: fits the H200's 227 KiB opt-in, not GB10's 99 KiB.
-pub const LARGE_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n128k16", m: 64, n: 128, k_blocks: 16, threads: 512 };
+pub const LARGE_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n128k16", m: 64, n: 128, k_blocks: 16, threads: 512, prefetch: false };
 /// The default's rows and K step with twice its columns (35,840 B, no opt-in anywhere): each
 /// staged A row serves 128 columns instead of 64, so A is staged half as often per output.
-pub const WIDE_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n128k4", m: 64, n: 128, k_blocks: 4, threads: 512 };
+pub const WIDE_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n128k4", m: 64, n: 128, k_blocks: 4, threads: 512, prefetch: false };
+/// The default with the next K step prefetched (1 block per SM asked of ptxas, not 2).
+pub const DEFAULT_TILE_PF: GemmTile = GemmTile { kernel: "moe_gemm_m64n64k4_pf", prefetch: true, ..DEFAULT_TILE };
 /// Every tile shape `moe_gemm.cu` instantiates.
-pub const TILES: [GemmTile; 3] = [DEFAULT_TILE, LARGE_TILE, WIDE_TILE];
+pub const TILES: [GemmTile; 4] = [DEFAULT_TILE, LARGE_TILE, WIDE_TILE, DEFAULT_TILE_PF];
 
 /// The tile the engine's prefill uses: `BRINK_MOE_GEMM_TILE` (an entry point of [`TILES`]) for
 /// measuring the others on a device, else [`DEFAULT_TILE`]. Read once per process.
@@ -523,7 +528,7 @@ pub(crate) mod tests {
             assert_eq!(tile_named(t.kernel), Ok(t));
         }
         let e = tile_named("moe_gemm_m1").unwrap_err();
-        assert!(e.contains("'moe_gemm_m1'") && e.contains("moe_gemm_m64n64k4, moe_gemm_m64n128k16, moe_gemm_m64n128k4"), "{e}");
+        assert!(e.contains("'moe_gemm_m1'") && e.contains("moe_gemm_m64n64k4, moe_gemm_m64n128k16, moe_gemm_m64n128k4,"), "{e}");
     }
 
     #[test]
@@ -556,6 +561,7 @@ pub(crate) mod tests {
             let num: Vec<u32> = args[1..].iter().map(|a| a.parse().unwrap()).collect();
             assert_eq!((num[0], num[1], num[2]), (t.m, t.n, t.k_blocks), "{t:?}");
             assert_eq!(t.threads, num[0] / num[3] * (num[1] / num[4]), "{t:?}");
+            assert_eq!(t.prefetch, num[5] == 1, "{t:?}");
             assert!(mma_subtiles_cover(num[0], num[1], num[3], num[4]), "{t:?}: warps' 16 x 8 mma sub-tiles");
         }
     }
