@@ -90,7 +90,7 @@ fn tiny_has_every_key_and_tensor_llama_cpp_loads() {
     assert_eq!(file.architecture().unwrap(), "gpt-oss");
     // The tiny shape: both layer kinds, K tails (320 = 256 + 64), Q wider than the hidden state,
     // a context past the window.
-    assert!(s.layers >= 2 && s.hidden % 32 == 0 && s.hidden % 256 != 0 && s.q_width() != s.hidden);
+    assert!(s.layers >= 2 && s.hidden.is_multiple_of(32) && !s.hidden.is_multiple_of(256) && s.q_width() != s.hidden);
     assert!(s.context > 2 * s.sliding_window);
     let u32s = [
         ("gpt-oss.block_count", s.layers),
@@ -316,4 +316,20 @@ print(json.dumps(out))
     TensorType::MXFP4.dequantize_rows(&bytes, spec.shape.expert_ffn as usize, &mut x).unwrap();
     let ours: String = x[..4096].iter().flat_map(|v| v.to_le_bytes()).map(|b| format!("{b:02x}")).collect();
     assert!(ours == py["down_exps_f32_hex"].as_str().unwrap(), "gguf-py decodes the MXFP4 experts differently");
+}
+
+/// brink's gpt-oss architecture reads the tiny file's layers as planned: the even layer
+/// windowed, the odd one full, sinks and biases on both.
+#[test]
+fn brink_reads_the_layer_kinds() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    let spec = GptOssSpec::from_preset(GptOssPreset::Tiny);
+    write(&spec, &path);
+    let config = brink_engine::arch::config(&GgufFile::open(&path).unwrap()).unwrap();
+    assert_eq!((config.arch.as_str(), config.layers, config.hidden), ("gpt-oss", 2, 320));
+    let windows: Vec<Option<u32>> = config.layer_specs.iter().map(|l| l.attention.window).collect();
+    assert_eq!(windows, [Some(spec.shape.sliding_window), None]);
+    assert!(config.layer_specs.iter().all(|l| l.attention.sinks && l.attention.biases && l.ffn.biases));
+    assert_eq!(spec.shape.is_windowed(0), windows[0].is_some());
 }
