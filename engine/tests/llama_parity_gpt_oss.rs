@@ -1,12 +1,14 @@
 //! brink's CPU backend against llama.cpp (llama-cpp-python 0.3.36, the pinned build of
-//! `llama_parity.rs`) on a gpt-oss model written by gguf-py's own writer
+//! `llama_parity.rs`) on gpt-oss models: the synthetic one (`gen-model --arch gpt-oss`, preset
+//! tiny: a 128-token window on layer 0, YaRN x32; prompts shorter than the window, of ~400
+//! tokens, and the long one in chunks of 100), and one written by gguf-py's own writer
 //! (scripts/gpt_oss_gguf_py.py: MXFP4 experts, q8_0 elsewhere, F32 biases, sinks and router; a
 //! 32-token window on layer 0, full attention on layer 1; YaRN): identical tokenization,
 //! identical greedy continuation and the largest relative logit error (per row, relative to the
 //! row's largest logit) under the qwen3moe tolerance, 1e-4. The prompt is past the window, whole
 //! and under a chunked prefill whose chunk edges fall inside the windows of the queries after
-//! them; llama.cpp evaluates it in one batch. A must-fail control: llama.cpp on a copy with one
-//! expert's down projection negated must be told apart.
+//! them; llama.cpp evaluates it in one batch. Must-fail controls: llama.cpp on a copy of either
+//! model with one expert's down projection negated must be told apart.
 //!
 //! Skipped with a message when llama-cpp-python is missing, unless BRINK_REQUIRE_PY=1.
 
@@ -16,13 +18,23 @@ use std::process::Command;
 use brink_engine::backend::cpu::CpuBackend;
 use brink_engine::gguf::GgufFile;
 use brink_engine::parity::{LogitDiff, compare};
-use brink_engine::synth::{self, Preset, SynthSpec};
+use brink_engine::synth::gpt_oss::{self, GptOssSpec};
+use brink_engine::synth::{self, GptOssPreset, Preset, SynthSpec};
 use brink_engine::tokenizer::Tokenizer;
 use brink_engine::{Engine, EngineOptions, GenerateParams};
 use serde_json::Value as Json;
 
 const N_PREDICT: usize = 32;
 const TOLERANCE: f64 = 1e-4;
+const SHORT: &str = "The quick brown fox jumps over the lazy dog. Hello, world! 1234 + 5678 =";
+/// Where the chunked prefill splits the synthetic model's long prompt: inside the window of
+/// every later query.
+const CHUNK: usize = 100;
+
+fn long_prompt() -> String {
+    let sentence = "The model reads the whole context on odd layers and only the last window on even ones, ";
+    (0..12).map(|i| format!("{i}: {sentence}")).collect()
+}
 
 fn have_llama_cpp() -> bool {
     let required = std::env::var("BRINK_REQUIRE_PY").as_deref() == Ok("1");
@@ -70,6 +82,13 @@ fn brink(model: &Path, prompt: &str, prefill_chunk: usize) -> Reference {
     let p = GenerateParams { max_tokens: N_PREDICT, sampling: Default::default(), stop_tokens: Vec::new(), record_logits: true };
     let g = engine.generate(0, &prompt_tokens, &p, |_| true).unwrap();
     Reference { prompt_tokens, tokens: g.tokens, logits: g.logits.concat() }
+}
+
+fn generate(dir: &Path) -> PathBuf {
+    let spec = GptOssSpec::from_preset(GptOssPreset::Tiny);
+    let path = dir.join("gpt-oss-tiny.gguf");
+    gpt_oss::generate(&spec, &path, |_, _| {}).unwrap();
+    path
 }
 
 fn diff(model: &Path, ours: &Reference, theirs: &Reference) -> LogitDiff {
@@ -144,7 +163,7 @@ fn perturb_expert(model: &Path, copy: &Path) {
 }
 
 #[test]
-fn the_comparison_fails_on_a_gpt_oss_model_with_one_expert_perturbed() {
+fn the_comparison_fails_on_the_gguf_py_gpt_oss_with_one_expert_perturbed() {
     if !have_llama_cpp() {
         return;
     }
@@ -155,7 +174,66 @@ fn the_comparison_fails_on_a_gpt_oss_model_with_one_expert_perturbed() {
     let prompt: String = (0..20).map(|i| format!("word{i} is here. ")).collect();
     let ours = brink(&model, &prompt, 512);
     let d = diff(&model, &ours, &llama(&perturbed, &prompt));
-    eprintln!("brink on the gpt-oss model vs llama.cpp on the perturbed copy: {d:?}");
+    eprintln!("brink on the gguf-py gpt-oss vs llama.cpp on the perturbed copy: {d:?}");
     assert!(!d.within(TOLERANCE), "a perturbed expert went unnoticed: {d:?}");
     assert!(diff(&model, &ours, &llama(&model, &prompt)).within(TOLERANCE), "the unperturbed file must pass");
+}
+
+#[test]
+fn cpu_backend_matches_llama_cpp_on_the_synthetic_gpt_oss() {
+    if !have_llama_cpp() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let model = generate(dir.path());
+    let window = GptOssPreset::Tiny.shape().sliding_window as usize;
+    let long = long_prompt();
+    let mut failures = Vec::new();
+    for (name, prompt, chunk) in [("short", SHORT, 512), ("long", long.as_str(), 512), ("long, chunked", long.as_str(), CHUNK)] {
+        let (theirs, ours) = (llama(&model, prompt), brink(&model, prompt, chunk));
+        let d = diff(&model, &ours, &theirs);
+        let n = ours.prompt_tokens.len();
+        if name.starts_with("long") {
+            assert!(
+                n > window + CHUNK / 2 && n > CHUNK,
+                "the long prompt is {n} tokens: not past the {window}-token window and the chunk edge"
+            );
+        }
+        eprintln!(
+            "gpt-oss tiny {name:<14} prompt {n:>3} tokens {} | greedy {}/{} identical | max rel logit err {:.2e} (row {}, tolerance {:.0e})",
+            if ours.prompt_tokens == theirs.prompt_tokens { "identical" } else { "DIFFER" },
+            ours.tokens.iter().zip(&theirs.tokens).take_while(|(a, b)| a == b).count(),
+            N_PREDICT,
+            d.max_rel_err,
+            d.worst_row,
+            TOLERANCE
+        );
+        if ours.prompt_tokens != theirs.prompt_tokens {
+            failures.push(format!("{name}: tokenization {:?} vs llama.cpp {:?}", ours.prompt_tokens, theirs.prompt_tokens));
+        }
+        if ours.tokens != theirs.tokens {
+            failures.push(format!("{name}: greedy {:?} vs llama.cpp {:?}", ours.tokens, theirs.tokens));
+        }
+        if !d.within(TOLERANCE) {
+            failures.push(format!("{name}: {d:?} over tolerance {TOLERANCE}"));
+        }
+    }
+    assert!(failures.is_empty(), "gpt-oss parity failures:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn the_comparison_fails_on_the_synthetic_gpt_oss_with_one_expert_perturbed() {
+    if !have_llama_cpp() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let model = generate(dir.path());
+    let perturbed = dir.path().join("perturbed.gguf");
+    perturb_expert(&model, &perturbed);
+    let long = long_prompt();
+    let ours = brink(&model, &long, 512);
+    let d = diff(&model, &ours, &llama(&perturbed, &long));
+    eprintln!("brink on the synthetic gpt-oss vs llama.cpp on the perturbed copy: {d:?}");
+    assert!(!d.within(TOLERANCE), "a perturbed expert went unnoticed: {d:?}");
+    assert!(diff(&model, &ours, &llama(&model, &long)).within(TOLERANCE), "the unperturbed file must pass");
 }
