@@ -214,13 +214,21 @@ pub fn not_ready(path: &str, answer: &Result<(StatusCode, Bytes), String>) -> Op
 }
 
 async fn fetch(client: &UpstreamClient, base: &str, path: &str, key: Option<&str>) -> Result<(StatusCode, Bytes), String> {
-    let mut req = Request::get(format!("{base}{path}"));
-    if let Some(k) = key {
-        req = req.header(header::AUTHORIZATION, format!("Bearer {k}"));
-    }
-    let req = req.body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
+    let request = || {
+        let mut req = Request::get(format!("{base}{path}"));
+        if let Some(k) = key {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {k}"));
+        }
+        req.body(Full::new(Bytes::new())).map_err(|e| e.to_string())
+    };
     let work = async {
-        let resp = client.request(req).await.map_err(|e| crate::proxy::describe_client_error(&e))?;
+        // A pooled connection the replica closed as the poll went out: a GET is sent again once,
+        // on a new connection, rather than marking the replica down.
+        let resp = match client.request(request()?).await {
+            Err(e) if crate::proxy::closed_before_response(&e) => client.request(request()?).await,
+            first => first,
+        };
+        let resp = resp.map_err(|e| crate::proxy::describe_client_error(&e))?;
         let status = resp.status();
         let body = http_body_util::Limited::new(resp.into_body(), MAX_POLL_BODY).collect().await.map_err(|e| e.to_string())?;
         Ok((status, body.to_bytes()))

@@ -32,11 +32,21 @@ pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 /// Largest request body taken (the engine's limit: a 24k-token prompt is ~100 KB of text).
 pub const MAX_BODY_BYTES: usize = 32 << 20;
 
+/// How long a connection to a replica may sit idle in the pool and still be reused: under the
+/// 5 s after which common servers close an idle keep-alive connection (llama.cpp's `llama-server`
+/// through cpp-httplib, uvicorn under vLLM). Reusing one the server is closing fails the request
+/// with "connection closed before message completed": a poll that marks a healthy replica down,
+/// or a 502 where no other replica serves the model (seen with llama-server behind the gateway).
+pub const POOL_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
 pub fn client() -> UpstreamClient {
     let mut http = HttpConnector::new();
     http.set_connect_timeout(Some(std::time::Duration::from_secs(5)));
     http.set_nodelay(true);
-    Client::builder(hyper_util::rt::TokioExecutor::new()).build(http)
+    Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .pool_timer(hyper_util::rt::TokioTimer::new())
+        .build(http)
 }
 
 /// The retry reason of a refusing status: 503 (restarting, overloaded) or 429 (queue full).
@@ -449,6 +459,12 @@ fn classify(e: &hyper_util::client::legacy::Error) -> (&'static str, String) {
         source = s.source();
     }
     ("connection_error", message)
+}
+
+/// Whether the connection closed or was reset before any response came (on a pooled connection,
+/// a request that may be sent again when it is idempotent).
+pub fn closed_before_response(e: &hyper_util::client::legacy::Error) -> bool {
+    matches!(classify(e).0, "connection_closed" | "connection_reset")
 }
 
 /// The error and its causes on one line (hyper's top-level message alone says little).
