@@ -68,7 +68,5 @@ static __device__ __forceinline__ void moe_gemm_tile(const int* __restrict__ sor
                        moe_gemm_tile<BM, BN, KB, TM, TN, WT, PF != 0>(sorted_ids, tile_expert, a, w, y, pairs, n, nb, experts, a_rows)); \
     }
 
-MOE_GEMM_KERNEL(moe_gemm_m64n64k4, 64, 64, 4, 4, 4, 0)
-MOE_GEMM_KERNEL(moe_gemm_m64n128k16, 64, 128, 16, 4, 4, 0)
-MOE_GEMM_KERNEL(moe_gemm_m64n128k4, 64, 128, 4, 4, 4, 0)
 MOE_GEMM_KERNEL(moe_gemm_m64n64k4_pf, 64, 64, 4, 4, 4, 1)
+MOE_GEMM_KERNEL(moe_gemm_m64n64k4, 64, 64, 4, 4, 4, 0)

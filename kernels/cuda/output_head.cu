@@ -12,8 +12,8 @@
 // Two kernels, chosen by the plan from R:
 // - output_head_gemm (R > 8): grid.x = row tiles of HEAD_BM rows (they grow with tokens),
 //   grid.y = column tiles of HEAD_BN (bounded: 2,374 for V = 151,936; the plan refuses past
-//   65535 tiles), 256 threads each computing 4 x 4 outputs, the K loop of gemm_tile.cuh
-//   (23,552 B dynamic shared memory: within every card's 48 KiB). Spare rows of the last row
+//   65535 tiles), 256 threads each computing 4 x 4 outputs, the K loop of gemm_tile.cuh with
+//   each next step prefetched (23,552 B dynamic shared memory: within every card's 48 KiB). Spare rows of the last row
 //   tile read the last real row and spare columns the last W row; both are masked at the store,
 //   after the last barrier.
 // - output_head_gemv (R <= 8, decode): grid.x = column tiles of 8 rows of W, one warp per W row
@@ -56,7 +56,7 @@ static __device__ __forceinline__ void head_gemm_tile(const u32* __restrict__ x,
     }
 
     float acc[HEAD_TM][HEAD_TN];
-    gemm_tile_loop<HEAD_BM, HEAD_BN, HEAD_KB, HEAD_TM, HEAD_TN, WT>(x, src, w, weight_row_bytes(WT, nb * QK), (u64)vocab, col0, nb, smem,
+    gemm_tile_loop<HEAD_BM, HEAD_BN, HEAD_KB, HEAD_TM, HEAD_TN, WT, true>(x, src, w, weight_row_bytes(WT, nb * QK), (u64)vocab, col0, nb, smem,
                                                                    acc);
 
     // No barrier below: spare rows and columns are masked here, at the store.
@@ -73,8 +73,9 @@ static __device__ __forceinline__ void head_gemm_tile(const u32* __restrict__ x,
     }
 }
 
-// At least 2 blocks per SM: up to 128 registers a thread (as moe_gemm.cu's 256-thread tile).
-extern "C" __global__ void __launch_bounds__(HEAD_THREADS, 2)
+// One block per SM asked of ptxas: the prefetched step stays in registers (as moe_gemm.cu's
+// default tile; at the 128 registers of 2 blocks it would spill).
+extern "C" __global__ void __launch_bounds__(HEAD_THREADS, 1)
 output_head_gemm(const u32* x, const int* rows, u64 n_rows, u64 x_rows, const unsigned char* w, int wtype, float* out, int vocab, int nb) {
     GRID_DEPENDENCY_WAIT();
     __shared__ u64 src[HEAD_BM];

@@ -10,9 +10,10 @@
 //! visible. So the ordering of memory is exactly that of the plain chain; only the launch
 //! latency is hidden. Edges to or from other nodes keep their ordinary kind.
 //!
-//! Off by default: measured on an H100 (docs/perf-notes.md, entry 10) it made decode slower,
-//! 225.9 -> 213.1 tok/s for one sequence and 640.7 -> 582.7 for eight, with the same binary;
-//! `BRINK_GRAPH_OVERLAP=start` turns it on to measure other kernels or devices.
+//! [`KernelOverlap::Exit`] is the default where the device has programmatic edges: measured on
+//! an H100 against ordinary edges with the same binary (docs/perf-notes.md, entry 11), decode
+//! 232.4 -> 238.1 tok/s for one sequence and 679.1 -> 685.2 for eight; `Start` was slower
+//! (224.0 and 638.9; entry 10 too). `BRINK_GRAPH_OVERLAP=off|start|exit` picks one to measure.
 
 use std::sync::Arc;
 
@@ -22,25 +23,27 @@ use cudarc::driver::{CudaStream, DriverError};
 /// How the kernels of a replayed graph follow one another.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelOverlap {
-    /// Ordinary edges: a kernel is launched after the one before has finished (the default).
+    /// Ordinary edges: a kernel is launched after the one before has finished (devices below
+    /// compute capability 9.0 always).
     Off,
     /// Programmatic edges from the launch-completion port (module doc). Needs compute
     /// capability 9.0 (Hopper, GB10); older devices get [`KernelOverlap::Off`].
     Start,
     /// Programmatic edges from the programmatic port: no kernel triggers its dependents, so
     /// the next kernel is scheduled when every block of the one before has exited, without
-    /// waiting for the grid's completion to be processed, and no block spins meanwhile.
+    /// waiting for the grid's completion to be processed, and no block spins meanwhile (the
+    /// default from compute capability 9.0).
     Exit,
 }
 
 impl KernelOverlap {
-    /// From `BRINK_GRAPH_OVERLAP` (`off`, `start` or `exit`; unset: `off`) and the device's compute
+    /// From `BRINK_GRAPH_OVERLAP` (`off`, `start` or `exit`; unset: `exit`) and the device's compute
     /// capability; an unknown value is an error naming it.
     pub fn choose(env: Option<&str>, compute_capability: (u32, u32)) -> Result<KernelOverlap, String> {
         let wanted = match env.map(str::trim) {
-            None | Some("") | Some("off") => KernelOverlap::Off,
+            None | Some("") | Some("exit") => KernelOverlap::Exit,
+            Some("off") => KernelOverlap::Off,
             Some("start") => KernelOverlap::Start,
-            Some("exit") => KernelOverlap::Exit,
             Some(other) => return Err(format!("BRINK_GRAPH_OVERLAP={other:?}: expected \"off\", \"start\" or \"exit\"")),
         };
         Ok(if compute_capability.0 >= 9 { wanted } else { KernelOverlap::Off })
@@ -179,7 +182,9 @@ mod tests {
 
     #[test]
     fn overlap_is_off_unless_asked_and_only_on_hopper_and_later() {
-        assert_eq!(KernelOverlap::choose(None, (9, 0)), Ok(KernelOverlap::Off));
+        assert_eq!(KernelOverlap::choose(None, (9, 0)), Ok(KernelOverlap::Exit));
+        assert_eq!(KernelOverlap::choose(None, (12, 1)), Ok(KernelOverlap::Exit));
+        assert_eq!(KernelOverlap::choose(None, (8, 9)), Ok(KernelOverlap::Off));
         assert_eq!(KernelOverlap::choose(Some("start"), (9, 0)), Ok(KernelOverlap::Start));
         assert_eq!(KernelOverlap::choose(Some("start"), (12, 1)), Ok(KernelOverlap::Start));
         assert_eq!(KernelOverlap::choose(Some("start"), (8, 9)), Ok(KernelOverlap::Off));

@@ -227,7 +227,7 @@ impl Gpu {
     }
 
     /// Ends the recording started by [`Gpu::begin_capture`] and instantiates it, its
-    /// kernel-to-kernel edges made programmatic with `BRINK_GRAPH_OVERLAP=start` ([`graph`]).
+    /// kernel-to-kernel edges made programmatic unless `BRINK_GRAPH_OVERLAP=off` ([`graph`]).
     /// The recorded work has not run: launch the graph for that.
     pub fn end_capture(&self) -> Result<StepGraph, GpuError> {
         // No instantiate flags: a captured step allocates nothing (the backend checks).

@@ -19,7 +19,7 @@ use brink_kernels::cuda::{Gpu, GpuError};
 use brink_kernels::launch::PlanError;
 use brink_kernels::ops::moe_align::{self, AlignedDevice};
 use brink_kernels::ops::moe_combine::{self, CombineCase};
-use brink_kernels::ops::moe_gemm::{self, DEFAULT_TILE, GemmBuffers, GemmCase};
+use brink_kernels::ops::moe_gemm::{self, GemmBuffers, GemmCase};
 use brink_kernels::ops::moe_gemv::{self, GemvBuffers, GemvDims};
 use brink_kernels::ops::moe_gemv_fused::{self, CombineBuffers, FfnDims, GateUpBuffers};
 use brink_kernels::ops::quantize::{self, Source};
@@ -176,7 +176,8 @@ pub(crate) fn moe(
         // The down GEMV's epilogue is the combine: it writes `out` itself.
         RoutedPath::Gemv => return experts_gemv(gpu, s, &d, [&gate, &up, &down], out),
         RoutedPath::Gemm => {
-            let (t, k, e, tile) = (d.tokens as u64, d.top_k as u32, d.experts as u32, DEFAULT_TILE.m);
+            let tile = moe_gemm::configured_tile().map_err(|e| fail(format!("moe: {e}")))?.m;
+            let (t, k, e) = (d.tokens as u64, d.top_k as u32, d.experts as u32);
             let aligned = match s.aligned.take() {
                 Some(mut a) => moe_align::align_into(gpu, &s.ids, t, k, e, tile, &mut a).map(|()| a),
                 None => moe_align::align_gpu(gpu, &s.ids, t, k, e, tile),
@@ -281,7 +282,8 @@ fn experts_gemm(
     al: &AlignedDevice,
     [gate, up, down]: [&Experts<'_>; 3],
 ) -> Result<(), BackendError> {
-    let rows = moe_align::max_padded_rows(d.tokens as u64, d.top_k as u32, d.experts as u32, DEFAULT_TILE.m);
+    let tile = moe_gemm::configured_tile().map_err(|e| fail(format!("moe: {e}")))?;
+    let rows = moe_align::max_padded_rows(d.tokens as u64, d.top_k as u32, d.experts as u32, tile.m);
     let rows_usize = usize::try_from(rows).map_err(|_| fail(format!("moe: {rows} padded rows")))?;
     ensure_ffn(gpu, s, d, q8_1_bytes(rows_usize, d.ffn)).map_err(gate.failed("GEMM"))?;
     s.a.ensure(gpu, q8_1_bytes(rows_usize, d.hidden)).map_err(gate.failed("GEMM"))?;
@@ -299,12 +301,12 @@ fn experts_gemm(
     };
     for (e, y) in [(gate, &mut s.gate), (up, &mut s.up)] {
         let bufs = GemmBuffers { sorted_ids: &al.sorted_ids, tile_expert: &al.tile_expert, a: &s.a, w: e.bytes, y: &mut **y };
-        moe_gemm::launch(gpu, t, &case(e, d.ffn, d.hidden), &DEFAULT_TILE, bufs).map_err(e.failed("GEMM"))?;
+        moe_gemm::launch(gpu, t, &case(e, d.ffn, d.hidden), tile, bufs).map_err(e.failed("GEMM"))?;
     }
     // The activations' rows are pairs: gathered one row per pair id.
     swiglu_q8_1(gpu, s, d, Source::Gather { sorted_ids: &al.sorted_ids, rows_per_token: 1 }, rows)?;
     let bufs = GemmBuffers { sorted_ids: &al.sorted_ids, tile_expert: &al.tile_expert, a: &s.act_q, w: down.bytes, y: &mut *s.down };
-    moe_gemm::launch(gpu, t, &case(down, d.hidden, d.ffn), &DEFAULT_TILE, bufs).map_err(down.failed("GEMM"))
+    moe_gemm::launch(gpu, t, &case(down, d.hidden, d.ffn), tile, bufs).map_err(down.failed("GEMM"))
 }
 
 /// `act_q = q8_1(silu(gate) · up)` (llama.cpp's `ggml_swiglu_split`, then the down
