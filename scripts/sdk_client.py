@@ -1,6 +1,6 @@
 """Drives a running `brink-agent serve` with the official OpenAI and Anthropic Python SDKs.
 
-Usage: sdk_client.py BASE_URL MODEL [watchdog|prefix-cache]. Prints one JSON object with what each call returned; the
+Usage: sdk_client.py BASE_URL MODEL [watchdog|prefix-cache|gpt-oss]. Prints one JSON object with what each call returned; the
 Rust test (engine/tests/server_http.rs) checks it against the tokenizer and the raw HTTP answers.
 Errors are caught per call and reported by SDK exception class and status, so a failing call
 names itself instead of ending the script.
@@ -103,6 +103,100 @@ def prefix_cache():
     print(json.dumps(res))
 
 
+def gpt_oss():
+    res = {}
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    ant_tools = [{"name": "get_weather", "description": "Weather of a city", "input_schema": tools[0]["function"]["parameters"]}]
+
+    def extra(obj, key):
+        return (obj.model_extra or {}).get(key)
+
+    def openai_once(messages, **kw):
+        r = oai.chat.completions.create(model=model, messages=messages, max_tokens=128, temperature=0, **kw)
+        m = r.choices[0].message
+        calls = [{"id": c.id, "name": c.function.name, "arguments": json.loads(c.function.arguments)} for c in m.tool_calls or []]
+        return {"content": m.content, "reasoning": extra(m, "reasoning_content"), "finish": r.choices[0].finish_reason,
+                "calls": calls}
+
+    def openai_stream(messages, **kw):
+        content, reasoning, finish, calls = "", "", None, {}
+        for chunk in oai.chat.completions.create(model=model, messages=messages, max_tokens=128, temperature=0,
+                                                 stream=True, **kw):
+            for c in chunk.choices:
+                content += c.delta.content or ""
+                reasoning += extra(c.delta, "reasoning_content") or ""
+                finish = c.finish_reason or finish
+                for t in c.delta.tool_calls or []:
+                    call = calls.setdefault(t.index, {"id": None, "name": "", "arguments": ""})
+                    call["id"] = t.id or call["id"]
+                    if t.function is not None:
+                        call["name"] += t.function.name or ""
+                        call["arguments"] += t.function.arguments or ""
+        calls = [{**c, "arguments": json.loads(c["arguments"])} for _, c in sorted(calls.items())]
+        return {"content": content, "reasoning": reasoning, "finish": finish, "calls": calls}
+
+    ask = [{"role": "user", "content": "ALPHA: what is 2+2?"}]
+    res["openai"] = openai_once(ask, reasoning_effort="high")
+    res["openai_stream"] = openai_stream(ask, reasoning_effort="high")
+    res["openai_low"] = openai_once(ask, reasoning_effort="low")
+
+    weather = [{"role": "user", "content": "GAMMA: weather in Paris?"}]
+    for name, call in [("openai_tools", openai_once), ("openai_tools_stream", openai_stream)]:
+        first = call(weather, tools=tools)
+        res[name] = first
+        if first["calls"]:
+            c = first["calls"][0]
+            back = weather + [
+                {"role": "assistant", "content": None, "tool_calls": [{"id": c["id"], "type": "function", "function": {
+                    "name": c["name"], "arguments": json.dumps(c["arguments"])}}]},
+                {"role": "tool", "tool_call_id": c["id"], "content": "sunny"}]
+            res[name + "_result"] = call(back, tools=tools)
+
+    def blocks(content):
+        out = []
+        for b in content:
+            if b.type == "thinking":
+                out.append({"type": "thinking", "text": b.thinking})
+            elif b.type == "text":
+                out.append({"type": "text", "text": b.text})
+            elif b.type == "tool_use":
+                out.append({"type": "tool_use", "id": b.id, "name": b.name, "input": b.input})
+        return out
+
+    def anthropic_once(messages, **kw):
+        m = ant.messages.create(model=model, messages=messages, max_tokens=128, temperature=0, **kw)
+        return {"blocks": blocks(m.content), "stop_reason": m.stop_reason}
+
+    def anthropic_stream(messages, **kw):
+        events = []
+        with ant.messages.stream(model=model, messages=messages, max_tokens=128, temperature=0, **kw) as s:
+            for event in s:
+                if event.type == "content_block_start":
+                    events.append(event.content_block.type)
+            final = s.get_final_message()
+        return {"blocks": blocks(final.content), "stop_reason": final.stop_reason, "block_starts": events}
+
+    ask = [{"role": "user", "content": "BETA: what is 2+2?"}]
+    res["anthropic"] = anthropic_once(ask)
+    res["anthropic_stream"] = anthropic_stream(ask)
+    weather = [{"role": "user", "content": "DELTA: weather in Paris?"}]
+    for name, call in [("anthropic_tools", anthropic_once), ("anthropic_tools_stream", anthropic_stream)]:
+        first = call(weather, tools=ant_tools)
+        res[name] = first
+        uses = [b for b in first["blocks"] if b["type"] == "tool_use"]
+        if uses:
+            u = uses[0]
+            back = weather + [
+                {"role": "assistant", "content": [{"type": "tool_use", "id": u["id"], "name": u["name"], "input": u["input"]}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": u["id"], "content": "sunny"}]}]
+            res[name + "_result"] = call(back, tools=ant_tools)
+    print(json.dumps(res))
+
+
+if len(sys.argv) > 3 and sys.argv[3] == "gpt-oss":
+    gpt_oss()
+    sys.exit(0)
 if len(sys.argv) > 3 and sys.argv[3] == "watchdog":
     watchdog()
     sys.exit(0)

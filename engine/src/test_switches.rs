@@ -12,6 +12,9 @@ pub const INJECT_FAULT: &str = "BRINK_INJECT_FAULT";
 pub const CLAIM_BACKEND: &str = "BRINK_TEST_CLAIM_BACKEND";
 /// `1`: the engine child runs on the CPU and claims the backend it was asked for.
 pub const SILENT_CPU: &str = "BRINK_TEST_SILENT_CPU";
+/// A JSON file of scripted replies the server generates in place of sampled tokens
+/// (`server::scripted`), so tests can drive a synthetic model's output format.
+pub const SCRIPT_REPLY: &str = "BRINK_TEST_SCRIPT_REPLY";
 
 /// Whether this build honours the switches.
 pub const COMPILED: bool = cfg!(feature = "test-switches");

@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod protocol;
 pub mod ready_check;
 pub mod requeue;
+pub mod scripted;
 pub mod state;
 pub mod supervisor;
 pub mod telemetry;

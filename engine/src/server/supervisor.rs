@@ -12,7 +12,7 @@
 //! the others fail with 503. A child that dies or breaks the pipe goes the same way with a crash
 //! report. Restarts that keep failing back off.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{BufReader, BufWriter};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -26,6 +26,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::jobs::{Event, Job, JobEnd, Loaded, WorkerConfig, quarantined, rejected};
 use super::protocol::{ChildConfig, FromChild, ToChild, WireChunk, backend_name, read_frame, write_frame};
 use super::requeue::{AfterRestart, InFlight, after_restart};
+use super::scripted::Script;
 use super::state::Heartbeat;
 use super::telemetry::{ChunkTrace, GenAiLabels, RequestEnd, RequestTrace};
 use super::watchdog::{FailureKind, FailureReport, RecentProgress, ReportChunk, StallClock, backoff};
@@ -224,6 +225,8 @@ struct Active {
     stream: bool,
     /// Times it ran again after a restart.
     requeued: u32,
+    /// Test-only scripted tokens still to generate in place of sampled ones (`scripted`).
+    scripted: VecDeque<u32>,
 }
 
 enum StepOutcome {
@@ -282,6 +285,8 @@ struct Supervisor {
     failures: u32,
     reports: u64,
     recent: RecentProgress,
+    /// Test-only scripted replies (`BRINK_TEST_SCRIPT_REPLY`).
+    script: Option<Script>,
 }
 
 fn unix_ms() -> u64 {
@@ -345,6 +350,7 @@ impl Supervisor {
         let sched_cfg = SchedConfig { limits, context: geometry.context, max_queue: w.max_queue, retry_after_secs: 1 };
         let sched = Scheduler::new(sched_cfg, kv).map_err(|e| drop_board(e.to_string()))?;
         let loaded = Loaded { tokenizer: Arc::new(tokenizer), template, context: geometry.context, backend: geometry.backend.clone() };
+        let script = Script::from_switch(&loaded.tokenizer).map_err(drop_board)?;
         let quarantine = Quarantine::new(cfg.quarantine_min_chunk, cfg.quarantine_max_strikes);
         hb.beat();
         hb.engine_pid.store(child.pid as u64, Ordering::Relaxed);
@@ -366,6 +372,7 @@ impl Supervisor {
             failures: 0,
             reports: 0,
             recent: RecentProgress::new(16),
+            script,
         };
         Ok((sup, loaded))
     }
@@ -440,6 +447,7 @@ impl Supervisor {
                 return;
             }
         };
+        let scripted = self.script.as_ref().map(|s| s.reply_for(&job.prompt)).unwrap_or_default();
         let req = Request { id, prompt: job.prompt, max_new_tokens: job.max_tokens, limits };
         match self.sched.submit(req) {
             Ok(_) => {
@@ -463,6 +471,7 @@ impl Supervisor {
                     trace,
                     stream: job.stream,
                     requeued: 0,
+                    scripted,
                 };
                 self.active.insert(id, active);
             }
@@ -631,7 +640,13 @@ impl Supervisor {
     fn complete(&mut self, plan: &StepPlan, sampled: &[u32]) {
         let cached: HashMap<SeqId, usize> =
             plan.logit_chunks().filter_map(|c| self.sched.cached_tokens(c.seq).map(|n| (c.seq, n))).collect();
-        let emitted = match self.sched.complete_step(plan, sampled) {
+        let mut sampled = sampled.to_vec();
+        for (token, c) in sampled.iter_mut().zip(plan.logit_chunks()) {
+            if let Some(t) = self.active.get_mut(&c.seq).and_then(|a| a.scripted.pop_front()) {
+                *token = t;
+            }
+        }
+        let emitted = match self.sched.complete_step(plan, &sampled) {
             Ok(e) => e,
             Err(e) => return self.fail_plan(plan, &e.to_string()),
         };
