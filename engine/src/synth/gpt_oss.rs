@@ -30,10 +30,10 @@ use crate::gguf::{GgufError, GgufWriter};
 
 use super::error::{ShapeField, SynthError};
 use super::presets::GptOssPreset;
-use super::qwen3moe::{Init, LOGIT_STD, MAX_EXPERTS, MAX_LAYERS, TensorPlan};
+use super::qwen3moe::{Init, LOGIT_STD, MoeDims, Qwen3MoeShape, TensorPlan, dim_u32};
 use super::scheme::{Matrix, QuantScheme};
 use super::vocab::{Layout, TRAINED_TOKENS, Vocab};
-use super::{ModelPlan, PRESET_KEY, Report, SEED_KEY, write_plan};
+use super::{ModelPlan, Report, check_storable, declare, write_plan};
 
 pub const ARCH: &str = "gpt-oss";
 
@@ -102,50 +102,9 @@ impl GptOssShape {
     /// Checks every field against what the format and llama.cpp accept.
     pub fn validate(&self) -> Result<(), SynthError> {
         use ShapeField as F;
-        let positive = [
-            (F::Layers, u64::from(self.layers)),
-            (F::Hidden, self.hidden),
-            (F::Experts, u64::from(self.experts)),
-            (F::TopK, u64::from(self.top_k)),
-            (F::ExpertFfn, self.expert_ffn),
-            (F::Heads, u64::from(self.heads)),
-            (F::KvHeads, u64::from(self.kv_heads)),
-            (F::HeadDim, self.head_dim),
-            (F::Context, u64::from(self.context)),
-            (F::SlidingWindow, u64::from(self.sliding_window)),
-            (F::YarnOriginalContext, u64::from(self.yarn_original_context)),
-        ];
-        if let Some((field, _)) = positive.iter().find(|(_, v)| *v == 0) {
-            return Err(SynthError::bad_shape(*field, 0, "must be at least 1"));
-        }
-        if self.layers > MAX_LAYERS {
-            return Err(SynthError::bad_shape(F::Layers, self.layers, format!("llama.cpp loads at most {MAX_LAYERS} layers")));
-        }
-        if self.experts > MAX_EXPERTS {
-            return Err(SynthError::bad_shape(F::Experts, self.experts, format!("llama.cpp loads at most {MAX_EXPERTS} experts")));
-        }
-        if self.top_k > self.experts {
-            return Err(SynthError::bad_shape(F::TopK, self.top_k, format!("more than the {} experts (--experts)", self.experts)));
-        }
-        if !self.heads.is_multiple_of(self.kv_heads) {
-            let problem = format!("must divide the {} query heads (--heads) for grouped-query attention", self.heads);
-            return Err(SynthError::bad_shape(F::KvHeads, self.kv_heads, problem));
-        }
-        if !self.head_dim.is_multiple_of(2) {
-            return Err(SynthError::bad_shape(F::HeadDim, self.head_dim, "must be even: RoPE rotates pairs of dimensions"));
-        }
-        let min_vocab = HARMONY.min_vocab();
-        if self.vocab < min_vocab || self.vocab > i32::MAX as u64 {
-            let problem =
-                format!("must be in {min_vocab}..={} (256 byte tokens and {} special tokens; ids are i32)", i32::MAX, SPECIALS.len());
-            return Err(SynthError::bad_shape(F::Vocab, self.vocab, problem));
-        }
-        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return Err(SynthError::bad_shape(F::RopeTheta, self.rope_theta, "must be a positive number"));
-        }
-        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0 && self.rms_eps < 1.0) {
-            return Err(SynthError::bad_shape(F::RmsEps, self.rms_eps, "must be in (0, 1)"));
-        }
+        let more_positive =
+            [(F::SlidingWindow, u64::from(self.sliding_window)), (F::YarnOriginalContext, u64::from(self.yarn_original_context))];
+        self.dims().validate(&more_positive, HARMONY)?;
         if !(self.yarn_factor.is_finite() && self.yarn_factor >= 1.0) {
             return Err(SynthError::bad_shape(F::YarnFactor, self.yarn_factor, "must be at least 1 (YaRN stretches the trained context)"));
         }
@@ -160,6 +119,13 @@ impl GptOssShape {
             return Err(SynthError::bad_shape(F::HeadDim, self.head_dim, format!("× {} heads does not fit in u32", self.heads)));
         }
         Ok(())
+    }
+
+    fn dims(&self) -> MoeDims {
+        let GptOssShape {
+            layers, hidden, experts, top_k, expert_ffn, heads, kv_heads, head_dim, vocab, context, rope_theta, rms_eps, ..
+        } = *self;
+        MoeDims { layers, hidden, experts, top_k, expert_ffn, heads, kv_heads, head_dim, vocab, context, rope_theta, rms_eps }
     }
 
     /// `heads × head_dim`: the width of Q and of the attention output.
@@ -227,15 +193,9 @@ impl GptOssShape {
         out
     }
 
-    /// The shape fields a tensor's row length comes from, for errors about it.
+    /// The shape fields a tensor's row length comes from, for errors about it (as qwen3moe's).
     pub fn row_fields(name: &str) -> &'static str {
-        if name.ends_with("attn_output.weight") {
-            "--heads × --head-dim"
-        } else if name.ends_with("ffn_down_exps.weight") {
-            "--expert-ffn"
-        } else {
-            "--hidden"
-        }
+        Qwen3MoeShape::row_fields(name)
     }
 
     /// Sets the `general.*` and `gpt-oss.*` keys the converter writes.
@@ -270,11 +230,6 @@ impl GptOssShape {
     }
 }
 
-/// A width for a u32 key: `validate` has checked that every one fits.
-fn dim_u32(v: u64) -> u32 {
-    u32::try_from(v).unwrap_or(u32::MAX)
-}
-
 /// What to generate: a gpt-oss model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GptOssSpec {
@@ -301,37 +256,9 @@ impl GptOssSpec {
     pub fn plan(&self) -> Result<ModelPlan, SynthError> {
         self.shape.validate()?;
         let tensors = self.shape.tensors(self.scheme);
-        for t in &tensors {
-            let ty = t.init.tensor_type();
-            if !t.dims[0].is_multiple_of(ty.block_size() as u64) {
-                return Err(SynthError::Unstorable {
-                    tensor: t.name.clone(),
-                    dims: t.dims.clone(),
-                    scheme: self.scheme,
-                    ty,
-                    row: t.dims[0],
-                    block: ty.block_size(),
-                    fields: GptOssShape::row_fields(&t.name).to_string(),
-                });
-            }
-        }
+        check_storable(&tensors, self.scheme, GptOssShape::row_fields)?;
         let vocab = Vocab::build_for(self.shape.vocab, HARMONY);
-        let mut writer = GgufWriter::new();
-        self.shape.write_metadata(&mut writer, self.scheme, &self.model_name())?;
-        writer.set(SEED_KEY, self.seed)?;
-        writer.set(PRESET_KEY, self.preset.name())?;
-        vocab.write_metadata(&mut writer)?;
-        for t in &tensors {
-            writer.add_tensor(&t.name, &t.dims, t.init.tensor_type().ggml())?;
-        }
-        Ok(ModelPlan {
-            writer,
-            tensors,
-            seed: self.seed,
-            vocab_tokens: vocab.len(),
-            bpe_tokens: vocab.bpe_tokens,
-            merges: vocab.merges.len(),
-        })
+        declare(tensors, &vocab, self.seed, self.preset.name(), |w| self.shape.write_metadata(w, self.scheme, &self.model_name()))
     }
 }
 

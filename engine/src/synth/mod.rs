@@ -30,7 +30,7 @@ use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::gguf::GgufWriter;
+use crate::gguf::{GgufError, GgufWriter};
 
 pub use error::{ShapeField, SynthError};
 pub use gpt_oss::{GptOssShape, GptOssSpec};
@@ -140,38 +140,50 @@ impl SynthSpec {
     pub fn plan(&self) -> Result<ModelPlan, SynthError> {
         self.shape.validate()?;
         let tensors = self.shape.tensors(self.scheme);
-        for t in &tensors {
-            let ty = t.init.tensor_type();
-            if !t.dims[0].is_multiple_of(ty.block_size() as u64) {
-                return Err(SynthError::Unstorable {
-                    tensor: t.name.clone(),
-                    dims: t.dims.clone(),
-                    scheme: self.scheme,
-                    ty,
-                    row: t.dims[0],
-                    block: ty.block_size(),
-                    fields: Qwen3MoeShape::row_fields(&t.name).to_string(),
-                });
-            }
-        }
+        check_storable(&tensors, self.scheme, Qwen3MoeShape::row_fields)?;
         let vocab = Vocab::build(self.shape.vocab);
-        let mut writer = GgufWriter::new();
-        self.shape.write_metadata(&mut writer, self.scheme, &self.model_name())?;
-        writer.set(SEED_KEY, self.seed)?;
-        writer.set(PRESET_KEY, self.preset.name())?;
-        vocab.write_metadata(&mut writer)?;
-        for t in &tensors {
-            writer.add_tensor(&t.name, &t.dims, t.init.tensor_type().ggml())?;
-        }
-        Ok(ModelPlan {
-            writer,
-            tensors,
-            seed: self.seed,
-            vocab_tokens: vocab.len(),
-            bpe_tokens: vocab.bpe_tokens,
-            merges: vocab.merges.len(),
-        })
+        declare(tensors, &vocab, self.seed, self.preset.name(), |w| self.shape.write_metadata(w, self.scheme, &self.model_name()))
     }
+}
+
+/// Checks that every tensor's rows cut into its type's blocks: one that cannot is an error naming
+/// it and the shape fields (`row_fields`) its row length comes from.
+fn check_storable(tensors: &[TensorPlan], scheme: QuantScheme, row_fields: fn(&str) -> &'static str) -> Result<(), SynthError> {
+    for t in tensors {
+        let ty = t.init.tensor_type();
+        if !t.dims[0].is_multiple_of(ty.block_size() as u64) {
+            return Err(SynthError::Unstorable {
+                tensor: t.name.clone(),
+                dims: t.dims.clone(),
+                scheme,
+                ty,
+                row: t.dims[0],
+                block: ty.block_size(),
+                fields: row_fields(&t.name).to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Declares a model's keys (the architecture's through `write_metadata`, then the seed, the
+/// preset and the vocabulary's) and its tensors.
+fn declare(
+    tensors: Vec<TensorPlan>,
+    vocab: &Vocab,
+    seed: u64,
+    preset: &str,
+    write_metadata: impl FnOnce(&mut GgufWriter) -> Result<(), GgufError>,
+) -> Result<ModelPlan, SynthError> {
+    let mut writer = GgufWriter::new();
+    write_metadata(&mut writer)?;
+    writer.set(SEED_KEY, seed)?;
+    writer.set(PRESET_KEY, preset)?;
+    vocab.write_metadata(&mut writer)?;
+    for t in &tensors {
+        writer.add_tensor(&t.name, &t.dims, t.init.tensor_type().ggml())?;
+    }
+    Ok(ModelPlan { writer, tensors, seed, vocab_tokens: vocab.len(), bpe_tokens: vocab.bpe_tokens, merges: vocab.merges.len() })
 }
 
 /// What [`generate`] wrote.
