@@ -14,13 +14,9 @@ use crate::model::{
 };
 
 use super::decoder::{Decoder, DecoderLayer, Loader};
+use super::moe_keys::{AttentionDims, MAX_LAYERS, MAX_WIDTH, attention_dims, check_full_rotary, experts, rope_theta};
 
 pub const ARCH: &str = "gpt-oss";
-
-const MAX_LAYERS: usize = 1024;
-const MAX_WIDTH: usize = 1 << 20;
-const MAX_HEADS: usize = 4096;
-const MAX_EXPERTS: usize = 1024;
 
 /// llama.cpp's `LLM_FFN_SWIGLU_OAI_MOE` constants (not read from the file).
 pub const SWIGLU_ALPHA: f32 = 1.702;
@@ -37,39 +33,16 @@ const DEFAULT_SWA_PATTERN: usize = 2;
 pub fn config(file: &GgufFile) -> Result<ModelConfig, ModelError> {
     let meta = file.metadata();
     let h = Hyper::new(meta, ARCH);
-    let hidden = h.count("embedding_length", MAX_WIDTH)?;
-    let heads = h.count("attention.head_count", MAX_HEADS)?;
-    let kv_heads = h.count("attention.head_count_kv", MAX_HEADS)?;
-    let head_dim = h.optional_count("attention.key_length", MAX_WIDTH)?.unwrap_or(hidden / heads);
-    if let Some(v) = h.optional_count("attention.value_length", MAX_WIDTH)?
-        && v != head_dim
-    {
-        return Err(h.bad(&h.key("attention.value_length"), v, format!("must equal attention.key_length ({head_dim})")));
-    }
-    if !heads.is_multiple_of(kv_heads) {
-        return Err(h.bad(&h.key("attention.head_count_kv"), kv_heads, format!("must divide attention.head_count ({heads})")));
-    }
+    let AttentionDims { hidden, heads, kv_heads, head_dim } = attention_dims(&h)?;
     if head_dim == 0 || !head_dim.is_multiple_of(2) {
         return Err(h.bad(&h.key("attention.key_length"), head_dim, "must be even for RoPE"));
     }
-    if let Some(rot) = h.optional_count("rope.dimension_count", MAX_WIDTH)?
-        && rot != head_dim
-    {
-        return Err(h.bad(&h.key("rope.dimension_count"), rot, format!("partial rotary embedding is not supported (head_dim {head_dim})")));
-    }
-    let experts = h.count("expert_count", MAX_EXPERTS)?;
-    let top_k = h.count("expert_used_count", MAX_EXPERTS)?;
-    if top_k > experts {
-        return Err(h.bad(&h.key("expert_used_count"), top_k, format!("must not exceed expert_count ({experts})")));
-    }
+    check_full_rotary(&h, head_dim)?;
+    let (experts, top_k) = experts(&h)?;
     let expert_ffn = h.count("expert_feed_forward_length", MAX_WIDTH)?;
     let vocab = file.require_tensor("token_embd.weight")?.dims().get(1).copied().unwrap_or(0) as usize;
     let context = h.count("context_length", 1 << 24)?;
-    let theta = match h.optional_f32("rope.freq_base")? {
-        Some(t) if t > 0.0 => t,
-        Some(t) => return Err(h.bad(&h.key("rope.freq_base"), t, "must be positive")),
-        None => 10_000.0,
-    };
+    let theta = rope_theta(&h)?;
     let rope = rope(&h, theta, context)?;
     let window = h.count("attention.sliding_window", 1 << 24)? as u32;
     let pattern = match meta.optional(&h.key("attention.sliding_window_pattern"), Metadata::get_u32)? {
@@ -78,26 +51,22 @@ pub fn config(file: &GgufFile) -> Result<ModelConfig, ModelError> {
     };
     let layers = h.count("block_count", MAX_LAYERS)?;
     let weights_scale = h.optional_f32("expert_weights_scale")?.filter(|&s| s != 0.0 && s != 1.0);
+    // The plain (qwen3moe) layer of these dimensions, with what gpt-oss changes.
+    let plain = LayerSpec::plain(heads, kv_heads, head_dim, theta, experts, top_k, expert_ffn);
     let spec = |il: usize| LayerSpec {
         attention: AttentionLayer {
-            heads,
-            kv_heads,
-            head_dim,
-            value_dim: head_dim,
-            scale: 1.0 / (head_dim as f32).sqrt(),
             rope,
             qk_norm: false,
             biases: true,
             window: is_swa(il, pattern).then_some(window),
             sinks: true,
+            ..plain.attention
         },
         ffn: FfnLayer {
-            experts,
-            top_k,
-            expert_ffn,
             gating: Gating::TopKThenSoftmax { weights_scale },
             activation: Activation::ClampedSwiGlu { alpha: SWIGLU_ALPHA, limit: SWIGLU_LIMIT },
             biases: true,
+            ..plain.ffn
         },
     };
     Ok(ModelConfig {

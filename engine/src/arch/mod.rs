@@ -5,6 +5,7 @@
 
 pub mod decoder;
 pub mod gpt_oss;
+mod moe_keys;
 pub mod qwen3moe;
 
 use crate::backend::{Backend, Batch, WeightRole};

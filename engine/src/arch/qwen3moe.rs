@@ -8,59 +8,29 @@ use crate::gguf::GgufFile;
 use crate::model::{AttentionConfig, Gating, Hyper, ModelConfig, ModelError, MoeConfig, TensorTypes};
 
 use super::decoder::{Decoder, DecoderLayer, Loader};
+use super::moe_keys::{AttentionDims, MAX_LAYERS, MAX_WIDTH, attention_dims, check_full_rotary, experts, rope_theta};
 
 pub const ARCH: &str = "qwen3moe";
-
-/// Upper bounds that keep a hostile file from sizing huge allocations through metadata; real
-/// models sit far below them.
-const MAX_LAYERS: usize = 1024;
-const MAX_WIDTH: usize = 1 << 20;
-const MAX_HEADS: usize = 4096;
-const MAX_EXPERTS: usize = 1024;
 
 /// Reads the hyperparameters; tensor shapes are checked against them when the weights load.
 pub fn config(file: &GgufFile) -> Result<ModelConfig, ModelError> {
     let meta = file.metadata();
     let h = Hyper::new(meta, ARCH);
-    let hidden = h.count("embedding_length", MAX_WIDTH)?;
-    let heads = h.count("attention.head_count", MAX_HEADS)?;
-    let kv_heads = h.count("attention.head_count_kv", MAX_HEADS)?;
-    let head_dim = match h.optional_count("attention.key_length", MAX_WIDTH)? {
-        Some(d) => d,
-        None => hidden / heads,
-    };
-    if let Some(v) = h.optional_count("attention.value_length", MAX_WIDTH)?
-        && v != head_dim
-    {
-        return Err(h.bad(&h.key("attention.value_length"), v, format!("must equal attention.key_length ({head_dim})")));
-    }
-    if !heads.is_multiple_of(kv_heads) {
-        return Err(h.bad(&h.key("attention.head_count_kv"), kv_heads, format!("must divide attention.head_count ({heads})")));
-    }
+    let AttentionDims { hidden, heads, kv_heads, head_dim } = attention_dims(&h)?;
+    // Unlike gpt-oss's, this check lets a head width of 0 through (no key_length and fewer
+    // hidden units than heads).
     if !head_dim.is_multiple_of(2) {
         return Err(h.bad(&h.key("attention.key_length"), head_dim, "must be even for RoPE"));
     }
-    if let Some(rot) = h.optional_count("rope.dimension_count", MAX_WIDTH)?
-        && rot != head_dim
-    {
-        return Err(h.bad(&h.key("rope.dimension_count"), rot, format!("partial rotary embedding is not supported (head_dim {head_dim})")));
-    }
-    let experts = h.count("expert_count", MAX_EXPERTS)?;
-    let top_k = h.count("expert_used_count", MAX_EXPERTS)?;
-    if top_k > experts {
-        return Err(h.bad(&h.key("expert_used_count"), top_k, format!("must not exceed expert_count ({experts})")));
-    }
+    check_full_rotary(&h, head_dim)?;
+    let (experts, top_k) = experts(&h)?;
     let expert_ffn = match h.optional_count("expert_feed_forward_length", MAX_WIDTH)? {
         Some(f) => f,
         // llama.cpp's fallback for files without the key.
         None => h.count("feed_forward_length", MAX_WIDTH)? / top_k,
     };
     let vocab = file.require_tensor("token_embd.weight")?.dims().get(1).copied().unwrap_or(0) as usize;
-    let rope_theta = match h.optional_f32("rope.freq_base")? {
-        Some(t) if t > 0.0 => t,
-        Some(t) => return Err(h.bad(&h.key("rope.freq_base"), t, "must be positive")),
-        None => 10_000.0,
-    };
+    let rope_theta = rope_theta(&h)?;
     let layers = h.count("block_count", MAX_LAYERS)?;
     let weights_scale = h.optional_f32("expert_weights_scale")?.filter(|&s| s != 0.0 && s != 1.0);
     let mut config = ModelConfig {
