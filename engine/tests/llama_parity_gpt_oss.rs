@@ -12,19 +12,18 @@
 //!
 //! Skipped with a message when llama-cpp-python is missing, unless BRINK_REQUIRE_PY=1.
 
+mod parity_common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use brink_engine::backend::cpu::CpuBackend;
 use brink_engine::gguf::GgufFile;
-use brink_engine::parity::{LogitDiff, compare};
 use brink_engine::synth::gpt_oss::{self, GptOssSpec};
 use brink_engine::synth::{self, GptOssPreset, Preset, SynthSpec};
-use brink_engine::tokenizer::Tokenizer;
-use brink_engine::{Engine, EngineOptions, GenerateParams};
-use serde_json::Value as Json;
+use parity_common::{brink, diff, have_llama_cpp, llama, summary};
 
-const N_PREDICT: usize = 32;
+/// The test, in the message that says it is skipped.
+const WHAT: &str = "the gpt-oss llama.cpp parity test";
 const TOLERANCE: f64 = 1e-4;
 const SHORT: &str = "The quick brown fox jumps over the lazy dog. Hello, world! 1234 + 5678 =";
 /// Where the chunked prefill splits the synthetic model's long prompt: inside the window of
@@ -36,64 +35,11 @@ fn long_prompt() -> String {
     (0..12).map(|i| format!("{i}: {sentence}")).collect()
 }
 
-fn have_llama_cpp() -> bool {
-    let required = std::env::var("BRINK_REQUIRE_PY").as_deref() == Ok("1");
-    if !cfg!(target_arch = "x86_64") {
-        let msg = "the llama.cpp reference is its x86-64 AVX2 build, and this is not x86-64";
-        assert!(!required, "BRINK_REQUIRE_PY=1 but {msg}");
-        eprintln!("skipping the gpt-oss llama.cpp parity test: {msg}");
-        return false;
-    }
-    let ok = Command::new("python3").args(["-c", "import llama_cpp"]).output().is_ok_and(|o| o.status.success());
-    if !ok {
-        let msg = "python3 with llama-cpp-python (pip install llama-cpp-python==0.3.36) is not available";
-        assert!(!required, "BRINK_REQUIRE_PY=1 but {msg}");
-        eprintln!("skipping the gpt-oss llama.cpp parity test: {msg}");
-    }
-    ok
-}
-
-struct Reference {
-    prompt_tokens: Vec<u32>,
-    tokens: Vec<u32>,
-    logits: Vec<f32>,
-}
-
-fn llama(model: &Path, prompt: &str) -> Reference {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/llama_ref.py");
-    let args = ["--model", model.to_str().unwrap(), "--prompt", prompt, "--n-predict", &N_PREDICT.to_string(), "--parse-special"];
-    let out = Command::new("python3").arg(script).args(args).output().expect("run python3");
-    assert!(out.status.success(), "llama_ref.py failed on {}:\n{}", model.display(), String::from_utf8_lossy(&out.stderr));
-    let j: Json = serde_json::from_slice(&out.stdout).expect("llama_ref.py prints JSON");
-    let system_info = j["system_info"].as_str().expect("llama_ref.py reports system_info");
-    assert!(system_info.contains("AVX2 = 1") && !system_info.contains("AVX512 = 1"), "not the pinned llama.cpp build: {system_info}");
-    let ids = |v: &Json| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
-    let logits =
-        j["logits"].as_array().unwrap().iter().flat_map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32)).collect();
-    Reference { prompt_tokens: ids(&j["prompt_tokens"]), tokens: ids(&j["tokens"]), logits }
-}
-
-fn brink(model: &Path, prompt: &str, prefill_chunk: usize) -> Reference {
-    let file = GgufFile::open(model).unwrap();
-    let tok = Tokenizer::from_gguf(file.metadata()).unwrap();
-    let prompt_tokens = tok.encode(prompt, true, true).unwrap();
-    let opts = EngineOptions { context: 512, slots: 1, prefill_chunk, ..EngineOptions::default() };
-    let mut engine = Engine::load(model, CpuBackend::new(), opts).unwrap();
-    let p = GenerateParams { max_tokens: N_PREDICT, sampling: Default::default(), stop_tokens: Vec::new(), record_logits: true };
-    let g = engine.generate(0, &prompt_tokens, &p, |_| true).unwrap();
-    Reference { prompt_tokens, tokens: g.tokens, logits: g.logits.concat() }
-}
-
 fn generate(dir: &Path) -> PathBuf {
     let spec = GptOssSpec::from_preset(GptOssPreset::Tiny);
     let path = dir.join("gpt-oss-tiny.gguf");
     gpt_oss::generate(&spec, &path, |_, _| {}).unwrap();
     path
-}
-
-fn diff(model: &Path, ours: &Reference, theirs: &Reference) -> LogitDiff {
-    let vocab = GgufFile::open(model).unwrap().require_tensor("token_embd.weight").unwrap().dims()[1] as usize;
-    compare(&ours.logits, &theirs.logits, vocab).expect("logits of the same shape")
 }
 
 /// A gpt-oss model written by gguf-py's own writer (scripts/gpt_oss_gguf_py.py: window 32,
@@ -116,7 +62,7 @@ const GGUF_PY_WINDOW: usize = 32;
 
 #[test]
 fn a_gpt_oss_model_written_by_gguf_py_matches_llama_cpp() {
-    if !have_llama_cpp() {
+    if !have_llama_cpp(WHAT) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -129,18 +75,8 @@ fn a_gpt_oss_model_written_by_gguf_py_matches_llama_cpp() {
         let d = diff(&model, &ours, &theirs);
         let n = ours.prompt_tokens.len();
         assert!(n > 2 * GGUF_PY_WINDOW && n > chunk.min(100), "the prompt is {n} tokens: not past the window and the chunk edges");
-        eprintln!(
-            "gguf-py gpt-oss {name:<8} prompt {n:>3} tokens {} | greedy {}/{} identical | max rel logit err {:.2e} (row {}, tolerance {:.0e})",
-            if ours.prompt_tokens == theirs.prompt_tokens { "identical" } else { "DIFFER" },
-            ours.tokens.iter().zip(&theirs.tokens).take_while(|(a, b)| a == b).count(),
-            N_PREDICT,
-            d.max_rel_err,
-            d.worst_row,
-            TOLERANCE
-        );
-        if ours.prompt_tokens != theirs.prompt_tokens || ours.tokens != theirs.tokens || !d.within(TOLERANCE) {
-            failures.push(format!("{name}: tokens {:?} vs {:?}, {d:?}", ours.tokens, theirs.tokens));
-        }
+        eprintln!("gguf-py gpt-oss {name:<8} prompt {n:>3} tokens {}", summary(&ours, &theirs, &d, TOLERANCE));
+        failures.extend(parity_common::failures(name, &ours, &theirs, &d, TOLERANCE));
     }
     assert!(failures.is_empty(), "gguf-py gpt-oss parity failures:\n{}", failures.join("\n"));
 }
@@ -162,26 +98,32 @@ fn perturb_expert(model: &Path, copy: &Path) {
     std::fs::write(copy, bytes).unwrap();
 }
 
+/// The must-fail control: brink on `model` against llama.cpp on a copy (in `dir`) with one
+/// expert perturbed is over the tolerance, and against llama.cpp on `model` itself within it.
+fn check_perturbed_is_told_apart(what: &str, dir: &Path, model: &Path, prompt: &str) {
+    let perturbed = dir.join("perturbed.gguf");
+    perturb_expert(model, &perturbed);
+    let ours = brink(model, prompt, 512);
+    let d = diff(model, &ours, &llama(&perturbed, prompt));
+    eprintln!("brink on {what} vs llama.cpp on the perturbed copy: {d:?}");
+    assert!(!d.within(TOLERANCE), "a perturbed expert went unnoticed: {d:?}");
+    assert!(diff(model, &ours, &llama(model, prompt)).within(TOLERANCE), "the unperturbed file must pass");
+}
+
 #[test]
 fn the_comparison_fails_on_the_gguf_py_gpt_oss_with_one_expert_perturbed() {
-    if !have_llama_cpp() {
+    if !have_llama_cpp(WHAT) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let model = gguf_py_model(dir.path());
-    let perturbed = dir.path().join("perturbed.gguf");
-    perturb_expert(&model, &perturbed);
     let prompt: String = (0..20).map(|i| format!("word{i} is here. ")).collect();
-    let ours = brink(&model, &prompt, 512);
-    let d = diff(&model, &ours, &llama(&perturbed, &prompt));
-    eprintln!("brink on the gguf-py gpt-oss vs llama.cpp on the perturbed copy: {d:?}");
-    assert!(!d.within(TOLERANCE), "a perturbed expert went unnoticed: {d:?}");
-    assert!(diff(&model, &ours, &llama(&model, &prompt)).within(TOLERANCE), "the unperturbed file must pass");
+    check_perturbed_is_told_apart("the gguf-py gpt-oss", dir.path(), &model, &prompt);
 }
 
 #[test]
 fn cpu_backend_matches_llama_cpp_on_the_synthetic_gpt_oss() {
-    if !have_llama_cpp() {
+    if !have_llama_cpp(WHAT) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -199,41 +141,18 @@ fn cpu_backend_matches_llama_cpp_on_the_synthetic_gpt_oss() {
                 "the long prompt is {n} tokens: not past the {window}-token window and the chunk edge"
             );
         }
-        eprintln!(
-            "gpt-oss tiny {name:<14} prompt {n:>3} tokens {} | greedy {}/{} identical | max rel logit err {:.2e} (row {}, tolerance {:.0e})",
-            if ours.prompt_tokens == theirs.prompt_tokens { "identical" } else { "DIFFER" },
-            ours.tokens.iter().zip(&theirs.tokens).take_while(|(a, b)| a == b).count(),
-            N_PREDICT,
-            d.max_rel_err,
-            d.worst_row,
-            TOLERANCE
-        );
-        if ours.prompt_tokens != theirs.prompt_tokens {
-            failures.push(format!("{name}: tokenization {:?} vs llama.cpp {:?}", ours.prompt_tokens, theirs.prompt_tokens));
-        }
-        if ours.tokens != theirs.tokens {
-            failures.push(format!("{name}: greedy {:?} vs llama.cpp {:?}", ours.tokens, theirs.tokens));
-        }
-        if !d.within(TOLERANCE) {
-            failures.push(format!("{name}: {d:?} over tolerance {TOLERANCE}"));
-        }
+        eprintln!("gpt-oss tiny {name:<14} prompt {n:>3} tokens {}", summary(&ours, &theirs, &d, TOLERANCE));
+        failures.extend(parity_common::failures(name, &ours, &theirs, &d, TOLERANCE));
     }
     assert!(failures.is_empty(), "gpt-oss parity failures:\n{}", failures.join("\n"));
 }
 
 #[test]
 fn the_comparison_fails_on_the_synthetic_gpt_oss_with_one_expert_perturbed() {
-    if !have_llama_cpp() {
+    if !have_llama_cpp(WHAT) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let model = generate(dir.path());
-    let perturbed = dir.path().join("perturbed.gguf");
-    perturb_expert(&model, &perturbed);
-    let long = long_prompt();
-    let ours = brink(&model, &long, 512);
-    let d = diff(&model, &ours, &llama(&perturbed, &long));
-    eprintln!("brink on the synthetic gpt-oss vs llama.cpp on the perturbed copy: {d:?}");
-    assert!(!d.within(TOLERANCE), "a perturbed expert went unnoticed: {d:?}");
-    assert!(diff(&model, &ours, &llama(&model, &long)).within(TOLERANCE), "the unperturbed file must pass");
+    check_perturbed_is_told_apart("the synthetic gpt-oss", dir.path(), &model, &long_prompt());
 }

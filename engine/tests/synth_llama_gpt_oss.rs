@@ -8,8 +8,9 @@
 //! Skipped with a message when python3 or llama-cpp-python is missing, unless BRINK_REQUIRE_PY=1
 //! (as scripts/test sets), where that is a failure.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod llama_common;
+
+use std::path::Path;
 
 use brink_engine::chat_template::ChatTemplate;
 use brink_engine::gguf::GgufFile;
@@ -17,34 +18,12 @@ use brink_engine::synth::gpt_oss::{self, GptOssSpec};
 use brink_engine::synth::{GptOssPreset, QuantScheme};
 use brink_engine::tokenizer::Tokenizer;
 use brink_kernels::quant::TensorType;
-use serde_json::{Value as Json, json};
+use llama_common::{check_continuation, have_llama_cpp, ids, llama_ref};
+use serde_json::json;
 
+/// The models, in the message that says the llama.cpp check is skipped.
+const WHAT: &str = "the synthetic gpt-oss models";
 const N_PREDICT: usize = 24;
-
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/llama_ref.py")
-}
-
-/// Whether llama-cpp-python is importable; panics when it is required and missing.
-fn have_llama_cpp() -> bool {
-    let ok = Command::new("python3").args(["-c", "import llama_cpp, numpy"]).output().is_ok_and(|o| o.status.success());
-    if !ok {
-        let msg = "python3 with llama-cpp-python (pip install llama-cpp-python==0.3.36) is not available";
-        assert!(std::env::var("BRINK_REQUIRE_PY").as_deref() != Ok("1"), "BRINK_REQUIRE_PY=1 but {msg}");
-        eprintln!("skipping the llama.cpp check of the synthetic gpt-oss models: {msg}");
-    }
-    ok
-}
-
-fn llama_ref(args: &[&str]) -> Json {
-    let out = Command::new("python3").arg(script()).args(args).output().expect("run python3");
-    assert!(out.status.success(), "llama_ref.py {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("llama_ref.py {args:?} printed no JSON ({e})"))
-}
-
-fn ids(v: &Json) -> Vec<u64> {
-    v.as_array().unwrap_or_else(|| panic!("not an array: {v}")).iter().map(|x| x.as_u64().expect("token id")).collect()
-}
 
 /// A prompt of ~200 tokens: past the 128-token window of the even layers.
 fn long_prompt() -> String {
@@ -69,28 +48,12 @@ fn check_model(dir: &Path, spec: &GptOssSpec) {
     let prompt_tokens = ids(&out["prompt_tokens"]);
     let window = spec.shape.sliding_window as usize;
     assert!(prompt_tokens.len() > window + 16, "{label}: the prompt is {} tokens, not past the {window}-token window", prompt_tokens.len());
-    let tokens = ids(&out["tokens"]);
-    assert_eq!(tokens.len(), N_PREDICT, "{label}");
-    let logits = out["logits"].as_array().unwrap();
-    assert_eq!(logits.len(), N_PREDICT, "{label}");
-    for (i, row) in logits.iter().enumerate() {
-        let row: Vec<f64> = row.as_array().unwrap().iter().map(|x| x.as_f64().expect("a finite number")).collect();
-        assert_eq!(row.len(), vocab, "{label}: row {i}");
-        assert!(row.iter().all(|x| x.is_finite()), "{label}: row {i} has a non-finite logit");
-        let argmax = row.iter().enumerate().fold(0, |best, (j, &x)| if x > row[best] { j } else { best });
-        assert_eq!(argmax as u64, tokens[i], "{label}: token {i} is not the argmax of its logits row");
-        let mean = row.iter().sum::<f64>() / vocab as f64;
-        let sd = (row.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / vocab as f64).sqrt();
-        assert!((1.0..16.0).contains(&sd), "{label}: row {i} has logit standard deviation {sd}");
-    }
-    let distinct: std::collections::BTreeSet<u64> = tokens.iter().copied().collect();
-    assert!(distinct.len() >= N_PREDICT / 4, "{label}: only {} distinct tokens in {tokens:?}", distinct.len());
-    assert!(tokens.iter().all(|&t| t < spec.shape.live_tokens()), "{label}: a padding token was chosen: {tokens:?}");
+    check_continuation(&label, &out, N_PREDICT, vocab, spec.shape.live_tokens());
 }
 
 #[test]
 fn llama_cpp_loads_and_runs_tiny_gpt_oss_past_the_window() {
-    if !have_llama_cpp() {
+    if !have_llama_cpp(WHAT) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -105,7 +68,7 @@ fn llama_cpp_loads_and_runs_tiny_gpt_oss_past_the_window() {
 /// tokenizer give the same ids, with and without parse_special.
 #[test]
 fn llama_cpp_tokenizes_harmony_as_brink_does() {
-    if !have_llama_cpp() {
+    if !have_llama_cpp(WHAT) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
