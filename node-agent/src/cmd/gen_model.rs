@@ -85,6 +85,18 @@ fn usage(flag: &str, problem: impl std::fmt::Display) -> String {
     format!("{flag}: {problem}")
 }
 
+/// Sets each field qwen3moe's and gpt-oss's shapes share (`$shape`) that a flag of `$args`
+/// gives; the preset's value stays where the flag is absent.
+macro_rules! override_moe_fields {
+    ($args:expr, $shape:expr) => {
+        override_moe_fields!(@each $args, $shape;
+            layers hidden experts top_k expert_ffn heads kv_heads head_dim vocab context rope_theta rms_eps)
+    };
+    (@each $args:expr, $shape:expr; $($field:ident)*) => {
+        $($shape.$field = $args.$field.unwrap_or($shape.$field);)*
+    };
+}
+
 impl Args {
     fn spec(&self) -> Result<Spec, String> {
         match self.arch {
@@ -110,18 +122,7 @@ impl Args {
     fn gpt_oss(&self, preset: GptOssPreset) -> GptOssSpec {
         let mut spec = GptOssSpec::from_preset(preset);
         let s = &mut spec.shape;
-        s.layers = self.layers.unwrap_or(s.layers);
-        s.hidden = self.hidden.unwrap_or(s.hidden);
-        s.experts = self.experts.unwrap_or(s.experts);
-        s.top_k = self.top_k.unwrap_or(s.top_k);
-        s.expert_ffn = self.expert_ffn.unwrap_or(s.expert_ffn);
-        s.heads = self.heads.unwrap_or(s.heads);
-        s.kv_heads = self.kv_heads.unwrap_or(s.kv_heads);
-        s.head_dim = self.head_dim.unwrap_or(s.head_dim);
-        s.vocab = self.vocab.unwrap_or(s.vocab);
-        s.context = self.context.unwrap_or(s.context);
-        s.rope_theta = self.rope_theta.unwrap_or(s.rope_theta);
-        s.rms_eps = self.rms_eps.unwrap_or(s.rms_eps);
+        override_moe_fields!(self, s);
         s.sliding_window = self.sliding_window.unwrap_or(s.sliding_window);
         s.yarn_factor = self.yarn_factor.unwrap_or(s.yarn_factor);
         s.yarn_original_context = self.yarn_original_context.unwrap_or(s.yarn_original_context);
@@ -133,18 +134,7 @@ impl Args {
     fn qwen3moe(&self, preset: Preset) -> SynthSpec {
         let mut spec = SynthSpec::from_preset(preset);
         let s = &mut spec.shape;
-        s.layers = self.layers.unwrap_or(s.layers);
-        s.hidden = self.hidden.unwrap_or(s.hidden);
-        s.experts = self.experts.unwrap_or(s.experts);
-        s.top_k = self.top_k.unwrap_or(s.top_k);
-        s.expert_ffn = self.expert_ffn.unwrap_or(s.expert_ffn);
-        s.heads = self.heads.unwrap_or(s.heads);
-        s.kv_heads = self.kv_heads.unwrap_or(s.kv_heads);
-        s.head_dim = self.head_dim.unwrap_or(s.head_dim);
-        s.vocab = self.vocab.unwrap_or(s.vocab);
-        s.context = self.context.unwrap_or(s.context);
-        s.rope_theta = self.rope_theta.unwrap_or(s.rope_theta);
-        s.rms_eps = self.rms_eps.unwrap_or(s.rms_eps);
+        override_moe_fields!(self, s);
         spec.scheme = self.ty.unwrap_or(spec.scheme);
         spec.seed = self.seed;
         spec
