@@ -218,24 +218,27 @@ static __device__ __forceinline__ void gemm_stage_w_direct(const unsigned char* 
     }
 }
 
+// Ints of one stage of the shared-memory layout (the header comment's arrays).
+template <int BM, int BN, int KB>
+static __device__ __forceinline__ constexpr int gemm_stage_ints() {
+    return KB * ((BM + BN) * GEMM_QS + 2 * BM + 3 * BN);
+}
+
 // PF (prefetch): the next K step's global reads are issued before this step's mma loop, so
-// their latency hides behind it (registers: one gemm_stage more per thread). Either way the
-// shared-memory contents and the arithmetic are the same, so the outputs are bit for bit equal.
-template <int BM, int BN, int KB, int TM, int TN, int WT, bool PF = false>
+// their latency hides behind it (registers: one gemm_stage more per thread). STAGES = 2 (with
+// PF) keeps two steps in shared memory: step k + 1 is stored into the other stage right after
+// step k's mma loop, so one barrier a step instead of two. Either way the shared-memory
+// contents each step reads and the arithmetic are the same, so the outputs are bit for bit
+// equal.
+template <int BM, int BN, int KB, int TM, int TN, int WT, bool PF = false, int STAGES = 1>
 static __device__ __forceinline__ void gemm_tile_loop(const u32* __restrict__ a, const u64* a_rows, const unsigned char* __restrict__ w,
                                                       u64 w_row_bytes, u64 n_cols, u64 col0, int nb, int* smem, float (&acc)[TM][TN]) {
     constexpr int THREADS = (BM / TM) * (BN / TN);
     static_assert(BM % TM == 0 && BN % TN == 0, "tile not divisible by the thread sub-tile");
     static_assert(TM % 2 == 0 && TN % 2 == 0 && BM % (8 * TM) == 0 && BN % (4 * TN) == 0,
                   "the warps' 16 x 8 mma sub-tiles must cover the tile");
-
-    int* a_q = smem;
-    int* w_q = a_q + KB * BM * GEMM_QS;
-    float* a_d = (float*)(w_q + KB * BN * GEMM_QS);
-    int* a_x = (int*)(a_d + KB * BM);
-    float* w_d = (float*)(a_x + KB * BM);
-    float* w_m = w_d + KB * BN;
-    int* w_sc = (int*)(w_m + KB * BN);
+    static_assert(STAGES == 1 || (STAGES == 2 && PF), "two stages are filled from the prefetched registers");
+    constexpr int STAGE_INTS = gemm_stage_ints<BM, BN, KB>();
 
     const int tid = threadIdx.x;
     constexpr int MI = TM / 2, NI = TN / 2;  // 16 x 8 mma sub-tiles per warp
@@ -249,23 +252,46 @@ static __device__ __forceinline__ void gemm_tile_loop(const u32* __restrict__ a,
 #pragma unroll
         for (int c = 0; c < TN; ++c) acc[r][c] = 0.0f;
 
+    // The layout's arrays in stage `base`.
+    auto store = [&](const gemm_stage<BM, BN, KB, THREADS>& st, int* base, int kb0) {
+        int* q = base;
+        int* wq = q + KB * BM * GEMM_QS;
+        float* ad = (float*)(wq + KB * BN * GEMM_QS);
+        int* ax = (int*)(ad + KB * BM);
+        float* wd = (float*)(ax + KB * BM);
+        gemm_stage_store<BM, BN, KB, THREADS, WT>(st, a, a_rows, nb, kb0, q, wq, ad, ax, wd, wd + KB * BN, (int*)(wd + 2 * KB * BN));
+    };
     gemm_stage<BM, BN, KB, THREADS> st;
     if constexpr (PF) {
         __syncthreads();  // a_rows is written
         gemm_stage_load<BM, BN, KB, THREADS, WT>(st, a, a_rows, w, w_row_bytes, n_cols, col0, nb, 0);
+        if constexpr (STAGES == 2) {
+            store(st, smem, 0);
+            __syncthreads();
+        }
     }
     for (int kb0 = 0; kb0 < nb; kb0 += KB) {
-        __syncthreads();  // a_rows is written / the previous step's reads are done
-        if constexpr (PF) {
-            gemm_stage_store<BM, BN, KB, THREADS, WT>(st, a, a_rows, nb, kb0, a_q, w_q, a_d, a_x, w_d, w_m, w_sc);
-        } else {
-            gemm_stage_a_direct<BM, KB, THREADS, WT>(a, a_rows, nb, kb0, a_q, a_d, a_x);
-            gemm_stage_w_direct<BN, KB, THREADS, WT>(w, w_row_bytes, n_cols, col0, nb, kb0, w_q, w_d, w_m, w_sc);
+        int* base = smem + (STAGES == 2 ? ((kb0 / KB) & 1) * STAGE_INTS : 0);
+        int* a_q = base;
+        int* w_q = a_q + KB * BM * GEMM_QS;
+        float* a_d = (float*)(w_q + KB * BN * GEMM_QS);
+        int* a_x = (int*)(a_d + KB * BM);
+        float* w_d = (float*)(a_x + KB * BM);
+        float* w_m = w_d + KB * BN;
+        int* w_sc = (int*)(w_m + KB * BN);
+        const bool next = kb0 + KB < nb;  // block-uniform: every thread loads the next step or none does
+        if constexpr (STAGES == 1) {
+            __syncthreads();  // a_rows is written / the previous step's reads are done
+            if constexpr (PF) {
+                store(st, base, kb0);
+            } else {
+                gemm_stage_a_direct<BM, KB, THREADS, WT>(a, a_rows, nb, kb0, a_q, a_d, a_x);
+                gemm_stage_w_direct<BN, KB, THREADS, WT>(w, w_row_bytes, n_cols, col0, nb, kb0, w_q, w_d, w_m, w_sc);
+            }
+            __syncthreads();
         }
-        __syncthreads();
-        // Block-uniform: every thread loads the next step or none does.
         if constexpr (PF) {
-            if (kb0 + KB < nb) gemm_stage_load<BM, BN, KB, THREADS, WT>(st, a, a_rows, w, w_row_bytes, n_cols, col0, nb, kb0 + KB);
+            if (next) gemm_stage_load<BM, BN, KB, THREADS, WT>(st, a, a_rows, w, w_row_bytes, n_cols, col0, nb, kb0 + KB);
         }
 
         const int kb_n = min(KB, nb - kb0);  // block-uniform
@@ -322,6 +348,12 @@ static __device__ __forceinline__ void gemm_tile_loop(const u32* __restrict__ a,
 #pragma unroll
                 for (int c = 0; c < TN; ++c) acc[r][c] += block_partial<WT>(ws[c], lo[r][c], hi[r][c], ax, ad, __int_as_float(ax));
             }
+        }
+        if constexpr (STAGES == 2) {
+            // The other stage was last read in the step before, which every thread has left
+            // (the barrier below it); this barrier publishes it for the next step.
+            if (next) store(st, smem + (((kb0 / KB) + 1) & 1) * STAGE_INTS, kb0 + KB);
+            __syncthreads();
         }
     }
 }

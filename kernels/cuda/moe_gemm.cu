@@ -14,7 +14,7 @@
 // computed (zeros) and columns past N read column N - 1; both are masked at the store, after the
 // last barrier. Every index that grows with tokens is 64-bit.
 
-template <int BM, int BN, int KB, int TM, int TN, int WT, bool PF>
+template <int BM, int BN, int KB, int TM, int TN, int WT, bool PF, int STAGES>
 static __device__ __forceinline__ void moe_gemm_tile(const int* __restrict__ sorted_ids, const int* __restrict__ tile_expert,
                                                      const u32* __restrict__ a, const unsigned char* __restrict__ w, float* __restrict__ y,
                                                      u64 pairs, int n, int nb, int experts, u64* a_rows) {
@@ -31,7 +31,7 @@ static __device__ __forceinline__ void moe_gemm_tile(const int* __restrict__ sor
     const u64 col0 = (u64)blockIdx.y * BN;
 
     float acc[TM][TN];
-    gemm_tile_loop<BM, BN, KB, TM, TN, WT, PF>(a, a_rows, w_e, row_bytes, (u64)n, col0, nb, smem, acc);
+    gemm_tile_loop<BM, BN, KB, TM, TN, WT, PF, STAGES>(a, a_rows, w_e, row_bytes, (u64)n, col0, nb, smem, acc);
 
     // No barrier below: padding rows and columns past N are masked here, at the store.
 #pragma unroll
@@ -47,7 +47,8 @@ static __device__ __forceinline__ void moe_gemm_tile(const int* __restrict__ sor
 }
 
 // One entry point per row of the Rust `TILES` table: BM x BN x KB, TM x TN per thread, PF 1 to
-// prefetch each next K step during the current one's mma loop (gemm_tile_loop). The
+// prefetch each next K step during the current one's mma loop, STAGES of shared memory
+// (gemm_tile_loop). The
 // weight format is a template argument (DISPATCH_WTYPE), so staging and the block formula have
 // no type branch. a_rows is declared here, once for every instantiation.
 // Blocks per SM the register allocation must allow: 2 for 256-thread tiles (128 registers a
@@ -58,15 +59,16 @@ static __device__ __forceinline__ void moe_gemm_tile(const int* __restrict__ sor
 // than spill.
 #define MOE_GEMM_MIN_BLOCKS(THREADS, PF) ((THREADS) <= 256 && !(PF) ? 2 : 1)
 
-#define MOE_GEMM_KERNEL(NAME, BM, BN, KB, TM, TN, PF)                                                                               \
+#define MOE_GEMM_KERNEL(NAME, BM, BN, KB, TM, TN, PF, STAGES)                                                                               \
     extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN), MOE_GEMM_MIN_BLOCKS((BM / TM) * (BN / TN), PF))             \
         NAME(const int* sorted_ids, const int* tile_expert, const u32* a, const unsigned char* w, float* y, u64 pairs, int n,   \
              int nb, int experts, int wtype) {                                                                                  \
         GRID_DEPENDENCY_WAIT();                                                                                                 \
         __shared__ u64 a_rows[BM];                                                                                              \
         DISPATCH_WTYPE(wtype,                                                                                                   \
-                       moe_gemm_tile<BM, BN, KB, TM, TN, WT, PF != 0>(sorted_ids, tile_expert, a, w, y, pairs, n, nb, experts, a_rows)); \
+                       moe_gemm_tile<BM, BN, KB, TM, TN, WT, PF != 0, STAGES>(sorted_ids, tile_expert, a, w, y, pairs, n, nb, experts, a_rows)); \
     }
 
-MOE_GEMM_KERNEL(moe_gemm_m64n64k4_pf, 64, 64, 4, 4, 4, 1)
-MOE_GEMM_KERNEL(moe_gemm_m64n64k4, 64, 64, 4, 4, 4, 0)
+MOE_GEMM_KERNEL(moe_gemm_m64n64k4_pf, 64, 64, 4, 4, 4, 1, 1)
+MOE_GEMM_KERNEL(moe_gemm_m64n64k4, 64, 64, 4, 4, 4, 0, 1)
+MOE_GEMM_KERNEL(moe_gemm_m64n64k4_pf2, 64, 64, 4, 4, 4, 1, 2)

@@ -61,6 +61,9 @@ pub struct GemmTile {
     /// Each next K step's global reads issued before the current step's mma loop
     /// (`gemm_tile_loop`'s PF): the same outputs bit for bit, one staged step more in registers.
     pub prefetch: bool,
+    /// Steps held in shared memory (`gemm_tile_loop`'s STAGES): 2 stores the next step into
+    /// the other stage after the current step's mma loop, one barrier a step instead of two.
+    pub stages: u32,
 }
 
 /// Ints per staged block in shared memory: 8 quant ints and one pad (`GEMM_QS`).
@@ -75,7 +78,7 @@ pub const fn tile_shared_bytes(m: u64, n: u64, k_blocks: u64) -> u64 {
 
 impl GemmTile {
     pub const fn shared_bytes(&self) -> u64 {
-        tile_shared_bytes(self.m as u64, self.n as u64, self.k_blocks as u64)
+        tile_shared_bytes(self.m as u64, self.n as u64, self.k_blocks as u64) * self.stages as u64
     }
 }
 
@@ -83,12 +86,15 @@ impl GemmTile {
 /// card's 48 KiB without opting in), each next step's global reads issued during the current
 /// step's mma loop. +43% prefill over [`UNPIPELINED_TILE`] on an H100 (docs/perf-notes.md,
 /// entry 11, which also has a 64 x 128 tile at +5-8% and a 64 x 128 x 16-block one at +13%).
-pub const DEFAULT_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n64k4_pf", m: 64, n: 64, k_blocks: 4, threads: 256, prefetch: true };
+pub const DEFAULT_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n64k4_pf", m: 64, n: 64, k_blocks: 4, threads: 256, prefetch: true, stages: 1 };
 /// The same tile staging each step item by item after the barrier: the default before entry
 /// 11, kept to measure against (`BRINK_MOE_GEMM_TILE=moe_gemm_m64n64k4`).
 pub const UNPIPELINED_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n64k4", prefetch: false, ..DEFAULT_TILE };
+/// The default with two stages of shared memory (47,104 B: still within 48 KiB), for measuring
+/// (`BRINK_MOE_GEMM_TILE=moe_gemm_m64n64k4_pf2`).
+pub const TWO_STAGE_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n64k4_pf2", stages: 2, ..DEFAULT_TILE };
 /// Every tile shape `moe_gemm.cu` instantiates.
-pub const TILES: [GemmTile; 2] = [DEFAULT_TILE, UNPIPELINED_TILE];
+pub const TILES: [GemmTile; 3] = [DEFAULT_TILE, UNPIPELINED_TILE, TWO_STAGE_TILE];
 
 /// The tile the engine's prefill uses: `BRINK_MOE_GEMM_TILE` (an entry point of [`TILES`]) for
 /// measuring the others on a device, else [`DEFAULT_TILE`]. Read once per process.
@@ -558,7 +564,7 @@ pub(crate) mod tests {
             let num: Vec<u32> = args[1..].iter().map(|a| a.parse().unwrap()).collect();
             assert_eq!((num[0], num[1], num[2]), (t.m, t.n, t.k_blocks), "{t:?}");
             assert_eq!(t.threads, num[0] / num[3] * (num[1] / num[4]), "{t:?}");
-            assert_eq!(t.prefetch, num[5] == 1, "{t:?}");
+            assert_eq!((t.prefetch, t.stages), (num[5] == 1, num[6]), "{t:?}");
             assert!(mma_subtiles_cover(num[0], num[1], num[3], num[4]), "{t:?}: warps' 16 x 8 mma sub-tiles");
         }
     }
