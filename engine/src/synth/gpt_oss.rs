@@ -30,7 +30,7 @@ use crate::gguf::{GgufError, GgufWriter};
 
 use super::error::{ShapeField, SynthError};
 use super::presets::GptOssPreset;
-use super::qwen3moe::{Init, LOGIT_STD, MoeDims, Qwen3MoeShape, TensorPlan, dim_u32};
+use super::qwen3moe::{Init, LOGIT_STD, Qwen3MoeShape, TensorPlan, dim_u32};
 use super::scheme::{Matrix, QuantScheme};
 use super::vocab::{Layout, TRAINED_TOKENS, Vocab};
 use super::{ModelPlan, Report, check_storable, declare, write_plan};
@@ -104,7 +104,7 @@ impl GptOssShape {
         use ShapeField as F;
         let more_positive =
             [(F::SlidingWindow, u64::from(self.sliding_window)), (F::YarnOriginalContext, u64::from(self.yarn_original_context))];
-        self.dims().validate(&more_positive, HARMONY)?;
+        self.moe_fields().validate_moe(&more_positive, HARMONY)?;
         if !(self.yarn_factor.is_finite() && self.yarn_factor >= 1.0) {
             return Err(SynthError::bad_shape(F::YarnFactor, self.yarn_factor, "must be at least 1 (YaRN stretches the trained context)"));
         }
@@ -121,11 +121,12 @@ impl GptOssShape {
         Ok(())
     }
 
-    fn dims(&self) -> MoeDims {
+    /// The fields qwen3moe's shape has too, for the checks they share.
+    fn moe_fields(&self) -> Qwen3MoeShape {
         let GptOssShape {
             layers, hidden, experts, top_k, expert_ffn, heads, kv_heads, head_dim, vocab, context, rope_theta, rms_eps, ..
         } = *self;
-        MoeDims { layers, hidden, experts, top_k, expert_ffn, heads, kv_heads, head_dim, vocab, context, rope_theta, rms_eps }
+        Qwen3MoeShape { layers, hidden, experts, top_k, expert_ffn, heads, kv_heads, head_dim, vocab, context, rope_theta, rms_eps }
     }
 
     /// `heads × head_dim`: the width of Q and of the attention output.

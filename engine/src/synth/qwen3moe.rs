@@ -98,7 +98,7 @@ impl Qwen3MoeShape {
     /// Checks every field against what the format and llama.cpp accept.
     pub fn validate(&self) -> Result<(), SynthError> {
         use ShapeField as F;
-        self.dims().validate(&[], QWEN)?;
+        self.validate_moe(&[], QWEN)?;
         // Widths llama.cpp reads as u32 keys (and Q's width, a tensor dimension) must fit in u32;
         // the writer checks each tensor's total size.
         let too_wide = |w: Option<u64>| w.is_none_or(|w| w > u32::MAX.into());
@@ -115,10 +115,56 @@ impl Qwen3MoeShape {
         Ok(())
     }
 
-    fn dims(&self) -> MoeDims {
-        let Qwen3MoeShape { layers, hidden, experts, top_k, expert_ffn, heads, kv_heads, head_dim, vocab, context, rope_theta, rms_eps } =
-            *self;
-        MoeDims { layers, hidden, experts, top_k, expert_ffn, heads, kv_heads, head_dim, vocab, context, rope_theta, rms_eps }
+    /// The checks of every MoE transformer shape here (qwen3moe's, and gpt-oss's through its
+    /// fields of the same names), in this order: every count and width (and each of
+    /// `more_positive`, after them) is at least 1; layers and experts within llama.cpp's limits;
+    /// top-k, KV heads and the head width consistent; the vocabulary holds `layout`'s tokens;
+    /// RoPE's base and the RMS epsilon in range. The widths that must fit in u32 are the caller's.
+    pub(super) fn validate_moe(&self, more_positive: &[(ShapeField, u64)], layout: Layout) -> Result<(), SynthError> {
+        use ShapeField as F;
+        let positive = [
+            (F::Layers, u64::from(self.layers)),
+            (F::Hidden, self.hidden),
+            (F::Experts, u64::from(self.experts)),
+            (F::TopK, u64::from(self.top_k)),
+            (F::ExpertFfn, self.expert_ffn),
+            (F::Heads, u64::from(self.heads)),
+            (F::KvHeads, u64::from(self.kv_heads)),
+            (F::HeadDim, self.head_dim),
+            (F::Context, u64::from(self.context)),
+        ];
+        if let Some((field, _)) = positive.iter().chain(more_positive).find(|(_, v)| *v == 0) {
+            return Err(SynthError::bad_shape(*field, 0, "must be at least 1"));
+        }
+        if self.layers > MAX_LAYERS {
+            return Err(SynthError::bad_shape(F::Layers, self.layers, format!("llama.cpp loads at most {MAX_LAYERS} layers")));
+        }
+        if self.experts > MAX_EXPERTS {
+            return Err(SynthError::bad_shape(F::Experts, self.experts, format!("llama.cpp loads at most {MAX_EXPERTS} experts")));
+        }
+        if self.top_k > self.experts {
+            return Err(SynthError::bad_shape(F::TopK, self.top_k, format!("more than the {} experts (--experts)", self.experts)));
+        }
+        if !self.heads.is_multiple_of(self.kv_heads) {
+            let problem = format!("must divide the {} query heads (--heads) for grouped-query attention", self.heads);
+            return Err(SynthError::bad_shape(F::KvHeads, self.kv_heads, problem));
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return Err(SynthError::bad_shape(F::HeadDim, self.head_dim, "must be even: RoPE rotates pairs of dimensions"));
+        }
+        let min_vocab = layout.min_vocab();
+        if self.vocab < min_vocab || self.vocab > i32::MAX as u64 {
+            let specials = layout.specials.len();
+            let problem = format!("must be in {min_vocab}..={} (256 byte tokens and {specials} special tokens; ids are i32)", i32::MAX);
+            return Err(SynthError::bad_shape(F::Vocab, self.vocab, problem));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return Err(SynthError::bad_shape(F::RopeTheta, self.rope_theta, "must be a positive number"));
+        }
+        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0 && self.rms_eps < 1.0) {
+            return Err(SynthError::bad_shape(F::RmsEps, self.rms_eps, "must be in (0, 1)"));
+        }
+        Ok(())
     }
 
     /// `heads × head_dim`: the width of Q and of the attention output.
@@ -204,76 +250,6 @@ impl Qwen3MoeShape {
         w.set(&key("attention.layer_norm_rms_epsilon"), self.rms_eps)?;
         w.set(&key("expert_count"), self.experts)?;
         w.set(&key("expert_used_count"), self.top_k)?;
-        Ok(())
-    }
-}
-
-/// The fields every MoE transformer shape here has (qwen3moe's and gpt-oss's), for the checks
-/// they share.
-pub(super) struct MoeDims {
-    pub layers: u32,
-    pub hidden: u64,
-    pub experts: u32,
-    pub top_k: u32,
-    pub expert_ffn: u64,
-    pub heads: u32,
-    pub kv_heads: u32,
-    pub head_dim: u64,
-    pub vocab: u64,
-    pub context: u32,
-    pub rope_theta: f32,
-    pub rms_eps: f32,
-}
-
-impl MoeDims {
-    /// The checks both architectures make, in this order: every count and width (and each of
-    /// `more_positive`, after them) is at least 1; layers and experts within llama.cpp's limits;
-    /// top-k, KV heads and the head width consistent; the vocabulary holds `layout`'s tokens; RoPE's
-    /// base and the RMS epsilon in range. The widths that must fit in u32 are the caller's.
-    pub(super) fn validate(&self, more_positive: &[(ShapeField, u64)], layout: Layout) -> Result<(), SynthError> {
-        use ShapeField as F;
-        let positive = [
-            (F::Layers, u64::from(self.layers)),
-            (F::Hidden, self.hidden),
-            (F::Experts, u64::from(self.experts)),
-            (F::TopK, u64::from(self.top_k)),
-            (F::ExpertFfn, self.expert_ffn),
-            (F::Heads, u64::from(self.heads)),
-            (F::KvHeads, u64::from(self.kv_heads)),
-            (F::HeadDim, self.head_dim),
-            (F::Context, u64::from(self.context)),
-        ];
-        if let Some((field, _)) = positive.iter().chain(more_positive).find(|(_, v)| *v == 0) {
-            return Err(SynthError::bad_shape(*field, 0, "must be at least 1"));
-        }
-        if self.layers > MAX_LAYERS {
-            return Err(SynthError::bad_shape(F::Layers, self.layers, format!("llama.cpp loads at most {MAX_LAYERS} layers")));
-        }
-        if self.experts > MAX_EXPERTS {
-            return Err(SynthError::bad_shape(F::Experts, self.experts, format!("llama.cpp loads at most {MAX_EXPERTS} experts")));
-        }
-        if self.top_k > self.experts {
-            return Err(SynthError::bad_shape(F::TopK, self.top_k, format!("more than the {} experts (--experts)", self.experts)));
-        }
-        if !self.heads.is_multiple_of(self.kv_heads) {
-            let problem = format!("must divide the {} query heads (--heads) for grouped-query attention", self.heads);
-            return Err(SynthError::bad_shape(F::KvHeads, self.kv_heads, problem));
-        }
-        if !self.head_dim.is_multiple_of(2) {
-            return Err(SynthError::bad_shape(F::HeadDim, self.head_dim, "must be even: RoPE rotates pairs of dimensions"));
-        }
-        let min_vocab = layout.min_vocab();
-        if self.vocab < min_vocab || self.vocab > i32::MAX as u64 {
-            let specials = layout.specials.len();
-            let problem = format!("must be in {min_vocab}..={} (256 byte tokens and {specials} special tokens; ids are i32)", i32::MAX);
-            return Err(SynthError::bad_shape(F::Vocab, self.vocab, problem));
-        }
-        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return Err(SynthError::bad_shape(F::RopeTheta, self.rope_theta, "must be a positive number"));
-        }
-        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0 && self.rms_eps < 1.0) {
-            return Err(SynthError::bad_shape(F::RmsEps, self.rms_eps, "must be in (0, 1)"));
-        }
         Ok(())
     }
 }
