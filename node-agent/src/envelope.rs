@@ -97,7 +97,10 @@ mod tests {
             let got = envelope(&report(verdict.clone()), CLASS, p, ASKED);
             match (got, want) {
                 (Ok(g), Ok(w)) => assert_eq!(limits(&g), w, "{verdict:?}"),
-                (Err(e), Err(needle)) => assert!(e.to_string().contains(needle) && e.to_string().contains("node.json") && e.to_string().contains(CLASS), "{verdict:?}: {e}"),
+                (Err(e), Err(needle)) => assert!(
+                    e.to_string().contains(needle) && e.to_string().contains("node.json") && e.to_string().contains(CLASS),
+                    "{verdict:?}: {e}"
+                ),
                 (g, w) => panic!("{verdict:?}: got {g:?}, want {w:?}"),
             }
         }
@@ -106,7 +109,8 @@ mod tests {
     #[test]
     fn another_shape_class_or_schema_is_refused() {
         let p = Path::new("node.json");
-        let e = envelope(&report(Verdict::Qualified { max_tokens: 8 }), "qwen3moe-h4096-e128-top8-ffn1536", p, ASKED).unwrap_err().to_string();
+        let e =
+            envelope(&report(Verdict::Qualified { max_tokens: 8 }), "qwen3moe-h4096-e128-top8-ffn1536", p, ASKED).unwrap_err().to_string();
         assert!(e.contains("qualifies shape class qwen3moe-h2048") && e.contains("h4096"), "{e}");
         let mut old = report(Verdict::Qualified { max_tokens: 8 });
         old.schema = SCHEMA_VERSION + 1;

@@ -161,7 +161,10 @@ mod tests {
         let e = write_file(Some("--out"), &bad.join("x").join("y.json"), "the result", "{}").unwrap_err();
         assert!(e.to_string().starts_with(&format!("--out {}: cannot write the folder: ", bad.join("x").display())), "{e}");
         assert_eq!(Error::Unset { flag: "--node-name", var: "NODE_NAME" }.to_string(), "--node-name: not given and $NODE_NAME is not set");
-        assert_eq!(Error::Flag { flag: "--concurrency", reason: "0 is outside 1..=1024".into() }.to_string(), "--concurrency: 0 is outside 1..=1024");
+        assert_eq!(
+            Error::Flag { flag: "--concurrency", reason: "0 is outside 1..=1024".into() }.to_string(),
+            "--concurrency: 0 is outside 1..=1024"
+        );
         let e = Error::Value { flag: "--top-k", value: "9".into(), reason: "more than the 8 experts".into() };
         assert_eq!(e.to_string(), "--top-k 9: more than the 8 experts");
     }

@@ -179,10 +179,7 @@ fn brink_engine_class(model: &std::path::Path) -> String {
 
 /// llama-cpp-python's server, or why not.
 fn have_llama_server() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import llama_cpp.server.app, uvicorn"])
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let ok = Command::new("python3").args(["-c", "import llama_cpp.server.app, uvicorn"]).output().is_ok_and(|o| o.status.success());
     if !ok {
         let msg = "python3 with llama-cpp-python's server (pip install 'llama-cpp-python[server]==0.3.36') is not available";
         assert!(std::env::var("BRINK_REQUIRE_PY").as_deref() != Ok("1"), "BRINK_REQUIRE_PY=1 but {msg}");
@@ -320,7 +317,11 @@ fn a_llama_cpp_gang_on_loopback_qualifies_serves_and_fails_with_a_worker() {
     }
     // The weights are on the workers: each RPC device got a model buffer.
     for a in &rpc {
-        assert!(log().lines().any(|l| l.contains("RPC") && l.contains(a.as_str()) && l.contains("model buffer")), "no model buffer on {a}: {}", log());
+        assert!(
+            log().lines().any(|l| l.contains("RPC") && l.contains(a.as_str()) && l.contains("model buffer")),
+            "no model buffer on {a}: {}",
+            log()
+        );
     }
 
     let t0 = Instant::now();
@@ -332,7 +333,8 @@ fn a_llama_cpp_gang_on_loopback_qualifies_serves_and_fails_with_a_worker() {
     assert_eq!(r["lengthMismatches"], 0);
     assert!(r["passed"].as_u64().unwrap() >= 100, "{}", r["passed"]);
 
-    let chat = serde_json::json!({"model": "tiny", "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 8, "temperature": 0});
+    let chat =
+        serde_json::json!({"model": "tiny", "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 8, "temperature": 0});
     let (status, body) = http(&addr, "POST", "/v1/chat/completions", &chat.to_string());
     assert_eq!(status, 200, "{body}");
     let answer: Value = serde_json::from_str(&body).unwrap();
@@ -341,7 +343,9 @@ fn a_llama_cpp_gang_on_loopback_qualifies_serves_and_fails_with_a_worker() {
     // The counters a llama.cpp replica's liveness follows are the leader's.
     let (status, metrics) = http(&addr, "GET", "/metrics", "");
     assert_eq!(status, 200);
-    for name in ["llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:requests_processing", "llamacpp:requests_deferred"] {
+    for name in
+        ["llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:requests_processing", "llamacpp:requests_deferred"]
+    {
         assert!(metrics.lines().any(|l| l.starts_with(name)), "no {name} in /metrics: {metrics}");
     }
 

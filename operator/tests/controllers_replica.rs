@@ -472,10 +472,8 @@ fn another_engines_replica_publishes_its_leader_pods_address_and_engine_port() {
         }))
         .expect("replica")
     };
-    let pod = |ip: Option<&str>| Pod {
-        status: Some(PodStatus { pod_ip: ip.map(str::to_string), ..PodStatus::default() }),
-        ..Pod::default()
-    };
+    let pod =
+        |ip: Option<&str>| Pod { status: Some(PodStatus { pod_ip: ip.map(str::to_string), ..PodStatus::default() }), ..Pod::default() };
     let cases = [
         (replica("vllm", None), Some(pod(Some("10.1.2.3"))), Some("10.1.2.3:8000")),
         (replica("sglang", None), Some(pod(Some("10.1.2.3"))), Some("10.1.2.3:30000")),

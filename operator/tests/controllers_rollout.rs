@@ -47,7 +47,8 @@ fn serve_since(r: &mut ModelReplica, since: i64) {
 /// The deployment with a new engine build (0.3.0), and its revision.
 fn upgraded(replicas: i32) -> (ModelDeployment, String) {
     let mut dep = deployment(replicas);
-    dep.spec.engine = brink_api::crd::EngineBuild { image: "ghcr.io/brink/agent:0.3.0".into(), version: "0.3.0".into(), ..Default::default() };
+    dep.spec.engine =
+        brink_api::crd::EngineBuild { image: "ghcr.io/brink/agent:0.3.0".into(), version: "0.3.0".into(), ..Default::default() };
     let rev = brink_operator::decide::revision(&model().spec, &dep.spec.engine);
     assert_ne!(rev, revision());
     (dep, rev)

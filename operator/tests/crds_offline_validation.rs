@@ -41,11 +41,19 @@ fn deployment() -> Value {
 }
 
 fn gang_deployment() -> Value {
-    let d = with(deployment(), "/spec/engine", json!({"kind": "vllm", "image": "vllm/vllm-openai:v0.11.0", "version": "0.11.0",
-                                                      "port": 8000, "args": ["--enforce-eager"]}));
+    let d = with(
+        deployment(),
+        "/spec/engine",
+        json!({"kind": "vllm", "image": "vllm/vllm-openai:v0.11.0", "version": "0.11.0",
+                                                      "port": 8000, "args": ["--enforce-eager"]}),
+    );
     let d = with(d, "/spec/nodesPerReplica", json!(2));
-    with(d, "/spec/gang", json!({"fabricLabel": "brink.dev/fabric", "socketInterface": "enp1s0f1np1", "ucxNetDevices": "enp1s0f1np1",
-                                 "ibHca": "rocep1s0f1,roceP2p1s0f1"}))
+    with(
+        d,
+        "/spec/gang",
+        json!({"fabricLabel": "brink.dev/fabric", "socketInterface": "enp1s0f1np1", "ucxNetDevices": "enp1s0f1np1",
+                                 "ibHca": "rocep1s0f1,roceP2p1s0f1"}),
+    )
 }
 
 fn replica() -> Value {
@@ -122,8 +130,15 @@ fn examples() -> Vec<Value> {
         ),
         ok("full", replica()),
         ok("vLLM gang of two", gang_deployment()),
-        ok("gang replica", with(replica(), "/spec/gang", json!({"workers": ["spark-02"], "fabric": "cx7-a", "rdma": true,
-                                                                 "network": {"fabricLabel": "brink.dev/fabric", "socketInterface": "enp1s0f1np1"}}))),
+        ok(
+            "gang replica",
+            with(
+                replica(),
+                "/spec/gang",
+                json!({"workers": ["spark-02"], "fabric": "cx7-a", "rdma": true,
+                                                                 "network": {"fabricLabel": "brink.dev/fabric", "socketInterface": "enp1s0f1np1"}}),
+            ),
+        ),
         bad("engine kind tgi", gang_deployment(), "/spec/engine/kind", json!("tgi")),
         bad("engine kind in capitals", gang_deployment(), "/spec/engine/kind", json!("VLLM")),
         bad("nodesPerReplica 0", gang_deployment(), "/spec/nodesPerReplica", json!(0)),
@@ -131,7 +146,12 @@ fn examples() -> Vec<Value> {
         bad("engine port 80", gang_deployment(), "/spec/engine/port", json!(80)),
         bad("interface with a space", gang_deployment(), "/spec/gang/socketInterface", json!("enp1s0 f1")),
         bad("fabric label with spaces", gang_deployment(), "/spec/gang/fabricLabel", json!("my fabric")),
-        bad("gang without workers", with(replica(), "/spec/gang", json!({"workers": [], "fabric": "cx7-a"})), "/spec/gang/workers", json!([])),
+        bad(
+            "gang without workers",
+            with(replica(), "/spec/gang", json!({"workers": [], "fabric": "cx7-a"})),
+            "/spec/gang/workers",
+            json!([]),
+        ),
         ok("full", spark_node()),
         bad("sha256 of 63 digits", model(), "/spec/sha256", json!("a".repeat(63))),
         bad("sha256 in upper case", model(), "/spec/sha256", json!("A".repeat(64))),

@@ -85,8 +85,11 @@ fn rendered() -> Vec<(String, Value)> {
 fn validate(docs: &[(String, Value)]) -> (bool, String) {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("objects.json");
-    std::fs::write(&path, serde_json::to_vec(&docs.iter().map(|(n, d)| json!({"name": n, "object": d})).collect::<Vec<_>>()).expect("JSON"))
-        .expect("write");
+    std::fs::write(
+        &path,
+        serde_json::to_vec(&docs.iter().map(|(n, d)| json!({"name": n, "object": d})).collect::<Vec<_>>()).expect("JSON"),
+    )
+    .expect("write");
     let script = r#"
 import json, sys, kubernetes_validate
 bad = 0
@@ -135,9 +138,13 @@ fn a_gang_member_has_what_nccl_needs_for_roce() {
         assert_eq!(caps, Some(vec!["IPC_LOCK".to_string()]), "{}", p.name_any());
         let mounts: Vec<&str> = engine.volume_mounts.iter().flatten().map(|m| m.mount_path.as_str()).collect();
         assert!(mounts.contains(&"/dev/infiniband") && mounts.contains(&"/dev/shm"), "{mounts:?}");
-        let env: Vec<(String, String)> =
-            engine.env.iter().flatten().filter_map(|e| Some((e.name.clone(), e.value.clone()?))).collect();
-        for (k, v) in [("NCCL_SOCKET_IFNAME", "enp1s0f1np1"), ("GLOO_SOCKET_IFNAME", "enp1s0f1np1"), ("UCX_NET_DEVICES", "enp1s0f1np1"), ("NCCL_IB_HCA", "rocep1s0f1")] {
+        let env: Vec<(String, String)> = engine.env.iter().flatten().filter_map(|e| Some((e.name.clone(), e.value.clone()?))).collect();
+        for (k, v) in [
+            ("NCCL_SOCKET_IFNAME", "enp1s0f1np1"),
+            ("GLOO_SOCKET_IFNAME", "enp1s0f1np1"),
+            ("UCX_NET_DEVICES", "enp1s0f1np1"),
+            ("NCCL_IB_HCA", "rocep1s0f1"),
+        ] {
             assert!(env.contains(&(k.to_string(), v.to_string())), "{}: {k}", p.name_any());
         }
         assert_eq!(spec.node_name.as_deref(), Some(if p.name_any() == "qwen-0" { "spark-1" } else { "spark-2" }));

@@ -147,9 +147,8 @@ async fn too_few_peers_in_a_fabric_leave_the_gang_unplaced_and_say_why() {
     label(&fleet, "spark-1", "cx7-a").await;
     label(&fleet, "spark-2", "cx7-b").await;
     deploy_gang(&fleet, 2).await;
-    let degraded = fleet
-        .until("Degraded: Unplaced", 60, |s: &Snapshot| s.condition("Degraded").filter(|c| c.reason == "Unplaced").cloned())
-        .await;
+    let degraded =
+        fleet.until("Degraded: Unplaced", 60, |s: &Snapshot| s.condition("Degraded").filter(|c| c.reason == "Unplaced").cloned()).await;
     assert_eq!(degraded.status, "True");
     for text in [
         "1 of 1 gangs of 2 nodes cannot be placed: a gang needs 2 eligible nodes of one fabric",

@@ -37,7 +37,8 @@ fn api_keys_and_otlp_reach_the_pod_only_when_configured() {
     assert!(!pc.command.as_ref().expect("command").iter().any(|a| a.starts_with("--api-key-file")));
     assert!(!pc.env.as_ref().expect("env").iter().any(|e| e.name.starts_with("OTEL_")));
     assert!(!p.volumes.as_ref().expect("volumes").iter().any(|v| v.name == "api-keys"));
-    let hash = |pod: &k8s_openapi::api::core::v1::Pod| pod.metadata.annotations.as_ref().and_then(|a| a.get("brink.dev/pod-spec-hash")).cloned();
+    let hash =
+        |pod: &k8s_openapi::api::core::v1::Pod| pod.metadata.annotations.as_ref().and_then(|a| a.get("brink.dev/pod-spec-hash")).cloned();
     assert_ne!(hash(&plain), hash(&with), "a Pod with the options must be told apart from one without");
     assert_eq!(hash(&plain), hash(&desired_pod(&replica, &model(), &Config::default()).expect("pod")), "the hash is stable");
 }

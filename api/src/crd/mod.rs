@@ -26,16 +26,16 @@ pub use model::{
     SecretRef,
 };
 pub use model_deployment::{
-    EngineBuild, EngineKind, FABRIC_LABEL, GangSettings, ModelDeployment, ModelDeploymentSpec, RDMA_LABEL, ModelDeploymentStatus, ModelRef, OnSelfTestFailure, Placement, Rollout,
-    RolloutPhase, RolloutStatus, RolloutStrategy, Serving, Spread,
+    EngineBuild, EngineKind, FABRIC_LABEL, GangSettings, ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus, ModelRef,
+    OnSelfTestFailure, Placement, RDMA_LABEL, Rollout, RolloutPhase, RolloutStatus, RolloutStrategy, Serving, Spread,
 };
 pub use model_replica::{
-    DownloadProgress, ModelReplica, ModelReplicaSpec, ModelReplicaStatus, PodFailures, ReplicaGang, QualificationMethod, ReplicaPhase, ReplicaQualification,
-    StallReport, Throughput,
+    DownloadProgress, ModelReplica, ModelReplicaSpec, ModelReplicaStatus, PodFailures, QualificationMethod, ReplicaGang, ReplicaPhase,
+    ReplicaQualification, StallReport, Throughput,
 };
 pub use regression_sweep::{
-    DeploymentRef, BaselineKind, BaselinePolicy, ConcurrencyPolicy, GridPoint, RegressionSweep, RegressionSweepSpec, RegressionSweepStatus, SweepSelfTest,
-    SweepVerdict, Tolerance, WorkloadGrid,
+    BaselineKind, BaselinePolicy, ConcurrencyPolicy, DeploymentRef, GridPoint, RegressionSweep, RegressionSweepSpec, RegressionSweepStatus,
+    SweepSelfTest, SweepVerdict, Tolerance, WorkloadGrid,
 };
 pub use spark_node::{
     Capacity, FailingCase, HostedReplica, MAX_FAILING_CASES, NodeFingerprint, ShapeQualification, SparkNode, SparkNodeSpec,

@@ -99,7 +99,10 @@ pub struct GangSettings {
     /// The node label whose value names a node's fabric: a gang's members all carry it with one
     /// value. `brink.dev/fabric` (set by the admin) or a topology label the cluster has.
     #[serde(default = "default_fabric_label")]
-    #[schemars(length(min = 1, max = 317), regex(pattern = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 317),
+        regex(pattern = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+    )]
     pub fabric_label: String,
     /// The network interface of the fabric link (`NCCL_SOCKET_IFNAME`, `GLOO_SOCKET_IFNAME`),
     /// e.g. `enp1s0f1np1` on a DGX Spark's ConnectX-7.

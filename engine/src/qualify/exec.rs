@@ -149,8 +149,7 @@ pub fn run_chunks(
             [p] if *p == end => Logits::Last,
             _ => Logits::All,
         };
-        let slice =
-            tokens.get(start as usize..end as usize).ok_or(CaseError::ChunkPastStream { start, end, len: tokens.len() })?;
+        let slice = tokens.get(start as usize..end as usize).ok_or(CaseError::ChunkPastStream { start, end, len: tokens.len() })?;
         let item = StepItem { blocks, start_pos: start as u32, tokens: slice, logits: want };
         let logits = engine.step(&[item])?;
         for p in inside {
@@ -305,8 +304,7 @@ fn run_with(
     if refs.iter().any(|x| !x.is_finite()) {
         return Err(CaseError::NonFiniteReference);
     }
-    let d = parity::compare(&step, &refs, vocab)
-        .ok_or(CaseError::LogitCount { step: step.len(), refs: refs.len(), vocab })?;
+    let d = parity::compare(&step, &refs, vocab).ok_or(CaseError::LogitCount { step: step.len(), refs: refs.len(), vocab })?;
     Ok(ModelOutcome::Compared {
         max_err: d.max_rel_err,
         worst_seq: d.worst_row as u64,
@@ -365,7 +363,14 @@ mod tests {
     fn case(tokens: u64, composition: Composition) -> ModelCase {
         let batch = brink_kernels::thresholds::compositions(tokens)
             .into_iter()
-            .find(|b| b.len() == match composition { Composition::Single => 1, Composition::FourSeqs => 4, Composition::MixedDecode => 9 })
+            .find(|b| {
+                b.len()
+                    == match composition {
+                        Composition::Single => 1,
+                        Composition::FourSeqs => 4,
+                        Composition::MixedDecode => 9,
+                    }
+            })
             .unwrap();
         ModelCase { id: format!("{}/t{tokens}", composition.kernel()), composition, tokens, batch, reasons: vec![] }
     }

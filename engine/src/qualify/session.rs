@@ -195,7 +195,10 @@ pub fn run(
         let req = CaseRequest { case: case.clone(), reference };
         let answer = child.request(&req, deadline, |m| matches!(m, ModelWorkerMsg::Result { id, .. } if *id == case.id));
         match &answer {
-            Answer::Reply { msg: ModelWorkerMsg::Result { outcome: ModelOutcome::Compared { step_ms: s, reference_tokens, reference_ms: r, .. }, .. }, .. } => {
+            Answer::Reply {
+                msg: ModelWorkerMsg::Result { outcome: ModelOutcome::Compared { step_ms: s, reference_tokens, reference_ms: r, .. }, .. },
+                ..
+            } => {
                 report.step_tokens += case.tokens;
                 report.setup_tokens += case.step_tokens() - case.tokens;
                 report.reference_tokens += reference_tokens;

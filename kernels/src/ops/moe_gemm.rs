@@ -86,7 +86,8 @@ impl GemmTile {
 /// card's 48 KiB without opting in), each next step's global reads issued during the current
 /// step's mma loop. +43% prefill over [`UNPIPELINED_TILE`] on an H100 (docs/perf-notes.md,
 /// entry 11, which also has a 64 x 128 tile at +5-8% and a 64 x 128 x 16-block one at +13%).
-pub const DEFAULT_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n64k4_pf", m: 64, n: 64, k_blocks: 4, threads: 256, prefetch: true, stages: 1 };
+pub const DEFAULT_TILE: GemmTile =
+    GemmTile { kernel: "moe_gemm_m64n64k4_pf", m: 64, n: 64, k_blocks: 4, threads: 256, prefetch: true, stages: 1 };
 /// The same tile staging each step item by item after the barrier: the default before entry
 /// 11, kept to measure against (`BRINK_MOE_GEMM_TILE=moe_gemm_m64n64k4`).
 pub const UNPIPELINED_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n64k4", prefetch: false, ..DEFAULT_TILE };

@@ -20,7 +20,10 @@ use crate::http_bench::sse::excerpt;
 /// How a request went, before its body is judged.
 #[derive(Debug)]
 pub enum Sent {
-    Answered { status: u16, body: String },
+    Answered {
+        status: u16,
+        body: String,
+    },
     Timeout,
     /// Refused, reset, or closed before the whole answer.
     Dropped(Dropped),
@@ -142,9 +145,9 @@ impl Engine {
         let url = self.endpoint.url(path);
         match self.send(Method::GET, path, None, deadline).await {
             Sent::Answered { status: 404, .. } => Ok(None),
-            Sent::Answered { status, body } if (200..300).contains(&status) => serde_json::from_str(&body)
-                .map(Some)
-                .map_err(|source| AnswerError::NotJson { url, source, excerpt: excerpt(&body) }),
+            Sent::Answered { status, body } if (200..300).contains(&status) => {
+                serde_json::from_str(&body).map(Some).map_err(|source| AnswerError::NotJson { url, source, excerpt: excerpt(&body) })
+            }
             other => Err(AnswerError::failed(url, other, deadline, excerpt)),
         }
     }
@@ -260,8 +263,12 @@ mod tests {
 
     #[test]
     fn completions_are_judged_as_openai_answers() {
-        let ok = r#"{"choices":[{"text":" hi","logprobs":{"token_logprobs":[-0.5,-1.0]}}],"usage":{"prompt_tokens":7,"completion_tokens":2}}"#;
-        assert_eq!(parse_completion(ok, true), Answer::Completion { prompt_tokens: 7, completion_tokens: 2, text_chars: 3, finite: Some(true) });
+        let ok =
+            r#"{"choices":[{"text":" hi","logprobs":{"token_logprobs":[-0.5,-1.0]}}],"usage":{"prompt_tokens":7,"completion_tokens":2}}"#;
+        assert_eq!(
+            parse_completion(ok, true),
+            Answer::Completion { prompt_tokens: 7, completion_tokens: 2, text_chars: 3, finite: Some(true) }
+        );
         assert!(matches!(parse_completion(ok, false), Answer::Completion { finite: None, .. }));
         let nulls = r#"{"choices":[{"text":"x","logprobs":{"token_logprobs":[null]}}],"usage":{"prompt_tokens":7,"completion_tokens":1}}"#;
         assert!(matches!(parse_completion(nulls, true), Answer::Completion { finite: Some(false), .. }));

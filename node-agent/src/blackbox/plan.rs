@@ -140,7 +140,8 @@ pub fn derive(shape: &ModelShape, limits: &Limits, limits_of_grid: &DeviceLimits
     if max_prompt >= 1 {
         singles_only.entry(max_prompt).or_default().push(format!("the longest prompt a context of {} admits", limits.context));
     }
-    for (base, what) in [(TAIL_TILE, "one tile".to_string()), (limits.prefill_chunk, format!("one prefill chunk ({})", limits.prefill_chunk))]
+    for (base, what) in
+        [(TAIL_TILE, "one tile".to_string()), (limits.prefill_chunk, format!("one prefill chunk ({})", limits.prefill_chunk))]
     {
         // A whole number of tiles at or under `base` that still fits the 64 residues.
         let fit = max_prompt.saturating_sub(TAIL_TILE - 1).min(base) / TAIL_TILE * TAIL_TILE;

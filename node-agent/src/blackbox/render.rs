@@ -51,11 +51,8 @@ pub fn render(r: &BlackBoxReport) -> String {
             ms
         );
     }
-    let _ = writeln!(
-        s,
-        "{:<20} {:>7} {:>8} {:>6} {:>6} {:>5} {:>7}",
-        "total", r.derived, r.executed, r.passed, r.failed, r.hung, r.skipped
-    );
+    let _ =
+        writeln!(s, "{:<20} {:>7} {:>8} {:>6} {:>6} {:>5} {:>7}", "total", r.derived, r.executed, r.passed, r.failed, r.hung, r.skipped);
     if r.length_mismatches > 0 {
         let _ = writeln!(s, "\nlength mismatches: {} request(s) counted by the engine at another length than built", r.length_mismatches);
     }

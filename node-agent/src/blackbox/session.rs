@@ -155,7 +155,10 @@ impl Counter {
     fn describe(&self) -> String {
         match self {
             Counter::Tokenizer { endpoint, offset } => {
-                format!("tokenizer endpoint {} (usage adds {offset}), each prompt checked before it is sent and against usage", endpoint.path)
+                format!(
+                    "tokenizer endpoint {} (usage adds {offset}), each prompt checked before it is sent and against usage",
+                    endpoint.path
+                )
             }
             Counter::Usage => "calibrated from the usage counts of one-token completions, each prompt checked against usage".into(),
         }
@@ -186,10 +189,7 @@ pub async fn run(o: &Options) -> Result<BlackBoxReport, RunError> {
     let endpoint = endpoint(&o.url).map_err(|e| RunError::Url(e.to_string()))?;
     let mut engine = Engine { endpoint, model: String::new(), api_key: o.api_key.clone(), logprobs: true };
     let models_url = engine.endpoint.url("/v1/models");
-    let models = engine
-        .get_json("/v1/models", SETUP_DEADLINE)
-        .await?
-        .ok_or_else(|| RunError::NoModelList { url: models_url.clone() })?;
+    let models = engine.get_json("/v1/models", SETUP_DEADLINE).await?.ok_or_else(|| RunError::NoModelList { url: models_url.clone() })?;
     engine.model = crate::http_bench::pick_model(&models, o.model.as_deref(), &models_url)
         .map_err(|e| RunError::Model(e.to_string().replace("--model-name", "--model")))?;
     let health = match engine.send(Method::GET, "/health", None, SETUP_DEADLINE).await {
@@ -207,8 +207,7 @@ pub async fn run(o: &Options) -> Result<BlackBoxReport, RunError> {
             ))
         }
     };
-    let limits_report =
-        EngineLimits { context, context_source, max_batch_tokens: o.max_batch_tokens, prefill_chunk: o.prefill_chunk };
+    let limits_report = EngineLimits { context, context_source, max_batch_tokens: o.max_batch_tokens, prefill_chunk: o.prefill_chunk };
     let mut report = BlackBoxReport {
         schema: BLACKBOX_SCHEMA,
         agent_version: env!("CARGO_PKG_VERSION").into(),

@@ -134,11 +134,7 @@ fn flag_or_env(flag: Option<String>, var: &'static str, name: &'static str) -> R
 async fn main_loop(a: Args) -> Result<(), Error> {
     let node = flag_or_env(a.node_name.clone(), "NODE_NAME", "--node-name")?;
     let lease_namespace = flag_or_env(a.lease_namespace.clone(), "POD_NAMESPACE", "--lease-namespace")?;
-    let state_dir = a
-        .state_dir
-        .clone()
-        .or_else(|| crate::qualify::cache::state_dir(|k| std::env::var(k).ok()))
-        .ok_or(Error::NoStateDir)?;
+    let state_dir = a.state_dir.clone().or_else(|| crate::qualify::cache::state_dir(|k| std::env::var(k).ok())).ok_or(Error::NoStateDir)?;
     let cache_dir = a.cache_dir.clone().unwrap_or_else(|| state_dir.join("model-cache"));
     let replica_reports = state_dir.clone();
     let cache = Arc::new(ModelCache::open(CacheConfig::new(&cache_dir, a.cache_budget_bytes))?);

@@ -131,8 +131,7 @@ pub fn replica_target<'a>(
         node: node.into(),
     })?;
     let endpoint = replica.status.as_ref().and_then(|s| s.endpoint.as_deref()).filter(|e| !e.is_empty());
-    let endpoint =
-        endpoint.ok_or_else(|| ReplicaTargetError::NoEndpoint { namespace: ns.into(), replica: replica.name_any() })?;
+    let endpoint = endpoint.ok_or_else(|| ReplicaTargetError::NoEndpoint { namespace: ns.into(), replica: replica.name_any() })?;
     Ok((replica, format!("http://{endpoint}")))
 }
 

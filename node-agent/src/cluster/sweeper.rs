@@ -22,7 +22,7 @@ use super::cache_plan;
 use super::errors::Call;
 use super::sweep_plan::{self, Busy, Decision, RunRef};
 use crate::model_cache::ModelCache;
-use crate::sweep::{ExtraCase, External, Plan};
+use crate::sweep::{External, ExtraCase, Plan};
 
 /// Runs one node's sweep (blocking: the self-test and the engine run in child processes).
 pub trait SweepExecutor: Send + Sync + 'static {
@@ -270,7 +270,13 @@ impl Agent {
 
     /// `namespace/name`'s file on this node: from the cache (downloaded if needed, its status
     /// written as for a replica's model), or a local file verified in place.
-    async fn sweep_model(&self, cache: &ModelCache, namespace: &str, name: &str, replicas: &[ModelReplica]) -> Result<PathBuf, ModelFileError> {
+    async fn sweep_model(
+        &self,
+        cache: &ModelCache,
+        namespace: &str,
+        name: &str,
+        replicas: &[ModelReplica],
+    ) -> Result<PathBuf, ModelFileError> {
         let node = self.settings.node.clone();
         let models: Api<Model> = Api::namespaced(self.client().clone(), namespace);
         let model = match models.get_opt(name).await {

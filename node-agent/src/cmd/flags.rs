@@ -178,7 +178,13 @@ mod tests {
         assert_eq!(d.params(4096), ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: 4096 });
         let s = Cli::try_parse_from(["x", "--max-batch-tokens", "512", "--stall-timeout", "0.5"]).unwrap().serving;
         assert_eq!((s.max_batch_tokens, s.stall_timeout()), (512, Duration::from_millis(500)));
-        for bad in [["--max-batch-tokens", "0"], ["--prefill-chunk", "x1"], ["--stall-timeout", "0"], ["--stall-timeout", "inf"], ["--stall-timeout", "NaN"]] {
+        for bad in [
+            ["--max-batch-tokens", "0"],
+            ["--prefill-chunk", "x1"],
+            ["--stall-timeout", "0"],
+            ["--stall-timeout", "inf"],
+            ["--stall-timeout", "NaN"],
+        ] {
             let e = Cli::try_parse_from(["x", bad[0], bad[1]]).err().unwrap_or_else(|| panic!("{bad:?} was accepted"));
             assert!(e.to_string().contains(bad[0]), "{bad:?}: {e}");
             assert_eq!(e.exit_code(), 2, "{bad:?}");

@@ -67,7 +67,9 @@ fn generate(a: Args) -> Result<(), Error> {
     let tok = Tokenizer::from_gguf(file.metadata()).map_err(|e| Error::content(Some("--model"), model, format!("tokenizer: {e}")))?;
     drop(file);
     let prompt = match (&a.prompt, &a.prompt_tokens) {
-        (Some(text), _) => tok.encode(text, !a.no_special, true).map_err(|e| Error::Flag { flag: "--prompt", reason: format!("tokenizing: {e}") })?,
+        (Some(text), _) => {
+            tok.encode(text, !a.no_special, true).map_err(|e| Error::Flag { flag: "--prompt", reason: format!("tokenizing: {e}") })?
+        }
         (None, Some(ids)) => ids.clone(),
         (None, None) => return Err(Error::Flag { flag: "--prompt", reason: "give --prompt TEXT or --prompt-tokens IDS".into() }),
     };

@@ -196,7 +196,13 @@ fn write_report(path: Option<&PathBuf>, report: &replica::ReplicaReport) {
 /// `--max-batch-tokens` and `--prefill-chunk`, clamped to the self-test's envelope if a report
 /// is given; and the report's gauges.
 fn batch_limits(a: &Args) -> Result<(usize, usize, Option<QualificationMetrics>), Error> {
-    let Some(path) = &a.selftest_report else { return Ok((usize::try_from(a.serving.max_batch_tokens).unwrap_or(usize::MAX), usize::try_from(a.serving.prefill_chunk).unwrap_or(usize::MAX), None)) };
+    let Some(path) = &a.selftest_report else {
+        return Ok((
+            usize::try_from(a.serving.max_batch_tokens).unwrap_or(usize::MAX),
+            usize::try_from(a.serving.prefill_chunk).unwrap_or(usize::MAX),
+            None,
+        ));
+    };
     let report = envelope::read_report(path)?;
     let class = model_config("--model", &a.model)?.shape_class();
     let requested = ServingParams {

@@ -31,7 +31,8 @@ pub struct ReportArgs {
 
 /// Every SweepResult in `text`: one object, or a List's `items`.
 pub fn parse_results(text: &str, file: &Path) -> Result<Vec<SweepResult>, Error> {
-    let parse = |expected, reason: serde_json::Error| Error::Parse { flag: None, path: file.to_path_buf(), expected, reason: reason.to_string() };
+    let parse =
+        |expected, reason: serde_json::Error| Error::Parse { flag: None, path: file.to_path_buf(), expected, reason: reason.to_string() };
     let v: serde_json::Value = serde_json::from_str(text).map_err(|e| parse("JSON", e))?;
     let items = match v.get("items").and_then(|i| i.as_array()) {
         Some(items) => items.clone(),
@@ -40,9 +41,7 @@ pub fn parse_results(text: &str, file: &Path) -> Result<Vec<SweepResult>, Error>
     items
         .into_iter()
         .enumerate()
-        .map(|(i, item)| {
-            serde_json::from_value(item).map_err(|e| Error::content(None, file, format!("item {i}: not a SweepResult: {e}")))
-        })
+        .map(|(i, item)| serde_json::from_value(item).map_err(|e| Error::content(None, file, format!("item {i}: not a SweepResult: {e}"))))
         .collect()
 }
 

@@ -107,8 +107,7 @@ pub fn bench(a: &UrlArgs, url: &str, json_out: Option<&Path>) -> Result<(), Benc
         (None, None) => Budget::PerClient(4),
     };
     let points = grid::expand(&a.prompt_tokens, &a.concurrency, &a.max_tokens, budget)?;
-    let rt =
-        tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(BenchError::Runtime)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(BenchError::Runtime)?;
     rt.block_on(async {
         let models = client::fetch_json(&endpoint, "/v1/models", a.api_key.as_deref()).await?;
         let model = pick_model(&models, a.model_name.as_deref(), &endpoint.url("/v1/models"))?;
@@ -176,11 +175,9 @@ pub fn pick_model(models: &Value, wanted: Option<&str>, url: &str) -> Result<Str
     let ids: Vec<&str> = models["data"].as_array().map(|d| d.iter().filter_map(|m| m["id"].as_str()).collect()).unwrap_or_default();
     match wanted {
         Some(w) if ids.contains(&w) => Ok(w.to_string()),
-        Some(w) => Err(PickError::NotListed {
-            wanted: w.to_string(),
-            url: url.to_string(),
-            listed: ids.iter().map(|s| s.to_string()).collect(),
-        }),
+        Some(w) => {
+            Err(PickError::NotListed { wanted: w.to_string(), url: url.to_string(), listed: ids.iter().map(|s| s.to_string()).collect() })
+        }
         None => ids.first().map(|s| s.to_string()).ok_or_else(|| PickError::NoModels { url: url.to_string() }),
     }
 }

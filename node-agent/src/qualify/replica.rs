@@ -266,7 +266,12 @@ mod tests {
             model: "qwen".into(),
             shape_class: "qwen3moe-h2048-e128-top8-ffn768".into(),
             top_k: 8,
-            limits: brink_api::EngineLimits { context: 8192, context_source: "--context".into(), max_batch_tokens: 2048, prefill_chunk: 512 },
+            limits: brink_api::EngineLimits {
+                context: 8192,
+                context_source: "--context".into(),
+                max_batch_tokens: 2048,
+                prefill_chunk: 512,
+            },
             sizing: "tokenize".into(),
             finite_check: "logprobs".into(),
             calibration_tokens_per_s: None,
@@ -296,7 +301,10 @@ mod tests {
         );
         assert_eq!(pass.method, Some(brink_api::crd::QualificationMethod::BlackBox));
         assert_eq!(pass.model_test_message, "black-box qualification of qwen at http://127.0.0.1:8080: QUALIFIED up to 8192 tokens");
-        assert_eq!((pass.model_test_seconds, pass.reused, pass.shape_class.as_str()), (Some(3.0), false, "qwen3moe-h2048-e128-top8-ffn768"));
+        assert_eq!(
+            (pass.model_test_seconds, pass.reused, pass.shape_class.as_str()),
+            (Some(3.0), false, "qwen3moe-h2048-e128-top8-ffn768")
+        );
 
         // Clamp: admitted under the first failure; serves (not held); failing cases smallest first.
         let clamp = black_box_report(&black_box(Verdict::Clamped { max_tokens: 7068, first_failure: 7069 }, &[7069, 8192]), 3.0);
@@ -308,10 +316,14 @@ mod tests {
         assert!(clamp.model_test_message.ends_with("CLAMPED to 7068 tokens (first failure at 7069)"), "{}", clamp.model_test_message);
 
         // Refuse: nothing admitted, held with the first failing case.
-        let refuse = black_box_report(&black_box(Verdict::Disqualified { reason: "single/t64 fails below passing 4096".into() }, &[64]), 3.0);
+        let refuse =
+            black_box_report(&black_box(Verdict::Disqualified { reason: "single/t64 fails below passing 4096".into() }, &[64]), 3.0);
         assert_eq!((refuse.model_test_state.as_str(), refuse.admitted_prompt_tokens), ("disqualified", None));
         let held = refuse.held.expect("held");
-        assert!(held.starts_with("black-box qualification of the engine refused: DISQUALIFIED") && held.contains("single/t64 at 64 tokens"), "{held}");
+        assert!(
+            held.starts_with("black-box qualification of the engine refused: DISQUALIFIED") && held.contains("single/t64 at 64 tokens"),
+            "{held}"
+        );
     }
 
     #[test]

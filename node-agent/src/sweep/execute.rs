@@ -25,10 +25,10 @@ use brink_kernels::thresholds::ModelShape;
 use super::extra_cases::{self, ExtraCase};
 use super::figures;
 use crate::blackbox;
-use crate::http_bench::{self, client::endpoint};
 use crate::http_bench::grid::{self, Budget};
 use crate::http_bench::runner::{self, Target};
 use crate::http_bench::stats;
+use crate::http_bench::{self, client::endpoint};
 use crate::qualify::{self, verdict};
 use crate::up::server;
 

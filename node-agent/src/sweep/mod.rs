@@ -158,11 +158,7 @@ fn sweep(a: Args) -> Result<ExitCode, Error> {
     let grid = grid(&a.prompt_tokens, &a.concurrency, &a.generated_tokens, a.requests_per_point)?;
     let extra_cases = a.extra_case.iter().map(|s| parse_extra_case(s)).collect::<Result<Vec<_>, _>>()?;
     let baseline = a.baseline.as_deref().map(|p| read_result(Some("--baseline"), p)).transpose()?;
-    let state_dir = a
-        .state_dir
-        .clone()
-        .or_else(|| cache::state_dir(|k| std::env::var(k).ok()))
-        .ok_or(Error::NoStateDir)?;
+    let state_dir = a.state_dir.clone().or_else(|| cache::state_dir(|k| std::env::var(k).ok())).ok_or(Error::NoStateDir)?;
     let node = a.node.clone().or_else(|| std::env::var("NODE_NAME").ok()).unwrap_or_else(host_name);
     let run = a.run.clone().unwrap_or_else(|| {
         let minutes = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 60);
@@ -220,7 +216,8 @@ fn sweep(a: Args) -> Result<ExitCode, Error> {
     let mut result = SweepResult::new(&name, SweepResultSpec { run: run.clone(), node: node.clone() });
     result.status = Some(status);
     let out = a.out.clone().unwrap_or_else(|| state_dir.join("sweeps").join(format!("{name}.json")));
-    let json = serde_json::to_string_pretty(&result).map_err(|e| Error::Setup { what: "cannot serialise the result", reason: e.to_string() })?;
+    let json =
+        serde_json::to_string_pretty(&result).map_err(|e| Error::Setup { what: "cannot serialise the result", reason: e.to_string() })?;
     write_file(a.out.is_some().then_some("--out"), &out, "the result", &(json.clone() + "\n"))?;
     if a.json {
         println!("{json}");

@@ -115,11 +115,7 @@ fn up(a: Args) -> Result<ExitCode, Error> {
     if let Some(f) = a.min_decode_tokens_per_s {
         ThroughputFloor::new(f).map_err(|e| Error::Flag { flag: "--min-decode-tokens-per-s", reason: e.to_string() })?;
     }
-    let state_dir = a
-        .state_dir
-        .clone()
-        .or_else(|| cache::state_dir(|k| std::env::var(k).ok()))
-        .ok_or(Error::NoStateDir)?;
+    let state_dir = a.state_dir.clone().or_else(|| cache::state_dir(|k| std::env::var(k).ok())).ok_or(Error::NoStateDir)?;
     let mut phases = Phases { done: Vec::new(), t0: Instant::now() };
 
     let discovery = phases.run("discover the device", || crate::device::discover(0));
@@ -399,7 +395,8 @@ fn finish(
     extra: Option<&Path>,
     running: Option<server::Running>,
 ) -> Result<ExitCode, Error> {
-    let json = serde_json::to_string_pretty(report).map_err(|e| Error::Setup { what: "cannot serialise the report", reason: e.to_string() })?;
+    let json =
+        serde_json::to_string_pretty(report).map_err(|e| Error::Setup { what: "cannot serialise the report", reason: e.to_string() })?;
     let latest = state_dir.join("reports").join("up-latest.json");
     write_file(None, &latest, "the report", &json)?;
     if let Some(path) = extra {

@@ -123,9 +123,8 @@ async fn reconcile_inner(dep: &ModelDeployment, ctx: &Context) -> Result<Action>
     // A replica serves only if its nodes (a gang's every member's) are there and their
     // heartbeats are not lost.
     let node_up = |name: &str| nodes.iter().find(|n| n.name == name).is_some_and(|n| !n.heartbeat.assess(now_s, &policy).evicts());
-    let healthy_on_node = |r: &ReplicaView| {
-        r.healthy && node_up(&r.node) && r.gang.as_ref().is_none_or(|g| g.workers.iter().all(|w| node_up(w)))
-    };
+    let healthy_on_node =
+        |r: &ReplicaView| r.healthy && node_up(&r.node) && r.gang.as_ref().is_none_or(|g| g.workers.iter().all(|w| node_up(w)));
     let current: Vec<ReplicaView> = live.iter().map(|r| views::replica_view(r)).collect();
     let healthy: BTreeSet<String> = current.iter().filter(|r| healthy_on_node(r)).map(|r| r.name.clone()).collect();
 

@@ -97,7 +97,8 @@ pub fn fleet_series(input: &FleetInput<'_>) -> FleetSeries {
                 out.node_envelope_max_batch_tokens.push((vec![name.clone(), class], tokens as f64));
             }
         }
-        let hosted = input.replicas.iter().filter(|r| r.spec.nodes().contains(&name.as_str()) && r.metadata.deletion_timestamp.is_none()).count();
+        let hosted =
+            input.replicas.iter().filter(|r| r.spec.nodes().contains(&name.as_str()) && r.metadata.deletion_timestamp.is_none()).count();
         out.node_replicas.push((vec![name], hosted as f64));
     }
     let mut deps: Vec<&ModelDeployment> = input.deployments.iter().map(Arc::as_ref).collect();

@@ -119,8 +119,11 @@ pub fn desired_lws(replica: &ModelReplica, model: &Model, config: &Config) -> Re
     let Some(gang) = &replica.spec.gang else {
         return Err(Error::InvalidSpec { what: format!("ModelReplica {name}"), why: "a LeaderWorkerSet is for a gang".into() });
     };
-    let owner =
-        replica.controller_owner_ref(&()).ok_or_else(|| Error::MissingField { kind: "ModelReplica", name: name.clone(), field: "metadata.uid" })?;
+    let owner = replica.controller_owner_ref(&()).ok_or_else(|| Error::MissingField {
+        kind: "ModelReplica",
+        name: name.clone(),
+        field: "metadata.uid",
+    })?;
     let ns = replica.namespace().unwrap_or_default();
     let lws = lws_name(&name);
     let address = |rank: u32| if rank == 0 { format!("{lws}-0.{lws}.{ns}.svc") } else { format!("{lws}-0-{rank}.{lws}.{ns}.svc") };

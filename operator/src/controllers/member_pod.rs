@@ -166,23 +166,19 @@ pub fn member_pods(replica: &ModelReplica, model: &Model, config: &Config) -> Re
 pub(crate) fn member_pod(replica: &ModelReplica, model: &Model, config: &Config, member: &Member) -> Result<Pod> {
     let name = replica.name_any();
     let invalid = |why: String| Error::InvalidSpec { what: format!("ModelReplica {name}"), why };
-    let owner =
-        replica.controller_owner_ref(&()).ok_or_else(|| Error::MissingField { kind: "ModelReplica", name: name.clone(), field: "metadata.uid" })?;
+    let owner = replica.controller_owner_ref(&()).ok_or_else(|| Error::MissingField {
+        kind: "ModelReplica",
+        name: name.clone(),
+        field: "metadata.uid",
+    })?;
     let model_mount = model_mount(model, &config.model_cache_dir).map_err(&invalid)?;
     let s = &replica.spec;
     let kind = s.engine.kind;
     let port = engine_port(replica, config);
     let rank = member.rank.as_ref();
     let leads = rank.is_none_or(GangRank::is_leader);
-    let launch = Launch {
-        kind,
-        model_path: &model_mount.path,
-        served_name: &s.model,
-        port,
-        serving: &s.serving,
-        args: &s.engine.args,
-        gang: rank,
-    };
+    let launch =
+        Launch { kind, model_path: &model_mount.path, served_name: &s.model, port, serving: &s.serving, args: &s.engine.args, gang: rank };
     let command = engines::command(&launch).map_err(|e| invalid(e.to_string()))?;
 
     let mut envs = vec![
@@ -228,7 +224,11 @@ pub(crate) fn member_pod(replica: &ModelReplica, model: &Model, config: &Config,
     let (startup, liveness) = match (leads, kind) {
         (true, _) => {
             let startup = Probe {
-                http_get: Some(HTTPGetAction { path: Some("/health".into()), port: IntOrString::String("http".into()), ..HTTPGetAction::default() }),
+                http_get: Some(HTTPGetAction {
+                    path: Some("/health".into()),
+                    port: IntOrString::String("http".into()),
+                    ..HTTPGetAction::default()
+                }),
                 period_seconds: Some(10),
                 failure_threshold: Some(startup_failures),
                 timeout_seconds: Some(5),
@@ -350,8 +350,11 @@ pub(crate) fn member_pod(replica: &ModelReplica, model: &Model, config: &Config,
 /// members are ready, since the leader is ready only once its workers serve with it).
 pub fn gang_service(replica: &ModelReplica, config: &Config) -> Result<Service> {
     let name = replica.name_any();
-    let owner =
-        replica.controller_owner_ref(&()).ok_or_else(|| Error::MissingField { kind: "ModelReplica", name: name.clone(), field: "metadata.uid" })?;
+    let owner = replica.controller_owner_ref(&()).ok_or_else(|| Error::MissingField {
+        kind: "ModelReplica",
+        name: name.clone(),
+        field: "metadata.uid",
+    })?;
     let selector = BTreeMap::from([(REPLICA_LABEL.to_string(), label_value(&name))]);
     Ok(Service {
         metadata: ObjectMeta {
@@ -366,7 +369,12 @@ pub fn gang_service(replica: &ModelReplica, config: &Config) -> Result<Service> 
             selector: Some(selector),
             publish_not_ready_addresses: Some(true),
             // Headless: the ports only document what members listen on.
-            ports: Some(vec![ServicePort { name: Some("http".into()), port: i32::from(engine_port(replica, config)), protocol: Some("TCP".into()), ..ServicePort::default() }]),
+            ports: Some(vec![ServicePort {
+                name: Some("http".into()),
+                port: i32::from(engine_port(replica, config)),
+                protocol: Some("TCP".into()),
+                ..ServicePort::default()
+            }]),
             ..ServiceSpec::default()
         }),
         status: None,

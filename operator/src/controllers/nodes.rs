@@ -18,8 +18,11 @@ pub fn lease_node(name: &str) -> Option<&str> {
 
 /// Deployments with a replica bound to `node`, each once.
 pub fn deployments_on(node: &str, replicas: &[Arc<ModelReplica>]) -> Vec<ObjectRef<ModelDeployment>> {
-    let keys: BTreeSet<(String, String)> =
-        replicas.iter().filter(|r| r.spec.nodes().contains(&node)).filter_map(|r| Some((r.namespace()?, r.spec.deployment.clone()))).collect();
+    let keys: BTreeSet<(String, String)> = replicas
+        .iter()
+        .filter(|r| r.spec.nodes().contains(&node))
+        .filter_map(|r| Some((r.namespace()?, r.spec.deployment.clone())))
+        .collect();
     keys.into_iter().map(|(ns, name)| ObjectRef::new(&name).within(&ns)).collect()
 }
 

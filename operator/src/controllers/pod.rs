@@ -208,7 +208,8 @@ pub fn desired_pod(replica: &ModelReplica, model: &Model, config: &Config) -> Re
         args: &s.engine.args,
         gang: None,
     };
-    let serve = crate::engines::command(&launch).map_err(|e| Error::InvalidSpec { what: format!("ModelReplica {name}"), why: e.to_string() })?;
+    let serve =
+        crate::engines::command(&launch).map_err(|e| Error::InvalidSpec { what: format!("ModelReplica {name}"), why: e.to_string() })?;
     let command: Vec<String> =
         serve.into_iter().chain(config.replica_api_keys_secret.as_ref().map(|_| format!("--api-key-file={API_KEYS_DIR}/keys"))).collect();
     // Optional parts are added only when configured, so the Pods of an operator without them

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use brink_api::crd::{EngineKind, Model, ModelReplica, PodFailures, ReplicaPhase};
 use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::api::DynamicObject;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kube::api::DynamicObject;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -21,9 +21,9 @@ use tracing::{info, instrument};
 use super::context::{Context, FIELD_MANAGER};
 use super::error::{Error, Result, api_code};
 use super::events::publish;
+use super::lws;
 use super::member_pod;
 use super::pod::{PodAction, desired_pods, phase_from_pod, pod_action, pod_state};
-use super::lws;
 use crate::decide::{self, FailureRecord, PodState, Recovery};
 
 pub const CONTROLLER: &str = "modelreplica";

@@ -16,8 +16,8 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{Error, Result};
 use super::names::REVISION_LABEL;
-use super::views::{MEMORY_ANNOTATION, replica_memory};
 use super::rollout_view::rollout_replica;
+use super::views::{MEMORY_ANNOTATION, replica_memory};
 use crate::decide::{HeartbeatPolicy, NodeView, RolloutDecision, RolloutPolicy, RolloutReplica, RolloutSpec, decide_rollout};
 
 /// On a recreated replica: the template of the revision it replaced, as JSON, so that a

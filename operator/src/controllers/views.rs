@@ -10,8 +10,8 @@ use k8s_openapi::api::core::v1::{Node, Toleration as K8sToleration};
 use kube::ResourceExt;
 
 use crate::decide::{
-    ClassQualification, DeploymentView, GangMembers, GangNeed, HeartbeatHistory, MemoryNeed, NodeView, OnSelfTestFailure, ReplicaView, Resident, Spread, Taint,
-    TaintEffect, Toleration,
+    ClassQualification, DeploymentView, GangMembers, GangNeed, HeartbeatHistory, MemoryNeed, NodeView, OnSelfTestFailure, ReplicaView,
+    Resident, Spread, Taint, TaintEffect, Toleration,
 };
 
 /// Annotation on a `ModelReplica`: the memory its Pod requests, written when it is placed, so
@@ -430,8 +430,7 @@ mod tests {
         // A gang's worker holds a member's memory on its own node.
         let mut gang = r.clone();
         gang.spec.node = "n2".into();
-        gang.spec.gang =
-            Some(brink_api::crd::ReplicaGang { workers: vec!["n1".into()], fabric: "f".into(), rdma: false, network: None });
+        gang.spec.gang = Some(brink_api::crd::ReplicaGang { workers: vec!["n1".into()], fabric: "f".into(), rdma: false, network: None });
         let v = node_view(&node(), None, HeartbeatHistory::new(40), &[&gang]);
         assert_eq!(
             v.residents,

@@ -11,8 +11,8 @@
 
 use std::collections::BTreeMap;
 
-use brink_api::crd::RDMA_LABEL;
 use brink_api::Envelope;
+use brink_api::crd::RDMA_LABEL;
 
 use super::eligibility::{self, Static};
 use super::heartbeat::HeartbeatPolicy;
@@ -195,8 +195,7 @@ pub fn place_gangs(
         } else {
             let largest = per_fabric.values().map(|e| e.1).max().unwrap_or(0);
             let list: Vec<String> = per_fabric.iter().map(|(f, (e, t))| format!("{f}: {e} of {t} eligible")).collect();
-            let too_big =
-                if largest < size { format!("no fabric has {size} nodes (the largest has {largest}); ") } else { String::new() };
+            let too_big = if largest < size { format!("no fabric has {size} nodes (the largest has {largest}); ") } else { String::new() };
             format!("{too_big}fabrics by label {label}: {}", list.join(", "))
         };
         format!(

@@ -18,11 +18,11 @@ pub mod sweep;
 #[cfg(test)]
 mod tests;
 
-pub use heartbeat::{HeartbeatHistory, HeartbeatPolicy, HeartbeatState, Outage};
 pub use gang::{GangMembers, gang_eviction_reasons, gang_pod_state, place_gangs};
+pub use heartbeat::{HeartbeatHistory, HeartbeatPolicy, HeartbeatState, Outage};
 pub use inputs::{
-    ClassQualification, DecideError, DeploymentView, GangNeed, MAX_GANG_NODES, MAX_REPLICAS, MemoryNeed, NodeView, OnSelfTestFailure, Resident, Spread, Taint,
-    TaintEffect, Toleration,
+    ClassQualification, DecideError, DeploymentView, GangNeed, MAX_GANG_NODES, MAX_REPLICAS, MemoryNeed, NodeView, OnSelfTestFailure,
+    Resident, Spread, Taint, TaintEffect, Toleration,
 };
 pub use lifecycle::{Lifecycle, Replacement, ReplicaView, drain_without_room, lifecycle};
 pub use placement::{AssignedGang, Assignment, Placement, place};

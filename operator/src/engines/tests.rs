@@ -68,11 +68,11 @@ fn gang_members_run_the_engines_multi_node_mode() {
     let worker = gang(2);
     let vllm_leader = command(&launch(EngineKind::Vllm, &extra, Some(&leader))).expect("vllm leader");
     assert_eq!(vllm_leader[..2], ["sh", "-c"]);
-    assert!(vllm_leader[2].starts_with("ray start --head --port=6379 --node-ip-address=\"$POD_IP\" --disable-usage-stats && exec vllm serve "));
     assert!(
-        vllm_leader[2].ends_with(
-            "--tensor-parallel-size 3 --pipeline-parallel-size 1 --distributed-executor-backend ray --dtype auto"
-        ),
+        vllm_leader[2].starts_with("ray start --head --port=6379 --node-ip-address=\"$POD_IP\" --disable-usage-stats && exec vllm serve ")
+    );
+    assert!(
+        vllm_leader[2].ends_with("--tensor-parallel-size 3 --pipeline-parallel-size 1 --distributed-executor-backend ray --dtype auto"),
         "{}",
         vllm_leader[2]
     );
@@ -85,9 +85,7 @@ fn gang_members_run_the_engines_multi_node_mode() {
     let sglang = |g: &GangRank| line(&command(&launch(EngineKind::Sglang, &[], Some(g))).expect("sglang"));
     for (g, rank) in [(&leader, "0"), (&worker, "2")] {
         assert!(
-            sglang(g).ends_with(&format!(
-                "--tp-size 3 --nnodes 3 --node-rank {rank} --dist-init-addr qwen-0.qwen-0-gang.ai.svc:20000"
-            )),
+            sglang(g).ends_with(&format!("--tp-size 3 --nnodes 3 --node-rank {rank} --dist-init-addr qwen-0.qwen-0-gang.ai.svc:20000")),
             "{}",
             sglang(g)
         );
@@ -138,10 +136,13 @@ fn defaults_and_quoting() {
     let report = replica_report_path("/var/lib/brink/node/", "ai", "chat-0");
     assert_eq!(report, "/var/lib/brink/node/replicas/ai/chat-0.json");
     let script = sidecar_script(8000, "qwen", &SERVING, &report);
-    assert!(script.contains(
-        "brink-agent qualify --url http://127.0.0.1:8000 --model qwen --max-batch-tokens 4096 --prefill-chunk 1024 \
+    assert!(
+        script.contains(
+            "brink-agent qualify --url http://127.0.0.1:8000 --model qwen --max-batch-tokens 4096 --prefill-chunk 1024 \
          --out /var/run/brink/qualification/report.json --replica-report /var/lib/brink/node/replicas/ai/chat-0.json || exit $?"
-    ), "{script}");
+        ),
+        "{script}"
+    );
     assert!(script.contains("/dev/tcp/127.0.0.1/8000") && script.contains(&format!("touch {QUALIFIED_MARKER}")));
     assert!(progress_metrics(EngineKind::Brink).is_none());
 }

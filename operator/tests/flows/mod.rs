@@ -77,11 +77,7 @@ impl Fleet {
             client: double.client(),
             metrics: Arc::new(Metrics::new().expect("metrics")),
             clock: clock.clone(),
-            config: Config {
-                lease_namespace: LEASE_NS.into(),
-                agent_image: Some("ghcr.io/brink/brink:0.2.0".into()),
-                ..Config::default()
-            },
+            config: Config { lease_namespace: LEASE_NS.into(), agent_image: Some("ghcr.io/brink/brink:0.2.0".into()), ..Config::default() },
         });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(controllers::run(shared, async move {

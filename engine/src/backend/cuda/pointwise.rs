@@ -1,11 +1,11 @@
 //! Ops that work row by row: RMS norm (whole rows or per head), RoPE, and `add`.
 
 use brink_kernels::cuda::{Gpu, GpuError};
-use brink_kernels::ops::rmsnorm::{self, RmsNormCase};
 use brink_kernels::ops::norm_rope::{self, NormRopeCase};
+use brink_kernels::ops::rmsnorm::{self, RmsNormCase};
 use brink_kernels::ops::rmsnorm_q8_1;
-use brink_kernels::quant::QK;
 use brink_kernels::ops::rope::{self, RopeSpec, RopeTable};
+use brink_kernels::quant::QK;
 
 use super::batch_state::BatchState;
 use super::buffers::{ActRows, CudaAct, Grow};
@@ -45,7 +45,14 @@ pub(crate) fn emits_q8_1(x: &CudaAct, w: &CudaWeight) -> bool {
 /// `out = rms_norm(x)` as [`rms_norm`] computes it, and `xq` = its dense q8_1 quantization as
 /// `quantize` computes it from `out`, in one launch (`rmsnorm_q8_1`); `xq` then records that it
 /// holds `out`'s rows, so the projection or the MoE block after the norm quantizes nothing.
-pub(crate) fn rms_norm_q8_1(gpu: &Gpu, x: &CudaAct, w: &CudaWeight, eps: f32, out: &mut CudaAct, xq: &mut Grow<u8>) -> Result<(), BackendError> {
+pub(crate) fn rms_norm_q8_1(
+    gpu: &Gpu,
+    x: &CudaAct,
+    w: &CudaWeight,
+    eps: f32,
+    out: &mut CudaAct,
+    xq: &mut Grow<u8>,
+) -> Result<(), BackendError> {
     let what = |e: String| fail(format!("rms_norm by {}: {e}", w.name()));
     let WeightData::F32(scale) = &w.data else {
         return Err(what("a norm weight must be held as f32".into()));

@@ -70,10 +70,18 @@ fn cases() -> Vec<Case> {
     };
     vec![
         case("two nodes of one fabric", vec![on("a", Some("f1")), on("b", Some("f1"))], gang_dep(2, 1), 1).gang("a", &["b"], "f1", false),
-        case("RDMA only when every member has it", vec![rdma(on("a", Some("f1"))), rdma(on("b", Some("f1")))], gang_dep(2, 1), 1)
-            .gang("a", &["b"], "f1", true),
-        case("one member without RDMA: none", vec![rdma(on("a", Some("f1"))), on("b", Some("f1"))], gang_dep(2, 1), 1)
-            .gang("a", &["b"], "f1", false),
+        case("RDMA only when every member has it", vec![rdma(on("a", Some("f1"))), rdma(on("b", Some("f1")))], gang_dep(2, 1), 1).gang(
+            "a",
+            &["b"],
+            "f1",
+            true,
+        ),
+        case("one member without RDMA: none", vec![rdma(on("a", Some("f1"))), on("b", Some("f1"))], gang_dep(2, 1), 1).gang(
+            "a",
+            &["b"],
+            "f1",
+            false,
+        ),
         // Members never span fabrics, even when two nodes are eligible overall.
         case("not enough peers in a fabric", vec![on("a", Some("f1")), on("b", Some("f2")), on("c", None)], gang_dep(2, 1), 1)
             .why("a", "fabric f1 has 1 eligible nodes, a gang needs 2")
@@ -88,22 +96,45 @@ fn cases() -> Vec<Case> {
         case("no node labelled", vec![on("a", None), on("b", None)], gang_dep(2, 1), 1)
             .message("no node carries the fabric label brink.dev/fabric"),
         // A cordoned member leaves its fabric one node short: all or nothing.
-        case("a cordoned peer", vec![on("a", Some("f1")), with("b", |n| { *n = on("b", Some("f1")); n.unschedulable = true })], gang_dep(2, 1), 1)
-            .why("b", "cordoned")
-            .why("a", "fabric f1 has 1 eligible nodes")
-            .message("f1: 1 of 2 eligible"),
+        case(
+            "a cordoned peer",
+            vec![
+                on("a", Some("f1")),
+                with("b", |n| {
+                    *n = on("b", Some("f1"));
+                    n.unschedulable = true
+                }),
+            ],
+            gang_dep(2, 1),
+            1,
+        )
+        .why("b", "cordoned")
+        .why("a", "fabric f1 has 1 eligible nodes")
+        .message("f1: 1 of 2 eligible"),
         // Each member needs 60 GiB (120 GiB over 2): a node with 50 GiB free cannot be one.
         case(
             "the memory each member needs",
-            vec![on("a", Some("f1")), with("b", |n| { *n = on("b", Some("f1")); n.allocatable_bytes = 50 * GIB }), on("c", Some("f1"))],
+            vec![
+                on("a", Some("f1")),
+                with("b", |n| {
+                    *n = on("b", Some("f1"));
+                    n.allocatable_bytes = 50 * GIB
+                }),
+                on("c", Some("f1")),
+            ],
             gang_dep(2, 1),
             1,
         )
         .gang("a", &["c"], "f1", false)
         .why("b", "memory: needs 60.00 GiB, has 50.00 GiB"),
-        case("one member per node (host networking)", vec![member(on("a", Some("f1"))), on("b", Some("f1")), on("c", Some("f1"))], gang_dep(2, 1), 1)
-            .gang("b", &["c"], "f1", false)
-            .why("a", "hosts a gang member already"),
+        case(
+            "one member per node (host networking)",
+            vec![member(on("a", Some("f1"))), on("b", Some("f1")), on("c", Some("f1"))],
+            gang_dep(2, 1),
+            1,
+        )
+        .gang("b", &["c"], "f1", false)
+        .why("a", "hosts a gang member already"),
         // The smallest fabric that fits; the larger stays whole for larger gangs.
         case(
             "best fit between fabrics",
@@ -130,22 +161,36 @@ fn cases() -> Vec<Case> {
         case(
             "least loaded members",
             vec![
-                with("a", |n| { *n = on("a", Some("f1")); n.residents.push(resident("x-0", "ai/x", 30 * GIB)) }),
+                with("a", |n| {
+                    *n = on("a", Some("f1"));
+                    n.residents.push(resident("x-0", "ai/x", 30 * GIB))
+                }),
                 on("b", Some("f1")),
-                with("c", |n| { *n = on("c", Some("f1")); n.residents.push(resident("y-0", "ai/y", 10 * GIB)) }),
+                with("c", |n| {
+                    *n = on("c", Some("f1"));
+                    n.residents.push(resident("y-0", "ai/y", 10 * GIB))
+                }),
             ],
             gang_dep(2, 1),
             1,
         )
         .gang("b", &["c"], "f1", false),
-        case("a three-node gang", vec![on("a", Some("f1")), on("b", Some("f1")), on("c", Some("f1"))], gang_dep(3, 1), 1)
-            .gang("a", &["b", "c"], "f1", false),
+        case("a three-node gang", vec![on("a", Some("f1")), on("b", Some("f1")), on("c", Some("f1"))], gang_dep(3, 1), 1).gang(
+            "a",
+            &["b", "c"],
+            "f1",
+            false,
+        ),
         // Another fabric label (a topology label the cluster has).
         case(
             "a topology label as the fabric",
             vec![
-                with("a", |n| { n.labels.insert("topology.kubernetes.io/zone".into(), "rack-1".into()); }),
-                with("b", |n| { n.labels.insert("topology.kubernetes.io/zone".into(), "rack-1".into()); }),
+                with("a", |n| {
+                    n.labels.insert("topology.kubernetes.io/zone".into(), "rack-1".into());
+                }),
+                with("b", |n| {
+                    n.labels.insert("topology.kubernetes.io/zone".into(), "rack-1".into());
+                }),
             ],
             dep_with(|d| {
                 d.memory = MemoryNeed::Bytes(80 * GIB);
@@ -170,11 +215,8 @@ fn gang_placement_table() {
                     (a.node.clone(), g.workers.clone(), g.fabric.clone(), g.rdma)
                 })
                 .collect();
-            let want: Vec<(String, Vec<String>, String, bool)> = c
-                .gangs
-                .iter()
-                .map(|(l, w, f, r)| (l.to_string(), w.iter().map(|s| s.to_string()).collect(), f.to_string(), *r))
-                .collect();
+            let want: Vec<(String, Vec<String>, String, bool)> =
+                c.gangs.iter().map(|(l, w, f, r)| (l.to_string(), w.iter().map(|s| s.to_string()).collect(), f.to_string(), *r)).collect();
             assert_eq!(got, want, "{}", c.name);
             for a in &p.assignments {
                 assert_eq!(a.memory_bytes, c.dep.member_memory_bytes().expect("memory"), "{}", c.name);
@@ -201,12 +243,18 @@ fn gang_placement_table() {
 #[test]
 fn a_gang_serves_under_its_tightest_member() {
     let nodes = [
-        with("a", |n| { *n = on("a", Some("f1")); n.classes.insert(CLASS.into(), clamped(4096, 4097)); }),
+        with("a", |n| {
+            *n = on("a", Some("f1"));
+            n.classes.insert(CLASS.into(), clamped(4096, 4097));
+        }),
         on("b", Some("f1")),
     ];
     let p = place(&gang_dep(2, 1), &nodes, 1, NOW, &POLICY).expect("placement");
     let limits = p.assignments[0].limits;
-    assert_eq!((limits.max_batch_tokens, limits.prefill_chunk, limits.validated_tokens, limits.first_failure), (4096, 2048, Some(4096), Some(4097)));
+    assert_eq!(
+        (limits.max_batch_tokens, limits.prefill_chunk, limits.validated_tokens, limits.first_failure),
+        (4096, 2048, Some(4096), Some(4097))
+    );
     // Under Refuse, the clamped member keeps the gang out of the fabric.
     let refuse = dep_with(|d| {
         *d = gang_dep(2, 1);
@@ -236,12 +284,28 @@ fn gang_replica(name: &str, leader: &str, workers: &[&str], fabric: &str) -> Rep
 
 #[test]
 fn gang_replacement_table() {
-    let fabric = |nodes: Vec<NodeView>| nodes.into_iter().map(|n| { let name = n.name.clone(); with(&name, |m| { *m = n; m.labels.insert(FABRIC_LABEL.into(), "f1".into()); }) }).collect::<Vec<_>>();
+    let fabric = |nodes: Vec<NodeView>| {
+        nodes
+            .into_iter()
+            .map(|n| {
+                let name = n.name.clone();
+                with(&name, |m| {
+                    *m = n;
+                    m.labels.insert(FABRIC_LABEL.into(), "f1".into());
+                })
+            })
+            .collect::<Vec<_>>()
+    };
     let healthy = || fabric(vec![node("a"), node("b"), node("c"), node("d")]);
     // (case, nodes, replica, the text a reason must contain; "" = the gang stays)
     let cases: Vec<(&str, Vec<NodeView>, ReplicaView, &str)> = vec![
         ("all members healthy", healthy(), gang_replica("g-0", "a", &["b"], "f1"), ""),
-        ("a worker's node gone", fabric(vec![node("a"), node("c")]), gang_replica("g-0", "a", &["b"], "f1"), "gang member on node b: node gone"),
+        (
+            "a worker's node gone",
+            fabric(vec![node("a"), node("c")]),
+            gang_replica("g-0", "a", &["b"], "f1"),
+            "gang member on node b: node gone",
+        ),
         (
             "a worker cordoned",
             fabric(vec![node("a"), with("b", |n| n.unschedulable = true)]),
@@ -255,15 +319,37 @@ fn gang_replacement_table() {
             "gang member on node b: heartbeat expired",
         ),
         // Within the grace the gang is kept, as a single replica would be.
-        ("a worker briefly silent", fabric(vec![node("a"), with("b", |n| n.heartbeat = expired(10))]), gang_replica("g-0", "a", &["b"], "f1"), ""),
-        ("the leader cordoned", fabric(vec![with("a", |n| n.unschedulable = true), node("b")]), gang_replica("g-0", "a", &["b"], "f1"), "cordoned"),
+        (
+            "a worker briefly silent",
+            fabric(vec![node("a"), with("b", |n| n.heartbeat = expired(10))]),
+            gang_replica("g-0", "a", &["b"], "f1"),
+            "",
+        ),
+        (
+            "the leader cordoned",
+            fabric(vec![with("a", |n| n.unschedulable = true), node("b")]),
+            gang_replica("g-0", "a", &["b"], "f1"),
+            "cordoned",
+        ),
         (
             "a member moved to another fabric",
-            vec![with("a", |n| { n.labels.insert(FABRIC_LABEL.into(), "f1".into()); }), with("b", |n| { n.labels.insert(FABRIC_LABEL.into(), "f2".into()); })],
+            vec![
+                with("a", |n| {
+                    n.labels.insert(FABRIC_LABEL.into(), "f1".into());
+                }),
+                with("b", |n| {
+                    n.labels.insert(FABRIC_LABEL.into(), "f2".into());
+                }),
+            ],
             gang_replica("g-0", "a", &["b"], "f1"),
             "gang member on node b is on fabric f2, the gang on f1",
         ),
-        ("the deployment asks for 3 nodes now", healthy(), gang_replica("g-0", "a", &["b"], "f1"), "the replica spans 2 nodes, the deployment asks for 3"),
+        (
+            "the deployment asks for 3 nodes now",
+            healthy(),
+            gang_replica("g-0", "a", &["b"], "f1"),
+            "the replica spans 2 nodes, the deployment asks for 3",
+        ),
         (
             "a single-node replica of a gang deployment",
             healthy(),
