@@ -1,4 +1,4 @@
-//! Both official SDKs against the server on a tiny synthetic gpt-oss model (issue 22): the
+//! Both official SDKs against the server on a tiny synthetic gpt-oss model: the
 //! harmony template renders the request (`reasoning_effort` included), the reply's `analysis`
 //! channel comes back as OpenAI `reasoning_content` / Anthropic `thinking` blocks and `final` as
 //! the answer, and a harmony tool call as `tool_calls` / `tool_use`, whose result goes back in the

@@ -1,7 +1,6 @@
 //! The per-layer spec list: what each decoder layer computes, as an architecture reads it from
-//! the GGUF header (`../shared/design.md`, "Models: layers, not one architecture"). The
-//! backends are driven by these specs, never by the architecture's name, and every feature a
-//! kernel sees is part of the qualification key ([`LayerSpec::kind`]).
+//! the GGUF header. The backends are driven by these specs, never by the architecture's name,
+//! and every feature a kernel sees is part of the qualification key ([`LayerSpec::kind`]).
 
 use std::collections::BTreeMap;
 
