@@ -19,7 +19,7 @@ use brink_kernels::cuda::{Gpu, GpuError};
 use brink_kernels::launch::PlanError;
 use brink_kernels::ops::moe_align::{self, AlignedDevice};
 use brink_kernels::ops::moe_combine::{self, CombineCase};
-use brink_kernels::ops::moe_gemm::{self, GemmBuffers, GemmCase};
+use brink_kernels::ops::moe_gemm::{self, GemmBuffers, GemmCase, GemmTile};
 use brink_kernels::ops::moe_gemv::{self, GemvBuffers, GemvDims};
 use brink_kernels::ops::moe_gemv_fused::{self, CombineBuffers, FfnDims, GateUpBuffers};
 use brink_kernels::ops::quantize::{self, Source};
@@ -176,14 +176,14 @@ pub(crate) fn moe(
         // The down GEMV's epilogue is the combine: it writes `out` itself.
         RoutedPath::Gemv => return experts_gemv(gpu, s, &d, [&gate, &up, &down], out),
         RoutedPath::Gemm => {
-            let tile = moe_gemm::configured_tile().map_err(|e| fail(format!("moe: {e}")))?.m;
+            let tile = moe_gemm::configured_tile().map_err(|e| fail(format!("moe: {e}")))?;
             let (t, k, e) = (d.tokens as u64, d.top_k as u32, d.experts as u32);
             let aligned = match s.aligned.take() {
-                Some(mut a) => moe_align::align_into(gpu, &s.ids, t, k, e, tile, &mut a).map(|()| a),
-                None => moe_align::align_gpu(gpu, &s.ids, t, k, e, tile),
+                Some(mut a) => moe_align::align_into(gpu, &s.ids, t, k, e, tile.m, &mut a).map(|()| a),
+                None => moe_align::align_gpu(gpu, &s.ids, t, k, e, tile.m),
             }
             .map_err(failed)?;
-            let done = experts_gemm(gpu, s, x, &d, &aligned, [&gate, &up, &down]);
+            let done = experts_gemm(gpu, s, x, &d, &aligned, tile, [&gate, &up, &down]);
             s.aligned = Some(aligned);
             done?;
         }
@@ -272,17 +272,17 @@ fn gate_up_unfused(gpu: &Gpu, s: &mut MoeScratch, d: &Dims, [gate, up]: [&Expert
     swiglu_q8_1(gpu, s, d, Source::Dense, d.pairs() as u64)
 }
 
-/// Tiled GEMMs over the rows sorted by expert: x gathered per (token, slot) for gate and up,
-/// the pairs' activations gathered for down.
+/// Tiled GEMMs over the rows sorted by expert (`al`, aligned to `tile`'s rows): x gathered per
+/// (token, slot) for gate and up, the pairs' activations gathered for down.
 fn experts_gemm(
     gpu: &Gpu,
     s: &mut MoeScratch,
     x: &CudaAct,
     d: &Dims,
     al: &AlignedDevice,
+    tile: &GemmTile,
     [gate, up, down]: [&Experts<'_>; 3],
 ) -> Result<(), BackendError> {
-    let tile = moe_gemm::configured_tile().map_err(|e| fail(format!("moe: {e}")))?;
     let rows = moe_align::max_padded_rows(d.tokens as u64, d.top_k as u32, d.experts as u32, tile.m);
     let rows_usize = usize::try_from(rows).map_err(|_| fail(format!("moe: {rows} padded rows")))?;
     ensure_ffn(gpu, s, d, q8_1_bytes(rows_usize, d.ffn)).map_err(gate.failed("GEMM"))?;
