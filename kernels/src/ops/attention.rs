@@ -17,6 +17,12 @@
 //!   [`PrefillTile::rows`] query rows of one chunk against key tiles of [`PrefillTile::keys`]
 //!   staged in shared memory (f16 -> f32), online softmax in f32. The tile -> (chunk, first
 //!   query) map is a device array built here, so tiles grow on grid.x only.
+//! - `attn_prefill_mma_d{D}` (D 64, 128; compute capability 8.0+): the same tiles, arguments and
+//!   grid on tensor cores (`mma.sync` m16n8k16, f16 x f16 -> f32). K and V are f16 already; Q and
+//!   the probabilities P are split into two f16 halves each (`hi = f16(x)`, `lo = f16(x − hi)`),
+//!   both multiplied in, so the result stays within f32 rounding of the f32 kernel's (see
+//!   [`TOLERANCE`]). Which of the two runs: [`select_prefill`], the device's default unless
+//!   [`PREFILL_ENV`] forces one ([`BatchPlan::prefill_kernel`]).
 //! - `attn_decode_d{D}` + `attn_decode_combine`: a 1-token chunk's context is cut into spans of
 //!   [`DECODE_SPAN`] keys; grid (spans of every decode chunk, n_head / heads per block): each
 //!   block scores one span for up to [`DECODE_MAX_HEADS`] heads sharing a kv head and writes a
@@ -66,7 +72,10 @@ pub const COMBINE_KERNEL: &str = "attn_decode_combine";
 /// output they reach ~1e-5: the H200 measured 1.05e-5 on 4 long-context cases (2026-11-30).
 /// One key too many or too few moves an output by its softmax weight times |v − o|, ~1e-5
 /// absolute among 40,960 keys, i.e. ~3e-4 relative to such outputs, and 1e-3 and more below
-/// 1,000 keys where tile tails live: 3e-5 still separates the two by 10x.
+/// 1,000 keys where tile tails live: 3e-5 still separates the two by 10x. The tensor-core
+/// prefill kernel is held to the same bound: its split f16 halves of Q and P carry ~22 bits,
+/// and an emulation of its arithmetic (`cpu::tests::tolerance_covers_the_mma_kernels_split`,
+/// even with tensor cores that truncate every addend) stays within 2e-6 up to 40,960 keys.
 pub const TOLERANCE: f64 = 3e-5;
 /// Threads of every attention block (`ATT_THREADS`).
 pub const THREADS: u32 = 128;
@@ -233,6 +242,8 @@ pub struct PrefillTile {
 }
 
 /// The tile of `attn_prefill_d{head_dim}` (`ATT_PREFILL(D, TQ, TK)`: 16·TQ rows, 8·TK keys).
+/// Its rows are the batch's tile map ([`BatchPlan`]) for either prefill kernel: the tensor-core
+/// kernel's tiles have as many rows ([`PrefillKernel::tile`]).
 pub fn prefill_tile(head_dim: u32) -> Option<PrefillTile> {
     match head_dim {
         64 | 128 => Some(PrefillTile { rows: 64, keys: 64 }),
@@ -241,8 +252,93 @@ pub fn prefill_tile(head_dim: u32) -> Option<PrefillTile> {
     }
 }
 
-fn prefill_kernel(head_dim: u32) -> String {
-    format!("attn_prefill_d{head_dim}")
+/// The tile of `attn_prefill_mma_d{64,128}` (`MMA_BQ` rows: 16 per warp, `MMA_BK` keys).
+pub const MMA_TILE: PrefillTile = PrefillTile { rows: 64, keys: 64 };
+/// Halfs of padding after each staged f16 row of the tensor-core kernel (`MMA_PADH`).
+const MMA_PAD_HALFS: u64 = 8;
+/// Head dims the tensor-core prefill kernel is instantiated for.
+pub const MMA_HEAD_DIMS: [u32; 2] = [64, 128];
+/// Compute capability `mma.sync` m16n8k16 on f16 needs.
+pub const MMA_MIN_CAPABILITY: (u32, u32) = (8, 0);
+/// The environment variable that forces a prefill kernel: `f32` or `mma` ([`parse_prefill`]).
+pub const PREFILL_ENV: &str = "BRINK_ATTN_PREFILL";
+
+/// The two prefill kernels (module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrefillKernel {
+    /// `attn_prefill_d{D}`: f32 FMA on CUDA cores; every head dim, every device.
+    F32,
+    /// `attn_prefill_mma_d{D}`: tensor cores, split f16 halves; [`MMA_HEAD_DIMS`] on devices of
+    /// compute capability [`MMA_MIN_CAPABILITY`] and later.
+    Mma,
+}
+
+impl PrefillKernel {
+    pub fn kernel(self, head_dim: u32) -> String {
+        match self {
+            PrefillKernel::F32 => format!("attn_prefill_d{head_dim}"),
+            PrefillKernel::Mma => format!("attn_prefill_mma_d{head_dim}"),
+        }
+    }
+
+    /// Whether this kernel exists for `head_dim` on a device of compute capability `cc`.
+    pub fn supports(self, head_dim: u32, cc: (u32, u32)) -> bool {
+        match self {
+            PrefillKernel::F32 => HEAD_DIMS.contains(&head_dim),
+            PrefillKernel::Mma => MMA_HEAD_DIMS.contains(&head_dim) && cc >= MMA_MIN_CAPABILITY,
+        }
+    }
+
+    /// Its tile: the rows are [`prefill_tile`]'s for every head dim it supports.
+    pub fn tile(self, head_dim: u32) -> Option<PrefillTile> {
+        match self {
+            PrefillKernel::F32 => prefill_tile(head_dim),
+            PrefillKernel::Mma => MMA_HEAD_DIMS.contains(&head_dim).then_some(MMA_TILE),
+        }
+    }
+
+    /// Dynamic shared memory of one block: [`prefill_shared_bytes`] for the f32 kernel; for the
+    /// tensor-core one a K and a V tile and Q's two f16 halves, f16 rows of `head_dim + 8`.
+    pub fn shared_bytes(self, head_dim: u32) -> u64 {
+        match (self, self.tile(head_dim)) {
+            (PrefillKernel::F32, _) => prefill_shared_bytes(head_dim),
+            (PrefillKernel::Mma, Some(t)) => 2 * (2 * t.keys + 2 * t.rows) * (head_dim as u64 + MMA_PAD_HALFS),
+            (PrefillKernel::Mma, None) => 0,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PrefillKernel::F32 => "f32",
+            PrefillKernel::Mma => "mma",
+        }
+    }
+}
+
+/// [`PREFILL_ENV`]'s value as a forced kernel: unset or empty forces none; `f32` or `mma` (any
+/// case, spaces trimmed) that kernel; anything else is refused, naming the variable.
+pub fn parse_prefill(value: Option<&str>) -> Result<Option<PrefillKernel>, String> {
+    match value.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+        None | Some("") => Ok(None),
+        Some("f32") => Ok(Some(PrefillKernel::F32)),
+        Some("mma") => Ok(Some(PrefillKernel::Mma)),
+        Some(other) => Err(format!("{PREFILL_ENV}={other:?}: expected f32 or mma")),
+    }
+}
+
+/// The prefill kernel forced by [`PREFILL_ENV`], read once per process: the one place the
+/// environment is consulted.
+pub fn prefill_override() -> Result<Option<PrefillKernel>, String> {
+    static FORCED: std::sync::OnceLock<Result<Option<PrefillKernel>, String>> = std::sync::OnceLock::new();
+    FORCED.get_or_init(|| parse_prefill(std::env::var(PREFILL_ENV).ok().as_deref())).clone()
+}
+
+/// The prefill kernel for `head_dim` on a device of compute capability `cc`: the `forced` one
+/// where it exists, else the tensor-core kernel where it exists, else the f32 one. Pure.
+pub fn select_prefill(head_dim: u32, cc: (u32, u32), forced: Option<PrefillKernel>) -> PrefillKernel {
+    let want = forced.unwrap_or(PrefillKernel::Mma);
+    if want.supports(head_dim, cc) { want } else { PrefillKernel::F32 }
 }
 
 fn decode_kernel(head_dim: u32) -> String {
@@ -254,8 +350,9 @@ pub fn prefill_shared_bytes(head_dim: u32) -> u64 {
     prefill_tile(head_dim).map_or(0, |t| 4 * (t.rows + t.keys) * (head_dim as u64 + PAD))
 }
 
-/// Static shared memory of a block: `att_stage`'s block ids of the staged key rows (i32 each),
-/// beside the dynamic bytes; a launch needs both within the device's limit.
+/// Static shared memory of a block: `att_stage`'s (or, for the tensor-core prefill kernel,
+/// `att_stage_kv_f16`'s: as many) block ids of the staged key rows (i32 each), beside the
+/// dynamic bytes; a launch needs both within the device's limit.
 pub fn static_shared_bytes(head_dim: u32, decode: bool) -> u64 {
     let rows = if decode { decode_tile_keys(head_dim) } else { prefill_tile(head_dim).map_or(0, |t| t.keys) };
     4 * rows
@@ -425,10 +522,16 @@ impl AttentionLaunches {
     }
 }
 
-/// Plans the launches for a batch with these counts: prefill grid (tiles, n_head) with
-/// [`prefill_shared_bytes`]; decode grid (splits, n_head / heads per block) with
+/// Plans the launches for a batch with these counts: `prefill`'s kernel on grid (tiles, n_head)
+/// with [`PrefillKernel::shared_bytes`] (a kernel the head dim has no instance of is refused);
+/// decode grid (splits, n_head / heads per block) with
 /// [`decode_shared_bytes`]; combine grid (decode chunks, n_head). 128 threads each.
-pub fn launches(n: &BatchCounts, spec: &AttentionSpec, limits: &DeviceLimits) -> Result<AttentionLaunches, PlanError> {
+pub fn launches(
+    n: &BatchCounts,
+    spec: &AttentionSpec,
+    limits: &DeviceLimits,
+    prefill: PrefillKernel,
+) -> Result<AttentionLaunches, PlanError> {
     spec.check()?;
     let shape = format!(
         "rows={} tiles={} decode_chunks={} splits={} {}",
@@ -446,14 +549,23 @@ pub fn launches(n: &BatchCounts, spec: &AttentionSpec, limits: &DeviceLimits) ->
     }
     let heads = spec.heads as u64;
     let block = [THREADS, 1, 1];
+    if n.prefill_tiles > 0 && !prefill.supports(spec.head_dim, limits.compute_capability) {
+        let what = format!(
+            "prefill kernel {} on {} (compute capability {:?})",
+            prefill.kernel(spec.head_dim),
+            limits.name,
+            limits.compute_capability
+        );
+        return Err(unsupported(what, shape));
+    }
     let prefill = (n.prefill_tiles > 0)
         .then(|| {
             Launch::checked(
-                &prefill_kernel(spec.head_dim),
+                &prefill.kernel(spec.head_dim),
                 &shape,
                 [n.prefill_tiles, heads, 1],
                 block,
-                prefill_shared_bytes(spec.head_dim),
+                prefill.shared_bytes(spec.head_dim),
                 vec![Cover::Tiles { axis: 0, items: n.prefill_tiles, per_block: 1 }, Cover::Tiles { axis: 1, items: heads, per_block: 1 }],
                 limits,
             )
@@ -490,10 +602,13 @@ pub fn launches(n: &BatchCounts, spec: &AttentionSpec, limits: &DeviceLimits) ->
 /// prefill chunks and their tiles `(chunk, first query)`; decode chunks, their splits `(chunk,
 /// split)` and each chunk's first split (`offsets`, one more than chunks). Pure; [`DeviceBatch`]
 /// uploads it. It keeps the spec its chunks and tables were checked against: launches use that
-/// one, never another cache's.
+/// one, never another cache's. Its prefill kernel is chosen at launch ([`Self::prefill_kernel`]):
+/// the tile map is the same for both.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BatchPlan {
     spec: AttentionSpec,
+    /// A prefill kernel forced on this plan (the self-test's), else `None`: the engine's choice.
+    forced: Option<PrefillKernel>,
     rows: u64,
     tables: Vec<u32>,
     prefill: Vec<Chunk>,
@@ -516,6 +631,7 @@ impl BatchPlan {
         let tile = prefill_tile(spec.head_dim).map_or(1, |t| t.rows);
         let mut p = BatchPlan {
             spec: *spec,
+            forced: None,
             rows,
             tables: tables.to_vec(),
             prefill: vec![],
@@ -573,8 +689,24 @@ impl BatchPlan {
         &self.spec
     }
 
+    /// This plan with `kernel` forced for its prefill chunks (`None`: the engine's choice).
+    pub fn with_prefill(self, kernel: Option<PrefillKernel>) -> BatchPlan {
+        BatchPlan { forced: kernel, ..self }
+    }
+
+    /// The prefill kernel this plan runs on `limits`' device: the one forced on the plan, else
+    /// the one [`PREFILL_ENV`] forces ([`prefill_override`]; a bad value is a typed error), through
+    /// [`select_prefill`] (a forced kernel the device or head dim lacks gives way to f32).
+    pub fn prefill_kernel(&self, limits: &DeviceLimits) -> Result<PrefillKernel, PlanError> {
+        let forced = match self.forced {
+            Some(k) => Some(k),
+            None => prefill_override().map_err(|what| unsupported(what, self.spec.describe()))?,
+        };
+        Ok(select_prefill(self.spec.head_dim, limits.compute_capability, forced))
+    }
+
     pub fn launches(&self, limits: &DeviceLimits) -> Result<AttentionLaunches, PlanError> {
-        launches(&self.counts(), &self.spec, limits)
+        launches(&self.counts(), &self.spec, limits, self.prefill_kernel(limits)?)
     }
 
     /// Floats the decode workspace must hold for this batch.
@@ -805,20 +937,31 @@ mod tests {
 
     #[test]
     fn prefill_plan_geometry_for_every_head_dim() {
+        use PrefillKernel::{F32, Mma};
+        // f32: Q and a K/V tile, f32 rows of d + 4; mma: K, V and Q's two halves, f16 rows of d + 8.
+        let geometry = [
+            (F32, 64, 64, 4 * 128 * 68),
+            (F32, 128, 64, 4 * 128 * 132),
+            (F32, 256, 32, 4 * 64 * 260),
+            (Mma, 64, 64, 2 * 256 * 72),
+            (Mma, 128, 64, 2 * 256 * 136),
+        ];
         for limits in DeviceLimits::recorded() {
-            for (d, rows_per_tile, smem) in [(64, 64, 4 * 128 * 68), (128, 64, 4 * 128 * 132), (256, 32, 4 * 64 * 260)] {
+            for (kernel, d, rows_per_tile, smem) in geometry {
                 let spec = paged(16, 4, d, 2, 4096);
                 let chunks = [chunk_in(0, 0, 100, 0), chunk_in(256, 37, 1, 100), chunk_in(256, 38, 5, 101)];
-                let plan = BatchPlan::new(&chunks, &reversed(&spec), 106, &spec, DecodeRoute::Prefill).unwrap();
+                let plan = BatchPlan::new(&chunks, &reversed(&spec), 106, &spec, DecodeRoute::Prefill).unwrap().with_prefill(Some(kernel));
                 let tiles = 100u64.div_ceil(rows_per_tile) + 2;
                 assert_eq!(plan.tiles.len() as u64, tiles);
+                assert_eq!(kernel.tile(d).unwrap().rows, rows_per_tile);
                 let l = plan.launches(&limits).unwrap();
                 let p = l.prefill.as_ref().unwrap();
                 assert_eq!(
                     (p.kernel.as_str(), p.grid, p.block, p.shared_mem),
-                    (&*prefill_kernel(d), [tiles as u32, 16, 1], [128, 1, 1], smem)
+                    (&*kernel.kernel(d), [tiles as u32, 16, 1], [128, 1, 1], smem)
                 );
-                assert!(p.shared_mem <= limits.max_shared_mem_per_block_optin, "{p}");
+                assert_eq!(p.shared_mem as u64, kernel.shared_bytes(d));
+                assert!(p.shared_mem as u64 + static_shared_bytes(d, false) <= limits.max_shared_mem_per_block_optin as u64, "{p}");
                 p.check_cover().unwrap();
                 assert!(l.decode.is_none());
             }
@@ -1042,6 +1185,87 @@ mod tests {
         }
         assert_eq!((static_shared_bytes(128, false), static_shared_bytes(64, true), static_shared_bytes(256, true)), (256, 256, 128));
         assert!(prefill_shared_bytes(128) > gb10.max_shared_mem_per_block as u64);
+        // The tensor-core kernel: 36 KiB at d = 64, 68 KiB at d = 128 (blk[] as the f32 kernel's).
+        for d in MMA_HEAD_DIMS {
+            let mma = PrefillKernel::Mma.shared_bytes(d) + 4 * MMA_TILE.keys;
+            assert_eq!(4 * MMA_TILE.keys, static_shared_bytes(d, false));
+            for limits in DeviceLimits::recorded() {
+                assert!(mma <= limits.max_shared_mem_per_block_optin as u64, "d={d} {}", limits.name);
+            }
+        }
+        assert_eq!((PrefillKernel::Mma.shared_bytes(64), PrefillKernel::Mma.shared_bytes(128)), (36_864, 69_632));
+    }
+
+    /// The selection table: the tensor-core kernel where the head dim has one and the device runs
+    /// mma.sync m16n8k16 (8.0+), f32 elsewhere; a forced kernel wins where it exists.
+    #[test]
+    fn prefill_selection_table() {
+        use PrefillKernel::{F32, Mma};
+        let (turing, ampere, h200, gb10) = ((7, 5), (8, 0), (9, 0), (12, 1));
+        type Row = (u32, (u32, u32), Option<PrefillKernel>, PrefillKernel);
+        let table: [Row; 16] = [
+            (128, h200, None, Mma),
+            (64, h200, None, Mma),
+            (256, h200, None, F32),
+            (128, gb10, None, Mma),
+            (64, gb10, None, Mma),
+            (256, gb10, None, F32),
+            (128, ampere, None, Mma),
+            (128, turing, None, F32),
+            (64, turing, None, F32),
+            (128, h200, Some(F32), F32),
+            (64, gb10, Some(F32), F32),
+            (128, h200, Some(Mma), Mma),
+            (256, h200, Some(Mma), F32),
+            (128, turing, Some(Mma), F32),
+            (256, turing, Some(F32), F32),
+            (96, h200, None, F32),
+        ];
+        for (d, cc, forced, want) in table {
+            assert_eq!(select_prefill(d, cc, forced), want, "d={d} cc={cc:?} forced={forced:?}");
+        }
+        for limits in DeviceLimits::recorded() {
+            assert_eq!(select_prefill(128, limits.compute_capability, None), Mma, "{}", limits.name);
+        }
+        // The environment's values.
+        for (value, want) in [
+            (None, Ok(None)),
+            (Some(""), Ok(None)),
+            (Some("f32"), Ok(Some(F32))),
+            (Some(" MMA "), Ok(Some(Mma))),
+            (Some("mma"), Ok(Some(Mma))),
+        ] {
+            assert_eq!(parse_prefill(value), want, "{value:?}");
+        }
+        let e = parse_prefill(Some("tensor")).unwrap_err();
+        assert!(e.contains(PREFILL_ENV) && e.contains("f32 or mma"), "{e}");
+    }
+
+    /// A plan forced to a kernel runs it where it exists; the tensor-core kernel is refused as a
+    /// launch where the device or head dim lacks it (the plan's selection never asks for that).
+    #[test]
+    fn forced_prefill_kernels_and_their_limits() {
+        let spec = paged(8, 2, 128, 1, 256);
+        let plan = BatchPlan::new(&[chunk_in(0, 0, 70, 0)], &reversed(&spec), 70, &spec, DecodeRoute::Split).unwrap();
+        for (forced, want) in [(Some(PrefillKernel::F32), "attn_prefill_d128"), (Some(PrefillKernel::Mma), "attn_prefill_mma_d128")] {
+            let p = plan.clone().with_prefill(forced);
+            assert_eq!(p.launches(&DeviceLimits::gb10()).unwrap().prefill.unwrap().kernel, want);
+        }
+        let turing = DeviceLimits { compute_capability: (7, 5), ..DeviceLimits::h200() };
+        let p = plan.clone().with_prefill(Some(PrefillKernel::Mma));
+        assert_eq!(p.prefill_kernel(&turing).unwrap(), PrefillKernel::F32);
+        assert_eq!(p.launches(&turing).unwrap().prefill.unwrap().kernel, "attn_prefill_d128");
+        let e = launches(&plan.counts(), &spec, &turing, PrefillKernel::Mma).unwrap_err().to_string();
+        assert!(e.contains("attn_prefill_mma_d128"), "{e}");
+        let d256 = AttentionSpec { head_dim: 256, ..spec };
+        assert!(launches(&plan.counts(), &d256, &DeviceLimits::h200(), PrefillKernel::Mma).is_err());
+        // Decode-only batches launch no prefill kernel, whichever is asked for.
+        let decode = BatchPlan::new(&[chunk_in(0, 5, 1, 0)], &reversed(&spec), 1, &spec, DecodeRoute::Split).unwrap();
+        assert!(launches(&decode.counts(), &d256, &turing, PrefillKernel::Mma).unwrap().prefill.is_none());
+        // The tile map is the same for both kernels: the rows agree wherever mma exists.
+        for d in MMA_HEAD_DIMS {
+            assert_eq!(PrefillKernel::Mma.tile(d).unwrap().rows, prefill_tile(d).unwrap().rows);
+        }
     }
 
     /// The Rust constants are the ones `attention.cu` defines, and the tiles its instantiations use.
@@ -1062,6 +1286,10 @@ mod tests {
             let t = prefill_tile(d).unwrap();
             assert_eq!((16 * nums[1], 8 * nums[2]), (t.rows, t.keys), "d={d}");
             assert!(ATTENTION.code.contains(&format!("ATT_DECODE({d})")));
+        }
+        assert_eq!([define("MMA_BQ"), define("MMA_BK"), define("MMA_PADH")], [MMA_TILE.rows, MMA_TILE.keys, MMA_PAD_HALFS]);
+        for d in MMA_HEAD_DIMS {
+            assert!(ATTENTION.code.lines().any(|l| l == format!("ATT_PREFILL_MMA({d})")), "d={d}");
         }
     }
 }

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::case::{Case, Expect, OpCase};
 use crate::limits::DeviceLimits;
 use crate::ops::add::AddCase;
-use crate::ops::attention::{self, AttentionCase, DecodeRoute, Layout};
+use crate::ops::attention::{self, AttentionCase, DecodeRoute, Layout, PrefillKernel};
 use crate::ops::dense_f32::DenseF32Case;
 use crate::ops::embed::{EmbedCase, TableType};
 use crate::ops::latent_proj::LatentCase;
@@ -435,7 +435,9 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
 /// prompts stop at the serving envelope, the context is reached by a chunk continuing a sequence.
 /// All of it once per attention variant of the shape's layers ([`attention_variants`]): a
 /// sliding window adds its edges to every layout's counts and a chunk continuing a sequence
-/// inside the first window; the plain variant's families keep their tags and counts.
+/// inside the first window; the plain variant's families keep their tags. Where the device's
+/// default prefill kernel is the tensor-core one, each family that launches a prefill kernel runs
+/// again with the f32 kernel forced, under an `f32/` tag (both can be selected).
 fn attention_cases(b: &mut Builder, shape: &ModelShape, serving: &Serving, limits: &DeviceLimits) {
     for (window, sinks) in attention_variants(shape) {
         attention_variant_cases(b, shape, serving, limits, window, sinks);
@@ -486,7 +488,12 @@ fn attention_variant_cases(b: &mut Builder, shape: &ModelShape, serving: &Servin
         block_size: attention::DEFAULT_BLOCK_SIZE,
         window,
         sinks,
+        prefill: None,
     };
+    // The f32 prefill kernel where the device's default is the tensor-core one: it can still be
+    // selected (`BRINK_ATTN_PREFILL=f32`), so its families run too, under `f32/` tags.
+    let f32_too = |c: &AttentionCase| c.prefill_kernel(limits) != PrefillKernel::F32;
+    let forced_f32 = |c: &AttentionCase| AttentionCase { prefill: Some(PrefillKernel::F32), ..*c };
     // A chunk continuing a sequence inside its first window (the plain variant has none).
     let in_window = (window > 10).then(|| (Layout::Continue { cached: window / 2 + 5 }, DecodeRoute::Split, "continue-in-window", vec![]));
     for (layout, route, tag, extra) in [
@@ -504,8 +511,15 @@ fn attention_variant_cases(b: &mut Builder, shape: &ModelShape, serving: &Servin
     {
         let c = AttentionCase { layout, route, ..model };
         let mut counts = attention::critical_counts(&c, limits);
-        counts.extend(extra);
+        counts.extend(extra.clone());
         b.family(attention::KERNEL, &format!("{prefix}{tag}"), counts, OpCase::Attention(c), |t| attention::device_bytes(t, &c));
+        // Split decode steps launch no prefill kernel.
+        if f32_too(&c) && !(layout == Layout::Decode && route == DecodeRoute::Split) {
+            let c = forced_f32(&c);
+            let mut counts = attention::critical_counts(&c, limits);
+            counts.extend(extra);
+            b.family(attention::KERNEL, &format!("{prefix}f32/{tag}"), counts, OpCase::Attention(c), |t| attention::device_bytes(t, &c));
+        }
     }
     for (heads, kv_heads, head_dim) in [(8, 2, 64), (16, 2, 256), (12, 4, 128)] {
         let other = AttentionCase { heads, kv_heads, head_dim, context: 4096, ..model };
@@ -514,12 +528,20 @@ fn attention_variant_cases(b: &mut Builder, shape: &ModelShape, serving: &Servin
             [(Layout::Prompts { sequences: 1 }, vec![1, 2, tile - 1, tile, tile + 1, 2 * tile + 1, 1000]), (Layout::Decode, vec![1, 9, 10])]
         {
             let c = AttentionCase { layout, ..other };
-            let tag = format!("{prefix}h{heads}-kv{kv_heads}-d{head_dim}/{}", if c.layout == Layout::Decode { "decode" } else { "prompt" });
-            let counts = counts
+            let tag = format!("h{heads}-kv{kv_heads}-d{head_dim}/{}", if c.layout == Layout::Decode { "decode" } else { "prompt" });
+            let counts: Vec<Critical> = counts
                 .into_iter()
                 .map(|t| Critical::new(t, format!("head_dim {head_dim}, GQA group {}: every kernel instance runs", heads / kv_heads)))
                 .collect();
-            b.family(attention::KERNEL, &tag, counts, OpCase::Attention(c), |t| attention::device_bytes(t, &c));
+            b.family(attention::KERNEL, &format!("{prefix}{tag}"), counts.clone(), OpCase::Attention(c), |t| {
+                attention::device_bytes(t, &c)
+            });
+            if f32_too(&c) && c.layout != Layout::Decode {
+                let c = forced_f32(&c);
+                b.family(attention::KERNEL, &format!("{prefix}f32/{tag}"), counts, OpCase::Attention(c), |t| {
+                    attention::device_bytes(t, &c)
+                });
+            }
         }
     }
 }
@@ -613,6 +635,36 @@ mod tests {
         assert!(ids.iter().any(|(id, _)| id == "attention/prompt/t1"));
         let listed = ModelShape { layers: vec![layer(48, &[])], ..plain.clone() };
         assert_eq!(attention_ids(&listed), ids);
+    }
+
+    /// Where the device's default prefill kernel is the tensor-core one, the f32 kernel (which
+    /// `BRINK_ATTN_PREFILL=f32` still selects) runs every layout that launches a prefill kernel,
+    /// forced, under `f32/` tags; where the default is f32 already there are no such families.
+    #[test]
+    fn both_prefill_kernels_run_where_both_can_be_selected() {
+        let shape = ModelShape::qwen3_30b_a3b();
+        for limits in DeviceLimits::recorded() {
+            let cat = derive(&shape, &Serving::default(), &limits, &opts());
+            let cases: Vec<_> =
+                cat.cases.iter().chain(cat.skipped.iter().map(|(c, _)| c)).filter(|c| c.kernel == attention::KERNEL).collect();
+            let kernel_of = |id: &str| -> Option<PrefillKernel> {
+                cases.iter().find(|c| c.id.starts_with(id)).map(|c| match &c.params {
+                    OpCase::Attention(a) => a.prefill_kernel(&limits),
+                    _ => unreachable!(),
+                })
+            };
+            for family in ["prompt", "prompts4", "runs61", "continue", "context-end", "decode-via-prefill", "mixed", "h8-kv2-d64/prompt"] {
+                assert_eq!(kernel_of(&format!("attention/{family}/t")), Some(PrefillKernel::Mma), "{} {family}", limits.name);
+                assert_eq!(kernel_of(&format!("attention/f32/{family}/t")), Some(PrefillKernel::F32), "{} {family}", limits.name);
+            }
+            assert_eq!(kernel_of("attention/h16-kv2-d256/prompt/t"), Some(PrefillKernel::F32));
+            assert!(kernel_of("attention/f32/h16-kv2-d256/").is_none() && kernel_of("attention/f32/decode/").is_none());
+        }
+        let turing = DeviceLimits { compute_capability: (7, 5), ..DeviceLimits::h200() };
+        let cat = derive(&shape, &Serving::default(), &turing, &opts());
+        let attention: Vec<_> =
+            cat.cases.iter().chain(cat.skipped.iter().map(|(c, _)| c)).filter(|c| c.kernel == attention::KERNEL).collect();
+        assert!(!attention.is_empty() && attention.iter().all(|c| !c.id.contains("/f32/")));
     }
 
     /// A windowed variant runs every layout with the window's edges among its counts.

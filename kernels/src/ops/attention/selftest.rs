@@ -20,8 +20,8 @@ use serde::{Deserialize, Serialize};
 
 use super::layout::{self, Layout, Part};
 use super::{
-    AttentionIo, AttentionSpec, BatchCounts, BatchPlan, Chunk, DecodeRoute, DeviceBatch, KERNEL, TOLERANCE, cpu, first_key, launch,
-    launches, physical_row, prefill_tile,
+    AttentionIo, AttentionSpec, BatchCounts, BatchPlan, Chunk, DecodeRoute, DeviceBatch, KERNEL, PrefillKernel, TOLERANCE, cpu, first_key,
+    launch, launches, physical_row, prefill_tile, select_prefill,
 };
 use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
@@ -52,6 +52,10 @@ pub struct AttentionCase {
     /// Per-head sinks in the softmax.
     #[serde(default)]
     pub sinks: bool,
+    /// The prefill kernel the case forces, or `None`: the device's default ([`select_prefill`]
+    /// without an override; the self-test never reads the engine's environment variable).
+    #[serde(default)]
+    pub prefill: Option<PrefillKernel>,
 }
 
 const SEED_Q: u64 = 0x90;
@@ -81,8 +85,15 @@ const EDGE_CHUNKS: usize = 24;
 const STORED_ROWS: usize = 64;
 
 impl AttentionCase {
+    /// Rows of a prefill tile: the batch's tile map, the same for both prefill kernels.
     fn tile_rows(&self) -> u64 {
         prefill_tile(self.head_dim).map_or(1, |t| t.rows)
+    }
+
+    /// The prefill kernel the case runs on `limits`' device: the forced one where it exists
+    /// there, else the device's default.
+    pub fn prefill_kernel(&self, limits: &DeviceLimits) -> PrefillKernel {
+        select_prefill(self.head_dim, limits.compute_capability, self.prefill)
     }
 
     /// The sinks the case runs with (one per head, from a seed), if it has them.
@@ -149,7 +160,7 @@ pub fn plans(tokens: u64, c: &AttentionCase, limits: &DeviceLimits) -> Result<Ve
         });
     }
     let mut v = vec![kv_store::plan(tokens, &spec, limits)?];
-    v.extend(launches(&n, &spec, limits)?.all());
+    v.extend(launches(&n, &spec, limits, c.prefill_kernel(limits))?.all());
     Ok(v)
 }
 
@@ -159,8 +170,9 @@ pub fn plans(tokens: u64, c: &AttentionCase, limits: &DeviceLimits) -> Result<Ve
 /// row)·n_kv + kvh)·head_dim`, and the decode batches whose steps cover every kind of split (see
 /// `layout::decode_position`). With a window w, the window's edges: prompts and chunks of w ± 1
 /// and 2w ± 1 tokens and one far past ([`window_counts`]), decode batches through every step
-/// of the longer cycle.
-pub fn critical_counts(c: &AttentionCase, _limits: &DeviceLimits) -> Vec<Critical> {
+/// of the longer cycle. Where the case runs the tensor-core prefill kernel, its own edges too
+/// ([`mma_counts`]).
+pub fn critical_counts(c: &AttentionCase, limits: &DeviceLimits) -> Vec<Critical> {
     let bq = c.tile_rows();
     let (rw, bs) = (c.heads as u64 * c.head_dim as u64, c.block_size.max(1) as u64);
     let tile = format!("attention: {bq}-row query tile");
@@ -229,7 +241,55 @@ pub fn critical_counts(c: &AttentionCase, _limits: &DeviceLimits) -> Vec<Critica
         }
     }
     v.extend(window_counts(c));
+    if c.prefill_kernel(limits) == PrefillKernel::Mma {
+        v.extend(mma_counts(c));
+    }
     v
+}
+
+/// The tensor-core prefill kernel's own edges (its 64-row tile's tails are the f32 kernel's):
+/// a warp's 16-row slice ending one row short of, at and one past the end of the chunk (the
+/// chunk's last rows fall in the first or third warp, the others idle: `warp_idle`), and where
+/// the chunk's last key ends a 64-key tile or starts the next (the diagonal tile a warp
+/// skips, `k0 > wlast`), for the layouts whose chunks do not already take every count below
+/// two tiles.
+pub fn mma_counts(c: &AttentionCase) -> Vec<Critical> {
+    let (rows, keys) = (super::MMA_TILE.rows, super::MMA_TILE.keys);
+    let slices = |plus: u64, why: &str| -> Vec<Critical> {
+        [15, 16, 17, 47, 48, 49]
+            .into_iter()
+            .map(|n| {
+                Critical::new(n + plus, format!("attention (mma): {why}: a 16-row warp slice of the {rows}-row tile ending at the chunk"))
+            })
+            .collect()
+    };
+    let key_edges = |cached: u64, why: &str| -> Vec<Critical> {
+        let to_edge = keys - cached % keys;
+        [to_edge, to_edge + keys]
+            .into_iter()
+            .flat_map(|n| [n - 1, n, n + 1])
+            .filter(|&t| t > 0)
+            .map(|t| Critical::new(t, format!("attention (mma): {why}: the chunk's last key around a {keys}-key tile's edge")))
+            .collect()
+    };
+    match c.layout {
+        Layout::Continue { cached } => {
+            let why = format!("after {cached} cached positions");
+            let mut v = slices(0, &why);
+            v.extend(key_edges(cached as u64, &why));
+            v
+        }
+        Layout::ContextEnd => slices(0, "ending at the context"),
+        Layout::Mixed => slices(8, "a prompt beside 8 decode steps"),
+        Layout::Prompts { sequences } if sequences > 1 => {
+            let s = sequences as u64;
+            [16, 48]
+                .into_iter()
+                .map(|n| Critical::new(n * s, format!("attention (mma): {s} prompts of {n} rows: whole warp slices")))
+                .collect()
+        }
+        Layout::Prompts { .. } | Layout::Runs { .. } | Layout::Decode => vec![],
+    }
 }
 
 /// The window's edges for a case with one (none without): where the last row of a prompt (or
@@ -618,7 +678,7 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &AttentionCase) -> Result<Outcome, Gp
 pub fn stage_case(gpu: &Gpu, tokens: u64, c: &AttentionCase) -> Result<Staged, GpuError> {
     let (spec, parts) = c.spec(tokens)?;
     let (chunks, tables) = c.batch(&parts);
-    let plan = BatchPlan::new(&chunks, &tables, tokens, &spec, c.route)?;
+    let plan = BatchPlan::new(&chunks, &tables, tokens, &spec, c.route)?.with_prefill(Some(c.prefill_kernel(gpu.limits())));
     plan.launches(gpu.limits())?; // a bad shape is refused before anything is allocated
     kv_store::plan(tokens, &spec, gpu.limits())?;
     let inputs = Inputs::new(spec, c.sink_values(), chunks, tables);
@@ -696,6 +756,7 @@ mod tests {
         block_size: 16,
         window: 0,
         sinks: false,
+        prefill: None,
     };
 
     fn counts(c: &AttentionCase) -> Vec<u64> {
