@@ -376,13 +376,25 @@ static __device__ __forceinline__ void att_stage_kv_f16(u16* sk, u16* sv, const 
     __shared__ int blk[ROWS];
     for (int r = threadIdx.x; r < ROWS; r += ATT_THREADS) blk[r] = tab[max(min(k0 + r, kmax), kmin) >> shift];
     __syncthreads();
-    for (int e = threadIdx.x; e < ROWS * V8; e += ATT_THREADS) {
-        const int r = e / V8, c = e - r * V8;
+    // Every thread moves the same number of 16-byte pieces: all its loads are issued before the
+    // first store, so their latencies overlap.
+    static_assert((ROWS * V8) % ATT_THREADS == 0, "whole rounds of 16-byte pieces");
+    constexpr int N = ROWS * V8 / ATT_THREADS;
+    uint4 k[N], v[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const int e = threadIdx.x + i * ATT_THREADS, r = e / V8, c = e - r * V8;
         const int key = max(min(k0 + r, kmax), kmin);
         const u64 row = ((u64)(u32)blk[r] << shift) | (u64)(key & ((1 << shift) - 1));
         const u64 at = att_kv_offset(row, n_kv, kvh, D) + (u64)c * 8;
-        *(uint4*)(sk + r * LDH + c * 8) = *(const uint4*)(kc + at);
-        *(uint4*)(sv + r * LDH + c * 8) = *(const uint4*)(vc + at);
+        k[i] = *(const uint4*)(kc + at);
+        v[i] = *(const uint4*)(vc + at);
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const int e = threadIdx.x + i * ATT_THREADS, r = e / V8, c = e - r * V8;
+        *(uint4*)(sk + r * LDH + c * 8) = k[i];
+        *(uint4*)(sv + r * LDH + c * 8) = v[i];
     }
 }
 
