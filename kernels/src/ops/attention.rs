@@ -45,6 +45,8 @@
 
 mod cpu;
 mod layout;
+#[cfg(test)]
+mod mma_sim;
 mod selftest;
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};

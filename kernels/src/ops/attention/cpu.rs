@@ -27,7 +27,7 @@ pub(super) struct Slab {
 impl Slab {
     /// Positions `0..n` of the sequence with block table `table` from the caches, converted in
     /// parallel. The caller has checked that the table covers them (`chunks_unsupported`).
-    fn from_cache(k_cache: &[f16], v_cache: &[f16], table: &[u32], n: u64, spec: &AttentionSpec) -> Slab {
+    pub(super) fn from_cache(k_cache: &[f16], v_cache: &[f16], table: &[u32], n: u64, spec: &AttentionSpec) -> Slab {
         let width = spec.kv_width() as usize;
         let convert = |c: &[f16]| {
             let mut out = vec![0.0f32; n as usize * width];
@@ -42,11 +42,11 @@ impl Slab {
         Slab { k: convert(k_cache), v: convert(v_cache), width }
     }
 
-    fn key(&self, pos: usize, kvh: usize, d: usize) -> &[f32] {
+    pub(super) fn key(&self, pos: usize, kvh: usize, d: usize) -> &[f32] {
         &self.k[pos * self.width + kvh * d..][..d]
     }
 
-    fn value(&self, pos: usize, kvh: usize, d: usize) -> &[f32] {
+    pub(super) fn value(&self, pos: usize, kvh: usize, d: usize) -> &[f32] {
         &self.v[pos * self.width + kvh * d..][..d]
     }
 }
