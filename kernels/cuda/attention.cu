@@ -545,37 +545,35 @@ static __device__ __forceinline__ void att_prefill_mma(const float* __restrict__
             }
         }
 
-        // P's A fragments for keys 16kk ..: S blocks 2kk (k 2t..) and 2kk + 1 (k 2t + 8..).
-        u32 ph[KK][4], pl[KK][4];
 #pragma unroll
         for (int kk = 0; kk < KK; ++kk) {
-            att_split_f16x2(s[2 * kk][0] * MMA_P_SCALE, s[2 * kk][1] * MMA_P_SCALE, ph[kk][0], pl[kk][0]);          // row g,     keys 2t, +1
-            att_split_f16x2(s[2 * kk][2] * MMA_P_SCALE, s[2 * kk][3] * MMA_P_SCALE, ph[kk][1], pl[kk][1]);          // row g + 8, keys 2t, +1
-            att_split_f16x2(s[2 * kk + 1][0] * MMA_P_SCALE, s[2 * kk + 1][1] * MMA_P_SCALE, ph[kk][2], pl[kk][2]);  // row g,     keys 2t + 8, +9
-            att_split_f16x2(s[2 * kk + 1][2] * MMA_P_SCALE, s[2 * kk + 1][3] * MMA_P_SCALE, ph[kk][3], pl[kk][3]);  // row g + 8, keys 2t + 8, +9
-        }
-        // ldmatrix rows: lane l gives key 16kk + (l & 7) + 8 ((l >> 3) & 1) at dims 8 (nd + (l >> 4)):
-        // matrices 0, 1 = b0, b1 of dim block nd; 2, 3 = b0, b1 of dim block nd + 1.
-        const u16* vr = sv + ((lane & 7) + ((lane >> 3) & 1) * 8) * LDH + (lane >> 4) * 8;
+            // P's A fragment for keys 16kk ..: S blocks 2kk (k 2t..) and 2kk + 1 (k 2t + 8..).
+            u32 ph[4], pl[4];
+            att_split_f16x2(s[2 * kk][0] * MMA_P_SCALE, s[2 * kk][1] * MMA_P_SCALE, ph[0], pl[0]);          // row g,     keys 2t, +1
+            att_split_f16x2(s[2 * kk][2] * MMA_P_SCALE, s[2 * kk][3] * MMA_P_SCALE, ph[1], pl[1]);          // row g + 8, keys 2t, +1
+            att_split_f16x2(s[2 * kk + 1][0] * MMA_P_SCALE, s[2 * kk + 1][1] * MMA_P_SCALE, ph[2], pl[2]);  // row g,     keys 2t + 8, +9
+            att_split_f16x2(s[2 * kk + 1][2] * MMA_P_SCALE, s[2 * kk + 1][3] * MMA_P_SCALE, ph[3], pl[3]);  // row g + 8, keys 2t + 8, +9
+            // ldmatrix rows: lane l gives key 16kk + (l & 7) + 8 ((l >> 3) & 1) at dims 8 (nd + (l >> 4)):
+            // matrices 0, 1 = b0, b1 of dim block nd; 2, 3 = b0, b1 of dim block nd + 1.
+            const u16* vr = sv + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDH + (lane >> 4) * 8;
 #pragma unroll
-        for (int nd = 0; nd < ND; nd += 2) {
-            // The tile's P.V from zero, then added to O: the tensor cores' f32 accumulation does
-            // not round to nearest (the H100 measured ~1e-4 relative error at 40k keys when O
-            // itself was the accumulator), so O grows by round-to-nearest adds, a tile at a time.
-            float t0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, t1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int kk = 0; kk < KK; ++kk) {
+            for (int nd = 0; nd < ND; nd += 2) {
                 u32 b[4];
-                att_ldsm_x4_trans(b, vr + kk * 16 * LDH + nd * 8);
-                att_mma_f16(t0, ph[kk], b[0], b[1]);
-                att_mma_f16(t0, pl[kk], b[0], b[1]);
-                att_mma_f16(t1, ph[kk], b[2], b[3]);
-                att_mma_f16(t1, pl[kk], b[2], b[3]);
-            }
+                att_ldsm_x4_trans(b, vr + nd * 8);
+                // These 16 keys' P.V from zero, then added to O: the tensor cores' f32
+                // accumulation does not round to nearest (O as the mma accumulator measured
+                // ~1e-4 relative error at 40k keys on the H100), so O grows by
+                // round-to-nearest adds.
+                float t0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, t1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                att_mma_f16(t0, ph, b[0], b[1]);
+                att_mma_f16(t0, pl, b[0], b[1]);
+                att_mma_f16(t1, ph, b[2], b[3]);
+                att_mma_f16(t1, pl, b[2], b[3]);
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                o[nd][q] += t0[q];
-                o[nd + 1][q] += t1[q];
+                for (int q = 0; q < 4; ++q) {
+                    o[nd][q] += t0[q];
+                    o[nd + 1][q] += t1[q];
+                }
             }
         }
     }
