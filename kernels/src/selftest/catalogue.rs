@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::case::{Case, Expect, OpCase};
 use crate::limits::DeviceLimits;
 use crate::ops::add::AddCase;
-use crate::ops::attention::{self, AttentionCase, DecodeRoute, Layout, PrefillKernel};
+use crate::ops::attention::{self, AttentionCase, DecodeRoute, Layout};
 use crate::ops::dense_f32::DenseF32Case;
 use crate::ops::embed::{EmbedCase, TableType};
 use crate::ops::latent_proj::LatentCase;
@@ -435,9 +435,8 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
 /// prompts stop at the serving envelope, the context is reached by a chunk continuing a sequence.
 /// All of it once per attention variant of the shape's layers ([`attention_variants`]): a
 /// sliding window adds its edges to every layout's counts and a chunk continuing a sequence
-/// inside the first window; the plain variant's families keep their tags. Where the device's
-/// default prefill kernel is the tensor-core one, each family that launches a prefill kernel runs
-/// again with the f32 kernel forced, under an `f32/` tag (both can be selected).
+/// inside the first window; the plain variant's families keep their tags. Each runs the prefill
+/// kernel the engine would (`AttentionCase::prefill_kernel`).
 fn attention_cases(b: &mut Builder, shape: &ModelShape, serving: &Serving, limits: &DeviceLimits) {
     for (window, sinks) in attention_variants(shape) {
         attention_variant_cases(b, shape, serving, limits, window, sinks);
@@ -490,10 +489,6 @@ fn attention_variant_cases(b: &mut Builder, shape: &ModelShape, serving: &Servin
         sinks,
         prefill: None,
     };
-    // The f32 prefill kernel where the device's default is the tensor-core one: it can still be
-    // selected (`BRINK_ATTN_PREFILL=f32`), so its families run too, under `f32/` tags.
-    let f32_too = |c: &AttentionCase| c.prefill_kernel(limits) != PrefillKernel::F32;
-    let forced_f32 = |c: &AttentionCase| AttentionCase { prefill: Some(PrefillKernel::F32), ..*c };
     // A chunk continuing a sequence inside its first window (the plain variant has none).
     let in_window = (window > 10).then(|| (Layout::Continue { cached: window / 2 + 5 }, DecodeRoute::Split, "continue-in-window", vec![]));
     for (layout, route, tag, extra) in [
@@ -511,15 +506,8 @@ fn attention_variant_cases(b: &mut Builder, shape: &ModelShape, serving: &Servin
     {
         let c = AttentionCase { layout, route, ..model };
         let mut counts = attention::critical_counts(&c, limits);
-        counts.extend(extra.clone());
+        counts.extend(extra);
         b.family(attention::KERNEL, &format!("{prefix}{tag}"), counts, OpCase::Attention(c), |t| attention::device_bytes(t, &c));
-        // Split decode steps launch no prefill kernel.
-        if f32_too(&c) && !(layout == Layout::Decode && route == DecodeRoute::Split) {
-            let c = forced_f32(&c);
-            let mut counts = attention::critical_counts(&c, limits);
-            counts.extend(extra);
-            b.family(attention::KERNEL, &format!("{prefix}f32/{tag}"), counts, OpCase::Attention(c), |t| attention::device_bytes(t, &c));
-        }
     }
     for (heads, kv_heads, head_dim) in [(8, 2, 64), (16, 2, 256), (12, 4, 128)] {
         let other = AttentionCase { heads, kv_heads, head_dim, context: 4096, ..model };
@@ -533,15 +521,7 @@ fn attention_variant_cases(b: &mut Builder, shape: &ModelShape, serving: &Servin
                 .into_iter()
                 .map(|t| Critical::new(t, format!("head_dim {head_dim}, GQA group {}: every kernel instance runs", heads / kv_heads)))
                 .collect();
-            b.family(attention::KERNEL, &format!("{prefix}{tag}"), counts.clone(), OpCase::Attention(c), |t| {
-                attention::device_bytes(t, &c)
-            });
-            if f32_too(&c) && c.layout != Layout::Decode {
-                let c = forced_f32(&c);
-                b.family(attention::KERNEL, &format!("{prefix}f32/{tag}"), counts, OpCase::Attention(c), |t| {
-                    attention::device_bytes(t, &c)
-                });
-            }
+            b.family(attention::KERNEL, &format!("{prefix}{tag}"), counts, OpCase::Attention(c), |t| attention::device_bytes(t, &c));
         }
     }
 }
@@ -637,34 +617,23 @@ mod tests {
         assert_eq!(attention_ids(&listed), ids);
     }
 
-    /// Where the device's default prefill kernel is the tensor-core one, the f32 kernel (which
-    /// `BRINK_ATTN_PREFILL=f32` still selects) runs every layout that launches a prefill kernel,
-    /// forced, under `f32/` tags; where the default is f32 already there are no such families.
+    /// The attention families run the prefill kernel the engine runs (f32 unless
+    /// `BRINK_ATTN_PREFILL` forces the tensor-core one), once: no family of a kernel the engine
+    /// would not run, whose failure would disqualify a node for nothing.
     #[test]
-    fn both_prefill_kernels_run_where_both_can_be_selected() {
+    fn attention_families_run_the_engines_prefill_kernel() {
         let shape = ModelShape::qwen3_30b_a3b();
         for limits in DeviceLimits::recorded() {
             let cat = derive(&shape, &Serving::default(), &limits, &opts());
-            let cases: Vec<_> =
+            let attention: Vec<_> =
                 cat.cases.iter().chain(cat.skipped.iter().map(|(c, _)| c)).filter(|c| c.kernel == attention::KERNEL).collect();
-            let kernel_of = |id: &str| -> Option<PrefillKernel> {
-                cases.iter().find(|c| c.id.starts_with(id)).map(|c| match &c.params {
-                    OpCase::Attention(a) => a.prefill_kernel(&limits),
-                    _ => unreachable!(),
-                })
-            };
-            for family in ["prompt", "prompts4", "runs61", "continue", "context-end", "decode-via-prefill", "mixed", "h8-kv2-d64/prompt"] {
-                assert_eq!(kernel_of(&format!("attention/{family}/t")), Some(PrefillKernel::Mma), "{} {family}", limits.name);
-                assert_eq!(kernel_of(&format!("attention/f32/{family}/t")), Some(PrefillKernel::F32), "{} {family}", limits.name);
+            assert!(!attention.is_empty() && attention.iter().all(|c| !c.id.contains("/f32/")));
+            for c in attention {
+                let OpCase::Attention(a) = &c.params else { unreachable!() };
+                let engine = attention::select_prefill(a.head_dim, limits.compute_capability, attention::prefill_override().unwrap());
+                assert_eq!(a.prefill_kernel(&limits), engine, "{} {}", limits.name, c.id);
             }
-            assert_eq!(kernel_of("attention/h16-kv2-d256/prompt/t"), Some(PrefillKernel::F32));
-            assert!(kernel_of("attention/f32/h16-kv2-d256/").is_none() && kernel_of("attention/f32/decode/").is_none());
         }
-        let turing = DeviceLimits { compute_capability: (7, 5), ..DeviceLimits::h200() };
-        let cat = derive(&shape, &Serving::default(), &turing, &opts());
-        let attention: Vec<_> =
-            cat.cases.iter().chain(cat.skipped.iter().map(|(c, _)| c)).filter(|c| c.kernel == attention::KERNEL).collect();
-        assert!(!attention.is_empty() && attention.iter().all(|c| !c.id.contains("/f32/")));
     }
 
     /// A windowed variant runs every layout with the window's edges among its counts.

@@ -355,16 +355,15 @@ mod tests {
         }
         let got: Vec<(&str, u64, u64)> = by.iter().map(|(k, (d, e))| (*k, *d, *e)).collect();
         assert_eq!(got, PINNED_COUNTS);
-        // 1,956 derived and 1,534 executed: the H100's run of 2026-12-06 (77.5 s warm); then
-        // attention's f32 prefill families beside the tensor-core kernel's (254 more, 250 run).
+        // 1,956 derived and 1,534 executed: the H100's run of 2026-12-06 (77.5 s warm).
         let total = got.iter().fold((0, 0), |a, b| (a.0 + b.1, a.1 + b.2));
-        assert_eq!(total, (2210, 1784));
+        assert_eq!(total, (1956, 1534));
     }
 
     /// (family, derived, executed) of the default class.
     const PINNED_COUNTS: [(&str, u64, u64); 19] = [
         ("add", 14, 12),
-        ("attention", 519, 511),
+        ("attention", 265, 261),
         ("dense_f32", 32, 26),
         ("embed", 42, 36),
         ("latent_proj", 170, 162),

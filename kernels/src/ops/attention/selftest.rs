@@ -90,10 +90,11 @@ impl AttentionCase {
         prefill_tile(self.head_dim).map_or(1, |t| t.rows)
     }
 
-    /// The prefill kernel the case runs on `limits`' device: the forced one where it exists
-    /// there, else the device's default.
+    /// The prefill kernel the case runs on `limits`' device: the one the case forces, else the
+    /// one the engine would run (`BRINK_ATTN_PREFILL`, else the default), where it exists there.
     pub fn prefill_kernel(&self, limits: &DeviceLimits) -> PrefillKernel {
-        select_prefill(self.head_dim, limits.compute_capability, self.prefill)
+        let forced = self.prefill.or_else(|| super::prefill_override().ok().flatten());
+        select_prefill(self.head_dim, limits.compute_capability, forced)
     }
 
     /// The sinks the case runs with (one per head, from a seed), if it has them.
