@@ -12,8 +12,6 @@
 //! CUDA splits a super-block over 16 (q4_K, q5_K) or 32 (q6_K) lanes and sums the lanes'
 //! partials, so the GPU's f32 rounding order differs from this sequential sum.
 
-use half::f16;
-
 use super::{BlockQ8_1, QK};
 
 /// Weights per super-block.
@@ -49,7 +47,7 @@ pub const Q6_K_SCALES: usize = Q6_K_QH + QK_K / 4;
 pub const Q6_K_D: usize = Q6_K_SCALES + QK_K / 16;
 
 fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+    super::f16_bits_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
 /// Six-bit scale and min of sub-block `j` (0..8) from the 12 packed bytes (ggml's
@@ -159,6 +157,7 @@ pub fn dequantize_row_q6_k(row: &[u8], out: &mut [f32]) {
 }
 
 /// Quant of weight `l` (0..32) of sub-block `s` (0..8) of a q4_K or q5_K block's qs.
+#[cfg(test)]
 fn nibble(qs: &[u8], s: usize, l: usize) -> i32 {
     ((qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 0x0f) as i32
 }
@@ -170,28 +169,50 @@ fn sum_q8(x: &BlockQ8_1) -> i32 {
 /// The shared tail of `vec_dot_q{4,5}_K_q8_1_impl_vmmq`: per sub-block s,
 /// sumf_d += d8·(Σ q·u · sc) and sumf_m += d8·(Σ u · m), then d·sumf_d − dmin·sumf_m. The min
 /// uses the exact integer Σ u (CUDA's dp4a with 0x01010101), not the q8_1 block's f16 s.
-fn dot_scaled_min(h: &ScaledMin, x: &[BlockQ8_1; Q8_1_PER_SUPER_BLOCK], quant: impl Fn(usize, usize) -> i32) -> f32 {
+/// `quants[s]` holds sub-block s's 32 quants (unpacked once per super-block, so each integer
+/// dot runs over two 32-byte arrays).
+fn dot_scaled_min(h: &ScaledMin, x: &[BlockQ8_1; Q8_1_PER_SUPER_BLOCK], quants: &[[u8; QK]; Q8_1_PER_SUPER_BLOCK]) -> f32 {
     let (mut sumf_d, mut sumf_m) = (0.0f32, 0.0f32);
-    for (s, xs) in x.iter().enumerate() {
+    for (s, (xs, q)) in x.iter().zip(quants).enumerate() {
         let (sc, m) = get_scale_min_k4(s, h.scales);
-        let dot: i32 = xs.qs.iter().enumerate().map(|(l, &u)| quant(s, l) * u as i32).sum();
-        let d8 = xs.d.to_f32();
+        let mut dot = 0i32;
+        for (&w, &u) in q.iter().zip(&xs.qs) {
+            dot += w as i32 * u as i32;
+        }
+        let d8 = super::f16_to_f32(xs.d);
         sumf_d += d8 * (dot * sc as i32) as f32;
         sumf_m += d8 * (sum_q8(xs) * m as i32) as f32;
     }
     h.d * sumf_d - h.dmin * sumf_m
 }
 
+/// The 32 four-bit quants of every sub-block of a q4_K or q5_K block's qs ([`nibble`]'s).
+fn nibbles(qs: &[u8]) -> [[u8; QK]; Q8_1_PER_SUPER_BLOCK] {
+    let mut out = [[0u8; QK]; Q8_1_PER_SUPER_BLOCK];
+    for (pair, q) in out.chunks_exact_mut(2).zip(qs.as_chunks::<QK>().0) {
+        for l in 0..QK {
+            pair[0][l] = q[l] & 0x0f;
+            pair[1][l] = q[l] >> 4;
+        }
+    }
+    out
+}
+
 /// One q4_K super-block · 8 q8_1 blocks: the formula of `vec_dot_q4_K_q8_1`.
 pub fn dot_block_q4_k_q8_1(b: &[u8; BLOCK_Q4_K_BYTES], x: &[BlockQ8_1; Q8_1_PER_SUPER_BLOCK]) -> f32 {
-    let qs = &b[Q4_K_QS..];
-    dot_scaled_min(&ScaledMin::read(b), x, |s, l| nibble(qs, s, l))
+    dot_scaled_min(&ScaledMin::read(b), x, &nibbles(&b[Q4_K_QS..]))
 }
 
 /// One q5_K super-block · 8 q8_1 blocks: the formula of `vec_dot_q5_K_q8_1`.
 pub fn dot_block_q5_k_q8_1(b: &[u8; BLOCK_Q5_K_BYTES], x: &[BlockQ8_1; Q8_1_PER_SUPER_BLOCK]) -> f32 {
-    let (qh, qs) = (&b[Q5_K_QH..Q5_K_QS], &b[Q5_K_QS..]);
-    dot_scaled_min(&ScaledMin::read(b), x, |s, l| nibble(qs, s, l) | ((((qh[l] >> s) & 1) as i32) << 4))
+    let qh: &[u8; QK] = b[Q5_K_QH..Q5_K_QS].try_into().expect("a q5_K block holds 32 high-bit bytes");
+    let mut quants = nibbles(&b[Q5_K_QS..]);
+    for (s, q) in quants.iter_mut().enumerate() {
+        for (w, &h) in q.iter_mut().zip(qh) {
+            *w |= ((h >> s) & 1) << 4;
+        }
+    }
+    dot_scaled_min(&ScaledMin::read(b), x, &quants)
 }
 
 /// Six-bit quant of weight `e` (0..256) of a q6_K block, minus 32.
@@ -206,13 +227,21 @@ fn q6_k_quant(b: &[u8; BLOCK_Q6_K_BYTES], e: usize) -> i32 {
 /// weights (one i8 scale each; group g is weights 16g .. 16g + 16), sumf += d8·(Σ q·u · sc),
 /// then d·sumf.
 pub fn dot_block_q6_k_q8_1(b: &[u8; BLOCK_Q6_K_BYTES], x: &[BlockQ8_1; Q8_1_PER_SUPER_BLOCK]) -> f32 {
+    // Every quant unpacked once (`q6_k_quant`'s), then each group's integer dot over arrays.
+    let mut quants = [0i8; QK_K];
+    for (e, q) in quants.iter_mut().enumerate() {
+        *q = q6_k_quant(b, e) as i8;
+    }
     let mut sumf = 0.0f32;
-    for g in 0..QK_K / 16 {
+    for (g, w) in quants.as_chunks::<16>().0.iter().enumerate() {
         let xs = &x[g / 2];
         let half = 16 * (g % 2);
-        let dot: i32 = (0..16).map(|t| q6_k_quant(b, 16 * g + t) * xs.qs[half + t] as i32).sum();
+        let mut dot = 0i32;
+        for (&w, &u) in w.iter().zip(&xs.qs[half..half + 16]) {
+            dot += w as i32 * u as i32;
+        }
         let sc = b[Q6_K_SCALES + g] as i8 as i32;
-        sumf += xs.d.to_f32() * (dot * sc) as f32;
+        sumf += super::f16_to_f32(xs.d) * (dot * sc) as f32;
     }
     f16_at(b, Q6_K_D) * sumf
 }
@@ -292,6 +321,7 @@ mod tests {
     use super::*;
     use crate::quant::{dequantize_q8_1, quantize_row_q8_1};
     use crate::testdata::{hash2, uniform_pm1};
+    use half::f16;
 
     fn f16_bytes(x: f32) -> [u8; 2] {
         f16::from_f32(x).to_le_bytes()

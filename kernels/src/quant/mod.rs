@@ -230,7 +230,23 @@ pub fn quantize_row_q8_1(x: &[f32]) -> Vec<BlockQ8_1> {
 }
 
 fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+    f16_bits_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+/// The f32 of the f16 with these bits, exactly `f16::from_bits(bits).to_f32()`: a table holding
+/// that conversion of every bit pattern, read without the CPU feature check each `to_f32` call
+/// makes. The dots below convert two or three scales per 32 weights, millions of times a case.
+#[inline]
+pub(crate) fn f16_bits_to_f32(bits: u16) -> f32 {
+    static TABLE: std::sync::LazyLock<Box<[f32]>> =
+        std::sync::LazyLock::new(|| (0..=u16::MAX).map(|b| f16::from_bits(b).to_f32()).collect());
+    TABLE[bits as usize]
+}
+
+/// `f16_bits_to_f32` of an f16 value.
+#[inline]
+pub(crate) fn f16_to_f32(x: f16) -> f32 {
+    f16_bits_to_f32(x.to_bits())
 }
 
 pub fn dequantize_q8_0(row: &[u8]) -> Vec<f32> {
@@ -274,9 +290,13 @@ pub fn dequantize_q8_1(x: &[BlockQ8_1]) -> Vec<f32> {
 /// Σ_blocks d_w · d_x · Σ q_w q_x, the formula of the `dot_q8_0_q8_1` device function.
 pub fn dot_q8_0_q8_1(w_row: &[u8], x: &[BlockQ8_1]) -> f32 {
     let mut acc = 0.0f32;
-    for (b, xb) in w_row.chunks_exact(BLOCK_Q8_0_BYTES).zip(x) {
-        let isum: i32 = b[2..].iter().zip(&xb.qs).map(|(&w, &q)| (w as i8) as i32 * q as i32).sum();
-        acc += f16_at(b, 0) * xb.d.to_f32() * isum as f32;
+    for (b, xb) in w_row.as_chunks::<BLOCK_Q8_0_BYTES>().0.iter().zip(x) {
+        let qs: &[u8; QK] = b[2..].try_into().expect("a q8_0 block holds 32 quants");
+        let mut isum = 0i32;
+        for (&w, &q) in qs.iter().zip(&xb.qs) {
+            isum += (w as i8) as i32 * q as i32;
+        }
+        acc += f16_at(b, 0) * f16_to_f32(xb.d) * isum as f32;
     }
     acc
 }
@@ -285,14 +305,15 @@ pub fn dot_q8_0_q8_1(w_row: &[u8], x: &[BlockQ8_1]) -> f32 {
 /// `dot_q4_0_q8_1` device function (the −8 offset folded into the activation sum).
 pub fn dot_q4_0_q8_1(w_row: &[u8], x: &[BlockQ8_1]) -> f32 {
     let mut acc = 0.0f32;
-    for (b, xb) in w_row.chunks_exact(BLOCK_Q4_0_BYTES).zip(x) {
-        let qs = &b[2..];
+    for (b, xb) in w_row.as_chunks::<BLOCK_Q4_0_BYTES>().0.iter().zip(x) {
+        let qs: &[u8; QK / 2] = b[2..].try_into().expect("a q4_0 block holds 16 quant bytes");
+        let (lo, hi) = xb.qs.split_at(QK / 2);
         let mut isum = 0i32;
-        for (j, &q) in qs.iter().enumerate() {
-            isum += (q & 0x0f) as i32 * xb.qs[j] as i32;
-            isum += (q >> 4) as i32 * xb.qs[j + QK / 2] as i32;
+        for ((&q, &l), &h) in qs.iter().zip(lo).zip(hi) {
+            isum += (q & 0x0f) as i32 * l as i32;
+            isum += (q >> 4) as i32 * h as i32;
         }
-        acc += f16_at(b, 0) * (xb.d.to_f32() * isum as f32 - 8.0 * xb.s.to_f32());
+        acc += f16_at(b, 0) * (f16_to_f32(xb.d) * isum as f32 - 8.0 * f16_to_f32(xb.s));
     }
     acc
 }
@@ -526,6 +547,156 @@ impl<'de> Deserialize<'de> for TensorType {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The dots as they were written before their loops ran over fixed arrays and their scales
+    /// through the conversion table: the plain formulas, per element, with half's `to_f32`.
+    mod plain {
+        use super::super::kquants::*;
+        use super::super::*;
+
+        pub type Dot = fn(&[u8], &[BlockQ8_1]) -> f32;
+
+        /// Every weight type with its plain formula.
+        pub const FORMULAS: [(WeightType, Dot); 5] =
+            [(WeightType::Q8_0, q8_0), (WeightType::Q4_0, q4_0), (WeightType::Q4K, q4_k), (WeightType::Q5K, q5_k), (WeightType::Q6K, q6_k)];
+
+        fn f16_at(b: &[u8], at: usize) -> f32 {
+            f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+        }
+
+        pub fn q8_0(w_row: &[u8], x: &[BlockQ8_1]) -> f32 {
+            let mut acc = 0.0f32;
+            for (b, xb) in w_row.chunks_exact(BLOCK_Q8_0_BYTES).zip(x) {
+                let isum: i32 = b[2..].iter().zip(&xb.qs).map(|(&w, &q)| (w as i8) as i32 * q as i32).sum();
+                acc += f16_at(b, 0) * xb.d.to_f32() * isum as f32;
+            }
+            acc
+        }
+
+        pub fn q4_0(w_row: &[u8], x: &[BlockQ8_1]) -> f32 {
+            let mut acc = 0.0f32;
+            for (b, xb) in w_row.chunks_exact(BLOCK_Q4_0_BYTES).zip(x) {
+                let mut isum = 0i32;
+                for (j, &q) in b[2..].iter().enumerate() {
+                    isum += (q & 0x0f) as i32 * xb.qs[j] as i32;
+                    isum += (q >> 4) as i32 * xb.qs[j + QK / 2] as i32;
+                }
+                acc += f16_at(b, 0) * (xb.d.to_f32() * isum as f32 - 8.0 * xb.s.to_f32());
+            }
+            acc
+        }
+
+        fn nibble(qs: &[u8], s: usize, l: usize) -> i32 {
+            ((qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 0x0f) as i32
+        }
+
+        fn scaled_min(b: &[u8], x: &[BlockQ8_1], quant: impl Fn(usize, usize) -> i32) -> f32 {
+            let (d, dmin, scales) = (f16_at(b, Q4_K_D), f16_at(b, Q4_K_DMIN), &b[Q4_K_SCALES..Q4_K_SCALES + K_SCALE_SIZE]);
+            let (mut sumf_d, mut sumf_m) = (0.0f32, 0.0f32);
+            for (s, xs) in x.iter().enumerate() {
+                let (sc, m) = get_scale_min_k4(s, scales);
+                let dot: i32 = xs.qs.iter().enumerate().map(|(l, &u)| quant(s, l) * u as i32).sum();
+                let d8 = xs.d.to_f32();
+                sumf_d += d8 * (dot * sc as i32) as f32;
+                sumf_m += d8 * (xs.qs.iter().map(|&q| q as i32).sum::<i32>() * m as i32) as f32;
+            }
+            d * sumf_d - dmin * sumf_m
+        }
+
+        fn q6_k_quant(b: &[u8], e: usize) -> i32 {
+            let (n, quarter, l) = (e / 128, e % 128 / 32, e % 32);
+            let low = (b[Q6_K_QL + 64 * n + 32 * (quarter % 2) + l] >> (4 * (quarter / 2))) & 0x0f;
+            let high = (b[Q6_K_QH + 32 * n + l] >> (2 * quarter)) & 3;
+            (low | (high << 4)) as i32 - 32
+        }
+
+        fn super_blocks(w_row: &[u8], bytes: usize, x: &[BlockQ8_1], f: impl Fn(&[u8], &[BlockQ8_1]) -> f32) -> f32 {
+            w_row.chunks_exact(bytes).zip(x.chunks_exact(Q8_1_PER_SUPER_BLOCK)).map(|(b, x)| f(b, x)).sum()
+        }
+
+        pub fn q4_k(w_row: &[u8], x: &[BlockQ8_1]) -> f32 {
+            super_blocks(w_row, BLOCK_Q4_K_BYTES, x, |b, x| scaled_min(b, x, |s, l| nibble(&b[Q4_K_QS..], s, l)))
+        }
+
+        pub fn q5_k(w_row: &[u8], x: &[BlockQ8_1]) -> f32 {
+            super_blocks(w_row, BLOCK_Q5_K_BYTES, x, |b, x| {
+                let (qh, qs) = (&b[Q5_K_QH..Q5_K_QS], &b[Q5_K_QS..]);
+                scaled_min(b, x, |s, l| nibble(qs, s, l) | ((((qh[l] >> s) & 1) as i32) << 4))
+            })
+        }
+
+        pub fn q6_k(w_row: &[u8], x: &[BlockQ8_1]) -> f32 {
+            super_blocks(w_row, BLOCK_Q6_K_BYTES, x, |b, x| {
+                let mut sumf = 0.0f32;
+                for g in 0..QK_K / 16 {
+                    let xs = &x[g / 2];
+                    let half = 16 * (g % 2);
+                    let dot: i32 = (0..16).map(|t| q6_k_quant(b, 16 * g + t) * xs.qs[half + t] as i32).sum();
+                    sumf += xs.d.to_f32() * (dot * b[Q6_K_SCALES + g] as i8 as i32) as f32;
+                }
+                f16_at(b, Q6_K_D) * sumf
+            })
+        }
+    }
+
+    /// The dots' speed against the plain formulas (`-- --ignored --nocapture dot_speed`).
+    #[test]
+    #[ignore = "a bench"]
+    fn dot_speed() {
+        use crate::testdata::{q8_1_row, weight_row};
+        let plain = plain::FORMULAS;
+        let k = 2048;
+        let x = q8_1_row(1, 0, k / QK);
+        for (wtype, formula) in plain {
+            let rows: Vec<Vec<u8>> = (0..512).map(|r| weight_row(2, r, k, wtype)).collect();
+            let time = |f: &dyn Fn(&[u8], &[BlockQ8_1]) -> f32| {
+                let t = std::time::Instant::now();
+                let mut acc = 0.0f32;
+                for _ in 0..8 {
+                    acc += rows.iter().map(|r| f(r, &x)).sum::<f32>();
+                }
+                (t.elapsed().as_secs_f64() * 1e9 / (8.0 * 512.0 * k as f64), acc)
+            };
+            let (new, a) = time(&|w, x| wtype.dot_q8_1(w, x));
+            let (old, b) = time(&|w, x| formula(w, x));
+            eprintln!("{wtype}: {new:.2} ns/weight (plain {old:.2}) {}", a == b);
+        }
+    }
+
+    /// The table's conversion is half's, for every bit pattern (NaNs keep their payload).
+    #[test]
+    fn f16_table_is_halfs_conversion() {
+        for bits in 0..=u16::MAX {
+            assert_eq!(f16_bits_to_f32(bits).to_bits(), f16::from_bits(bits).to_f32().to_bits(), "{bits:#06x}");
+        }
+    }
+
+    /// Every weight type's dot equals the plain formula bit for bit: on the self-test's generated
+    /// rows and on rows of random bytes (any scale, subnormal, infinite or NaN).
+    #[test]
+    fn dots_equal_the_plain_formulas_bit_for_bit() {
+        use crate::testdata::{hash2, q8_1_row, weight_row};
+        let plain = plain::FORMULAS;
+        assert_eq!(plain.len(), WeightType::ALL.len(), "a weight type without a plain formula here");
+        let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        for (wtype, formula) in plain {
+            let k = 1024;
+            for seed in 0..24u64 {
+                let x = q8_1_row(seed + 100, seed, k / QK);
+                let generated = weight_row(seed, seed * 7, k, wtype);
+                let random: Vec<u8> = (0..generated.len() as u64).map(|i| hash2(seed + 1000, i) as u8).collect();
+                let mut x_random = x.clone();
+                for (i, b) in x_random.iter_mut().enumerate() {
+                    b.d = f16::from_bits(hash2(seed + 2000, i as u64) as u16);
+                    b.s = f16::from_bits(hash2(seed + 3000, i as u64) as u16);
+                }
+                for (w, x) in [(&generated, &x), (&random, &x), (&random, &x_random)] {
+                    let (got, want) = (wtype.dot_q8_1(w, x), formula(w, x));
+                    assert!(same(got, want), "{wtype} seed {seed}: {got} vs {want}");
+                }
+            }
+        }
+    }
 
     fn q8_0_block(d: f32, qs: impl Fn(usize) -> i8) -> Vec<u8> {
         let mut b = f16::from_f32(d).to_le_bytes().to_vec();
