@@ -4,6 +4,10 @@
 //! hash and the same exact float steps on both sides. The self-test fills gigabyte buffers on
 //! the device and the CPU reference recomputes just the elements a sampled output needs.
 
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, OnceLock};
+
 use half::f16;
 
 use crate::quant::{BlockQ8_1, QK, WeightType, kquants};
@@ -100,6 +104,88 @@ pub fn weight_row(seed: u64, row: u64, k: usize, wtype: WeightType) -> Vec<u8> {
     out
 }
 
+/// Rows `[first, first + count)` of a `fill_weights(seed, wtype)` buffer holding rows of `k`
+/// weights, back to back: [`weight_row`]'s bytes, generated once per process and shared by every
+/// case that asks for the same rows (the self-test's cases of one family differ in their token
+/// counts, not in their weights). Generated on the caller's thread, one row after the other: a
+/// parallel generation inside the cache's slot could steal another case's check that waits for
+/// the same slot. Callers split big matrices into slots (an expert, a chunk of rows) to
+/// generate them in parallel.
+pub fn shared_weight_rows(seed: u64, wtype: WeightType, k: usize, first: u64, count: u64) -> Arc<Vec<u8>> {
+    static CACHE: OnceLock<SharedCache<WeightKey, u8>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| SharedCache::new(WEIGHT_CACHE_BYTES));
+    cache.get(WeightKey { seed, wtype: wtype.code(), k, first, count }, || {
+        let mut out = Vec::with_capacity(count as usize * wtype.row_bytes(k));
+        let nb = wtype.blocks_per_row(k) as u64;
+        for b in first * nb..(first + count) * nb {
+            weight_block(seed, b, wtype, &mut out);
+        }
+        out
+    })
+}
+
+/// Bytes the shared weight rows may hold; past it their cache starts over (rows handed out stay
+/// valid with their holders).
+pub const WEIGHT_CACHE_BYTES: usize = 4 << 30;
+
+/// One output row of a CPU twin, computed once per process by `make` and shared by every case
+/// that asks for it: `what` names everything the row depends on besides `row` (the family, its
+/// shape and weight type, the seeds' use, an expert), so two cases asking the same key compute
+/// the same row. The self-test compares the first rows and the rows around the tails of every
+/// case, and neighbouring counts share most of them. `make` runs on the caller's thread and
+/// must not itself use the thread pool (see [`shared_weight_rows`]).
+pub fn shared_twin_row(what: &str, row: u64, make: impl FnOnce() -> Vec<f32>) -> Arc<Vec<f32>> {
+    static CACHE: OnceLock<SharedCache<(String, u64), f32>> = OnceLock::new();
+    CACHE.get_or_init(|| SharedCache::new(TWIN_CACHE_BYTES)).get((what.to_string(), row), make)
+}
+
+/// Bytes the shared twin rows may hold.
+pub const TWIN_CACHE_BYTES: usize = 1 << 30;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct WeightKey {
+    seed: u64,
+    wtype: i32,
+    k: usize,
+    first: u64,
+    count: u64,
+}
+
+type Slot<T> = Arc<OnceLock<Arc<Vec<T>>>>;
+
+/// Values made once per key and shared: one slot per key, filled by the first caller while
+/// later callers of the same key wait for it. Past `cap` bytes made, it starts over.
+struct SharedCache<K, T> {
+    slots: Mutex<(HashMap<K, Slot<T>>, usize)>,
+    cap: usize,
+}
+
+impl<K: Eq + Hash, T> SharedCache<K, T> {
+    fn new(cap: usize) -> Self {
+        SharedCache { slots: Mutex::new((HashMap::new(), 0)), cap }
+    }
+
+    fn get(&self, key: K, make: impl FnOnce() -> Vec<T>) -> Arc<Vec<T>> {
+        let slot = self.slots.lock().unwrap_or_else(|p| p.into_inner()).0.entry(key).or_default().clone();
+        let mut made = 0;
+        let value = slot
+            .get_or_init(|| {
+                let v = make();
+                made = v.len() * std::mem::size_of::<T>();
+                Arc::new(v)
+            })
+            .clone();
+        if made > 0 {
+            let mut guard = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            guard.1 += made;
+            if guard.1 > self.cap {
+                *guard = (HashMap::new(), 0);
+            }
+        }
+        value
+    }
+}
+
 /// Source row `src` (of `nb` blocks) of a `fill_q8_1_rows` buffer.
 pub fn q8_1_row(seed: u64, src: u64, nb: usize) -> Vec<BlockQ8_1> {
     (0..nb as u64)
@@ -141,6 +227,49 @@ mod tests {
                 assert!((0.0019..=0.0061).contains(&d), "{d}");
             }
         }
+    }
+
+    /// Shared rows are exactly `weight_row`'s, whatever slot they come from, and one key is
+    /// generated once however many threads ask for it.
+    #[test]
+    fn shared_weight_rows_equal_weight_rows() {
+        for wtype in WeightType::ALL {
+            let k = 512;
+            let shared = shared_weight_rows(0x5eed, wtype, k, 3, 4);
+            let direct: Vec<u8> = (3..7).flat_map(|r| weight_row(0x5eed, r, k, wtype)).collect();
+            assert_eq!(*shared, direct, "{wtype}");
+            assert!(Arc::ptr_eq(&shared, &shared_weight_rows(0x5eed, wtype, k, 3, 4)));
+        }
+        let cache: SharedCache<u32, u8> = SharedCache::new(64);
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    let v = cache.get(1, || {
+                        calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        vec![7u8; 40]
+                    });
+                    assert_eq!(*v, vec![7u8; 40]);
+                });
+            }
+        });
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Past the cap the cache starts over: the next request makes the value again.
+        cache.get(2, || vec![0u8; 40]);
+        cache.get(1, || {
+            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            vec![7u8; 40]
+        });
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+        // Twin rows: one computation per (what, row).
+        let twice = std::sync::atomic::AtomicUsize::new(0);
+        let make = || {
+            twice.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            vec![1.5f32; 3]
+        };
+        let a = shared_twin_row("testdata test", 9, make);
+        let b = shared_twin_row("testdata test", 9, || unreachable!("the row is shared"));
+        assert!(Arc::ptr_eq(&a, &b) && twice.load(std::sync::atomic::Ordering::SeqCst) == 1);
     }
 
     /// The K-quant scales land in their ranges, and the random bytes give every sub-block scale

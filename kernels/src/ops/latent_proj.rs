@@ -8,6 +8,7 @@
 //! Spare rows of the last tile compute on row `T − 1` and join every shuffle; only their
 //! stores are masked. `cuda/neg_latent_tailskip.cu` is the broken twin that skips the shuffles.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
@@ -21,7 +22,7 @@ use crate::limits::DeviceLimits;
 use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_q8_1_rows, fill_weights};
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType};
 use crate::sources::{KernelSource, LATENT_PROJ, NEG_LATENT_TAILSKIP};
-use crate::testdata::{q8_1_row, weight_row};
+use crate::testdata::{q8_1_row, shared_twin_row, shared_weight_rows};
 use crate::thresholds::{Critical, overflow_point, tile_tails};
 
 pub const KERNEL: &str = "latent_proj";
@@ -262,7 +263,8 @@ fn stage_variant(gpu: &Gpu, variant: Variant, tokens: u64, c: &LatentCase) -> Re
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
     let (unwritten, past_end) = y.check(gpu, 1)?;
     let rows = sample_rows(tokens, TILE_M, SAMPLE_ROWS, tokens);
-    let got = rows.iter().map(|&t| y.read_f32(gpu, t as usize * width, width)).collect::<Result<Vec<_>, _>>()?;
+    // One copy per run of nearby rows (the first and last tiles are runs), not one per row.
+    let got = y.read_rows_f32(gpu, &rows, width)?;
     let c = *c;
     Ok(Staged::Check(Box::new(move || {
         let err = compare(&got, &rows, &c);
@@ -274,13 +276,32 @@ fn stage_variant(gpu: &Gpu, variant: Variant, tokens: u64, c: &LatentCase) -> Re
 /// `rows` in order).
 fn compare(got: &[Vec<f32>], rows: &[u64], c: &LatentCase) -> RelErr {
     let (k, nb, width) = (c.k as usize, c.blocks_per_row(), c.width as usize);
-    let weights: Vec<u8> = (0..c.width as u64).into_par_iter().flat_map_iter(|r| weight_row(SEED_W, r, k, c.wtype)).collect();
-    let want: Vec<Vec<f32>> = rows.par_iter().map(|&t| latent_row_cpu(&weights, &q8_1_row(SEED_X, t, nb), c)).collect();
+    // Row t depends on the shape and t only: each is computed once per process and shared with
+    // the family's other cases (they all compare the first tile, neighbouring counts most of
+    // their tails), from weights generated once per process.
+    let what = format!("latent_proj w{SEED_W:#x} x{SEED_X:#x} {c:?}");
+    let want: Vec<Arc<Vec<f32>>> = rows
+        .par_iter()
+        .map(|&t| {
+            shared_twin_row(&what, t, || {
+                let weights = shared_weight_rows(SEED_W, c.wtype, k, 0, c.width as u64);
+                latent_row_cpu(&weights, &q8_1_row(SEED_X, t, nb), c)
+            })
+        })
+        .collect();
     let mut err = RelErr::default();
     for ((&t, want), got) in rows.iter().zip(&want).zip(got) {
         err.add_slice((t as usize * width) as u64, got, want);
     }
     err
+}
+
+/// The host work of one case without the device (the bench of the self-test's host costs).
+#[cfg(test)]
+pub(crate) fn host_half(tokens: u64, c: &LatentCase) -> usize {
+    let rows = sample_rows(tokens, TILE_M, SAMPLE_ROWS, tokens);
+    let got: Vec<Vec<f32>> = rows.iter().map(|_| vec![0.0; c.width as usize]).collect();
+    compare(&got, &rows, c).compared as usize
 }
 
 /// The self-test's handle on this family (registered in `selftest::case`).
@@ -322,6 +343,7 @@ impl KernelFamily for NegTailSkip {
 mod tests {
     use super::*;
     use crate::quant::dequantize_q8_1;
+    use crate::testdata::weight_row;
 
     const QWEN: LatentCase = LatentCase { k: 2560, width: 1792, groups: 8, wtype: WeightType::Q4_0 };
 

@@ -36,7 +36,7 @@ pub struct LinearCase {
 }
 
 impl LinearCase {
-    fn dims(&self) -> HeadDims {
+    pub(crate) fn dims(&self) -> HeadDims {
         HeadDims { hidden: self.k, vocab: self.n, wtype: self.wtype }
     }
 }

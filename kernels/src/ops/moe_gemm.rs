@@ -7,6 +7,8 @@
 //! `grid.x`, column tiles of N on `grid.y`; the tile shapes are data ([`TILES`]). The K loop is
 //! `cuda/gemm_tile.cuh`, shared with the dense GEMM of `output_head`.
 
+use std::sync::Arc;
+
 use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -21,7 +23,7 @@ use crate::ops::testdata::{Guarded, fill_q8_1_rows, fill_weights, fill_words};
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType};
 use crate::routing::{Routing, route};
 use crate::sources::MOE_GEMM;
-use crate::testdata::{POISON, q8_1_row, weight_row};
+use crate::testdata::{POISON, q8_1_row, shared_twin_row, shared_weight_rows};
 use crate::thresholds::{Critical, I32_MAX, overflow_point, tile_tails};
 
 /// The kernel family (each tile shape has its own entry point, [`GemmTile::kernel`]).
@@ -305,29 +307,25 @@ const OTHER_TILES_MAX_PAIRS: u64 = 1 << 16;
 /// multiply-adds, and each distinct expert N weight rows to regenerate.
 const SAMPLE_PAIRS: usize = 64;
 
-/// Reference rows of the sampled pairs, weights regenerated once per expert they route to.
-fn reference(c: &GemmCase, ids: &[i32], pairs: &[u64]) -> Vec<(u64, Vec<f32>)> {
-    let (n, k, nb) = (c.n as usize, c.k as usize, c.k as usize / QK);
-    let mut used = vec![false; c.experts as usize];
-    pairs.iter().for_each(|&p| used[ids[p as usize] as usize] = true);
-    // Indexed by expert; experts no sampled pair routes to stay empty.
-    let weights: Vec<Vec<Vec<u8>>> = (0..c.experts as u64)
-        .into_par_iter()
-        .map(|e| {
-            if used[e as usize] {
-                (0..n as u64).into_par_iter().map(|col| weight_row(SEED_W, e * n as u64 + col, k, c.wtype)).collect()
-            } else {
-                Vec::new()
-            }
-        })
-        .collect();
+/// Reference rows of the sampled pairs. The weights of the experts they route to are
+/// generated once per process and shared with the family's other cases (they depend on the
+/// shape and the seed only).
+fn reference(c: &GemmCase, ids: &[i32], pairs: &[u64]) -> Vec<(u64, Arc<Vec<f32>>)> {
+    let (n, k, nb, rb) = (c.n as usize, c.k as usize, c.k as usize / QK, c.wtype.row_bytes(c.k as usize));
+    // Pair p's row depends on its expert and p only (A row p, the expert's weights): each is
+    // computed once per process and shared with the family's other cases.
     pairs
         .par_iter()
         .map(|&p| {
-            let w = &weights[ids[p as usize] as usize];
-            let mut out = vec![0.0f32; n];
-            gemm_row(&mut out, |col| &w[col], &q8_1_row(SEED_A, p, nb), c.wtype);
-            (p, out)
+            let e = ids[p as usize] as u64;
+            let what = format!("moe_gemm w{SEED_W:#x} a{SEED_A:#x} n{n} k{k} {} expert {e}", c.wtype);
+            let row = shared_twin_row(&what, p, || {
+                let w = shared_weight_rows(SEED_W, c.wtype, k, e * n as u64, n as u64);
+                let mut out = vec![0.0f32; n];
+                gemm_row(&mut out, |col| &w[col * rb..(col + 1) * rb], &q8_1_row(SEED_A, p, nb), c.wtype);
+                out
+            });
+            (p, row)
         })
         .collect()
 }
@@ -363,7 +361,8 @@ fn run_tile(
     gpu.synchronize()?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
     let (unwritten, past_end) = y.check(gpu, 1)?;
-    let got = pairs.iter().map(|&p| y.read_f32(gpu, p as usize * c.n as usize, c.n as usize)).collect::<Result<Vec<_>, _>>()?;
+    // One copy per run of nearby pairs (the sampled pairs' tails are runs), not one per pair.
+    let got = y.read_rows_f32(gpu, pairs, c.n as usize)?;
     Ok((ms, got, unwritten, past_end))
 }
 
@@ -432,6 +431,17 @@ pub fn stage_case(gpu: &Gpu, tokens: u64, c: &GemmCase) -> Result<Staged, GpuErr
     })))
 }
 
+/// The host work of one case without the device (the bench of the self-test's host costs): the
+/// routing, the alignment, the sampling and the twin of the sampled pairs.
+#[cfg(test)]
+pub(crate) fn host_half(tokens: u64, c: &GemmCase) -> usize {
+    let ids = route(c.routing, tokens as usize, c.experts as usize, c.top_k as usize, GEMM_TILE_M as usize, SEED_ROUTE);
+    let aligned = moe_align::align_cpu(&ids, tokens, c.top_k, c.experts, GEMM_TILE_M);
+    let pairs = tokens * c.top_k as u64;
+    let sampled = sample_rows(pairs, c.top_k as u64, SAMPLE_PAIRS, tokens);
+    aligned.sorted_ids.len() + reference(c, &ids, &sampled).len()
+}
+
 /// The self-test's handle on this family (registered in `selftest::case`).
 pub struct Family;
 
@@ -455,6 +465,7 @@ impl KernelFamily for Family {
 pub(crate) mod tests {
     use super::*;
     use crate::quant::dequantize_q8_1;
+    use crate::testdata::weight_row;
     use crate::thresholds::TOP_K_SET;
 
     fn case(top_k: u32, n: u32, k: u32, wtype: WeightType, routing: Routing) -> GemmCase {

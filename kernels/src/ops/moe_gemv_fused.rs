@@ -14,6 +14,8 @@
 //! the combine), column tiles on `grid.y` (bounded by the weight shape: a typed error past the
 //! device's `grid.y`), warps per block from the device's limits (at most 16). 64-bit indexes.
 
+use std::sync::Arc;
+
 use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -31,7 +33,7 @@ use crate::ops::testdata::{GUARD_WORDS, Guarded, download_rows, fill_uniform, fi
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType, dequantize_q8_1, q8_1_bytes, quantize_row_q8_1};
 use crate::routing::{Routing, route};
 use crate::sources::MOE_GEMV;
-use crate::testdata::{uniform_row, weight_row};
+use crate::testdata::{shared_twin_row, shared_weight_rows, uniform_row};
 use crate::thresholds::{Critical, overflow_point};
 
 pub const GATE_UP_KERNEL: &str = "moe_gemv_swiglu_q8_1";
@@ -456,17 +458,11 @@ pub fn stage_gate_up(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Staged, Gp
         got.push((p, ids[p as usize] as u64, fused_row));
     }
     Ok(Staged::Check(Box::new(move || {
-        let want: Vec<Vec<BlockQ8_1>> = got
-            .par_iter()
-            .map(|&(p, e, _)| {
-                let t = p / top_k as u64;
-                let xq = quantize_row_q8_1(&uniform_row(SEED_X, t * k as u64, k, 1.0));
-                gate_up_pair(|up, r| weight_row(if up { SEED_UP } else { SEED_GATE }, r, k, d.wtype), &xq, e, &d)
-            })
-            .collect();
+        let keys: Vec<(u64, u64)> = got.iter().map(|&(p, e, _)| (p, e)).collect();
+        let want = gate_up_want(&d, &keys);
         let mut err = RelErr::default();
         for ((p, _, got), want) in got.iter().zip(&want) {
-            err.add_slice(p * d.ffn as u64, &dequantize_q8_1(&words_to_blocks(got)), &dequantize_q8_1(want));
+            err.add_slice(p * d.ffn as u64, &dequantize_q8_1(&words_to_blocks(got)), want);
         }
         let mut check = Check::of_floats(&err, GATE_UP_TOLERANCE, (unwritten, past_end), kernel_ms);
         check.int_mismatches = differing;
@@ -527,16 +523,8 @@ pub fn stage_combine(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Staged, Gp
         got.push((t, ids[t as usize * top_k..(t as usize + 1) * top_k].to_vec(), fused_row));
     }
     Ok(Staged::Check(Box::new(move || {
-        let want: Vec<Vec<f32>> = got
-            .par_iter()
-            .map(|(t, ids, _)| {
-                let acts: Vec<Vec<BlockQ8_1>> = (0..top_k as u64)
-                    .map(|j| quantize_row_q8_1(&uniform_row(SEED_X, (t * top_k as u64 + j) * ffn as u64, ffn, 1.0)))
-                    .collect();
-                let ws = uniform_row(SEED_WEIGHTS, t * top_k as u64, top_k, 1.0);
-                combine_token(|r| weight_row(SEED_DOWN, r, ffn, d.wtype), |j| &acts[j], ids, |j| ws[j], &d)
-            })
-            .collect();
+        let keys: Vec<(u64, &[i32])> = got.iter().map(|(t, ids, _)| (*t, ids.as_slice())).collect();
+        let want = combine_want(&d, &keys);
         let mut err = RelErr::default();
         for ((t, _, got), want) in got.iter().zip(&want) {
             err.add_slice(t * n as u64, got, want);
@@ -548,6 +536,82 @@ pub fn stage_combine(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Staged, Gp
         }
         Outcome::Ran(check)
     })))
+}
+
+/// The twin of the sampled pairs `(pair, expert)` of a gate/up case: each pair's q8_1 row,
+/// dequantized (what is compared). A pair's row depends on its token and expert only: each is
+/// computed once per process and shared with the family's other cases, from the expert's gate
+/// and up rows generated once per process.
+fn gate_up_want(d: &FfnDims, pairs: &[(u64, u64)]) -> Vec<Arc<Vec<f32>>> {
+    let (k, top_k, ffn, rb) = (d.hidden as usize, d.top_k as u64, d.ffn as u64, d.wtype.row_bytes(d.hidden as usize));
+    pairs
+        .par_iter()
+        .map(|&(p, e)| {
+            let what = format!("{GATE_UP_KERNEL} gate{SEED_GATE:#x} up{SEED_UP:#x} x{SEED_X:#x} {d:?} expert {e}");
+            shared_twin_row(&what, p, || {
+                let t = p / top_k;
+                let xq = quantize_row_q8_1(&uniform_row(SEED_X, t * k as u64, k, 1.0));
+                let gate = shared_weight_rows(SEED_GATE, d.wtype, k, e * ffn, ffn);
+                let up = shared_weight_rows(SEED_UP, d.wtype, k, e * ffn, ffn);
+                let row = |up_row: bool, r: u64| {
+                    let at = (r - e * ffn) as usize * rb;
+                    &(if up_row { &up } else { &gate })[at..at + rb]
+                };
+                dequantize_q8_1(&gate_up_pair(row, &xq, e, d))
+            })
+        })
+        .collect()
+}
+
+/// The twin of the sampled tokens `(token, its top_k expert ids)` of a combine case: each
+/// token's output row. A token's row depends on the token and its experts only: each is
+/// computed once per process and shared with the family's other cases, from the experts' down
+/// rows generated once per process.
+fn combine_want(d: &FfnDims, tokens: &[(u64, &[i32])]) -> Vec<Arc<Vec<f32>>> {
+    let (ffn, top_k) = (d.ffn as usize, d.top_k as usize);
+    tokens
+        .par_iter()
+        .map(|&(t, ids)| {
+            let what = format!("{COMBINE_KERNEL} down{SEED_DOWN:#x} x{SEED_X:#x} w{SEED_WEIGHTS:#x} {d:?} experts {ids:?}");
+            shared_twin_row(&what, t, || {
+                let acts: Vec<Vec<BlockQ8_1>> = (0..top_k as u64)
+                    .map(|j| quantize_row_q8_1(&uniform_row(SEED_X, (t * top_k as u64 + j) * ffn as u64, ffn, 1.0)))
+                    .collect();
+                let ws = uniform_row(SEED_WEIGHTS, t * top_k as u64, top_k, 1.0);
+                let (hidden, rb) = (d.hidden as u64, d.wtype.row_bytes(ffn));
+                let down: Vec<(u64, Arc<Vec<u8>>)> =
+                    ids.iter().map(|&e| (e as u64, shared_weight_rows(SEED_DOWN, d.wtype, ffn, e as u64 * hidden, hidden))).collect();
+                let row = |r: u64| {
+                    let w = &down.iter().find(|(e, _)| *e == r / hidden).expect("a slot's expert").1;
+                    let at = (r % hidden) as usize * rb;
+                    &w[at..at + rb]
+                };
+                combine_token(row, |j| &acts[j], ids, |j| ws[j], d)
+            })
+        })
+        .collect()
+}
+
+/// The host work of a gate/up case without the device (the bench of the self-test's host
+/// costs): the routing, the sampling and the twin of the sampled pairs.
+#[cfg(test)]
+pub(crate) fn gate_up_host_half(tokens: u64, c: &FusedCase) -> usize {
+    let d = c.dims;
+    let ids = route(c.routing, tokens as usize, d.experts as usize, d.top_k as usize, GEMM_TILE_M as usize, SEED_ROUTE);
+    let sampled = sample_rows(tokens * d.top_k as u64, d.top_k as u64, SAMPLE, tokens);
+    let keys: Vec<(u64, u64)> = sampled.iter().map(|&p| (p, ids[p as usize] as u64)).collect();
+    gate_up_want(&d, &keys).len()
+}
+
+/// [`gate_up_host_half`] for a combine case.
+#[cfg(test)]
+pub(crate) fn combine_host_half(tokens: u64, c: &FusedCase) -> usize {
+    let d = c.dims;
+    let top_k = d.top_k as usize;
+    let ids = route(c.routing, tokens as usize, d.experts as usize, top_k, GEMM_TILE_M as usize, SEED_ROUTE);
+    let sampled = sample_rows(tokens, 1, SAMPLE, tokens);
+    let keys: Vec<(u64, &[i32])> = sampled.iter().map(|&t| (t, &ids[t as usize * top_k..(t as usize + 1) * top_k])).collect();
+    combine_want(&d, &keys).len()
 }
 
 /// The self-test's handle on the gate/up kernel (registered in `selftest::case`).
@@ -592,6 +656,7 @@ impl KernelFamily for CombineFamily {
 mod tests {
     use super::*;
     use crate::testdata::uniform_f32;
+    use crate::testdata::weight_row;
     use crate::thresholds::TOP_K_SET;
 
     fn qwen(top_k: u32, wtype: WeightType) -> FfnDims {

@@ -12,6 +12,7 @@
 //! tiles on `grid.x`, the rows in a loop). The same kernels compute every dense projection of
 //! the engine: [`crate::ops::linear`].
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
@@ -26,7 +27,7 @@ use crate::ops::moe_gemm::{STAGED_INTS, tile_shared_bytes};
 use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_q8_1_rows, fill_weights};
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType};
 use crate::sources::OUTPUT_HEAD;
-use crate::testdata::{q8_1_row, weight_row};
+use crate::testdata::{hash2, q8_1_row, shared_twin_row, shared_weight_rows};
 use crate::thresholds::{Critical, I32_MAX, overflow_point, tile_tails};
 
 /// The kernel family; its entry points are [`GEMM_KERNEL`] and [`GEMV_KERNEL`].
@@ -397,23 +398,43 @@ fn download(gpu: &Gpu, out: &Guarded, sampled: &[u64], cols: &[u64], vocab: u64)
 /// against the device's (`got`, row by row, the sampled columns of each).
 fn compare(got: &[Vec<f32>], sampled: &[u64], cols: &[u64], rows: Option<&[i32]>, d: &HeadDims) -> RelErr {
     let (k, nb, vocab) = (d.hidden as usize, d.blocks_per_row(), d.vocab as u64);
-    let weights: Vec<Vec<u8>> = cols.par_iter().map(|&col| weight_row(SEED_W, col, k, d.wtype)).collect();
-    let want: Vec<Vec<f32>> = sampled
+    // A row's sampled logits depend on its x row and the columns only: each is computed once
+    // per process and shared with the other cases, from the columns' weight rows generated once
+    // per process.
+    let cols_print = cols.iter().fold(cols.len() as u64, |h, &c| hash2(h, c));
+    let what = format!("output_head w{SEED_W:#x} x{SEED_X:#x} {d:?} cols {cols_print:#x}");
+    let weights: Vec<Arc<Vec<u8>>> = cols.par_iter().map(|&col| shared_weight_rows(SEED_W, d.wtype, k, col, 1)).collect();
+    let want: Vec<Arc<Vec<f32>>> = sampled
         .par_iter()
         .map(|&r| {
             let src = rows.map_or(r, |rs| rs[r as usize] as u64);
-            let mut o = vec![0.0f32; cols.len()];
-            head_row(&mut o, |i| &weights[i], &q8_1_row(SEED_X, src, nb), d.wtype);
-            o
+            shared_twin_row(&what, src, || {
+                let x = q8_1_row(SEED_X, src, nb);
+                let mut o = vec![0.0f32; cols.len()];
+                head_row(&mut o, |i| weights[i].as_slice(), &x, d.wtype);
+                o
+            })
         })
         .collect();
     let mut err = RelErr::default();
     for ((&r, want), got) in sampled.iter().zip(&want).zip(got) {
-        for ((&col, &wv), &g) in cols.iter().zip(want).zip(got) {
+        for ((&col, &wv), &g) in cols.iter().zip(want.iter()).zip(got) {
             err.add(r * vocab + col, g, wv);
         }
     }
     err
+}
+
+/// The host work of one dense case without the device (the bench of the self-test's host
+/// costs): the sampling and the twin of the sampled logits.
+#[cfg(test)]
+pub(crate) fn host_half(tokens: u64, d: &HeadDims, sequences: Option<u32>) -> usize {
+    let out_rows = sequences.map_or(tokens, |s| tokens.min(s as u64));
+    let rows = sequences.map(|s| last_positions(tokens, s));
+    let (cols, sampled) =
+        (sample_rows(d.vocab as u64, TILE_N, SAMPLE_COLS, SEED_COLS), sample_rows(out_rows, TILE_M, SAMPLE_ROWS, out_rows));
+    let got: Vec<Vec<f32>> = sampled.iter().map(|_| vec![0.0; cols.len()]).collect();
+    compare(&got, &sampled, &cols, rows.as_deref(), d).compared as usize
 }
 
 /// The self-test's handle on this family (registered in `selftest::case`).
@@ -439,6 +460,7 @@ impl KernelFamily for Family {
 mod tests {
     use super::*;
     use crate::quant::dequantize_q8_1;
+    use crate::testdata::weight_row;
 
     const QWEN: HeadCase = HeadCase { hidden: 2048, vocab: 151_936, wtype: WeightType::Q4_0, sequences: None };
 

@@ -10,6 +10,9 @@ pub mod runner;
 pub mod session;
 pub mod worker;
 
+#[cfg(test)]
+mod host_bench;
+
 use crate::check::{Outcome, Staged};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Launch, PlanError};
