@@ -264,12 +264,22 @@ static __device__ __forceinline__ void block_isums(const int q[8], const block_q
 // the terms of ggml-cuda's vec_dot_q{4,5,6}_K_q8_1. The K-quant arithmetic is spelled with _rn
 // intrinsics (no FMA contraction, here or into the caller's sum) so that tests can repeat it
 // exactly (`quant::kquants::device_partial`). Integer products stay below 2^24: exact in f32.
+// q8_0 and q4_0 from their block sum already in f32 (exact: |Σ| <= 32·128·128 = 2^19); the
+// GEMM tile converts it without I2F (gemm_tile.cuh, GEMM_I2F_BIAS).
+template <int WT>
+static __device__ __forceinline__ float block_partial_f(wscale w, float sum, float d8, float s8) {
+    static_assert(WT == WTYPE_Q8_0 || WT == WTYPE_Q4_0, "one integer sum, no sub-block scale");
+    if constexpr (WT == WTYPE_Q8_0) {
+        return w.d * d8 * sum;
+    } else {
+        return w.d * (d8 * sum - 8.0f * s8);
+    }
+}
+
 template <int WT>
 static __device__ __forceinline__ float block_partial(wscale w, int lo, int hi, int usum, float d8, float s8) {
-    if constexpr (WT == WTYPE_Q8_0) {
-        return w.d * d8 * (float)(lo + hi);
-    } else if constexpr (WT == WTYPE_Q4_0) {
-        return w.d * (d8 * (float)(lo + hi) - 8.0f * s8);
+    if constexpr (WT == WTYPE_Q8_0 || WT == WTYPE_Q4_0) {
+        return block_partial_f<WT>(w, (float)(lo + hi), d8, s8);
     } else if constexpr (WT == WTYPE_Q6_K) {
         return __fmul_rn(w.d, __fadd_rn(__fmul_rn(d8, (float)(lo * w.sc)), __fmul_rn(d8, (float)(hi * w.m))));
     } else {

@@ -14,12 +14,15 @@
 // gemm_tile_col(c), which the callers' stores use.
 //
 // Per K step of KB 32-wide blocks the block stages in shared memory, as ints:
-//   a_q [KB][BM][QS]  activation quants;      w_q [KB][BN][QS]  weight quants unpacked to one
-//   a_d [KB][BM]      activation d;                            signed byte per weight (wq_int)
-//   a_x [KB][BM]      q4_0: s (float bits); q4_K, q5_K: Σ quants (int); others unused
-//   w_d, w_m [KB][BN] the block's d and dmin; w_sc [KB][BN] its two small scales, 16 bits each
-// (QS = 9: 8 quant ints + 1 pad, so a warp's column reads hit distinct banks). Every format
-// then runs the same dp4a inner loop; only block_partial differs.
+//   a_q [KB][BM][QS]    activation quants;    w_q [KB][BN][QS]  weight quants unpacked to one
+//   a_dx [KB][BM][2]    activation d, then                    signed byte per weight (wq_int)
+//                       q4_0: s (float bits); q4_K, q5_K: Σ quants (int); others unused
+//   w_d, w_m [KB][BN]   the block's d and dmin; w_sc [KB][BN] its two small scales, 16 bits each
+// QS = 8 quant ints per block, word j (values 4j..4j+3) in slot gemm_slot(j) = 2 (j % 4) + j / 4:
+// the two words an mma fragment takes from a row (j = tig and 4 + tig) are adjacent, one 8-byte
+// load, and a half-warp's loads of rows g = 0..3 cover the 32 banks once. A row's d and x, and
+// the d (dmin, scales) of two adjacent columns, are one 8-byte load each too. Every format then
+// runs the same mma inner loop; only block_partial differs.
 //
 // Contract with the caller:
 // - a_rows (BM entries, shared memory) holds a valid A row for every tile row, spare rows
@@ -32,7 +35,19 @@
 
 // Dynamic shared memory: KB * ((BM + BN) * GEMM_QS + 2 * BM + 3 * BN) ints
 // (`moe_gemm::tile_shared_bytes` in Rust).
-#define GEMM_QS 9
+#define GEMM_QS 8
+
+// The slot of quant word j (0..7) of a staged block (the header comment).
+static __device__ __forceinline__ int gemm_slot(int j) { return 2 * (j & 3) + (j >> 2); }
+
+// q8_0 and q4_0 blocks start their mma accumulators at the bits of 1.5 * 2^23 (as an int):
+// an integer sum |Σ| < 2^22 then leaves the bits of the float 1.5 * 2^23 + Σ, exact, and
+// subtracting 1.5 * 2^23 gives (float)Σ exactly without an I2F, which runs at a quarter of the
+// FP32 rate on sm_90 and was the tile's busiest pipe (one per output per block). Their sums are
+// at most 32 * 128 * 128 = 2^19. The K-quants multiply the sum by a sub-block scale as an
+// integer first, so they keep I2F.
+#define GEMM_I2F_BIAS 0x4B400000
+#define GEMM_I2F_BIAS_F 12582912.0f
 
 // D += A (16 x 32, row-major s8) . B (32 x 8, column-major s8). Lane (g = lane / 4, t = lane % 4)
 // holds a = {A[g][4t..], A[g+8][4t..], A[g][16+4t..], A[g+8][16+4t..]}, b = {B[4t..][g],
@@ -121,7 +136,7 @@ static __device__ __forceinline__ void gemm_stage_load(gemm_stage<BM, BN, KB, TH
 // Writes a step read by gemm_stage_load into the shared-memory layout of the header comment.
 template <int BM, int BN, int KB, int THREADS, int WT>
 static __device__ __forceinline__ void gemm_stage_store(const gemm_stage<BM, BN, KB, THREADS>& st, const u32* __restrict__ a,
-                                                        const u64* a_rows, int nb, int kb0, int* a_q, int* w_q, float* a_d, int* a_x,
+                                                        const u64* a_rows, int nb, int kb0, int* a_q, int* w_q, int* a_dx,
                                                         float* w_d, float* w_m, int* w_sc) {
     using S = gemm_stage<BM, BN, KB, THREADS>;
     constexpr bool ROW_SUM = WT == WTYPE_Q4_K || WT == WTYPE_Q5_K;  // the min term needs Σ quants
@@ -134,7 +149,7 @@ static __device__ __forceinline__ void gemm_stage_store(const gemm_stage<BM, BN,
         const int row = blk / KB, kb = blk - row * KB;
         const u32 v = st.a[j];
         if (word == 0) {
-            a_d[kb * BM + row] = f16_to_f32((u16)(v & 0xffff));
+            a_dx[(kb * BM + row) * 2] = __float_as_int(f16_to_f32((u16)(v & 0xffff)));
             int x = __float_as_int(f16_to_f32((u16)(v >> 16)));
             if constexpr (ROW_SUM) {
                 // The block's quant words, read again (other threads hold them): Σ quants.
@@ -144,9 +159,9 @@ static __device__ __forceinline__ void gemm_stage_store(const gemm_stage<BM, BN,
                     for (int q = 1; q <= 8; ++q) x = dp4a((int)src[q], 0x01010101, x);
                 }
             }
-            a_x[kb * BM + row] = x;
+            a_dx[(kb * BM + row) * 2 + 1] = x;
         } else {
-            a_q[(kb * BM + row) * GEMM_QS + word - 1] = (int)v;
+            a_q[(kb * BM + row) * GEMM_QS + gemm_slot(word - 1)] = (int)v;
         }
     }
 #pragma unroll
@@ -155,7 +170,7 @@ static __device__ __forceinline__ void gemm_stage_store(const gemm_stage<BM, BN,
         if (S::Q_ITEMS % THREADS != 0 && i >= S::Q_ITEMS) break;
         const int blk = i >> 3, u = i & 7;
         const int c = blk / KB, kb = blk - c * KB;
-        w_q[(kb * BN + c) * GEMM_QS + u] = st.q[j];
+        w_q[(kb * BN + c) * GEMM_QS + gemm_slot(u)] = st.q[j];
     }
 #pragma unroll
     for (int j = 0; j < S::S_PER; ++j) {
@@ -173,7 +188,7 @@ static __device__ __forceinline__ void gemm_stage_store(const gemm_stage<BM, BN,
 // registers spills at the 128 registers a thread that two 256-thread blocks per SM allow.
 template <int BM, int KB, int THREADS, int WT>
 static __device__ __forceinline__ void gemm_stage_a_direct(const u32* __restrict__ a, const u64* a_rows, int nb, int kb0, int* a_q,
-                                                           float* a_d, int* a_x) {
+                                                           int* a_dx) {
     constexpr bool ROW_SUM = WT == WTYPE_Q4_K || WT == WTYPE_Q5_K;  // the min term needs Σ quants
     for (int i = threadIdx.x; i < BM * KB * 9; i += THREADS) {
         const int blk = i / 9, word = i - blk * 9;
@@ -182,7 +197,7 @@ static __device__ __forceinline__ void gemm_stage_a_direct(const u32* __restrict
         const u32* src = a + (a_rows[row] * (u64)nb + (u64)(kb0 + kb)) * 9;
         const u32 v = in ? src[word] : 0u;
         if (word == 0) {
-            a_d[kb * BM + row] = f16_to_f32((u16)(v & 0xffff));
+            a_dx[(kb * BM + row) * 2] = __float_as_int(f16_to_f32((u16)(v & 0xffff)));
             int x = __float_as_int(f16_to_f32((u16)(v >> 16)));
             if constexpr (ROW_SUM) {
                 // The quant words are this block's own (the word threads load them too).
@@ -190,9 +205,9 @@ static __device__ __forceinline__ void gemm_stage_a_direct(const u32* __restrict
                 if (in)
                     for (int q = 1; q <= 8; ++q) x = dp4a((int)src[q], 0x01010101, x);
             }
-            a_x[kb * BM + row] = x;
+            a_dx[(kb * BM + row) * 2 + 1] = x;
         } else {
-            a_q[(kb * BM + row) * GEMM_QS + word - 1] = (int)v;
+            a_q[(kb * BM + row) * GEMM_QS + gemm_slot(word - 1)] = (int)v;
         }
     }
 }
@@ -207,7 +222,7 @@ static __device__ __forceinline__ void gemm_stage_w_direct(const unsigned char* 
         const u64 col = col0 + c < n_cols ? col0 + c : n_cols - 1;
         const unsigned char* row = w + col * w_row_bytes;
         if (u < 8) {
-            w_q[(kb * BN + c) * GEMM_QS + u] = b < nb ? wq_int<WT>(row, b, u) : 0;
+            w_q[(kb * BN + c) * GEMM_QS + gemm_slot(u)] = b < nb ? wq_int<WT>(row, b, u) : 0;
         } else {
             wscale s = {0.0f, 0.0f, 0, 0};
             if (b < nb) s = wq_scale<WT>(row, b);
@@ -256,10 +271,9 @@ static __device__ __forceinline__ void gemm_tile_loop(const u32* __restrict__ a,
     auto store = [&](const gemm_stage<BM, BN, KB, THREADS>& st, int* base, int kb0) {
         int* q = base;
         int* wq = q + KB * BM * GEMM_QS;
-        float* ad = (float*)(wq + KB * BN * GEMM_QS);
-        int* ax = (int*)(ad + KB * BM);
-        float* wd = (float*)(ax + KB * BM);
-        gemm_stage_store<BM, BN, KB, THREADS, WT>(st, a, a_rows, nb, kb0, q, wq, ad, ax, wd, wd + KB * BN, (int*)(wd + 2 * KB * BN));
+        int* adx = wq + KB * BN * GEMM_QS;
+        float* wd = (float*)(adx + 2 * KB * BM);
+        gemm_stage_store<BM, BN, KB, THREADS, WT>(st, a, a_rows, nb, kb0, q, wq, adx, wd, wd + KB * BN, (int*)(wd + 2 * KB * BN));
     };
     gemm_stage<BM, BN, KB, THREADS> st;
     if constexpr (PF) {
@@ -274,9 +288,8 @@ static __device__ __forceinline__ void gemm_tile_loop(const u32* __restrict__ a,
         int* base = smem + (STAGES == 2 ? ((kb0 / KB) & 1) * STAGE_INTS : 0);
         int* a_q = base;
         int* w_q = a_q + KB * BM * GEMM_QS;
-        float* a_d = (float*)(w_q + KB * BN * GEMM_QS);
-        int* a_x = (int*)(a_d + KB * BM);
-        float* w_d = (float*)(a_x + KB * BM);
+        int* a_dx = w_q + KB * BN * GEMM_QS;
+        float* w_d = (float*)(a_dx + 2 * KB * BM);
         float* w_m = w_d + KB * BN;
         int* w_sc = (int*)(w_m + KB * BN);
         const bool next = kb0 + KB < nb;  // block-uniform: every thread loads the next step or none does
@@ -285,7 +298,7 @@ static __device__ __forceinline__ void gemm_tile_loop(const u32* __restrict__ a,
             if constexpr (PF) {
                 store(st, base, kb0);
             } else {
-                gemm_stage_a_direct<BM, KB, THREADS, WT>(a, a_rows, nb, kb0, a_q, a_d, a_x);
+                gemm_stage_a_direct<BM, KB, THREADS, WT>(a, a_rows, nb, kb0, a_q, a_dx);
                 gemm_stage_w_direct<BN, KB, THREADS, WT>(w, w_row_bytes, n_cols, col0, nb, kb0, w_q, w_d, w_m, w_sc);
             }
             __syncthreads();
@@ -298,28 +311,33 @@ static __device__ __forceinline__ void gemm_tile_loop(const u32* __restrict__ a,
         for (int kb = 0; kb < kb_n; ++kb) {
             // Fragments straight from the staged words (word j of a block holds values 4j..4j+3):
             // A rows g and g + 8 of each 16-row sub-tile take words tig and 4 + tig, W columns g
-            // of each 8-column sub-tile the same words; no ldmatrix needed.
+            // of each 8-column sub-tile the same words, adjacent in slots 2 tig, 2 tig + 1
+            // (gemm_slot); no ldmatrix needed.
             int af[MI][4], bf[NI][2];
 #pragma unroll
             for (int mi = 0; mi < MI; ++mi) {
-                const int* ar = a_q + (kb * BM + warp_m * WM + mi * 16 + g) * GEMM_QS;
-                af[mi][0] = ar[tig];
-                af[mi][1] = ar[8 * GEMM_QS + tig];
-                af[mi][2] = ar[4 + tig];
-                af[mi][3] = ar[8 * GEMM_QS + 4 + tig];
+                const int* ar = a_q + (kb * BM + warp_m * WM + mi * 16 + g) * GEMM_QS + 2 * tig;
+                const int2 r0 = *reinterpret_cast<const int2*>(ar);
+                const int2 r8 = *reinterpret_cast<const int2*>(ar + 8 * GEMM_QS);
+                af[mi][0] = r0.x;
+                af[mi][1] = r8.x;
+                af[mi][2] = r0.y;
+                af[mi][3] = r8.y;
             }
 #pragma unroll
             for (int ni = 0; ni < NI; ++ni) {
-                const int* wr = w_q + (kb * BN + warp_n * WN + ni * 8 + g) * GEMM_QS;
-                bf[ni][0] = wr[tig];
-                bf[ni][1] = wr[4 + tig];
+                const int2 c = *reinterpret_cast<const int2*>(w_q + (kb * BN + warp_n * WN + ni * 8 + g) * GEMM_QS + 2 * tig);
+                bf[ni][0] = c.x;
+                bf[ni][1] = c.y;
             }
+            constexpr bool BIASED = WT == WTYPE_Q8_0 || WT == WTYPE_Q4_0;  // GEMM_I2F_BIAS
+            constexpr int INIT = BIASED ? GEMM_I2F_BIAS : 0;
             int lo[TM][TN], hi[TM][TN];
 #pragma unroll
             for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
                 for (int ni = 0; ni < NI; ++ni) {
-                    int d[4] = {0, 0, 0, 0}, h[4] = {0, 0, 0, 0};
+                    int d[4] = {INIT, INIT, INIT, INIT}, h[4] = {0, 0, 0, 0};
                     if constexpr (WT == WTYPE_Q6_K) {
                         // q6_K scales weights 16..31 apart: two k = 16 halves.
                         mma_s8_k16(d, af[mi][0], af[mi][1], bf[ni][0]);
@@ -335,18 +353,27 @@ static __device__ __forceinline__ void gemm_tile_loop(const u32* __restrict__ a,
                 }
             wscale ws[TN];
 #pragma unroll
-            for (int c = 0; c < TN; ++c) {
+            for (int c = 0; c < TN; c += 2) {
+                // Columns c and c + 1 are 2 tig and 2 tig + 1 of one sub-tile: `at` is even.
                 const int at = kb * BN + gemm_tile_col<BM, BN, TM, TN>(c);
-                const int sc = w_sc[at];
-                ws[c] = wscale{w_d[at], w_m[at], (int)(short)(sc & 0xffff), sc >> 16};  // both halves signed
+                const float2 d = *reinterpret_cast<const float2*>(w_d + at);
+                const float2 m = *reinterpret_cast<const float2*>(w_m + at);
+                const int2 sc = *reinterpret_cast<const int2*>(w_sc + at);
+                ws[c] = wscale{d.x, m.x, (int)(short)(sc.x & 0xffff), sc.x >> 16};  // both halves signed
+                ws[c + 1] = wscale{d.y, m.y, (int)(short)(sc.y & 0xffff), sc.y >> 16};
             }
 #pragma unroll
             for (int r = 0; r < TM; ++r) {
-                const int at = kb * BM + gemm_tile_row<BM, BN, TM, TN>(r);
-                const float ad = a_d[at];
-                const int ax = a_x[at];
+                const int2 dx = *reinterpret_cast<const int2*>(a_dx + 2 * (kb * BM + gemm_tile_row<BM, BN, TM, TN>(r)));
+                const float ad = __int_as_float(dx.x);
+                const int ax = dx.y;
 #pragma unroll
-                for (int c = 0; c < TN; ++c) acc[r][c] += block_partial<WT>(ws[c], lo[r][c], hi[r][c], ax, ad, __int_as_float(ax));
+                for (int c = 0; c < TN; ++c) {
+                    if constexpr (BIASED)
+                        acc[r][c] += block_partial_f<WT>(ws[c], __int_as_float(lo[r][c]) - GEMM_I2F_BIAS_F, ad, __int_as_float(ax));
+                    else
+                        acc[r][c] += block_partial<WT>(ws[c], lo[r][c], hi[r][c], ax, ad, __int_as_float(ax));
+                }
             }
         }
         if constexpr (STAGES == 2) {

@@ -72,3 +72,4 @@ static __device__ __forceinline__ void moe_gemm_tile(const int* __restrict__ sor
 MOE_GEMM_KERNEL(moe_gemm_m64n64k4_pf, 64, 64, 4, 4, 4, 1, 1)
 MOE_GEMM_KERNEL(moe_gemm_m64n64k4, 64, 64, 4, 4, 4, 0, 1)
 MOE_GEMM_KERNEL(moe_gemm_m64n64k4_pf2, 64, 64, 4, 4, 4, 1, 2)
+MOE_GEMM_KERNEL(moe_gemm_m64n128k2_pf, 64, 128, 2, 4, 8, 1, 1)

@@ -47,7 +47,7 @@ pub fn plans(tokens: u64, c: &LinearCase, limits: &DeviceLimits) -> Result<Vec<L
 }
 
 /// The GEMV (grid (N / 8 warps, 1, 1), 256 threads) for at most 8 rows, else the GEMM (grid
-/// (row tiles of 64, column tiles of 64, 1), 256 threads, 23,552 B of shared memory).
+/// (row tiles of 64, column tiles of 64, 1), 256 threads, 21,504 B of shared memory).
 pub fn plan(rows: u64, c: &LinearCase, limits: &DeviceLimits) -> Result<Launch, PlanError> {
     output_head::plan_for(&CALLER, rows, &c.dims(), limits)
 }

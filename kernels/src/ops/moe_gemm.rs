@@ -68,8 +68,8 @@ pub struct GemmTile {
     pub stages: u32,
 }
 
-/// Ints per staged block in shared memory: 8 quant ints and one pad (`GEMM_QS`).
-pub const STAGED_INTS: u64 = 9;
+/// Ints per staged block in shared memory: its 8 quant ints (`GEMM_QS`).
+pub const STAGED_INTS: u64 = 8;
 
 /// Dynamic shared memory of a `gemm_tile.cuh` block of `m` x `n` outputs staging `k_blocks`
 /// 32-wide blocks per step: the staged quants of A and W, A's d and s (or Σ quants), W's d,
@@ -84,7 +84,7 @@ impl GemmTile {
     }
 }
 
-/// The default: 64 x 64 outputs, 4 blocks of K a step (23,552 B of shared memory, within every
+/// The default: 64 x 64 outputs, 4 blocks of K a step (21,504 B of shared memory, within every
 /// card's 48 KiB without opting in), each next step's global reads issued during the current
 /// step's mma loop. +43% prefill over [`UNPIPELINED_TILE`] on an H100 (docs/perf-notes.md,
 /// entry 11, which also has a 64 x 128 tile at +5-8% and a 64 x 128 x 16-block one at +13%).
@@ -93,11 +93,15 @@ pub const DEFAULT_TILE: GemmTile =
 /// The same tile staging each step item by item after the barrier: the default before entry
 /// 11, kept to measure against (`BRINK_MOE_GEMM_TILE=moe_gemm_m64n64k4`).
 pub const UNPIPELINED_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n64k4", prefetch: false, ..DEFAULT_TILE };
-/// The default with two stages of shared memory (47,104 B: still within 48 KiB), for measuring
+/// The default with two stages of shared memory (43,008 B: still within 48 KiB), for measuring
 /// (`BRINK_MOE_GEMM_TILE=moe_gemm_m64n64k4_pf2`).
 pub const TWO_STAGE_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n64k4_pf2", stages: 2, ..DEFAULT_TILE };
+/// 64 x 128 outputs, each thread 4 x 8, 2 blocks of K a step (16,384 B; 4 blocks spill at 255
+/// registers): per mma a warp loads fewer fragment and scale words from shared memory than
+/// with 4 x 4, for measuring (`BRINK_MOE_GEMM_TILE=moe_gemm_m64n128k2_pf`).
+pub const WIDE_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n128k2_pf", n: 128, k_blocks: 2, ..DEFAULT_TILE };
 /// Every tile shape `moe_gemm.cu` instantiates.
-pub const TILES: [GemmTile; 3] = [DEFAULT_TILE, UNPIPELINED_TILE, TWO_STAGE_TILE];
+pub const TILES: [GemmTile; 4] = [DEFAULT_TILE, UNPIPELINED_TILE, TWO_STAGE_TILE, WIDE_TILE];
 
 /// The tile the engine's prefill uses: `BRINK_MOE_GEMM_TILE` (an entry point of [`TILES`]) for
 /// measuring the others on a device, else [`DEFAULT_TILE`]. Read once per process.
@@ -551,7 +555,7 @@ pub(crate) mod tests {
     #[test]
     fn every_tile_fits_both_devices_without_opting_in() {
         let c = case(8, 768, 2048, WeightType::Q4_0, Routing::Uniform);
-        assert_eq!(DEFAULT_TILE.shared_bytes(), 23_552);
+        assert_eq!(DEFAULT_TILE.shared_bytes(), 21_504);
         for t in TILES {
             assert!(t.shared_bytes() <= 48 * 1024, "{t:?}");
             for limits in [DeviceLimits::h200(), DeviceLimits::gb10()] {

@@ -23,7 +23,7 @@ use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
 use crate::limits::DeviceLimits;
-use crate::ops::moe_gemm::{STAGED_INTS, tile_shared_bytes};
+use crate::ops::moe_gemm::tile_shared_bytes;
 use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_q8_1_rows, fill_weights};
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType};
 use crate::sources::OUTPUT_HEAD;
@@ -47,7 +47,7 @@ pub const TILE_N: u64 = 64;
 /// 32-wide K blocks staged per step (`HEAD_KB`).
 const K_BLOCKS: u64 = 4;
 const GEMM_THREADS: u32 = 256;
-/// Dynamic shared memory of a GEMM block (`gemm_tile.cuh`; 23,552 B: within every card's
+/// Dynamic shared memory of a GEMM block (`gemm_tile.cuh`; 21,504 B: within every card's
 /// 48 KiB, no opt-in).
 pub const GEMM_SHARED_BYTES: u64 = tile_shared_bytes(TILE_M, TILE_N, K_BLOCKS);
 const _: () = assert!(GEMM_SHARED_BYTES <= 48 * 1024, "the GEMM tile must fit every card without opting in");
@@ -299,7 +299,7 @@ pub fn critical_counts(c: &HeadCase, _limits: &DeviceLimits) -> Vec<Critical> {
     let nb = c.dims().blocks_per_row() as u64;
     let mut v = vec![Critical::new(1, "output_head: single token (decode)")];
     v.extend(overflow_point(nb, "output_head: x block index row·(K/32) + b passes 2^31 − 1"));
-    v.extend(overflow_point(nb * STAGED_INTS, "output_head: x word index (row·(K/32) + b)·9 passes 2^31 − 1"));
+    v.extend(overflow_point(nb * (BLOCK_Q8_1_BYTES as u64 / 4), "output_head: x word index (row·(K/32) + b)·9 passes 2^31 − 1"));
     v.push(Critical::new(GEMV_MAX_ROWS, "output_head: most rows on the GEMV path"));
     v.push(Critical::new(GEMV_MAX_ROWS + 1, "output_head: fewest rows on the GEMM path"));
     match c.sequences {
@@ -628,7 +628,7 @@ mod tests {
         };
         let define = |name: &str| define_in(OUTPUT_HEAD.code, name);
         assert_eq!([define("HEAD_BM"), define("HEAD_BN"), define("HEAD_KB")], [TILE_M, TILE_N, K_BLOCKS]);
-        assert_eq!(define_in(crate::sources::GEMM_TILE.code, "GEMM_QS"), STAGED_INTS);
+        assert_eq!(define_in(crate::sources::GEMM_TILE.code, "GEMM_QS"), crate::ops::moe_gemm::STAGED_INTS);
         assert_eq!(define("HEAD_TM") * define("HEAD_TN") * GEMM_THREADS as u64, TILE_M * TILE_N);
         let [bm, bn, tm, tn] = ["HEAD_BM", "HEAD_BN", "HEAD_TM", "HEAD_TN"].map(|n| define(n) as u32);
         assert!(crate::ops::moe_gemm::tests::mma_subtiles_cover(bm, bn, tm, tn));
