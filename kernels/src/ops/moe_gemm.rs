@@ -17,7 +17,6 @@ use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError};
 use crate::limits::DeviceLimits;
-use crate::ops::moe_align::GEMM_TILE_M;
 use crate::ops::moe_align::{self, Aligned};
 use crate::ops::testdata::{Guarded, fill_q8_1_rows, fill_weights, fill_words};
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType};
@@ -100,18 +99,35 @@ pub const TWO_STAGE_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n64k4_pf2",
 /// registers): per mma a warp loads fewer fragment and scale words from shared memory than
 /// with 4 x 4, for measuring (`BRINK_MOE_GEMM_TILE=moe_gemm_m64n128k2_pf`).
 pub const WIDE_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n128k2_pf", n: 128, k_blocks: 2, ..DEFAULT_TILE };
+/// 32 rows x 64 columns, 128 threads (4 warps), 2 blocks of K a step (4 spill at 255
+/// registers on sm_121): expert segments padded to 32 rows instead of 64, for batches whose
+/// experts average few rows ([`tile_for`]).
+pub const SHORT_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m32n64k2_pf", m: 32, k_blocks: 2, threads: 128, ..DEFAULT_TILE };
 /// Every tile shape `moe_gemm.cu` instantiates.
-pub const TILES: [GemmTile; 4] = [DEFAULT_TILE, UNPIPELINED_TILE, TWO_STAGE_TILE, WIDE_TILE];
+pub const TILES: [GemmTile; 5] = [DEFAULT_TILE, UNPIPELINED_TILE, TWO_STAGE_TILE, WIDE_TILE, SHORT_TILE];
 
-/// The tile the engine's prefill uses: `BRINK_MOE_GEMM_TILE` (an entry point of [`TILES`]) for
-/// measuring the others on a device, else [`DEFAULT_TILE`]. Read once per process.
-pub fn configured_tile() -> Result<&'static GemmTile, String> {
-    static TILE: std::sync::OnceLock<Result<&'static GemmTile, String>> = std::sync::OnceLock::new();
-    TILE.get_or_init(|| match std::env::var("BRINK_MOE_GEMM_TILE") {
-        Ok(name) => tile_named(&name).map_err(|e| format!("BRINK_MOE_GEMM_TILE: {e}")),
-        Err(_) => Ok(&DEFAULT_TILE),
-    })
-    .clone()
+/// Rows per expert, on average over the batch, below which [`tile_for`] takes [`SHORT_TILE`].
+/// Padding each segment to the row tile computes, for an expert of r rows, ceil(r / m) · m
+/// rows: at 512 tokens of Qwen3-30B-A3B (4,096 pairs over 128 experts, 32 on average) the
+/// 64-row tile computes about twice the real rows, the 32-row one about 1.5 times.
+pub const SHORT_TILE_MAX_AVERAGE_ROWS: u64 = 48;
+
+/// The tile for a batch of `tokens` routed to `top_k` of `experts` experts: [`SHORT_TILE`]
+/// while the average expert segment (tokens · top_k / experts rows) is under
+/// [`SHORT_TILE_MAX_AVERAGE_ROWS`], else [`DEFAULT_TILE`].
+pub fn tile_for(tokens: u64, top_k: u32, experts: u32) -> &'static GemmTile {
+    if tokens.saturating_mul(top_k as u64) < SHORT_TILE_MAX_AVERAGE_ROWS * experts as u64 { &SHORT_TILE } else { &DEFAULT_TILE }
+}
+
+/// The tile the engine's prefill uses for a batch: `BRINK_MOE_GEMM_TILE` (an entry point of
+/// [`TILES`], read once per process) for measuring one tile everywhere, else [`tile_for`].
+pub fn configured_tile(tokens: u64, top_k: u32, experts: u32) -> Result<&'static GemmTile, String> {
+    static TILE: std::sync::OnceLock<Result<Option<&'static GemmTile>, String>> = std::sync::OnceLock::new();
+    let named = TILE.get_or_init(|| match std::env::var("BRINK_MOE_GEMM_TILE") {
+        Ok(name) => tile_named(&name).map(Some).map_err(|e| format!("BRINK_MOE_GEMM_TILE: {e}")),
+        Err(_) => Ok(None),
+    });
+    Ok(named.clone()?.unwrap_or_else(|| tile_for(tokens, top_k, experts)))
 }
 
 /// The tile of `TILES` whose entry point is `kernel`, or an error listing them (for a tile
@@ -131,14 +147,28 @@ fn unsupported(kernel: &str, what: impl Into<String>, tokens: u64, c: &GemmCase)
     PlanError::Unsupported { kernel: kernel.into(), what: what.into(), shape: shape(tokens, c) }
 }
 
-/// Rows the launch covers: every expert segment padded to the row tile, worst case.
-pub fn max_padded_rows(tokens: u64, c: &GemmCase) -> u64 {
-    moe_align::max_padded_rows(tokens, c.top_k, c.experts, GEMM_TILE_M)
+/// Rows a launch with `tile` covers: every expert segment padded to its rows, worst case.
+pub fn max_padded_rows(tokens: u64, c: &GemmCase, tile: &GemmTile) -> u64 {
+    moe_align::max_padded_rows(tokens, c.top_k, c.experts, tile.m)
 }
 
-/// Every launch a routed GEMM of `tokens` makes (one, with the default tile).
+/// The distinct row tiles of [`TILES`] (each needs its own alignment).
+fn row_tiles() -> Vec<u32> {
+    let mut m: Vec<u32> = TILES.iter().map(|t| t.m).collect();
+    m.sort_unstable_by(|a, b| b.cmp(a));
+    m.dedup();
+    m
+}
+
+/// The launches of a routed GEMM of `tokens`: the default tile's, then the one [`tile_for`]
+/// picks for the engine where that differs.
 pub fn plans(tokens: u64, c: &GemmCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
-    Ok(vec![plan(tokens, c, &DEFAULT_TILE, limits)?])
+    let mut v = vec![plan(tokens, c, &DEFAULT_TILE, limits)?];
+    let selected = tile_for(tokens, c.top_k, c.experts);
+    if *selected != DEFAULT_TILE {
+        v.push(plan(tokens, c, selected, limits)?);
+    }
+    Ok(v)
 }
 
 /// The launch of one routed GEMM with `tile`: grid (row tiles of the worst-case padded rows,
@@ -160,10 +190,7 @@ pub fn plan(tokens: u64, c: &GemmCase, tile: &GemmTile, limits: &DeviceLimits) -
     if c.top_k == 0 || c.top_k > c.experts {
         return bad("top_k must be in 1 ..= experts");
     }
-    if tile.m != GEMM_TILE_M {
-        return bad(&format!("tile rows {} differ from the alignment's row tile {GEMM_TILE_M}", tile.m));
-    }
-    let rows = max_padded_rows(tokens, c);
+    let rows = max_padded_rows(tokens, c, tile);
     // Pair ids, the sentinel and segment offsets are i32 in the alignment layout.
     if rows > I32_MAX {
         return bad("padded rows pass 2^31 - 1 (pair ids are i32)");
@@ -191,7 +218,8 @@ fn gemm_row<'a>(out: &mut [f32], w_row: impl Fn(usize) -> &'a [u8], a: &[BlockQ8
 /// order; `weights`: `[experts · n]` rows of `k` weights of `wtype`. Returns `y [pairs, n]`;
 /// rows of padding (ids outside `0..pairs`) and of tiles without an expert are not stored.
 pub fn gemm_cpu(aligned: &Aligned, a_rows: &[BlockQ8_1], weights: &[u8], pairs: usize, n: usize, k: usize, wtype: WeightType) -> Vec<f32> {
-    let (nb, rb, tile) = (k / QK, wtype.row_bytes(k), GEMM_TILE_M as usize);
+    let (nb, rb) = (k / QK, wtype.row_bytes(k));
+    let tile = aligned.sorted_ids.len() / aligned.tile_expert.len().max(1);
     let mut row_of = vec![None; pairs];
     for (r, &p) in aligned.sorted_ids.iter().enumerate() {
         if aligned.tile_expert[r / tile] >= 0 && (0..pairs as i64).contains(&(p as i64)) {
@@ -217,7 +245,7 @@ impl OutputWord for u32 {}
 pub struct GemmBuffers<'a, Y: OutputWord> {
     /// `[max_padded_rows]` i32.
     pub sorted_ids: &'a CudaSlice<i32>,
-    /// `[max_padded_rows / 64]` i32.
+    /// `[max_padded_rows / tile rows]` i32.
     pub tile_expert: &'a CudaSlice<i32>,
     /// `[max_padded_rows, k / 32]` q8_1 blocks.
     pub a: &'a CudaSlice<u8>,
@@ -229,11 +257,11 @@ pub struct GemmBuffers<'a, Y: OutputWord> {
 
 /// Rejects buffers smaller than the plan reads or writes (a short buffer would fault).
 fn check_sizes<Y: OutputWord>(tokens: u64, c: &GemmCase, tile: &GemmTile, b: &GemmBuffers<Y>) -> Result<(), PlanError> {
-    let rows = max_padded_rows(tokens, c);
+    let rows = max_padded_rows(tokens, c, tile);
     let (nb, n) = (c.k as u64 / QK as u64, c.n as u64);
     let need = [
         ("sorted_ids", b.sorted_ids.len() as u64, rows),
-        ("tile_expert", b.tile_expert.len() as u64, rows / GEMM_TILE_M as u64),
+        ("tile_expert", b.tile_expert.len() as u64, rows / tile.m as u64),
         ("a", b.a.len() as u64, rows * nb * BLOCK_Q8_1_BYTES as u64),
         ("w", b.w.len() as u64, c.experts as u64 * n * c.wtype.row_bytes(c.k as usize) as u64),
         ("y", b.y.len() as u64, tokens * c.top_k as u64 * n),
@@ -261,11 +289,26 @@ pub fn launch<Y: OutputWord>(gpu: &Gpu, tokens: u64, c: &GemmCase, tile: &GemmTi
 
 /// Token counts this kernel's plan makes critical.
 pub fn critical_counts(c: &GemmCase, limits: &DeviceLimits) -> Vec<Critical> {
-    let (k, n, nb, e, m) = (c.top_k as u64, c.n as u64, c.k as u64 / QK as u64, c.experts as u64, GEMM_TILE_M as u64);
+    let (k, n, nb, e) = (c.top_k as u64, c.n as u64, c.k as u64 / QK as u64, c.experts as u64);
     let mut v = vec![Critical::new(1, "moe_gemm: single token (top_k one-row tiles)")];
     if k == 0 {
         return v;
     }
+    v.extend(overflow_point(k * n, "moe_gemm: y[pair·N + n] passes 2^31 − 1"));
+    v.extend(overflow_point(k * nb, "moe_gemm: A block index row·(K/32) + kb passes 2^31 − 1 (padding ignored)"));
+    v.extend(overflow_point(k * nb * 9, "moe_gemm: A u32 word index (row·(K/32) + kb)·9 passes 2^31 − 1 (padding ignored)"));
+    // Where tile_for switches from the short tile to the default.
+    let switch = (SHORT_TILE_MAX_AVERAGE_ROWS * e).div_ceil(k);
+    v.extend(
+        [switch.saturating_sub(1), switch]
+            .into_iter()
+            .filter(|&t| t > 0)
+            .map(|t| Critical::new(t, format!("moe_gemm: around the switch to the {}-row tile", DEFAULT_TILE.m))),
+    );
+    // The row tiles' counts are the default's: the short tile's 32 rows divide them, so its
+    // tails (multiples 2 and 4) are among them, and it runs at every count up to
+    // OTHER_TILES_MAX_PAIRS pairs, past any count where tile_for takes it.
+    let m = DEFAULT_TILE.m as u64;
     // Row tiles = ceil((t·k + E·(m − 1)) / m) with worst-case padding: where they pass what a
     // grid.y could hold (they are on grid.x).
     let y_max = limits.max_grid_dim[1] as u64;
@@ -274,9 +317,6 @@ pub fn critical_counts(c: &GemmCase, limits: &DeviceLimits) -> Vec<Critical> {
         v.push(Critical::new(last, format!("moe_gemm: {y_max} row tiles of {m} (worst-case padding), the last count a grid.y could hold")));
         v.push(Critical::new(last + 1, format!("moe_gemm: {y_max} + 1 row tiles (worst-case padding): past grid.y, must pass on grid.x")));
     }
-    v.extend(overflow_point(k * n, "moe_gemm: y[pair·N + n] passes 2^31 − 1"));
-    v.extend(overflow_point(k * nb, "moe_gemm: A block index row·(K/32) + kb passes 2^31 − 1 (padding ignored)"));
-    v.extend(overflow_point(k * nb * 9, "moe_gemm: A u32 word index (row·(K/32) + kb)·9 passes 2^31 − 1 (padding ignored)"));
     // Uniform routing: an average expert segment of one row tile.
     let t = e * m / k;
     v.extend(
@@ -289,15 +329,20 @@ pub fn critical_counts(c: &GemmCase, limits: &DeviceLimits) -> Vec<Critical> {
     v
 }
 
-/// Device memory of a self-test case: alignment tables, A, W, y with its guard.
+/// Device memory of a self-test case: per row tile its alignment tables and A, then W and y
+/// with its guard.
 pub fn device_bytes(tokens: u64, c: &GemmCase) -> u64 {
-    let rows = max_padded_rows(tokens, c);
     let nb = c.k as u64 / QK as u64;
-    let ids = 4 * (rows + rows / GEMM_TILE_M as u64);
-    let a = rows * nb * BLOCK_Q8_1_BYTES as u64;
+    let aligned: u64 = row_tiles()
+        .into_iter()
+        .map(|m| {
+            let rows = moe_align::max_padded_rows(tokens, c.top_k, c.experts, m);
+            4 * (rows + rows / m as u64) + rows * nb * BLOCK_Q8_1_BYTES as u64
+        })
+        .sum();
     let w = c.experts as u64 * c.n as u64 * c.wtype.row_bytes(c.k as usize) as u64;
     let y = 4 * (tokens * c.top_k as u64 * c.n as u64 + crate::ops::testdata::GUARD_WORDS as u64);
-    ids + a + w + y
+    aligned + w + y
 }
 
 const SEED_ROUTE: u64 = 0x30;
@@ -307,6 +352,8 @@ const SEED_W: u64 = 0x32;
 /// arithmetic is the default's template (only tile sizes differ), so the large counts would
 /// add self-test time, not coverage.
 const OTHER_TILES_MAX_PAIRS: u64 = 1 << 16;
+// So the short tile runs in the self-test at every count where the engine takes it.
+const _: () = assert!(SHORT_TILE_MAX_AVERAGE_ROWS * MAX_EXPERTS as u64 <= OTHER_TILES_MAX_PAIRS);
 /// Pairs compared with the twin beyond the tails: each sampled pair costs the CPU N·K
 /// multiply-adds, and each distinct expert N weight rows to regenerate.
 const SAMPLE_PAIRS: usize = 64;
@@ -334,12 +381,11 @@ fn reference(c: &GemmCase, ids: &[i32], pairs: &[u64]) -> Vec<(u64, Arc<Vec<f32>
         .collect()
 }
 
-/// The self-test's device inputs.
+/// The self-test's device inputs of one row tile (the weights are shared by every tile).
 struct Inputs {
     sorted_ids: CudaSlice<i32>,
     tile_expert: CudaSlice<i32>,
     a: CudaSlice<u8>,
-    w: CudaSlice<u8>,
 }
 
 /// What one tile's run leaves for the host check: (kernel ms, the sampled pairs' rows,
@@ -354,13 +400,14 @@ fn run_tile(
     c: &GemmCase,
     tile: &GemmTile,
     ins: &Inputs,
+    w: &CudaSlice<u8>,
     y: &mut Guarded,
     pairs: &[u64],
 ) -> Result<TileRun, GpuError> {
     fill_words(gpu, &mut y.buf, POISON)?;
     gpu.synchronize()?;
     let start = std::time::Instant::now();
-    let bufs = GemmBuffers { sorted_ids: &ins.sorted_ids, tile_expert: &ins.tile_expert, a: &ins.a, w: &ins.w, y: &mut y.buf };
+    let bufs = GemmBuffers { sorted_ids: &ins.sorted_ids, tile_expert: &ins.tile_expert, a: &ins.a, w, y: &mut y.buf };
     launch(gpu, tokens, c, tile, bufs)?;
     gpu.synchronize()?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
@@ -383,24 +430,38 @@ pub fn stage_case(gpu: &Gpu, tokens: u64, c: &GemmCase) -> Result<Staged, GpuErr
     plan(tokens, c, &DEFAULT_TILE, gpu.limits())?;
     let (e, k, n, nb) = (c.experts as usize, c.top_k as usize, c.n as usize, c.k as usize / QK);
     let pairs = tokens as usize * k;
-    let ids = route(c.routing, tokens as usize, e, k, GEMM_TILE_M as usize, SEED_ROUTE);
-    let aligned = moe_align::align_cpu(&ids, tokens, c.top_k, c.experts, GEMM_TILE_M);
-    let rows = aligned.sorted_ids.len();
-    let sorted_ids = gpu.upload(&aligned.sorted_ids)?;
-    let mut a = gpu.alloc::<u8>(rows * nb * BLOCK_Q8_1_BYTES)?;
-    fill_q8_1_rows(gpu, &mut a, rows, nb, SEED_A, Some(&sorted_ids), pairs as u64)?;
+    let ids = route(c.routing, tokens as usize, e, k, DEFAULT_TILE.m as usize, SEED_ROUTE);
     let mut w = gpu.alloc::<u8>(e * n * c.wtype.row_bytes(c.k as usize))?;
     fill_weights(gpu, &mut w, e * n * c.wtype.blocks_per_row(c.k as usize), SEED_W, c.wtype)?;
-    let ins = Inputs { sorted_ids, tile_expert: gpu.upload(&aligned.tile_expert)?, a, w };
     let mut y = Guarded::new(gpu, pairs * n)?;
     let sampled = sample_rows(pairs as u64, k as u64, SAMPLE_PAIRS, tokens);
 
+    // The default tile, the one the engine takes at this count, and on small cases every
+    // other tile the device takes; grouped by row tile, each group on its own alignment (A
+    // gathered in its sorted order: row values depend on the pair only).
+    let selected = tile_for(tokens, c.top_k, c.experts);
+    let runs: Vec<&GemmTile> = TILES
+        .iter()
+        .filter(|t| **t == DEFAULT_TILE || *t == selected || pairs as u64 <= OTHER_TILES_MAX_PAIRS)
+        .filter(|t| plan(tokens, c, t, gpu.limits()).is_ok())
+        .collect();
     // Per tile run: (kernel, is the default, ms, downloaded rows, unwritten, past end).
     let mut tiles = Vec::new();
-    let runs = TILES.iter().filter(|t| **t == DEFAULT_TILE || pairs as u64 <= OTHER_TILES_MAX_PAIRS);
-    for tile in runs.filter(|t| plan(tokens, c, t, gpu.limits()).is_ok()) {
-        let (ms, got, unwritten, past_end) = run_tile(gpu, tokens, c, tile, &ins, &mut y, &sampled)?;
-        tiles.push((tile.kernel, *tile == DEFAULT_TILE, ms, got, unwritten, past_end));
+    for m in row_tiles() {
+        let group: Vec<&GemmTile> = runs.iter().copied().filter(|t| t.m == m).collect();
+        if group.is_empty() {
+            continue;
+        }
+        let aligned = moe_align::align_cpu(&ids, tokens, c.top_k, c.experts, m);
+        let rows = aligned.sorted_ids.len();
+        let sorted_ids = gpu.upload(&aligned.sorted_ids)?;
+        let mut a = gpu.alloc::<u8>(rows * nb * BLOCK_Q8_1_BYTES)?;
+        fill_q8_1_rows(gpu, &mut a, rows, nb, SEED_A, Some(&sorted_ids), pairs as u64)?;
+        let ins = Inputs { sorted_ids, tile_expert: gpu.upload(&aligned.tile_expert)?, a };
+        for tile in group {
+            let (ms, got, unwritten, past_end) = run_tile(gpu, tokens, c, tile, &ins, &w, &mut y, &sampled)?;
+            tiles.push((tile.kernel, *tile == DEFAULT_TILE, ms, got, unwritten, past_end));
+        }
     }
     let c = *c;
     Ok(Staged::Check(Box::new(move || {
@@ -488,8 +549,8 @@ pub(crate) mod tests {
             for routing in [Routing::Uniform, Routing::OneExpert, Routing::MaxPadding] {
                 for tokens in [1u64, 5, 33, 70] {
                     let pairs = (tokens * top_k as u64) as usize;
-                    let ids = route(routing, tokens as usize, experts as usize, top_k as usize, GEMM_TILE_M as usize, 1);
-                    let al = moe_align::align_cpu(&ids, tokens, top_k, experts, GEMM_TILE_M);
+                    let ids = route(routing, tokens as usize, experts as usize, top_k as usize, DEFAULT_TILE.m as usize, 1);
+                    let al = moe_align::align_cpu(&ids, tokens, top_k, experts, if tokens % 2 == 0 { SHORT_TILE.m } else { DEFAULT_TILE.m });
                     let zero = BlockQ8_1 { d: half::f16::ZERO, s: half::f16::ZERO, qs: [0; QK] };
                     let a_rows: Vec<BlockQ8_1> = al
                         .sorted_ids
@@ -526,9 +587,9 @@ pub(crate) mod tests {
                     for (n, k) in [(768, 2048), (2048, 768)] {
                         let c = case(tk, n, k, WeightType::Q4_0, Routing::Uniform);
                         let p = plans(t, &c, &limits).unwrap_or_else(|e| panic!("t={t} k={tk}: {e}"));
-                        assert_eq!(p.len(), 1);
-                        p[0].check_cover().unwrap();
-                        assert_eq!(p[0].grid[0] as u64 * 64, max_padded_rows(t, &c));
+                        assert_eq!(p.len(), if tile_for(t, tk, c.experts) == &DEFAULT_TILE { 1 } else { 2 });
+                        p.iter().for_each(|p| p.check_cover().unwrap());
+                        assert_eq!(p[0].grid[0] as u64 * 64, max_padded_rows(t, &c, &DEFAULT_TILE));
                         assert_eq!(p[0].grid[1], n.div_ceil(64));
                     }
                 }
@@ -541,6 +602,18 @@ pub(crate) mod tests {
         let c = case(8, 768, 2048, WeightType::Q8_0, Routing::MaxPadding);
         let p = &plans(600_000, &c, &DeviceLimits::gb10()).unwrap()[0];
         assert!(p.grid[0] > 65_535 && p.grid[1] == 12 && p.grid[2] == 1, "{p}");
+    }
+
+    #[test]
+    fn short_tile_below_48_rows_per_expert_on_average() {
+        // (tokens, top_k, experts, rows of the tile): Qwen3-30B-A3B is top-8 of 128 experts,
+        // so 768 tokens average 48 rows.
+        for (t, k, e, m) in [(1, 8, 128, 32), (512, 8, 128, 32), (767, 8, 128, 32), (768, 8, 128, 64), (2048, 8, 128, 64), (96, 4, 8, 64), (95, 4, 8, 32), (u64::MAX, 8, 128, 64)] {
+            assert_eq!(tile_for(t, k, e).m, m, "t={t} k={k} e={e}");
+        }
+        let c = case(8, 768, 2048, WeightType::Q4_0, Routing::Uniform);
+        let counts: Vec<u64> = critical_counts(&c, &DeviceLimits::h200()).iter().map(|c| c.tokens).collect();
+        assert!(counts.contains(&767) && counts.contains(&768), "the switch is a critical count: {counts:?}");
     }
 
     #[test]
@@ -626,7 +699,7 @@ pub(crate) mod tests {
         for limits in DeviceLimits::recorded() {
             for &tk in &TOP_K_SET {
                 let c = case(tk, 768, 2048, WeightType::Q4_0, Routing::MaxPadding);
-                let tiles = |t: u64| max_padded_rows(t, &c) / 64;
+                let tiles = |t: u64| max_padded_rows(t, &c, &DEFAULT_TILE) / 64;
                 let counts: Vec<u64> = critical_counts(&c, &limits).iter().map(|c| c.tokens).collect();
                 let last = counts.iter().copied().find(|&t| tiles(t) == 65_535 || (tiles(t) <= 65_535 && tiles(t + 1) > 65_535));
                 let last = last.unwrap_or_else(|| panic!("top_k {tk}: no 65535-tile count in {counts:?}"));

@@ -176,8 +176,8 @@ pub(crate) fn moe(
         // The down GEMV's epilogue is the combine: it writes `out` itself.
         RoutedPath::Gemv => return experts_gemv(gpu, s, &d, [&gate, &up, &down], out),
         RoutedPath::Gemm => {
-            let tile = moe_gemm::configured_tile().map_err(|e| fail(format!("moe: {e}")))?;
             let (t, k, e) = (d.tokens as u64, d.top_k as u32, d.experts as u32);
+            let tile = moe_gemm::configured_tile(t, k, e).map_err(|e| fail(format!("moe: {e}")))?;
             let aligned = match s.aligned.take() {
                 Some(mut a) => moe_align::align_into(gpu, &s.ids, t, k, e, tile.m, &mut a).map(|()| a),
                 None => moe_align::align_gpu(gpu, &s.ids, t, k, e, tile.m),
