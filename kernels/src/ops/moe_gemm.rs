@@ -83,28 +83,30 @@ impl GemmTile {
     }
 }
 
-/// The default: 64 x 64 outputs, 4 blocks of K a step (21,504 B of shared memory, within every
-/// card's 48 KiB without opting in), each next step's global reads issued during the current
-/// step's mma loop. +43% prefill over [`UNPIPELINED_TILE`] on an H100 (docs/perf-notes.md,
-/// entry 11, which also has a 64 x 128 tile at +5-8% and a 64 x 128 x 16-block one at +13%).
+/// The default from 48 rows per expert on average ([`tile_for`]): 64 x 128 outputs, each thread
+/// 4 x 8, 2 blocks of K a step (16,384 B of shared memory, within every card's 48 KiB without
+/// opting in; 4 blocks spill at 255 registers), each next step's global reads issued during the
+/// current step's mma loop. Per mma a warp loads fewer fragment and scale words from shared
+/// memory than with 4 x 4: +6% / +5% prefill 2048 / 8192 over [`NARROW_TILE`] on an H100
+/// (docs/perf-notes.md, entry 13).
 pub const DEFAULT_TILE: GemmTile =
-    GemmTile { kernel: "moe_gemm_m64n64k4_pf", m: 64, n: 64, k_blocks: 4, threads: 256, prefetch: true, stages: 1 };
-/// The same tile staging each step item by item after the barrier: the default before entry
-/// 11, kept to measure against (`BRINK_MOE_GEMM_TILE=moe_gemm_m64n64k4`).
-pub const UNPIPELINED_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n64k4", prefetch: false, ..DEFAULT_TILE };
-/// The default with two stages of shared memory (43,008 B: still within 48 KiB), for measuring
-/// (`BRINK_MOE_GEMM_TILE=moe_gemm_m64n64k4_pf2`).
-pub const TWO_STAGE_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n64k4_pf2", stages: 2, ..DEFAULT_TILE };
-/// 64 x 128 outputs, each thread 4 x 8, 2 blocks of K a step (16,384 B; 4 blocks spill at 255
-/// registers): per mma a warp loads fewer fragment and scale words from shared memory than
-/// with 4 x 4, for measuring (`BRINK_MOE_GEMM_TILE=moe_gemm_m64n128k2_pf`).
-pub const WIDE_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n128k2_pf", n: 128, k_blocks: 2, ..DEFAULT_TILE };
+    GemmTile { kernel: "moe_gemm_m64n128k2_pf", m: 64, n: 128, k_blocks: 2, threads: 256, prefetch: true, stages: 1 };
 /// 32 rows x 64 columns, 128 threads (4 warps), 2 blocks of K a step (4 spill at 255
 /// registers on sm_121): expert segments padded to 32 rows instead of 64, for batches whose
 /// experts average few rows ([`tile_for`]).
-pub const SHORT_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m32n64k2_pf", m: 32, k_blocks: 2, threads: 128, ..DEFAULT_TILE };
+pub const SHORT_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m32n64k2_pf", m: 32, n: 64, k_blocks: 2, threads: 128, ..DEFAULT_TILE };
+/// 64 x 64 outputs, 4 blocks of K a step (21,504 B): the default of entries 11 and 12 (+43%
+/// prefill over [`UNPIPELINED_TILE`] on an H100), kept to measure against
+/// (`BRINK_MOE_GEMM_TILE=moe_gemm_m64n64k4_pf`).
+pub const NARROW_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n64k4_pf", n: 64, k_blocks: 4, ..DEFAULT_TILE };
+/// The narrow tile staging each step item by item after the barrier: the default before entry
+/// 11, kept to measure against (`BRINK_MOE_GEMM_TILE=moe_gemm_m64n64k4`).
+pub const UNPIPELINED_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n64k4", prefetch: false, ..NARROW_TILE };
+/// The narrow tile with two stages of shared memory (43,008 B: still within 48 KiB), for
+/// measuring (`BRINK_MOE_GEMM_TILE=moe_gemm_m64n64k4_pf2`; entry 12: slower).
+pub const TWO_STAGE_TILE: GemmTile = GemmTile { kernel: "moe_gemm_m64n64k4_pf2", stages: 2, ..NARROW_TILE };
 /// Every tile shape `moe_gemm.cu` instantiates.
-pub const TILES: [GemmTile; 5] = [DEFAULT_TILE, UNPIPELINED_TILE, TWO_STAGE_TILE, WIDE_TILE, SHORT_TILE];
+pub const TILES: [GemmTile; 5] = [DEFAULT_TILE, SHORT_TILE, NARROW_TILE, UNPIPELINED_TILE, TWO_STAGE_TILE];
 
 /// Rows per expert, on average over the batch, below which [`tile_for`] takes [`SHORT_TILE`].
 /// Padding each segment to the row tile computes, for an expert of r rows, ceil(r / m) · m
@@ -590,7 +592,7 @@ pub(crate) mod tests {
                         assert_eq!(p.len(), if tile_for(t, tk, c.experts) == &DEFAULT_TILE { 1 } else { 2 });
                         p.iter().for_each(|p| p.check_cover().unwrap());
                         assert_eq!(p[0].grid[0] as u64 * 64, max_padded_rows(t, &c, &DEFAULT_TILE));
-                        assert_eq!(p[0].grid[1], n.div_ceil(64));
+                        assert_eq!(p[0].grid[1], n.div_ceil(DEFAULT_TILE.n));
                     }
                 }
             }
@@ -601,7 +603,7 @@ pub(crate) mod tests {
     fn row_tiles_past_65535_stay_on_grid_x() {
         let c = case(8, 768, 2048, WeightType::Q8_0, Routing::MaxPadding);
         let p = &plans(600_000, &c, &DeviceLimits::gb10()).unwrap()[0];
-        assert!(p.grid[0] > 65_535 && p.grid[1] == 12 && p.grid[2] == 1, "{p}");
+        assert!(p.grid[0] > 65_535 && p.grid[1] == 768 / DEFAULT_TILE.n && p.grid[2] == 1, "{p}");
     }
 
     #[test]
@@ -628,7 +630,7 @@ pub(crate) mod tests {
     #[test]
     fn every_tile_fits_both_devices_without_opting_in() {
         let c = case(8, 768, 2048, WeightType::Q4_0, Routing::Uniform);
-        assert_eq!(DEFAULT_TILE.shared_bytes(), 21_504);
+        assert_eq!((DEFAULT_TILE.shared_bytes(), NARROW_TILE.shared_bytes()), (16_384, 21_504));
         for t in TILES {
             assert!(t.shared_bytes() <= 48 * 1024, "{t:?}");
             for limits in [DeviceLimits::h200(), DeviceLimits::gb10()] {
