@@ -502,8 +502,8 @@ pub fn stage_case(gpu: &Gpu, tokens: u64, c: &GemmCase) -> Result<Staged, GpuErr
 /// routing, the alignment, the sampling and the twin of the sampled pairs.
 #[cfg(test)]
 pub(crate) fn host_half(tokens: u64, c: &GemmCase) -> usize {
-    let ids = route(c.routing, tokens as usize, c.experts as usize, c.top_k as usize, GEMM_TILE_M as usize, SEED_ROUTE);
-    let aligned = moe_align::align_cpu(&ids, tokens, c.top_k, c.experts, GEMM_TILE_M);
+    let ids = route(c.routing, tokens as usize, c.experts as usize, c.top_k as usize, DEFAULT_TILE.m as usize, SEED_ROUTE);
+    let aligned = moe_align::align_cpu(&ids, tokens, c.top_k, c.experts, DEFAULT_TILE.m);
     let pairs = tokens * c.top_k as u64;
     let sampled = sample_rows(pairs, c.top_k as u64, SAMPLE_PAIRS, tokens);
     aligned.sorted_ids.len() + reference(c, &ids, &sampled).len()
