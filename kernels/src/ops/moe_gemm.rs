@@ -384,10 +384,11 @@ fn reference(c: &GemmCase, ids: &[i32], pairs: &[u64]) -> Vec<(u64, Arc<Vec<f32>
 }
 
 /// The self-test's device inputs of one row tile (the weights are shared by every tile).
-struct Inputs {
+struct Inputs<'w> {
     sorted_ids: CudaSlice<i32>,
     tile_expert: CudaSlice<i32>,
     a: CudaSlice<u8>,
+    w: &'w CudaSlice<u8>,
 }
 
 /// What one tile's run leaves for the host check: (kernel ms, the sampled pairs' rows,
@@ -402,14 +403,13 @@ fn run_tile(
     c: &GemmCase,
     tile: &GemmTile,
     ins: &Inputs,
-    w: &CudaSlice<u8>,
     y: &mut Guarded,
     pairs: &[u64],
 ) -> Result<TileRun, GpuError> {
     fill_words(gpu, &mut y.buf, POISON)?;
     gpu.synchronize()?;
     let start = std::time::Instant::now();
-    let bufs = GemmBuffers { sorted_ids: &ins.sorted_ids, tile_expert: &ins.tile_expert, a: &ins.a, w, y: &mut y.buf };
+    let bufs = GemmBuffers { sorted_ids: &ins.sorted_ids, tile_expert: &ins.tile_expert, a: &ins.a, w: ins.w, y: &mut y.buf };
     launch(gpu, tokens, c, tile, bufs)?;
     gpu.synchronize()?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
@@ -459,9 +459,9 @@ pub fn stage_case(gpu: &Gpu, tokens: u64, c: &GemmCase) -> Result<Staged, GpuErr
         let sorted_ids = gpu.upload(&aligned.sorted_ids)?;
         let mut a = gpu.alloc::<u8>(rows * nb * BLOCK_Q8_1_BYTES)?;
         fill_q8_1_rows(gpu, &mut a, rows, nb, SEED_A, Some(&sorted_ids), pairs as u64)?;
-        let ins = Inputs { sorted_ids, tile_expert: gpu.upload(&aligned.tile_expert)?, a };
+        let ins = Inputs { sorted_ids, tile_expert: gpu.upload(&aligned.tile_expert)?, a, w: &w };
         for tile in group {
-            let (ms, got, unwritten, past_end) = run_tile(gpu, tokens, c, tile, &ins, &w, &mut y, &sampled)?;
+            let (ms, got, unwritten, past_end) = run_tile(gpu, tokens, c, tile, &ins, &mut y, &sampled)?;
             tiles.push((tile.kernel, *tile == DEFAULT_TILE, ms, got, unwritten, past_end));
         }
     }
@@ -663,7 +663,7 @@ pub(crate) mod tests {
     /// `gemm_tile.cuh`'s warps tile a block with 16 x 8 mma.sync sub-tiles, each thread taking
     /// TM / 2 x TN / 2 of them: TM and TN even, BM a multiple of 8 TM and BN of 4 TN.
     pub(crate) fn mma_subtiles_cover(bm: u32, bn: u32, tm: u32, tn: u32) -> bool {
-        tm % 2 == 0 && tn % 2 == 0 && bm % (8 * tm) == 0 && bn % (4 * tn) == 0
+        tm.is_multiple_of(2) && tn.is_multiple_of(2) && bm.is_multiple_of(8 * tm) && bn.is_multiple_of(4 * tn)
     }
 
     #[test]
