@@ -433,31 +433,40 @@ mod tests {
     /// first row's window starts tiles earlier than the row's own (the skipped-tile path).
     #[test]
     fn tolerance_covers_the_kernels_orders_with_a_window_and_sinks() {
-        let window = 128u32;
         for d in [64u32, 128, 256] {
-            let ctx = 4000u32;
-            let spec = AttentionSpec::new(2, 1, d, ctx / 16, 16).with_window(window);
-            let (kc, vc) = random_cache(&spec, 47);
-            let table: Vec<u32> = (0..ctx / 16).rev().collect();
-            let slab = Slab::from_cache(&kc, &vc, &table, ctx as u64, &spec);
             let (mut pre, mut dec) = (RelErr::default(), RelErr::default());
-            let w = window as usize;
-            let positions = [0usize, 1, w - 2, w - 1, w, w + 1, 2 * w - 1, 2 * w, 2 * w + 1, 1000, ctx as usize - 1];
-            for (r, pos) in positions.into_iter().enumerate() {
-                for (k, sink) in [None, Some(-4.0f32), Some(1.5), Some(4.0), Some(40.0)].into_iter().enumerate() {
-                    let qs: Vec<f32> =
-                        uniform_row(53, (r * 8 + k) as u64 * d as u64, d as usize, 4.0).iter().map(|x| x * spec.q_scale()).collect();
-                    let sink = sink.map(sink_log2);
-                    let mut want = vec![0.0f32; d as usize];
-                    attend(&qs, &slab, 0, first_key(pos as u32, window) as usize, pos + 1, sink, &mut want);
-                    for tile_first in [pos, pos.saturating_sub(63), pos.saturating_sub(31)] {
-                        pre.add_slice(0, &emulate_prefill(&qs, &slab, 0, pos, window, tile_first, sink), &want);
-                    }
-                    dec.add_slice(0, &emulate_decode(&qs, &slab, 0, pos, window, sink), &want);
+            window_edge_rows(d, |qs, slab, pos, window, sink, want| {
+                for tile_first in [pos, pos.saturating_sub(63), pos.saturating_sub(31)] {
+                    pre.add_slice(0, &emulate_prefill(qs, slab, 0, pos, window, tile_first, sink), want);
                 }
-            }
-            eprintln!("d={d} window {window}: prefill order {:.2e}, decode order {:.2e}", pre.value(), dec.value());
+                dec.add_slice(0, &emulate_decode(qs, slab, 0, pos, window, sink), want);
+            });
+            eprintln!("d={d} window 128: prefill order {:.2e}, decode order {:.2e}", pre.value(), dec.value());
             assert!(pre.value() < TOLERANCE / 10.0 && dec.value() < TOLERANCE / 10.0, "d={d}: {} {}", pre.value(), dec.value());
+        }
+    }
+
+    /// gpt-oss's window of 128 over a 4,000-key context with sinks (gpt-oss's are a few units;
+    /// ±4 here, and one far above every score): `f(q, slab, pos, window, sink, want)` for rows at
+    /// the window's edges and past it, `want` the twin's output.
+    fn window_edge_rows(d: u32, mut f: impl FnMut(&[f32], &Slab, usize, u32, Option<f32>, &[f32])) {
+        let window = 128u32;
+        let ctx = 4000u32;
+        let spec = AttentionSpec::new(2, 1, d, ctx / 16, 16).with_window(window);
+        let (kc, vc) = random_cache(&spec, 47);
+        let table: Vec<u32> = (0..ctx / 16).rev().collect();
+        let slab = Slab::from_cache(&kc, &vc, &table, ctx as u64, &spec);
+        let w = window as usize;
+        let positions = [0usize, 1, w - 2, w - 1, w, w + 1, 2 * w - 1, 2 * w, 2 * w + 1, 1000, ctx as usize - 1];
+        for (r, pos) in positions.into_iter().enumerate() {
+            for (k, sink) in [None, Some(-4.0f32), Some(1.5), Some(4.0), Some(40.0)].into_iter().enumerate() {
+                let qs: Vec<f32> =
+                    uniform_row(53, (r * 8 + k) as u64 * d as u64, d as usize, 4.0).iter().map(|x| x * spec.q_scale()).collect();
+                let sink = sink.map(sink_log2);
+                let mut want = vec![0.0f32; d as usize];
+                attend(&qs, &slab, 0, first_key(pos as u32, window) as usize, pos + 1, sink, &mut want);
+                f(&qs, &slab, pos, window, sink, &want);
+            }
         }
     }
 
@@ -620,32 +629,17 @@ mod tests {
     /// in query tiles whose first row's window starts tiles earlier (the skipped tiles).
     #[test]
     fn tolerance_covers_the_mma_kernels_split_with_a_window_and_sinks() {
-        let window = 128u32;
         for d in [64u32, 128] {
-            let ctx = 4000u32;
-            let spec = AttentionSpec::new(2, 1, d, ctx / 16, 16).with_window(window);
-            let (kc, vc) = random_cache(&spec, 47);
-            let table: Vec<u32> = (0..ctx / 16).rev().collect();
-            let slab = Slab::from_cache(&kc, &vc, &table, ctx as u64, &spec);
             let (mut nearest, mut err) = (RelErr::default(), RelErr::default());
-            let w = window as usize;
-            let positions = [0usize, 1, w - 2, w - 1, w, w + 1, 2 * w - 1, 2 * w, 2 * w + 1, 1000, ctx as usize - 1];
-            for (r, pos) in positions.into_iter().enumerate() {
-                for (k, sink) in [None, Some(-4.0f32), Some(1.5), Some(4.0), Some(40.0)].into_iter().enumerate() {
-                    let qs: Vec<f32> =
-                        uniform_row(53, (r * 8 + k) as u64 * d as u64, d as usize, 4.0).iter().map(|x| x * spec.q_scale()).collect();
-                    let sink = sink.map(sink_log2);
-                    let mut want = vec![0.0f32; d as usize];
-                    attend(&qs, &slab, 0, first_key(pos as u32, window) as usize, pos + 1, sink, &mut want);
-                    for tile_first in [pos, pos.saturating_sub(63), pos.saturating_sub(16)] {
-                        let got = emulate_prefill_mma(&qs, &slab, 0, pos, window, tile_first, sink, Accumulate::Truncating);
-                        err.add_slice(0, &got, &want);
-                        let got = emulate_prefill_mma(&qs, &slab, 0, pos, window, tile_first, sink, Accumulate::Nearest);
-                        nearest.add_slice(0, &got, &want);
-                    }
+            window_edge_rows(d, |qs, slab, pos, window, sink, want| {
+                for tile_first in [pos, pos.saturating_sub(63), pos.saturating_sub(16)] {
+                    let got = emulate_prefill_mma(qs, slab, 0, pos, window, tile_first, sink, Accumulate::Truncating);
+                    err.add_slice(0, &got, want);
+                    let got = emulate_prefill_mma(qs, slab, 0, pos, window, tile_first, sink, Accumulate::Nearest);
+                    nearest.add_slice(0, &got, want);
                 }
-            }
-            eprintln!("d={d} window {window}: mma split (Nearest) {:.2e}, (Truncating) {:.2e}", nearest.value(), err.value());
+            });
+            eprintln!("d={d} window 128: mma split (Nearest) {:.2e}, (Truncating) {:.2e}", nearest.value(), err.value());
             for err in [nearest, err] {
                 assert!(err.value() < TOLERANCE / 10.0, "d={d}: {} {}", err.value(), err.describe());
             }
