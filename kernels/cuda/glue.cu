@@ -1,8 +1,13 @@
 // The small kernels the engine runs between the big ones (twins in `ops/glue.rs`):
-//   swiglu        out[r, j] = silu(gate[r, j]) * up[r, j], silu(g) = g / (1 + expf(-g)), f32
+//   swiglu        out[r, j] = silu(gate[r, j]) * up[r, j], silu(g) = g / (1 + expf(-g)), f32;
+//                 clamped (gpt-oss, ggml_swiglu_oai): x = min(g, limit), y = clamp(u, -limit, limit),
+//                 x / (1 + expf(alpha * -x)) * (y + 1)
 //   swiglu_q8_1   the same, quantized straight to q8_1 blocks (the down projection's input),
 //                 optionally gathered into expert order as the routed GEMM reads it
 //   add_f32       out = a + b elementwise (the residual; out may be a: in place)
+//   add_bias_f32  x[r, i] += bias[i] over rows of `width` (gpt-oss's q/k/v/o projection biases)
+//   add_pick_bias_f32  y[p, i] += bias[ids[p], i] over the (token, slot) pairs' rows (the picked
+//                 expert's gate/up/down bias)
 //   dense_f32     y[t, n] = Σ_k W[n, k] * x[t, k], f32 (the MoE router's ffn_gate_inp)
 //
 // Rows grow with tokens (swiglu's rows are (token, slot) pairs: tokens x top_k x ffn passes 2^31
@@ -17,16 +22,29 @@
 // swiglu_value (silu(g) * u, IEEE-rounded) is in common.cuh: the fused gate/up GEMV of
 // moe_gemv.cu computes it too, and the two must agree bit for bit.
 
+// gpt-oss's clamped SwiGLU, each operation IEEE-rounded in the CPU backend's order (std::min and
+// std::clamp compare as written: a NaN gate or up passes through).
+static __device__ __forceinline__ float swiglu_oai_value(float g, float u, float alpha, float limit) {
+    const float x = limit < g ? limit : g;
+    const float y = u < -limit ? -limit : (limit < u ? limit : u);
+    return __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, expf(__fmul_rn(alpha, -x)))), __fadd_rn(y, 1.0f));
+}
+
+// The activation of a launch: clamped (warp- and grid-uniform) or plain SwiGLU.
+static __device__ __forceinline__ float glue_act(float g, float u, int clamped, float alpha, float limit) {
+    return clamped ? swiglu_oai_value(g, u, alpha, limit) : swiglu_value(g, u);
+}
+
 extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
 swiglu(const float* __restrict__ gate, u64 gate_offset, const float* __restrict__ up, u64 up_offset, u64 in_stride,
-       float* __restrict__ out, u64 rows, int width) {
+       float* __restrict__ out, u64 rows, int width, int clamped, float alpha, float limit) {
     GRID_DEPENDENCY_WAIT();
     const u64 items = rows * (u64)width;
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < items; i += stride) {
         const u64 r = i / (u64)width;
         const u64 at = r * in_stride + (i - r * (u64)width);
-        out[i] = swiglu_value(gate[gate_offset + at], up[up_offset + at]);
+        out[i] = glue_act(gate[gate_offset + at], up[up_offset + at], clamped, alpha, limit);
     }
 }
 
@@ -38,7 +56,8 @@ swiglu(const float* __restrict__ gate, u64 gate_offset, const float* __restrict_
 // is the alignment's padding: the warp reads row 0, runs the reductions and stores zeros.
 extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
 swiglu_q8_1(const float* __restrict__ gate, u64 gate_offset, const float* __restrict__ up, u64 up_offset, u64 in_stride,
-            const int* __restrict__ sorted_ids, u64 src_rows, int rows_per_token, block_q8_1* __restrict__ out, u64 rows, int width) {
+            const int* __restrict__ sorted_ids, u64 src_rows, int rows_per_token, block_q8_1* __restrict__ out, u64 rows, int width,
+            int clamped, float alpha, float limit) {
     GRID_DEPENDENCY_WAIT();
     const int nb = width / QK;
     const u64 items = rows * (u64)nb;
@@ -48,7 +67,7 @@ swiglu_q8_1(const float* __restrict__ gate, u64 gate_offset, const float* __rest
         u64 src;
         const bool valid = gather_source(sorted_ids, r, src_rows, rows_per_token, &src);
         const u64 at = src * in_stride + (i - r * (u64)nb) * QK + (threadIdx.x & 31);
-        warp_quantize_q8_1(swiglu_value(gate[gate_offset + at], up[up_offset + at]), valid, out + i);
+        warp_quantize_q8_1(glue_act(gate[gate_offset + at], up[up_offset + at], clamped, alpha, limit), valid, out + i);
     }
 }
 
@@ -58,6 +77,29 @@ extern "C" __global__ void __launch_bounds__(GLUE_THREADS) add_f32(const float* 
     GRID_DEPENDENCY_WAIT();
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = __fadd_rn(a[i], b[i]);
+}
+
+// In place over the n = rows x width values of x: one thread per value, the bias's element
+// i % width; one IEEE addition each (ggml_add's broadcast of the bias row).
+extern "C" __global__ void __launch_bounds__(GLUE_THREADS) add_bias_f32(float* __restrict__ x, const float* __restrict__ bias, u64 n, u64 width) {
+    GRID_DEPENDENCY_WAIT();
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) x[i] = __fadd_rn(x[i], bias[i % width]);
+}
+
+// In place over the pairs x width values of y (rows in pair order): row p gains the row of
+// expert ids[p] of bias [experts, width]; an id outside [0, experts) adds nothing (the router
+// never writes one). One thread per value, one IEEE addition.
+extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
+add_pick_bias_f32(float* __restrict__ y, const int* __restrict__ ids, const float* __restrict__ bias, u64 pairs, u64 width, int experts) {
+    GRID_DEPENDENCY_WAIT();
+    const u64 n = pairs * width;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const u64 p = i / width;
+        const int e = ids[p];
+        if (e >= 0 && e < experts) y[i] = __fadd_rn(y[i], bias[(u64)e * width + (i - p * width)]);
+    }
 }
 
 // acc + w.x*x.x + w.y*x.y + w.z*x.z + w.w*x.w, one fused multiply-add at a time in that order.

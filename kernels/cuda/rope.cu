@@ -15,12 +15,16 @@
 // The angle is one f32 product and the rotation is spelled out with _rn intrinsics (no FMA
 // contraction), so the CPU twin repeats it exactly: only sincosf (2 ulp) differs from the host.
 // Element offsets t * heads * d pass 2^31 at 524,288 tokens for Q (32 heads of 128): 64-bit.
+// YaRN (gpt-oss; llama.cpp's rope_yarn, ext_factor 1): the host's table holds each pair's
+// blended frequency theta^(-2i/d) * (freq_scale * (1 - ramp_i) + ramp_i), and cos and sin are
+// scaled by mscale (attn_factor * (1 + 0.1 ln(1 / freq_scale))); plain RoPE passes mscale 1,
+// an exact product.
 
 #define ROPE_THREADS 256
 
 extern "C" __global__ void __launch_bounds__(ROPE_THREADS)
 rope_neox(const float* x, float* y, const int* __restrict__ pos, const float* __restrict__ freq, u64 tokens, int heads,
-          int half) {
+          int half, float mscale) {
     GRID_DEPENDENCY_WAIT();
     const u64 per_token = (u64)heads * (u64)half;
     const u64 items = tokens * per_token;
@@ -33,6 +37,8 @@ rope_neox(const float* x, float* y, const int* __restrict__ pos, const float* __
         const u64 i = r - h * (u64)half;
         float s, c;
         sincosf(__fmul_rn((float)pos[t], freq[i]), &s, &c);
+        s = __fmul_rn(s, mscale);
+        c = __fmul_rn(c, mscale);
         const u64 a = (t * (u64)heads + h) * head + i;
         const float x0 = x[a], x1 = x[a + half];
         y[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));

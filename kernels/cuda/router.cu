@@ -1,5 +1,8 @@
 // MoE router: per token, score the E expert logits (softmax or sigmoid), pick the top_k
 // experts, write their ids and weights (optionally renormalised to sum 1), token-major.
+// Top-k-then-softmax (gpt-oss; llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT): the
+// top_k by logit, then the softmax over the picks' logits alone: weight j = exp(l_j - l_0)
+// (pick 0 holds the largest logit), renormalised to sum 1 (the plan requires renormalize).
 //
 // Geometry: one warp per token, ROUTER_WARPS tokens per block, tokens on grid.x. Lane l holds
 // experts l, l + 32, ... in registers (E <= 32 * ROUTER_PER_LANE) and pick l (top_k <= 32);
@@ -17,6 +20,7 @@
 #define NO_EXPERT 0x7fffffff
 #define SCORING_SOFTMAX 0
 #define SCORING_SIGMOID 1
+#define SCORING_TOPK_SOFTMAX 2
 #define NEG_INF __int_as_float(0xff800000)
 
 // The order the picks follow: larger key first, then lower expert id.
@@ -59,7 +63,7 @@ router_topk(const float* __restrict__ logits, u64 tokens, int experts, int top_k
     // (top_k <= 32), so the stores at the end are one coalesced row.
     u32 taken = 0;
     int my_id = 0;
-    float my_w = 0.0f, wsum = 0.0f;
+    float my_w = 0.0f, wsum = 0.0f, top = 0.0f;
     for (int j = 0; j < top_k; ++j) {
         float bv = NEG_INF;
         int bi = NO_EXPERT;
@@ -82,7 +86,10 @@ router_topk(const float* __restrict__ logits, u64 tokens, int experts, int top_k
         }
         // top_k <= E, so an untaken expert always exists: bi is a real id on every lane.
         if (lane == (bi & 31)) taken |= 1u << (bi >> 5);
-        const float w = scoring == SCORING_SOFTMAX ? expf(bv - m) / denom : 1.0f / (1.0f + expf(-bv));
+        if (j == 0) top = bv;  // the largest logit: the picks' softmax max
+        const float w = scoring == SCORING_SOFTMAX        ? expf(bv - m) / denom
+                        : scoring == SCORING_TOPK_SOFTMAX ? expf(bv - top)
+                                                          : 1.0f / (1.0f + expf(-bv));
         wsum += w;
         if (lane == j) {
             my_id = bi;

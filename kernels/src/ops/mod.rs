@@ -8,6 +8,7 @@
 
 pub mod add;
 pub mod attention;
+pub mod bias;
 pub mod dense_f32;
 pub mod embed;
 pub mod kv_store;

@@ -150,8 +150,9 @@ fn launch_ptrs(
     y: (u64, u64),
 ) -> Result<(), GpuError> {
     let p = plan(tokens, c, gpu.limits())?;
-    if table.spec() != c.spec() {
-        let what = format!("the RoPE table is for head_dim {} theta {}", table.spec().head_dim, table.spec().theta);
+    if table.spec() != c.spec() || table.yarn().is_some() {
+        let yarn = if table.yarn().is_some() { " with YaRN (the fused kernel rotates plain NEOX only)" } else { "" };
+        let what = format!("the RoPE table is for head_dim {} theta {}{yarn}", table.spec().head_dim, table.spec().theta);
         return Err(PlanError::Unsupported { kernel: p.kernel.clone(), what, shape: p.shape.clone() }.into());
     }
     let rows = c.norm().rows(tokens);

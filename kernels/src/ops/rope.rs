@@ -69,6 +69,99 @@ impl RopeSpec {
         let scale = self.theta.powf(-2.0 / self.head_dim as f32);
         (0..self.half()).map(|i| scale.powf(i as f32)).collect()
     }
+
+    /// [`RopeSpec::freqs`] under YaRN: pair i's angle `freq_scale · θ · (1 − mix) + θ · mix`
+    /// (θ = pos · freq[i]) is `pos · freq[i] · (freq_scale · (1 − mix) + mix)`; the factor is
+    /// folded into the frequency (in f64, rounded once).
+    pub fn yarn_freqs(&self, yarn: &RopeYarn) -> Vec<f32> {
+        let (dims, fs) = (yarn.corr_dims(self.head_dim, self.theta), yarn.freq_scale() as f64);
+        self.freqs()
+            .iter()
+            .enumerate()
+            .map(|(i, &f)| {
+                let mix = RopeYarn::mix(i, dims) as f64;
+                (f as f64 * (fs * (1.0 - mix) + mix)) as f32
+            })
+            .collect()
+    }
+
+    /// The table's frequencies and cos/sin factor: plain, or under `yarn`.
+    pub fn table(&self, yarn: Option<&RopeYarn>) -> (Vec<f32>, f32) {
+        match yarn {
+            None => (self.freqs(), 1.0),
+            Some(y) => (self.yarn_freqs(y), y.mscale()),
+        }
+    }
+}
+
+/// YaRN context extension (gpt-oss), as llama.cpp runs it for a YaRN model (`rope_yarn` with
+/// freq_scale = 1 / factor and ext_factor 1): pair i's angle mixes the interpolated
+/// (freq_scale · pos · freq_i) and the original one by a ramp over the correction dims, and cos
+/// and sin are scaled by `mscale`. On the device the mix is folded into the pair's frequency
+/// ([`RopeSpec::yarn_freqs`]), so the kernel's angle stays one f32 product.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RopeYarn {
+    /// `rope.scaling.factor` (32 for gpt-oss): freq_scale = 1 / factor.
+    pub factor: f32,
+    /// `rope.scaling.original_context_length` (4096).
+    pub orig_ctx: u32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    pub attn_factor: f32,
+}
+
+impl RopeYarn {
+    /// gpt-oss's (`gpt-oss-20b`, `gpt-oss-120b`).
+    pub const GPT_OSS: RopeYarn = RopeYarn { factor: 32.0, orig_ctx: 4096, beta_fast: 32.0, beta_slow: 1.0, attn_factor: 1.0 };
+
+    fn freq_scale(&self) -> f32 {
+        1.0 / self.factor
+    }
+
+    /// cos and sin's factor: `attn_factor · (1 + 0.1 ln(1 / freq_scale))` (ggml's, one fma).
+    pub fn mscale(&self) -> f32 {
+        self.attn_factor * 0.1f32.mul_add((1.0 / self.freq_scale()).ln(), 1.0)
+    }
+
+    /// `ggml_rope_yarn_corr_dims` in f32: [max(0, floor(dim(beta_fast))), min(d − 1, ceil(dim(beta_slow)))].
+    pub fn corr_dims(&self, head_dim: u32, theta: f32) -> [f32; 2] {
+        let dim = |n_rot: f32| head_dim as f32 * (self.orig_ctx as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * theta.ln());
+        let (start, end, last) = (dim(self.beta_fast).floor(), dim(self.beta_slow).ceil(), (head_dim - 1) as f32);
+        [if 0.0 > start { 0.0 } else { start }, if last < end { last } else { end }]
+    }
+
+    /// `rope_yarn_ramp` · ext_factor (1) for pair i: 1 − min(1, max(0, (i − low) / max(0.001, high − low))).
+    fn mix(i: usize, [low, high]: [f32; 2]) -> f32 {
+        let y = (i as f32 - low) / if 0.001 > high - low { 0.001 } else { high - low };
+        let y = if 0.0 > y { 0.0 } else { y };
+        1.0 - if 1.0 < y { 1.0 } else { y }
+    }
+
+    /// The theta and YaRN of a layer kind's `attention.rope` value,
+    /// `yarn(theta=…,factor=…,orig_ctx=…,beta_fast=…,beta_slow=…,attn_factor=…)` (the engine's
+    /// `LayerSpec::fields`); None for anything else.
+    pub fn parse_kind(value: &str) -> Option<(f32, RopeYarn)> {
+        let body = value.strip_prefix("yarn(")?.strip_suffix(')')?;
+        let get = |key: &str| body.split(',').find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='));
+        let f = |key: &str| get(key)?.parse::<f32>().ok();
+        let yarn = RopeYarn {
+            factor: f("factor")?,
+            orig_ctx: get("orig_ctx")?.parse().ok()?,
+            beta_fast: f("beta_fast")?,
+            beta_slow: f("beta_slow")?,
+            attn_factor: f("attn_factor")?,
+        };
+        Some((f("theta")?, yarn))
+    }
+
+    fn unsupported(&self) -> Option<String> {
+        let finite = [self.factor, self.beta_fast, self.beta_slow, self.attn_factor].iter().all(|v| v.is_finite());
+        if !finite || self.factor <= 0.0 || self.beta_fast <= 0.0 || self.beta_slow <= 0.0 || self.orig_ctx == 0 {
+            Some(format!("YaRN {self:?}: factor, betas and original context must be finite and > 0"))
+        } else {
+            None
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -79,6 +172,9 @@ pub struct RopeCase {
     pub theta: f32,
     /// Sequences the self-test's batch is split into (positions restart in each).
     pub sequences: u32,
+    /// YaRN scaling (gpt-oss); absent: plain NEOX RoPE.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub yarn: Option<RopeYarn>,
 }
 
 impl RopeCase {
@@ -126,20 +222,33 @@ pub fn plan(tokens: u64, heads: u32, s: &RopeSpec, limits: &DeviceLimits) -> Res
 /// The frequencies of a model on the device, made once by the engine and passed to every launch.
 pub struct RopeTable {
     spec: RopeSpec,
+    yarn: Option<RopeYarn>,
+    mscale: f32,
     freqs: CudaSlice<f32>,
 }
 
 impl RopeTable {
     pub fn new(gpu: &Gpu, spec: RopeSpec) -> Result<RopeTable, GpuError> {
-        if let Some(what) = spec.unsupported() {
+        RopeTable::with_yarn(gpu, spec, None)
+    }
+
+    /// The table of `spec`, under YaRN when `yarn` is given.
+    pub fn with_yarn(gpu: &Gpu, spec: RopeSpec, yarn: Option<RopeYarn>) -> Result<RopeTable, GpuError> {
+        if let Some(what) = spec.unsupported().or_else(|| yarn.and_then(|y| y.unsupported())) {
             let shape = format!("head_dim={} theta={}", spec.head_dim, spec.theta);
             return Err(PlanError::Unsupported { kernel: KERNEL.into(), what, shape }.into());
         }
-        Ok(RopeTable { spec, freqs: gpu.upload(&spec.freqs())? })
+        let (freqs, mscale) = spec.table(yarn.as_ref());
+        Ok(RopeTable { spec, yarn, mscale, freqs: gpu.upload(&freqs)? })
     }
 
     pub fn spec(&self) -> RopeSpec {
         self.spec
+    }
+
+    /// The YaRN scaling the table was made for (the fused norm + RoPE kernel takes none).
+    pub fn yarn(&self) -> Option<RopeYarn> {
+        self.yarn
     }
 
     /// The `head_dim / 2` frequencies on the device (the fused norm + RoPE reads them too).
@@ -156,9 +265,15 @@ fn rotation(pos: i32, freq: f32) -> (f32, f32) {
 
 /// CPU twin of one token: `x` holds its heads (`[heads, d]`), rotated in place.
 pub fn rope_token_cpu(x: &mut [f32], pos: i32, freqs: &[f32]) {
+    rope_token_scaled_cpu(x, pos, freqs, 1.0);
+}
+
+/// [`rope_token_cpu`] with cos and sin scaled by `mscale` (YaRN).
+pub fn rope_token_scaled_cpu(x: &mut [f32], pos: i32, freqs: &[f32], mscale: f32) {
     let half = freqs.len();
     for (i, &freq) in freqs.iter().enumerate() {
         let (s, c) = rotation(pos, freq);
+        let (s, c) = (s * mscale, c * mscale);
         for head in x.chunks_exact_mut(2 * half) {
             let (x0, x1) = (head[i], head[i + half]);
             head[i] = x0 * c - x1 * s;
@@ -169,8 +284,15 @@ pub fn rope_token_cpu(x: &mut [f32], pos: i32, freqs: &[f32]) {
 
 /// CPU twin over a batch: `x` `[positions.len(), heads, d]` in place, tokens in parallel.
 pub fn rope_cpu(x: &mut [f32], positions: &[i32], heads: usize, s: &RopeSpec) {
-    let freqs = s.freqs();
-    x.par_chunks_mut((heads * s.head_dim as usize).max(1)).zip(positions).for_each(|(row, &pos)| rope_token_cpu(row, pos, &freqs));
+    rope_yarn_cpu(x, positions, heads, s, None);
+}
+
+/// [`rope_cpu`] under YaRN when `yarn` is given.
+pub fn rope_yarn_cpu(x: &mut [f32], positions: &[i32], heads: usize, s: &RopeSpec, yarn: Option<&RopeYarn>) {
+    let (freqs, mscale) = s.table(yarn);
+    x.par_chunks_mut((heads * s.head_dim as usize).max(1))
+        .zip(positions)
+        .for_each(|(row, &pos)| rope_token_scaled_cpu(row, pos, &freqs, mscale));
 }
 
 /// Rotates `x` (`[tokens, heads, d]`: Q or K) in place at `positions` (`[tokens]`).
@@ -218,9 +340,9 @@ fn launch_ptrs(
     let n = 4 * tokens * heads as u64 * table.spec.head_dim as u64;
     require_bytes(&p, &[("x", x.1, n), ("y", y.1, n), ("positions", bytes_of(positions.len(), 4), 4 * tokens)])?;
     let f = gpu.function(&ROPE, KERNEL_FN)?;
-    let (heads, half) = (heads as i32, table.spec.half() as i32);
+    let (heads, half, mscale) = (heads as i32, table.spec.half() as i32, table.mscale);
     gpu.launch(&p, &f, |b| {
-        b.arg(&x.0).arg(&y.0).arg(positions).arg(&table.freqs).arg(&tokens).arg(&heads).arg(&half);
+        b.arg(&x.0).arg(&y.0).arg(positions).arg(&table.freqs).arg(&tokens).arg(&heads).arg(&half).arg(&mscale);
     })?;
     Ok(())
 }
@@ -276,7 +398,7 @@ pub(crate) fn test_positions(tokens: u64, sequences: u32) -> Vec<i32> {
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &RopeCase) -> Result<Outcome, GpuError> {
     let spec = c.spec();
     plan(tokens, c.heads, &spec, gpu.limits())?; // a bad shape is refused before anything is allocated
-    let table = RopeTable::new(gpu, spec)?;
+    let table = RopeTable::with_yarn(gpu, spec, c.yarn)?;
     let row = c.heads as usize * c.head_dim as usize;
     let n = tokens as usize * row;
     let mut x = gpu.alloc::<f32>(n)?;
@@ -290,13 +412,13 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &RopeCase) -> Result<Outcome, GpuErro
     gpu.synchronize()?;
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
     let (unwritten, past_end) = y.check(gpu, 1)?;
-    let freqs = spec.freqs();
+    let (freqs, mscale) = spec.table(c.yarn.as_ref());
     let sampled = sample_rows(tokens, 64, SAMPLE_ROWS, tokens);
     let want: Vec<Vec<f32>> = sampled
         .par_iter()
         .map(|&t| {
             let mut r = uniform_row(SEED_X, t * row as u64, row, 1.0);
-            rope_token_cpu(&mut r, positions[t as usize], &freqs);
+            rope_token_scaled_cpu(&mut r, positions[t as usize], &freqs, mscale);
             r
         })
         .collect();
@@ -329,7 +451,7 @@ impl KernelFamily for Family {
 mod tests {
     use super::*;
 
-    const Q: RopeCase = RopeCase { heads: 32, head_dim: 128, theta: 1e6, sequences: 4 };
+    const Q: RopeCase = RopeCase { heads: 32, head_dim: 128, theta: 1e6, sequences: 4, yarn: None };
     const K: RopeCase = RopeCase { heads: 4, ..Q };
 
     /// Rotation with the angle pos · theta^(-2i/d) in f64.
@@ -384,6 +506,41 @@ mod tests {
         // Position 10: by 10 rad and by 10 · 0.1 = 1 rad (in f32).
         let (s10, c10) = sc(10.0);
         assert_eq!(x[4..], [c10, -s1, s10, c1]);
+    }
+
+    /// YaRN's table: below the fast correction dim the pairs keep their frequency (ramp 1),
+    /// past the slow one they are interpolated (× freq_scale), linear between; cos and sin are
+    /// scaled by 1 + 0.1 ln(factor); without YaRN the table is plain RoPE's, mscale 1.
+    #[test]
+    fn yarn_table_ramps_between_the_correction_dims() {
+        let s = RopeSpec { head_dim: 64, theta: 150_000.0 };
+        let y = RopeYarn::GPT_OSS;
+        assert_eq!(y.corr_dims(64, 150_000.0), [8.0, 18.0]);
+        let (plain, eff) = (s.freqs(), s.yarn_freqs(&y));
+        for i in 0..32 {
+            let mix = (1.0 - ((i as f64 - 8.0) / 10.0).clamp(0.0, 1.0)) as f64;
+            let want = plain[i] as f64 * (mix + (1.0 - mix) / 32.0);
+            assert!((eff[i] as f64 - want).abs() <= 1e-6 * want, "pair {i}: {} vs {want}", eff[i]);
+        }
+        assert_eq!(eff[..=8], plain[..=8]);
+        assert!((y.mscale() as f64 - (1.0 + 0.1 * 32f64.ln())).abs() < 1e-6);
+        assert_eq!(s.table(None), (plain.clone(), 1.0));
+        // The twin with mscale 1 is the plain one, bit for bit.
+        let mut a = uniform_row(3, 0, 128, 1.0);
+        let mut b = a.clone();
+        rope_token_cpu(&mut a, 77, &plain);
+        rope_token_scaled_cpu(&mut b, 77, &plain, 1.0);
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn yarn_parses_from_a_layer_kind() {
+        let kind = "yarn(theta=150000,factor=32,orig_ctx=4096,beta_fast=32,beta_slow=1,attn_factor=1)";
+        assert_eq!(RopeYarn::parse_kind(kind), Some((150_000.0, RopeYarn::GPT_OSS)));
+        assert_eq!(RopeYarn::parse_kind("neox(theta=1000000)"), None);
+        assert_eq!(RopeYarn::parse_kind("yarn(theta=1,factor=x)"), None);
+        let bad = RopeYarn { factor: 0.0, ..RopeYarn::GPT_OSS };
+        assert!(bad.unsupported().is_some() && RopeYarn::GPT_OSS.unsupported().is_none());
     }
 
     #[test]

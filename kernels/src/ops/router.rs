@@ -57,6 +57,8 @@ impl RouterCase {
 pub enum Scoring {
     Softmax,
     Sigmoid,
+    /// The top_k by logit, then the softmax over the picks alone (gpt-oss); needs `renormalize`.
+    TopKSoftmax,
 }
 
 impl Scoring {
@@ -65,6 +67,7 @@ impl Scoring {
         match self {
             Scoring::Softmax => 0,
             Scoring::Sigmoid => 1,
+            Scoring::TopKSoftmax => 2,
         }
     }
 }
@@ -94,6 +97,9 @@ pub fn plan(tokens: u64, s: &RouterSpec, limits: &DeviceLimits) -> Result<Launch
     }
     if s.top_k == 0 || s.top_k > s.experts.min(MAX_TOP_K) {
         return reject(format!("top_k {} must be in 1..={} (at most the experts, one pick per lane)", s.top_k, s.experts.min(MAX_TOP_K)));
+    }
+    if s.scoring == Scoring::TopKSoftmax && !s.renormalize {
+        return reject("top-k-then-softmax weights are the picks' softmax: renormalize must be set".into());
     }
     let per_block = WARPS as u64;
     Launch::checked(
@@ -150,18 +156,23 @@ pub fn route_row(logits: &[f32], s: &RouterSpec, ids: &mut [i32], weights: &mut 
             let exps: Vec<f32> = keys.iter().map(|&k| (k - m).exp()).collect();
             (m, lane_tree_sum(&exps))
         }
-        Scoring::Sigmoid => (0.0, 1.0),
+        Scoring::Sigmoid | Scoring::TopKSoftmax => (0.0, 1.0),
     };
+    let mut top = 0.0f32;
     let mut taken = vec![false; keys.len()];
     let mut wsum = 0.0f32;
-    for (id, w) in ids.iter_mut().zip(weights.iter_mut()) {
+    for (j, (id, w)) in ids.iter_mut().zip(weights.iter_mut()).enumerate() {
         // Ascending ids with a strict comparison: ties stay with the lowest id.
         let best = (0..keys.len()).filter(|&e| !taken[e]).reduce(|b, e| if keys[e] > keys[b] { e } else { b }).expect("top_k <= experts");
         taken[best] = true;
+        if j == 0 {
+            top = keys[best]; // the largest logit: the picks' softmax max
+        }
         *id = best as i32;
         *w = match s.scoring {
             Scoring::Softmax => (keys[best] - m).exp() / denom,
             Scoring::Sigmoid => 1.0 / (1.0 + (-keys[best]).exp()),
+            Scoring::TopKSoftmax => (keys[best] - top).exp(),
         };
         wsum += *w;
     }
@@ -305,6 +316,8 @@ mod tests {
                 l.iter().map(|x| (x - m).exp() / sum).collect()
             }
             Scoring::Sigmoid => l.iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect(),
+            // Ranked by logit; the weights are the picks' softmax (the renormalisation below).
+            Scoring::TopKSoftmax => l.iter().map(|x| x.exp()).collect(),
         };
         let mut order: Vec<usize> = (0..l.len()).collect();
         order.sort_by(|&a, &b| scores[b].partial_cmp(&scores[a]).unwrap().then(a.cmp(&b)));
@@ -324,6 +337,7 @@ mod tests {
                 v.push(RouterSpec { experts, top_k, scoring, renormalize });
             }
         }
+        v.push(RouterSpec { experts, top_k, scoring: Scoring::TopKSoftmax, renormalize: true });
         v
     }
 
@@ -360,6 +374,7 @@ mod tests {
                     (true, _) => 1.0 / k as f32,
                     (false, Scoring::Softmax) => 1.0 / e as f32,
                     (false, Scoring::Sigmoid) => 0.5,
+                    (false, Scoring::TopKSoftmax) => unreachable!("refused by the plan"),
                 };
                 assert!(w.iter().all(|&x| (x - want).abs() <= 1e-6 * want), "{s:?}: {w:?}");
                 assert_eq!(reference(&logits, &s).0, ids);
@@ -416,6 +431,27 @@ mod tests {
         assert!(bad(5, 8, 0));
         assert!(bad(5, 64, MAX_TOP_K + 1));
         assert!(!bad(5, MAX_EXPERTS, MAX_TOP_K));
+        let topk = |renormalize| RouterSpec { experts: 32, top_k: 4, scoring: Scoring::TopKSoftmax, renormalize };
+        assert!(matches!(plan(5, &topk(false), &l), Err(PlanError::Unsupported { .. })));
+        assert!(plan(5, &topk(true), &l).is_ok());
+    }
+
+    /// gpt-oss's gating: the top 4 of 32 by logit, weights the softmax of those 4 logits.
+    #[test]
+    fn top_k_then_softmax_is_the_softmax_of_the_picks() {
+        let s = RouterSpec { experts: 32, top_k: 4, scoring: Scoring::TopKSoftmax, renormalize: true };
+        let mut logits = vec![-3.0f32; 32];
+        for (e, v) in [(7, 2.0), (30, 1.5), (3, 0.5), (12, 0.25), (20, 0.0)] {
+            logits[e] = v;
+        }
+        let (mut ids, mut w) = (vec![0; 4], vec![0.0; 4]);
+        route_row(&logits, &s, &mut ids, &mut w);
+        assert_eq!(ids, [7, 30, 3, 12]);
+        let picked = [2.0f64, 1.5, 0.5, 0.25];
+        let sum: f64 = picked.iter().map(|x| (x - 2.0).exp()).sum();
+        for (g, l) in w.iter().zip(picked) {
+            assert!((*g as f64 - (l - 2.0).exp() / sum).abs() < 1e-6, "{w:?}");
+        }
     }
 
     #[test]

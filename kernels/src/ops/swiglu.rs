@@ -72,7 +72,44 @@ pub enum Output {
     },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// The activation of gate and up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Act {
+    /// `silu(g) · u` (qwen3moe).
+    #[default]
+    SwiGlu,
+    /// gpt-oss's `ggml_swiglu_oai`: `x = min(g, limit)`, `y = clamp(u, −limit, limit)`,
+    /// `x / (1 + exp(alpha · −x)) · (y + 1)` (alpha 1.702, limit 7).
+    Clamped { alpha: f32, limit: f32 },
+}
+
+impl Act {
+    /// gpt-oss's constants (llama.cpp's `LLM_FFN_SWIGLU_OAI_MOE`).
+    pub const GPT_OSS: Act = Act::Clamped { alpha: 1.702, limit: 7.0 };
+
+    pub fn is_plain(&self) -> bool {
+        *self == Act::SwiGlu
+    }
+
+    /// The kernels' `(clamped, alpha, limit)` arguments.
+    fn args(self) -> (i32, f32, f32) {
+        match self {
+            Act::SwiGlu => (0, 0.0, 0.0),
+            Act::Clamped { alpha, limit } => (1, alpha, limit),
+        }
+    }
+
+    /// One value, rounded as the device rounds it.
+    pub fn value(self, g: f32, u: f32) -> f32 {
+        match self {
+            Act::SwiGlu => swiglu_value(g, u),
+            Act::Clamped { alpha, limit } => swiglu_oai_value(g, u, alpha, limit),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SwigluCase {
     /// Values per row (the expert FFN width).
     pub width: u32,
@@ -80,6 +117,9 @@ pub struct SwigluCase {
     pub rows_per_token: u32,
     pub layout: Layout,
     pub output: Output,
+    /// Clamped SwiGLU (gpt-oss); absent: plain.
+    #[serde(default, skip_serializing_if = "Act::is_plain")]
+    pub act: Act,
 }
 
 impl SwigluCase {
@@ -182,9 +222,27 @@ pub fn swiglu_value(g: f32, u: f32) -> f32 {
     g / (1.0 + (-g).exp()) * u
 }
 
+/// gpt-oss's clamped SwiGLU rounded as the device (and the CPU backend's `swiglu_oai`) rounds it.
+pub fn swiglu_oai_value(g: f32, u: f32, alpha: f32, limit: f32) -> f32 {
+    let x = if limit < g { limit } else { g };
+    let y = if u < -limit {
+        -limit
+    } else if limit < u {
+        limit
+    } else {
+        u
+    };
+    x / (1.0 + (alpha * -x).exp()) * (y + 1.0)
+}
+
 /// CPU twin, f32 output: `gate` and `up` of equal length (one or many rows).
 pub fn swiglu_cpu(gate: &[f32], up: &[f32]) -> Vec<f32> {
-    gate.par_iter().zip(up).map(|(&g, &u)| swiglu_value(g, u)).collect()
+    act_cpu(gate, up, Act::SwiGlu)
+}
+
+/// [`swiglu_cpu`] under `act`.
+pub fn act_cpu(gate: &[f32], up: &[f32], act: Act) -> Vec<f32> {
+    gate.par_iter().zip(up).map(|(&g, &u)| act.value(g, u)).collect()
 }
 
 const ZERO_BLOCK: BlockQ8_1 = BlockQ8_1 { d: f16::ZERO, s: f16::ZERO, qs: [0; QK] };
@@ -192,6 +250,11 @@ const ZERO_BLOCK: BlockQ8_1 = BlockQ8_1 { d: f16::ZERO, s: f16::ZERO, qs: [0; QK
 /// CPU twin, q8_1 output: `gate` and `up` are `[src_rows, width]`; output rows in order
 /// (`Dense`) or from `sorted_ids` (padding ids give zero blocks), each quantized as `quantize`.
 pub fn swiglu_q8_1_cpu(gate: &[f32], up: &[f32], width: usize, source: Source<&[i32]>) -> Vec<BlockQ8_1> {
+    act_q8_1_cpu(gate, up, width, source, Act::SwiGlu)
+}
+
+/// [`swiglu_q8_1_cpu`] under `act`.
+pub fn act_q8_1_cpu(gate: &[f32], up: &[f32], width: usize, source: Source<&[i32]>, act: Act) -> Vec<BlockQ8_1> {
     let (nb, src_rows) = (width / QK, (gate.len() / width.max(1)) as u64);
     let rows = match source {
         Source::Dense => src_rows as usize,
@@ -204,7 +267,7 @@ pub fn swiglu_q8_1_cpu(gate: &[f32], up: &[f32], width: usize, source: Source<&[
             Source::Gather { sorted_ids, rows_per_token } => source_row(sorted_ids[r], src_rows, rows_per_token),
         };
         if let Some(s) = src.map(|s| s as usize * width) {
-            o.copy_from_slice(&quantize_row_q8_1(&swiglu_cpu(&gate[s..s + width], &up[s..s + width])));
+            o.copy_from_slice(&quantize_row_q8_1(&act_cpu(&gate[s..s + width], &up[s..s + width], act)));
         }
     });
     out
@@ -213,15 +276,28 @@ pub fn swiglu_q8_1_cpu(gate: &[f32], up: &[f32], width: usize, source: Source<&[
 /// SwiGLU of `rows` rows of `width` values into f32 `out [rows, width]` (any 4-byte element
 /// type). Buffers too small for the shape are refused before the launch.
 pub fn launch_f32<Y: DeviceRepr>(gpu: &Gpu, rows: u64, width: u32, input: GateUp<'_>, out: &mut CudaSlice<Y>) -> Result<(), GpuError> {
+    launch_f32_act(gpu, rows, width, input, Act::SwiGlu, out)
+}
+
+/// [`launch_f32`] under `act`.
+pub fn launch_f32_act<Y: DeviceRepr>(
+    gpu: &Gpu,
+    rows: u64,
+    width: u32,
+    input: GateUp<'_>,
+    act: Act,
+    out: &mut CudaSlice<Y>,
+) -> Result<(), GpuError> {
     let p = plan(rows, width, input.layout(), false, gpu.limits())?;
     let mut needs = input.needs(rows, width);
     needs.push(("out", bytes_of(out.len(), size_of::<Y>()), 4 * rows * width as u64));
     require_bytes(&p, &needs)?;
     let f = gpu.function(&GLUE, F32_KERNEL)?;
     let (stride, w, offsets) = (in_stride(input.layout(), width), width as i32, [0, width as u64]);
+    let (clamped, alpha, limit) = act.args();
     gpu.launch(&p, &f, |b| {
         push_input(b, &input, &offsets);
-        b.arg(&stride).arg(out).arg(&rows).arg(&w);
+        b.arg(&stride).arg(out).arg(&rows).arg(&w).arg(&clamped).arg(&alpha).arg(&limit);
     })?;
     Ok(())
 }
@@ -236,6 +312,19 @@ pub fn launch_q8_1<Y: DeviceRepr>(
     src_rows: u64,
     width: u32,
     input: GateUp<'_>,
+    source: Source<&CudaSlice<i32>>,
+    out_rows: u64,
+    out: &mut CudaSlice<Y>,
+) -> Result<(), GpuError> {
+    launch_q8_1_act(gpu, (src_rows, width), input, Act::SwiGlu, source, out_rows, out)
+}
+
+/// [`launch_q8_1`] under `act`.
+pub fn launch_q8_1_act<Y: DeviceRepr>(
+    gpu: &Gpu,
+    (src_rows, width): (u64, u32),
+    input: GateUp<'_>,
+    act: Act,
     source: Source<&CudaSlice<i32>>,
     out_rows: u64,
     out: &mut CudaSlice<Y>,
@@ -263,6 +352,7 @@ pub fn launch_q8_1<Y: DeviceRepr>(
     let f = gpu.function(&GLUE, Q8_1_KERNEL)?;
     let (stride, w, rpt, null) = (in_stride(input.layout(), width), width as i32, rows_per_token as i32, 0u64);
     let offsets = [0, width as u64];
+    let (clamped, alpha, limit) = act.args();
     gpu.launch(&p, &f, |b| {
         push_input(b, &input, &offsets);
         b.arg(&stride);
@@ -270,7 +360,7 @@ pub fn launch_q8_1<Y: DeviceRepr>(
             Some(ids) => b.arg(ids),
             None => b.arg(&null),
         };
-        b.arg(&src_rows).arg(&rpt).arg(out).arg(&out_rows).arg(&w);
+        b.arg(&src_rows).arg(&rpt).arg(out).arg(&out_rows).arg(&w).arg(&clamped).arg(&alpha).arg(&limit);
     })?;
     Ok(())
 }
@@ -399,17 +489,17 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &SwigluCase) -> Result<Outcome, GpuEr
     gpu.synchronize()?;
     let start = Instant::now();
     match (&c.output, &ids_dev) {
-        (Output::F32, _) => launch_f32(gpu, src_rows, c.width, ins.device(), &mut out.buf)?,
-        (_, Some(ids)) => launch_q8_1(
+        (Output::F32, _) => launch_f32_act(gpu, src_rows, c.width, ins.device(), c.act, &mut out.buf)?,
+        (_, Some(ids)) => launch_q8_1_act(
             gpu,
-            src_rows,
-            c.width,
+            (src_rows, c.width),
             ins.device(),
+            c.act,
             Source::Gather { sorted_ids: ids, rows_per_token: 1 },
             out_rows,
             &mut out.buf,
         )?,
-        (_, None) => launch_q8_1(gpu, src_rows, c.width, ins.device(), Source::Dense, out_rows, &mut out.buf)?,
+        (_, None) => launch_q8_1_act(gpu, (src_rows, c.width), ins.device(), c.act, Source::Dense, out_rows, &mut out.buf)?,
     }
     gpu.synchronize()?;
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
@@ -420,7 +510,7 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &SwigluCase) -> Result<Outcome, GpuEr
     let want: Vec<Option<(Vec<f32>, Vec<f32>)>> = sampled.par_iter().map(|&r| src_of(r).map(|s| ins.row(s, c.width))).collect();
     let (mut err, mut mismatches) = (RelErr::default(), 0u64);
     for (&r, want) in sampled.iter().zip(&want) {
-        let exact = want.as_ref().map_or_else(|| vec![0.0; w], |(gate, up)| swiglu_cpu(gate, up));
+        let exact = want.as_ref().map_or_else(|| vec![0.0; w], |(gate, up)| act_cpu(gate, up, c.act));
         let at = r as usize * row_words;
         if c.output == Output::F32 {
             err.add_slice((r as usize * w) as u64, &out.read_f32(gpu, at, w)?, &exact);
@@ -465,7 +555,28 @@ mod tests {
     use super::*;
     use crate::thresholds::TOP_K_SET;
 
-    const QWEN: SwigluCase = SwigluCase { width: 768, rows_per_token: 8, layout: Layout::Separate, output: Output::F32 };
+    const QWEN: SwigluCase = SwigluCase { width: 768, rows_per_token: 8, layout: Layout::Separate, output: Output::F32, act: Act::SwiGlu };
+
+    /// The clamped activation: the gate clamps above only, up both ways, alpha scales the
+    /// sigmoid's argument and up gains 1 (the CPU backend's `swiglu_oai` cases, in f64).
+    #[test]
+    fn clamped_swiglu_clamps_and_matches_f64() {
+        let act = Act::GPT_OSS;
+        for (g, u) in [(0.5f32, 0.25f32), (-3.0, 1.5), (7.0, 1.0), (8.0, 1.0), (1e30, 1.0), (1.0, -1e9), (1.0, 100.0), (-20.0, -7.5)] {
+            let x = (g as f64).min(7.0);
+            let y = (u as f64).clamp(-7.0, 7.0);
+            let want = x / (1.0 + (-1.702f64 * x).exp()) * (y + 1.0);
+            let got = act.value(g, u) as f64;
+            assert!((got - want).abs() <= 1e-6 * want.abs().max(1e-30), "({g}, {u}): {got} vs {want}");
+        }
+        assert_eq!(act.value(7.0, 1.0), act.value(1e30, 1.0));
+        assert_eq!(Act::SwiGlu.value(1.5, -0.5), swiglu_value(1.5, -0.5));
+        let (gate, up) = (uniform_row(1, 0, 64, 8.0), uniform_row(2, 0, 64, 8.0));
+        assert_eq!(swiglu_q8_1_cpu(&gate, &up, 64, Source::Dense), act_q8_1_cpu(&gate, &up, 64, Source::Dense, Act::SwiGlu));
+        assert_eq!(act_q8_1_cpu(&gate, &up, 64, Source::Dense, act)[0], quantize_row_q8_1(&act_cpu(&gate[..32], &up[..32], act))[0]);
+        // A plain case's JSON has no `act`: the catalogue's existing cases keep their encoding.
+        assert!(!serde_json::to_string(&QWEN).unwrap().contains("act"));
+    }
 
     #[test]
     fn twin_matches_f64_formula() {

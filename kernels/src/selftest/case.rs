@@ -97,6 +97,8 @@ families! {
     Qkv => ops::qkv::Family,
     Swiglu => ops::swiglu::Family,
     Add => ops::add::Family,
+    /// gpt-oss's biases: `x += bias` per row (projections, router), or the picked expert's per pair.
+    Bias => ops::bias::Family,
     DenseF32 => ops::dense_f32::Family,
     /// Negative control: the routed GEMV with tokens x top_k on grid.z.
     NegGemvGridZ => ops::moe_gemv::NegGridZ,

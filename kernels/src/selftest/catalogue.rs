@@ -9,6 +9,7 @@ use super::case::{Case, Expect, OpCase};
 use crate::limits::DeviceLimits;
 use crate::ops::add::AddCase;
 use crate::ops::attention::{self, AttentionCase, DecodeRoute, Layout};
+use crate::ops::bias::{BiasCase, Picks};
 use crate::ops::dense_f32::DenseF32Case;
 use crate::ops::embed::{EmbedCase, TableType};
 use crate::ops::latent_proj::LatentCase;
@@ -23,13 +24,13 @@ use crate::ops::output_head::HeadCase;
 use crate::ops::qkv::QkvCase;
 use crate::ops::quantize::QuantizeCase;
 use crate::ops::rmsnorm::RmsNormCase;
-use crate::ops::rope::RopeCase;
+use crate::ops::rope::{RopeCase, RopeYarn};
 use crate::ops::router::{RouterCase, Scoring};
 use crate::ops::sampling::SamplingCase;
-use crate::ops::swiglu::{self as swiglu_op, Output, SwigluCase};
+use crate::ops::swiglu::{self as swiglu_op, Act, Output, SwigluCase};
 use crate::ops::{
-    add, dense_f32, embed, latent_proj, linear, moe_align, moe_combine, moe_gemm, moe_gemv, moe_gemv_fused, norm_rope, output_head, qkv,
-    quantize, rmsnorm, rmsnorm_q8_1, rope, router, sampling, swiglu,
+    add, bias, dense_f32, embed, latent_proj, linear, moe_align, moe_combine, moe_gemm, moe_gemv, moe_gemv_fused, norm_rope, output_head,
+    qkv, quantize, rmsnorm, rmsnorm_q8_1, rope, router, sampling, swiglu,
 };
 use crate::quant::WeightType;
 use crate::routing::Routing;
@@ -188,6 +189,12 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
         let counts = routed(router::critical_counts(&c, limits));
         b.family(router::KERNEL, &format!("k{k}/{tag}"), counts, OpCase::Router(c), |t| router::device_bytes(t, &c));
     }
+    // Top-k-then-softmax (gpt-oss), where a layer routes so.
+    if any_layer_with(shape, "ffn.gating", |g| g.starts_with("top_k_then_softmax")) {
+        let c = RouterCase { experts: e, top_k: k, scoring: Scoring::TopKSoftmax, renormalize: true, ties: false };
+        let counts = routed(router::critical_counts(&c, limits));
+        b.family(router::KERNEL, &format!("k{k}/topk-softmax"), counts, OpCase::Router(c), |t| router::device_bytes(t, &c));
+    }
 
     for routing in [Routing::Uniform, Routing::OneExpert, Routing::MaxPadding] {
         let r = routing.name();
@@ -313,10 +320,24 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
         rmsnorm_q8_1::device_bytes(t, &c)
     });
     for (tag, heads) in [("q", a.heads), ("k", a.kv_heads)] {
-        let c = RopeCase { heads, head_dim: a.head_dim, theta: a.rope_theta, sequences: 4 };
+        let c = RopeCase { heads, head_dim: a.head_dim, theta: a.rope_theta, sequences: 4, yarn: None };
         b.family(rope::KERNEL, &format!("{tag}/seq4"), with(rope::critical_counts(&c, limits)), OpCase::Rope(c), |t| {
             rope::device_bytes(t, &c)
         });
+    }
+    // YaRN RoPE (gpt-oss), once per distinct scaling of the shape's layers, on Q and on K.
+    let mut yarns: Vec<(f32, RopeYarn)> = Vec::new();
+    for y in shape.layers.iter().filter_map(|l| l.kind.get("attention.rope").and_then(|v| RopeYarn::parse_kind(v))) {
+        if !yarns.contains(&y) {
+            yarns.push(y);
+        }
+    }
+    for (theta, yarn) in yarns {
+        for (tag, heads) in [("q", a.heads), ("k", a.kv_heads)] {
+            let c = RopeCase { heads, head_dim: a.head_dim, theta, sequences: 4, yarn: Some(yarn) };
+            let counts = with(rope::critical_counts(&c, limits));
+            b.family(rope::KERNEL, &format!("yarn{}/{tag}/seq4", yarn.factor), counts, OpCase::Rope(c), |t| rope::device_bytes(t, &c));
+        }
     }
     // The per-head Q/K norm fused with RoPE, on Q and on K (each case also runs rmsnorm and rope
     // and must match them bit for bit).
@@ -385,12 +406,40 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
             Some((KQ_MAX_TOKENS, "pair-order q8_1 runs up to 4,097 tokens (the sorted cases share its kernel)")),
         ),
     ] {
-        let c = SwigluCase { width: shape.expert_ffn, rows_per_token: k, layout, output };
+        let c = SwigluCase { width: shape.expert_ffn, rows_per_token: k, layout, output, act: Act::SwiGlu };
         let counts = routed(swiglu::critical_counts(&c, limits));
         b.family_up_to(swiglu::KERNEL, &format!("{tag}/k{k}"), counts, OpCase::Swiglu(c), |t| swiglu::device_bytes(t, &c), skip);
     }
+    // The clamped activation (gpt-oss), where a layer has it: the engine's two launches, q8_1 in
+    // pair order (the GEMV path's unfused chain) and gathered into expert order (the GEMM path).
+    let clamped = shape.layers.iter().filter_map(|l| l.kind.get("ffn.activation").and_then(|v| parse_clamped(v))).next();
+    if let Some(act) = clamped {
+        for (output, tag) in [(Output::Q8_1, "clamped-q8_1"), (Output::Q8_1Sorted { experts: e }, "clamped-q8_1-sorted")] {
+            let c = SwigluCase { width: shape.expert_ffn, rows_per_token: k, layout: swiglu_op::Layout::Separate, output, act };
+            let counts = routed(swiglu::critical_counts(&c, limits));
+            b.family(swiglu::KERNEL, &format!("{tag}/k{k}"), counts, OpCase::Swiglu(c), |t| swiglu::device_bytes(t, &c));
+        }
+    }
     let c = AddCase { width: shape.hidden };
     b.family(add::KERNEL, "hidden", with(add::critical_counts(&c, limits)), OpCase::Add(c), |t| add::device_bytes(t, &c));
+    // The q, k/v and o projection biases, where a layer has them (gpt-oss).
+    if any_layer(shape, "attention.biases", "true") {
+        for (tag, width) in [("q", q_width), ("kv", kv_width), ("o", shape.hidden)] {
+            let c = BiasCase { width, picks: None };
+            b.family(bias::KERNEL, tag, with(bias::critical_counts(&c, limits)), OpCase::Bias(c), |t| bias::device_bytes(t, &c));
+        }
+    }
+    // The router's and the picked experts' biases, where a layer has them (gpt-oss): a row of E
+    // on the logits; gate/up rows of F and down rows of H by each pair's expert.
+    if any_layer(shape, "ffn.biases", "true") {
+        let c = BiasCase { width: e, picks: None };
+        b.family(bias::KERNEL, "router", with(bias::critical_counts(&c, limits)), OpCase::Bias(c), |t| bias::device_bytes(t, &c));
+        for (tag, width) in [("gate-up", shape.expert_ffn), ("down", shape.hidden)] {
+            let c = BiasCase { width, picks: Some(Picks { experts: e, top_k: k }) };
+            let counts = routed(bias::critical_counts(&c, limits));
+            b.family(bias::KERNEL, &format!("{tag}/k{k}"), counts, OpCase::Bias(c), |t| bias::device_bytes(t, &c));
+        }
+    }
     let c = DenseF32Case { n: e, k: shape.hidden };
     let counts = with(dense_f32::critical_counts(&c, limits));
     b.family(dense_f32::KERNEL, "router-logits", counts, OpCase::DenseF32(c), |t| dense_f32::device_bytes(t, &c));
@@ -441,6 +490,25 @@ fn attention_cases(b: &mut Builder, shape: &ModelShape, serving: &Serving, limit
     for (window, sinks) in attention_variants(shape) {
         attention_variant_cases(b, shape, serving, limits, window, sinks);
     }
+}
+
+/// The clamped activation of a layer kind's `ffn.activation` value,
+/// `clamped_swiglu(alpha=…,limit=…)` (the engine's `LayerSpec::fields`).
+fn parse_clamped(value: &str) -> Option<Act> {
+    let body = value.strip_prefix("clamped_swiglu(")?.strip_suffix(')')?;
+    let get = |key: &str| body.split(',').find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse::<f32>().ok());
+    Some(Act::Clamped { alpha: get("alpha")?, limit: get("limit")? })
+}
+
+/// Whether any of the shape's layers has `value` at `key` in its kind (what differs from the
+/// plain qwen3moe layer: gpt-oss's biases, gating, activation, RoPE).
+fn any_layer(shape: &ModelShape, key: &str, value: &str) -> bool {
+    any_layer_with(shape, key, |v| v == value)
+}
+
+/// Whether any of the shape's layers has a value at `key` in its kind that `pred` accepts.
+fn any_layer_with(shape: &ModelShape, key: &str, pred: impl Fn(&str) -> bool) -> bool {
+    shape.layers.iter().any(|l| l.kind.get(key).is_some_and(|v| pred(v)))
 }
 
 /// The distinct (sliding window, sinks) pairs of the shape's layers, from each layer's kind
@@ -590,6 +658,46 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    /// gpt-oss's layer kinds add the bias, top-k-then-softmax router, YaRN rope and clamped
+    /// SwiGLU families, under tags of their own; a qwen3moe shape derives none of them.
+    #[test]
+    fn gpt_oss_kinds_add_their_families_and_qwen_none() {
+        let ids = |shape: &ModelShape| -> Vec<String> {
+            let cat = derive(shape, &Serving::default(), &DeviceLimits::h200(), &opts());
+            cat.cases.iter().chain(cat.skipped.iter().map(|(c, _)| c)).map(|c| c.id.clone()).collect()
+        };
+        let new = ["bias/", "topk-softmax", "yarn", "clamped-"];
+        let qwen = ModelShape::qwen3_30b_a3b();
+        assert!(ids(&qwen).iter().all(|id| !new.iter().any(|n| id.contains(n))));
+        let mut oss = ModelShape::qwen3_30b_a3b();
+        let kind = [
+            ("attention.rope", "yarn(theta=150000,factor=32,orig_ctx=4096,beta_fast=32,beta_slow=1,attn_factor=1)"),
+            ("attention.biases", "true"),
+            ("ffn.gating", "top_k_then_softmax(scale=none)"),
+            ("ffn.activation", "clamped_swiglu(alpha=1.702,limit=7)"),
+            ("ffn.biases", "true"),
+        ];
+        oss.layers = vec![layer(2, &kind)];
+        let got = ids(&oss);
+        for family in [
+            "bias/q/",
+            "bias/kv/",
+            "bias/o/",
+            "bias/router/",
+            "bias/gate-up/k8/",
+            "bias/down/k8/",
+            "router/k8/topk-softmax/",
+            "rope/yarn32/q/seq4/",
+            "rope/yarn32/k/seq4/",
+            "swiglu/clamped-q8_1/k8/",
+            "swiglu/clamped-q8_1-sorted/k8/",
+        ] {
+            assert!(got.iter().any(|id| id.starts_with(family)), "{family} missing");
+        }
+        assert_eq!(parse_clamped("clamped_swiglu(alpha=1.702,limit=7)"), Some(Act::GPT_OSS));
+        assert_eq!(parse_clamped("swiglu"), None);
     }
 
     #[test]
