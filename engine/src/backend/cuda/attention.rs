@@ -5,36 +5,45 @@
 //! flash-attention prefill kernel for chunks of several tokens, the split-context decode
 //! kernels for one-token chunks, both in one batch when it mixes them.
 //!
-//! The batch plan (tile map, decode splits) is built and uploaded once per batch, at the first
-//! layer, and reused by the others: every layer has the same chunks and the same attention shape.
+//! The batch plan (tile map, decode splits) is built and uploaded once per batch and attention
+//! spec, at the first layer of that spec, and reused by the others: every layer has the same
+//! chunks, and a model has few specs (gpt-oss: its sliding-window layers and its full ones; the
+//! decode spans of a windowed plan start at the window). Sinks are an input, not part of the plan.
 
 use brink_kernels::cuda::{Gpu, GpuError};
 use brink_kernels::ops::attention::{self as kattn, AttentionIo, BatchPlan, DecodeRoute, DeviceBatch};
 use brink_kernels::ops::kv_store::{self, KvRows};
+use cudarc::driver::CudaView;
 
 use super::batch_state::BatchState;
 use super::buffers::{AllocCounter, CudaAct, Grow};
 use super::kv::KvCache;
+use super::weights::{CudaWeight, WeightData};
 use super::{fail, gpu_fail};
 use crate::backend::{AttentionSpec, Chunk, KvSpec};
 use crate::model::BackendError;
 
-/// The batch's chunks and block tables, and their plan on the device once a layer has asked for it.
+/// The batch's chunks and block tables, and their plans on the device (one per attention spec)
+/// once a layer has asked for them.
 pub(crate) struct AttnMaps {
     chunks: Vec<kattn::Chunk>,
     tables: Vec<u32>,
-    device: Option<DeviceBatch>,
+    devices: Vec<DeviceBatch>,
     /// Partial results of the split-context decode kernels.
     workspace: Grow<f32>,
-    /// The kernels' spec of the last attention call (one per model): a decode graph's plan is
-    /// made before its capture from it.
-    last_spec: Option<kattn::AttentionSpec>,
+    /// The kernels' specs of the attention calls so far, in the order first seen (a model has
+    /// one, or two with sliding-window layers): a decode graph's plans are made before its
+    /// capture from them.
+    specs: Vec<kattn::AttentionSpec>,
 }
+
+/// Specs a model may use before the list is taken for a sign of a bug (a spec per call).
+const MAX_SPECS: usize = 8;
 
 impl AttnMaps {
     pub(crate) fn new(gpu: &Gpu, allocs: &AllocCounter) -> Result<Self, BackendError> {
         let workspace = Grow::new(gpu, allocs).map_err(|e| fail(format!("allocating the attention workspace: {e}")))?;
-        Ok(AttnMaps { chunks: Vec::new(), tables: Vec::new(), device: None, workspace, last_spec: None })
+        Ok(AttnMaps { chunks: Vec::new(), tables: Vec::new(), devices: Vec::new(), workspace, specs: Vec::new() })
     }
 
     /// Takes a new batch's chunks and flat block tables; the device plan (which uploads the
@@ -46,42 +55,87 @@ impl AttnMaps {
             .collect();
         self.tables.clear();
         self.tables.extend_from_slice(tables);
-        self.device = None;
+        self.devices.clear();
         Ok(())
     }
 
-    /// This batch's plan with its decode splits padded to `splits`, under the last attention
-    /// call's spec, and the workspace made large enough for it (before a capture, which must not
-    /// allocate). None before any attention call.
-    pub(crate) fn padded_plan(&mut self, gpu: &Gpu, rows: usize, splits: u64) -> Result<Option<BatchPlan>, BackendError> {
-        let Some(spec) = self.last_spec else { return Ok(None) };
-        let mut plan = BatchPlan::new(&self.chunks, &self.tables, rows as u64, &spec, DecodeRoute::Split)
-            .map_err(|e| gpu_fail("attention plan", &GpuError::Plan(e)))?;
-        plan.pad_decode_splits(splits).map_err(|e| gpu_fail("attention plan", &GpuError::Plan(e)))?;
-        self.workspace.ensure(gpu, plan.workspace_floats().max(1) as usize).map_err(|e| fail(format!("attention workspace: {e}")))?;
-        Ok(Some(plan))
+    /// Forgets the specs seen (a new KV cache: its block count is part of every spec).
+    pub(crate) fn forget_specs(&mut self) {
+        self.specs.clear();
+        self.devices.clear();
     }
 
-    /// Makes `device` this batch's plan (a graph's, prepared before its capture).
-    pub(crate) fn use_device(&mut self, device: DeviceBatch) {
-        self.device = Some(device);
+    /// Notes `spec` as one the model uses.
+    fn note_spec(&mut self, spec: kattn::AttentionSpec) -> Result<(), BackendError> {
+        if !self.specs.contains(&spec) {
+            if self.specs.len() >= MAX_SPECS {
+                return Err(fail(format!("attention: more than {MAX_SPECS} attention specs in one model ({})", spec.describe())));
+            }
+            self.specs.push(spec);
+        }
+        Ok(())
     }
 
-    /// Hands the batch's device plan over (to the graph captured with it).
-    pub(crate) fn take_device(&mut self) -> Option<DeviceBatch> {
-        self.device.take()
+    /// This batch's plans, one per spec seen (in that order), with their decode splits padded
+    /// to `splits`, and the workspace made large enough for them (before a capture, which must
+    /// not allocate). None before any attention call.
+    pub(crate) fn padded_plans(&mut self, gpu: &Gpu, rows: usize, splits: u64) -> Result<Option<Vec<BatchPlan>>, BackendError> {
+        if self.specs.is_empty() {
+            return Ok(None);
+        }
+        let mut plans = Vec::with_capacity(self.specs.len());
+        for spec in &self.specs {
+            let mut plan = BatchPlan::new(&self.chunks, &self.tables, rows as u64, spec, DecodeRoute::Split)
+                .map_err(|e| gpu_fail("attention plan", &GpuError::Plan(e)))?;
+            plan.pad_decode_splits(splits).map_err(|e| gpu_fail("attention plan", &GpuError::Plan(e)))?;
+            plans.push(plan);
+        }
+        let floats = plans.iter().map(BatchPlan::workspace_floats).max().unwrap_or(0);
+        self.workspace.ensure(gpu, floats.max(1) as usize).map_err(|e| fail(format!("attention workspace: {e}")))?;
+        Ok(Some(plans))
+    }
+
+    /// Makes `devices` this batch's plans (a graph's, prepared before its capture).
+    pub(crate) fn use_devices(&mut self, devices: Vec<DeviceBatch>) {
+        self.devices = devices;
+    }
+
+    /// Hands the batch's device plans over (to the graph captured with them); empty when none.
+    pub(crate) fn take_devices(&mut self) -> Vec<DeviceBatch> {
+        std::mem::take(&mut self.devices)
     }
 
     /// The device plan for `spec`, and the decode workspace it needs.
     fn plan(&mut self, gpu: &Gpu, rows: usize, spec: &kattn::AttentionSpec) -> Result<(&DeviceBatch, &mut Grow<f32>), BackendError> {
-        if self.device.as_ref().is_none_or(|d| d.plan().spec() != spec) {
-            let plan = BatchPlan::new(&self.chunks, &self.tables, rows as u64, spec, DecodeRoute::Split)
-                .map_err(|e| gpu_fail("attention plan", &GpuError::Plan(e)))?;
-            self.workspace.ensure(gpu, plan.workspace_floats().max(1) as usize).map_err(|e| fail(format!("attention workspace: {e}")))?;
-            self.device = Some(DeviceBatch::upload(gpu, plan).map_err(|e| fail(e.to_string()))?);
-        }
-        let device = self.device.as_ref().ok_or_else(|| fail("attention plan missing"))?;
-        Ok((device, &mut self.workspace))
+        let i = match self.devices.iter().position(|d| d.plan().spec() == spec) {
+            Some(i) => i,
+            None => {
+                let plan = BatchPlan::new(&self.chunks, &self.tables, rows as u64, spec, DecodeRoute::Split)
+                    .map_err(|e| gpu_fail("attention plan", &GpuError::Plan(e)))?;
+                self.workspace
+                    .ensure(gpu, plan.workspace_floats().max(1) as usize)
+                    .map_err(|e| fail(format!("attention workspace: {e}")))?;
+                self.devices.push(DeviceBatch::upload(gpu, plan).map_err(|e| fail(e.to_string()))?);
+                self.devices.len() - 1
+            }
+        };
+        Ok((&self.devices[i], &mut self.workspace))
+    }
+}
+
+/// The head's sinks as the kernels read them: `[heads]` f32 (gpt-oss's `attn_sinks`).
+fn sinks_view<'a>(sinks: Option<&'a CudaWeight>, spec: &AttentionSpec) -> Result<Option<CudaView<'a, f32>>, BackendError> {
+    let Some(w) = sinks else { return Ok(None) };
+    match &w.data {
+        WeightData::F32(v) if v.len() == spec.heads => Ok(Some(v.as_view())),
+        WeightData::F32(v) => Err(fail(format!(
+            "attention (layer {}): sinks {} hold {} values, expected {} (one per head)",
+            spec.layer,
+            w.name(),
+            v.len(),
+            spec.heads
+        ))),
+        WeightData::Blocks { .. } => Err(fail(format!("attention (layer {}): sinks {} must be f32 values", spec.layer, w.name()))),
     }
 }
 
@@ -116,8 +170,11 @@ fn kernel_spec(spec: &AttentionSpec, kv: &KvSpec) -> Result<kattn::AttentionSpec
         blocks: u(kv.blocks, "blocks")?,
         block_size: u(kv.block_size, "block_size")?,
         scale: spec.scale,
-        // The backend refuses windowed layers before this (`check_layer`, `attention`).
-        window: 0,
+        window: match spec.window {
+            None => 0,
+            Some(0) => return Err(fail(format!("attention (layer {}): a sliding window of 0 keys", spec.layer))),
+            Some(w) => w,
+        },
     };
     match s.unsupported() {
         Some(why) => Err(fail(format!("attention (layer {}): {why}", spec.layer))),
@@ -131,6 +188,7 @@ pub(crate) fn attention(
     kv: Option<&mut KvCache>,
     batch: &mut BatchState,
     (q, k, v): (&CudaAct, &CudaAct, &CudaAct),
+    sinks: Option<&CudaWeight>,
     spec: &AttentionSpec,
     out: &mut CudaAct,
 ) -> Result<(), BackendError> {
@@ -138,7 +196,8 @@ pub(crate) fn attention(
     let kv = kv.ok_or_else(|| fail("attention: no KV cache (alloc_kv was not called)"))?;
     check_shapes(spec, &kv.spec, rows, q, k, v).map_err(|why| fail(format!("attention (layer {}): {why}", spec.layer)))?;
     let kspec = kernel_spec(spec, &kv.spec)?;
-    batch.attn.last_spec = Some(kspec);
+    let sinks = sinks_view(sinks, spec)?;
+    batch.attn.note_spec(kspec)?;
     let layer = &mut kv.layers[spec.layer];
     let n = rows * k.width();
     let src = KvRows { k: k.buf.slice(0..n), v: v.buf.slice(0..n), dest: batch.dest.slice(0..rows) };
@@ -152,8 +211,7 @@ pub(crate) fn attention(
         v_cache: layer.v.as_view(),
         out: out.buf.slice_mut(0..qn),
         workspace: workspace.as_view_mut(),
-        // The backend refuses layers with sinks before this (`check_layer`, `attention`).
-        sinks: None,
+        sinks,
     };
     kattn::launch(gpu, device, io).map_err(|e| gpu_fail(format_args!("attention (layer {})", spec.layer), &e))
 }

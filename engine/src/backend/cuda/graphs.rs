@@ -81,8 +81,9 @@ pub(crate) enum Mode {
 pub(crate) struct Entry {
     pub key: GraphKey,
     pub graph: StepGraph,
-    /// The attention's index arrays the graph reads, rewritten before each replay.
-    pub attn: DeviceBatch,
+    /// The attention's index arrays the graph reads, one set per attention spec of the model
+    /// (`AttnMaps::padded_plans`' order), rewritten before each replay.
+    pub attn: Vec<DeviceBatch>,
     /// The logits the graph writes, `[rows, vocab]`.
     pub out: CudaAct,
     last_used: u64,
@@ -214,7 +215,7 @@ impl Graphs {
 
     /// Keeps a captured graph, dropping the least recently used one past [`MAX_GRAPHS`];
     /// returns its index.
-    pub(crate) fn insert(&mut self, key: GraphKey, graph: StepGraph, attn: DeviceBatch, out: CudaAct) -> usize {
+    pub(crate) fn insert(&mut self, key: GraphKey, graph: StepGraph, attn: Vec<DeviceBatch>, out: CudaAct) -> usize {
         if self.entries.len() >= MAX_GRAPHS {
             if let Some(old) = self.entries.iter().enumerate().min_by_key(|(_, e)| e.last_used).map(|(i, _)| i) {
                 self.entries.swap_remove(old);

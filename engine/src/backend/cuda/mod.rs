@@ -31,7 +31,7 @@ use std::sync::Arc;
 use brink_kernels::cuda::{Gpu, GpuError};
 use brink_kernels::ops::attention::DeviceBatch;
 use brink_kernels::ops::embed::BadIds;
-use brink_kernels::ops::rope::RopeTable;
+use brink_kernels::ops::rope::{RopeTable, RopeYarn};
 use brink_kernels::sources::{self, KernelSource};
 
 use crate::backend::{AttentionSpec, Backend, Batch, KvSpec, MoeSpec, MoeWeights, Result, WeightRole};
@@ -51,13 +51,30 @@ pub use weights::CudaWeight;
 
 const NAME: &str = "cuda";
 
+/// The features of [`LayerSpec::features`] the CUDA backend computes: the attention kernels take
+/// the window and the sinks (`attention`); the rope kernel takes YaRN's table and scale (`rope`;
+/// the fused norm + RoPE kernel is plain NEOX only, and without Q/K norm the rope kernel runs
+/// alone); the projection biases are a kernel of their own (`add_bias`); the router kernel takes
+/// the softmax over the picks, the SwiGLU kernels the clamped activation, and the bias kernel the
+/// router's and the picked experts' biases (`moe`, on the GEMM path).
+const COMPUTED: [&str; 8] = [
+    "sliding-window attention",
+    "attention sinks",
+    "YaRN RoPE",
+    "attention without Q/K norm",
+    "attention biases",
+    "top-k-then-softmax routing",
+    "clamped SwiGLU",
+    "expert biases",
+];
+
 /// Refuses a layer the CUDA backend cannot compute, naming every missing feature. Its path
-/// computes qwen3moe's layer: full attention after per-head Q/K norm and plain NEOX RoPE,
-/// softmax-then-top-k routing into SwiGLU experts, no biases, sinks or weights scale. (The
-/// attention kernels take a window and sinks since 1a2c7e4, but this path does not pass them
-/// yet: refuse rather than compute another model.)
+/// computes qwen3moe's layer (full attention after per-head Q/K norm and plain NEOX RoPE,
+/// softmax-then-top-k routing into SwiGLU experts) and the features in [`COMPUTED`]; no
+/// expert biases or weights scale. MXFP4 matrices are refused by name when they load (`weights`).
 pub(crate) fn check_layer(layer: usize, spec: &LayerSpec) -> Result<()> {
     let mut missing = spec.features();
+    missing.retain(|f| !COMPUTED.contains(f));
     if let crate::model::Gating::SoftmaxThenTopK { weights_scale: Some(_), .. } = spec.ffn.gating {
         missing.push("expert_weights_scale");
     }
@@ -67,11 +84,14 @@ pub(crate) fn check_layer(layer: usize, spec: &LayerSpec) -> Result<()> {
     Err(fail(format!("layer {layer} needs {}, which the CUDA backend does not compute (use --backend cpu)", missing.join(", "))))
 }
 
-/// The theta of plain NEOX RoPE, the only kind the rope kernels compute.
-fn neox_theta(rope: &Rope) -> Result<f32> {
+/// The theta of `rope` and its YaRN scaling as the rope kernel takes it (llama.cpp's
+/// `rope_yarn` with freq_scale = 1 / factor and ext_factor 1, as the CPU backend runs it).
+fn rope_table(rope: &Rope) -> (f32, Option<RopeYarn>) {
     match *rope {
-        Rope::Neox { theta } => Ok(theta),
-        Rope::Yarn { .. } => Err(fail("YaRN RoPE is not supported by the CUDA backend")),
+        Rope::Neox { theta } => (theta, None),
+        Rope::Yarn { theta, factor, orig_ctx, beta_fast, beta_slow, attn_factor } => {
+            (theta, Some(RopeYarn { factor, orig_ctx, beta_fast, beta_slow, attn_factor }))
+        }
     }
 }
 
@@ -174,24 +194,37 @@ impl CudaBackend {
         }
         let Some(key) = graphs::decode_key(batch) else { return Ok(Mode::Eager) };
         // Made (and the workspace sized) before anything is captured.
-        let Some(plan) = self.batch.attn.padded_plan(&self.gpu, batch.rows(), key.splits)? else { return Ok(Mode::Eager) };
+        let Some(plans) = self.batch.attn.padded_plans(&self.gpu, batch.rows(), key.splits)? else { return Ok(Mode::Eager) };
         match self.graphs.choose(key, self.allocs.frees()) {
             Mode::Replay(i) => {
-                let written = self.graphs.entry(i).attn.rewrite(&self.gpu, plan).map_err(|e| gpu_fail("decode graph inputs", &e))?;
+                let entry = self.graphs.entry(i);
+                // One plan per attention spec, in the order the capture saw them.
+                let mut written = entry.attn.len() == plans.len();
+                if written {
+                    for (device, plan) in entry.attn.iter_mut().zip(plans) {
+                        written &= device.rewrite(&self.gpu, plan).map_err(|e| gpu_fail("decode graph inputs", &e))?;
+                        if !written {
+                            break;
+                        }
+                    }
+                }
                 if written {
                     return Ok(Mode::Replay(i));
                 }
                 self.graphs.forget(i); // its arrays are too small now: captured again next time
                 Ok(Mode::Eager)
             }
-            Mode::Capture(key) => self.begin_capture(key, plan),
+            Mode::Capture(key) => self.begin_capture(key, plans),
             Mode::Eager => Ok(Mode::Eager),
         }
     }
 
-    fn begin_capture(&mut self, key: GraphKey, plan: brink_kernels::ops::attention::BatchPlan) -> Result<Mode> {
-        let device = DeviceBatch::upload_with_room(&self.gpu, plan, 2).map_err(|e| gpu_fail("decode graph inputs", &e))?;
-        self.batch.attn.use_device(device);
+    fn begin_capture(&mut self, key: GraphKey, plans: Vec<brink_kernels::ops::attention::BatchPlan>) -> Result<Mode> {
+        let mut devices = Vec::with_capacity(plans.len());
+        for plan in plans {
+            devices.push(DeviceBatch::upload_with_room(&self.gpu, plan, 2).map_err(|e| gpu_fail("decode graph inputs", &e))?);
+        }
+        self.batch.attn.use_devices(devices);
         match self.gpu.begin_capture() {
             Ok(()) => Ok(Mode::Capture(key)),
             Err(e) => {
@@ -207,7 +240,7 @@ impl CudaBackend {
         if self.gpu.capturing() {
             let _ = self.gpu.end_capture();
         }
-        self.batch.attn.take_device();
+        self.batch.attn.take_devices();
         match self.graphs.mode {
             Mode::Capture(key) => self.graphs.capture_failed(key, why),
             _ => {
@@ -335,6 +368,7 @@ impl Backend for CudaBackend {
 
     fn alloc_kv(&mut self, spec: KvSpec) -> Result<()> {
         self.graphs.clear(); // they hold the old cache's addresses
+        self.batch.attn.forget_specs(); // the cache's block count is part of each
         self.kv = None; // free the old cache before sizing the new one
         self.kv = Some(KvCache::alloc(&self.gpu, spec)?);
         Ok(())
@@ -445,21 +479,22 @@ impl Backend for CudaBackend {
     }
 
     fn rope(&mut self, x: &mut CudaAct, head_dim: usize, rope: &Rope) -> Result<()> {
-        let theta = neox_theta(rope)?;
+        let (theta, yarn) = rope_table(rope);
         self.stale_q8_1();
         if self.graphs.replaying() {
             return Ok(());
         }
-        pointwise::rope(&self.gpu, &self.batch, &mut self.ropes, x, head_dim, theta)
+        pointwise::rope(&self.gpu, &self.batch, &mut self.ropes, x, (head_dim, theta, yarn))
     }
 
     fn norm_rope(&mut self, x: &CudaAct, w: &CudaWeight, eps: f32, head_dim: usize, rope: &Rope) -> Result<CudaAct> {
-        let theta = neox_theta(rope)?;
+        let (theta, yarn) = rope_table(rope);
         let mut out = self.act(x.rows(), x.width())?;
         if x.is_empty() || self.graphs.replaying() {
             return Ok(out);
         }
-        if pointwise::norm_rope(&self.gpu, &self.batch, &mut self.ropes, x, w, (eps, head_dim, theta), &mut out)? {
+        // The fused kernel rotates plain NEOX only: YaRN runs as the two ops.
+        if yarn.is_none() && pointwise::norm_rope(&self.gpu, &self.batch, &mut self.ropes, x, w, (eps, head_dim, theta), &mut out)? {
             return Ok(out);
         }
         drop(out);
@@ -469,17 +504,11 @@ impl Backend for CudaBackend {
     }
 
     fn attention(&mut self, q: &CudaAct, k: &CudaAct, v: &CudaAct, sinks: Option<&CudaWeight>, spec: &AttentionSpec) -> Result<CudaAct> {
-        if let Some(w) = spec.window {
-            return Err(fail(format!("attention (layer {}): a sliding window of {w} is not supported by the CUDA backend", spec.layer)));
-        }
-        if sinks.is_some() {
-            return Err(fail(format!("attention (layer {}): attention sinks are not supported by the CUDA backend", spec.layer)));
-        }
         let mut out = self.act(q.rows(), q.width())?;
         if self.graphs.replaying() {
             return Ok(out);
         }
-        attention::attention(&self.gpu, self.kv.as_mut(), &mut self.batch, (q, k, v), spec, &mut out)?;
+        attention::attention(&self.gpu, self.kv.as_mut(), &mut self.batch, (q, k, v), sinks, spec, &mut out)?;
         Ok(out)
     }
 
@@ -491,8 +520,12 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
-    fn add_bias(&mut self, _x: &mut CudaAct, bias: &CudaWeight) -> Result<()> {
-        Err(fail(format!("bias {}: projection biases are not supported by the CUDA backend", bias.name())))
+    fn add_bias(&mut self, x: &mut CudaAct, bias: &CudaWeight) -> Result<()> {
+        self.stale_q8_1();
+        if x.is_empty() || self.graphs.replaying() {
+            return Ok(());
+        }
+        pointwise::add_bias(&self.gpu, x, bias)
     }
 
     fn add(&mut self, x: &mut CudaAct, y: &CudaAct) -> Result<()> {
@@ -519,15 +552,15 @@ impl Backend for CudaBackend {
                 let mut out = self.act(x.rows(), vocab)?;
                 dense::project(&self.gpu, x, (x.rows(), x.width()), w, &mut self.moe.xq, &mut out.buf)?;
                 let graph = self.gpu.end_capture();
-                let attn = self.batch.attn.take_device();
+                let attn = self.batch.attn.take_devices();
                 let (graph, attn) = match (graph, attn) {
-                    (Ok(g), Some(a)) => (g, a),
+                    (Ok(g), a) if !a.is_empty() => (g, a),
                     (Err(e), _) => {
                         self.graph_failed(&format!("ending the capture: {e}"));
                         self.graphs.retry_eagerly();
                         return Err(gpu_fail("decode graph capture", &e));
                     }
-                    (Ok(_), None) => {
+                    (Ok(_), _) => {
                         self.graph_failed("the captured step had no attention plan");
                         self.graphs.retry_eagerly();
                         return Err(fail("decode graph capture: no attention plan"));
@@ -557,7 +590,7 @@ mod tests {
     use crate::model::{Activation, Gating};
 
     #[test]
-    fn a_layer_the_kernels_do_not_compute_is_refused_naming_each_feature() {
+    fn gpt_oss_layers_load_and_what_the_kernels_do_not_compute_is_refused_by_name() {
         let plain = LayerSpec::plain(32, 4, 128, 1e6, 128, 8, 768);
         assert!(check_layer(0, &plain).is_ok(), "qwen3moe's layer loads");
         let mut gpt_oss = plain;
@@ -570,20 +603,25 @@ mod tests {
         gpt_oss.ffn.gating = Gating::TopKThenSoftmax { weights_scale: None };
         gpt_oss.ffn.activation = Activation::ClampedSwiGlu { alpha: 1.702, limit: 7.0 };
         gpt_oss.ffn.biases = true;
-        let e = check_layer(4, &gpt_oss).unwrap_err().to_string();
-        for needle in [
-            "layer 4",
-            "sliding-window attention",
-            "attention sinks",
-            "YaRN RoPE",
-            "attention biases",
-            "top-k-then-softmax routing",
-            "clamped SwiGLU",
-            "expert biases",
-            "cuda backend",
-        ] {
+        // Every gpt-oss feature is computed: its layers load (both kinds: windowed and full).
+        assert!(gpt_oss.features().iter().all(|f| COMPUTED.contains(f)), "{:?}", gpt_oss.features());
+        assert!(check_layer(4, &gpt_oss).is_ok());
+        let mut full = gpt_oss;
+        full.attention.window = None;
+        assert!(check_layer(5, &full).is_ok());
+        // What is not computed is still refused by name.
+        let mut wide_v = gpt_oss;
+        wide_v.attention.value_dim = 64;
+        let e = check_layer(4, &wide_v).unwrap_err().to_string();
+        for needle in ["layer 4", "a V head width unlike the Q/K one", "cuda backend"] {
             assert!(e.contains(needle), "{needle}: {e}");
         }
+        for computed in COMPUTED {
+            assert!(!e.contains(computed), "{computed} is computed: {e}");
+        }
+        // MXFP4 matrices (gpt-oss's experts) stay refused by name when they load (`check_type`:
+        // the backend does not list the type), until the kernels unpack them.
+        assert!(!weights::supported_types(WeightRole::Matrix).contains(&crate::gguf::GgmlType::MXFP4));
         let mut scaled = plain;
         scaled.ffn.gating = Gating::SoftmaxThenTopK { norm_top_k: true, weights_scale: Some(2.5) };
         assert!(check_layer(0, &scaled).unwrap_err().to_string().contains("expert_weights_scale"));

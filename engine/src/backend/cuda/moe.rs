@@ -17,6 +17,7 @@
 
 use brink_kernels::cuda::{Gpu, GpuError};
 use brink_kernels::launch::PlanError;
+use brink_kernels::ops::bias;
 use brink_kernels::ops::moe_align::{self, AlignedDevice};
 use brink_kernels::ops::moe_combine::{self, CombineCase};
 use brink_kernels::ops::moe_gemm::{self, GemmBuffers, GemmCase, GemmTile};
@@ -24,6 +25,7 @@ use brink_kernels::ops::moe_gemv::{self, GemvBuffers, GemvDims};
 use brink_kernels::ops::moe_gemv_fused::{self, CombineBuffers, FfnDims, GateUpBuffers};
 use brink_kernels::ops::quantize::{self, Source};
 use brink_kernels::ops::router::{self, RouterSpec, Scoring};
+use brink_kernels::ops::swiglu::Act;
 use brink_kernels::quant::WeightType;
 use brink_kernels::routing::Routing;
 use brink_kernels::sources::MOE_COMBINE;
@@ -88,14 +90,15 @@ impl MoeScratch {
     }
 }
 
-/// The block's sizes, checked against every weight.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The block's sizes, checked against every weight, and its activation.
+#[derive(Clone, Copy, Debug, PartialEq)]
 struct Dims {
     tokens: usize,
     hidden: usize,
     ffn: usize,
     experts: usize,
     top_k: usize,
+    act: Act,
 }
 
 impl Dims {
@@ -128,31 +131,64 @@ fn experts<'a>(w: &'a CudaWeight, (row_len, rows, experts): (usize, usize, usize
     }
 }
 
-/// The block's dimensions and whether the picked weights are renormalised, or why the CUDA
-/// backend cannot compute it.
-fn check(x: &CudaAct, w: &MoeWeights<'_, CudaWeight>, spec: &MoeSpec) -> Result<(Dims, bool), String> {
-    let d = Dims { tokens: x.rows(), hidden: x.width(), ffn: spec.expert_ffn, experts: spec.experts, top_k: spec.top_k };
+/// The router's scoring and whether the picked weights are renormalised.
+type RouterChoice = (Scoring, bool);
+
+/// The block's dimensions and its routing, or why the CUDA backend cannot compute it.
+fn check(x: &CudaAct, w: &MoeWeights<'_, CudaWeight>, spec: &MoeSpec) -> Result<(Dims, RouterChoice), String> {
+    let act = match spec.activation {
+        Activation::SwiGlu => Act::SwiGlu,
+        Activation::ClampedSwiGlu { alpha, limit } => Act::Clamped { alpha, limit },
+    };
+    let d = Dims { tokens: x.rows(), hidden: x.width(), ffn: spec.expert_ffn, experts: spec.experts, top_k: spec.top_k, act };
     if d.top_k == 0 || d.top_k > d.experts {
         return Err(format!("top_k {} must be in 1..={}", d.top_k, d.experts));
     }
-    let norm_top_k = match spec.gating {
+    let routing = match spec.gating {
         // The combine applies the router's weights as they are; no kernel scales them yet.
         Gating::SoftmaxThenTopK { weights_scale: Some(s), .. } | Gating::TopKThenSoftmax { weights_scale: Some(s) } => {
             return Err(format!("expert_weights_scale {s} is not supported by the CUDA backend's combine"));
         }
-        Gating::SoftmaxThenTopK { norm_top_k, weights_scale: None } => norm_top_k,
-        Gating::TopKThenSoftmax { .. } => return Err("top-k-then-softmax routing is not supported by the CUDA backend".into()),
+        Gating::SoftmaxThenTopK { norm_top_k, weights_scale: None } => (Scoring::Softmax, norm_top_k),
+        // The softmax over the picks: its weights sum to 1.
+        Gating::TopKThenSoftmax { weights_scale: None } => (Scoring::TopKSoftmax, true),
     };
-    if spec.activation != Activation::SwiGlu {
-        return Err(format!("{:?} is not supported by the CUDA backend (SwiGLU only)", spec.activation));
-    }
-    if w.biases.is_some() {
-        return Err("expert biases are not supported by the CUDA backend".into());
-    }
     if w.router.dims() != [d.hidden as u64, d.experts as u64] {
         return Err(format!("router {} has dims {:?}, expected [{}, {}]", w.router.name(), w.router.dims(), d.hidden, d.experts));
     }
-    Ok((d, norm_top_k))
+    Ok((d, routing))
+}
+
+/// A block's biases as f32 values on the device: the router's `[E]`, each expert's gate and up
+/// `[E, F]` and down `[E, H]`.
+struct Biases<'a> {
+    router: &'a CudaSlice<f32>,
+    gate: &'a CudaSlice<f32>,
+    up: &'a CudaSlice<f32>,
+    down: &'a CudaSlice<f32>,
+}
+
+fn biases<'a>(w: &'a MoeWeights<'_, CudaWeight>, d: &Dims) -> Result<Option<Biases<'a>>, String> {
+    let Some(b) = &w.biases else { return Ok(None) };
+    let values = |t: &'a CudaWeight, len: usize| match &t.data {
+        WeightData::F32(v) if v.len() == len => Ok(v),
+        WeightData::F32(v) => Err(format!("bias {} holds {} values, expected {len}", t.name(), v.len())),
+        WeightData::Blocks { .. } => Err(format!("bias {} must be held as f32 values", t.name())),
+    };
+    let e = d.experts;
+    Ok(Some(Biases {
+        router: values(b.router, e)?,
+        gate: values(b.gate, e * d.ffn)?,
+        up: values(b.up, e * d.ffn)?,
+        down: values(b.down, e * d.hidden)?,
+    }))
+}
+
+/// `y [pairs, width] += bias[ids[p]]`: the picked experts' bias rows.
+fn add_pick_bias(gpu: &Gpu, s_ids: &Grow<i32>, d: &Dims, y: &mut Grow<f32>, bias: &CudaSlice<f32>) -> Result<(), GpuError> {
+    let width = bias.len() / d.experts.max(1);
+    let (pairs, ids) = (d.pairs(), s_ids.slice(0..d.pairs()));
+    bias::launch_picks(gpu, pairs as u64, d.experts as u32, &mut y.slice_mut(0..pairs * width), &ids, &bias.as_view())
 }
 
 /// `out [T, H]` = the routed experts of `x [T, H]`.
@@ -164,14 +200,17 @@ pub(crate) fn moe(
     spec: &MoeSpec,
     out: &mut CudaAct,
 ) -> Result<(), BackendError> {
-    let (d, norm_top_k) = check(x, w, spec).map_err(|why| fail(format!("moe: {why}")))?;
+    let (d, routing) = check(x, w, spec).map_err(|why| fail(format!("moe: {why}")))?;
     let shapes = |e: String| fail(format!("moe: {e}"));
     let gate = experts(w.gate, (d.hidden, d.ffn, d.experts)).map_err(shapes)?;
     let up = experts(w.up, (d.hidden, d.ffn, d.experts)).map_err(shapes)?;
     let down = experts(w.down, (d.ffn, d.hidden, d.experts)).map_err(shapes)?;
+    let biases = biases(w, &d).map_err(shapes)?;
     let failed = |e: GpuError| gpu_fail(format_args!("moe ({} tokens, {} experts, top {})", d.tokens, d.experts, d.top_k), &e);
-    let path = routed_path(d.tokens);
-    route(gpu, s, x, w.router, &d, norm_top_k, path)?;
+    // The fused decode GEMVs have no bias in their epilogues: a biased block takes the GEMM path,
+    // whose gate, up and down outputs are rows in pair order the bias kernel adds to.
+    let path = if biases.is_some() { RoutedPath::Gemm } else { routed_path(d.tokens) };
+    route(gpu, s, x, w.router, biases.as_ref().map(|b| b.router), &d, routing, path)?;
     match path {
         // The down GEMV's epilogue is the combine: it writes `out` itself.
         RoutedPath::Gemv => return experts_gemv(gpu, s, &d, [&gate, &up, &down], out),
@@ -183,7 +222,7 @@ pub(crate) fn moe(
                 None => moe_align::align_gpu(gpu, &s.ids, t, k, e, tile.m),
             }
             .map_err(failed)?;
-            let done = experts_gemm(gpu, s, x, &d, &aligned, tile, [&gate, &up, &down]);
+            let done = experts_gemm(gpu, s, x, &d, &aligned, tile, [&gate, &up, &down], biases.as_ref());
             s.aligned = Some(aligned);
             done?;
         }
@@ -191,15 +230,17 @@ pub(crate) fn moe(
     combine(gpu, s, &d, out).map_err(failed)
 }
 
-/// Router logits, then ids and weights `[T·k]`: softmax over every expert, top-k by logit,
-/// renormalised when the model says so.
+/// Router logits, then ids and weights `[T·k]`: top-k by logit, the weights the softmax over
+/// every expert (renormalised when the model says so) or over the picks alone.
+#[allow(clippy::too_many_arguments)]
 fn route(
     gpu: &Gpu,
     s: &mut MoeScratch,
     x: &CudaAct,
     router: &CudaWeight,
+    router_bias: Option<&CudaSlice<f32>>,
     d: &Dims,
-    renormalize: bool,
+    (scoring, renormalize): RouterChoice,
     path: RoutedPath,
 ) -> Result<(), BackendError> {
     let failed = |e: GpuError| gpu_fail(format_args!("moe router {}", router.name()), &e);
@@ -214,9 +255,13 @@ fn route(
         }
         WeightData::F32(values) => dense_f32(gpu, &x.buf, (d.tokens, d.hidden), values, d.experts, &mut s.logits)?,
     }
+    if let Some(b) = router_bias {
+        let mut logits = s.logits.slice_mut(0..d.tokens * d.experts);
+        bias::launch(gpu, d.tokens as u64, &mut logits, &b.as_view()).map_err(failed)?;
+    }
     s.ids.ensure(gpu, d.pairs()).map_err(failed)?;
     s.weights.ensure(gpu, d.pairs()).map_err(failed)?;
-    let spec = RouterSpec { experts: d.experts as u32, top_k: d.top_k as u32, scoring: Scoring::Softmax, renormalize };
+    let spec = RouterSpec { experts: d.experts as u32, top_k: d.top_k as u32, scoring, renormalize };
     let logits = s.logits.slice(0..d.tokens * d.experts);
     let (mut ids, mut weights) = (s.ids.slice_mut(0..d.pairs()), s.weights.slice_mut(0..d.pairs()));
     router::launch(gpu, d.tokens as u64, &spec, &logits, &mut ids, &mut weights).map_err(failed)
@@ -235,7 +280,8 @@ fn ensure_ffn(gpu: &Gpu, s: &mut MoeScratch, d: &Dims, act_q_bytes: usize) -> Re
 /// epilogue (`moe_gemv_swiglu_q8_1`, reading the token's q8_1 row) into `act_q`, then down with
 /// the router-weighted sum over the slots in the epilogue (`moe_gemv_combine`, reading the pairs'
 /// rows) into `out`. Only `act_q` is scratch (grown once, so nothing allocates inside a captured
-/// step); gate and up of different formats take the unfused gate/up chain.
+/// step); gate and up of different formats, and the clamped activation (the fused epilogue is
+/// plain SwiGLU), take the unfused gate/up chain.
 fn experts_gemv(
     gpu: &Gpu,
     s: &mut MoeScratch,
@@ -247,7 +293,7 @@ fn experts_gemv(
         |wtype: WeightType| FfnDims { experts: d.experts as u32, top_k: d.top_k as u32, hidden: d.hidden as u32, ffn: d.ffn as u32, wtype };
     let t = d.tokens as u64;
     s.act_q.ensure(gpu, q8_1_bytes(d.pairs(), d.ffn)).map_err(gate.failed("GEMV"))?;
-    if gate.wtype == up.wtype {
+    if gate.wtype == up.wtype && d.act.is_plain() {
         let bufs = GateUpBuffers { w_gate: gate.bytes, w_up: up.bytes, xq: &*s.xq, ids: &s.ids, out: &mut *s.act_q };
         moe_gemv_fused::launch_gate_up(gpu, t, &ffn(gate.wtype), bufs).map_err(gate.failed("GEMV+SwiGLU"))?;
     } else {
@@ -258,7 +304,7 @@ fn experts_gemv(
 }
 
 /// gate and up as two `moe_gemv`s, then `swiglu_q8_1` into `act_q` (pair order): the chain the
-/// fused kernel replaces, for gate and up of different weight formats.
+/// fused kernel replaces, for gate and up of different weight formats or the clamped activation.
 fn gate_up_unfused(gpu: &Gpu, s: &mut MoeScratch, d: &Dims, [gate, up]: [&Experts<'_>; 2]) -> Result<(), BackendError> {
     for g in [&mut s.gate, &mut s.up] {
         g.ensure(gpu, d.pairs() * d.ffn).map_err(gate.failed("GEMV"))?;
@@ -273,7 +319,9 @@ fn gate_up_unfused(gpu: &Gpu, s: &mut MoeScratch, d: &Dims, [gate, up]: [&Expert
 }
 
 /// Tiled GEMMs over the rows sorted by expert (`al`, aligned to `tile`'s rows): x gathered per
-/// (token, slot) for gate and up, the pairs' activations gathered for down.
+/// (token, slot) for gate and up, the pairs' activations gathered for down; the picked experts'
+/// biases added to gate, up and down (rows in pair order) when the block has them.
+#[allow(clippy::too_many_arguments)]
 fn experts_gemm(
     gpu: &Gpu,
     s: &mut MoeScratch,
@@ -282,6 +330,7 @@ fn experts_gemm(
     al: &AlignedDevice,
     tile: &GemmTile,
     [gate, up, down]: [&Experts<'_>; 3],
+    biases: Option<&Biases<'_>>,
 ) -> Result<(), BackendError> {
     let rows = moe_align::max_padded_rows(d.tokens as u64, d.top_k as u32, d.experts as u32, tile.m);
     let rows_usize = usize::try_from(rows).map_err(|_| fail(format!("moe: {rows} padded rows")))?;
@@ -303,19 +352,28 @@ fn experts_gemm(
         let bufs = GemmBuffers { sorted_ids: &al.sorted_ids, tile_expert: &al.tile_expert, a: &s.a, w: e.bytes, y: &mut **y };
         moe_gemm::launch(gpu, t, &case(e, d.ffn, d.hidden), tile, bufs).map_err(e.failed("GEMM"))?;
     }
+    if let Some(b) = biases {
+        add_pick_bias(gpu, &s.ids, d, &mut s.gate, b.gate).map_err(gate.failed("bias"))?;
+        add_pick_bias(gpu, &s.ids, d, &mut s.up, b.up).map_err(up.failed("bias"))?;
+    }
     // The activations' rows are pairs: gathered one row per pair id.
     swiglu_q8_1(gpu, s, d, Source::Gather { sorted_ids: &al.sorted_ids, rows_per_token: 1 }, rows)?;
     let bufs = GemmBuffers { sorted_ids: &al.sorted_ids, tile_expert: &al.tile_expert, a: &s.act_q, w: down.bytes, y: &mut *s.down };
-    moe_gemm::launch(gpu, t, &case(down, d.hidden, d.ffn), tile, bufs).map_err(down.failed("GEMM"))
+    moe_gemm::launch(gpu, t, &case(down, d.hidden, d.ffn), tile, bufs).map_err(down.failed("GEMM"))?;
+    if let Some(b) = biases {
+        add_pick_bias(gpu, &s.ids, d, &mut s.down, b.down).map_err(down.failed("bias"))?;
+    }
+    Ok(())
 }
 
-/// `act_q = q8_1(silu(gate) · up)` (llama.cpp's `ggml_swiglu_split`, then the down
+/// `act_q = q8_1(silu(gate) · up)` (llama.cpp's `ggml_swiglu_split`, or gpt-oss's clamped
+/// `ggml_swiglu_oai`, then the down
 /// projection's quantization) for the pairs' rows in one kernel: `out_rows` rows from `source`
 /// (the pairs in order, or gathered into the alignment's expert order). The f32 activations are
 /// never written; the quants equal `quantize` of them, bit for bit.
 fn swiglu_q8_1(gpu: &Gpu, s: &mut MoeScratch, d: &Dims, source: Source<&CudaSlice<i32>>, out_rows: u64) -> Result<(), BackendError> {
     let input = brink_kernels::ops::swiglu::GateUp::Separate { gate: &s.gate, up: &s.up };
-    brink_kernels::ops::swiglu::launch_q8_1(gpu, d.pairs() as u64, d.ffn as u32, input, source, out_rows, &mut *s.act_q)
+    brink_kernels::ops::swiglu::launch_q8_1_act(gpu, (d.pairs() as u64, d.ffn as u32), input, d.act, source, out_rows, &mut *s.act_q)
         .map_err(|e| gpu_fail("moe swiglu", &e))
 }
 

@@ -1,10 +1,10 @@
-//! Ops that work row by row: RMS norm (whole rows or per head), RoPE, and `add`.
+//! Ops that work row by row: RMS norm (whole rows or per head), RoPE, `add` and `add_bias`.
 
 use brink_kernels::cuda::{Gpu, GpuError};
 use brink_kernels::ops::norm_rope::{self, NormRopeCase};
 use brink_kernels::ops::rmsnorm::{self, RmsNormCase};
 use brink_kernels::ops::rmsnorm_q8_1;
-use brink_kernels::ops::rope::{self, RopeSpec, RopeTable};
+use brink_kernels::ops::rope::{self, RopeSpec, RopeTable, RopeYarn};
 use brink_kernels::quant::QK;
 
 use super::batch_state::BatchState;
@@ -66,26 +66,26 @@ pub(crate) fn rms_norm_q8_1(
     Ok(())
 }
 
-/// The frequency table of `spec`, made on first use (one per model in practice).
-fn table<'a>(gpu: &Gpu, tables: &'a mut Vec<RopeTable>, spec: RopeSpec) -> Result<&'a RopeTable, String> {
-    let at = match tables.iter().position(|t| t.spec() == spec) {
+/// The frequency table of `spec` (under `yarn`), made on first use (one per model in practice).
+fn table<'a>(gpu: &Gpu, tables: &'a mut Vec<RopeTable>, spec: RopeSpec, yarn: Option<RopeYarn>) -> Result<&'a RopeTable, String> {
+    let at = match tables.iter().position(|t| t.spec() == spec && t.yarn() == yarn) {
         Some(i) => i,
         None => {
-            tables.push(RopeTable::new(gpu, spec).map_err(|e| e.to_string())?);
+            tables.push(RopeTable::with_yarn(gpu, spec, yarn).map_err(|e| e.to_string())?);
             tables.len() - 1
         }
     };
     Ok(&tables[at])
 }
 
-/// NEOX RoPE of each `head_dim` group of `x`, in place, at the batch's positions.
+/// NEOX RoPE (YaRN-scaled when `yarn` is given) of each `head_dim` group of `x`, in place, at
+/// the batch's positions.
 pub(crate) fn rope(
     gpu: &Gpu,
     batch: &BatchState,
     tables: &mut Vec<RopeTable>,
     x: &mut CudaAct,
-    head_dim: usize,
-    theta: f32,
+    (head_dim, theta, yarn): (usize, f32, Option<RopeYarn>),
 ) -> Result<(), BackendError> {
     let rows = batch.require("rope")?;
     let what = |e: String| fail(format!("rope (head_dim {head_dim}, theta {theta}): {e}"));
@@ -93,7 +93,7 @@ pub(crate) fn rope(
         return Err(what(format!("{} rows, the batch has {rows} positions", x.rows())));
     }
     let heads = norm_groups(x.width(), head_dim).map_err(what)?;
-    let t = table(gpu, tables, RopeSpec { head_dim: head_dim as u32, theta }).map_err(what)?;
+    let t = table(gpu, tables, RopeSpec { head_dim: head_dim as u32, theta }, yarn).map_err(what)?;
     let positions = batch.positions.slice(0..rows);
     rope::launch(gpu, rows as u64, heads as u32, t, &positions, &mut x.view_mut())
         .map_err(|e| gpu_fail(format_args!("rope (head_dim {head_dim}, theta {theta})"), &e))
@@ -126,7 +126,7 @@ pub(crate) fn norm_rope(
     if norm_rope::plan(rows as u64, &c, gpu.limits()).is_err() {
         return Ok(false);
     }
-    let t = table(gpu, tables, RopeSpec { head_dim: head_dim as u32, theta }).map_err(what)?;
+    let t = table(gpu, tables, RopeSpec { head_dim: head_dim as u32, theta }, None).map_err(what)?;
     let positions = batch.positions.slice(0..rows);
     norm_rope::launch(gpu, rows as u64, &c, t, &positions, &scale.as_view(), &x.view(), &mut out.view_mut())
         .map_err(|e| gpu_fail(format_args!("norm_rope by {} (head_dim {head_dim}, theta {theta})", w.name()), &e))?;
@@ -142,9 +142,52 @@ pub(crate) fn add(gpu: &Gpu, x: &mut CudaAct, y: &CudaAct) -> Result<(), Backend
     brink_kernels::ops::add::launch_in_place(gpu, n, &mut x.view_mut(), &y.view()).map_err(|e| gpu_fail("add", &e))
 }
 
+/// `x[r] += bias` for every row (gpt-oss's q, k, v and o projection biases).
+pub(crate) fn add_bias(gpu: &Gpu, x: &mut CudaAct, bias: &CudaWeight) -> Result<(), BackendError> {
+    let WeightData::F32(values) = &bias.data else {
+        return Err(fail(format!("bias {}: must be held as f32 values", bias.name())));
+    };
+    if values.len() != x.width() {
+        return Err(fail(format!("bias {} holds {} values; the rows are {} wide", bias.name(), values.len(), x.width())));
+    }
+    let rows = x.rows() as u64;
+    brink_kernels::ops::bias::launch(gpu, rows, &mut x.view_mut(), &values.as_view())
+        .map_err(|e| gpu_fail(format_args!("bias {}", bias.name()), &e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The rope kernel's twin under gpt-oss's YaRN (the blended frequency table, cos and sin
+    /// scaled) against the CPU backend's `rope_yarn` (llama.cpp's): the same rotation, the
+    /// angles rounded along other paths (one f32 product of a blended frequency; the CPU's
+    /// iterated theta and its fma mix).
+    #[test]
+    fn yarn_twin_matches_the_cpu_backends_rope_yarn() {
+        use crate::ggml_cpu::{Yarn, rope_neox_yarn};
+        use brink_kernels::ops::rope::rope_yarn_cpu;
+        let (heads, d, theta) = (8, 64, 150_000.0f32);
+        let y = RopeYarn::GPT_OSS;
+        let cpu_yarn = Yarn {
+            freq_scale: 1.0 / y.factor,
+            ext_factor: 1.0,
+            attn_factor: y.attn_factor,
+            beta_fast: y.beta_fast,
+            beta_slow: y.beta_slow,
+            n_ctx_orig: y.orig_ctx,
+        };
+        let positions: Vec<u32> = vec![0, 1, 2, 17, 127, 128, 1000, 4095, 4096];
+        let x = brink_kernels::testdata::uniform_row(9, 0, positions.len() * heads * d, 1.0);
+        let (mut dev, mut cpu) = (x.clone(), x);
+        let pos_i32: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+        rope_yarn_cpu(&mut dev, &pos_i32, heads, &RopeSpec { head_dim: d as u32, theta }, Some(&y));
+        rope_neox_yarn(&mut cpu, heads, d, &positions, theta, &cpu_yarn);
+        let worst = dev.iter().zip(&cpu).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(worst <= 2e-3, "largest difference {worst}");
+        // Position 0 rotates nothing: both scale by mscale alone.
+        assert!(dev[..heads * d].iter().zip(&cpu[..heads * d]).all(|(a, b)| (a - b).abs() <= 1e-6));
+    }
 
     #[test]
     fn norm_groups_whole_rows_and_heads() {
