@@ -35,7 +35,8 @@ fn configurations() -> Vec<Case> {
     }
     let mut windowed = ModelShape::qwen3_30b_a3b();
     let kind = |w: Option<&str>| -> BTreeMap<String, String> {
-        w.map(|w| ("attention.window".to_string(), w.to_string())).into_iter().chain([("attention.sinks".into(), "true".into())]).collect()
+        let gpt_oss = [("attention.sinks", "true"), ("attention.biases", "true"), ("ffn.biases", "true")];
+        w.map(|w| ("attention.window".to_string(), w.to_string())).into_iter().chain(gpt_oss.map(|(k, v)| (k.into(), v.into()))).collect()
     };
     windowed.layers = vec![
         LayerSpec { count: 1, weights: BTreeMap::new(), kind: kind(Some("128")) },
@@ -43,8 +44,8 @@ fn configurations() -> Vec<Case> {
     ];
     let opts = Options { memory_budget_bytes: u64::MAX, negative_controls: false, max_tokens: None };
     for case in derive(&windowed, &Serving::default(), &DeviceLimits::gb10(), &opts).cases {
-        // Sinks change no plan: the windowed families only.
-        if matches!(case.params, OpCase::Attention(c) if c.window > 0) {
+        // Sinks change no plan: the windowed families only, and the biases' (gpt-oss's layers).
+        if matches!(case.params, OpCase::Attention(c) if c.window > 0) || matches!(case.params, OpCase::Bias(_)) {
             by_key.entry(plan_key(&case.params)).or_insert(case);
         }
     }
@@ -79,6 +80,7 @@ fn plan_key(p: &OpCase) -> String {
         OpCase::Qkv(c) => format!("qkv k{} n{:?} {:?}", c.k, c.n, c.wtype),
         OpCase::Swiglu(c) => format!("swiglu w{} r{} {:?} {:?}", c.width, c.rows_per_token, c.layout, c.output),
         OpCase::Add(c) => format!("add w{}", c.width),
+        OpCase::Bias(c) => format!("bias w{} {:?}", c.width, c.picks),
         OpCase::DenseF32(c) => format!("dense_f32 n{} k{}", c.n, c.k),
     }
 }
