@@ -21,9 +21,9 @@
 //!   grid on tensor cores (`mma.sync` m16n8k16, f16 x f16 -> f32). K and V are f16 already; Q and
 //!   the probabilities P are split into two f16 halves each (`hi = f16(x)`, `lo = f16(x − hi)`),
 //!   both multiplied in, so the result stays within f32 rounding of the f32 kernel's (see
-//!   [`TOLERANCE`]). Which of the two runs: [`select_prefill`], f32 unless [`PREFILL_ENV`]
-//!   forces the tensor-core kernel ([`BatchPlan::prefill_kernel`]); the self-test runs the same
-//!   one.
+//!   [`TOLERANCE`]). Which of the two runs: [`select_prefill`], the tensor-core kernel where
+//!   it exists unless [`PREFILL_ENV`] forces f32 ([`BatchPlan::prefill_kernel`]); the self-test
+//!   runs the same one.
 //! - `attn_decode_d{D}` + `attn_decode_combine`: a 1-token chunk's context is cut into spans of
 //!   [`DECODE_SPAN`] keys; grid (spans of every decode chunk, n_head / heads per block): each
 //!   block scores one span for up to [`DECODE_MAX_HEADS`] heads sharing a kv head and writes a
@@ -338,11 +338,11 @@ pub fn prefill_override() -> Result<Option<PrefillKernel>, String> {
 }
 
 /// The prefill kernel for `head_dim` on a device of compute capability `cc`: the `forced` one
-/// where it exists, else the f32 one. Pure. The tensor-core kernel is not the default yet: its
-/// first H100 self-test (before P.V was summed per 16 keys) failed the long-context cases at
-/// ~1e-4 relative error against a tolerance of 3e-5, and the fix has not run on a GPU.
+/// where it exists, else the tensor-core one where it exists (head dims 64 and 128, compute
+/// capability 8.0+), else the f32 one. Pure. The tensor-core kernel measured +58% prefill at
+/// 8192 tokens on an H100 against the f32 one (docs/perf-notes.md, entry 13).
 pub fn select_prefill(head_dim: u32, cc: (u32, u32), forced: Option<PrefillKernel>) -> PrefillKernel {
-    let want = forced.unwrap_or(PrefillKernel::F32);
+    let want = forced.unwrap_or(PrefillKernel::Mma);
     if want.supports(head_dim, cc) { want } else { PrefillKernel::F32 }
 }
 
@@ -1201,21 +1201,21 @@ mod tests {
         assert_eq!((PrefillKernel::Mma.shared_bytes(64), PrefillKernel::Mma.shared_bytes(128)), (36_864, 69_632));
     }
 
-    /// The selection table: f32 unless the tensor-core kernel is forced and exists (head dims 64
-    /// and 128 on a device that runs mma.sync m16n8k16, 8.0+).
+    /// The selection table: the tensor-core kernel where it exists (head dims 64 and 128 on a
+    /// device that runs mma.sync m16n8k16, 8.0+) unless f32 is forced; f32 everywhere else.
     #[test]
     fn prefill_selection_table() {
         use PrefillKernel::{F32, Mma};
         let (turing, ampere, h200, gb10) = ((7, 5), (8, 0), (9, 0), (12, 1));
         type Row = (u32, (u32, u32), Option<PrefillKernel>, PrefillKernel);
         let table: [Row; 18] = [
-            (128, h200, None, F32),
-            (64, h200, None, F32),
+            (128, h200, None, Mma),
+            (64, h200, None, Mma),
             (256, h200, None, F32),
-            (128, gb10, None, F32),
-            (64, gb10, None, F32),
+            (128, gb10, None, Mma),
+            (64, gb10, None, Mma),
             (256, gb10, None, F32),
-            (128, ampere, None, F32),
+            (128, ampere, None, Mma),
             (128, ampere, Some(Mma), Mma),
             (64, gb10, Some(Mma), Mma),
             (128, turing, None, F32),
@@ -1232,7 +1232,7 @@ mod tests {
             assert_eq!(select_prefill(d, cc, forced), want, "d={d} cc={cc:?} forced={forced:?}");
         }
         for limits in DeviceLimits::recorded() {
-            assert_eq!(select_prefill(128, limits.compute_capability, None), F32, "{}", limits.name);
+            assert_eq!(select_prefill(128, limits.compute_capability, None), Mma, "{}", limits.name);
             assert_eq!(select_prefill(128, limits.compute_capability, Some(Mma)), Mma, "{}", limits.name);
         }
         // The environment's values.

@@ -725,8 +725,8 @@ mod tests {
         assert_eq!(attention_ids(&listed), ids);
     }
 
-    /// The attention families run the prefill kernel the engine runs (f32 unless
-    /// `BRINK_ATTN_PREFILL` forces the tensor-core one), once: no family of a kernel the engine
+    /// The attention families run the prefill kernel the engine runs (the tensor-core one where
+    /// it exists unless `BRINK_ATTN_PREFILL` forces f32), once: no family of a kernel the engine
     /// would not run, whose failure would disqualify a node for nothing.
     #[test]
     fn attention_families_run_the_engines_prefill_kernel() {
