@@ -42,16 +42,9 @@ pub const OAI_LIMIT: f32 = 7.0;
 pub fn swiglu_oai(gate: &[f32], up: &[f32], alpha: f32, limit: f32, out: &mut [f32]) {
     assert!(gate.len() == up.len() && up.len() == out.len(), "swiglu_oai: gate {}, up {}, out {}", gate.len(), up.len(), out.len());
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-        // std::min(g, limit) and std::clamp(u, −limit, limit) as the C++ compares them.
-        let x = if limit < g { limit } else { g };
-        let y = if u < -limit {
-            -limit
-        } else if limit < u {
-            limit
-        } else {
-            u
-        };
-        *o = x / (1.0 + (alpha * -x).exp()) * (y + 1.0);
+        // std::min(g, limit) and std::clamp(u, −limit, limit) as the C++ compares them: the
+        // CUDA kernel's twin computes the same, so the one function serves both.
+        *o = brink_kernels::ops::swiglu::swiglu_oai_value(g, u, alpha, limit);
     }
 }
 
