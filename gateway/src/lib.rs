@@ -16,6 +16,7 @@ pub mod server;
 pub mod spans;
 pub mod telemetry;
 pub mod trace;
+pub mod usage;
 
 pub use config::Config;
 pub use server::{Gateway, serve, serve_kubernetes, serve_on, serve_on_kubernetes};

@@ -30,6 +30,46 @@ impl Rejection {
 /// The GenAI conventions' advisory buckets of the time to first token (seconds), as the
 /// engine's `gen_ai_server_time_to_first_token_seconds`, so the two read side by side.
 pub const FIRST_BYTE_BOUNDS: [f64; 16] = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0];
+/// The GenAI conventions' advisory buckets of `gen_ai.client.operation.duration` (seconds) and
+/// `gen_ai.client.token.usage` (tokens), as the engine's.
+pub const DURATION_BOUNDS: [f64; 14] = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92];
+pub const TOKEN_BOUNDS: [f64; 14] =
+    [1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0, 67108864.0];
+
+/// The GenAI client series (OpenTelemetry semantic conventions, named as the Prometheus
+/// exporter writes them), per model and replica. Their label names are the engine's on its
+/// `gen_ai_server_*` series (`gen_ai_operation_name`, `gen_ai_request_model`,
+/// `gen_ai_token_type`), so a dashboard joins the two; `upstream` as on the `brink_gateway_*`
+/// series.
+#[derive(Clone)]
+pub struct GenAi {
+    /// From the request's arrival to the end of its answer, for every request sent to a replica
+    /// (`error_type` empty when it succeeded).
+    pub duration: HistogramVec,
+    pub tokens: HistogramVec,
+}
+
+/// One request's GenAI labels: `chat` or `text_completion`, the model it named, the replica
+/// that answered (or was tried last).
+#[derive(Clone, Debug)]
+pub struct GenAiLabels {
+    pub operation: &'static str,
+    pub model: String,
+    pub upstream: String,
+}
+
+impl GenAi {
+    /// One finished request: its duration, and the tokens its answer reported (none where it
+    /// reported none).
+    pub fn record(&self, l: &GenAiLabels, seconds: f64, error_type: Option<&str>, usage: crate::usage::Usage) {
+        self.duration.with_label_values(&[l.operation, &l.model, &l.upstream, error_type.unwrap_or("")]).observe(seconds);
+        for (kind, n) in [("input", usage.input), ("output", usage.output)] {
+            if let Some(n) = n {
+                self.tokens.with_label_values(&[l.operation, &l.model, kind, &l.upstream]).observe(n as f64);
+            }
+        }
+    }
+}
 
 pub struct Metrics {
     registry: Registry,
@@ -49,6 +89,7 @@ pub struct Metrics {
     /// A successful answer's first body byte, from the request's arrival (retries included):
     /// for a stream, its first event, which a brink replica sends with the first token.
     pub first_byte: HistogramVec,
+    pub gen_ai: GenAi,
 }
 
 impl Metrics {
@@ -63,6 +104,11 @@ impl Metrics {
             let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("a valid metric definition");
             registry.register(Box::new(g.clone())).expect("registered once");
             g
+        };
+        let histogram = |name: &str, help: &str, labels: &[&str], bounds: &[f64]| {
+            let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(bounds.to_vec()), labels).expect("a valid metric definition");
+            registry.register(Box::new(h.clone())).expect("registered once");
+            h
         };
         let m = Metrics {
             requests: counter(
@@ -101,15 +147,25 @@ impl Metrics {
                 "Requests of the model the gateway has in flight, from routing to the end of the answer.",
                 &["model"],
             ),
-            first_byte: {
-                let opts = HistogramOpts::new(
-                    "brink_gateway_time_to_first_byte_seconds",
-                    "From the request's arrival to its successful answer's first body byte (retries included), by whether it streams.",
-                )
-                .buckets(FIRST_BYTE_BOUNDS.to_vec());
-                let h = HistogramVec::new(opts, &["model", "stream"]).expect("a valid metric definition");
-                registry.register(Box::new(h.clone())).expect("registered once");
-                h
+            first_byte: histogram(
+                "brink_gateway_time_to_first_byte_seconds",
+                "From the request's arrival to its successful answer's first body byte (retries included), by whether it streams.",
+                &["model", "stream"],
+                &FIRST_BYTE_BOUNDS,
+            ),
+            gen_ai: GenAi {
+                duration: histogram(
+                    "gen_ai_client_operation_duration_seconds",
+                    "GenAI operation duration: from the request's arrival at the gateway to the end of its answer (retries included), by the replica that answered or was tried last.",
+                    &["gen_ai_operation_name", "gen_ai_request_model", "upstream", "error_type"],
+                    &DURATION_BOUNDS,
+                ),
+                tokens: histogram(
+                    "gen_ai_client_token_usage",
+                    "Number of input and output tokens used, as the replica's answer reported them.",
+                    &["gen_ai_operation_name", "gen_ai_request_model", "gen_ai_token_type", "upstream"],
+                    &TOKEN_BOUNDS,
+                ),
             },
             registry,
         };

@@ -13,7 +13,6 @@ use std::sync::Arc;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode, header};
 use axum::response::Response;
-use futures::StreamExt;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -21,11 +20,12 @@ use serde_json::Value as Json;
 
 use crate::errors::{Api, GatewayError, Kind};
 use crate::keys::KeyRefusal;
-use crate::metrics::Rejection;
+use crate::metrics::{GenAi, GenAiLabels, Rejection};
 use crate::pick::{self, Candidate};
 use crate::server::Gateway;
 use crate::spans::{self, AttemptEnd, AttemptStart};
 use crate::trace::RequestSpan;
+use crate::usage::{Scanner, Usage};
 
 pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -57,7 +57,9 @@ fn retry_reason(status: StatusCode) -> &'static str {
 pub async fn generate(gw: Arc<Gateway>, api: Api, req: Request<Body>) -> Response {
     let arrived = std::time::Instant::now();
     let span = RequestSpan::start(gw.tracer.as_ref(), req.headers(), req.method().as_str(), req.uri().path(), api);
-    let resp = match admit_and_send(&gw, api, req, &span, arrived).await {
+    // The semantic conventions' `gen_ai.operation.name` of the route.
+    let operation = if req.uri().path() == "/v1/completions" { "text_completion" } else { "chat" };
+    let resp = match admit_and_send(&gw, api, operation, req, &span, arrived).await {
         Ok(resp) => resp,
         Err((why, e)) => {
             gw.metrics.reject(why);
@@ -72,6 +74,7 @@ pub async fn generate(gw: Arc<Gateway>, api: Api, req: Request<Body>) -> Respons
 async fn admit_and_send(
     gw: &Arc<Gateway>,
     api: Api,
+    operation: &'static str,
     req: Request<Body>,
     span: &RequestSpan,
     arrived: std::time::Instant,
@@ -159,6 +162,10 @@ async fn admit_and_send(
     while let Some(i) = queue.pop_front() {
         let upstream = &upstreams[i];
         let in_flight = upstream.start_request(&gw.metrics);
+        // The GenAI series of a request that ends here (answered, or failed as the last try).
+        let gen_ai = GenAiLabels { operation, model: model.clone(), upstream: upstream.base.clone() };
+        let failed =
+            |error_type: &str| gw.metrics.gen_ai.record(&gen_ai, arrived.elapsed().as_secs_f64(), Some(error_type), Usage::default());
         let declared = upstream.declared();
         // The deployment answers to the client's name; the replica may serve it under its own.
         let served_as = declared.as_ref().map_or(model.as_str(), |d| d.served_as.as_str());
@@ -191,11 +198,13 @@ async fn admit_and_send(
                     let answer = http_body_util::Limited::new(incoming, MAX_REFUSAL_BYTES).collect().await.map(|b| b.to_bytes());
                     let Ok(answer) = answer else {
                         let message = format!("{} answered 400 and its body broke", upstream.base);
+                        failed("body_error");
                         attempt.end(&AttemptEnd::Failed { status: Some(400), reason: "body_error", message: message.clone() });
                         return Ok(GatewayError::new(Kind::BadGateway, message).response(api));
                     };
                     let Some(refusal) = context_refusal(&answer) else {
                         attempt.end(&AttemptEnd::Answered { status: 400 });
+                        failed("400");
                         return Ok(pass_on(head, answer, (slot, in_flight, model_in_flight, attempt)));
                     };
                     queue.retain(|&j| contexts[j].is_none_or(|c| c > refusal.prompt_tokens));
@@ -207,6 +216,7 @@ async fn admit_and_send(
                             refusal.prompt_tokens
                         );
                         gw.metrics.reject(Rejection::OverContext);
+                        failed("400");
                         span.set(vec![spans::rejected(Rejection::OverContext)]);
                         attempt.end(&AttemptEnd::Failed { status: Some(400), reason: "context", message: message.clone() });
                         return Ok(GatewayError { param: refusal.param, ..GatewayError::new(Kind::BadRequest, message) }.response(api));
@@ -231,6 +241,7 @@ async fn admit_and_send(
                         drop(in_flight);
                         let (status, reason) = (Some(status.as_u16()), "closed_before_body");
                         if is_last {
+                            failed(reason);
                             attempt.end(&AttemptEnd::Failed { status, reason, message: message.clone() });
                             let msg = format!("no replica answered: the last one tried, {}, failed: {message}", upstream.base);
                             return Ok(GatewayError::new(Kind::BadGateway, msg).response(api));
@@ -245,15 +256,23 @@ async fn admit_and_send(
                     if status.is_success() {
                         gw.metrics.first_byte.with_label_values(&[&model, stream]).observe(arrived.elapsed().as_secs_f64());
                     }
-                    // The answer: streamed through; the key's slot, the in-flight counts and the
-                    // spans are held by the body until it ends or the client goes.
+                    // The answer: streamed through, its usage read on the way (a success's only);
+                    // the key's slot, the in-flight counts and the spans are held by the body
+                    // until it ends or the client goes.
+                    let sse = head.headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
                     strip_hop_by_hop(&mut head.headers);
+                    let outcome = Outcome {
+                        series: gw.metrics.gen_ai.clone(),
+                        labels: gen_ai,
+                        arrived,
+                        scanner: status.is_success().then(|| Scanner::new(sse)),
+                        error_type: (!status.is_success()).then(|| status.as_str().to_string()),
+                        recorded: false,
+                    };
+                    let first = first.and_then(Result::ok);
                     let guards = (slot, in_flight, model_in_flight, attempt, span.clone());
-                    let frames = futures::stream::iter(first).chain(http_body_util::BodyStream::new(incoming)).map(move |frame| {
-                        let _held = &guards;
-                        frame
-                    });
-                    return Ok(Response::from_parts(head, Body::new(http_body_util::StreamBody::new(frames))));
+                    let answer = Answer { first, incoming, outcome, _guards: guards };
+                    return Ok(Response::from_parts(head, Body::new(answer)));
                 }
                 count(status.as_str());
                 attempt.end(&AttemptEnd::Retried { status: Some(status.as_u16()), reason: retry_reason(status) });
@@ -265,6 +284,7 @@ async fn admit_and_send(
                 upstream.mark_down(&message, &gw.metrics);
                 drop(in_flight);
                 if is_last {
+                    failed(reason);
                     attempt.end(&AttemptEnd::Failed { status: None, reason, message: message.clone() });
                     let msg = format!("no replica answered: the last one tried, {}, failed: {message}", upstream.base);
                     return Ok(GatewayError::new(Kind::BadGateway, msg).response(api));
@@ -279,6 +299,80 @@ async fn admit_and_send(
     // The order is never empty, and its last attempt always returns; a context refusal with
     // nowhere left to go returns too.
     unreachable!("the last attempt returns")
+}
+
+/// A replica's answer on its way to the client, frame by frame as they come, each shown to the
+/// usage scanner; its GenAI series are recorded once, when it ends (or the client goes).
+struct Answer<G> {
+    /// The frame read before the answer was committed to (none: the body was empty).
+    first: Option<hyper::body::Frame<Bytes>>,
+    incoming: hyper::body::Incoming,
+    outcome: Outcome,
+    _guards: G,
+}
+
+impl<G: Unpin> hyper::body::Body for Answer<G> {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let next = match this.first.take() {
+            Some(frame) => Some(Ok(frame)),
+            None => std::task::ready!(std::pin::Pin::new(&mut this.incoming).poll_frame(cx)),
+        };
+        match &next {
+            Some(Ok(frame)) => {
+                if let (Some(s), Some(data)) = (&mut this.outcome.scanner, frame.data_ref()) {
+                    s.feed(data);
+                }
+            }
+            Some(Err(_)) => this.outcome.record(Some("body_error")),
+            None => this.outcome.record(None),
+        }
+        // A body of known length is done with its last byte: the server may not ask again.
+        if hyper::body::Body::is_end_stream(this) {
+            this.outcome.record(None);
+        }
+        std::task::Poll::Ready(next)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none() && self.incoming.is_end_stream()
+    }
+}
+
+/// What an answer's GenAI series need, recorded once.
+struct Outcome {
+    series: GenAi,
+    labels: GenAiLabels,
+    arrived: std::time::Instant,
+    /// Only a success's body is read for its usage.
+    scanner: Option<Scanner>,
+    /// The status of an answer that is not a success.
+    error_type: Option<String>,
+    recorded: bool,
+}
+
+impl Outcome {
+    fn record(&mut self, error_type: Option<&str>) {
+        if std::mem::replace(&mut self.recorded, true) {
+            return;
+        }
+        let usage = self.scanner.take().map(Scanner::finish).unwrap_or_default();
+        let error_type = self.error_type.as_deref().or(error_type);
+        self.series.record(&self.labels, self.arrived.elapsed().as_secs_f64(), error_type, usage);
+    }
+}
+
+impl Drop for Outcome {
+    /// The client went before the answer's end.
+    fn drop(&mut self) {
+        self.record(Some("cancelled"));
+    }
 }
 
 /// Largest refusal body read to learn whether a replica refused a prompt as over its context.

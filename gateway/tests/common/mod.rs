@@ -44,6 +44,10 @@ pub struct StubState {
     /// Streamed answers send their response head, then break the connection before any body
     /// byte (a replica process that dies right after it).
     pub cut_after_head: Mutex<bool>,
+    /// Answers report this usage (input, output tokens) in their API's shape: a JSON answer's
+    /// `usage`; a stream's usage chunk (OpenAI, split across two writes) or its `message_start`
+    /// and `message_delta` (Anthropic).
+    pub usage: Mutex<Option<(u64, u64)>>,
 }
 
 pub struct Stub {
@@ -62,6 +66,7 @@ impl Stub {
             refuse_with: Mutex::new(None),
             gate: Semaphore::new(0),
             cut_after_head: Mutex::new(false),
+            usage: Mutex::new(None),
         });
         let app = Router::new()
             .route("/v1/chat/completions", route_post(stub_generate))
@@ -132,21 +137,54 @@ async fn stub_generate(State(s): State<Arc<StubState>>, uri: Uri, headers: Heade
         });
         return ([(header::CONTENT_TYPE, "text/event-stream")], Body::from_stream(broken)).into_response();
     }
+    let usage = *s.usage.lock().unwrap();
+    let anthropic = uri.path() == "/v1/messages";
     if body["stream"] == json!(true) {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
         let state = s.clone();
         tokio::spawn(async move {
-            let first = format!("data: {}\n\n", json!({"chunk": 1, "answered_by": state.name}));
+            let first = match usage {
+                Some((input, _)) if anthropic => format!(
+                    "event: message_start\ndata: {}\n\n",
+                    json!({"type": "message_start", "message": {"usage": {"input_tokens": input, "output_tokens": 1}}})
+                ),
+                _ => format!("data: {}\n\n", json!({"chunk": 1, "answered_by": state.name})),
+            };
             let _ = tx.send(Ok(Bytes::from(first))).await;
             // The rest only once the test has read the first chunk through the gateway.
             state.gate.acquire().await.unwrap().forget();
             let _ = tx.send(Ok(Bytes::from(format!("data: {}\n\n", json!({"chunk": 2}))))).await;
+            match usage {
+                Some((_, output)) if anthropic => {
+                    let delta = json!({"type": "message_delta", "usage": {"output_tokens": output}});
+                    let _ = tx.send(Ok(Bytes::from(format!("event: message_delta\ndata: {delta}\n\n")))).await;
+                    let _ = tx.send(Ok(Bytes::from("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"))).await;
+                    return;
+                }
+                Some((input, output)) => {
+                    let chunk =
+                        format!("data: {}\n\n", json!({"choices": [], "usage": {"prompt_tokens": input, "completion_tokens": output}}));
+                    let (a, b) = chunk.split_at(chunk.len() / 2);
+                    let _ = tx.send(Ok(Bytes::from(a.to_string()))).await;
+                    tokio::time::sleep(Duration::from_millis(20)).await; // two frames at the gateway
+                    let _ = tx.send(Ok(Bytes::from(b.to_string()))).await;
+                }
+                None => {}
+            }
             let _ = tx.send(Ok(Bytes::from("data: [DONE]\n\n"))).await;
         });
         let stream = futures_stream(rx);
         return ([(header::CONTENT_TYPE, "text/event-stream")], Body::from_stream(stream)).into_response();
     }
-    axum::Json(json!({"answered_by": s.name, "model": model, "path": uri.path()})).into_response()
+    let mut answer = json!({"answered_by": s.name, "model": model, "path": uri.path()});
+    if let Some((input, output)) = usage {
+        answer["usage"] = if anthropic {
+            json!({"input_tokens": input, "output_tokens": output})
+        } else {
+            json!({"prompt_tokens": input, "completion_tokens": output})
+        };
+    }
+    axum::Json(answer).into_response()
 }
 
 /// A receiver as a stream of body chunks.
