@@ -4,7 +4,7 @@
 //! Needs libnvrtc (CI installs it from PyPI). Without it the test says so and passes, unless
 //! `BRINK_REQUIRE_NVRTC=1` (set by `.ci/run`), which makes a missing NVRTC a failure.
 
-use brink_kernels::cuda::compile::{compile, nvrtc_present, nvrtc_version, parse_resources};
+use brink_kernels::cuda::compile::{compile_all, nvrtc_present, nvrtc_version, parse_resources};
 use brink_kernels::limits::DeviceLimits;
 use brink_kernels::sources;
 
@@ -23,8 +23,9 @@ fn every_kernel_compiles_for_sm90_and_sm121() {
     let mut failures = Vec::new();
     for limits in DeviceLimits::recorded() {
         let arch = limits.arch();
-        for src in sources::ALL {
-            match compile(src, &arch, None) {
+        // Every source at once (as a node compiles them), so CI's cores share the work.
+        for (src, result) in sources::ALL.iter().zip(compile_all(sources::ALL, &arch, None)) {
+            match result {
                 Err(e) => failures.push(e.to_string()),
                 Ok(cubin) => {
                     assert!(cubin.bytes.len() > 100, "{} {arch}: CUBIN of {} bytes", src.file, cubin.bytes.len());
