@@ -258,7 +258,9 @@ fn no_gpu_is_recognised_at_start() {
 fn a_worker_that_never_gets_ready_times_out() {
     let mut runner = Runner::new(|| {
         let mut c = Command::new("sh");
-        c.arg("-c").arg("sleep 600");
+        // exec: the kill at the timeout ends the sleep itself (dash forks a lone command, and
+        // an orphaned sleep would hold the test's output open for ten minutes).
+        c.arg("-c").arg("exec sleep 600");
         c
     });
     runner.startup_timeout = Duration::from_millis(300);
