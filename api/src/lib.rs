@@ -8,6 +8,7 @@
 pub mod blackbox;
 pub mod crd;
 pub mod device;
+pub mod gen_ai;
 pub mod model_test;
 pub mod qualification;
 pub mod report;

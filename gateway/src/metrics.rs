@@ -27,14 +27,9 @@ impl Rejection {
     }
 }
 
-/// The GenAI conventions' advisory buckets of the time to first token (seconds), as the
-/// engine's `gen_ai_server_time_to_first_token_seconds`, so the two read side by side.
-pub const FIRST_BYTE_BOUNDS: [f64; 16] = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0];
-/// The GenAI conventions' advisory buckets of `gen_ai.client.operation.duration` (seconds) and
-/// `gen_ai.client.token.usage` (tokens), as the engine's.
-pub const DURATION_BOUNDS: [f64; 14] = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92];
-pub const TOKEN_BOUNDS: [f64; 14] =
-    [1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0, 67108864.0];
+/// The GenAI conventions' advisory buckets (one copy, the engine's too): the time to first byte
+/// in the time to first token's, so the two read side by side.
+pub use brink_api::gen_ai::{DURATION_BOUNDS, TOKEN_BOUNDS, TTFT_BOUNDS as FIRST_BYTE_BOUNDS};
 
 /// The GenAI client series (OpenTelemetry semantic conventions, named as the Prometheus
 /// exporter writes them), per model and replica. Their label names are the engine's on its
