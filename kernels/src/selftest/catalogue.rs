@@ -141,7 +141,15 @@ impl Builder<'_> {
         bytes: impl Fn(u64) -> u64,
         skip: Option<(u64, &str)>,
     ) {
+        // A weight format whose blocks cannot tile the case's K (a K-quant's 256 at gpt-oss's
+        // 2,880): no matrix of this shape exists in that format, so no count can run.
+        let no_such_matrix = weight_width_refusal(&params);
         for (tokens, reasons) in merge(counts) {
+            if let Some(why) = &no_such_matrix {
+                let case = self.case(kernel, tag, tokens, reasons, params.clone(), Expect::Pass, bytes(tokens));
+                self.skipped.push((case, why.clone()));
+                continue;
+            }
             match skip {
                 Some((max, why)) if tokens > max => {
                     let case = self.case(kernel, tag, tokens, reasons, params.clone(), Expect::Pass, bytes(tokens));
@@ -151,6 +159,24 @@ impl Builder<'_> {
             }
         }
     }
+}
+
+/// Why no weight matrix of the case's shape can exist in its format, if none can: each weight
+/// row of K values must be whole blocks of the format (`WeightType::check_row_width`).
+fn weight_width_refusal(params: &OpCase) -> Option<String> {
+    let rows: Vec<(WeightType, u32)> = match params {
+        OpCase::MoeGemm(c) => vec![(c.wtype, c.k)],
+        OpCase::MoeGemv(c) => vec![(c.wtype, c.k)],
+        OpCase::MoeGemvSwiglu(c) | OpCase::MoeGemvCombine(c) => vec![(c.dims.wtype, c.dims.hidden), (c.dims.wtype, c.dims.ffn)],
+        OpCase::OutputHead(c) => vec![(c.wtype, c.hidden)],
+        OpCase::Linear(c) => vec![(c.wtype, c.k)],
+        OpCase::Qkv(c) => c.wtype.iter().map(|&w| (w, c.k)).collect(),
+        OpCase::LatentProj(c) => vec![(c.wtype, c.k)],
+        _ => Vec::new(),
+    };
+    rows.into_iter()
+        .find_map(|(w, k)| w.check_row_width(u64::from(k)))
+        .map(|why| format!("no matrix of this shape exists in this format: {why}"))
 }
 
 fn gib(b: u64) -> f64 {
@@ -698,6 +724,32 @@ mod tests {
         }
         assert_eq!(parse_clamped("clamped_swiglu(alpha=1.702,limit=7)"), Some(Act::GPT_OSS));
         assert_eq!(parse_clamped("swiglu"), None);
+    }
+
+    /// At gpt-oss's hidden width (2,880 = 90 blocks of 32, not a multiple of 256) no K-quant
+    /// matrix can exist: those cases are listed as skipped with the reason, every count of them,
+    /// and none is left to run (on a GPU they were rejected by their plans and failed the node).
+    /// The 32-wide formats still run; at qwen3's widths the K-quants still run.
+    #[test]
+    fn k_quant_cases_at_widths_no_k_quant_matrix_has_are_skipped_by_name() {
+        let mut oss = ModelShape::qwen3_30b_a3b();
+        oss.hidden = 2880;
+        oss.expert_ffn = 2880;
+        let cat = derive(&oss, &Serving::default(), &DeviceLimits::h200(), &opts());
+        let k_quant = |id: &str| ["q4_K", "q5_K", "q6_K"].iter().any(|t| id.contains(t));
+        // The o projection's K is the query width (32 heads x 128 = 4,096): it still runs.
+        let left: Vec<&str> = cat.cases.iter().filter(|c| k_quant(&c.id)).map(|c| c.id.as_str()).collect();
+        assert!(!left.is_empty() && left.iter().all(|id| id.starts_with("linear/q4_K/o/")), "{left:?}");
+        let skipped: Vec<&(Case, String)> =
+            cat.skipped.iter().filter(|(c, _)| k_quant(&c.id) && !c.id.starts_with("linear/q4_K/o/")).collect();
+        for kernel in ["moe_gemm", "moe_gemv", "moe_gemv_swiglu_q8_1", "moe_gemv_combine", "output_head", "linear", "qkv"] {
+            assert!(skipped.iter().any(|(c, _)| c.kernel == kernel), "{kernel}: no K-quant case listed");
+        }
+        assert!(skipped.iter().all(|(_, why)| why.starts_with("no matrix of this shape exists") && why.contains("K = 2880")));
+        assert!(cat.cases.iter().any(|c| c.id.starts_with("moe_gemm/q4_0/") || c.id.starts_with("moe_gemv/q8_0/")));
+        let qwen = derive(&ModelShape::qwen3_30b_a3b(), &Serving::default(), &DeviceLimits::h200(), &opts());
+        assert!(qwen.cases.iter().any(|c| k_quant(&c.id)));
+        assert!(qwen.skipped.iter().all(|(_, why)| !why.starts_with("no matrix of this shape exists")));
     }
 
     #[test]
