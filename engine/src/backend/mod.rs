@@ -25,7 +25,8 @@ pub enum WeightRole {
     Embedding,
     /// A matrix multiplied with activations (projections, experts, the LM head, the router).
     Matrix,
-    /// A vector of per-channel scales (norm weights).
+    /// Per-channel values held as f32: norm weights, biases and sinks (a vector), or one such
+    /// vector per expert (the routed experts' biases, `[width, experts]`).
     Scale,
 }
 
@@ -34,7 +35,7 @@ impl WeightRole {
         match self {
             WeightRole::Embedding => "an embedding table",
             WeightRole::Matrix => "a matrix",
-            WeightRole::Scale => "a norm weight",
+            WeightRole::Scale => "per-channel values",
         }
     }
 }

@@ -84,7 +84,7 @@ pub(crate) fn layout(ty: GgmlType, role: WeightRole, dims: &[u64]) -> Result<Lay
         WeightRole::Scale => match ty {
             GgmlType::F32 => Ok(Layout::F32),
             GgmlType::F16 | GgmlType::BF16 => Ok(Layout::WidenToF32),
-            _ => Err(format!("a norm weight must be f32, f16 or bf16, not {ty}")),
+            _ => Err(format!("per-channel values (norm weights, biases) must be f32, f16 or bf16, not {ty}")),
         },
         WeightRole::Embedding => match (ty, tt) {
             (GgmlType::F32, _) => Ok(Layout::F32),
@@ -120,18 +120,26 @@ pub(crate) fn supported_types(role: WeightRole) -> &'static [GgmlType] {
     }
 }
 
+/// The layout of `t` in `role` after the checks every upload makes (its bytes match its shape;
+/// per-channel values are a vector, or one per expert), or why it cannot be held.
+pub(crate) fn checked_layout(t: &HostTensor, role: WeightRole) -> Result<Layout, String> {
+    let expected = crate::gguf::tensor_bytes(t.ggml_type, &t.dims).map_err(|e| e.to_string())?;
+    if expected != t.bytes.len() as u64 {
+        return Err(format!("holds {} bytes, its shape needs {expected}", t.bytes.len()));
+    }
+    // A vector, or one vector per expert (gpt-oss's `ffn_*_exps.bias`, `[width, experts]`).
+    if role == WeightRole::Scale && !(1..=2).contains(&t.dims.len()) {
+        return Err("per-channel values are a vector or one vector per expert".into());
+    }
+    layout(t.ggml_type, role, &t.dims)
+}
+
 /// Uploads `t` in the layout its type and role call for.
 pub(crate) fn load(gpu: &Gpu, t: HostTensor, role: WeightRole) -> Result<CudaWeight, BackendError> {
     let bad = |why: String| fail(format!("tensor {:?} ({}, dims {:?}) as {}: {why}", t.name, t.ggml_type, t.dims, role.name()));
-    let expected = crate::gguf::tensor_bytes(t.ggml_type, &t.dims).map_err(|e| bad(e.to_string()))?;
-    if expected != t.bytes.len() as u64 {
-        return Err(bad(format!("holds {} bytes, its shape needs {expected}", t.bytes.len())));
-    }
-    if role == WeightRole::Scale && t.dims.len() != 1 {
-        return Err(bad("a norm weight is a vector".into()));
-    }
+    let layout = checked_layout(&t, role).map_err(&bad)?;
     let upload_err = |e| fail(format!("uploading tensor {:?}: {e}", t.name));
-    let data = match layout(t.ggml_type, role, &t.dims).map_err(&bad)? {
+    let data = match layout {
         Layout::Blocks(wtype) => WeightData::Blocks { wtype, bytes: gpu.upload(&t.bytes).map_err(upload_err)? },
         Layout::F32 => WeightData::F32(gpu.upload(&f32_values(&t.bytes)).map_err(upload_err)?),
         Layout::WidenToF32 => WeightData::F32(gpu.upload(&widen(&t).map_err(&bad)?).map_err(upload_err)?),
@@ -196,7 +204,7 @@ mod tests {
     }
 
     /// The gpt-oss loader driven by a backend that answers as the CUDA one does (its layer
-    /// check, its types, [`layout`]) and computes nothing: every tensor of the tiny preset gets a
+    /// check, its types, [`checked_layout`]: the per-expert bias rows included) and computes nothing: every tensor of the tiny preset gets a
     /// layout, its experts the repack, whose bytes hold the file's values bit for bit.
     #[test]
     fn every_tensor_of_a_synthetic_gpt_oss_gets_a_layout() {
@@ -233,7 +241,7 @@ mod tests {
             supported_types(role)
         }
         fn load_weight(&mut self, t: HostTensor, role: WeightRole) -> crate::backend::Result<()> {
-            let l = layout(t.ggml_type, role, &t.dims).map_err(|e| fail(format!("{}: {e}", t.name)))?;
+            let l = checked_layout(&t, role).map_err(|e| fail(format!("{}: {e}", t.name)))?;
             if l == Layout::RepackMxfp4ToQ8_0 {
                 let q8 = super::super::repack::mxfp4_to_q8_0(&t.bytes).map_err(|e| fail(format!("{}: {e}", t.name)))?;
                 let values = |tt: TensorType, b: &[u8]| {
