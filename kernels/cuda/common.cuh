@@ -33,6 +33,9 @@ typedef unsigned short u16;
 struct block_q8_0 { u16 d; signed char qs[QK]; };        // 34 bytes
 struct block_q4_0 { u16 d; unsigned char qs[QK / 2]; };  // 18 bytes
 struct block_q8_1 { u16 d; u16 s; signed char qs[QK]; }; // 36 bytes
+// MXFP4 (quant/mxfp4.rs): an E8M0 exponent, then value j < 16 in the low nibble of qs[j] and
+// value 16 + j in its high nibble. Only byte-aligned: its ints are built from bytes.
+struct block_mxfp4 { unsigned char e; unsigned char qs[QK / 2]; };  // 17 bytes
 // K-quant super-blocks of 256 weights (ggml-common.h; layouts in quant/kquants.rs).
 struct block_q4_K { u16 d; u16 dmin; unsigned char scales[12]; unsigned char qs[QK_K / 2]; };                            // 144 bytes
 struct block_q5_K { u16 d; u16 dmin; unsigned char scales[12]; unsigned char qh[QK_K / 8]; unsigned char qs[QK_K / 2]; }; // 176 bytes
@@ -60,6 +63,12 @@ static __device__ __forceinline__ int dp4a(int a, int b, int c) {
 static __device__ __forceinline__ int load_int_b2(const void* p, int i) {
     const u16* x = (const u16*)p;
     return (int)((u32)x[2 * i] | ((u32)x[2 * i + 1] << 16));
+}
+
+// 4 int8 from any address (mxfp4 blocks are 17 bytes: byte aligned), little-endian.
+static __device__ __forceinline__ int load_int_b1(const unsigned char* p, int i) {
+    const unsigned char* b = p + 4 * i;
+    return (int)((u32)b[0] | ((u32)b[1] << 8) | ((u32)b[2] << 16) | ((u32)b[3] << 24));
 }
 
 // 4 int8 from a 4-byte aligned address (q8_1 blocks are 36 bytes: 4-byte aligned).
@@ -151,6 +160,50 @@ static __device__ __forceinline__ float dot_block_q4_0(const block_q4_0* w, cons
     return f16_to_f32(w->d) * (f16_to_f32(x->d) * (float)dot_q4_0_ints(w, x, 0, 4) - 8.0f * f16_to_f32(x->s));
 }
 
+// 2^(e - 128) as f32, `mxfp4::e8m0_to_f32_half`: e = 0, 1 are the subnormals 2^-128, 2^-127.
+static __device__ __forceinline__ float e8m0_to_f32_half(unsigned char e) {
+    return __int_as_float(e < 2 ? (int)(0x00200000u << e) : (int)((u32)(e - 1) << 23));
+}
+
+// The signed values of the 8 codes in qs[4i .. 4i + 4]: `lo` the low nibbles (values 4i ..
+// 4i + 3), `hi` the high ones (16 + 4i ..). The code table [0 1 2 3 4 6 8 12 0 -1 -2 -3 -4 -6
+// -8 -12] is four words; __byte_perm looks up a code's low 3 bits in the positive and the
+// negative half, then its bit 3 picks the half (ggml-cuda's get_int_from_table_16): exact for
+// every code, 8 (-0) giving 0. q's nibbles alternate low, high per byte, so each 16-bit half
+// of q gives the values of two bytes interleaved, and the last two permutations sort them.
+static __device__ __forceinline__ void mxfp4_ints(const block_mxfp4* w, int i, int* lo, int* hi) {
+    const u32 q = (u32)load_int_b1(w->qs, i);
+    const u32 sel = 0x32103210u | ((q & 0x88888888u) >> 1);
+    u32 t[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u32 pos = __byte_perm(0x03020100u, 0x0c080604u, q >> (16 * h));
+        const u32 neg = __byte_perm(0xfdfeff00u, 0xf4f8fafcu, q >> (16 * h));
+        t[h] = __byte_perm(pos, neg, sel >> (16 * h));
+    }
+    *lo = (int)__byte_perm(t[0], t[1], 0x6420);
+    *hi = (int)__byte_perm(t[0], t[1], 0x7531);
+}
+
+// Σ code value * q8 over the whole block: the low nibbles meet activation ints 0..3, the high
+// ones ints 4..7. |Σ| <= 32 * 12 * 127 < 2^19.
+static __device__ __forceinline__ int dot_mxfp4_ints(const block_mxfp4* w, const block_q8_1* x) {
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        int lo, hi;
+        mxfp4_ints(w, i, &lo, &hi);
+        s = dp4a(lo, load_int_b4(x->qs, i), s);
+        s = dp4a(hi, load_int_b4(x->qs, i + 4), s);
+    }
+    return s;
+}
+
+// (d · d8) · Σ, the order of the twin `mxfp4::dot_mxfp4_q8_1` and of block_partial_f.
+static __device__ __forceinline__ float dot_block_mxfp4(const block_mxfp4* w, const block_q8_1* x) {
+    return e8m0_to_f32_half(w->e) * f16_to_f32(x->d) * (float)dot_mxfp4_ints(w, x);
+}
+
 // ---- Every weight format, seen as 32-wide blocks --------------------------------------------
 // Block b of a weight row meets q8_1 activation block b. For the K-quants it is sub-block b % 8
 // of super-block b / 8. The kernels unpack a block to 8 ints of 4 signed 8-bit weights each
@@ -161,9 +214,10 @@ static __device__ __forceinline__ float dot_block_q4_0(const block_q4_0* w, cons
 //
 // Alignment: q8_0, q4_0 and q6_K blocks (34, 18, 210 bytes) are only 2-byte aligned and use
 // load_int_b2; q4_K and q5_K blocks (144, 176 bytes) are 4-byte aligned whenever the row base
-// is (every device allocation is 256-byte aligned, GGUF tensor data 32-byte aligned).
+// is (every device allocation is 256-byte aligned, GGUF tensor data 32-byte aligned); mxfp4
+// blocks (17 bytes) are byte aligned and use load_int_b1.
 
-// The scales one 32-wide block needs: q8_0, q4_0: d; q4_K, q5_K: d, dmin and the sub-block's
+// The scales one 32-wide block needs: q8_0, q4_0: d; mxfp4: d = 2^(e - 128); q4_K, q5_K: d, dmin and the sub-block's
 // six-bit scale sc and min m; q6_K: d and the i8 scales of the block's two 16-weight groups
 // (sc: weights 0..15, m: weights 16..31).
 struct wscale { float d; float dmin; int sc; int m; };
@@ -189,8 +243,8 @@ static __device__ __forceinline__ void scale_min_k4(int j, const unsigned char* 
 }
 
 // Int j (weights 4j .. 4j + 3) of block b of a weight row, as 4 signed bytes: q8_0 its quants;
-// q4_0 its nibbles 0..15 (the -8 is folded into the formula); q4_K 0..15; q5_K 0..31; q6_K
-// q - 32 in -32..31.
+// q4_0 its nibbles 0..15 (the -8 is folded into the formula); mxfp4 its code values -12..12;
+// q4_K 0..15; q5_K 0..31; q6_K q - 32 in -32..31.
 template <int WT>
 static __device__ __forceinline__ int wq_int(const unsigned char* row, int b, int j) {
     const int s = b & 7;  // K-quants: the sub-block
@@ -198,6 +252,10 @@ static __device__ __forceinline__ int wq_int(const unsigned char* row, int b, in
         return load_int_b2(((const block_q8_0*)row + b)->qs, j);
     } else if constexpr (WT == WTYPE_Q4_0) {
         return (load_int_b2(((const block_q4_0*)row + b)->qs, j & 3) >> (4 * (j >> 2))) & 0x0f0f0f0f;
+    } else if constexpr (WT == WTYPE_MXFP4) {
+        int lo, hi;
+        mxfp4_ints((const block_mxfp4*)row + b, j & 3, &lo, &hi);
+        return j < 4 ? lo : hi;
     } else if constexpr (WT == WTYPE_Q4_K) {
         // Sub-blocks 2i and 2i + 1 are the low and high nibbles of qs[32i .. 32i + 32].
         const block_q4_K* w = (const block_q4_K*)row + (b >> 3);
@@ -225,6 +283,8 @@ static __device__ __forceinline__ wscale wq_scale(const unsigned char* row, int 
         r.d = f16_to_f32(((const block_q8_0*)row + b)->d);
     } else if constexpr (WT == WTYPE_Q4_0) {
         r.d = f16_to_f32(((const block_q4_0*)row + b)->d);
+    } else if constexpr (WT == WTYPE_MXFP4) {
+        r.d = e8m0_to_f32_half(((const block_mxfp4*)row + b)->e);
     } else if constexpr (WT == WTYPE_Q4_K || WT == WTYPE_Q5_K) {
         // q5_K starts like q4_K: d, dmin, scales.
         const block_q4_K* w = (const block_q4_K*)(row + (u64)(b >> 3) * (WT == WTYPE_Q4_K ? sizeof(block_q4_K) : sizeof(block_q5_K)));
@@ -259,17 +319,18 @@ static __device__ __forceinline__ void block_isums(const int q[8], const block_q
 }
 
 // One block's contribution from its integer sums and the activation block's d8 and s8:
-//   q8_0: d·d8·Σ;  q4_0: d·(d8·Σ − 8·s8)  (the twins `dot_q8_0_q8_1`, `dot_q4_0_q8_1`);
+//   q8_0: (d·d8)·Σ;  q4_0: d·(d8·Σ − 8·s8)  (the twins `dot_q8_0_q8_1`, `dot_q4_0_q8_1`);
 //   q4_K, q5_K: d·(d8·(Σ·sc)) − dmin·(d8·(Σu·m));  q6_K: d·(d8·(lo·sc) + d8·(hi·m)),
 // the terms of ggml-cuda's vec_dot_q{4,5,6}_K_q8_1. The K-quant arithmetic is spelled with _rn
 // intrinsics (no FMA contraction, here or into the caller's sum) so that tests can repeat it
 // exactly (`quant::kquants::device_partial`). Integer products stay below 2^24: exact in f32.
-// q8_0 and q4_0 from their block sum already in f32 (exact: |Σ| <= 32·128·128 = 2^19); the
-// GEMM tile converts it without I2F (gemm_tile.cuh, GEMM_I2F_BIAS).
+//   mxfp4: (d·d8)·Σ  (the twin `mxfp4::dot_mxfp4_q8_1`).
+// q8_0, q4_0 and mxfp4 from their block sum already in f32 (exact: |Σ| <= 32·128·128 = 2^19);
+// the GEMM tile converts it without I2F (gemm_tile.cuh, GEMM_I2F_BIAS).
 template <int WT>
 static __device__ __forceinline__ float block_partial_f(wscale w, float sum, float d8, float s8) {
-    static_assert(WT == WTYPE_Q8_0 || WT == WTYPE_Q4_0, "one integer sum, no sub-block scale");
-    if constexpr (WT == WTYPE_Q8_0) {
+    static_assert(WT == WTYPE_Q8_0 || WT == WTYPE_Q4_0 || WT == WTYPE_MXFP4, "one integer sum, no sub-block scale");
+    if constexpr (WT == WTYPE_Q8_0 || WT == WTYPE_MXFP4) {
         return w.d * d8 * sum;
     } else {
         return w.d * (d8 * sum - 8.0f * s8);
@@ -278,7 +339,7 @@ static __device__ __forceinline__ float block_partial_f(wscale w, float sum, flo
 
 template <int WT>
 static __device__ __forceinline__ float block_partial(wscale w, int lo, int hi, int usum, float d8, float s8) {
-    if constexpr (WT == WTYPE_Q8_0 || WT == WTYPE_Q4_0) {
+    if constexpr (WT == WTYPE_Q8_0 || WT == WTYPE_Q4_0 || WT == WTYPE_MXFP4) {
         return block_partial_f<WT>(w, (float)(lo + hi), d8, s8);
     } else if constexpr (WT == WTYPE_Q6_K) {
         return __fmul_rn(w.d, __fadd_rn(__fmul_rn(d8, (float)(lo * w.sc)), __fmul_rn(d8, (float)(hi * w.m))));
@@ -294,6 +355,8 @@ static __device__ __forceinline__ float dot_block(const unsigned char* row, int 
         return dot_block_q8_0((const block_q8_0*)row + b, x);
     } else if constexpr (WT == WTYPE_Q4_0) {
         return dot_block_q4_0((const block_q4_0*)row + b, x);
+    } else if constexpr (WT == WTYPE_MXFP4) {
+        return dot_block_mxfp4((const block_mxfp4*)row + b, x);
     } else {
         int q[8];
 #pragma unroll

@@ -18,6 +18,7 @@
 //   a_dx [KB][BM][2]    activation d, then                    signed byte per weight (wq_int)
 //                       q4_0: s (float bits); q4_K, q5_K: Σ quants (int); others unused
 //   w_d, w_m [KB][BN]   the block's d and dmin; w_sc [KB][BN] its two small scales, 16 bits each
+// (mxfp4: the weight bytes are its code values -12..12, d is 2^(e - 128)).
 // QS = 8 quant ints per block, word j (values 4j..4j+3) in slot gemm_slot(j) = 2 (j % 4) + j / 4:
 // the two words an mma fragment takes from a row (j = tig and 4 + tig) are adjacent, one 8-byte
 // load, and a half-warp's loads of rows g = 0..3 cover the 32 banks once. A row's d and x, and
@@ -40,11 +41,11 @@
 // The slot of quant word j (0..7) of a staged block (the header comment).
 static __device__ __forceinline__ int gemm_slot(int j) { return 2 * (j & 3) + (j >> 2); }
 
-// q8_0 and q4_0 blocks start their mma accumulators at the bits of 1.5 * 2^23 (as an int):
+// q8_0, q4_0 and mxfp4 blocks start their mma accumulators at the bits of 1.5 * 2^23 (as an int):
 // an integer sum |Σ| < 2^22 then leaves the bits of the float 1.5 * 2^23 + Σ, exact, and
 // subtracting 1.5 * 2^23 gives (float)Σ exactly without an I2F, which runs at a quarter of the
 // FP32 rate on sm_90 and was the tile's busiest pipe (one per output per block). Their sums are
-// at most 32 * 128 * 128 = 2^19. The K-quants multiply the sum by a sub-block scale as an
+// at most 32 * 128 * 128 = 2^19 (mxfp4: 32 * 12 * 127). The K-quants multiply the sum by a sub-block scale as an
 // integer first, so they keep I2F.
 #define GEMM_I2F_BIAS 0x4B400000
 #define GEMM_I2F_BIAS_F 12582912.0f
@@ -330,7 +331,7 @@ static __device__ __forceinline__ void gemm_tile_loop(const u32* __restrict__ a,
                 bf[ni][0] = c.x;
                 bf[ni][1] = c.y;
             }
-            constexpr bool BIASED = WT == WTYPE_Q8_0 || WT == WTYPE_Q4_0;  // GEMM_I2F_BIAS
+            constexpr bool BIASED = WT == WTYPE_Q8_0 || WT == WTYPE_Q4_0 || WT == WTYPE_MXFP4;  // GEMM_I2F_BIAS
             constexpr int INIT = BIASED ? GEMM_I2F_BIAS : 0;
             int lo[TM][TN], hi[TM][TN];
 #pragma unroll

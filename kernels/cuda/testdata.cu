@@ -53,7 +53,8 @@ static __device__ __forceinline__ void fill_kquant_block(unsigned char* blk, u64
 }
 
 // Weight blocks of `wtype`. q8_0 / q4_0: d = f16(0.002 + 0.004 * u), q8_0 quants in
-// [-127, 127], q4_0 bytes uniform. K-quants: fill_kquant_block.
+// [-127, 127], q4_0 bytes uniform. mxfp4: exponent 119 + hash % 3, code bytes uniform.
+// K-quants: fill_kquant_block.
 extern "C" __global__ void fill_weights(unsigned char* out, u64 nblocks, u64 seed, int wtype) {
     GRID_DEPENDENCY_WAIT();
     const u64 stride = (u64)gridDim.x * blockDim.x;
@@ -65,6 +66,10 @@ extern "C" __global__ void fill_weights(unsigned char* out, u64 nblocks, u64 see
         } else if (wtype == WTYPE_Q4_0) {
             block_q4_0* w = (block_q4_0*)out + b;
             w->d = scale_f16(seed, b * 33, 0.002f, 0.004f);
+            for (int j = 0; j < QK / 2; ++j) w->qs[j] = (unsigned char)(hash2(seed, b * 33 + 1 + j) & 0xff);
+        } else if (wtype == WTYPE_MXFP4) {
+            block_mxfp4* w = (block_mxfp4*)out + b;
+            w->e = (unsigned char)(119 + hash2(seed, b * 33) % 3);
             for (int j = 0; j < QK / 2; ++j) w->qs[j] = (unsigned char)(hash2(seed, b * 33 + 1 + j) & 0xff);
         } else {
             fill_kquant_block(out + b * weight_row_bytes(wtype, QK_K), b, seed, wtype);

@@ -86,6 +86,12 @@ pub fn weight_block(seed: u64, b: u64, wtype: WeightType, out: &mut Vec<u8>) {
     if let Some((d, dmin)) = kquant_scale_ranges(wtype) {
         return kquant_block(seed, b, wtype.block_bytes(), d, dmin, out);
     }
+    if wtype == WeightType::MXFP4 {
+        // Exponents 119..=121 (scales 2^-9 .. 2^-7: weights up to ±0.09, q4_0's span), codes uniform.
+        out.push(119 + (hash2(seed, b * 33) % 3) as u8);
+        out.extend((0..QK as u64 / 2).map(|j| (hash2(seed, b * 33 + 1 + j) & 0xff) as u8));
+        return;
+    }
     out.extend_from_slice(&scale_f16(seed, b * 33, 0.002, 0.004).to_le_bytes());
     if wtype == WeightType::Q8_0 {
         out.extend((0..QK as u64).map(|j| ((hash2(seed, b * 33 + 1 + j) % 255) as i32 - 127) as i8 as u8));

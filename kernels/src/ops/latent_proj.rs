@@ -70,7 +70,7 @@ impl LatentCase {
         let max = i32::MAX as u32;
         if tokens == 0 {
             Some("0 tokens".into())
-        } else if self.wtype.is_k_quant() {
+        } else if !self.wtype.is_legacy() {
             Some(format!("{} weights: the latent projection takes q8_0 and q4_0", self.wtype))
         } else if self.k == 0 || !(self.k as usize).is_multiple_of(QK) || self.k > max {
             Some(format!("K = {} is not a positive multiple of {QK} below 2^31", self.k))

@@ -380,7 +380,7 @@ mod tests {
         let mut lanes = [0.0f32; 32];
         for (b, xb) in x.iter().enumerate() {
             let w = &w_row[b * bb..(b + 1) * bb];
-            let wd = half::f16::from_le_bytes([w[0], w[1]]).to_f32();
+            let wd = half::f16::from_le_bytes([w[0], w[1]]).to_f32(); // q8_0, q4_0
             let xd = xb.d.to_f32();
             let acc = &mut lanes[b % 32];
             *acc = match wtype {
@@ -392,6 +392,12 @@ mod tests {
                     let isum: i32 =
                         (0..16).map(|j| (w[2 + j] & 15) as i32 * xb.qs[j] as i32 + (w[2 + j] >> 4) as i32 * xb.qs[j + 16] as i32).sum();
                     wd.mul_add(xd.mul_add(isum as f32, -8.0 * xb.s.to_f32()), *acc)
+                }
+                WeightType::MXFP4 => {
+                    let d = crate::quant::mxfp4::e8m0_to_f32_half(w[0]);
+                    let kv = |c: u8| crate::quant::mxfp4::KVALUES[c as usize] as i32;
+                    let isum: i32 = (0..16).map(|j| kv(w[1 + j] & 15) * xb.qs[j] as i32 + kv(w[1 + j] >> 4) * xb.qs[j + 16] as i32).sum();
+                    (d * xd).mul_add(isum as f32, *acc)
                 }
                 _ => unreachable!("handled above"),
             };

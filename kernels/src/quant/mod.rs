@@ -6,9 +6,9 @@
 //!
 //! The tensor types are one table keyed by ggml's id ([`types`]); [`TensorType`] is its rows the
 //! engine computes: the float types ([`float`]), q4_0 and q8_0 (here), the K-quant
-//! super-blocks ([`kquants`]) and mxfp4 ([`mxfp4`], dequantized on the CPU only: no kernel takes
-//! it yet), with length-checked dequantization (multi-threaded for whole tensors) and the dot
-//! products with q8_1 rows.
+//! super-blocks ([`kquants`]) and mxfp4 ([`mxfp4`]: 32 values, an E8M0 exponent), with
+//! length-checked dequantization (multi-threaded for whole tensors) and the dot products with
+//! q8_1 rows.
 
 pub mod float;
 pub mod kquants;
@@ -26,8 +26,8 @@ use types::{Compute, Keep, TypeRow};
 pub const QK: usize = 32;
 
 /// Weight formats the routed path and the dense projections take: the table's weight rows
-/// ([`types::TYPES`]), the 32-wide legacy blocks and the 256-wide K-quant super-blocks
-/// (`kquants`). Every kernel taking a `WeightType` dots a weight row with q8_1 activation rows
+/// ([`types::TYPES`]), the 32-wide blocks (legacy q8_0/q4_0 and mxfp4) and the 256-wide K-quant
+/// super-blocks (`kquants`). Every kernel taking a `WeightType` dots a weight row with q8_1 activation rows
 /// in 32-wide blocks; a K-quant super-block meets 8 consecutive q8_1 blocks.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WeightType(GgmlType);
@@ -43,7 +43,7 @@ const fn weight_types<const N: usize>(ts: [GgmlType; N]) -> [WeightType; N] {
 }
 
 const WEIGHTS: Keep = Keep::Weights { block_size: None };
-const LEGACY: Keep = Keep::Weights { block_size: Some(QK) };
+const LEGACY: Keep = Keep::Legacy;
 const K_QUANTS: Keep = Keep::Weights { block_size: Some(kquants::QK_K) };
 
 impl WeightType {
@@ -52,10 +52,13 @@ impl WeightType {
     pub const Q4K: WeightType = WeightType(GgmlType::Q4_K);
     pub const Q5K: WeightType = WeightType(GgmlType::Q5_K);
     pub const Q6K: WeightType = WeightType(GgmlType::Q6_K);
+    pub const MXFP4: WeightType = WeightType(GgmlType::MXFP4);
 
     /// Every weight format, by ggml id.
     pub const ALL: [WeightType; types::count(WEIGHTS)] = weight_types(types::select(WEIGHTS));
-    /// The 32-wide block formats (ggml's "legacy" quants).
+    /// ggml's "legacy" quants, q8_0 and q4_0: 32 values and an f16 scale a block. The routed
+    /// GEMM's routings, the latent projection and the big counts run these (their index
+    /// arithmetic is every format's).
     pub const LEGACY: [WeightType; types::count(LEGACY)] = weight_types(types::select(LEGACY));
     /// The 256-wide super-block formats.
     pub const K_QUANTS: [WeightType; types::count(K_QUANTS)] = weight_types(types::select(K_QUANTS));
@@ -84,6 +87,11 @@ impl WeightType {
 
     pub fn is_k_quant(self) -> bool {
         self.block_size() == kquants::QK_K
+    }
+
+    /// One of [`Self::LEGACY`] (q8_0, q4_0).
+    pub fn is_legacy(self) -> bool {
+        Self::LEGACY.contains(&self)
     }
 
     /// The `WTYPE_*` constant the kernels take to select the weight format: the ggml id (the
@@ -418,8 +426,8 @@ impl TensorType {
         self.block_size() > 1
     }
 
-    /// The kernels' weight format for this type: every quantized type but mxfp4 (CPU only, so
-    /// far); the float types are not dotted with q8_1 activations.
+    /// The kernels' weight format for this type: every quantized type; the float types are not
+    /// dotted with q8_1 activations.
     pub fn weight_type(self) -> Option<WeightType> {
         WeightType::of(self.0)
     }
@@ -557,8 +565,14 @@ mod tests {
         pub type Dot = fn(&[u8], &[BlockQ8_1]) -> f32;
 
         /// Every weight type with its plain formula.
-        pub const FORMULAS: [(WeightType, Dot); 5] =
-            [(WeightType::Q8_0, q8_0), (WeightType::Q4_0, q4_0), (WeightType::Q4K, q4_k), (WeightType::Q5K, q5_k), (WeightType::Q6K, q6_k)];
+        pub const FORMULAS: [(WeightType, Dot); 6] = [
+            (WeightType::Q8_0, q8_0),
+            (WeightType::Q4_0, q4_0),
+            (WeightType::Q4K, q4_k),
+            (WeightType::Q5K, q5_k),
+            (WeightType::Q6K, q6_k),
+            (WeightType::MXFP4, mxfp4),
+        ];
 
         fn f16_at(b: &[u8], at: usize) -> f32 {
             f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
@@ -582,6 +596,17 @@ mod tests {
                     isum += (q >> 4) as i32 * xb.qs[j + QK / 2] as i32;
                 }
                 acc += f16_at(b, 0) * (xb.d.to_f32() * isum as f32 - 8.0 * xb.s.to_f32());
+            }
+            acc
+        }
+
+        pub fn mxfp4(w_row: &[u8], x: &[BlockQ8_1]) -> f32 {
+            use super::super::mxfp4::{KVALUES, e8m0_to_f32_half};
+            let mut acc = 0.0f32;
+            for (b, xb) in w_row.chunks_exact(1 + QK / 2).zip(x) {
+                let code = |l: usize| (b[1 + l % 16] >> (4 * (l / 16))) & 0x0f;
+                let isum: i32 = (0..QK).map(|l| KVALUES[code(l) as usize] as i32 * xb.qs[l] as i32).sum();
+                acc += e8m0_to_f32_half(b[0]) * xb.d.to_f32() * isum as f32;
             }
             acc
         }
@@ -835,7 +860,10 @@ mod tensor_type_tests {
         let x = vec![quantize_block_q8_1(&[0.5; QK]); 7];
         assert_eq!(t.dot_q8_1(&[0; 176], &x), Err(QuantError::DotLength { ty: t, weights: 256, activations: 224 }));
         assert_eq!(TensorType::F16.dot_q8_1(&[0; 64], &x[..1]), Err(QuantError::NoQ8_1Dot(TensorType::F16)));
-        assert_eq!(TensorType::MXFP4.dot_q8_1(&[0; 17], &x[..1]), Err(QuantError::NoQ8_1Dot(TensorType::MXFP4)));
+        assert_eq!(
+            TensorType::MXFP4.dot_q8_1(&[0; 17], &x[..2]),
+            Err(QuantError::DotLength { ty: TensorType::MXFP4, weights: 32, activations: 64 })
+        );
     }
 
     fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
@@ -891,6 +919,25 @@ mod device_view_tests {
         i32::from_le_bytes(std::array::from_fn(|i| (a[i] as i8).saturating_sub(b[i] as i8) as u8))
     }
 
+    /// `__byte_perm(x, y, s)`: byte m of the result is byte `s >> 4m & 7` of the 8 bytes x, y.
+    fn byte_perm(x: u32, y: u32, s: u32) -> u32 {
+        let pool = (u64::from(y) << 32) | u64::from(x);
+        (0..4).map(|m| ((pool >> (8 * ((s >> (4 * m)) & 7))) & 0xff) << (8 * m)).fold(0u64, |a, v| a | v) as u32
+    }
+
+    /// `mxfp4_ints(w, i)`: the values of the low and the high nibbles of qs[4i .. 4i + 4].
+    fn mxfp4_ints(qs: &[u8], i: usize) -> (i32, i32) {
+        let q = u32::from_le_bytes([qs[4 * i], qs[4 * i + 1], qs[4 * i + 2], qs[4 * i + 3]]);
+        let sel = 0x3210_3210 | ((q & 0x8888_8888) >> 1);
+        let tmp: [u32; 2] = std::array::from_fn(|h| {
+            let shift = 16 * h;
+            let lo = byte_perm(0x0302_0100, 0x0c08_0604, q >> shift);
+            let hi = byte_perm(0xfdfe_ff00, 0xf4f8_fafc, q >> shift);
+            byte_perm(lo, hi, sel >> shift)
+        });
+        (byte_perm(tmp[0], tmp[1], 0x6420) as i32, byte_perm(tmp[0], tmp[1], 0x7531) as i32)
+    }
+
     /// `wq_int<WT>(row, b, j)`.
     fn wq_int(t: WeightType, row: &[u8], b: usize, j: usize) -> i32 {
         let s = b & 7;
@@ -909,6 +956,10 @@ mod device_view_tests {
                 let hi = ((int_at(blk, kquants::Q6_K_QH + 32 * h + 4 * j) >> (2 * q)) & 0x03030303) << 4;
                 vsubss4(lo | hi, 0x20202020)
             }
+            WeightType::MXFP4 => {
+                let (lo, hi) = mxfp4_ints(&blk[1..], j & 3);
+                if j < 4 { lo } else { hi }
+            }
             other => panic!("no unpack of {other} here"),
         }
     }
@@ -926,6 +977,11 @@ mod device_view_tests {
                 let sc = |g: usize| blk[kquants::Q6_K_SCALES + g] as i8 as i32;
                 (f16_at(blk, kquants::Q6_K_D), 0.0, sc(2 * (b & 7)), sc(2 * (b & 7) + 1))
             }
+            WeightType::MXFP4 => {
+                // `__int_as_float(e < 2 ? 0x00200000 << e : (e - 1) << 23)`
+                let e = blk[0] as u32;
+                (f32::from_bits(if e < 2 { 0x0020_0000 << e } else { (e - 1) << 23 }), 0.0, 0, 0)
+            }
             other => panic!("no scales of {other} here"),
         }
     }
@@ -936,7 +992,7 @@ mod device_view_tests {
         let q = wq_int(t, row, b, l / 4).to_le_bytes()[l % 4] as i8 as f32;
         let (d, dmin, sc, m) = wq_scale(t, row, b);
         match t {
-            WeightType::Q8_0 => d * q,
+            WeightType::Q8_0 | WeightType::MXFP4 => d * q,
             WeightType::Q4_0 => d * (q - 8.0),
             WeightType::Q4K | WeightType::Q5K => d * sc as f32 * q - dmin * m as f32,
             WeightType::Q6K => d * (if l < 16 { sc } else { m }) as f32 * q,
@@ -956,6 +1012,34 @@ mod device_view_tests {
                     assert_eq!(got.to_bits(), w.to_bits(), "{t} row {r} weight {e}: {got} vs {w}");
                 }
             }
+        }
+    }
+
+    /// The byte permutations give every code its value in every byte position and either half,
+    /// code 8 (−0) as 0, and the scale every exponent's `e8m0_to_f32_half`, subnormals included.
+    #[test]
+    fn mxfp4_unpack_is_exact_for_every_code_and_exponent() {
+        for pos in 0..4 {
+            for lo in 0..16u8 {
+                for hi in 0..16u8 {
+                    // Position `pos` holds (lo, hi); the other bytes a different pair each.
+                    let qs: Vec<u8> =
+                        (0..16).map(|i| if i % 4 == pos { lo | hi << 4 } else { (i as u8 * 5 + lo) & 0x0f | (hi ^ 9) << 4 }).collect();
+                    for i in 0..4 {
+                        let (l, h) = mxfp4_ints(&qs, i);
+                        for m in 0..4 {
+                            let byte = qs[4 * i + m];
+                            assert_eq!(l.to_le_bytes()[m] as i8, mxfp4::KVALUES[(byte & 15) as usize], "{byte:#04x}");
+                            assert_eq!(h.to_le_bytes()[m] as i8, mxfp4::KVALUES[(byte >> 4) as usize], "{byte:#04x}");
+                        }
+                    }
+                }
+            }
+        }
+        let mut blk = vec![0u8; mxfp4::BLOCK_MXFP4_BYTES];
+        for e in 0..=255u8 {
+            blk[0] = e;
+            assert_eq!(wq_scale(WeightType::MXFP4, &blk, 0).0.to_bits(), mxfp4::e8m0_to_f32_half(e).to_bits(), "e = {e}");
         }
     }
 
@@ -983,7 +1067,7 @@ mod device_view_tests {
             assert_eq!(serde_json::to_string(&t).unwrap(), format!("\"{}\"", t.name()));
             assert_eq!(serde_json::from_str::<WeightType>(&format!("\"{}\"", t.name().to_lowercase())).unwrap(), t);
         }
-        for tt in [TensorType::F32, TensorType::F16, TensorType::BF16, TensorType::MXFP4] {
+        for tt in [TensorType::F32, TensorType::F16, TensorType::BF16] {
             assert_eq!(tt.weight_type(), None);
         }
         assert_eq!(WeightType::Q6K.row_bytes(2048), 8 * 210);

@@ -39,6 +39,24 @@ pub fn dequantize_mxfp4_into(row: &[u8], out: &mut [f32]) {
     }
 }
 
+/// One row of MXFP4 blocks dotted with q8_1 activation blocks: per block the exact integer sum
+/// Σ KVALUES[code]·q8 over its 32 values, then `acc += (d_w · d_x) · Σ`, the formula of the
+/// device's `block_partial_f<WTYPE_MXFP4>` (common.cuh) in its order. Every product of the sum
+/// is exact and |Σ| ≤ 32·12·127 < 2^19, exact in f32; only the two products round.
+pub fn dot_mxfp4_q8_1(w_row: &[u8], x: &[super::BlockQ8_1]) -> f32 {
+    let mut acc = 0.0f32;
+    for (b, xb) in w_row.as_chunks::<BLOCK_MXFP4_BYTES>().0.iter().zip(x) {
+        let (lo, hi) = xb.qs.split_at(super::QK / 2);
+        let mut isum = 0i32;
+        for ((&q, &l), &h) in b[1..].iter().zip(lo).zip(hi) {
+            isum += KVALUES[(q & 0x0f) as usize] as i32 * l as i32;
+            isum += KVALUES[(q >> 4) as usize] as i32 * h as i32;
+        }
+        acc += e8m0_to_f32_half(b[0]) * super::f16_to_f32(xb.d) * isum as f32;
+    }
+    acc
+}
+
 /// The code whose value times `d` is nearest `x`, the first one on ties (`best_index_mxfp4`):
 /// +0 (code 0) rather than −0 (code 8).
 fn best_code(x: f32, d: f32) -> u8 {
@@ -164,6 +182,64 @@ mod tests {
             }
             assert_eq!(quantize_row_mxfp4(&back), q, "seed {seed}: requantizing changed the blocks");
         }
+    }
+
+    /// q8_1 blocks from random bytes: quants in −127..=127, d a random positive f16.
+    fn q8_1_blocks(seed: u64, n: usize) -> Vec<crate::quant::BlockQ8_1> {
+        (0..n as u64)
+            .map(|b| crate::quant::BlockQ8_1 {
+                d: half::f16::from_f32(1e-3 + (hash2(seed, b) % 1000) as f32 * 1e-4),
+                s: half::f16::ZERO,
+                qs: std::array::from_fn(|l| ((hash2(seed + 1, 32 * b + l as u64) % 255) as i32 - 127) as i8),
+            })
+            .collect()
+    }
+
+    /// The twin dot, block by block, equals (d·d8)·Σ with Σ taken from the dequantized values of
+    /// the same codes at scale 1 and d = 2^(e − 128) computed in f64: for every exponent from 0
+    /// (subnormal scales) to 254, random codes and activations.
+    #[test]
+    fn dot_is_the_scaled_sum_of_the_dequantized_codes() {
+        for seed in 0..8u64 {
+            let exps: Vec<u8> = (0..=254u8).collect();
+            let mut row = Vec::new();
+            for (b, &e) in exps.iter().enumerate() {
+                row.push(e);
+                row.extend((0..16).map(|j| hash2(seed + 10, 16 * b as u64 + j) as u8));
+            }
+            let x = q8_1_blocks(seed, exps.len());
+            let mut want = 0.0f32;
+            for (b, (blk, xb)) in row.chunks_exact(BLOCK_MXFP4_BYTES).zip(&x).enumerate() {
+                let mut unit = blk.to_vec();
+                unit[0] = 128;
+                let mut v = [f32::NAN; 32];
+                dequantize_mxfp4_into(&unit, &mut v);
+                let sum: i32 = v.iter().zip(&xb.qs).map(|(&w, &q)| w as i32 * q as i32).sum();
+                assert!(v.iter().all(|w| w.fract() == 0.0 && w.abs() <= 12.0));
+                let d = 2f64.powi(exps[b] as i32 - 128) as f32;
+                want += d * xb.d.to_f32() * sum as f32;
+                let one = dot_mxfp4_q8_1(blk, std::slice::from_ref(xb));
+                assert_eq!(one.to_bits(), (d * xb.d.to_f32() * sum as f32).to_bits(), "seed {seed} e = {}", exps[b]);
+            }
+            assert_eq!(dot_mxfp4_q8_1(&row, &x).to_bits(), want.to_bits(), "seed {seed}");
+        }
+    }
+
+    /// Each code, in either nibble of any byte, dots as its KVALUES entry; code 8 (−0) gives +0.
+    #[test]
+    fn every_code_dots_as_its_value() {
+        let x1 = |l: usize| crate::quant::BlockQ8_1 { d: half::f16::ONE, s: half::f16::ZERO, qs: std::array::from_fn(|i| (i == l) as i8) };
+        for code in 0..16u8 {
+            let block: Vec<u8> = std::iter::once(128).chain(std::iter::repeat_n(code | code << 4, 16)).collect();
+            for l in 0..32 {
+                let got = dot_mxfp4_q8_1(&block, &[x1(l)]);
+                assert_eq!(got.to_bits(), (KVALUES[code as usize] as f32).to_bits(), "code {code} value {l}");
+            }
+        }
+        // Only the addressed nibble counts: low codes 7 (12), high codes 15 (−12).
+        let block: Vec<u8> = std::iter::once(129).chain(std::iter::repeat_n(7 | 15 << 4, 16)).collect();
+        assert_eq!(dot_mxfp4_q8_1(&block, &[x1(3)]), 24.0);
+        assert_eq!(dot_mxfp4_q8_1(&block, &[x1(19)]), -24.0);
     }
 
     #[test]

@@ -64,8 +64,8 @@ pub type DotFn = fn(&[u8], &[BlockQ8_1]) -> f32;
 pub enum Compute {
     /// Nothing: the reader knows its layout, the backends refuse it by name.
     ReadOnly,
-    /// Converted to f32 where it is used (norms, embeddings, the CPU matmuls): the float types,
-    /// and quantized types the kernels do not take as weights (mxfp4, until its device unpack).
+    /// Converted to f32 where it is used (norms, embeddings, the CPU matmuls): the float types
+    /// (a quantized type with a CPU dequantization but no device unpack would be one too).
     Float { dequantize: DequantizeFn },
     /// Also a kernel weight format: the kernels dot it with q8_1 rows. `dot` is the CPU twin of
     /// the device formula.
@@ -94,11 +94,6 @@ const fn read_only(ty: GgmlType, id: u32, name: &'static str, block_size: usize,
 
 const fn float_type(ty: GgmlType, id: u32, name: &'static str, bytes: usize, dequantize: DequantizeFn) -> TypeRow {
     TypeRow { compute: Compute::Float { dequantize }, ..read_only(ty, id, name, 1, bytes) }
-}
-
-/// A quantized type with a CPU dequantization and no kernel dot (see [`Compute::Float`]).
-const fn dequantized(ty: GgmlType, id: u32, name: &'static str, block: (usize, usize), dequantize: DequantizeFn) -> TypeRow {
-    TypeRow { compute: Compute::Float { dequantize }, ..read_only(ty, id, name, block.0, block.1) }
 }
 
 const fn weight_format(ty: GgmlType, id: u32, name: &'static str, block: (usize, usize), dequantize: DequantizeFn, dot: DotFn) -> TypeRow {
@@ -140,7 +135,7 @@ pub const TYPES: [TypeRow; 34] = [
     float_type(T::BF16, 30, "bf16", float::BF16_BYTES, float::dequantize_bf16_into),
     read_only(T::TQ1_0, 34, "tq1_0", QK_K, 2 + 4 * 13),
     read_only(T::TQ2_0, 35, "tq2_0", QK_K, 2 + 64),
-    dequantized(T::MXFP4, 39, "mxfp4", (QK, mxfp4::BLOCK_MXFP4_BYTES), mxfp4::dequantize_mxfp4_into),
+    weight_format(T::MXFP4, 39, "mxfp4", (QK, mxfp4::BLOCK_MXFP4_BYTES), mxfp4::dequantize_mxfp4_into, mxfp4::dot_mxfp4_q8_1),
     read_only(T::NVFP4, 40, "nvfp4", 64, 4 + 32),
     read_only(T::Q1_0, 41, "q1_0", 128, 2 + 16),
 ];
@@ -199,6 +194,9 @@ pub(crate) enum Keep {
     Computed,
     /// The kernel weight formats (of one block size, when given).
     Weights { block_size: Option<usize> },
+    /// The kernel weight formats among ggml's legacy quants (q4_0 .. q8_1, ids 2 to 9: 32 values
+    /// and an f16 scale a block). MXFP4 is 32 wide too but not one of them.
+    Legacy,
 }
 
 impl Keep {
@@ -207,6 +205,7 @@ impl Keep {
             (Keep::Computed, Compute::Float { .. } | Compute::Weight { .. }) => true,
             (Keep::Weights { block_size: None }, Compute::Weight { .. }) => true,
             (Keep::Weights { block_size: Some(b) }, Compute::Weight { .. }) => r.block_size == b,
+            (Keep::Legacy, Compute::Weight { .. }) => r.block_size == QK && r.id >= 2 && r.id <= 9,
             _ => false,
         }
     }
@@ -334,13 +333,15 @@ mod tests {
         let h = cuda_header();
         assert!(h.contains("#define TTYPE_F32 0\n") && h.contains("#define TTYPE_BF16 30\n"), "{h}");
         assert!(!h.contains("TTYPE_Q4_1"), "read-only types have no code: {h}");
-        for (name, id, per_block, bytes) in [("Q4_0", 2, 32, 18), ("Q8_0", 8, 32, 34), ("Q4_K", 12, 256, 144), ("Q6_K", 14, 256, 210)] {
+        for (name, id, per_block, bytes) in
+            [("Q4_0", 2, 32, 18), ("Q8_0", 8, 32, 34), ("Q4_K", 12, 256, 144), ("Q6_K", 14, 256, 210), ("MXFP4", 39, 32, 17)]
+        {
             assert!(h.contains(&format!("#define WTYPE_{name} {id}\n")), "{name}: {h}");
             assert!(h.contains(&format!("case WTYPE_{name}: return (u64)((k) / {per_block}) * {bytes};")), "{name}: {h}");
             assert!(h.contains(&format!("case WTYPE_{name}: {{ constexpr int WT = WTYPE_{name}; __VA_ARGS__; }} break;")), "{name}: {h}");
         }
         assert!(!h.contains("WTYPE_F32") && !h.contains("WTYPE_BF16"), "floats are not weight formats: {h}");
-        assert!(h.contains("#define TTYPE_MXFP4 39\n") && !h.contains("WTYPE_MXFP4"), "mxfp4 is dequantized, not a kernel weight: {h}");
+        assert!(h.contains("#define TTYPE_MXFP4 39\n") && h.contains("#define WTYPE_MXFP4 39\n"), "{h}");
         // Every line of a macro but its last continues.
         for block in h.split("#define").filter(|b| b.contains('\n')) {
             let lines: Vec<&str> = block.trim_end().lines().collect();
