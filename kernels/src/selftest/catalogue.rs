@@ -47,6 +47,18 @@ const BIG_WTYPE_SKIP: &str = "above 65,536 tokens only q4_0 runs (q8_0 shares th
 /// prefill chunk + 1 (every tile tail and the GEMV/GEMM switch lie below), uniform routing.
 pub const KQ_MAX_TOKENS: u64 = 4097;
 const KQ_SKIP: &str = "K-quant weights run up to 4,097 tokens (above, their kernels' index arithmetic is the q4_0 cases')";
+/// MXFP4 is 32 wide like q4_0 but has its own unpack and scale: the K-quants' treatment.
+const MXFP4_SKIP: &str = "mxfp4 weights run up to 4,097 tokens (above, their kernels' index arithmetic is the q4_0 cases')";
+
+/// Where a weight format's cases stop: the legacy formats (q8_0, q4_0) run every count, the
+/// others (the K-quants, mxfp4) up to [`KQ_MAX_TOKENS`].
+fn wtype_skip(wtype: WeightType) -> Option<(u64, &'static str)> {
+    match wtype {
+        w if w.is_legacy() => None,
+        WeightType::MXFP4 => Some((KQ_MAX_TOKENS, MXFP4_SKIP)),
+        _ => Some((KQ_MAX_TOKENS, KQ_SKIP)),
+    }
+}
 
 /// Deadline of a hang negative control: a fixed case of that size finishes in milliseconds.
 pub const HANG_DEADLINE_MS: u64 = 2_000;
@@ -267,13 +279,20 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
 
     // The K-quant routed GEMM, uniform routing (the alignment is the legacy cases' business), in
     // the projections a Q4_K_M file puts them in: q4_K gate/up and down, q5_K gate/up, q6_K down
-    // (K = 768: a partial K step of the 16-block tile).
+    // (K = 768: a partial K step of the 16-block tile); mxfp4 (gpt-oss's experts) both ways.
     let (up, down) = ((shape.expert_ffn, shape.hidden, "up"), (shape.hidden, shape.expert_ffn, "down"));
-    for (wtype, (n, kk, proj)) in [(WeightType::Q4K, up), (WeightType::Q4K, down), (WeightType::Q5K, up), (WeightType::Q6K, down)] {
+    for (wtype, (n, kk, proj)) in [
+        (WeightType::Q4K, up),
+        (WeightType::Q4K, down),
+        (WeightType::Q5K, up),
+        (WeightType::Q6K, down),
+        (WeightType::MXFP4, up),
+        (WeightType::MXFP4, down),
+    ] {
         let c = GemmCase { experts: e, top_k: k, n, k: kk, wtype, routing: Routing::Uniform };
         let counts = routed(moe_gemm::critical_counts(&c, limits));
         let (tag, bytes) = (format!("{wtype}/{proj}/k{k}/uniform"), |t| moe_gemm::device_bytes(t, &c));
-        b.family_up_to(moe_gemm::KERNEL, &tag, counts, OpCase::MoeGemm(c), bytes, Some((KQ_MAX_TOKENS, KQ_SKIP)));
+        b.family_up_to(moe_gemm::KERNEL, &tag, counts, OpCase::MoeGemm(c), bytes, wtype_skip(wtype));
     }
 
     // The dense (non-gathered) quantize feeding the latent projection.
@@ -290,7 +309,7 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
         let c = GemvCase { experts: e, top_k: k, n: shape.expert_ffn, k: shape.hidden, wtype, routing: Routing::Uniform };
         let mut counts = with(moe_gemv::critical_counts(&c, limits));
         counts.extend((1..=16).map(|t| Critical::new(t, "decode batch")));
-        let skip = wtype.is_k_quant().then_some((KQ_MAX_TOKENS, KQ_SKIP));
+        let skip = wtype_skip(wtype);
         b.family_up_to(moe_gemv::KERNEL, &format!("{wtype}/k{k}"), counts, OpCase::MoeGemv(c), |t| moe_gemv::device_bytes(t, &c), skip);
     }
     for (tk, counts) in &grid_counts {
@@ -313,7 +332,7 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
     for wtype in WeightType::ALL {
         let dims = FfnDims { experts: e, top_k: k, hidden: shape.hidden, ffn: shape.expert_ffn, wtype };
         let c = FusedCase { dims, routing: Routing::Uniform };
-        let skip = wtype.is_k_quant().then_some((KQ_MAX_TOKENS, KQ_SKIP));
+        let skip = wtype_skip(wtype);
         let decode = || (1..=16).map(|t| Critical::new(t, "decode batch"));
         let mut counts = with(moe_gemv_fused::gate_up_critical_counts(&c, limits));
         counts.extend(decode());
@@ -377,7 +396,8 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
     // elements at 14,135 tokens) in both weight types, and the prefill mode that computes only
     // the last position of each sequence: 4 sequences (the GEMV path, with an index list) and
     // 100 (the GEMM path with an index list).
-    // The K-quant heads (q6_K is the usual output.weight of a Q4_K_M file) up to KQ_MAX_TOKENS.
+    // The K-quant heads (q6_K is the usual output.weight of a Q4_K_M file) and an mxfp4 one (both
+    // paths: the GEMV and the GEMM tile) up to KQ_MAX_TOKENS.
     for (wtype, sequences, tag) in [
         (WeightType::Q8_0, None, "q8_0/full"),
         (WeightType::Q4_0, None, "q4_0/full"),
@@ -385,17 +405,18 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
         (WeightType::Q8_0, Some(100), "q8_0/last-of-100"),
         (WeightType::Q6K, None, "q6_K/full"),
         (WeightType::Q4K, Some(4), "q4_K/last-of-4"),
+        (WeightType::MXFP4, None, "mxfp4/full"),
     ] {
         let c = HeadCase { hidden: shape.hidden, vocab: shape.vocab, wtype, sequences };
         let mut counts = with(output_head::critical_counts(&c, limits));
         counts.extend(thresholds::tile_tails(output_head::TILE_M, false, &[1, 2, 128], "output_head row tile"));
-        let skip = wtype.is_k_quant().then_some((KQ_MAX_TOKENS, KQ_SKIP));
+        let skip = wtype_skip(wtype);
         b.family_up_to(output_head::KERNEL, tag, counts, OpCase::OutputHead(c), |t| output_head::device_bytes(t, &c), skip);
     }
 
     // Dense projections (the head's kernels under `linear`): q, k/v and o of the attention, in
-    // the K-quant formats (q8_0/q4_0 run the same kernels as the head's cases). q4_K on the q
-    // projection runs every count.
+    // the K-quant formats and mxfp4 (q8_0/q4_0 run the same kernels as the head's cases). q4_K on
+    // the q projection runs every count.
     let (q_width, kv_width) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
     for (n, kk, wtype, tag) in [
         (q_width, shape.hidden, WeightType::Q4K, "q4_K/q"),
@@ -403,11 +424,12 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
         (q_width, shape.hidden, WeightType::Q6K, "q6_K/q"),
         (kv_width, shape.hidden, WeightType::Q6K, "q6_K/kv"),
         (shape.hidden, q_width, WeightType::Q4K, "q4_K/o"),
+        (q_width, shape.hidden, WeightType::MXFP4, "mxfp4/q"),
     ] {
         let c = LinearCase { n, k: kk, wtype };
         let mut counts = with(linear::critical_counts(&c, limits));
         counts.extend(thresholds::tile_tails(output_head::TILE_M, false, &[1, 2, 128], "linear row tile"));
-        let skip = (tag != "q4_K/q").then_some((KQ_MAX_TOKENS, KQ_SKIP));
+        let skip = if tag == "q4_K/q" { None } else { wtype_skip(wtype) };
         b.family_up_to(linear::KERNEL, tag, counts, OpCase::Linear(c), |t| linear::device_bytes(t, &c), skip);
     }
     // q, k and v as one decode launch (`qkv`): the fused GEMV for 1..=8 rows (every count),
@@ -684,6 +706,37 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    /// MXFP4 runs in every weight-format family (the routed GEMV and GEMM, the fused decode
+    /// GEMVs, the head and `linear`), uniform routing only, up to KQ_MAX_TOKENS (above, listed
+    /// as skipped with its reason), at qwen3's widths and at gpt-oss's 2,880 alike (32-wide
+    /// blocks tile it); the routed GEMM's routings and the latent projection stay q8_0/q4_0.
+    #[test]
+    fn mxfp4_cases_run_up_to_the_k_quant_limit_in_every_weight_family() {
+        let mut oss = ModelShape::qwen3_30b_a3b();
+        oss.hidden = 2880;
+        oss.expert_ffn = 2880;
+        for shape in [ModelShape::qwen3_30b_a3b(), oss] {
+            let cat = derive(&shape, &Serving::default(), &DeviceLimits::h200(), &opts());
+            let mx = |id: &str| id.contains("/mxfp4/") || id.starts_with("output_head/mxfp4") || id.starts_with("linear/mxfp4");
+            let run: Vec<&Case> = cat.cases.iter().filter(|c| mx(&c.id)).collect();
+            for prefix in [
+                "moe_gemv/mxfp4/k8/",
+                "moe_gemm/mxfp4/up/k8/uniform/",
+                "moe_gemm/mxfp4/down/k8/uniform/",
+                "moe_gemv_swiglu_q8_1/mxfp4/k8/",
+                "moe_gemv_combine/mxfp4/k8/",
+                "output_head/mxfp4/full/",
+                "linear/mxfp4/q/",
+            ] {
+                assert!(run.iter().any(|c| c.id.starts_with(prefix)), "no {prefix} case at hidden {}", shape.hidden);
+            }
+            assert!(run.iter().all(|c| c.tokens <= KQ_MAX_TOKENS && c.id.contains("mxfp4")));
+            assert!(!run.iter().any(|c| c.id.contains("one-expert") || c.id.contains("max-padding") || c.kernel == latent_proj::KERNEL));
+            let over: Vec<&(Case, String)> = cat.skipped.iter().filter(|(c, _)| mx(&c.id)).collect();
+            assert!(!over.is_empty() && over.iter().all(|(c, why)| c.tokens > KQ_MAX_TOKENS && why == MXFP4_SKIP));
+        }
     }
 
     /// gpt-oss's layer kinds add the bias, top-k-then-softmax router, YaRN rope and clamped
