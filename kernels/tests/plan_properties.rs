@@ -124,3 +124,50 @@ fn every_plan_fits_h200_and_gb10_for_every_count_to_2_pow_20() {
         failures.iter().take(20).cloned().collect::<Vec<_>>().join("\n")
     );
 }
+
+/// Every case the catalogue derives for a gpt-oss-20b-shaped class (hidden and expert width
+/// 2,880: 90 blocks of 32, no K-quant fits; 64 heads of 64, 8 KV heads, 32 experts, top-4, a
+/// vocabulary of 201,088; windowed and full layers with sinks, biases, YaRN, clamped SwiGLU)
+/// plans at its own count on the H200 and the GB10, up to 2^20 tokens. A refusal at such a count
+/// fails the node's self-test below its envelope and disqualifies it, as K-quant cases at
+/// K = 2,880 once did on an H100 (a refusal far above, near 2^29 routed tokens, only caps the
+/// envelope the verdict grants).
+#[test]
+fn every_case_derived_for_a_gpt_oss_shape_plans_at_its_count() {
+    let mut shape = ModelShape::qwen3_30b_a3b();
+    (shape.hidden, shape.expert_ffn, shape.experts, shape.top_k, shape.vocab, shape.context) = (2880, 2880, 32, 4, 201_088, 131_072);
+    (shape.attention.heads, shape.attention.kv_heads, shape.attention.head_dim) = (64, 8, 64);
+    let kind = |window: Option<&str>| -> BTreeMap<String, String> {
+        let gpt_oss = [
+            ("attention.sinks", "true"),
+            ("attention.biases", "true"),
+            ("attention.rope", "yarn(theta=150000,factor=32,orig_ctx=4096,beta_fast=32,beta_slow=1,attn_factor=1)"),
+            ("ffn.biases", "true"),
+            ("ffn.gating", "top_k_then_softmax(scale=none)"),
+            ("ffn.activation", "clamped_swiglu(alpha=1.702,limit=7)"),
+        ];
+        window
+            .map(|w| ("attention.window".to_string(), w.to_string()))
+            .into_iter()
+            .chain(gpt_oss.map(|(k, v)| (k.into(), v.into())))
+            .collect()
+    };
+    shape.layers = vec![
+        LayerSpec { count: 1, weights: BTreeMap::new(), kind: kind(Some("128")) },
+        LayerSpec { count: 1, weights: BTreeMap::new(), kind: kind(None) },
+    ];
+    let limits = DeviceLimits::recorded();
+    let opts = Options { memory_budget_bytes: u64::MAX, negative_controls: false, max_tokens: Some(MAX_TOKENS) };
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for l in &limits {
+        for case in derive(&shape, &Serving::default(), l, &opts).cases {
+            checked += 1;
+            if let Err(e) = case.params.plans(case.tokens, l) {
+                failures.push(format!("{} on {}: {e}", case.id, l.name));
+            }
+        }
+    }
+    assert!(checked > 1000, "only {checked} cases");
+    assert!(failures.is_empty(), "{} cases cannot plan, first ones:\n{}", failures.len(), failures[..failures.len().min(20)].join("\n"));
+}
