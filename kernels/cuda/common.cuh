@@ -217,9 +217,9 @@ static __device__ __forceinline__ float dot_block_mxfp4(const block_mxfp4* w, co
 // is (every device allocation is 256-byte aligned, GGUF tensor data 32-byte aligned); mxfp4
 // blocks (17 bytes) are byte aligned and use load_int_b1.
 
-// The scales one 32-wide block needs: q8_0, q4_0: d; mxfp4: d = 2^(e - 128); q4_K, q5_K: d, dmin and the sub-block's
-// six-bit scale sc and min m; q6_K: d and the i8 scales of the block's two 16-weight groups
-// (sc: weights 0..15, m: weights 16..31).
+// The scales one 32-wide block needs: q8_0, q4_0: d; mxfp4: d = 2^(e - 128); q4_K, q5_K: d,
+// dmin and the sub-block's six-bit scale sc and min m; q6_K: d and the i8 scales of the block's
+// two 16-weight groups (sc: weights 0..15, m: weights 16..31).
 struct wscale { float d; float dmin; int sc; int m; };
 
 // Bytes of a row of k weights; constant divisors per format (a division by a runtime block

@@ -9,10 +9,11 @@
 //! `begin_batch`, whose uploads from pageable memory cudarc completes before returning (the
 //! stream is idle then: the previous step ended with its logits).
 //!
-//! Module map: `weights` (upload, per-type layouts; `repack`: MXFP4 as Q8_0), `batch_state`
-//! (the batch on the device), `buffers` (activation pool, scratch), `gather` (embed, row
-//! selection), `pointwise` (norms, RoPE, add), `dense` (projections, logits), `moe` (the routed
-//! block), `attention`, `kv`, `progress` (device progress for the watchdog).
+//! Module map: `weights` (upload, per-type layouts; `repack`: MXFP4 as Q8_0 under
+//! `BRINK_MXFP4_REPACK=1`), `batch_state` (the batch on the device), `buffers` (activation pool,
+//! scratch), `gather` (embed, row selection), `pointwise` (norms, RoPE, add), `dense`
+//! (projections, logits), `moe` (the routed block), `attention`, `kv`, `progress` (device
+//! progress for the watchdog).
 
 mod attention;
 mod batch_state;
@@ -72,7 +73,7 @@ const COMPUTED: [&str; 8] = [
 /// Refuses a layer the CUDA backend cannot compute, naming every missing feature. Its path
 /// computes qwen3moe's layer (full attention after per-head Q/K norm and plain NEOX RoPE,
 /// softmax-then-top-k routing into SwiGLU experts) and the features in [`COMPUTED`]; no
-/// expert biases or weights scale. MXFP4 matrices load repacked to Q8_0 (`weights`).
+/// expert biases or weights scale. MXFP4 matrices load as MXFP4 blocks (`weights`).
 pub(crate) fn check_layer(layer: usize, spec: &LayerSpec) -> Result<()> {
     let mut missing = spec.features();
     missing.retain(|f| !COMPUTED.contains(f));
@@ -364,7 +365,7 @@ impl Backend for CudaBackend {
     }
 
     fn load_weight(&mut self, t: HostTensor, role: WeightRole) -> Result<CudaWeight> {
-        weights::load(&self.gpu, t, role)
+        weights::load(&self.gpu, t, role, weights::Mxfp4::from_env())
     }
 
     fn alloc_kv(&mut self, spec: KvSpec) -> Result<()> {
@@ -620,8 +621,7 @@ mod tests {
         for computed in COMPUTED {
             assert!(!e.contains(computed), "{computed} is computed: {e}");
         }
-        // MXFP4 matrices (gpt-oss's experts) load too, repacked to Q8_0 (`check_type` finds the
-        // type listed).
+        // MXFP4 matrices (gpt-oss's experts) load too (`check_type` finds the type listed).
         assert!(weights::supported_types(WeightRole::Matrix).contains(&crate::gguf::GgmlType::MXFP4));
         let mut scaled = plain;
         scaled.ffn.gating = Gating::SoftmaxThenTopK { norm_top_k: true, weights_scale: Some(2.5) };

@@ -7,10 +7,10 @@
 //!   table (vs 0.62 GB in F16);
 //! - F32 matrices (the router `ffn_gate_inp`, which llama.cpp never quantizes) stay f32 and
 //!   run through `dense_f32` (`dense::project`);
-//! - MXFP4 matrices (gpt-oss's routed experts) are repacked to Q8_0, exactly (`repack`): no
-//!   kernel reads MXFP4 yet. Memory cost: 34 bytes per 32 weights instead of 17, twice the
-//!   file's size for those matrices (gpt-oss-20b's experts, ~11 GB in the file, take ~22 GB on
-//!   the device); a native MXFP4 kernel is what would remove it.
+//! - MXFP4 matrices (gpt-oss's routed experts) stay MXFP4: the kernels read its blocks. For an
+//!   A/B measurement `BRINK_MXFP4_REPACK=1` ([`Mxfp4::from_env`]) repacks them to Q8_0 instead,
+//!   exactly (`repack`), at 34 bytes per 32 weights instead of 17: twice the file's size for
+//!   those matrices (gpt-oss-20b's experts, ~11 GB in the file, would take ~22 GB).
 //!
 //! Which types the backend takes in each role follows from [`layout`] alone, so
 //! [`supported_types`] cannot disagree with what loading does.
@@ -72,13 +72,40 @@ pub(crate) enum Layout {
     RepackMxfp4ToQ8_0,
 }
 
+/// How MXFP4 matrices are held.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Mxfp4 {
+    /// The file's blocks: the kernels read MXFP4.
+    #[default]
+    Native,
+    /// Repacked to Q8_0 on the host (twice the memory), to measure against.
+    RepackToQ8_0,
+}
+
+/// The environment variable that selects [`Mxfp4::RepackToQ8_0`] (`1`).
+pub(crate) const MXFP4_REPACK_ENV: &str = "BRINK_MXFP4_REPACK";
+
+impl Mxfp4 {
+    /// `BRINK_MXFP4_REPACK=1` repacks, anything else (or nothing) keeps the blocks; read once per
+    /// process.
+    pub(crate) fn from_env() -> Mxfp4 {
+        static CHOICE: LazyLock<Mxfp4> = LazyLock::new(|| Mxfp4::parse(std::env::var(MXFP4_REPACK_ENV).ok().as_deref()));
+        *CHOICE
+    }
+
+    fn parse(value: Option<&str>) -> Mxfp4 {
+        if value == Some("1") { Mxfp4::RepackToQ8_0 } else { Mxfp4::Native }
+    }
+}
+
 /// The kernels' view of a GGUF type, for the types the CPU backend computes with.
 fn tensor_type(ty: GgmlType) -> Option<TensorType> {
     TensorType::from_ggml_id(ty.id()).ok()
 }
 
-/// How a tensor of type `ty` and shape `dims` is held in `role`, or why it cannot be.
-pub(crate) fn layout(ty: GgmlType, role: WeightRole, dims: &[u64]) -> Result<Layout, String> {
+/// How a tensor of type `ty` and shape `dims` is held in `role`, or why it cannot be; MXFP4
+/// matrices as `mxfp4` says.
+pub(crate) fn layout(ty: GgmlType, role: WeightRole, dims: &[u64], mxfp4: Mxfp4) -> Result<Layout, String> {
     let tt = tensor_type(ty);
     match role {
         WeightRole::Scale => match ty {
@@ -94,17 +121,21 @@ pub(crate) fn layout(ty: GgmlType, role: WeightRole, dims: &[u64]) -> Result<Lay
             (_, None) => Err(format!("no dequantization for {ty}")),
         },
         WeightRole::Matrix => match tt.and_then(TensorType::weight_type) {
+            Some(WeightType::MXFP4) if mxfp4 == Mxfp4::RepackToQ8_0 => Ok(Layout::RepackMxfp4ToQ8_0),
             Some(w) => Ok(Layout::Blocks(w)),
-            None if ty == GgmlType::MXFP4 => Ok(Layout::RepackMxfp4ToQ8_0),
             None if ty == GgmlType::F32 && dims.len() <= 2 => Ok(Layout::F32),
-            None if ty == GgmlType::F32 => Err("routed experts must be quantized: the routed kernels read q8_0/q4_0 blocks".into()),
+            None if ty == GgmlType::F32 => Err(format!(
+                "routed experts must be quantized: the routed kernels read {} blocks",
+                WeightType::ALL.map(WeightType::name).join(", ")
+            )),
             None => Err(format!("no dense or routed kernel computes with {ty} weights")),
         },
     }
 }
 
 fn types_for(role: WeightRole) -> Vec<GgmlType> {
-    GgmlType::ALL.into_iter().filter(|&t| layout(t, role, &[QK as u64 * 8, 8]).is_ok()).collect()
+    // The types, not their layouts: the same whichever way MXFP4 is held.
+    GgmlType::ALL.into_iter().filter(|&t| layout(t, role, &[QK as u64 * 8, 8], Mxfp4::Native).is_ok()).collect()
 }
 
 static SCALE_TYPES: LazyLock<Vec<GgmlType>> = LazyLock::new(|| types_for(WeightRole::Scale));
@@ -122,7 +153,7 @@ pub(crate) fn supported_types(role: WeightRole) -> &'static [GgmlType] {
 
 /// The layout of `t` in `role` after the checks every upload makes (its bytes match its shape;
 /// per-channel values are a vector, or one per expert), or why it cannot be held.
-pub(crate) fn checked_layout(t: &HostTensor, role: WeightRole) -> Result<Layout, String> {
+pub(crate) fn checked_layout(t: &HostTensor, role: WeightRole, mxfp4: Mxfp4) -> Result<Layout, String> {
     let expected = crate::gguf::tensor_bytes(t.ggml_type, &t.dims).map_err(|e| e.to_string())?;
     if expected != t.bytes.len() as u64 {
         return Err(format!("holds {} bytes, its shape needs {expected}", t.bytes.len()));
@@ -131,13 +162,13 @@ pub(crate) fn checked_layout(t: &HostTensor, role: WeightRole) -> Result<Layout,
     if role == WeightRole::Scale && !(1..=2).contains(&t.dims.len()) {
         return Err("per-channel values are a vector or one vector per expert".into());
     }
-    layout(t.ggml_type, role, &t.dims)
+    layout(t.ggml_type, role, &t.dims, mxfp4)
 }
 
-/// Uploads `t` in the layout its type and role call for.
-pub(crate) fn load(gpu: &Gpu, t: HostTensor, role: WeightRole) -> Result<CudaWeight, BackendError> {
+/// Uploads `t` in the layout its type and role call for, MXFP4 matrices as `mxfp4` says.
+pub(crate) fn load(gpu: &Gpu, t: HostTensor, role: WeightRole, mxfp4: Mxfp4) -> Result<CudaWeight, BackendError> {
     let bad = |why: String| fail(format!("tensor {:?} ({}, dims {:?}) as {}: {why}", t.name, t.ggml_type, t.dims, role.name()));
-    let layout = checked_layout(&t, role).map_err(&bad)?;
+    let layout = checked_layout(&t, role, mxfp4).map_err(&bad)?;
     let upload_err = |e| fail(format!("uploading tensor {:?}: {e}", t.name));
     let data = match layout {
         Layout::Blocks(wtype) => WeightData::Blocks { wtype, bytes: gpu.upload(&t.bytes).map_err(upload_err)? },
@@ -173,7 +204,7 @@ mod tests {
     fn supported_types_follow_the_layouts() {
         let m = supported_types(WeightRole::Matrix);
         assert!(m.contains(&GgmlType::Q8_0) && m.contains(&GgmlType::Q4_0) && m.contains(&GgmlType::F32));
-        assert!(m.contains(&GgmlType::MXFP4), "repacked to q8_0");
+        assert!(m.contains(&GgmlType::MXFP4), "a kernel weight format");
         assert!(!m.contains(&GgmlType::F16) && !m.contains(&GgmlType::Q4_1));
         let e = supported_types(WeightRole::Embedding);
         for t in
@@ -188,24 +219,49 @@ mod tests {
     #[test]
     fn layouts_by_role() {
         use GgmlType::*;
+        let layout = |ty, role, dims: &[u64]| layout(ty, role, dims, Mxfp4::Native);
         assert_eq!(layout(Q4_0, WeightRole::Embedding, &[64, 10]), Ok(Layout::Blocks(WeightType::Q4_0)));
         assert_eq!(layout(F16, WeightRole::Embedding, &[64, 10]), Ok(Layout::WidenToF32));
         assert_eq!(layout(Q6_K, WeightRole::Embedding, &[256, 10]), Ok(Layout::WidenToF32));
         assert_eq!(layout(F32, WeightRole::Matrix, &[64, 8]), Ok(Layout::F32));
-        assert!(layout(F32, WeightRole::Matrix, &[64, 8, 4]).unwrap_err().contains("routed experts"));
+        let e = layout(F32, WeightRole::Matrix, &[64, 8, 4]).unwrap_err();
+        assert!(e.contains("routed experts") && e.contains("q4_0") && e.contains("mxfp4"), "{e}");
         assert!(layout(Q4_1, WeightRole::Matrix, &[64, 8]).unwrap_err().contains("q4_1"));
         assert!(layout(Q8_0, WeightRole::Scale, &[64]).is_err());
-        // MXFP4: repacked as a matrix, dense or routed (gpt-oss's experts are 3-D); widened
-        // as an embedding table (the embed kernel reads q8_0/q4_0 only); never a norm weight.
-        assert_eq!(layout(MXFP4, WeightRole::Matrix, &[2880, 2880, 32]), Ok(Layout::RepackMxfp4ToQ8_0));
-        assert_eq!(layout(MXFP4, WeightRole::Matrix, &[64, 8]), Ok(Layout::RepackMxfp4ToQ8_0));
+        // MXFP4: the file's blocks as a matrix, dense or routed (gpt-oss's experts are 3-D);
+        // widened as an embedding table (the embed kernel reads q8_0/q4_0 only); never a norm
+        // weight.
+        assert_eq!(layout(MXFP4, WeightRole::Matrix, &[2880, 2880, 32]), Ok(Layout::Blocks(WeightType::MXFP4)));
+        assert_eq!(layout(MXFP4, WeightRole::Matrix, &[64, 8]), Ok(Layout::Blocks(WeightType::MXFP4)));
         assert_eq!(layout(MXFP4, WeightRole::Embedding, &[64, 10]), Ok(Layout::WidenToF32));
         assert!(layout(MXFP4, WeightRole::Scale, &[64]).unwrap_err().contains("mxfp4"));
     }
 
+    /// `BRINK_MXFP4_REPACK=1` repacks MXFP4 matrices, and nothing else: other types, other roles
+    /// and other values of the variable keep their layouts.
+    #[test]
+    fn the_repack_switch_changes_only_mxfp4_matrices() {
+        use GgmlType::*;
+        let repack = Mxfp4::RepackToQ8_0;
+        assert_eq!(layout(MXFP4, WeightRole::Matrix, &[2880, 2880, 32], repack), Ok(Layout::RepackMxfp4ToQ8_0));
+        assert_eq!(layout(MXFP4, WeightRole::Matrix, &[64, 8], repack), Ok(Layout::RepackMxfp4ToQ8_0));
+        assert_eq!(layout(MXFP4, WeightRole::Embedding, &[64, 10], repack), Ok(Layout::WidenToF32));
+        for ty in GgmlType::ALL.into_iter().filter(|&t| t != MXFP4) {
+            for role in [WeightRole::Matrix, WeightRole::Embedding, WeightRole::Scale] {
+                let dims = [ty.block_size() * 8, 8];
+                assert_eq!(layout(ty, role, &dims, repack), layout(ty, role, &dims, Mxfp4::Native), "{ty} {}", role.name());
+            }
+        }
+        assert_eq!(Mxfp4::parse(Some("1")), Mxfp4::RepackToQ8_0);
+        for other in [None, Some("0"), Some(""), Some("yes")] {
+            assert_eq!(Mxfp4::parse(other), Mxfp4::Native, "{other:?}");
+        }
+    }
+
     /// The gpt-oss loader driven by a backend that answers as the CUDA one does (its layer
-    /// check, its types, [`checked_layout`]: the per-expert bias rows included) and computes nothing: every tensor of the tiny preset gets a
-    /// layout, its experts the repack, whose bytes hold the file's values bit for bit.
+    /// check, its types, [`checked_layout`]: the per-expert bias rows included) and computes
+    /// nothing: every tensor of the tiny preset gets a layout, its experts their MXFP4 blocks;
+    /// under the repack switch the repack, whose bytes hold the file's values bit for bit.
     #[test]
     fn every_tensor_of_a_synthetic_gpt_oss_gets_a_layout() {
         use crate::synth::{GptOssPreset, GptOssSpec};
@@ -213,19 +269,23 @@ mod tests {
         let path = dir.path().join("tiny-gpt-oss.gguf");
         crate::synth::gpt_oss::generate(&GptOssSpec::from_preset(GptOssPreset::Tiny), &path, |_, _| {}).unwrap();
         let file = crate::gguf::GgufFile::open(&path).unwrap();
-        let mut r = Layouts(Vec::new());
-        if let Err(e) = crate::arch::load(&file, &mut r) {
-            panic!("{e}");
-        }
         let shape = GptOssPreset::Tiny.shape();
-        assert_eq!(r.0.len(), shape.tensors(GptOssPreset::Tiny.default_scheme()).len(), "every tensor loads");
-        let repacked: Vec<_> = r.0.iter().filter(|(_, l)| *l == Layout::RepackMxfp4ToQ8_0).map(|(n, _)| n.as_str()).collect();
-        assert_eq!(repacked.len(), 3 * shape.layers as usize, "{repacked:?}");
-        assert!(repacked.iter().all(|n| n.ends_with("_exps.weight")), "{repacked:?}");
+        for (mxfp4, expert_layout) in [(Mxfp4::Native, Layout::Blocks(WeightType::MXFP4)), (Mxfp4::RepackToQ8_0, Layout::RepackMxfp4ToQ8_0)]
+        {
+            let mut r = Layouts(Vec::new(), mxfp4);
+            if let Err(e) = crate::arch::load(&file, &mut r) {
+                panic!("{mxfp4:?}: {e}");
+            }
+            assert_eq!(r.0.len(), shape.tensors(GptOssPreset::Tiny.default_scheme()).len(), "every tensor loads");
+            let experts: Vec<_> = r.0.iter().filter(|(_, l)| *l == expert_layout).map(|(n, _)| n.as_str()).collect();
+            assert_eq!(experts.len(), 3 * shape.layers as usize, "{mxfp4:?}: {experts:?}");
+            assert!(experts.iter().all(|n| n.ends_with("_exps.weight")), "{experts:?}");
+        }
     }
 
-    /// Records each tensor's layout; loads nothing and computes nothing.
-    struct Layouts(Vec<(String, Layout)>);
+    /// Records each tensor's layout (MXFP4 matrices as its `Mxfp4` says); loads nothing and
+    /// computes nothing.
+    struct Layouts(Vec<(String, Layout)>, Mxfp4);
 
     impl crate::backend::Backend for Layouts {
         type Act = ();
@@ -241,7 +301,7 @@ mod tests {
             supported_types(role)
         }
         fn load_weight(&mut self, t: HostTensor, role: WeightRole) -> crate::backend::Result<()> {
-            let l = checked_layout(&t, role).map_err(|e| fail(format!("{}: {e}", t.name)))?;
+            let l = checked_layout(&t, role, self.1).map_err(|e| fail(format!("{}: {e}", t.name)))?;
             if l == Layout::RepackMxfp4ToQ8_0 {
                 let q8 = super::super::repack::mxfp4_to_q8_0(&t.bytes).map_err(|e| fail(format!("{}: {e}", t.name)))?;
                 let values = |tt: TensorType, b: &[u8]| {
