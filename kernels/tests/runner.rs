@@ -34,8 +34,15 @@ fn passed(id: &str) -> String {
         kernel_ms: 0.1,
         note: String::new(),
     };
-    serde_json::to_string(&WorkerMsg::Result { id: id.into(), outcome: Outcome::Ran(check), wall_ms: 0.2, gpu_ms: None, host_ms: None })
-        .unwrap()
+    serde_json::to_string(&WorkerMsg::Result {
+        id: id.into(),
+        outcome: Outcome::Ran(check),
+        wall_ms: 0.2,
+        gpu_ms: None,
+        host_ms: None,
+        parts: vec![],
+    })
+    .unwrap()
 }
 
 /// The answer of a case whose GPU half is done and whose host check is in flight.
@@ -117,7 +124,7 @@ fn a_hang_is_killed_at_its_deadline_and_the_run_goes_on() {
         Case { kernel: "neg_latent_tailskip".into(), params: OpCase::NegLatentTailSkip(broken), ..case("neg/hang", 400, Expect::Hang) };
     assert_eq!(judge(&neg, &Returned::Hung { wall_ms: 400.0 }).result, CaseResult::Flagged);
     // ... and one that finished is a miss: the self-test could not have caught the bug.
-    let finished = Returned::Outcome { outcome: Outcome::Error { error: "x".into() }, wall_ms: 1.0 };
+    let finished = Returned::Outcome { outcome: Outcome::Error { error: "x".into() }, wall_ms: 1.0, times: Default::default() };
     assert_eq!(judge(&neg, &finished).result, CaseResult::Missed);
     // The next case runs in a fresh worker.
     assert!(matches!(runner.run(&case("after", 5_000, Expect::Pass)), Returned::Outcome { .. }));
@@ -230,7 +237,14 @@ fn checks_lost_with_a_sticky_error_run_again() {
         error: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
         sticky: true,
     };
-    let line = WorkerMsg::Result { id: "b-sticky".into(), outcome: Outcome::LaunchError(err), wall_ms: 1.0, gpu_ms: None, host_ms: None };
+    let line = WorkerMsg::Result {
+        id: "b-sticky".into(),
+        outcome: Outcome::LaunchError(err),
+        wall_ms: 1.0,
+        gpu_ms: None,
+        host_ms: None,
+        parts: vec![],
+    };
     let sticky_line = serde_json::to_string(&line).unwrap();
     // The staging script, with the sticky case answered and the worker exiting after it.
     let body = format!("case \"$line\" in *sticky*) echo '{sticky_line}'; exit 3;; esac");

@@ -6,6 +6,7 @@
 pub mod compare;
 pub mod family;
 pub mod outcome;
+pub mod timing;
 
 pub use compare::{RelErr, always_sampled, sample_rows, sample_rows_around};
 pub use family::KernelFamily;

@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use brink_api::selftest::{CaseReport, CaseResult, ControlsProof, NegativeControls, REQUIRED_CONTROLS, SelfTestReport, Verdict};
+use brink_api::selftest::{CaseReport, CaseResult, ControlsProof, NegativeControls, Phase, REQUIRED_CONTROLS, SelfTestReport, Verdict};
 
 use super::case::{Case, Expect};
-use super::runner::Returned;
+use super::runner::{CaseTimes, Returned};
 use crate::check::Outcome;
 
 pub fn is_negative_control(case: &Case) -> bool {
@@ -49,7 +49,7 @@ pub fn judge(case: &Case, returned: &Returned) -> CaseReport {
             r.wall_ms = *wall_ms;
             (false, format!("worker died: {detail}"))
         }
-        Returned::Outcome { outcome, wall_ms } => {
+        Returned::Outcome { outcome, wall_ms, .. } => {
             r.wall_ms = *wall_ms;
             match outcome {
                 Outcome::Ran(check) => {
@@ -77,7 +77,10 @@ pub fn judge(case: &Case, returned: &Returned) -> CaseReport {
             }
         }
     };
-    r.detail = detail;
+    r.detail = match returned {
+        Returned::Outcome { times, .. } => format!("{detail}{}", times_note(times)),
+        _ => detail,
+    };
     r.result = match (negative && case.expect != Expect::Pass, caught) {
         (true, true) => CaseResult::Flagged,
         (true, false) => CaseResult::Missed,
@@ -86,6 +89,86 @@ pub fn judge(case: &Case, returned: &Returned) -> CaseReport {
         (false, false) => CaseResult::Failed,
     };
     r
+}
+
+/// Where the worker's time on a case went, for its detail line: "; GPU half 12.3 ms (inputs
+/// 8.0, kernel 2.1, outputs 2.2), host check 40.5 ms" (empty when the worker said nothing).
+pub fn times_note(t: &CaseTimes) -> String {
+    let mut s = String::new();
+    if let Some(g) = t.gpu_ms {
+        let _ = write!(s, "; GPU half {g:.1} ms");
+        if !t.parts.is_empty() {
+            let parts: Vec<String> = t.parts.iter().map(|(w, ms)| format!("{w} {ms:.1}")).collect();
+            let _ = write!(s, " ({})", parts.join(", "));
+        }
+    }
+    if let Some(h) = t.host_ms {
+        let _ = write!(s, "{}host check {h:.1} ms", if s.is_empty() { "; " } else { ", " });
+    }
+    s
+}
+
+/// Phases named with this prefix hold one family's sums (see [`family_phases`]); the text report
+/// shows them on their own line.
+pub const FAMILY_PHASE: &str = "  family ";
+
+/// Per kernel family, the worker's time summed over its cases that came back: the GPU halves
+/// (and their marked parts) and the host checks, as phases (`"  family attention: GPU halves"`,
+/// `"  family attention: GPU half kernel"`, `"  family attention: host checks"`), the family
+/// whose halves took longest first. Which half of which family dominates a run, from its report.
+pub fn family_phases(returned: &[(String, CaseTimes)]) -> Vec<Phase> {
+    // Per family: GPU halves, host checks, parts (in the order first seen).
+    let mut by: Vec<(&str, f64, f64, Vec<(String, f64)>)> = Vec::new();
+    for (kernel, t) in returned {
+        let kernel = kernel.as_str();
+        let at = match by.iter().position(|f| f.0 == kernel) {
+            Some(at) => at,
+            None => {
+                by.push((kernel, 0.0, 0.0, Vec::new()));
+                by.len() - 1
+            }
+        };
+        let f = &mut by[at];
+        f.1 += t.gpu_ms.unwrap_or(0.0);
+        f.2 += t.host_ms.unwrap_or(0.0);
+        for (w, ms) in &t.parts {
+            match f.3.iter_mut().find(|(n, _)| n == w) {
+                Some((_, sum)) => *sum += ms,
+                None => f.3.push((w.clone(), *ms)),
+            }
+        }
+    }
+    by.sort_by(|a, b| (b.1 + b.2).total_cmp(&(a.1 + a.2)).then_with(|| a.0.cmp(b.0)));
+    let mut v = Vec::new();
+    for (kernel, gpu, host, parts) in by {
+        v.push(Phase { name: format!("{FAMILY_PHASE}{kernel}: GPU halves"), seconds: gpu / 1e3 });
+        v.extend(parts.into_iter().map(|(w, ms)| Phase { name: format!("{FAMILY_PHASE}{kernel}: GPU half {w}"), seconds: ms / 1e3 }));
+        v.push(Phase { name: format!("{FAMILY_PHASE}{kernel}: host checks"), seconds: host / 1e3 });
+    }
+    v
+}
+
+/// The text line of [`family_phases`]: "attention GPU 12.3s (history 5.0, kernel 0.3) + host
+/// 40.1s (284 cases); ...".
+fn family_split_line(report: &SelfTestReport) -> Option<String> {
+    let mut line: Vec<String> = Vec::new();
+    let mut current: Option<(String, String, Vec<String>)> = None;
+    let cases = |kernel: &str| {
+        report.cases.iter().filter(|c| c.kernel == kernel && !matches!(c.result, CaseResult::Skipped | CaseResult::Planned)).count()
+    };
+    for p in report.phases.iter().filter_map(|p| Some((p.name.strip_prefix(FAMILY_PHASE)?, p.seconds))) {
+        let (name, secs) = p;
+        let Some((kernel, what)) = name.split_once(": ") else { continue };
+        if what == "GPU halves" {
+            current = Some((kernel.to_string(), format!("{secs:.1}s"), Vec::new()));
+        } else if let (Some(part), Some(c)) = (what.strip_prefix("GPU half "), current.as_mut()) {
+            c.2.push(format!("{part} {secs:.1}"));
+        } else if let (Some(c), "host checks") = (current.take(), what) {
+            let parts = if c.2.is_empty() { String::new() } else { format!(" ({})", c.2.join(", ")) };
+            line.push(format!("{} GPU {}{parts} + host {secs:.1}s ({} cases)", c.0, c.1, cases(&c.0)));
+        }
+    }
+    (!line.is_empty()).then(|| line.join("; "))
 }
 
 pub fn skipped(case: &Case, why: &str) -> CaseReport {
@@ -289,8 +372,11 @@ pub fn render(report: &SelfTestReport) -> String {
         let line: Vec<String> = costs.iter().map(|c| format!("{} {:.1}s ({} cases)", c.kernel, c.wall_ms / 1e3, c.cases)).collect();
         let _ = writeln!(s, "\ntime by kernel family (wall, most first): {}", line.join(", "));
     }
-    let _ =
-        writeln!(s, "\nphases:  {}", report.phases.iter().map(|p| format!("{} {:.2}s", p.name, p.seconds)).collect::<Vec<_>>().join(", "));
+    if let Some(line) = family_split_line(report) {
+        let _ = writeln!(s, "\nGPU halves vs host checks by family (sums, most first): {line}");
+    }
+    let phases = report.phases.iter().filter(|p| !p.name.starts_with(FAMILY_PHASE));
+    let _ = writeln!(s, "\nphases:  {}", phases.map(|p| format!("{} {:.2}s", p.name, p.seconds)).collect::<Vec<_>>().join(", "));
     let _ = writeln!(
         s,
         "verdict: {}",
@@ -382,6 +468,60 @@ mod tests {
             ]
         );
         assert!(family_costs(&[]).is_empty());
+    }
+
+    /// Per family the sums of the GPU halves, their marked parts and the host checks, as
+    /// phases the text report puts on one line (and leaves out of the phases line).
+    #[test]
+    fn family_phases_split_gpu_halves_and_host_checks() {
+        let t = |gpu: f64, host: Option<f64>, parts: &[(&str, f64)]| CaseTimes {
+            gpu_ms: Some(gpu),
+            host_ms: host,
+            parts: parts.iter().map(|(w, ms)| (w.to_string(), *ms)).collect(),
+        };
+        let returned = vec![
+            ("rope".to_string(), t(100.0, None, &[])),
+            ("attention".to_string(), t(1000.0, Some(3000.0), &[("history", 600.0), ("kernel", 100.0)])),
+            ("attention".to_string(), t(500.0, Some(1000.0), &[("history", 200.0), ("outputs", 50.0)])),
+        ];
+        let phases = family_phases(&returned);
+        let got: Vec<(&str, f64)> = phases.iter().map(|p| (p.name.as_str(), p.seconds)).collect();
+        assert_eq!(
+            got,
+            [
+                ("  family attention: GPU halves", 1.5),
+                ("  family attention: GPU half history", 0.8),
+                ("  family attention: GPU half kernel", 0.1),
+                ("  family attention: GPU half outputs", 0.05),
+                ("  family attention: host checks", 4.0),
+                ("  family rope: GPU halves", 0.1),
+                ("  family rope: host checks", 0.0),
+            ]
+        );
+        let mut report: SelfTestReport = serde_json::from_value(serde_json::json!({
+            "schema": 1, "agentVersion": "t", "kernelSourcesHash": "h",
+            "device": {"gpu": true, "name": "d", "computeCapability": "9.0", "smCount": 1, "totalMemBytes": 1, "freeMemBytes": 1,
+                       "driverCudaVersion": null, "nvrtcVersion": null, "maxGridDim": [1, 1, 1], "maxSharedMemPerBlockOptin": 1,
+                       "noGpuReason": null},
+            "shapeClass": "c", "derived": 0, "executed": 0, "passed": 0, "failed": 0, "hung": 0, "skipped": 0,
+            "negativeControls": {"expected": 0, "flagged": 0, "missed": 0, "notRunReason": null},
+            "verdict": {"state": "notQualified", "reason": ""}, "phases": [], "cases": []
+        }))
+        .unwrap();
+        report.cases =
+            vec![case("attention", 1, CaseResult::Passed), case("attention", 2, CaseResult::Passed), case("rope", 1, CaseResult::Passed)];
+        report.phases = phases;
+        report.phases.push(Phase { name: "total".into(), seconds: 9.0 });
+        let text = render(&report);
+        assert!(
+            text.contains(
+                "by family (sums, most first): attention GPU 1.5s (history 0.8, kernel 0.1, outputs 0.1) + host 4.0s (2 cases); rope GPU 0.1s + host 0.0s (1 cases)"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("phases:  total 9.00s\n"), "{text}");
+        assert_eq!(times_note(&t(12.0, Some(40.5), &[("kernel", 2.0)])), "; GPU half 12.0 ms (kernel 2.0), host check 40.5 ms");
+        assert_eq!(times_note(&CaseTimes::default()), "");
     }
 
     /// `cases` and both required controls flagged in this run.

@@ -28,16 +28,24 @@ pub enum Returned {
     Outcome {
         outcome: Outcome,
         wall_ms: f64,
+        /// Where the worker's time on the case went.
+        times: CaseTimes,
     },
     /// Killed at the deadline.
-    Hung {
-        wall_ms: f64,
-    },
+    Hung { wall_ms: f64 },
     /// The worker died (crash, sticky error exit without a result, or a protocol error).
-    WorkerDied {
-        detail: String,
-        wall_ms: f64,
-    },
+    WorkerDied { detail: String, wall_ms: f64 },
+}
+
+/// Where the worker's time on one case went (see [`WorkerMsg::Result`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CaseTimes {
+    /// The GPU half (the whole case when its family leaves no host check).
+    pub gpu_ms: Option<f64>,
+    /// The host check, when it ran apart from the GPU half.
+    pub host_ms: Option<f64>,
+    /// The GPU half's parts its family marked (`(what, ms)`).
+    pub parts: Vec<(String, f64)>,
 }
 
 /// How the run started.
@@ -209,13 +217,13 @@ impl Runner {
     fn returned(&mut self, answer: Answer<WorkerMsg>) -> Returned {
         match answer {
             // The worker's own time: the case's work without the pipe.
-            Answer::Reply { msg: WorkerMsg::Result { outcome, wall_ms, gpu_ms, host_ms, .. }, .. } => {
+            Answer::Reply { msg: WorkerMsg::Result { outcome, wall_ms, gpu_ms, host_ms, parts, .. }, .. } => {
                 // A staged case's GPU half was counted when it was staged.
                 match host_ms {
                     Some(h) => self.timing.host_ms += h,
                     None => self.timing.gpu_ms += gpu_ms.unwrap_or(wall_ms),
                 }
-                Returned::Outcome { outcome, wall_ms }
+                Returned::Outcome { outcome, wall_ms, times: CaseTimes { gpu_ms: gpu_ms.or(Some(wall_ms)), host_ms, parts } }
             }
             Answer::Reply { msg, wall_ms } => Returned::WorkerDied { detail: format!("unexpected worker message: {msg:?}"), wall_ms },
             Answer::Hung { wall_ms } => Returned::Hung { wall_ms },

@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use super::case::{Case, Expect, OpCase};
 use super::catalogue::{self, Catalogue};
-use super::report::{judge, skipped, summarise};
-use super::runner::{Runner, Start};
+use super::report::{family_phases, judge, skipped, summarise};
+use super::runner::{Returned, Runner, Start};
 use crate::limits::DeviceLimits;
 use crate::ops::moe_gemv;
 use crate::sources;
@@ -112,8 +112,12 @@ pub fn run(runner: &mut Runner, opts: &Options, progress: &mut dyn FnMut(Progres
             let mut cases = Vec::with_capacity(cat.cases.len() + cat.skipped.len());
             let total = cat.cases.len();
             let before = runner.timing;
+            let mut times = Vec::new();
             // Results come in the catalogue's order, whatever order the host checks finish in.
             runner.run_all(&cat.cases, &mut |index, returned| {
+                if let Returned::Outcome { times: t, .. } = returned {
+                    times.push((cat.cases[index].kernel.clone(), t.clone()));
+                }
                 let r = judge(&cat.cases[index], returned);
                 progress(Progress::Case { index, total, report: &r });
                 cases.push(r);
@@ -122,6 +126,7 @@ pub fn run(runner: &mut Runner, opts: &Options, progress: &mut dyn FnMut(Progres
             let (gpu_ms, host_ms) = (runner.timing.gpu_ms - before.gpu_ms, runner.timing.host_ms - before.host_ms);
             phases.push(Phase { name: GPU_PHASE.into(), seconds: gpu_ms / 1e3 });
             phases.push(Phase { name: HOST_PHASE.into(), seconds: host_ms / 1e3 });
+            phases.extend(family_phases(&times));
             cases.extend(cat.skipped.iter().map(|(c, why)| skipped(c, why)));
             finish(opts, device, cases, phases, t_start)
         }
@@ -299,6 +304,7 @@ mod tests {
             wall_ms: 0.2,
             gpu_ms: None,
             host_ms: Some(0.1),
+            parts: vec![],
         })
         .unwrap();
         let staged = serde_json::to_string(&WorkerMsg::Staged { id: "ID".into(), gpu_ms: 0.1 }).unwrap();

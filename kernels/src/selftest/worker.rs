@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use super::case::Case;
 use super::deadline::send_line;
-use crate::check::{Outcome, Staged};
+use crate::check::{Outcome, Staged, timing};
 use crate::cuda::{DeviceInfo, Gpu, GpuError};
 use crate::limits::DeviceLimits;
 use crate::sources;
@@ -53,6 +53,10 @@ pub enum WorkerMsg {
         /// Of which the host check (the CPU twin and the comparison), when it ran apart.
         #[serde(default)]
         host_ms: Option<f64>,
+        /// The GPU half's parts, as its family marked them ([`crate::check::timing`]): `(what,
+        /// ms)`, e.g. inputs, kernel, outputs; empty when the family marks none.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        parts: Vec<(String, f64)>,
     },
 }
 
@@ -66,8 +70,9 @@ pub enum Request {
     Run(Box<Case>),
 }
 
-/// Host checks in flight, by case id: the channel their outcome comes on and the GPU half's time.
-type InFlight = HashMap<String, (Receiver<(Outcome, f64)>, f64)>;
+/// Host checks in flight, by case id: the channel their outcome comes on, the GPU half's time
+/// and its parts.
+type InFlight = HashMap<String, (Receiver<(Outcome, f64)>, f64, Vec<(String, f64)>)>;
 
 /// Threads of the host-check pool: every core but one. The GPU half is the self-test's critical
 /// path: its thread (driver calls, synchronisation, the host data it makes) keeps a core of its
@@ -128,10 +133,17 @@ pub fn serve(input: impl BufRead, mut out: impl Write) -> i32 {
             Ok(Request::Run(c)) => *c,
             Ok(Request::Collect { collect }) => {
                 let msg = match in_flight.remove(&collect) {
-                    Some((rx, gpu_ms)) => {
+                    Some((rx, gpu_ms, parts)) => {
                         let (outcome, host_ms) =
                             rx.recv().unwrap_or_else(|_| (Outcome::Error { error: "the host check ended without an outcome".into() }, 0.0));
-                        WorkerMsg::Result { id: collect, outcome, wall_ms: gpu_ms + host_ms, gpu_ms: Some(gpu_ms), host_ms: Some(host_ms) }
+                        WorkerMsg::Result {
+                            id: collect,
+                            outcome,
+                            wall_ms: gpu_ms + host_ms,
+                            gpu_ms: Some(gpu_ms),
+                            host_ms: Some(host_ms),
+                            parts,
+                        }
                     }
                     None => WorkerMsg::Fatal { error: format!("no host check in flight for case {collect}") },
                 };
@@ -143,16 +155,18 @@ pub fn serve(input: impl BufRead, mut out: impl Write) -> i32 {
             Err(e) => return exit_after(&mut out, &WorkerMsg::Fatal { error: format!("bad case line: {e}") }, 1),
         };
         let t = Instant::now();
+        timing::begin();
         let staged = super::stage(&gpu, &case);
+        let parts = timing::take();
         let gpu_ms = t.elapsed().as_secs_f64() * 1e3;
         let (msg, sticky) = match staged {
             Staged::Check(check) => {
-                in_flight.insert(case.id.clone(), (spawn_check(&pool, check), gpu_ms));
+                in_flight.insert(case.id.clone(), (spawn_check(&pool, check), gpu_ms, parts));
                 (WorkerMsg::Staged { id: case.id, gpu_ms }, false)
             }
             Staged::Done(outcome) => {
                 let sticky = matches!(&outcome, Outcome::LaunchError(e) if e.sticky);
-                (WorkerMsg::Result { id: case.id, outcome, wall_ms: gpu_ms, gpu_ms: Some(gpu_ms), host_ms: None }, sticky)
+                (WorkerMsg::Result { id: case.id, outcome, wall_ms: gpu_ms, gpu_ms: Some(gpu_ms), host_ms: None, parts }, sticky)
             }
         };
         if send_line(&mut out, &msg).is_err() {
