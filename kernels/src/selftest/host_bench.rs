@@ -11,7 +11,7 @@ use std::time::Instant;
 use super::case::OpCase;
 use super::catalogue::{Options, derive};
 use crate::limits::DeviceLimits;
-use crate::ops::{latent_proj, moe_gemm, moe_gemv_fused, output_head};
+use crate::ops::{attention, latent_proj, moe_gemm, moe_gemv_fused, output_head};
 use crate::thresholds::{ModelShape, Serving};
 
 /// CPU seconds this process has used so far (user and system, every thread), from
@@ -34,6 +34,7 @@ fn host_half(tokens: u64, op: &OpCase) -> Option<usize> {
         OpCase::LatentProj(c) => latent_proj::host_half(tokens, c),
         OpCase::OutputHead(c) => output_head::host_half(tokens, &c.dims(), c.sequences),
         OpCase::Linear(c) => output_head::host_half(tokens, &c.dims(), None),
+        OpCase::Attention(c) => attention::host_half(tokens, c),
         _ => return None,
     })
 }

@@ -23,12 +23,12 @@ use super::{
     AttentionIo, AttentionSpec, BatchCounts, BatchPlan, Chunk, DecodeRoute, DeviceBatch, KERNEL, PrefillKernel, TOLERANCE, cpu, first_key,
     launch, launches, physical_row, prefill_tile, select_prefill,
 };
-use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
+use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows, timing};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Launch, PlanError};
 use crate::limits::DeviceLimits;
 use crate::ops::kv_store::{self, KvRows, cache_offset};
-use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform};
+use crate::ops::testdata::{GUARD_WORDS, Guarded, download_rows, fill_uniform};
 use crate::testdata::{uniform_f32, uniform_row};
 use crate::thresholds::{Critical, I32_MAX, overflow_point, tile_tails};
 
@@ -603,8 +603,9 @@ fn select_rows(chunks: &[Chunk], tokens: u64, spec: &AttentionSpec, tile_rows: u
 }
 
 /// The twin's output of every sampled row, over regenerated inputs: rows of every chunk at
-/// once (one slab per chunk, its rows and heads spread over the cores), rows the process has
-/// already computed for the same inputs taken from [`TWIN_CACHE`].
+/// once (one slab per chunk, its rows computed together by [`cpu::attend_rows`], which reads
+/// each tile of the slab once for all of them), rows the process has already computed for the
+/// same inputs taken from [`TWIN_CACHE`].
 fn twin_rows(inputs: &Inputs, rows: &[Row]) -> Vec<std::sync::Arc<Vec<f32>>> {
     let (spec, rw) = (&inputs.spec, inputs.spec.row_width() as usize);
     let groups: Vec<&[Row]> = rows.chunk_by(|a, b| a.chunk == b.chunk).collect();
@@ -612,26 +613,27 @@ fn twin_rows(inputs: &Inputs, rows: &[Row]) -> Vec<std::sync::Arc<Vec<f32>>> {
         .par_iter()
         .flat_map_iter(|group| {
             let c = &inputs.chunks[group[0].chunk];
-            let cached: Vec<Option<std::sync::Arc<Vec<f32>>>> = group.iter().map(|r| TwinCache::get(&inputs.twin_key(r))).collect();
-            let uncached: Vec<u32> = group.iter().zip(&cached).filter(|(_, k)| k.is_none()).map(|(r, _)| c.start_pos + r.i).collect();
-            let (lo, n) = (uncached.iter().min().map(|&p| first_key(p, spec.window)), uncached.iter().max().map(|&p| p as u64 + 1));
-            let slab = lo.zip(n).map(|(lo, n)| inputs.slab(group[0].chunk, lo as u64, n));
-            let want: Vec<std::sync::Arc<Vec<f32>>> = group
-                .par_iter()
-                .zip(cached)
-                .map(|(r, cached)| {
-                    cached.unwrap_or_else(|| {
-                        let mut o = vec![0.0f32; rw];
-                        let slab = slab.as_ref().expect("a slab for every row not cached");
-                        let q = uniform_row(SEED_Q, r.row * rw as u64, rw, Q_AMPLITUDE);
-                        cpu::attend_row(&q, slab, c, r.i, spec, inputs.sinks.as_deref(), &mut o);
-                        let o = std::sync::Arc::new(o);
-                        TwinCache::put(inputs.twin_key(r), o.clone());
-                        o
-                    })
-                })
-                .collect();
-            want
+            let mut want: Vec<Option<std::sync::Arc<Vec<f32>>>> = group.iter().map(|r| TwinCache::get(&inputs.twin_key(r))).collect();
+            let uncached: Vec<&Row> = group.iter().zip(&want).filter(|(_, k)| k.is_none()).map(|(r, _)| r).collect();
+            if let (Some(lo), Some(n)) = (
+                uncached.iter().map(|r| first_key(c.start_pos + r.i, spec.window)).min(),
+                uncached.iter().map(|r| (c.start_pos + r.i) as u64 + 1).max(),
+            ) {
+                let slab = inputs.slab(group[0].chunk, lo as u64, n);
+                let q: Vec<Vec<f32>> = uncached.iter().map(|r| uniform_row(SEED_Q, r.row * rw as u64, rw, Q_AMPLITUDE)).collect();
+                let q_rows: Vec<&[f32]> = q.iter().map(|q| q.as_slice()).collect();
+                let is: Vec<u32> = uncached.iter().map(|r| r.i).collect();
+                let made = cpu::attend_rows(&q_rows, &is, &slab, c, spec, inputs.sinks.as_deref());
+                let mut made = uncached.iter().zip(made).map(|(r, o)| {
+                    let o = std::sync::Arc::new(o);
+                    TwinCache::put(inputs.twin_key(r), o.clone());
+                    o
+                });
+                for w in want.iter_mut().filter(|w| w.is_none()) {
+                    *w = made.next();
+                }
+            }
+            want.into_iter().map(|w| w.expect("a twin row for every row not cached"))
         })
         .collect()
 }
@@ -647,21 +649,25 @@ fn compare_outputs(inputs: &Inputs, rows: &[Row], got: &[Vec<f32>]) -> RelErr {
     err
 }
 
-/// Cache words of sampled batch rows that differ from kv_store's twin (K and V).
+/// Cache words of sampled batch rows that differ from kv_store's twin (K and V). The rows come
+/// down with one copy per run of nearby cache rows ([`download_rows`]), not two copies a row.
 fn compare_stored(gpu: &Gpu, inputs: &Inputs, rows: &[Row], kc: &CudaSlice<u16>, vc: &CudaSlice<u16>) -> Result<u64, GpuError> {
     let w = inputs.spec.kv_width() as usize;
     let mut bad = 0u64;
+    // (batch row, cache row) of each sampled row its table holds.
+    let mut stored: Vec<(u64, u64)> = Vec::new();
     for r in rows.iter().take(STORED_ROWS) {
         let c = &inputs.chunks[r.chunk];
-        let row = inputs.row(c, c.start_pos + r.i);
-        let Ok(row) = u64::try_from(row) else {
-            bad += 2 * w as u64; // a position its table misses: nothing could have been stored
-            continue;
-        };
-        let at = cache_offset(row, &inputs.spec) as usize;
-        for (cache, seed) in [(kc, SEED_K), (vc, SEED_V)] {
-            let got = gpu.download_range(cache, at, w)?;
-            let want = (0..w).map(|e| f16::from_f32(uniform_f32(seed, r.row * w as u64 + e as u64, 1.0)).to_bits());
+        match u64::try_from(inputs.row(c, c.start_pos + r.i)) {
+            Ok(row) => stored.push((r.row, cache_offset(row, &inputs.spec) / w as u64)),
+            Err(_) => bad += 2 * w as u64, // a position its table misses: nothing could have been stored
+        }
+    }
+    let at: Vec<u64> = stored.iter().map(|s| s.1).collect();
+    for (cache, seed) in [(kc, SEED_K), (vc, SEED_V)] {
+        let got = download_rows(gpu, cache, &at, w)?;
+        for (&(row, _), got) in stored.iter().zip(&got) {
+            let want = (0..w).map(|e| f16::from_f32(uniform_f32(seed, row * w as u64 + e as u64, 1.0)).to_bits());
             bad += got.iter().zip(want).filter(|(g, w)| **g != *w).count() as u64;
         }
     }
@@ -684,8 +690,11 @@ pub fn stage_case(gpu: &Gpu, tokens: u64, c: &AttentionCase) -> Result<Staged, G
     kv_store::plan(tokens, &spec, gpu.limits())?;
     let inputs = Inputs::new(spec, c.sink_values(), chunks, tables);
     let cache = spec.cache_elems() as usize;
+    timing::mark("plan");
     let (mut kc, mut vc) = (gpu.alloc::<u16>(cache)?, gpu.alloc::<u16>(cache)?);
+    timing::mark("alloc caches");
     store_history(gpu, &inputs, &mut kc, &mut vc)?;
+    timing::mark("history");
     poison_below_windows(gpu, &inputs, &mut kc, &mut vc)?;
     store_batch(gpu, &inputs, tokens, &mut kc, &mut vc)?;
     let sinks = inputs.sinks.as_ref().map(|s| gpu.upload(s)).transpose()?;
@@ -696,6 +705,7 @@ pub fn stage_case(gpu: &Gpu, tokens: u64, c: &AttentionCase) -> Result<Staged, G
     let mut workspace = gpu.alloc::<f32>(plan.workspace_floats().max(1) as usize)?;
     let batch = DeviceBatch::upload(gpu, plan)?;
     gpu.synchronize()?;
+    timing::mark("inputs");
     let start = Instant::now();
     let io = AttentionIo {
         q: q.as_view(),
@@ -708,11 +718,15 @@ pub fn stage_case(gpu: &Gpu, tokens: u64, c: &AttentionCase) -> Result<Staged, G
     launch(gpu, &batch, io)?;
     gpu.synchronize()?;
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
+    timing::mark("kernel");
     let (unwritten, past_end) = out.check(gpu, 1)?;
+    timing::mark("guard check");
     let rows = select_rows(&inputs.chunks, tokens, &spec, c.tile_rows());
     let stored = compare_stored(gpu, &inputs, &rows, &kc, &vc)?;
+    timing::mark("stored rows");
     let rw = spec.row_width() as usize;
     let got = out.read_rows_f32(gpu, &rows.iter().map(|r| r.row).collect::<Vec<_>>(), rw)?;
+    timing::mark("outputs");
     Ok(Staged::Check(Box::new(move || {
         let err = compare_outputs(&inputs, &rows, &got);
         let mut check = Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms);
@@ -722,6 +736,17 @@ pub fn stage_case(gpu: &Gpu, tokens: u64, c: &AttentionCase) -> Result<Staged, G
         }
         Outcome::Ran(check)
     })))
+}
+
+/// The host work of one case without a device (`selftest::host_bench`): the rows the GPU half
+/// would select and the twin's output of each, the slabs made as the host check makes them.
+#[cfg(test)]
+pub(crate) fn host_half(tokens: u64, c: &AttentionCase) -> usize {
+    let Ok((spec, parts)) = c.spec(tokens) else { return 0 };
+    let (chunks, tables) = c.batch(&parts);
+    let inputs = Inputs::new(spec, c.sink_values(), chunks, tables);
+    let rows = select_rows(&inputs.chunks, tokens, &spec, c.tile_rows());
+    twin_rows(&inputs, &rows).len()
 }
 
 /// The self-test's handle on this family (registered in `selftest::case`).
