@@ -15,6 +15,11 @@ pub fn begin() {
     MARKS.with(|m| *m.borrow_mut() = Some((Instant::now(), Vec::new())));
 }
 
+/// Whether this thread is marking (between [`begin`] and [`take`]).
+pub fn active() -> bool {
+    MARKS.with(|m| m.borrow().is_some())
+}
+
 /// The time since [`begin`] or the last mark went to `what` (a no-op when nothing began, as in
 /// tests and benches). Marks of the same name add up.
 pub fn mark(what: &str) {
@@ -51,7 +56,9 @@ mod tests {
     fn marks_add_up_in_order_and_stop_at_take() {
         assert!(take().is_empty());
         mark("nothing began");
+        assert!(!active());
         begin();
+        assert!(active());
         mark("inputs");
         mark("kernel");
         mark("inputs");

@@ -5,7 +5,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr};
 
 use cudarc::driver::PushKernelArg;
 
-use crate::check::Check;
+use crate::check::{Check, timing};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, grid_stride_blocks};
 use crate::limits::DeviceLimits;
@@ -29,26 +29,49 @@ pub fn plan(kernel: &str, items: u64, limits: &DeviceLimits) -> Result<Launch, P
     )
 }
 
+/// What the GPU half did between two [`timed`] steps: its host work (routing, plans, the data it
+/// makes) and the launches it waited for (the kernel under test, kv_store).
+pub const BETWEEN_STEPS: &str = "host work and kernels";
+
+/// Runs one test-data step of a case's GPU half; while the worker marks the GPU half
+/// (`check::timing`), the time before it goes to [`BETWEEN_STEPS`] and its own to `what`, the
+/// device synchronised on both sides so an asynchronous fill is counted where it runs.
+fn timed<T>(gpu: &Gpu, what: &str, step: impl FnOnce() -> Result<T, GpuError>) -> Result<T, GpuError> {
+    if !timing::active() {
+        return step();
+    }
+    gpu.synchronize()?;
+    timing::mark(BETWEEN_STEPS);
+    let r = step()?;
+    gpu.synchronize()?;
+    timing::mark(what);
+    Ok(r)
+}
+
 pub fn fill_uniform(gpu: &Gpu, buf: &mut CudaSlice<f32>, n: usize, seed: u64, scale: f32) -> Result<(), GpuError> {
-    let f = gpu.function(&TESTDATA, "fill_uniform_f32")?;
-    let p = plan("fill_uniform_f32", n as u64, gpu.limits())?;
-    let n = n as u64;
-    gpu.launch(&p, &f, |b| {
-        b.arg(buf).arg(&n).arg(&seed).arg(&scale);
-    })?;
-    Ok(())
+    timed(gpu, "fill inputs", || {
+        let f = gpu.function(&TESTDATA, "fill_uniform_f32")?;
+        let p = plan("fill_uniform_f32", n as u64, gpu.limits())?;
+        let n = n as u64;
+        gpu.launch(&p, &f, |b| {
+            b.arg(buf).arg(&n).arg(&seed).arg(&scale);
+        })?;
+        Ok(())
+    })
 }
 
 /// Fills `nblocks` weight blocks of `wtype` (super-blocks for the K-quants; buffer sized
 /// `nblocks * block_bytes`). CPU twin: `testdata::weight_row`.
 pub fn fill_weights(gpu: &Gpu, buf: &mut CudaSlice<u8>, nblocks: usize, seed: u64, wtype: WeightType) -> Result<(), GpuError> {
-    let f = gpu.function(&TESTDATA, "fill_weights")?;
-    let p = plan("fill_weights", nblocks as u64, gpu.limits())?;
-    let (n, code) = (nblocks as u64, wtype.code());
-    gpu.launch(&p, &f, |b| {
-        b.arg(buf).arg(&n).arg(&seed).arg(&code);
-    })?;
-    Ok(())
+    timed(gpu, "fill weights", || {
+        let f = gpu.function(&TESTDATA, "fill_weights")?;
+        let p = plan("fill_weights", nblocks as u64, gpu.limits())?;
+        let (n, code) = (nblocks as u64, wtype.code());
+        gpu.launch(&p, &f, |b| {
+            b.arg(buf).arg(&n).arg(&seed).arg(&code);
+        })?;
+        Ok(())
+    })
 }
 
 /// Fills `rows` q8_1 rows of `nb` blocks: row r from source row `row_ids[r]` (`None`: r);
@@ -62,19 +85,21 @@ pub fn fill_q8_1_rows(
     row_ids: Option<&CudaSlice<i32>>,
     n_src: u64,
 ) -> Result<(), GpuError> {
-    let f = gpu.function(&TESTDATA, "fill_q8_1_rows")?;
-    let p = plan("fill_q8_1_rows", (rows * nb) as u64, gpu.limits())?;
-    let (rows, nb) = (rows as u64, nb as i32);
-    let null: u64 = 0;
-    gpu.launch(&p, &f, |b| {
-        b.arg(out).arg(&rows).arg(&nb).arg(&seed);
-        match row_ids {
-            Some(ids) => b.arg(ids),
-            None => b.arg(&null),
-        };
-        b.arg(&n_src);
-    })?;
-    Ok(())
+    timed(gpu, "fill inputs", || {
+        let f = gpu.function(&TESTDATA, "fill_q8_1_rows")?;
+        let p = plan("fill_q8_1_rows", (rows * nb) as u64, gpu.limits())?;
+        let (rows, nb) = (rows as u64, nb as i32);
+        let null: u64 = 0;
+        gpu.launch(&p, &f, |b| {
+            b.arg(out).arg(&rows).arg(&nb).arg(&seed);
+            match row_ids {
+                Some(ids) => b.arg(ids),
+                None => b.arg(&null),
+            };
+            b.arg(&n_src);
+        })?;
+        Ok(())
+    })
 }
 
 pub fn fill_words(gpu: &Gpu, buf: &mut CudaSlice<u32>, value: u32) -> Result<(), GpuError> {
@@ -125,6 +150,15 @@ pub fn download_rows<T: DeviceRepr + Default + Clone>(
     rows: &[u64],
     width: usize,
 ) -> Result<Vec<Vec<T>>, GpuError> {
+    timed(gpu, "download", || download_rows_untimed(gpu, buf, rows, width))
+}
+
+fn download_rows_untimed<T: DeviceRepr + Default + Clone>(
+    gpu: &Gpu,
+    buf: &CudaSlice<T>,
+    rows: &[u64],
+    width: usize,
+) -> Result<Vec<Vec<T>>, GpuError> {
     let mut out: Vec<Vec<T>> = vec![Vec::new(); rows.len()];
     for run in row_runs(rows, std::mem::size_of::<T>() * width) {
         let first = rows[run[0]];
@@ -164,18 +198,22 @@ pub struct Guarded {
 
 impl Guarded {
     pub fn new(gpu: &Gpu, words: usize) -> Result<Guarded, GpuError> {
-        let mut buf = gpu.alloc::<u32>(words + GUARD_WORDS)?;
-        fill_words(gpu, &mut buf, POISON)?;
-        Ok(Guarded { buf, words })
+        timed(gpu, "alloc and poison outputs", || {
+            let mut buf = gpu.alloc::<u32>(words + GUARD_WORDS)?;
+            fill_words(gpu, &mut buf, POISON)?;
+            Ok(Guarded { buf, words })
+        })
     }
 
     /// `(unwritten, past_end)`: items of `stride` words whose first word still holds the
     /// poison, and guard words that do not.
     pub fn check(&self, gpu: &Gpu, stride: usize) -> Result<(u64, u64), GpuError> {
-        let items = (self.words / stride) as u64;
-        let unwritten = count_words(gpu, &self.buf, 0, items, stride as u64, POISON, true)?;
-        let past_end = count_words(gpu, &self.buf, self.words, GUARD_WORDS as u64, 1, POISON, false)?;
-        Ok((unwritten, past_end))
+        timed(gpu, "guard check", || {
+            let items = (self.words / stride) as u64;
+            let unwritten = count_words(gpu, &self.buf, 0, items, stride as u64, POISON, true)?;
+            let past_end = count_words(gpu, &self.buf, self.words, GUARD_WORDS as u64, 1, POISON, false)?;
+            Ok((unwritten, past_end))
+        })
     }
 
     /// Words `[start, start + len)` as f32.
