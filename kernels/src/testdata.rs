@@ -69,7 +69,10 @@ pub fn kquant_scale_ranges(wtype: WeightType) -> Option<(ScaleRange, Option<Scal
 /// hash(seed, 64b + i/8)), then d (hash index 64b + 48) and dmin (64b + 49) from their ranges.
 fn kquant_block(seed: u64, b: u64, bytes: usize, d: ScaleRange, dmin: Option<ScaleRange>, out: &mut Vec<u8>) {
     let start = out.len();
-    out.extend((0..bytes).map(|i| (hash2(seed, b * 64 + (i / 8) as u64) >> (8 * (i % 8))) as u8));
+    // One hash per 8 bytes, not one per byte (the self-test's twins generate gigabytes of these).
+    for j in 0..bytes.div_ceil(8) {
+        out.extend_from_slice(&hash2(seed, b * 64 + j as u64).to_le_bytes()[..(bytes - 8 * j).min(8)]);
+    }
     let blk = &mut out[start..];
     let d = scale_f16(seed, b * 64 + 48, d.0, d.1).to_le_bytes();
     match dmin {
@@ -213,6 +216,30 @@ pub fn q8_1_row(seed: u64, src: u64, nb: usize) -> Vec<BlockQ8_1> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// K-quant blocks made with one hash per 8 bytes are those made with one hash per byte.
+    #[test]
+    fn kquant_blocks_equal_the_bytewise_generation() {
+        for wtype in [WeightType::Q4K, WeightType::Q5K, WeightType::Q6K] {
+            let (d, dmin) = kquant_scale_ranges(wtype).unwrap();
+            let bytes = wtype.block_bytes();
+            for (seed, b) in [(1u64, 0u64), (7, 1), (0x5eed, 123_456), (u64::MAX, 1 << 40)] {
+                let mut got = Vec::new();
+                kquant_block(seed, b, bytes, d, dmin, &mut got);
+                let mut want: Vec<u8> = (0..bytes).map(|i| (hash2(seed, b * 64 + (i / 8) as u64) >> (8 * (i % 8))) as u8).collect();
+                let dd = scale_f16(seed, b * 64 + 48, d.0, d.1).to_le_bytes();
+                match dmin {
+                    Some((lo, span)) => {
+                        want[kquants::Q4_K_D..kquants::Q4_K_D + 2].copy_from_slice(&dd);
+                        want[kquants::Q4_K_DMIN..kquants::Q4_K_DMIN + 2]
+                            .copy_from_slice(&scale_f16(seed, b * 64 + 49, lo, span).to_le_bytes());
+                    }
+                    None => want[kquants::Q6_K_D..kquants::Q6_K_D + 2].copy_from_slice(&dd),
+                }
+                assert_eq!(got, want, "{wtype} seed {seed} block {b}");
+            }
+        }
+    }
 
     #[test]
     fn uniform_is_in_range_and_spread() {
