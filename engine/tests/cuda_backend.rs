@@ -57,8 +57,9 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64) {
     assert!(worst.0 <= tol, "{what}: error {:.3e} at element {} exceeds {tol:e}", worst.0, worst.1);
 }
 
-/// The block types of the dense and routed kernels these shapes (multiples of 32) exercise.
-const WTYPES: [WeightType; 2] = [WeightType::Q8_0, WeightType::Q4_0];
+/// The block types of the dense and routed kernels these shapes (multiples of 32) exercise;
+/// MXFP4 loads as its own blocks (the backend's default, no repack).
+const WTYPES: [WeightType; 3] = [WeightType::Q8_0, WeightType::Q4_0, WeightType::MXFP4];
 
 /// KV blocks of the tests' caches: 16 positions each, 8 per sequence of 128 positions.
 const BLOCK: usize = 16;
