@@ -38,6 +38,25 @@ pub fn uniform_f32(seed: u64, i: u64, scale: f32) -> f32 {
     uniform_pm1(seed, i) * scale
 }
 
+/// `f16::from_f32(x).to_f32()` (round to nearest even) in f32 arithmetic, inlined: the twins
+/// round billions of generated K/V elements, and `half`'s conversion is a call per element.
+/// Values past f16's range and NaN take `half`'s path.
+#[inline]
+pub fn round_f16(x: f32) -> f32 {
+    let a = x.abs();
+    if a < 6.103_515_6e-5 {
+        // Below 2^-14: f16 subnormals, multiples of 2^-24; 0.75 + x has an ulp of 2^-24, so
+        // the sum rounds x to the nearest (even) multiple. The sign is x's (a zero keeps it).
+        ((x + 0.75) - 0.75).copysign(x)
+    } else if a < 65_520.0 {
+        // Normal: keep 10 of the 23 mantissa bits, ties to even (a carry moves the exponent).
+        let b = x.to_bits();
+        f32::from_bits(b.wrapping_add(0x0FFF + ((b >> 13) & 1)) & !0x1FFF)
+    } else {
+        f16::from_f32(x).to_f32()
+    }
+}
+
 /// A row of `fill_uniform_f32`: elements `[start, start + len)`.
 pub fn uniform_row(seed: u64, start: u64, len: usize, scale: f32) -> Vec<f32> {
     (0..len as u64).map(|j| uniform_f32(seed, start + j, scale)).collect()
@@ -216,6 +235,31 @@ pub fn q8_1_row(seed: u64, src: u64, nb: usize) -> Vec<BlockQ8_1> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`round_f16`] is `half`'s rounding: for every value `uniform_pm1` can give (all 2^24) and
+    /// for values across f16's range, its subnormals, ties, zeros and past its end.
+    #[test]
+    fn round_f16_is_halfs_rounding() {
+        let bits = |x: f32| (round_f16(x).to_bits(), f16::from_f32(x).to_f32().to_bits());
+        for k in 0..1u64 << 24 {
+            let x = k as f32 * (1.0 / 8_388_608.0) - 1.0;
+            let (got, want) = bits(x);
+            assert_eq!(got, want, "{x:e}");
+        }
+        let mut h = 0x1234_5678u64;
+        for _ in 0..1_000_000 {
+            h = mix64(h);
+            // Any f32 bits with an exponent from 2^-30 to 2^17: subnormal f16s to past f16's max.
+            let x = f32::from_bits((h as u32 & 0x807F_FFFF) | (((h >> 32) % 48 + 97) as u32) << 23);
+            let (got, want) = bits(x);
+            assert_eq!(got, want, "{x:e}");
+        }
+        for x in [0.0f32, -0.0, 1e-10, -1e-10, 2.980_232_2e-8, 65_504.0, 65_519.0, 65_520.0, f32::INFINITY, -f32::INFINITY] {
+            let (got, want) = bits(x);
+            assert_eq!(got, want, "{x:e}");
+        }
+        assert!(round_f16(f32::NAN).is_nan());
+    }
 
     /// K-quant blocks made with one hash per 8 bytes are those made with one hash per byte.
     #[test]

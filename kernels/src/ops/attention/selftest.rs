@@ -29,7 +29,7 @@ use crate::launch::{Launch, PlanError};
 use crate::limits::DeviceLimits;
 use crate::ops::kv_store::{self, KvRows, cache_offset};
 use crate::ops::testdata::{GUARD_WORDS, Guarded, download_rows, fill_uniform};
-use crate::testdata::{uniform_f32, uniform_row};
+use crate::testdata::{round_f16, uniform_f32, uniform_row};
 use crate::thresholds::{Critical, I32_MAX, overflow_point, tile_tails};
 
 /// A self-test case: a model's attention shape, a batch layout and how decode steps run.
@@ -391,8 +391,8 @@ impl Inputs {
             ((SEED_K, SEED_V), (ch.first_row as u64 + pos - ch.start_pos as u64) * w)
         };
         for (e, (k, v)) in k.iter_mut().zip(v.iter_mut()).enumerate() {
-            *k = f16::from_f32(uniform_f32(seeds.0, first + e as u64, 1.0)).to_f32();
-            *v = f16::from_f32(uniform_f32(seeds.1, first + e as u64, 1.0)).to_f32();
+            *k = round_f16(uniform_f32(seeds.0, first + e as u64, 1.0));
+            *v = round_f16(uniform_f32(seeds.1, first + e as u64, 1.0));
         }
     }
 
