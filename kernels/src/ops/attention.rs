@@ -61,9 +61,9 @@ use crate::thresholds::I32_MAX;
 
 pub use cpu::attention_cpu;
 pub use layout::{Layout, decode_position, scrambled_tables};
-pub use selftest::{AttentionCase, Family, critical_counts, device_bytes, plans, run_case, stage_case};
 #[cfg(test)]
 pub(crate) use selftest::host_half;
+pub use selftest::{AttentionCase, Family, critical_counts, device_bytes, plans, run_case, stage_case};
 
 /// The family's name in the self-test (its kernels are named per head_dim, see the module doc).
 pub const KERNEL: &str = "attention";
