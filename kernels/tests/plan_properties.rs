@@ -127,7 +127,8 @@ fn every_plan_fits_h200_and_gb10_for_every_count_to_2_pow_20() {
 
 /// Every case the catalogue derives for a gpt-oss-20b-shaped class (hidden and expert width
 /// 2,880: 90 blocks of 32, no K-quant fits; 64 heads of 64, 8 KV heads, 32 experts, top-4, a
-/// vocabulary of 201,088; windowed and full layers with sinks, biases, YaRN, clamped SwiGLU)
+/// vocabulary of 201,088; MXFP4 experts; windowed and full layers with sinks, biases, YaRN,
+/// clamped SwiGLU)
 /// plans at its own count on the H200 and the GB10, up to 2^20 tokens. A refusal at such a count
 /// fails the node's self-test below its envelope and disqualifies it, as K-quant cases at
 /// K = 2,880 once did on an H100 (a refusal far above, near 2^29 routed tokens, only caps the
@@ -152,22 +153,24 @@ fn every_case_derived_for_a_gpt_oss_shape_plans_at_its_count() {
             .chain(gpt_oss.map(|(k, v)| (k.into(), v.into())))
             .collect()
     };
-    shape.layers = vec![
-        LayerSpec { count: 1, weights: BTreeMap::new(), kind: kind(Some("128")) },
-        LayerSpec { count: 1, weights: BTreeMap::new(), kind: kind(None) },
-    ];
+    // MXFP4 experts, as the published files: the MXFP4 cases are derived too.
+    let weights: BTreeMap<String, String> = [("ffn_gate_exps.weight".to_string(), "mxfp4".to_string())].into();
+    shape.layers =
+        vec![LayerSpec { count: 1, weights: weights.clone(), kind: kind(Some("128")) }, LayerSpec { count: 1, weights, kind: kind(None) }];
     let limits = DeviceLimits::recorded();
     let opts = Options { memory_budget_bytes: u64::MAX, negative_controls: false, max_tokens: Some(MAX_TOKENS) };
     let mut failures = Vec::new();
-    let mut checked = 0;
+    let (mut checked, mut mxfp4) = (0, 0);
     for l in &limits {
         for case in derive(&shape, &Serving::default(), l, &opts).cases {
             checked += 1;
+            mxfp4 += usize::from(case.id.contains("mxfp4"));
             if let Err(e) = case.params.plans(case.tokens, l) {
                 failures.push(format!("{} on {}: {e}", case.id, l.name));
             }
         }
     }
     assert!(checked > 1000, "only {checked} cases");
+    assert!(mxfp4 > 0, "no MXFP4 case derived");
     assert!(failures.is_empty(), "{} cases cannot plan, first ones:\n{}", failures.len(), failures[..failures.len().min(20)].join("\n"));
 }

@@ -50,6 +50,14 @@ const KQ_SKIP: &str = "K-quant weights run up to 4,097 tokens (above, their kern
 /// MXFP4 is 32 wide like q4_0 but has its own unpack and scale: the K-quants' treatment.
 const MXFP4_SKIP: &str = "mxfp4 weights run up to 4,097 tokens (above, their kernels' index arithmetic is the q4_0 cases')";
 
+/// Whether the class's file holds MXFP4 tensors (gpt-oss's experts): only then do the MXFP4
+/// cases run. A format a node's models do not use cannot disqualify it (a qwen3moe fleet is not
+/// held back by the MXFP4 kernels), and a class that uses it proves it at its own shape.
+fn holds_mxfp4(shape: &ModelShape) -> bool {
+    let mxfp4 = WeightType::MXFP4.name();
+    shape.weights.values().chain(shape.layers.iter().flat_map(|l| l.weights.values())).any(|t| t == mxfp4)
+}
+
 /// Where a weight format's cases stop: the legacy formats (q8_0, q4_0) run every count, the
 /// others (the K-quants, mxfp4) up to [`KQ_MAX_TOKENS`].
 fn wtype_skip(wtype: WeightType) -> Option<(u64, &'static str)> {
@@ -203,6 +211,8 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
     let own_k_grid: Vec<Critical> = grid_counts.iter().filter(|(k, _)| *k == shape.top_k).flat_map(|(_, v)| v.clone()).collect();
     let tails = thresholds::tile_tails(GEMM_TILE_M as u64, false, &[1, 2, 128], "expert segment tile");
     let (e, k) = (shape.experts, shape.top_k);
+    // The weight formats the families run: every kernel format, MXFP4 where the class holds it.
+    let uses = |w: WeightType| w != WeightType::MXFP4 || holds_mxfp4(shape);
     let with = |own: Vec<Critical>| -> Vec<Critical> {
         let mut v = own;
         v.extend(common.iter().cloned());
@@ -288,7 +298,10 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
         (WeightType::Q6K, down),
         (WeightType::MXFP4, up),
         (WeightType::MXFP4, down),
-    ] {
+    ]
+    .into_iter()
+    .filter(|(w, _)| uses(*w))
+    {
         let c = GemmCase { experts: e, top_k: k, n, k: kk, wtype, routing: Routing::Uniform };
         let counts = routed(moe_gemm::critical_counts(&c, limits));
         let (tag, bytes) = (format!("{wtype}/{proj}/k{k}/uniform"), |t| moe_gemm::device_bytes(t, &c));
@@ -305,7 +318,7 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
 
     // Routed GEMV: decode sizes, plus every top_k's grid.z point at full shape (the fixed
     // kernel must pass where the naive one fails).
-    for wtype in WeightType::ALL {
+    for wtype in WeightType::ALL.into_iter().filter(|&w| uses(w)) {
         let c = GemvCase { experts: e, top_k: k, n: shape.expert_ffn, k: shape.hidden, wtype, routing: Routing::Uniform };
         let mut counts = with(moe_gemv::critical_counts(&c, limits));
         counts.extend((1..=16).map(|t| Critical::new(t, "decode batch")));
@@ -329,7 +342,7 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
     // weighted combine): the decode batches, their index points and the envelope, every weight
     // format (the K-quants up to KQ_MAX_TOKENS). Each case also runs the unfused chain and must
     // match it bit for bit.
-    for wtype in WeightType::ALL {
+    for wtype in WeightType::ALL.into_iter().filter(|&w| uses(w)) {
         let dims = FfnDims { experts: e, top_k: k, hidden: shape.hidden, ffn: shape.expert_ffn, wtype };
         let c = FusedCase { dims, routing: Routing::Uniform };
         let skip = wtype_skip(wtype);
@@ -406,7 +419,10 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
         (WeightType::Q6K, None, "q6_K/full"),
         (WeightType::Q4K, Some(4), "q4_K/last-of-4"),
         (WeightType::MXFP4, None, "mxfp4/full"),
-    ] {
+    ]
+    .into_iter()
+    .filter(|(w, ..)| uses(*w))
+    {
         let c = HeadCase { hidden: shape.hidden, vocab: shape.vocab, wtype, sequences };
         let mut counts = with(output_head::critical_counts(&c, limits));
         counts.extend(thresholds::tile_tails(output_head::TILE_M, false, &[1, 2, 128], "output_head row tile"));
@@ -425,7 +441,10 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
         (kv_width, shape.hidden, WeightType::Q6K, "q6_K/kv"),
         (shape.hidden, q_width, WeightType::Q4K, "q4_K/o"),
         (q_width, shape.hidden, WeightType::MXFP4, "mxfp4/q"),
-    ] {
+    ]
+    .into_iter()
+    .filter(|(_, _, w, _)| uses(*w))
+    {
         let c = LinearCase { n, k: kk, wtype };
         let mut counts = with(linear::critical_counts(&c, limits));
         counts.extend(thresholds::tile_tails(output_head::TILE_M, false, &[1, 2, 128], "linear row tile"));
@@ -708,16 +727,25 @@ mod tests {
         v
     }
 
-    /// MXFP4 runs in every weight-format family (the routed GEMV and GEMM, the fused decode
-    /// GEMVs, the head and `linear`), uniform routing only, up to KQ_MAX_TOKENS (above, listed
-    /// as skipped with its reason), at qwen3's widths and at gpt-oss's 2,880 alike (32-wide
-    /// blocks tile it); the routed GEMM's routings and the latent projection stay q8_0/q4_0.
+    /// MXFP4 runs, where the class holds MXFP4 tensors, in every weight-format family (the
+    /// routed GEMV and GEMM, the fused decode GEMVs, the head and `linear`), uniform routing
+    /// only, up to KQ_MAX_TOKENS (above, listed as skipped with its reason), at qwen3's widths
+    /// and at gpt-oss's 2,880 alike (32-wide blocks tile it); the routed GEMM's routings and the
+    /// latent projection stay q8_0/q4_0. A class without MXFP4 tensors derives no MXFP4 case.
     #[test]
     fn mxfp4_cases_run_up_to_the_k_quant_limit_in_every_weight_family() {
-        let mut oss = ModelShape::qwen3_30b_a3b();
+        let mxfp4_experts = || {
+            let weights = [("ffn_gate_exps.weight".to_string(), "mxfp4".to_string())].into();
+            vec![LayerSpec { count: 2, weights, kind: BTreeMap::new() }]
+        };
+        let mut qwen = ModelShape::qwen3_30b_a3b();
+        qwen.layers = mxfp4_experts();
+        let mut oss = qwen.clone();
         oss.hidden = 2880;
         oss.expert_ffn = 2880;
-        for shape in [ModelShape::qwen3_30b_a3b(), oss] {
+        let plain = derive(&ModelShape::qwen3_30b_a3b(), &Serving::default(), &DeviceLimits::h200(), &opts());
+        assert!(plain.cases.iter().chain(plain.skipped.iter().map(|(c, _)| c)).all(|c| !c.id.contains("mxfp4")));
+        for shape in [qwen, oss] {
             let cat = derive(&shape, &Serving::default(), &DeviceLimits::h200(), &opts());
             let mx = |id: &str| id.contains("/mxfp4/") || id.starts_with("output_head/mxfp4") || id.starts_with("linear/mxfp4");
             let run: Vec<&Case> = cat.cases.iter().filter(|c| mx(&c.id)).collect();
