@@ -73,6 +73,19 @@ pub(super) fn sink_log2(sink: f32) -> f32 {
 pub(super) fn attend(qs: &[f32], slab: &Slab, kvh: usize, lo: usize, n: usize, sink: Option<f32>, out: &mut [f32]) {
     let d = qs.len();
     let mut p: Vec<f32> = (lo..n).map(|pos| dot(qs, slab.key(pos, kvh, d))).collect();
+    let inv = softmax_weights(&mut p, sink);
+    out.fill(0.0);
+    for (pos, &w) in (lo..n).zip(&p) {
+        for (o, &v) in out.iter_mut().zip(slab.value(pos, kvh, d)) {
+            *o += w * v;
+        }
+    }
+    out.iter_mut().for_each(|o| *o *= inv);
+}
+
+/// Turns the scores `p` (log2 units) into unnormalised weights 2^(p - m), m their maximum with
+/// the sink's, and returns 1 / their sum (the sink's weight included): the output's scale.
+fn softmax_weights(p: &mut [f32], sink: Option<f32>) -> f32 {
     let mut m = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if let Some(s) = sink {
         m = m.max(s);
@@ -85,14 +98,7 @@ pub(super) fn attend(qs: &[f32], slab: &Slab, kvh: usize, lo: usize, n: usize, s
     if let Some(s) = sink {
         l += (s - m).exp2();
     }
-    out.fill(0.0);
-    for (pos, &w) in (lo..n).zip(&p) {
-        for (o, &v) in out.iter_mut().zip(slab.value(pos, kvh, d)) {
-            *o += w * v;
-        }
-    }
-    let inv = 1.0 / l;
-    out.iter_mut().for_each(|o| *o *= inv);
+    1.0 / l
 }
 
 /// The output row of batch row `row` (query `i` of chunk `c`), every head, from a slab of `c`'s
@@ -162,26 +168,8 @@ pub(super) fn attend_rows(
                     }
                 }
             }
-            let inv: Vec<f32> = p
-                .iter_mut()
-                .zip(&pairs)
-                .map(|(p, &(_, h, _))| {
-                    let sink = sinks.map(|s| sink_log2(s[h]));
-                    let mut m = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    if let Some(s) = sink {
-                        m = m.max(s);
-                    }
-                    let mut l = 0.0f32;
-                    for s in p.iter_mut() {
-                        *s = (*s - m).exp2();
-                        l += *s;
-                    }
-                    if let Some(s) = sink {
-                        l += (s - m).exp2();
-                    }
-                    1.0 / l
-                })
-                .collect();
+            let inv: Vec<f32> =
+                p.iter_mut().zip(&pairs).map(|(p, &(_, h, _))| softmax_weights(p, sinks.map(|s| sink_log2(s[h])))).collect();
             let mut out: Vec<Vec<f32>> = pairs.iter().map(|_| vec![0.0f32; d]).collect();
             for (t0, t1) in tiles {
                 for ((o, p), &(_, _, (lo, n))) in out.iter_mut().zip(&p).zip(&pairs) {
