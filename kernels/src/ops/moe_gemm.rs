@@ -552,7 +552,8 @@ pub(crate) mod tests {
                 for tokens in [1u64, 5, 33, 70] {
                     let pairs = (tokens * top_k as u64) as usize;
                     let ids = route(routing, tokens as usize, experts as usize, top_k as usize, DEFAULT_TILE.m as usize, 1);
-                    let al = moe_align::align_cpu(&ids, tokens, top_k, experts, if tokens % 2 == 0 { SHORT_TILE.m } else { DEFAULT_TILE.m });
+                    let al =
+                        moe_align::align_cpu(&ids, tokens, top_k, experts, if tokens % 2 == 0 { SHORT_TILE.m } else { DEFAULT_TILE.m });
                     let zero = BlockQ8_1 { d: half::f16::ZERO, s: half::f16::ZERO, qs: [0; QK] };
                     let a_rows: Vec<BlockQ8_1> = al
                         .sorted_ids
@@ -610,7 +611,16 @@ pub(crate) mod tests {
     fn short_tile_below_48_rows_per_expert_on_average() {
         // (tokens, top_k, experts, rows of the tile): Qwen3-30B-A3B is top-8 of 128 experts,
         // so 768 tokens average 48 rows.
-        for (t, k, e, m) in [(1, 8, 128, 32), (512, 8, 128, 32), (767, 8, 128, 32), (768, 8, 128, 64), (2048, 8, 128, 64), (96, 4, 8, 64), (95, 4, 8, 32), (u64::MAX, 8, 128, 64)] {
+        for (t, k, e, m) in [
+            (1, 8, 128, 32),
+            (512, 8, 128, 32),
+            (767, 8, 128, 32),
+            (768, 8, 128, 64),
+            (2048, 8, 128, 64),
+            (96, 4, 8, 64),
+            (95, 4, 8, 32),
+            (u64::MAX, 8, 128, 64),
+        ] {
             assert_eq!(tile_for(t, k, e).m, m, "t={t} k={k} e={e}");
         }
         let c = case(8, 768, 2048, WeightType::Q4_0, Routing::Uniform);
