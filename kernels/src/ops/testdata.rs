@@ -231,27 +231,36 @@ impl Guarded {
     }
 }
 
-/// For kernels with an in-place variant: the sampled rows of the in-place result `x` must equal
-/// the out-of-place output `y` bit for bit; differences are counted into `check`.
+/// For kernels with an in-place variant: how many values of the sampled rows of the in-place
+/// result `x` differ, bit for bit, from the out-of-place output `y` (both downloaded in runs,
+/// [`download_rows`]). The GPU half of [`with_in_place_diff`]; [`note_in_place_diff`] puts the
+/// count into the check on the host.
+pub fn in_place_diff(gpu: &Gpu, sampled: &[u64], width: usize, x: &CudaSlice<f32>, y: &Guarded) -> Result<u64, GpuError> {
+    let xs = download_rows(gpu, x, sampled, width)?;
+    let ys = y.read_rows_f32(gpu, sampled, width)?;
+    Ok(xs.iter().zip(&ys).map(|(a, b)| a.iter().zip(b).filter(|(a, b)| a.to_bits() != b.to_bits()).count() as u64).sum())
+}
+
+/// `check` with the in-place differences `diff` counted as integer mismatches (and named first
+/// in its note when there are any).
+pub fn note_in_place_diff(mut check: Check, diff: u64) -> Check {
+    check.int_mismatches += diff;
+    if diff > 0 {
+        check.note = format!("in place differs from out of place in {diff} sampled values; {}", check.note);
+    }
+    check
+}
+
+/// [`in_place_diff`] counted into `check` ([`note_in_place_diff`]).
 pub fn with_in_place_diff(
     gpu: &Gpu,
     sampled: &[u64],
     width: usize,
     x: &CudaSlice<f32>,
     y: &Guarded,
-    mut check: Check,
+    check: Check,
 ) -> Result<Check, GpuError> {
-    let mut diff = 0u64;
-    for &r in sampled {
-        let at = r as usize * width;
-        let (a, b) = (gpu.download_range(x, at, width)?, y.read_f32(gpu, at, width)?);
-        diff += a.iter().zip(&b).filter(|(a, b)| a.to_bits() != b.to_bits()).count() as u64;
-    }
-    check.int_mismatches += diff;
-    if diff > 0 {
-        check.note = format!("in place differs from out of place in {diff} sampled values; {}", check.note);
-    }
-    Ok(check)
+    Ok(note_in_place_diff(check, in_place_diff(gpu, sampled, width, x, y)?))
 }
 
 #[cfg(test)]
