@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use cudarc::driver::PushKernelArg;
 
-use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
+use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, grid_stride_blocks};
 use crate::limits::DeviceLimits;
@@ -107,6 +107,13 @@ const SEED_W: u64 = 0x11;
 
 /// Self-test: random `y` and weights from seeds, output compared on sampled rows.
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &CombineCase) -> Result<Outcome, GpuError> {
+    stage_case(gpu, tokens, c).map(Staged::finish)
+}
+
+/// [`run_case`]'s GPU half: the fills, the kernel, the poison check and the sampled rows of the
+/// output (downloaded in runs); the twin of those rows and the comparison are left to the host
+/// check.
+pub fn stage_case(gpu: &Gpu, tokens: u64, c: &CombineCase) -> Result<Staged, GpuError> {
     let (k, n) = (c.top_k as usize, c.n as usize);
     let pairs = tokens as usize * k;
     let mut y = gpu.alloc::<f32>(pairs * n)?;
@@ -119,17 +126,21 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &CombineCase) -> Result<Outcome, GpuE
     launch(gpu, tokens, c, &y, &w, &mut out.buf)?;
     gpu.synchronize()?;
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
-    let (unwritten, past_end) = out.check(gpu, 1)?;
-    let mut err = RelErr::default();
-    for t in sample_rows(tokens, 64, 512, tokens) {
-        let t = t as usize;
-        let ys: Vec<Vec<f32>> = (0..k).map(|j| uniform_row(SEED_Y, ((t * k + j) * n) as u64, n, 1.0)).collect();
-        let ws = uniform_row(SEED_W, (t * k) as u64, k, 1.0);
-        let mut want = vec![0.0; n];
-        combine_row(&mut want, |j| &ys[j], |j| ws[j], k);
-        err.add_slice((t * n) as u64, &out.read_f32(gpu, t * n, n)?, &want);
-    }
-    Ok(Outcome::Ran(Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms)))
+    let guard = out.check(gpu, 1)?;
+    let sampled = sample_rows(tokens, 64, 512, tokens);
+    let got = out.read_rows_f32(gpu, &sampled, n)?;
+    Ok(Staged::Check(Box::new(move || {
+        let mut err = RelErr::default();
+        for (&t, got) in sampled.iter().zip(&got) {
+            let t = t as usize;
+            let ys: Vec<Vec<f32>> = (0..k).map(|j| uniform_row(SEED_Y, ((t * k + j) * n) as u64, n, 1.0)).collect();
+            let ws = uniform_row(SEED_W, (t * k) as u64, k, 1.0);
+            let mut want = vec![0.0; n];
+            combine_row(&mut want, |j| &ys[j], |j| ws[j], k);
+            err.add_slice((t * n) as u64, got, &want);
+        }
+        Outcome::Ran(Check::of_floats(&err, TOLERANCE, guard, kernel_ms))
+    })))
 }
 
 /// The self-test's handle on this family (registered in `selftest::case`).
@@ -140,6 +151,10 @@ impl KernelFamily for Family {
 
     fn run(gpu: &Gpu, tokens: u64, c: &CombineCase) -> Result<Outcome, GpuError> {
         run_case(gpu, tokens, c)
+    }
+
+    fn stage(gpu: &Gpu, tokens: u64, c: &CombineCase) -> Result<Staged, GpuError> {
+        stage_case(gpu, tokens, c)
     }
 
     fn plans(tokens: u64, c: &CombineCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
