@@ -13,7 +13,7 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, PushKernelArg
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
+use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError, error_name};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
 use crate::limits::DeviceLimits;
@@ -276,6 +276,13 @@ impl TestTable {
 /// Self-test: table from a seed, ids with out-of-range ones mixed in, output poisoned; rows
 /// compared bit for bit with the twin and the bad-id counter with the number planted.
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &EmbedCase) -> Result<Outcome, GpuError> {
+    stage_case(gpu, tokens, c).map(Staged::finish)
+}
+
+/// [`run_case`]'s GPU half: the table, the ids, the kernel, the poison check, the bad-id counter
+/// and the sampled rows of the output (downloaded in runs); the twin of those rows, the count
+/// of planted ids and the comparison are left to the host check.
+pub fn stage_case(gpu: &Gpu, tokens: u64, c: &EmbedCase) -> Result<Staged, GpuError> {
     plan(tokens, c, gpu.limits())?; // a bad shape is refused before anything is allocated
     let ids: Vec<i32> = (0..tokens).map(|t| test_id(t, c.vocab)).collect();
     let ids_dev = gpu.upload(&ids)?;
@@ -292,31 +299,34 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &EmbedCase) -> Result<Outcome, GpuErr
     }
     gpu.synchronize()?;
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
-    let (unwritten, past_end) = out.check(gpu, 1)?;
-    let planted = ids.iter().filter(|&&id| row_of(id, c.vocab).is_none()).count() as u64;
+    let guard = out.check(gpu, 1)?;
     let counted = bad.read(gpu)?;
     let rows = sample_rows(tokens, 64, SAMPLE_ROWS, tokens);
-    let want: Vec<Vec<f32>> = rows
-        .par_iter()
-        .map(|&t| {
-            let mut o = vec![0.0f32; h];
-            if let Some(r) = row_of(ids[t as usize], c.vocab) {
-                embed_row_cpu(&TestTable::reference_row(c, r), c.table, &mut o);
-            }
-            o
-        })
-        .collect();
-    let mut err = RelErr::default();
-    for (&t, want) in rows.iter().zip(&want) {
-        let at = t as usize * h;
-        err.add_slice(at as u64, &out.read_f32(gpu, at, h)?, want);
-    }
-    let mut check = Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms);
-    check.int_mismatches = counted.abs_diff(planted);
-    if counted != planted {
-        check.note = format!("bad-id counter {counted}, {planted} out-of-range ids planted; {}", check.note);
-    }
-    Ok(Outcome::Ran(check))
+    let got = out.read_rows_f32(gpu, &rows, h)?;
+    let c = *c;
+    Ok(Staged::Check(Box::new(move || {
+        let planted = ids.iter().filter(|&&id| row_of(id, c.vocab).is_none()).count() as u64;
+        let want: Vec<Vec<f32>> = rows
+            .par_iter()
+            .map(|&t| {
+                let mut o = vec![0.0f32; h];
+                if let Some(r) = row_of(ids[t as usize], c.vocab) {
+                    embed_row_cpu(&TestTable::reference_row(&c, r), c.table, &mut o);
+                }
+                o
+            })
+            .collect();
+        let mut err = RelErr::default();
+        for ((&t, want), got) in rows.iter().zip(&want).zip(&got) {
+            err.add_slice((t as usize * h) as u64, got, want);
+        }
+        let mut check = Check::of_floats(&err, TOLERANCE, guard, kernel_ms);
+        check.int_mismatches = counted.abs_diff(planted);
+        if counted != planted {
+            check.note = format!("bad-id counter {counted}, {planted} out-of-range ids planted; {}", check.note);
+        }
+        Outcome::Ran(check)
+    })))
 }
 
 /// The self-test's handle on this family (registered in `selftest::case`).
@@ -327,6 +337,10 @@ impl KernelFamily for Family {
 
     fn run(gpu: &Gpu, tokens: u64, c: &EmbedCase) -> Result<Outcome, GpuError> {
         run_case(gpu, tokens, c)
+    }
+
+    fn stage(gpu: &Gpu, tokens: u64, c: &EmbedCase) -> Result<Staged, GpuError> {
+        stage_case(gpu, tokens, c)
     }
 
     fn plans(tokens: u64, c: &EmbedCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
