@@ -205,6 +205,15 @@ pub fn derive(shape: &ModelShape, serving: &ServingParams, limits: &DeviceLimits
     Derivation { counts, unreachable, cases, skipped }
 }
 
+/// The most tokens a derived case can hold, known before the cases are (the worker's pool is
+/// sized from it): at most `max_batch_tokens` and the test's cap, and with no sequence past
+/// `context`, at most four sequences of `context` each (the four-sequence composition; a mixed
+/// batch's prefill is at most `context` plus its decode rows). Not `context` itself: four
+/// sequences of 2048 make a case of 8192 tokens in a context of 4096.
+pub fn largest_case_tokens(max_batch_tokens: u64, max_tokens: Option<u64>, context: u64) -> u64 {
+    max_batch_tokens.min(max_tokens.unwrap_or(u64::MAX)).min(context.saturating_mul(4))
+}
+
 /// The KV blocks the worker's pool needs for every case up to `max_count` tokens: the largest
 /// case is a mixed batch (a prefill plus 8 decode sequences) or 4 sequences, each rounding up;
 /// beside it, the reference streams the worker holds (`plan`): stream 0 up to the largest
@@ -307,6 +316,18 @@ mod tests {
         let most = d.cases.iter().map(|c| c.blocks_needed(16)).max().unwrap();
         let streams = crate::qualify::plan::Planner::stream_blocks(&d.cases, 16);
         assert!(most + streams <= pool_blocks(16_384, 16), "{most} + {streams}");
+        // The pool a session sizes before deriving holds every case with the streams up to it,
+        // for contexts shorter and longer than a quarter of the batch (an H100's `up` on a
+        // context of 4096 once sized it by the context and ran short at 4 x 2048).
+        for (max_batch, context) in [(8192, 4096), (16_384, 4096), (8192, 1024), (8192, 40_960), (16_384, 3000)] {
+            let d = derive(&shape, &serving(max_batch), &DeviceLimits::gb10(), None, context);
+            let pool = pool_blocks(largest_case_tokens(max_batch, None, context).max(2 * REFERENCE_CHUNK), 16);
+            for (i, c) in d.cases.iter().enumerate() {
+                assert!(c.tokens <= largest_case_tokens(max_batch, None, context), "{}", c.id);
+                let held = crate::qualify::plan::Planner::stream_blocks(&d.cases[..=i], 16);
+                assert!(c.blocks_needed(16) + held <= pool, "{} at batch {max_batch}, context {context}", c.id);
+            }
+        }
         for (i, c) in d.cases.iter().enumerate() {
             // Every case with the streams of the cases up to it held.
             let held = crate::qualify::plan::Planner::stream_blocks(&d.cases[..=i], 16);

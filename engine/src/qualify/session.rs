@@ -128,7 +128,7 @@ pub fn run(
     report.shape_class = shape.key();
     let context = if opts.serving.context == 0 { config.context as u64 } else { opts.serving.context.min(config.context as u64) };
     let block_size = brink_kernels::ops::attention::DEFAULT_BLOCK_SIZE as u64;
-    let largest = opts.serving.max_batch_tokens.min(opts.max_tokens.unwrap_or(u64::MAX)).min(context);
+    let largest = cases::largest_case_tokens(opts.serving.max_batch_tokens, opts.max_tokens, context);
     let cfg = WorkerConfig {
         model: opts.model.clone(),
         backend: opts.backend.name().into(),
@@ -208,6 +208,9 @@ pub fn run(
             // Killed, dead or failed: the worker that answers next holds no reference stream.
             _ => planner.lost(),
         }
+        if worker_exits_after(&answer, &cfg.backend) {
+            child.stop();
+        }
         if let Answer::RestartFailed { detail } = &answer {
             // A device that does not come back after a kill would fail every restart, each after
             // the startup timeout: the cases left (none smaller than the one that killed it) are
@@ -232,6 +235,15 @@ pub fn run(
     report.phases.push(Phase { name: "total".into(), seconds: t_start.elapsed().as_secs_f64() });
     report.summarise();
     report
+}
+
+/// Whether the worker that gave `answer` is exiting: on the GPU it exits after a failed case
+/// (`worker::EXIT_AFTER_GPU_ERROR`: the device may hold a sticky error). The parent then stops
+/// it, so the next case goes to a fresh worker, not down the exiting one's pipe (where it would
+/// read as a dead worker, a failure of its own).
+fn worker_exits_after(answer: &Answer<ModelWorkerMsg>, backend: &str) -> bool {
+    let failed = matches!(answer, Answer::Reply { msg: ModelWorkerMsg::Result { outcome: ModelOutcome::Error { .. }, .. }, .. });
+    failed && backend == BackendKind::Cuda.name()
 }
 
 fn blank(case: &ModelCase) -> CaseReport {
@@ -307,6 +319,26 @@ pub fn judge(case: &ModelCase, answer: &Answer<ModelWorkerMsg>, deadline: Durati
 mod tests {
     use super::*;
     use crate::qualify::cases::Composition;
+
+    #[test]
+    fn a_failed_case_on_the_gpu_ends_its_worker_and_nothing_else_does() {
+        let result = |outcome| Answer::Reply { msg: ModelWorkerMsg::Result { id: "c".into(), outcome, wall_ms: 1.0 }, wall_ms: 1.0 };
+        let failed = || result(ModelOutcome::Error { error: "the case needs 1 more KV blocks, the pool has 0 free".into() });
+        let compared = result(ModelOutcome::Compared {
+            max_err: 0.0,
+            worst_seq: 0,
+            non_finite_rows: 0,
+            argmax_mismatches: 0,
+            compared: 1,
+            step_ms: 1.0,
+            reference_tokens: 0,
+            reference_ms: 0.0,
+        });
+        assert!(worker_exits_after(&failed(), BackendKind::Cuda.name()));
+        assert!(!worker_exits_after(&failed(), BackendKind::Cpu.name()));
+        assert!(!worker_exits_after(&compared, BackendKind::Cuda.name()));
+        assert!(!worker_exits_after(&Answer::Hung { wall_ms: 1.0 }, BackendKind::Cuda.name()), "a hung worker is killed already");
+    }
 
     fn case(t: u64) -> ModelCase {
         ModelCase {
