@@ -2,13 +2,18 @@
 //! generation. The serving scheduler (continuous batching, prefix reuse through shared blocks)
 //! builds on [`Engine::step`], giving each sequence's block table; the other callers use a
 //! fixed table per slot ([`Engine::slot_blocks`]).
+//!
+//! Sliding-window layers keep only a ring of blocks per sequence by default (the window-only
+//! layout, [`EngineOptions::full_window_kv`]): [`crate::backend::ring_blocks`] blocks, enough
+//! for the window and the longest chunk. A sequence's ring is its slot for the callers of slot
+//! tables; the serving scheduler hands them out and passes them to [`Engine::step_in_rings`].
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::arch::{self, Loaded};
-use crate::backend::{Backend, Batch, KvSpec, Logits};
+use crate::backend::{Backend, Batch, KvSpec, Logits, ring_blocks, ring_max_chunk};
 use crate::gguf::GgufFile;
 use crate::model::{ModelConfig, ModelError};
 use crate::monitor::{Monitor, Op};
@@ -26,12 +31,27 @@ pub struct EngineOptions {
     pub prefill_chunk: usize,
     /// Positions per KV block: a power of two; 0 takes the default (16).
     pub block_size: usize,
+    /// Keep every position of every slot in the sliding-window layers too (as the full layers
+    /// do), so their blocks can be shared by prefix reuse; false (the default) keeps only a ring
+    /// of blocks per sequence there, enough for the window and a chunk of `prefill_chunk`.
+    pub full_window_kv: bool,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { context: 4096, slots: 1, prefill_chunk: 2048, block_size: DEFAULT_BLOCK_SIZE as usize }
+        EngineOptions { context: 4096, slots: 1, prefill_chunk: 2048, block_size: DEFAULT_BLOCK_SIZE as usize, full_window_kv: false }
     }
+}
+
+/// The window-only layout of an engine's sliding-window layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowRing {
+    /// Blocks of each sequence's ring.
+    pub blocks: usize,
+    /// The largest window of the model's layers.
+    pub window: usize,
+    /// The longest chunk of one sequence a step may hold ([`crate::backend::ring_max_chunk`]).
+    pub max_chunk: usize,
 }
 
 /// One item of a [`Engine::step`]: tokens of the sequence whose KV block table is `blocks`,
@@ -81,6 +101,8 @@ pub struct Engine<B: Backend> {
     backend: B,
     model: Box<dyn Loaded<B>>,
     kv: KvSpec,
+    /// The windowed layers' rings (None: every layer keeps whole sequences).
+    ring: Option<WindowRing>,
     opts: EngineOptions,
     load: LoadReport,
     monitor: Arc<Monitor>,
@@ -112,16 +134,16 @@ impl<B: Backend + 'static> Engine<B> {
                     opts.slots, opts.context, opts.block_size
                 ))
             })?;
-        let kv = KvSpec {
-            layers: c.layers,
-            blocks,
-            block_size: opts.block_size,
-            kv_heads: c.attention.kv_heads,
-            head_dim: c.attention.head_dim,
-        };
-        backend.alloc_kv(kv)?;
+        let mut kv = KvSpec::full(c.layers, blocks, opts.block_size, c.attention.kv_heads, c.attention.head_dim);
+        let ring = window_ring(c, &opts);
+        if let Some(r) = ring {
+            // slots · R < slots · n = blocks: fits as `blocks` does.
+            kv.window_blocks = opts.slots * r.blocks;
+            kv.window_layers = c.layer_specs.iter().map(|l| l.attention.window.is_some()).collect();
+        }
+        backend.alloc_kv(kv.clone())?;
         let load = LoadReport { seconds: t0.elapsed().as_secs_f64(), tensor_bytes: file.tensor_bytes() };
-        Ok(Engine { backend, model, kv, opts, load, monitor: Arc::new(Monitor::local()), steps: 0 })
+        Ok(Engine { backend, model, kv, ring, opts, load, monitor: Arc::new(Monitor::local()), steps: 0 })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -144,6 +166,16 @@ impl<B: Backend + 'static> Engine<B> {
         self.kv.block_size
     }
 
+    /// The KV cache's shape as allocated.
+    pub fn kv_spec(&self) -> &KvSpec {
+        &self.kv
+    }
+
+    /// The sliding-window layers' rings, when they keep only a ring per sequence.
+    pub fn window_ring(&self) -> Option<WindowRing> {
+        self.ring
+    }
+
     /// The fixed block table of `slot` for callers that hold whole sequences in slots (prefill,
     /// generate, bench, parity): blocks `slot · n .. (slot + 1) · n`, `n = ceil(context /
     /// block_size)`. Empty for a slot past `slots`, which [`Engine::check`] then refuses.
@@ -158,12 +190,67 @@ impl<B: Backend + 'static> Engine<B> {
     }
 
     /// One forward pass over several sequences' chunks; returns the logits of the rows each
-    /// item asked for, in item order, `[rows, vocab]`.
+    /// item asked for, in item order, `[rows, vocab]`. With the window-only layout each item's
+    /// table must be a slot's fixed table ([`Engine::slot_blocks`]): its ring is that slot's
+    /// (other tables go through [`Engine::step_in_rings`]).
     pub fn step(&mut self, items: &[StepItem<'_>]) -> Result<Vec<f32>, ModelError> {
-        let mut batch = Batch::new(self.kv.block_size as u32)?;
-        for it in items {
+        match self.ring {
+            None => self.run_step(items, None),
+            Some(_) => {
+                let rings = items.iter().map(|it| self.slot_ring(it)).collect::<Result<Vec<u32>, ModelError>>()?;
+                self.run_step(items, Some(&rings))
+            }
+        }
+    }
+
+    /// [`Engine::step`] with each item's ring index (`rings[i]` for `items[i]`, below `slots`,
+    /// no two alike): the windowed layers' KV of that sequence lives in that ring. Without the
+    /// window-only layout the rings are not used.
+    pub fn step_in_rings(&mut self, items: &[StepItem<'_>], rings: &[u32]) -> Result<Vec<f32>, ModelError> {
+        if rings.len() != items.len() {
+            return Err(ModelError::Request(format!("{} ring indexes for {} items", rings.len(), items.len())));
+        }
+        self.run_step(items, self.ring.map(|_| rings))
+    }
+
+    /// The ring of an item on a slot's fixed table: that slot.
+    fn slot_ring(&self, it: &StepItem<'_>) -> Result<u32, ModelError> {
+        let n = self.opts.context.div_ceil(self.kv.block_size);
+        let need = (it.start_pos as usize + it.tokens.len()).div_ceil(self.kv.block_size).max(1);
+        let slot = it.blocks.first().map_or(0, |&b| b as usize / n);
+        let first = slot * n;
+        let is_slot_table = slot < self.opts.slots
+            && it.blocks.len() >= need
+            && it.blocks[..need].iter().enumerate().all(|(i, &b)| b as usize == first + i);
+        if !is_slot_table {
+            return Err(ModelError::Request(
+                "the sliding-window layers keep a ring of KV blocks per sequence: a block table that is not a slot's needs its \
+                 ring index (Engine::step_in_rings)"
+                    .into(),
+            ));
+        }
+        Ok(slot as u32)
+    }
+
+    fn run_step(&mut self, items: &[StepItem<'_>], rings: Option<&[u32]>) -> Result<Vec<f32>, ModelError> {
+        let bs = self.kv.block_size as u32;
+        let mut batch = match self.ring {
+            Some(r) if rings.is_some() => Batch::with_ring(bs, r.blocks as u32)?,
+            _ => Batch::new(bs)?,
+        };
+        for (i, it) in items.iter().enumerate() {
             self.check(it.blocks, it.start_pos as usize, it.tokens)?;
-            batch.push(it.blocks, it.start_pos, it.tokens, it.logits)?;
+            match (self.ring, rings) {
+                (Some(r), Some(rings)) => {
+                    let ring = rings[i];
+                    self.check_ring(&r, ring, it.tokens.len())?;
+                    if let Some(j) = rings[..i].iter().position(|&o| o == ring) {
+                        return Err(ModelError::Request(format!("items {j} and {i} of one step share the ring {ring}")));
+                    }
+                    batch.push_in_ring(it.blocks, ring, it.start_pos, it.tokens, it.logits)?
+                }
+                _ => batch.push(it.blocks, it.start_pos, it.tokens, it.logits)?,
+            }
         }
         self.steps += 1;
         self.monitor.board().begin_step(self.steps, batch.rows() as u64, batch.chunks.len() as u64);
@@ -203,6 +290,21 @@ impl<B: Backend + 'static> Engine<B> {
         let vocab = self.config().vocab;
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(ModelError::Request(format!("token id {bad} is outside the vocabulary of {vocab}")));
+        }
+        Ok(())
+    }
+
+    /// A ring index and a chunk length the windowed layers' rings serve.
+    fn check_ring(&self, r: &WindowRing, ring: u32, len: usize) -> Result<(), ModelError> {
+        if ring as usize >= self.opts.slots {
+            return Err(ModelError::Request(format!("ring {ring} out of range (the engine holds {} sequences)", self.opts.slots)));
+        }
+        if len > r.max_chunk {
+            return Err(ModelError::Request(format!(
+                "a chunk of {len} tokens: the sliding-window layers' rings of {} blocks of {} serve chunks of at most {} tokens \
+                 (window {}, prefill chunk {}; load with a larger prefill_chunk or full_window_kv)",
+                r.blocks, self.kv.block_size, r.max_chunk, r.window, self.opts.prefill_chunk
+            )));
         }
         Ok(())
     }
@@ -288,6 +390,19 @@ impl<B: Backend + 'static> Engine<B> {
     }
 }
 
+/// The window-only layout for `c`'s sliding-window layers under `opts` (context, block size and
+/// prefill chunk settled): None without windowed layers, with `full_window_kv`, or when the ring
+/// would be the whole table.
+fn window_ring(c: &ModelConfig, opts: &EngineOptions) -> Option<WindowRing> {
+    let window = c.layer_specs.iter().filter_map(|l| l.attention.window).max()? as usize;
+    if opts.full_window_kv {
+        return None;
+    }
+    let n = opts.context.div_ceil(opts.block_size);
+    let blocks = ring_blocks(window, opts.prefill_chunk, opts.block_size, n);
+    (blocks < n).then(|| WindowRing { blocks, window, max_chunk: ring_max_chunk(blocks, window, opts.block_size) })
+}
+
 /// Which backend to run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
@@ -316,7 +431,12 @@ pub trait AnyEngine {
     fn block_size(&self) -> usize;
     /// The fixed block table of a slot ([`Engine::slot_blocks`]).
     fn slot_blocks(&self, slot: u32) -> Vec<u32>;
+    /// The sliding-window layers' rings ([`Engine::window_ring`]).
+    fn window_ring(&self) -> Option<WindowRing>;
+    /// Bytes of the KV cache as allocated ([`KvSpec::bytes`]).
+    fn kv_bytes(&self) -> u64;
     fn step(&mut self, items: &[StepItem<'_>]) -> Result<Vec<f32>, ModelError>;
+    fn step_in_rings(&mut self, items: &[StepItem<'_>], rings: &[u32]) -> Result<Vec<f32>, ModelError>;
     fn prefill(&mut self, slot: u32, start_pos: usize, tokens: &[u32], logits: Logits) -> Result<Vec<f32>, ModelError>;
     fn prefill_blocks(&mut self, blocks: &[u32], start_pos: usize, tokens: &[u32], logits: Logits) -> Result<Vec<f32>, ModelError>;
     fn generate(
@@ -353,8 +473,17 @@ impl<B: Backend + 'static> AnyEngine for Engine<B> {
     fn slot_blocks(&self, slot: u32) -> Vec<u32> {
         Engine::slot_blocks(self, slot)
     }
+    fn window_ring(&self) -> Option<WindowRing> {
+        Engine::window_ring(self)
+    }
+    fn kv_bytes(&self) -> u64 {
+        self.kv.bytes()
+    }
     fn step(&mut self, items: &[StepItem<'_>]) -> Result<Vec<f32>, ModelError> {
         Engine::step(self, items)
+    }
+    fn step_in_rings(&mut self, items: &[StepItem<'_>], rings: &[u32]) -> Result<Vec<f32>, ModelError> {
+        Engine::step_in_rings(self, items, rings)
     }
     fn prefill(&mut self, slot: u32, start_pos: usize, tokens: &[u32], logits: Logits) -> Result<Vec<f32>, ModelError> {
         Engine::prefill(self, slot, start_pos, tokens, logits)

@@ -281,7 +281,7 @@ fn bad_inputs_are_typed_errors() {
     let s = b.select_logit_rows(&x).unwrap();
     b.logits(&s, &w).unwrap();
     // The KV cache bounds every block a batch's tables give, and its block size is the batch's.
-    b.alloc_kv(KvSpec { layers: 1, blocks: 2, block_size: BLOCK, kv_heads: 1, head_dim: 64 }).unwrap();
+    b.alloc_kv(KvSpec::full(1, 2, BLOCK, 1, 64)).unwrap();
     let mut bad = Batch::new(BLOCK as u32).unwrap();
     bad.push(&[1, 2], 15, &[1, 2], Logits::Last).unwrap();
     let e = b.begin_batch(&bad).err().unwrap().to_string();
@@ -290,7 +290,7 @@ fn bad_inputs_are_typed_errors() {
     bad.push(&[0], 0, &[1], Logits::Last).unwrap();
     let e = b.begin_batch(&bad).err().unwrap().to_string();
     assert!(e.contains("blocks of 8 positions"), "{e}");
-    let e = b.alloc_kv(KvSpec { layers: 1, blocks: 1 << 20, block_size: 1 << 20, kv_heads: 8, head_dim: 128 }).err().unwrap().to_string();
+    let e = b.alloc_kv(KvSpec::full(1, 1 << 20, 1 << 20, 8, 128)).err().unwrap().to_string();
     assert!(e.contains("KV cache"), "{e}");
     // Types the kernels do not compute with are refused at load, naming the tensor.
     let t = HostTensor { name: "blk.0.attn_k.weight".into(), ggml_type: GgmlType::F16, dims: vec![64, 2], bytes: vec![0; 256] };
@@ -420,7 +420,7 @@ fn attention_prefill_decode_and_mixed_batches() {
     let Some(mut b) = gpu() else { return };
     let (heads, kv_heads, d) = (4usize, 2usize, 64usize);
     let spec = AttentionSpec { layer: 1, heads, kv_heads, head_dim: d, scale: 1.0 / (d as f32).sqrt(), window: None };
-    b.alloc_kv(KvSpec { layers: 2, blocks: 2 * SEQ_BLOCKS as usize, block_size: BLOCK, kv_heads, head_dim: d }).unwrap();
+    b.alloc_kv(KvSpec::full(2, 2 * SEQ_BLOCKS as usize, BLOCK, kv_heads, d)).unwrap();
     let mut r = RefAttention { heads, kv_heads, d, k: vec![Vec::new(); 2], v: vec![Vec::new(); 2] };
     let steps = [
         ("prefill", vec![(0, 0, 5, Logits::Last), (1, 0, 70, Logits::Last)]),

@@ -9,6 +9,12 @@
 //! table (position p in row `p % block_size` of block `table[p / block_size]`), so sequences that
 //! share a prompt prefix can share its blocks. Each chunk carries its sequence's table, copied
 //! into the batch's flat [`Batch::block_tables`].
+//!
+//! With the window-only layout (a batch made by [`Batch::with_ring`]) the sliding-window layers
+//! keep a ring of `ring_blocks` (R) blocks per sequence instead: each chunk also carries a window
+//! table, entry for entry beside its table in [`Batch::window_tables`], entry i = ring · R +
+//! i mod R, so the windowed layers address position p through `window_table[p / block_size]` as
+//! the others do through theirs.
 
 use crate::model::ModelError;
 
@@ -55,6 +61,11 @@ pub struct Batch {
     pub chunks: Vec<Chunk>,
     /// Rows whose logits are computed, in order; the logits come back in this order.
     pub logit_rows: Vec<u32>,
+    /// Blocks of each sequence's ring in the windowed layers' cache; 0: no window-only layout.
+    pub ring_blocks: u32,
+    /// With a ring: every chunk's window table, entry for entry beside [`Batch::block_tables`]
+    /// (same offsets and lengths); empty without.
+    pub window_tables: Vec<u32>,
 }
 
 impl Batch {
@@ -66,9 +77,34 @@ impl Batch {
         Ok(Batch { block_size, ..Batch::default() })
     }
 
+    /// An empty batch whose windowed layers keep rings of `ring_blocks` blocks per sequence
+    /// (chunks are added with [`Batch::push_in_ring`]).
+    pub fn with_ring(block_size: u32, ring_blocks: u32) -> Result<Batch, ModelError> {
+        if ring_blocks == 0 {
+            return Err(ModelError::Request("a ring of 0 KV blocks".into()));
+        }
+        Ok(Batch { ring_blocks, ..Batch::new(block_size)? })
+    }
+
     /// Adds `tokens` of the sequence whose block table is `blocks`, starting at position
     /// `start_pos`. The table must cover the chunk's last position.
     pub fn push(&mut self, blocks: &[u32], start_pos: u32, tokens: &[u32], logits: Logits) -> Result<(), ModelError> {
+        if self.ring_blocks != 0 {
+            return Err(ModelError::Request("the batch has window-only layers: a chunk needs its ring (push_in_ring)".into()));
+        }
+        self.push_chunk(blocks, None, start_pos, tokens, logits)
+    }
+
+    /// [`Batch::push`] for a batch made by [`Batch::with_ring`]: the sequence's windowed layers
+    /// use ring `ring` (blocks `ring · R .. (ring + 1) · R` of their cache).
+    pub fn push_in_ring(&mut self, blocks: &[u32], ring: u32, start_pos: u32, tokens: &[u32], logits: Logits) -> Result<(), ModelError> {
+        if self.ring_blocks == 0 {
+            return Err(ModelError::Request("the batch has no window-only layers (make it with Batch::with_ring)".into()));
+        }
+        self.push_chunk(blocks, Some(ring), start_pos, tokens, logits)
+    }
+
+    fn push_chunk(&mut self, blocks: &[u32], ring: Option<u32>, start_pos: u32, tokens: &[u32], logits: Logits) -> Result<(), ModelError> {
         if self.block_size == 0 {
             return Err(ModelError::Request("the batch has no KV block size (make it with Batch::new)".into()));
         }
@@ -91,6 +127,14 @@ impl Batch {
         if table.checked_add(table_len).is_none() {
             return Err(ModelError::Request("batch block tables too large".into()));
         }
+        if let Some(ring) = ring {
+            let r = self.ring_blocks as u64;
+            let last = (ring as u64 + 1) * r - 1;
+            if last > u32::MAX as u64 {
+                return Err(ModelError::Request(format!("ring {ring} of {r} blocks: block ids past u32")));
+            }
+            self.window_tables.extend((0..blocks.len() as u64).map(|i| (ring as u64 * r + i % r) as u32));
+        }
         self.block_tables.extend_from_slice(blocks);
         self.chunks.push(Chunk { table, table_len, start_pos, len, first_row });
         self.tokens.extend_from_slice(tokens);
@@ -110,14 +154,31 @@ impl Batch {
         self.block_tables.get(start..start + c.table_len as usize).unwrap_or(&[])
     }
 
+    /// Chunk `c`'s window table (empty without a ring, or if `c` does not index this batch's
+    /// tables).
+    pub fn window_table(&self, c: &Chunk) -> &[u32] {
+        let start = c.table as usize;
+        self.window_tables.get(start..start + c.table_len as usize).unwrap_or(&[])
+    }
+
     /// The KV cache row of each row of the batch: `block · block_size + pos % block_size`, its
     /// block from its chunk's table; `None` where the table does not reach (not for a batch
     /// built by [`Batch::push`]).
     pub fn physical_rows(&self) -> Vec<Option<u64>> {
+        self.rows_through(Batch::table)
+    }
+
+    /// [`Batch::physical_rows`] in the windowed layers' cache, through the window tables (all
+    /// `None` without a ring).
+    pub fn window_rows(&self) -> Vec<Option<u64>> {
+        self.rows_through(Batch::window_table)
+    }
+
+    fn rows_through(&self, table_of: impl for<'b> Fn(&'b Batch, &Chunk) -> &'b [u32]) -> Vec<Option<u64>> {
         let bs = self.block_size.max(1) as u64;
         let mut rows = vec![None; self.tokens.len()];
         for c in &self.chunks {
-            let table = self.table(c);
+            let table = table_of(self, c);
             for i in 0..c.len as usize {
                 let pos = c.start_pos as u64 + i as u64;
                 if let (Some(&block), Some(r)) = (table.get((pos / bs) as usize), rows.get_mut(c.first_row as usize + i)) {
@@ -168,5 +229,32 @@ mod tests {
         assert_eq!(b.rows(), 3, "a refused chunk adds nothing");
         assert!(Batch::new(12).is_err() && Batch::new(0).is_err());
         assert!(Batch::default().push(&[0], 0, &[1], Logits::Last).is_err());
+    }
+
+    #[test]
+    fn window_tables_map_each_entry_into_the_sequences_ring() {
+        // Rings of 3 blocks of 4 positions; sequence A in ring 2 (blocks 6, 7, 8), B in ring 0.
+        let mut b = Batch::with_ring(4, 3).unwrap();
+        let a: Vec<u32> = (10..17).collect(); // 7 blocks: positions 0..28
+        b.push_in_ring(&a, 2, 9, &[1, 2, 3, 4, 5], Logits::Last).unwrap(); // positions 9..14
+        b.push_in_ring(&[40, 41], 0, 7, &[1], Logits::Last).unwrap(); // decode at 7
+        b.push_in_ring(&a, 2, 25, &[1, 2, 3], Logits::None).unwrap(); // positions 25..28
+        assert_eq!(b.window_tables.len(), b.block_tables.len());
+        assert_eq!(b.window_table(&b.chunks[0]), &[6, 7, 8, 6, 7, 8, 6]);
+        assert_eq!(b.window_table(&b.chunks[1]), &[0, 1]);
+        assert_eq!(b.window_table(&b.chunks[2]), b.window_table(&b.chunks[0]), "same ring, same table");
+        assert_eq!(b.table(&b.chunks[1]), &[40, 41]);
+        // Position 9: logical block 2, ring slot 2 (block 8), row 1; 12: block 3 -> slot 0 (6).
+        // Position 25: block 6 -> slot 0 (block 6), row 1.
+        let want = [33, 34, 35, 24, 25, 7, 25, 26, 27];
+        assert_eq!(b.window_rows(), want.map(Some).to_vec());
+        assert_eq!(b.physical_rows()[..2], [Some(12 * 4 + 1), Some(12 * 4 + 2)]);
+        // Chunks need their ring in a ring batch, and only there.
+        assert!(b.push(&a, 0, &[1], Logits::Last).unwrap_err().to_string().contains("push_in_ring"));
+        assert!(Batch::new(4).unwrap().push_in_ring(&a, 0, 0, &[1], Logits::Last).is_err());
+        assert!(Batch::with_ring(4, 0).is_err() && Batch::with_ring(3, 2).is_err());
+        assert!(Batch::with_ring(4, 1 << 16).unwrap().push_in_ring(&a, 1 << 16, 0, &[1], Logits::Last).is_err(), "ids past u32");
+        let plain = Batch::new(4).unwrap();
+        assert!(plain.window_rows().is_empty() && plain.window_tables.is_empty());
     }
 }

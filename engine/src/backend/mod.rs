@@ -42,32 +42,91 @@ impl WeightRole {
 
 /// Shape of the paged KV cache a model needs: per layer, K and V as `[blocks, block_size,
 /// kv_heads, head_dim]`; sequences own blocks through their block tables.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// With the window-only layout, the layers of `window_layers` (sliding-window attention) hold
+/// `window_blocks` blocks instead: a ring of [`ring_blocks`] blocks per sequence, addressed
+/// through the batch's window tables ([`Batch::window_tables`]). Every other layer holds
+/// `blocks`.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvSpec {
     pub layers: usize,
-    /// Blocks the cache holds.
+    /// Blocks each full layer's cache holds.
     pub blocks: usize,
     /// Positions per block: a power of two.
     pub block_size: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// Blocks each windowed layer's cache holds (the rings of all sequences).
+    pub window_blocks: usize,
+    /// Which layers keep only a ring of blocks per sequence (indexed by layer; missing or false:
+    /// a full layer). Empty for models without windowed layers or with the full layout.
+    pub window_layers: Vec<bool>,
 }
 
 impl KvSpec {
-    /// Positions (rows) of one layer's K (or V), or `None` when the product overflows.
+    /// A spec where every layer holds `blocks` (no window-only layers).
+    pub fn full(layers: usize, blocks: usize, block_size: usize, kv_heads: usize, head_dim: usize) -> KvSpec {
+        KvSpec { layers, blocks, block_size, kv_heads, head_dim, window_blocks: 0, window_layers: Vec::new() }
+    }
+
+    /// Whether `layer` keeps only a ring of blocks per sequence (its cache has `window_blocks`).
+    pub fn is_windowed(&self, layer: usize) -> bool {
+        self.window_layers.get(layer).copied().unwrap_or(false)
+    }
+
+    /// Whether any layer is windowed: batches then carry window tables.
+    pub fn has_window_layers(&self) -> bool {
+        self.window_layers.iter().any(|&w| w)
+    }
+
+    /// Blocks of `layer`'s cache.
+    pub fn layer_blocks(&self, layer: usize) -> usize {
+        if self.is_windowed(layer) { self.window_blocks } else { self.blocks }
+    }
+
+    /// Positions (rows) of one full layer's K (or V), or `None` when the product overflows.
     pub fn rows(&self) -> Option<usize> {
         self.blocks.checked_mul(self.block_size)
     }
 
-    /// Elements of one layer's K (or V), or `None` when the product overflows.
+    /// Elements of one full layer's K (or V), or `None` when the product overflows.
     pub fn layer_elements(&self) -> Option<usize> {
-        [self.kv_heads, self.head_dim].into_iter().try_fold(self.rows()?, |n, d| n.checked_mul(d))
+        self.elements_of(self.blocks)
+    }
+
+    /// Elements of `layer`'s K (or V), or `None` when the product overflows.
+    pub fn elements(&self, layer: usize) -> Option<usize> {
+        self.elements_of(self.layer_blocks(layer))
+    }
+
+    fn elements_of(&self, blocks: usize) -> Option<usize> {
+        [self.block_size, self.kv_heads, self.head_dim].into_iter().try_fold(blocks, |n, d| n.checked_mul(d))
     }
 
     /// Bytes of K and V over all layers at f16 (saturating).
     pub fn bytes(&self) -> u64 {
-        (self.layer_elements().unwrap_or(usize::MAX) as u64).saturating_mul(4 * self.layers as u64)
+        (0..self.layers).fold(0u64, |sum, l| sum.saturating_add((self.elements(l).unwrap_or(usize::MAX) as u64).saturating_mul(4)))
     }
+}
+
+/// Blocks of the ring a windowed layer keeps per sequence: enough that a chunk of `max_chunk`
+/// tokens never overwrites a key a query of that chunk still reads (a window of `window` keys,
+/// itself included), at most `context_blocks` (the full table: no ring then).
+///
+/// Logical block i of a sequence lives in ring slot i mod R, so position p lives in ring row
+/// p mod (R · bs): the ring is a ring of R · bs positions. A chunk of L tokens from position s
+/// stores all its keys (up to s + L − 1) before any of its queries attend, and its first query
+/// reads from s − w + 1 on: safe iff no two of those L + w − 1 positions share a row, i.e.
+/// R · bs >= L + w − 1. Later chunks' queries start later, so every chunk of at most L is safe.
+pub fn ring_blocks(window: usize, max_chunk: usize, block_size: usize, context_blocks: usize) -> usize {
+    let reach = (max_chunk.max(1) + window.max(1)).saturating_sub(1);
+    reach.div_ceil(block_size.max(1)).min(context_blocks)
+}
+
+/// The longest chunk of one sequence a ring of `ring` blocks serves for a window of `window`
+/// keys ([`ring_blocks`]'s rule solved for L: R · bs + 1 − w); 0 when none does.
+pub fn ring_max_chunk(ring: usize, window: usize, block_size: usize) -> usize {
+    (ring.saturating_mul(block_size) + 1).saturating_sub(window.max(1))
 }
 
 /// The attention of one layer.
@@ -132,7 +191,7 @@ pub trait Backend {
     /// Tensor types this backend computes with in `role`.
     fn supported_types(&self, role: WeightRole) -> &'static [GgmlType];
     fn load_weight(&mut self, t: HostTensor, role: WeightRole) -> Result<Self::Weight>;
-    /// Allocates the KV cache (once, before the first batch).
+    /// Allocates the KV cache (once, before the first batch): per layer, `spec.layer_blocks`.
     fn alloc_kv(&mut self, spec: KvSpec) -> Result<()>;
     /// Makes `batch` current: its tokens, positions, chunks and block tables.
     fn begin_batch(&mut self, batch: &Batch) -> Result<()>;
@@ -197,4 +256,89 @@ pub trait Backend {
     fn select_logit_rows(&mut self, x: &Self::Act) -> Result<Self::Act>;
     /// `x · Wᵀ` copied to the host: `[rows, vocab]`.
     fn logits(&mut self, x: &Self::Act, w: &Self::Weight) -> Result<Vec<f32>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs a sequence through a ring of `ring` blocks of `bs` positions (position p in ring row
+    /// p mod ring · bs): a first chunk of `first` tokens, then chunks of `chunk` up to `len`
+    /// positions, each stored whole before its queries read their windows. False when a query
+    /// would read a row that holds another position.
+    fn ring_serves(window: usize, chunk: usize, bs: usize, ring: usize, first: usize, len: usize) -> bool {
+        let rows = ring * bs;
+        let mut held = vec![usize::MAX; rows];
+        let mut s = 0;
+        while s < len {
+            let l = if s == 0 { first } else { chunk }.min(len - s);
+            for p in s..s + l {
+                held[p % rows] = p;
+            }
+            for q in s..s + l {
+                if ((q + 1).saturating_sub(window)..=q).any(|j| held[j % rows] != j) {
+                    return false;
+                }
+            }
+            s += l;
+        }
+        true
+    }
+
+    #[test]
+    fn ring_sizes() {
+        // (window, max chunk, block size, context blocks) -> ring.
+        let table = [
+            ((128, 2048, 16, 8192), 136), // (2048 + 127) / 16 = 135.9 -> 136
+            ((128, 512, 16, 8192), 40),
+            ((128, 1, 16, 8192), 8), // decode only: the window itself
+            ((128, 2, 16, 8192), 9),
+            ((128, 3, 16, 8192), 9),
+            ((1, 1, 16, 100), 1),
+            ((16, 1, 16, 100), 1),
+            ((16, 2, 16, 100), 2),
+            ((128, 2048, 16, 100), 100), // capped at the whole table
+            ((128, 100, 16, 32), 15),
+        ];
+        for ((w, l, bs, n), want) in table {
+            assert_eq!(ring_blocks(w, l, bs, n), want, "window {w}, chunk {l}, blocks of {bs}");
+            if want < n {
+                assert!(ring_max_chunk(want, w, bs) >= l && ring_max_chunk(want - 1, w, bs) < l);
+            }
+        }
+        assert_eq!(ring_max_chunk(136, 128, 16), 2049);
+        assert_eq!((ring_max_chunk(0, 128, 16), ring_max_chunk(7, 128, 16), ring_max_chunk(8, 128, 16)), (0, 0, 1));
+    }
+
+    /// The rule against a brute-force run over every alignment of the chunks to the blocks:
+    /// the ring it gives serves them, one block fewer does not.
+    #[test]
+    fn ring_blocks_is_the_smallest_ring_that_serves_every_chunking() {
+        for bs in [1, 2, 4, 8] {
+            for w in [1, 2, 3, 5, 8, 13] {
+                for l in [1, 2, 3, 4, 7, 9, 16] {
+                    let r = ring_blocks(w, l, bs, usize::MAX);
+                    let len = (r + 3) * bs + l + w;
+                    let all = |ring: usize| (1..=l).all(|first| ring_serves(w, l, bs, ring, first, len));
+                    assert!(all(r), "window {w}, chunk {l}, blocks of {bs}: a ring of {r} fails");
+                    if r > 1 {
+                        assert!(!all(r - 1), "window {w}, chunk {l}, blocks of {bs}: a ring of {} serves", r - 1);
+                    }
+                    // Shorter chunks (decode after a prefill) are served too.
+                    assert!((1..l).all(|short| ring_serves(w, short, bs, r, l, len)));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bytes_count_each_layers_blocks() {
+        let full = KvSpec::full(4, 100, 16, 8, 64);
+        assert_eq!(full.bytes(), 4 * 4 * 100 * 16 * 8 * 64);
+        let ring = KvSpec { window_blocks: 10, window_layers: vec![true, false, true, false], ..full.clone() };
+        assert_eq!(ring.bytes(), 4 * (2 * 100 + 2 * 10) * 16 * 8 * 64);
+        assert_eq!((ring.layer_blocks(0), ring.layer_blocks(1), ring.layer_blocks(9)), (10, 100, 100));
+        assert!(ring.has_window_layers() && !full.has_window_layers());
+        assert_eq!(KvSpec { window_blocks: usize::MAX, ..ring }.bytes(), u64::MAX);
+    }
 }

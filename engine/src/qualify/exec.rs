@@ -355,7 +355,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let model = dir.path().join("tiny.gguf");
         crate::synth::generate(&SynthSpec::from_preset(Preset::Tiny), &model, |_, _| {}).unwrap();
-        let opts = crate::EngineOptions { context, slots: 8, prefill_chunk: 256, block_size: 0 };
+        let opts = crate::EngineOptions { context, slots: 8, prefill_chunk: 256, block_size: 0, full_window_kv: false };
         let engine = crate::open(&model, crate::BackendKind::Cpu, opts).unwrap();
         (dir, engine)
     }

@@ -117,6 +117,9 @@ fn load(cfg: &WorkerConfig) -> Result<(Box<dyn AnyEngine>, Option<DeviceLimits>)
         slots: slots as usize,
         prefill_chunk: cfg.prefill_chunk.max(1) as usize,
         block_size: block_size as usize,
+        // The cases run on block tables of their own pool, not slot tables, and prefill
+        // whole prompts: the sliding-window layers keep whole sequences (no rings).
+        full_window_kv: true,
     };
     let named = |source| WorkerError::Load { model: cfg.model.clone(), source };
     let (engine, limits): (Box<dyn AnyEngine>, _) = match cfg.backend.as_str() {

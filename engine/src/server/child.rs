@@ -108,6 +108,9 @@ fn load(cfg: &ChildConfig) -> Result<(Box<dyn AnyEngine>, Arc<Monitor>), String>
         context: cfg.context,
         slots: cfg.slots.max(1),
         prefill_chunk: cfg.prefill_chunk.max(1),
+        // The scheduler's block tables are not slot tables and it gives no ring indexes yet:
+        // the sliding-window layers keep whole sequences.
+        full_window_kv: true,
         ..EngineOptions::default()
     };
     let mut engine = crate::engine::open(&cfg.model, backend, opts).map_err(|e| format!("{}: {e}", cfg.model.display()))?;

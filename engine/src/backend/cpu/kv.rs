@@ -4,6 +4,10 @@
 //! attention reads a sequence's positions through its block table (in place when its blocks are
 //! consecutive, else gathered into contiguous scratch), so its arithmetic is that of an unpaged
 //! cache.
+//!
+//! A windowed layer of the window-only layout holds `window_blocks` blocks ([`KvSpec`]) and is
+//! addressed through the batch's window tables: its positions before the window read whatever
+//! the ring slot holds, which the attention masks (never reads) — see `CpuBackend::attend`.
 
 use half::f16;
 
@@ -20,10 +24,10 @@ impl KvCache {
         if !spec.block_size.is_power_of_two() {
             return Err(BackendError::new("cpu", format!("KV block size {} is not a power of two", spec.block_size)));
         }
-        let per_layer = spec.layer_elements().ok_or_else(|| BackendError::new("cpu", format!("KV cache of {spec:?} overflows")))?;
         let alloc = || -> Result<Vec<Vec<f16>>, BackendError> {
             (0..spec.layers)
-                .map(|_| {
+                .map(|l| {
+                    let per_layer = spec.elements(l).ok_or_else(|| BackendError::new("cpu", format!("KV cache of {spec:?} overflows")))?;
                     let mut v = Vec::new();
                     v.try_reserve_exact(per_layer)
                         .map_err(|_| BackendError::new("cpu", format!("cannot allocate the KV cache ({} bytes)", spec.bytes())))?;
@@ -32,23 +36,23 @@ impl KvCache {
                 })
                 .collect()
         };
-        Ok(KvCache { spec, k: alloc()?, v: alloc()? })
+        let (k, v) = (alloc()?, alloc()?);
+        Ok(KvCache { spec, k, v })
     }
 
     fn row_width(&self) -> usize {
         self.spec.kv_heads * self.spec.head_dim
     }
 
-    /// Why `table` cannot hold positions `0..len`, if it cannot: too short, or a block past the cache.
-    pub fn table_unsupported(&self, table: &[u32], len: usize) -> Option<String> {
+    /// Why `table` cannot hold positions `0..len` of `layer`, if it cannot: too short, or a block
+    /// past the layer's cache.
+    pub fn table_unsupported(&self, layer: usize, table: &[u32], len: usize) -> Option<String> {
+        let blocks = self.spec.layer_blocks(layer);
         let need = len.div_ceil(self.spec.block_size);
         if table.len() < need {
             return Some(format!("a block table of {} blocks for {len} positions in blocks of {}", table.len(), self.spec.block_size));
         }
-        table[..need]
-            .iter()
-            .find(|&&b| b as usize >= self.spec.blocks)
-            .map(|b| format!("block {b} is outside the KV cache's {} blocks", self.spec.blocks))
+        table[..need].iter().find(|&&b| b as usize >= blocks).map(|b| format!("block {b} is outside the KV cache's {blocks} blocks"))
     }
 
     /// Stores one row of K and V (`kv_heads × head_dim` each) at cache row `row`, rounded to f16.
@@ -100,8 +104,8 @@ mod tests {
 
     #[test]
     fn rows_stored_through_a_table_gather_back_in_position_order() {
-        let spec = KvSpec { layers: 2, blocks: 5, block_size: 2, kv_heads: 1, head_dim: 2 };
-        let mut kv = KvCache::new(spec).unwrap();
+        let spec = KvSpec::full(2, 5, 2, 1, 2);
+        let mut kv = KvCache::new(spec.clone()).unwrap();
         let table = [4, 0, 3];
         for pos in 0..5u64 {
             let row = table[pos as usize / 2] as u64 * 2 + pos % 2;
@@ -116,15 +120,21 @@ mod tests {
         let (k, _) = kv.positions(0, &table, 3, &mut ks, &mut vs);
         assert!(k.len() == 6 && k.iter().all(|x| *x == f16::ZERO), "layer 0 untouched");
         // Consecutive blocks are read in place: the same values as a gather.
-        let mut kv = KvCache::new(spec).unwrap();
+        let mut kv = KvCache::new(spec.clone()).unwrap();
         for pos in 0..6u64 {
             kv.store(1, 4 + pos, &[pos as f32, pos as f32 + 0.5], &[0.0, 0.0]);
         }
         let (k, _) = kv.positions(1, &[2, 3, 4], 5, &mut ks, &mut vs);
         assert_eq!(k, want);
-        assert!(kv.table_unsupported(&table, 6).is_none());
-        assert!(kv.table_unsupported(&table, 7).unwrap().contains("3 blocks for 7 positions"));
-        assert!(kv.table_unsupported(&[5], 1).unwrap().contains("block 5 is outside"));
-        assert!(KvCache::new(KvSpec { block_size: 3, ..spec }).is_err());
+        assert!(kv.table_unsupported(1, &table, 6).is_none());
+        assert!(kv.table_unsupported(1, &table, 7).unwrap().contains("3 blocks for 7 positions"));
+        assert!(kv.table_unsupported(0, &[5], 1).unwrap().contains("block 5 is outside"));
+        assert!(KvCache::new(KvSpec { block_size: 3, ..spec.clone() }).is_err());
+        // A windowed layer holds its own count of blocks.
+        let ring = KvSpec { window_blocks: 2, window_layers: vec![true, false], ..spec };
+        let kv = KvCache::new(ring).unwrap();
+        assert_eq!((kv.k[0].len(), kv.k[1].len()), (2 * 2 * 2, 5 * 2 * 2));
+        assert!(kv.table_unsupported(0, &[1, 2], 3).unwrap().contains("block 2 is outside the KV cache's 2 blocks"));
+        assert!(kv.table_unsupported(1, &[1, 2], 3).is_none());
     }
 }

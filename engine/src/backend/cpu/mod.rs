@@ -7,7 +7,7 @@ mod moe;
 
 use std::sync::Arc;
 
-use crate::backend::{AttentionSpec, Backend, Batch, KvSpec, MoeSpec, MoeWeights, Result, WeightRole};
+use crate::backend::{AttentionSpec, Backend, Batch, Chunk, KvSpec, MoeSpec, MoeWeights, Result, WeightRole};
 use crate::ggml_cpu::{self, CpuError, WeightMatrix};
 use crate::gguf::GgmlType;
 use crate::model::{BackendError, HostTensor, LayerSpec, MatrixDims, Rope};
@@ -111,12 +111,19 @@ impl CpuBackend {
         }
         let ext = ggml_cpu::AttnExt { window: spec.window, sinks };
         let kv = self.kv()?;
+        // A windowed layer of the window-only layout: its ring, through the window tables.
+        let windowed = kv.spec.is_windowed(spec.layer);
+        if windowed && spec.window.is_none() {
+            return Err(err(format!("attention (layer {}): the KV cache keeps a ring for a layer without a window", spec.layer)));
+        }
+        let table_of = |c: &Chunk| if windowed { batch.window_table(c) } else { batch.table(c) };
         for (i, c) in batch.chunks.iter().enumerate() {
-            if let Some(why) = kv.table_unsupported(batch.table(c), c.end_pos() as usize) {
+            if let Some(why) = kv.table_unsupported(spec.layer, table_of(c), c.end_pos() as usize) {
                 return Err(err(format!("attention (layer {}): chunk {i}: {why}", spec.layer)));
             }
         }
-        for (r, row) in batch.physical_rows().into_iter().enumerate() {
+        let rows = if windowed { batch.window_rows() } else { batch.physical_rows() };
+        for (r, row) in rows.into_iter().enumerate() {
             let row = row.ok_or_else(|| err(format!("attention: batch row {r} is outside its chunk's block table")))?;
             kv.store(spec.layer, row, k.row(r), v.row(r));
         }
@@ -125,7 +132,10 @@ impl CpuBackend {
         let (mut k_scratch, mut v_scratch) = (Vec::new(), Vec::new());
         for c in &batch.chunks {
             let rows = c.first_row as usize..(c.first_row + c.len) as usize;
-            let (kc, vc) = kv.positions(spec.layer, batch.table(c), c.end_pos() as usize, &mut k_scratch, &mut v_scratch);
+            // Through a ring, the positions before a query's window hold other positions' keys:
+            // the attention masks them (-inf, weight 0) without reading them, so the sums are
+            // those of the full layout bit for bit.
+            let (kc, vc) = kv.positions(spec.layer, table_of(c), c.end_pos() as usize, &mut k_scratch, &mut v_scratch);
             // Summed as llama.cpp sums a batch of this chunk's tokens (`ggml_cpu::attention`).
             ggml_cpu::attention_ext(
                 &q.data[rows.start * width..rows.end * width],

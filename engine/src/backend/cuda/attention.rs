@@ -28,13 +28,16 @@ use crate::model::BackendError;
 pub(crate) struct AttnMaps {
     chunks: Vec<kattn::Chunk>,
     tables: Vec<u32>,
+    /// The windowed layers' tables (window-only layout), entry for entry beside `tables`;
+    /// empty without.
+    window_tables: Vec<u32>,
     devices: Vec<DeviceBatch>,
     /// Partial results of the split-context decode kernels.
     workspace: Grow<f32>,
     /// The kernels' specs of the attention calls so far, in the order first seen (a model has
-    /// one, or two with sliding-window layers): a decode graph's plans are made before its
-    /// capture from them.
-    specs: Vec<kattn::AttentionSpec>,
+    /// one, or two with sliding-window layers), each with whether its layers read the window
+    /// tables: a decode graph's plans are made before its capture from them.
+    specs: Vec<(kattn::AttentionSpec, bool)>,
 }
 
 /// Specs a model may use before the list is taken for a sign of a bug (a spec per call).
@@ -43,18 +46,28 @@ const MAX_SPECS: usize = 8;
 impl AttnMaps {
     pub(crate) fn new(gpu: &Gpu, allocs: &AllocCounter) -> Result<Self, BackendError> {
         let workspace = Grow::new(gpu, allocs).map_err(|e| fail(format!("allocating the attention workspace: {e}")))?;
-        Ok(AttnMaps { chunks: Vec::new(), tables: Vec::new(), devices: Vec::new(), workspace, specs: Vec::new() })
+        Ok(AttnMaps {
+            chunks: Vec::new(),
+            tables: Vec::new(),
+            window_tables: Vec::new(),
+            devices: Vec::new(),
+            workspace,
+            specs: Vec::new(),
+        })
     }
 
-    /// Takes a new batch's chunks and flat block tables; the device plan (which uploads the
-    /// tables) is made by the first attention call.
-    pub(crate) fn prepare(&mut self, _gpu: &Gpu, chunks: &[Chunk], tables: &[u32]) -> Result<(), BackendError> {
+    /// Takes a new batch's chunks and flat block tables (and window tables, for a cache with
+    /// windowed layers); the device plan (which uploads the tables) is made by the first
+    /// attention call.
+    pub(crate) fn prepare(&mut self, _gpu: &Gpu, chunks: &[Chunk], tables: &[u32], window_tables: &[u32]) -> Result<(), BackendError> {
         self.chunks = chunks
             .iter()
             .map(|c| kattn::Chunk { table: c.table, start_pos: c.start_pos, n_tokens: c.len, first_row: c.first_row })
             .collect();
         self.tables.clear();
         self.tables.extend_from_slice(tables);
+        self.window_tables.clear();
+        self.window_tables.extend_from_slice(window_tables);
         self.devices.clear();
         Ok(())
     }
@@ -65,11 +78,17 @@ impl AttnMaps {
         self.devices.clear();
     }
 
-    /// Notes `spec` as one the model uses.
-    fn note_spec(&mut self, spec: kattn::AttentionSpec) -> Result<(), BackendError> {
+    /// The tables the layers of a spec read: the window tables for windowed layers.
+    fn tables_for(&self, windowed: bool) -> &[u32] {
+        if windowed { &self.window_tables } else { &self.tables }
+    }
+
+    /// Notes `spec` as one the model uses (`windowed`: its layers read the window tables).
+    fn note_spec(&mut self, spec: kattn::AttentionSpec, windowed: bool) -> Result<(), BackendError> {
+        let spec = (spec, windowed);
         if !self.specs.contains(&spec) {
             if self.specs.len() >= MAX_SPECS {
-                return Err(fail(format!("attention: more than {MAX_SPECS} attention specs in one model ({})", spec.describe())));
+                return Err(fail(format!("attention: more than {MAX_SPECS} attention specs in one model ({})", spec.0.describe())));
             }
             self.specs.push(spec);
         }
@@ -84,8 +103,8 @@ impl AttnMaps {
             return Ok(None);
         }
         let mut plans = Vec::with_capacity(self.specs.len());
-        for spec in &self.specs {
-            let mut plan = BatchPlan::new(&self.chunks, &self.tables, rows as u64, spec, DecodeRoute::Split)
+        for (spec, windowed) in &self.specs {
+            let mut plan = BatchPlan::new(&self.chunks, self.tables_for(*windowed), rows as u64, spec, DecodeRoute::Split)
                 .map_err(|e| gpu_fail("attention plan", &GpuError::Plan(e)))?;
             plan.pad_decode_splits(splits).map_err(|e| gpu_fail("attention plan", &GpuError::Plan(e)))?;
             plans.push(plan);
@@ -105,12 +124,20 @@ impl AttnMaps {
         std::mem::take(&mut self.devices)
     }
 
-    /// The device plan for `spec`, and the decode workspace it needs.
-    fn plan(&mut self, gpu: &Gpu, rows: usize, spec: &kattn::AttentionSpec) -> Result<(&DeviceBatch, &mut Grow<f32>), BackendError> {
+    /// The device plan for `spec`, and the decode workspace it needs. A windowed layer's spec
+    /// (window-only layout) names the ring cache's block count, so it never shares a plan with
+    /// a full layer's.
+    fn plan(
+        &mut self,
+        gpu: &Gpu,
+        rows: usize,
+        spec: &kattn::AttentionSpec,
+        windowed: bool,
+    ) -> Result<(&DeviceBatch, &mut Grow<f32>), BackendError> {
         let i = match self.devices.iter().position(|d| d.plan().spec() == spec) {
             Some(i) => i,
             None => {
-                let plan = BatchPlan::new(&self.chunks, &self.tables, rows as u64, spec, DecodeRoute::Split)
+                let plan = BatchPlan::new(&self.chunks, self.tables_for(windowed), rows as u64, spec, DecodeRoute::Split)
                     .map_err(|e| gpu_fail("attention plan", &GpuError::Plan(e)))?;
                 self.workspace
                     .ensure(gpu, plan.workspace_floats().max(1) as usize)
@@ -160,14 +187,15 @@ pub(crate) fn check_shapes(spec: &AttentionSpec, kv: &KvSpec, rows: usize, q: &C
     Ok(())
 }
 
-/// The kernels' view of the attention of a layer over this cache.
+/// The kernels' view of the attention of a layer over this cache (the layer's own block count:
+/// a windowed layer of the window-only layout has the ring cache's).
 fn kernel_spec(spec: &AttentionSpec, kv: &KvSpec) -> Result<kattn::AttentionSpec, BackendError> {
     let u = |v: usize, what: &str| u32::try_from(v).map_err(|_| fail(format!("attention: {what} {v} does not fit u32")));
     let s = kattn::AttentionSpec {
         heads: u(spec.heads, "heads")?,
         kv_heads: u(spec.kv_heads, "kv_heads")?,
         head_dim: u(spec.head_dim, "head_dim")?,
-        blocks: u(kv.blocks, "blocks")?,
+        blocks: u(kv.layer_blocks(spec.layer), "blocks")?,
         block_size: u(kv.block_size, "block_size")?,
         scale: spec.scale,
         window: match spec.window {
@@ -195,15 +223,20 @@ pub(crate) fn attention(
     let rows = batch.require("attention")?;
     let kv = kv.ok_or_else(|| fail("attention: no KV cache (alloc_kv was not called)"))?;
     check_shapes(spec, &kv.spec, rows, q, k, v).map_err(|why| fail(format!("attention (layer {}): {why}", spec.layer)))?;
+    let windowed = kv.spec.is_windowed(spec.layer);
+    if windowed && spec.window.is_none() {
+        return Err(fail(format!("attention (layer {}): the KV cache keeps a ring for a layer without a window", spec.layer)));
+    }
     let kspec = kernel_spec(spec, &kv.spec)?;
     let sinks = sinks_view(sinks, spec)?;
-    batch.attn.note_spec(kspec)?;
+    batch.attn.note_spec(kspec, windowed)?;
     let layer = &mut kv.layers[spec.layer];
     let n = rows * k.width();
-    let src = KvRows { k: k.buf.slice(0..n), v: v.buf.slice(0..n), dest: batch.dest.slice(0..rows) };
+    let dest = if windowed { &batch.window_dest } else { &batch.dest };
+    let src = KvRows { k: k.buf.slice(0..n), v: v.buf.slice(0..n), dest: dest.slice(0..rows) };
     kv_store::launch(gpu, &kspec, rows as u64, &src, &mut layer.k.as_view_mut(), &mut layer.v.as_view_mut())
         .map_err(|e| gpu_fail("kv_store", &e))?;
-    let (device, workspace) = batch.attn.plan(gpu, rows, &kspec)?;
+    let (device, workspace) = batch.attn.plan(gpu, rows, &kspec, windowed)?;
     let qn = rows * q.width();
     let io = AttentionIo {
         q: q.buf.slice(0..qn),

@@ -23,6 +23,8 @@ pub(crate) struct BatchState {
     pub positions: Grow<i32>,
     /// The KV cache row each row's K and V go to (`kv_store`).
     pub dest: Grow<i64>,
+    /// The same in the windowed layers' ring cache (window-only layout; empty without).
+    pub window_dest: Grow<i64>,
     pub attn: AttnMaps,
 }
 
@@ -35,6 +37,7 @@ impl BatchState {
             tokens: grow()?,
             positions: grow()?,
             dest: Grow::new(gpu, allocs).map_err(|e| fail(format!("allocating batch buffers: {e}")))?,
+            window_dest: Grow::new(gpu, allocs).map_err(|e| fail(format!("allocating batch buffers: {e}")))?,
             attn: AttnMaps::new(gpu, allocs)?,
         })
     }
@@ -47,7 +50,14 @@ impl BatchState {
         // Every row's table reaches its position (checked): -1 would only drop the row.
         let dest: Vec<i64> = batch.physical_rows().into_iter().map(|r| r.map_or(-1, |r| r as i64)).collect();
         upload(gpu, &dest, &mut self.dest, "KV cache rows")?;
-        self.attn.prepare(gpu, &batch.chunks, &batch.block_tables)?;
+        // The window tables are used only by a cache with windowed layers (checked against it).
+        let windowed = kv.is_some_and(KvSpec::has_window_layers);
+        let window_tables: &[u32] = if windowed { &batch.window_tables } else { &[] };
+        if windowed {
+            let dest: Vec<i64> = batch.window_rows().into_iter().map(|r| r.map_or(-1, |r| r as i64)).collect();
+            upload(gpu, &dest, &mut self.window_dest, "windowed layers' KV cache rows")?;
+        }
+        self.attn.prepare(gpu, &batch.chunks, &batch.block_tables, window_tables)?;
         self.rows = batch.rows();
         self.logit_rows.clone_from(&batch.logit_rows);
         Ok(())
@@ -81,7 +91,8 @@ pub(crate) fn upload<T: DeviceRepr>(gpu: &Gpu, host: &[T], dst: &mut Grow<T>, wh
 /// What the device relies on: one token and position per row, chunks that cover the rows in
 /// order with consecutive positions, each chunk's block table inside the batch's tables and
 /// covering its positions, logit rows inside the batch, every index within i32, and (with a KV
-/// cache) the cache's block size and every block a chunk reads inside it.
+/// cache) the cache's block size and every block a chunk reads inside it, in the windowed
+/// layers' cache too (through the window tables) when it has some.
 pub(crate) fn check(b: &Batch, kv: Option<&KvSpec>) -> Result<(), String> {
     let rows = b.tokens.len();
     if rows == 0 {
@@ -140,6 +151,16 @@ pub(crate) fn check(b: &Batch, kv: Option<&KvSpec>) -> Result<(), String> {
             if let Some(j) = table.iter().position(|&blk| blk as usize >= kv.blocks) {
                 return Err(format!("chunk {i}: block table entry {j} is block {}, outside the KV cache's {} blocks", table[j], kv.blocks));
             }
+            if kv.has_window_layers() {
+                let window =
+                    b.window_table(c).get(..need as usize).ok_or_else(|| format!("chunk {i}: no window table (a ring batch is needed)"))?;
+                if let Some(j) = window.iter().position(|&blk| blk as usize >= kv.window_blocks) {
+                    return Err(format!(
+                        "chunk {i}: window table entry {j} is block {}, outside the windowed layers' {} blocks",
+                        window[j], kv.window_blocks
+                    ));
+                }
+            }
         }
         next_row += c.len as u64;
     }
@@ -179,7 +200,8 @@ mod tests {
     }
 
     /// 2 sequences of 16 positions in blocks of 4.
-    const KV: KvSpec = KvSpec { layers: 1, blocks: 8, block_size: 4, kv_heads: 1, head_dim: 2 };
+    const KV: KvSpec =
+        KvSpec { layers: 1, blocks: 8, block_size: 4, kv_heads: 1, head_dim: 2, window_blocks: 0, window_layers: Vec::new() };
 
     #[test]
     fn a_batch_built_by_push_passes() {
@@ -231,6 +253,19 @@ mod tests {
         let mut b = Batch::new(8).unwrap();
         b.push(&[0], 0, &[1], Logits::Last).unwrap();
         assert!(check(&b, Some(&KV)).unwrap_err().contains("blocks of 8 positions, the KV cache's hold 4"));
+    }
+
+    #[test]
+    fn window_tables_must_fit_the_windowed_layers_cache() {
+        // 2 rings of 2 blocks for the windowed layer 0.
+        let kv = KvSpec { layers: 2, window_blocks: 4, window_layers: vec![true, false], ..KV };
+        let mut b = Batch::with_ring(4, 2).unwrap();
+        b.push_in_ring(&[5, 6, 7], 1, 9, &[1, 2], Logits::Last).unwrap();
+        assert_eq!(check(&b, Some(&kv)), Ok(()));
+        b.window_tables[1] = 4;
+        assert!(check(&b, Some(&kv)).unwrap_err().contains("window table entry 1 is block 4, outside the windowed layers' 4 blocks"));
+        // A plain batch has no window tables for a cache that needs them.
+        assert!(check(&batch(), Some(&kv)).unwrap_err().contains("no window table"));
     }
 
     #[test]
