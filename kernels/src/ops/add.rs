@@ -9,11 +9,11 @@ use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr,
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
+use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, grid_stride_blocks, require_bytes};
 use crate::limits::DeviceLimits;
-use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform, with_in_place_diff};
+use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform, in_place_diff, note_in_place_diff};
 use crate::sources::GLUE;
 use crate::testdata::uniform_row;
 use crate::thresholds::{Critical, overflow_point};
@@ -115,6 +115,12 @@ const SEED_B: u64 = 0x71;
 /// Self-test: a and b from seeds; `out = a + b` into a poisoned buffer, sampled rows against
 /// the twin; then `a += b` in place must give the same bits.
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &AddCase) -> Result<Outcome, GpuError> {
+    stage_case(gpu, tokens, c).map(Staged::finish)
+}
+
+/// [`run_case`]'s GPU half: both launches, the poison check, the in-place difference and the
+/// sampled rows downloaded in runs; the twin and the comparison are the host check.
+pub fn stage_case(gpu: &Gpu, tokens: u64, c: &AddCase) -> Result<Staged, GpuError> {
     plans(tokens, c, gpu.limits())?; // refuse a bad shape before allocating for it
     let (w, n) = (c.width as usize, tokens * c.width as u64);
     let mut a = gpu.alloc::<f32>(n as usize)?;
@@ -129,18 +135,21 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &AddCase) -> Result<Outcome, GpuError
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
     let (unwritten, past_end) = out.check(gpu, 1)?;
     let sampled = sample_rows(tokens, 64, SAMPLE_ROWS, tokens);
-    let want: Vec<Vec<f32>> = sampled
-        .par_iter()
-        .map(|&t| add_cpu(&uniform_row(SEED_A, t * w as u64, w, 4.0), &uniform_row(SEED_B, t * w as u64, w, 1.0)))
-        .collect();
-    let mut err = RelErr::default();
-    for (&t, want) in sampled.iter().zip(&want) {
-        let at = t as usize * w;
-        err.add_slice(at as u64, &out.read_f32(gpu, at, w)?, want);
-    }
+    let got = out.read_rows_f32(gpu, &sampled, w)?;
     launch_in_place(gpu, n, &mut a.as_view_mut(), &b.as_view())?;
-    let check = Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms);
-    Ok(Outcome::Ran(with_in_place_diff(gpu, &sampled, w, &a, &out, check)?))
+    let diff = in_place_diff(gpu, &sampled, w, &a, &out)?;
+    Ok(Staged::Check(Box::new(move || {
+        let want: Vec<Vec<f32>> = sampled
+            .par_iter()
+            .map(|&t| add_cpu(&uniform_row(SEED_A, t * w as u64, w, 4.0), &uniform_row(SEED_B, t * w as u64, w, 1.0)))
+            .collect();
+        let mut err = RelErr::default();
+        for ((&t, want), got) in sampled.iter().zip(&want).zip(&got) {
+            err.add_slice(t * w as u64, got, want);
+        }
+        let check = Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms);
+        Outcome::Ran(note_in_place_diff(check, diff))
+    })))
 }
 
 /// The self-test's handle on this family (registered in `selftest::case`).
@@ -151,6 +160,10 @@ impl KernelFamily for Family {
 
     fn run(gpu: &Gpu, tokens: u64, c: &AddCase) -> Result<Outcome, GpuError> {
         run_case(gpu, tokens, c)
+    }
+
+    fn stage(gpu: &Gpu, tokens: u64, c: &AddCase) -> Result<Staged, GpuError> {
+        stage_case(gpu, tokens, c)
     }
 
     fn plans(tokens: u64, c: &AddCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
