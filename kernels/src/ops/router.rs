@@ -13,11 +13,11 @@ use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
+use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError};
 use crate::limits::DeviceLimits;
-use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform};
+use crate::ops::testdata::{GUARD_WORDS, Guarded, download_rows, fill_uniform};
 use crate::sources::ROUTER;
 use crate::testdata::uniform_row;
 use crate::thresholds::{Critical, overflow_point, tile_tails};
@@ -230,6 +230,12 @@ const LOGIT_SCALE: f32 = 4.0;
 /// Self-test: logits from a seed (all ±0 for `ties`), ids and weights into poisoned buffers,
 /// sampled tokens compared with [`route_row`].
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &RouterCase) -> Result<Outcome, GpuError> {
+    stage_case(gpu, tokens, c).map(Staged::finish)
+}
+
+/// [`run_case`]'s GPU half: the launch, the poison checks and the sampled tokens' ids and
+/// weights downloaded in runs; the twin ([`route_row`]) and the comparison are the host check.
+pub fn stage_case(gpu: &Gpu, tokens: u64, c: &RouterCase) -> Result<Staged, GpuError> {
     let s = c.spec();
     plan(tokens, &s, gpu.limits())?; // a bad shape is rejected before anything is allocated
     let (e, k) = (c.experts as usize, c.top_k as usize);
@@ -246,36 +252,41 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &RouterCase) -> Result<Outcome, GpuEr
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
     let (u_ids, p_ids) = ids.check(gpu, 1)?;
     let (u_w, p_w) = weights.check(gpu, 1)?;
-    let mut err = RelErr::default();
-    let (mut mismatches, mut note) = (0u64, String::new());
-    let (mut want_ids, mut want_w) = (vec![0i32; k], vec![0.0f32; k]);
-    for t in sample_rows(tokens, WARPS as u64, 512, tokens) {
-        let at = t as usize * k;
-        route_row(&uniform_row(SEED_LOGITS, t * e as u64, e, scale), &s, &mut want_ids, &mut want_w);
-        let got = ids.read_i32(gpu, at, k)?;
-        for (j, (g, w)) in got.iter().zip(&want_ids).enumerate() {
-            if g != w {
-                mismatches += 1;
-                if note.is_empty() {
-                    note = format!("token {t} pick {j}: gpu expert {g} vs ref {w}");
+    let sampled = sample_rows(tokens, WARPS as u64, 512, tokens);
+    let got_ids = download_rows(gpu, &ids.buf, &sampled, k)?;
+    let got_w = weights.read_rows_f32(gpu, &sampled, k)?;
+    Ok(Staged::Check(Box::new(move || {
+        let mut err = RelErr::default();
+        let (mut mismatches, mut note) = (0u64, String::new());
+        let (mut want_ids, mut want_w) = (vec![0i32; k], vec![0.0f32; k]);
+        for ((&t, got), got_w) in sampled.iter().zip(&got_ids).zip(&got_w) {
+            let at = t as usize * k;
+            route_row(&uniform_row(SEED_LOGITS, t * e as u64, e, scale), &s, &mut want_ids, &mut want_w);
+            for (j, (&g, w)) in got.iter().zip(&want_ids).enumerate() {
+                let g = g as i32;
+                if g != *w {
+                    mismatches += 1;
+                    if note.is_empty() {
+                        note = format!("token {t} pick {j}: gpu expert {g} vs ref {w}");
+                    }
                 }
             }
+            err.add_slice(at as u64, got_w, &want_w);
         }
-        err.add_slice(at as u64, &weights.read_f32(gpu, at, k)?, &want_w);
-    }
-    if note.is_empty() {
-        note = err.describe();
-    }
-    Ok(Outcome::Ran(Check {
-        max_rel_err: err.value(),
-        tolerance: TOLERANCE,
-        compared: 2 * err.compared,
-        unwritten: u_ids + u_w,
-        past_end: p_ids + p_w,
-        int_mismatches: mismatches,
-        kernel_ms,
-        note,
-    }))
+        if note.is_empty() {
+            note = err.describe();
+        }
+        Outcome::Ran(Check {
+            max_rel_err: err.value(),
+            tolerance: TOLERANCE,
+            compared: 2 * err.compared,
+            unwritten: u_ids + u_w,
+            past_end: p_ids + p_w,
+            int_mismatches: mismatches,
+            kernel_ms,
+            note,
+        })
+    })))
 }
 
 /// The words of a poisoned buffer as the 32-bit values a kernel writes.
@@ -295,6 +306,10 @@ impl KernelFamily for Family {
 
     fn run(gpu: &Gpu, tokens: u64, c: &RouterCase) -> Result<Outcome, GpuError> {
         run_case(gpu, tokens, c)
+    }
+
+    fn stage(gpu: &Gpu, tokens: u64, c: &RouterCase) -> Result<Staged, GpuError> {
+        stage_case(gpu, tokens, c)
     }
 
     fn plans(tokens: u64, c: &RouterCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
