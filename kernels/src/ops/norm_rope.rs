@@ -15,13 +15,13 @@ use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr,
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
+use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
 use crate::limits::DeviceLimits;
 use crate::ops::rmsnorm::{self, RmsNormCase, WARP_ROW_MAX, WARPS};
 use crate::ops::rope::{self, RopeSpec, RopeTable};
-use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform, with_in_place_diff};
+use crate::ops::testdata::{GUARD_WORDS, Guarded, download_rows, fill_uniform, in_place_diff, note_in_place_diff};
 use crate::sources::RMSNORM;
 use crate::testdata::uniform_row;
 use crate::thresholds::{Critical, overflow_point, tile_tails};
@@ -209,7 +209,15 @@ const X_SCALE: f32 = 4.0;
 /// then `rmsnorm` and `rope` (the two existing kernels) into a second buffer, which y must equal
 /// bit for bit; sampled tokens of y against the twin; the in-place launch over x must equal y.
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &NormRopeCase) -> Result<Outcome, GpuError> {
+    stage_case(gpu, tokens, c).map(Staged::finish)
+}
+
+/// [`run_case`]'s GPU half: the three launches, the poison check, the in-place difference and
+/// the sampled tokens of y and of the two-kernel reference downloaded in runs; the twin and
+/// both comparisons are the host check.
+pub fn stage_case(gpu: &Gpu, tokens: u64, c: &NormRopeCase) -> Result<Staged, GpuError> {
     plan(tokens, c, gpu.limits())?; // a bad shape is refused before anything is allocated
+    let c = *c;
     let table = RopeTable::new(gpu, c.spec())?;
     let (d, row) = (c.head_dim as usize, c.heads as usize * c.head_dim as usize);
     let n = tokens as usize * row;
@@ -222,7 +230,7 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &NormRopeCase) -> Result<Outcome, Gpu
     let mut y = Guarded::new(gpu, n)?;
     gpu.synchronize()?;
     let start = Instant::now();
-    launch(gpu, tokens, c, &table, &pos_dev.as_view(), &w.as_view(), &x.as_view(), &mut y.buf.slice_mut(..n))?;
+    launch(gpu, tokens, &c, &table, &pos_dev.as_view(), &w.as_view(), &x.as_view(), &mut y.buf.slice_mut(..n))?;
     gpu.synchronize()?;
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
     let (unwritten, past_end) = y.check(gpu, 1)?;
@@ -231,26 +239,29 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &NormRopeCase) -> Result<Outcome, Gpu
     rmsnorm::launch(gpu, tokens, &c.norm(), &x.as_view(), &w.as_view(), &mut chain.as_view_mut())?;
     rope::launch(gpu, tokens, c.heads, &table, &pos_dev.as_view(), &mut chain.as_view_mut())?;
     let sampled = sample_rows(tokens, 64, SAMPLE_ROWS, tokens);
-    let w_host = uniform_row(SEED_W, 0, d, 1.0);
-    let want: Vec<Vec<f32>> = sampled
-        .par_iter()
-        .map(|&t| norm_rope_cpu(&uniform_row(SEED_X, t * row as u64, row, X_SCALE), &w_host, &positions[t as usize..=t as usize], c))
-        .collect();
-    let (mut err, mut differ) = (RelErr::default(), 0u64);
-    for (&t, want) in sampled.iter().zip(&want) {
-        let at = t as usize * row;
-        let got = y.read_f32(gpu, at, row)?;
-        let base = gpu.download_range(&chain, at, row)?;
-        differ += got.iter().zip(&base).filter(|(a, b)| a.to_bits() != b.to_bits()).count() as u64;
-        err.add_slice(at as u64, &got, want);
-    }
-    launch_in_place(gpu, tokens, c, &table, &pos_dev.as_view(), &w.as_view(), &mut x.as_view_mut())?;
-    let mut check = Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms);
-    check.int_mismatches += differ;
-    if differ > 0 {
-        check.note = format!("{differ} sampled values differ from rmsnorm then rope; {}", check.note);
-    }
-    Ok(Outcome::Ran(with_in_place_diff(gpu, &sampled, row, &x, &y, check)?))
+    let got = y.read_rows_f32(gpu, &sampled, row)?;
+    let base = download_rows(gpu, &chain, &sampled, row)?;
+    launch_in_place(gpu, tokens, &c, &table, &pos_dev.as_view(), &w.as_view(), &mut x.as_view_mut())?;
+    let in_place = in_place_diff(gpu, &sampled, row, &x, &y)?;
+    Ok(Staged::Check(Box::new(move || {
+        let w_host = uniform_row(SEED_W, 0, d, 1.0);
+        let want: Vec<Vec<f32>> = sampled
+            .par_iter()
+            .map(|&t| norm_rope_cpu(&uniform_row(SEED_X, t * row as u64, row, X_SCALE), &w_host, &positions[t as usize..=t as usize], &c))
+            .collect();
+        let (mut err, mut differ) = (RelErr::default(), 0u64);
+        for (((&t, want), got), base) in sampled.iter().zip(&want).zip(&got).zip(&base) {
+            let at = t as usize * row;
+            differ += got.iter().zip(base).filter(|(a, b)| a.to_bits() != b.to_bits()).count() as u64;
+            err.add_slice(at as u64, got, want);
+        }
+        let mut check = Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms);
+        check.int_mismatches += differ;
+        if differ > 0 {
+            check.note = format!("{differ} sampled values differ from rmsnorm then rope; {}", check.note);
+        }
+        Outcome::Ran(note_in_place_diff(check, in_place))
+    })))
 }
 
 /// The self-test's handle on this family (registered in `selftest::case`).
@@ -261,6 +272,10 @@ impl KernelFamily for Family {
 
     fn run(gpu: &Gpu, tokens: u64, c: &NormRopeCase) -> Result<Outcome, GpuError> {
         run_case(gpu, tokens, c)
+    }
+
+    fn stage(gpu: &Gpu, tokens: u64, c: &NormRopeCase) -> Result<Staged, GpuError> {
+        stage_case(gpu, tokens, c)
     }
 
     fn plans(tokens: u64, c: &NormRopeCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
