@@ -13,11 +13,11 @@ use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr,
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
+use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
 use crate::limits::DeviceLimits;
-use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform, with_in_place_diff};
+use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform, in_place_diff, note_in_place_diff};
 use crate::sources::RMSNORM;
 use crate::testdata::uniform_row;
 use crate::thresholds::{Critical, overflow_point, tile_tails};
@@ -234,6 +234,13 @@ const X_SCALE: f32 = 4.0;
 /// Self-test: x and w from seeds, y poisoned; sampled rows compared with the twin; then the
 /// in-place launch over x must reproduce y bit for bit on those rows.
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &RmsNormCase) -> Result<Outcome, GpuError> {
+    stage_case(gpu, tokens, c).map(Staged::finish)
+}
+
+/// [`run_case`]'s GPU half: the fills, the kernel, the poison check, the sampled rows of y
+/// (downloaded in runs), the in-place launch and its bit-for-bit difference from y on those
+/// rows; the twin of the rows and the comparison are left to the host check.
+pub fn stage_case(gpu: &Gpu, tokens: u64, c: &RmsNormCase) -> Result<Staged, GpuError> {
     plan(tokens, c, gpu.limits())?; // a bad shape is refused before anything is allocated
     let (width, rows) = (c.width as usize, c.rows(tokens));
     let n = rows as usize * width;
@@ -247,25 +254,29 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &RmsNormCase) -> Result<Outcome, GpuE
     launch(gpu, tokens, c, &x.as_view(), &w.as_view(), &mut y.buf.slice_mut(..n))?;
     gpu.synchronize()?;
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
-    let (unwritten, past_end) = y.check(gpu, 1)?;
+    let guard = y.check(gpu, 1)?;
     let sampled = sample_rows(rows, 64, SAMPLE_ROWS, rows);
-    let w_host = uniform_row(SEED_W, 0, width, 1.0);
-    let want: Vec<Vec<f32>> = sampled
-        .par_iter()
-        .map(|&r| {
-            let mut out = vec![0.0f32; width];
-            rmsnorm_row_cpu(&uniform_row(SEED_X, r * width as u64, width, X_SCALE), &w_host, c, &mut out);
-            out
-        })
-        .collect();
-    let mut err = RelErr::default();
-    for (&r, want) in sampled.iter().zip(&want) {
-        let at = r as usize * width;
-        err.add_slice(at as u64, &y.read_f32(gpu, at, width)?, want);
-    }
+    let got = y.read_rows_f32(gpu, &sampled, width)?;
     launch_in_place(gpu, tokens, c, &mut x.as_view_mut(), &w.as_view())?;
-    let check = Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms);
-    Ok(Outcome::Ran(with_in_place_diff(gpu, &sampled, width, &x, &y, check)?))
+    let diff = in_place_diff(gpu, &sampled, width, &x, &y)?;
+    let c = *c;
+    Ok(Staged::Check(Box::new(move || {
+        let w_host = uniform_row(SEED_W, 0, width, 1.0);
+        let want: Vec<Vec<f32>> = sampled
+            .par_iter()
+            .map(|&r| {
+                let mut out = vec![0.0f32; width];
+                rmsnorm_row_cpu(&uniform_row(SEED_X, r * width as u64, width, X_SCALE), &w_host, &c, &mut out);
+                out
+            })
+            .collect();
+        let mut err = RelErr::default();
+        for ((&r, want), got) in sampled.iter().zip(&want).zip(&got) {
+            err.add_slice((r as usize * width) as u64, got, want);
+        }
+        let check = Check::of_floats(&err, TOLERANCE, guard, kernel_ms);
+        Outcome::Ran(note_in_place_diff(check, diff))
+    })))
 }
 
 /// The self-test's handle on this family (registered in `selftest::case`).
@@ -276,6 +287,10 @@ impl KernelFamily for Family {
 
     fn run(gpu: &Gpu, tokens: u64, c: &RmsNormCase) -> Result<Outcome, GpuError> {
         run_case(gpu, tokens, c)
+    }
+
+    fn stage(gpu: &Gpu, tokens: u64, c: &RmsNormCase) -> Result<Staged, GpuError> {
+        stage_case(gpu, tokens, c)
     }
 
     fn plans(tokens: u64, c: &RmsNormCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
