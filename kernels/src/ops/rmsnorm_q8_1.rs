@@ -15,13 +15,13 @@ use std::time::Instant;
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use rayon::prelude::*;
 
-use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
+use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
 use crate::limits::DeviceLimits;
 use crate::ops::quantize::{self, BLOCK_WORDS, BlockCompare, Source, blocks_of};
 use crate::ops::rmsnorm::{self, RmsNormCase};
-use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform};
+use crate::ops::testdata::{GUARD_WORDS, Guarded, download_rows, fill_uniform};
 use crate::quant::{BlockQ8_1, QK, q8_1_bytes};
 use crate::sources::RMSNORM;
 use crate::testdata::uniform_row;
@@ -137,6 +137,13 @@ const X_SCALE: f32 = 4.0;
 /// twin and their blocks with the quantize of the twin's row (as the quantize self-test
 /// compares them), every element and block written, nothing past either end.
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &RmsNormCase) -> Result<Outcome, GpuError> {
+    stage_case(gpu, tokens, c).map(Staged::finish)
+}
+
+/// [`run_case`]'s GPU half: the fills, the kernel, both poison checks and the sampled rows of y
+/// and of yq (each downloaded in runs); the twin of the rows and both comparisons are left to
+/// the host check.
+pub fn stage_case(gpu: &Gpu, tokens: u64, c: &RmsNormCase) -> Result<Staged, GpuError> {
     plan(tokens, c, gpu.limits())?; // a bad shape is refused before anything is allocated
     let (width, rows) = (c.width as usize, c.rows(tokens));
     let (n, nb) = (rows as usize * width, width / QK);
@@ -154,30 +161,34 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &RmsNormCase) -> Result<Outcome, GpuE
     let (y_unwritten, y_past) = y.check(gpu, 1)?;
     let (q_unwritten, q_past) = yq.check(gpu, BLOCK_WORDS)?;
     let sampled = sample_rows(rows, 64, SAMPLE_ROWS, rows);
-    let w_host = uniform_row(SEED_W, 0, width, 1.0);
-    let want: Vec<Vec<f32>> = sampled
-        .par_iter()
-        .map(|&r| {
-            let mut out = vec![0.0f32; width];
-            rmsnorm::rmsnorm_row_cpu(&uniform_row(SEED_X, r * width as u64, width, X_SCALE), &w_host, c, &mut out);
-            out
-        })
-        .collect();
-    let mut err = RelErr::default();
-    let mut blocks = BlockCompare::default();
-    for (&r, want) in sampled.iter().zip(&want) {
-        let at = r as usize * width;
-        err.add_slice(at as u64, &y.read_f32(gpu, at, width)?, want);
-        let words = gpu.download_range(&yq.buf, r as usize * nb * BLOCK_WORDS, nb * BLOCK_WORDS)?;
-        blocks.row(at as u64, &blocks_of(&words), Some(want));
-    }
-    let mut check = Check::of_floats(&err, TOLERANCE, (y_unwritten + q_unwritten, y_past + q_past), kernel_ms);
-    check.int_mismatches += blocks.mismatches;
-    let q_note = blocks.describe();
-    if !q_note.is_empty() {
-        check.note = format!("{}; q8_1: {q_note}", check.note);
-    }
-    Ok(Outcome::Ran(check))
+    let got_y = y.read_rows_f32(gpu, &sampled, width)?;
+    let got_q = download_rows(gpu, &yq.buf, &sampled, nb * BLOCK_WORDS)?;
+    let c = *c;
+    Ok(Staged::Check(Box::new(move || {
+        let w_host = uniform_row(SEED_W, 0, width, 1.0);
+        let want: Vec<Vec<f32>> = sampled
+            .par_iter()
+            .map(|&r| {
+                let mut out = vec![0.0f32; width];
+                rmsnorm::rmsnorm_row_cpu(&uniform_row(SEED_X, r * width as u64, width, X_SCALE), &w_host, &c, &mut out);
+                out
+            })
+            .collect();
+        let mut err = RelErr::default();
+        let mut blocks = BlockCompare::default();
+        for (((&r, want), got), words) in sampled.iter().zip(&want).zip(&got_y).zip(&got_q) {
+            let at = r as usize * width;
+            err.add_slice(at as u64, got, want);
+            blocks.row(at as u64, &blocks_of(words), Some(want));
+        }
+        let mut check = Check::of_floats(&err, TOLERANCE, (y_unwritten + q_unwritten, y_past + q_past), kernel_ms);
+        check.int_mismatches += blocks.mismatches;
+        let q_note = blocks.describe();
+        if !q_note.is_empty() {
+            check.note = format!("{}; q8_1: {q_note}", check.note);
+        }
+        Outcome::Ran(check)
+    })))
 }
 
 /// The self-test's handle on this family (registered in `selftest::case`).
@@ -188,6 +199,10 @@ impl KernelFamily for Family {
 
     fn run(gpu: &Gpu, tokens: u64, c: &RmsNormCase) -> Result<Outcome, GpuError> {
         run_case(gpu, tokens, c)
+    }
+
+    fn stage(gpu: &Gpu, tokens: u64, c: &RmsNormCase) -> Result<Staged, GpuError> {
+        stage_case(gpu, tokens, c)
     }
 
     fn plans(tokens: u64, c: &RmsNormCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
