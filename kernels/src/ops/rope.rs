@@ -20,11 +20,11 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
+use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, grid_stride_blocks, require_bytes};
 use crate::limits::DeviceLimits;
-use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform, with_in_place_diff};
+use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform, in_place_diff, note_in_place_diff};
 use crate::sources::ROPE;
 use crate::testdata::{hash2, uniform_row};
 use crate::thresholds::{Critical, overflow_point, tile_tails};
@@ -396,6 +396,13 @@ pub(crate) fn test_positions(tokens: u64, sequences: u32) -> Vec<i32> {
 /// sampled tokens compared with the twin; then the in-place launch over x must reproduce y bit
 /// for bit on those tokens.
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &RopeCase) -> Result<Outcome, GpuError> {
+    stage_case(gpu, tokens, c).map(Staged::finish)
+}
+
+/// [`run_case`]'s GPU half: both launches, the poison check, the in-place difference and the
+/// sampled tokens of y downloaded in runs; the host table, the twin and the comparison are the
+/// host check.
+pub fn stage_case(gpu: &Gpu, tokens: u64, c: &RopeCase) -> Result<Staged, GpuError> {
     let spec = c.spec();
     plan(tokens, c.heads, &spec, gpu.limits())?; // a bad shape is refused before anything is allocated
     let table = RopeTable::with_yarn(gpu, spec, c.yarn)?;
@@ -412,24 +419,28 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &RopeCase) -> Result<Outcome, GpuErro
     gpu.synchronize()?;
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
     let (unwritten, past_end) = y.check(gpu, 1)?;
-    let (freqs, mscale) = spec.table(c.yarn.as_ref());
     let sampled = sample_rows(tokens, 64, SAMPLE_ROWS, tokens);
-    let want: Vec<Vec<f32>> = sampled
-        .par_iter()
-        .map(|&t| {
-            let mut r = uniform_row(SEED_X, t * row as u64, row, 1.0);
-            rope_token_scaled_cpu(&mut r, positions[t as usize], &freqs, mscale);
-            r
-        })
-        .collect();
-    let mut err = RelErr::default();
-    for (&t, want) in sampled.iter().zip(&want) {
-        let at = t as usize * row;
-        err.add_slice(at as u64, &y.read_f32(gpu, at, row)?, want);
-    }
+    let got = y.read_rows_f32(gpu, &sampled, row)?;
     launch(gpu, tokens, c.heads, &table, &pos_dev.as_view(), &mut x.as_view_mut())?;
-    let check = Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms);
-    Ok(Outcome::Ran(with_in_place_diff(gpu, &sampled, row, &x, &y, check)?))
+    let diff = in_place_diff(gpu, &sampled, row, &x, &y)?;
+    let yarn = c.yarn;
+    Ok(Staged::Check(Box::new(move || {
+        let (freqs, mscale) = spec.table(yarn.as_ref());
+        let want: Vec<Vec<f32>> = sampled
+            .par_iter()
+            .map(|&t| {
+                let mut r = uniform_row(SEED_X, t * row as u64, row, 1.0);
+                rope_token_scaled_cpu(&mut r, positions[t as usize], &freqs, mscale);
+                r
+            })
+            .collect();
+        let mut err = RelErr::default();
+        for ((&t, want), got) in sampled.iter().zip(&want).zip(&got) {
+            err.add_slice(t * row as u64, got, want);
+        }
+        let check = Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms);
+        Outcome::Ran(note_in_place_diff(check, diff))
+    })))
 }
 
 /// The self-test's handle on this family (registered in `selftest::case`).
@@ -440,6 +451,10 @@ impl KernelFamily for Family {
 
     fn run(gpu: &Gpu, tokens: u64, c: &RopeCase) -> Result<Outcome, GpuError> {
         run_case(gpu, tokens, c)
+    }
+
+    fn stage(gpu: &Gpu, tokens: u64, c: &RopeCase) -> Result<Staged, GpuError> {
+        stage_case(gpu, tokens, c)
     }
 
     fn plans(tokens: u64, c: &RopeCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
