@@ -14,12 +14,12 @@ use half::f16;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
+use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, grid_stride_blocks};
 use crate::limits::DeviceLimits;
 use crate::ops::moe_align::{align_cpu, max_padded_rows};
-use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform};
+use crate::ops::testdata::{GUARD_WORDS, Guarded, download_rows, fill_uniform};
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, quantize_block_q8_1, quantize_row_q8_1};
 use crate::routing::{Routing, route};
 use crate::sources::QUANTIZE;
@@ -264,6 +264,13 @@ const SAMPLE_ROWS: usize = 256;
 /// Self-test: x from a seed, the routing's alignment on the CPU (its sorted ids uploaded),
 /// output poisoned; sampled rows compared block by block with the twin.
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &QuantizeCase) -> Result<Outcome, GpuError> {
+    stage_case(gpu, tokens, c).map(Staged::finish)
+}
+
+/// [`run_case`]'s GPU half: the routing and alignment (the sorted ids the kernel reads), the
+/// launch, the poison check and the sampled rows downloaded in runs; the twin and the block
+/// comparison are the host check.
+pub fn stage_case(gpu: &Gpu, tokens: u64, c: &QuantizeCase) -> Result<Staged, GpuError> {
     plans(tokens, c, gpu.limits())?;
     let (k, nb) = (c.k as usize, c.k as usize / QK);
     let rows = output_rows(tokens, c);
@@ -285,26 +292,30 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &QuantizeCase) -> Result<Outcome, Gpu
     gpu.synchronize()?;
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
     let (unwritten, past_end) = out.check(gpu, BLOCK_WORDS)?;
-    let mut cmp = BlockCompare::default();
-    for r in sample_rows(rows, c.tile as u64, SAMPLE_ROWS, tokens) {
-        let src = match &sorted {
-            Some(s) => source_row(s[r as usize], tokens, c.top_k),
-            None => Some(r),
-        };
-        let x_row = src.map(|s| uniform_row(SEED_X, s * k as u64, k, 1.0));
-        let words = gpu.download_range(&out.buf, r as usize * nb * BLOCK_WORDS, nb * BLOCK_WORDS)?;
-        cmp.row(r * k as u64, &blocks_of(&words), x_row.as_deref());
-    }
-    Ok(Outcome::Ran(Check {
-        max_rel_err: cmp.err.value(),
-        tolerance: TOLERANCE,
-        compared: cmp.err.compared,
-        unwritten,
-        past_end,
-        int_mismatches: cmp.mismatches,
-        kernel_ms,
-        note: cmp.describe(),
-    }))
+    let sampled = sample_rows(rows, c.tile as u64, SAMPLE_ROWS, tokens);
+    let got = download_rows(gpu, &out.buf, &sampled, nb * BLOCK_WORDS)?;
+    let top_k = c.top_k;
+    Ok(Staged::Check(Box::new(move || {
+        let mut cmp = BlockCompare::default();
+        for (&r, words) in sampled.iter().zip(&got) {
+            let src = match &sorted {
+                Some(s) => source_row(s[r as usize], tokens, top_k),
+                None => Some(r),
+            };
+            let x_row = src.map(|s| uniform_row(SEED_X, s * k as u64, k, 1.0));
+            cmp.row(r * k as u64, &blocks_of(words), x_row.as_deref());
+        }
+        Outcome::Ran(Check {
+            max_rel_err: cmp.err.value(),
+            tolerance: TOLERANCE,
+            compared: cmp.err.compared,
+            unwritten,
+            past_end,
+            int_mismatches: cmp.mismatches,
+            kernel_ms,
+            note: cmp.describe(),
+        })
+    })))
 }
 
 pub(crate) fn blocks_of(words: &[u32]) -> Vec<BlockQ8_1> {
@@ -380,6 +391,10 @@ impl KernelFamily for Family {
 
     fn run(gpu: &Gpu, tokens: u64, c: &QuantizeCase) -> Result<Outcome, GpuError> {
         run_case(gpu, tokens, c)
+    }
+
+    fn stage(gpu: &Gpu, tokens: u64, c: &QuantizeCase) -> Result<Staged, GpuError> {
+        stage_case(gpu, tokens, c)
     }
 
     fn plans(tokens: u64, c: &QuantizeCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
