@@ -17,7 +17,7 @@ use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr,
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
+use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, grid_stride_blocks, require_bytes};
 use crate::limits::DeviceLimits;
@@ -188,6 +188,13 @@ const X_SCALE: f32 = 2.0;
 
 /// Self-test: W and x from seeds, y poisoned; sampled tokens (all n) against the twin.
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &DenseF32Case) -> Result<Outcome, GpuError> {
+    stage_case(gpu, tokens, c).map(Staged::finish)
+}
+
+/// [`run_case`]'s GPU half: the fills, the kernel, the poison check and the sampled tokens' rows
+/// of y (downloaded in runs); the host W, the twin of the rows and the comparison are left to
+/// the host check.
+pub fn stage_case(gpu: &Gpu, tokens: u64, c: &DenseF32Case) -> Result<Staged, GpuError> {
     plan(tokens, c, gpu.limits())?; // refuse a bad shape before allocating for it
     let (n, k) = (c.n as usize, c.k as usize);
     let mut w = gpu.alloc::<f32>(n * k)?;
@@ -200,17 +207,19 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &DenseF32Case) -> Result<Outcome, Gpu
     launch(gpu, tokens, c, &w.as_view(), &x.as_view(), &mut y.buf.slice_mut(..tokens as usize * n))?;
     gpu.synchronize()?;
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
-    let (unwritten, past_end) = y.check(gpu, 1)?;
-    let w_host = uniform_row(SEED_W, 0, n * k, W_SCALE);
+    let guard = y.check(gpu, 1)?;
     let sampled = sample_rows(tokens, TOKENS_PER_TILE, SAMPLE_ROWS, tokens);
-    let want: Vec<Vec<f32>> =
-        sampled.par_iter().map(|&t| dense_f32_row_cpu(&w_host, &uniform_row(SEED_X, t * k as u64, k, X_SCALE))).collect();
-    let mut err = RelErr::default();
-    for (&t, want) in sampled.iter().zip(&want) {
-        let at = t as usize * n;
-        err.add_slice(at as u64, &y.read_f32(gpu, at, n)?, want);
-    }
-    Ok(Outcome::Ran(Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms)))
+    let got = y.read_rows_f32(gpu, &sampled, n)?;
+    Ok(Staged::Check(Box::new(move || {
+        let w_host = uniform_row(SEED_W, 0, n * k, W_SCALE);
+        let want: Vec<Vec<f32>> =
+            sampled.par_iter().map(|&t| dense_f32_row_cpu(&w_host, &uniform_row(SEED_X, t * k as u64, k, X_SCALE))).collect();
+        let mut err = RelErr::default();
+        for ((&t, want), got) in sampled.iter().zip(&want).zip(&got) {
+            err.add_slice((t as usize * n) as u64, got, want);
+        }
+        Outcome::Ran(Check::of_floats(&err, TOLERANCE, guard, kernel_ms))
+    })))
 }
 
 /// The self-test's handle on this family (registered in `selftest::case`).
@@ -221,6 +230,10 @@ impl KernelFamily for Family {
 
     fn run(gpu: &Gpu, tokens: u64, c: &DenseF32Case) -> Result<Outcome, GpuError> {
         run_case(gpu, tokens, c)
+    }
+
+    fn stage(gpu: &Gpu, tokens: u64, c: &DenseF32Case) -> Result<Staged, GpuError> {
+        stage_case(gpu, tokens, c)
     }
 
     fn plans(tokens: u64, c: &DenseF32Case, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
