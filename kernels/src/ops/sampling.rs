@@ -17,11 +17,11 @@ use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::check::{Check, KernelFamily, Outcome, sample_rows};
+use crate::check::{Check, KernelFamily, Outcome, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
 use crate::limits::DeviceLimits;
-use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform};
+use crate::ops::testdata::{GUARD_WORDS, Guarded, download_rows, fill_uniform};
 use crate::sources::SAMPLING;
 use crate::testdata::{uniform_pm1, uniform_row};
 use crate::thresholds::{Critical, I32_MAX, overflow_point};
@@ -257,6 +257,12 @@ pub fn row_params(r: u64) -> SamplingParams {
 /// Self-test: logits from a seed, parameters from the table, ids poisoned, one launch, every id
 /// checked as written and the sampled rows' ids compared exactly with the twin.
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &SamplingCase) -> Result<Outcome, GpuError> {
+    stage_case(gpu, tokens, c).map(Staged::finish)
+}
+
+/// [`run_case`]'s GPU half: the launch, the poison check and the sampled rows' ids downloaded
+/// in runs; the twin (a sort of the vocabulary per row) and the comparison are the host check.
+pub fn stage_case(gpu: &Gpu, tokens: u64, c: &SamplingCase) -> Result<Staged, GpuError> {
     plan(tokens, c.vocab, gpu.limits())?; // refuse a bad shape before allocating for it
     let (rows, vocab) = (tokens as usize, c.vocab as usize);
     let mut logits = gpu.alloc::<f32>(rows * vocab)?;
@@ -270,28 +276,32 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &SamplingCase) -> Result<Outcome, Gpu
     gpu.synchronize()?;
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
     let (unwritten, past_end) = ids.check(gpu, 1)?;
-    let got = ids.read_i32(gpu, 0, rows)?;
     let sampled = sample_rows(tokens, PARAMS.len() as u64, SAMPLE_ROWS, tokens);
-    let want: Vec<i32> = sampled
-        .par_iter()
-        .map(|&r| sample_row(&uniform_row(SEED_LOGITS, r * vocab as u64, vocab, c.spread), &params[r as usize]))
-        .collect();
-    let mismatches: Vec<String> = sampled
-        .iter()
-        .zip(&want)
-        .filter(|(r, w)| got[**r as usize] != **w)
-        .map(|(r, w)| format!("row {r} {:?}: gpu {} vs twin {w}", params[*r as usize], got[*r as usize]))
-        .collect();
-    Ok(Outcome::Ran(Check {
-        max_rel_err: 0.0,
-        tolerance: TOLERANCE,
-        compared: sampled.len() as u64,
-        unwritten,
-        past_end,
-        int_mismatches: mismatches.len() as u64,
-        kernel_ms,
-        note: mismatches.first().cloned().unwrap_or_default(),
-    }))
+    let got: Vec<i32> = download_rows(gpu, &ids.buf, &sampled, 1)?.into_iter().map(|w| w[0] as i32).collect();
+    let spread = c.spread;
+    Ok(Staged::Check(Box::new(move || {
+        let want: Vec<i32> = sampled
+            .par_iter()
+            .map(|&r| sample_row(&uniform_row(SEED_LOGITS, r * vocab as u64, vocab, spread), &params[r as usize]))
+            .collect();
+        let mismatches: Vec<String> = sampled
+            .iter()
+            .zip(&want)
+            .zip(&got)
+            .filter(|((_, w), g)| **g != **w)
+            .map(|((r, w), g)| format!("row {r} {:?}: gpu {g} vs twin {w}", params[*r as usize]))
+            .collect();
+        Outcome::Ran(Check {
+            max_rel_err: 0.0,
+            tolerance: TOLERANCE,
+            compared: sampled.len() as u64,
+            unwritten,
+            past_end,
+            int_mismatches: mismatches.len() as u64,
+            kernel_ms,
+            note: mismatches.first().cloned().unwrap_or_default(),
+        })
+    })))
 }
 
 /// The self-test's handle on this family (registered in `selftest::case`).
@@ -302,6 +312,10 @@ impl KernelFamily for Family {
 
     fn run(gpu: &Gpu, tokens: u64, c: &SamplingCase) -> Result<Outcome, GpuError> {
         run_case(gpu, tokens, c)
+    }
+
+    fn stage(gpu: &Gpu, tokens: u64, c: &SamplingCase) -> Result<Staged, GpuError> {
+        stage_case(gpu, tokens, c)
     }
 
     fn plans(tokens: u64, c: &SamplingCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
