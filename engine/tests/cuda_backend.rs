@@ -58,7 +58,8 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64) {
 }
 
 /// The block types of the dense and routed kernels these shapes (multiples of 32) exercise;
-/// MXFP4 loads as its own blocks (the backend's default, no repack).
+/// MXFP4 loads as the backend's default picks (repacked to Q8_0 while the device has room;
+/// `BRINK_MXFP4_REPACK=0` runs these tests on the native MXFP4 kernels).
 const WTYPES: [WeightType; 3] = [WeightType::Q8_0, WeightType::Q4_0, WeightType::MXFP4];
 
 /// KV blocks of the tests' caches: 16 positions each, 8 per sequence of 128 positions.

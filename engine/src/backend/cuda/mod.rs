@@ -9,8 +9,8 @@
 //! `begin_batch`, whose uploads from pageable memory cudarc completes before returning (the
 //! stream is idle then: the previous step ended with its logits).
 //!
-//! Module map: `weights` (upload, per-type layouts; `repack`: MXFP4 as Q8_0 under
-//! `BRINK_MXFP4_REPACK=1`), `batch_state` (the batch on the device), `buffers` (activation pool,
+//! Module map: `weights` (upload, per-type layouts; `repack`: MXFP4 as Q8_0 where the device
+//! has room, `weights::Mxfp4`), `batch_state` (the batch on the device), `buffers` (activation pool,
 //! scratch), `gather` (embed, row selection), `pointwise` (norms, RoPE, add), `dense`
 //! (projections, logits), `moe` (the routed block), `attention`, `kv`, `progress` (device
 //! progress for the watchdog).

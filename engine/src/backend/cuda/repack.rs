@@ -1,6 +1,7 @@
-//! MXFP4 blocks rewritten as Q8_0 blocks on the host, exactly: the layout `BRINK_MXFP4_REPACK=1`
-//! selects to measure the native MXFP4 kernels against (every MXFP4 value the models hold is a
-//! Q8_0 value too).
+//! MXFP4 blocks rewritten as Q8_0 blocks on the host, exactly: the layout MXFP4 experts take
+//! while the device has room for twice their bytes (`weights::Mxfp4`; the Q8_0 kernels ran them
+//! faster than the native MXFP4 ones on an H100, perf-notes entry 16). Every MXFP4 value the
+//! models hold is a Q8_0 value too.
 //!
 //! An MXFP4 value is `KVALUES[code] · 2^(e − 128)` ([`mxfp4`]), an integer of at most 12 in
 //! magnitude times a power of two; a Q8_0 value is `f16(d) · q` with `q` an int8. So a block

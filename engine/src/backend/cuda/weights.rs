@@ -7,10 +7,13 @@
 //!   table (vs 0.62 GB in F16);
 //! - F32 matrices (the router `ffn_gate_inp`, which llama.cpp never quantizes) stay f32 and
 //!   run through `dense_f32` (`dense::project`);
-//! - MXFP4 matrices (gpt-oss's routed experts) stay MXFP4: the kernels read its blocks. For an
-//!   A/B measurement `BRINK_MXFP4_REPACK=1` ([`Mxfp4::from_env`]) repacks them to Q8_0 instead,
-//!   exactly (`repack`), at 34 bytes per 32 weights instead of 17: twice the file's size for
-//!   those matrices (gpt-oss-20b's experts, ~11 GB in the file, would take ~22 GB).
+//! - MXFP4 matrices (gpt-oss's routed experts) are repacked to Q8_0 on the host, exactly
+//!   (`repack`), while the repacked matrix leaves half the device free ([`Mxfp4::resolve`]);
+//!   past that they stay MXFP4 and the kernels read its blocks. Q8_0 takes 34 bytes per 32
+//!   weights instead of 17 (gpt-oss-20b's experts, ~11 GB in the file, take ~22 GB) and was
+//!   measured faster on an H100 (perf-notes entry 16: prefill 1.6x, decode 1.6x); a model whose
+//!   experts cannot be doubled (gpt-oss-120b on one Spark) keeps the blocks it came with.
+//!   `BRINK_MXFP4_REPACK=1` always repacks, `=0` never does ([`Mxfp4::from_env`]).
 //!
 //! Which types the backend takes in each role follows from [`layout`] alone, so
 //! [`supported_types`] cannot disagree with what loading does.
@@ -76,25 +79,44 @@ pub(crate) enum Layout {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) enum Mxfp4 {
     /// The file's blocks: the kernels read MXFP4.
-    #[default]
     Native,
-    /// Repacked to Q8_0 on the host (twice the memory), to measure against.
+    /// Repacked to Q8_0 on the host (twice the memory).
     RepackToQ8_0,
+    /// Repacked while the repacked matrix leaves half the device's memory free, else native
+    /// ([`Mxfp4::resolve`]).
+    #[default]
+    RepackWhileItFits,
 }
 
-/// The environment variable that selects [`Mxfp4::RepackToQ8_0`] (`1`).
+/// The environment variable that forces [`Mxfp4::RepackToQ8_0`] (`1`) or [`Mxfp4::Native`] (`0`).
 pub(crate) const MXFP4_REPACK_ENV: &str = "BRINK_MXFP4_REPACK";
 
 impl Mxfp4 {
-    /// `BRINK_MXFP4_REPACK=1` repacks, anything else (or nothing) keeps the blocks; read once per
-    /// process.
+    /// `BRINK_MXFP4_REPACK=1` repacks, `0` keeps the blocks, anything else (or nothing) repacks
+    /// while it fits; read once per process.
     pub(crate) fn from_env() -> Mxfp4 {
         static CHOICE: LazyLock<Mxfp4> = LazyLock::new(|| Mxfp4::parse(std::env::var(MXFP4_REPACK_ENV).ok().as_deref()));
         *CHOICE
     }
 
     fn parse(value: Option<&str>) -> Mxfp4 {
-        if value == Some("1") { Mxfp4::RepackToQ8_0 } else { Mxfp4::Native }
+        match value {
+            Some("1") => Mxfp4::RepackToQ8_0,
+            Some("0") => Mxfp4::Native,
+            _ => Mxfp4::RepackWhileItFits,
+        }
+    }
+
+    /// The choice for one MXFP4 matrix of `file_bytes`: [`Mxfp4::RepackWhileItFits`] repacks
+    /// when the device keeps at least half its `total` memory `free` after the repacked copy
+    /// (twice the file's bytes), room for the matrices still to come, the KV cache and the
+    /// activations; otherwise the blocks stay. The forced choices stay as they are.
+    pub(crate) fn resolve(self, file_bytes: u64, free: u64, total: u64) -> Mxfp4 {
+        match self {
+            Mxfp4::RepackWhileItFits if free.saturating_sub(file_bytes.saturating_mul(2)) >= total / 2 => Mxfp4::RepackToQ8_0,
+            Mxfp4::RepackWhileItFits => Mxfp4::Native,
+            forced => forced,
+        }
     }
 }
 
@@ -168,6 +190,12 @@ pub(crate) fn checked_layout(t: &HostTensor, role: WeightRole, mxfp4: Mxfp4) -> 
 /// Uploads `t` in the layout its type and role call for, MXFP4 matrices as `mxfp4` says.
 pub(crate) fn load(gpu: &Gpu, t: HostTensor, role: WeightRole, mxfp4: Mxfp4) -> Result<CudaWeight, BackendError> {
     let bad = |why: String| fail(format!("tensor {:?} ({}, dims {:?}) as {}: {why}", t.name, t.ggml_type, t.dims, role.name()));
+    let mxfp4 = if mxfp4 == Mxfp4::RepackWhileItFits && t.ggml_type == GgmlType::MXFP4 {
+        let free = gpu.free_mem().map_err(|e| bad(format!("reading the device's free memory: {e}")))?;
+        mxfp4.resolve(t.bytes.len() as u64, free, gpu.limits().total_mem_bytes)
+    } else {
+        mxfp4
+    };
     let layout = checked_layout(&t, role, mxfp4).map_err(&bad)?;
     let upload_err = |e| fail(format!("uploading tensor {:?}: {e}", t.name));
     let data = match layout {
@@ -253,8 +281,33 @@ mod tests {
             }
         }
         assert_eq!(Mxfp4::parse(Some("1")), Mxfp4::RepackToQ8_0);
-        for other in [None, Some("0"), Some(""), Some("yes")] {
-            assert_eq!(Mxfp4::parse(other), Mxfp4::Native, "{other:?}");
+        assert_eq!(Mxfp4::parse(Some("0")), Mxfp4::Native);
+        for other in [None, Some(""), Some("yes")] {
+            assert_eq!(Mxfp4::parse(other), Mxfp4::RepackWhileItFits, "{other:?}");
+        }
+        // Unresolved, the default reads the file's blocks (as `supported_types` asks).
+        assert_eq!(layout(MXFP4, WeightRole::Matrix, &[64, 8], Mxfp4::RepackWhileItFits), Ok(Layout::Blocks(WeightType::MXFP4)));
+    }
+
+    /// The default repacks a matrix while its Q8_0 copy (twice the file's bytes) leaves half the
+    /// device free: gpt-oss-20b's experts (~0.45 GB a layer) on a 128 GB Spark or an 80 GB H100
+    /// repack; once the weights have taken the device to half, the rest stay MXFP4 (gpt-oss-120b's
+    /// ~60 GB of experts on a Spark); the forced choices ignore memory.
+    #[test]
+    fn the_default_repacks_while_half_the_device_stays_free() {
+        const GB: u64 = 1_000_000_000;
+        let auto = Mxfp4::RepackWhileItFits;
+        assert_eq!(auto.resolve(GB / 2, 120 * GB, 128 * GB), Mxfp4::RepackToQ8_0);
+        assert_eq!(auto.resolve(GB / 2, 79 * GB, 80 * GB), Mxfp4::RepackToQ8_0);
+        // At the edge: exactly half left repacks, a byte less does not.
+        assert_eq!(auto.resolve(GB, 66 * GB, 128 * GB), Mxfp4::RepackToQ8_0);
+        assert_eq!(auto.resolve(GB + 1, 66 * GB, 128 * GB), Mxfp4::Native);
+        assert_eq!(auto.resolve(GB / 2, 40 * GB, 128 * GB), Mxfp4::Native);
+        // More than the device holds: no overflow, no repack.
+        assert_eq!(auto.resolve(u64::MAX, 128 * GB, 128 * GB), Mxfp4::Native);
+        for forced in [Mxfp4::Native, Mxfp4::RepackToQ8_0] {
+            assert_eq!(forced.resolve(GB, 0, 128 * GB), forced);
+            assert_eq!(forced.resolve(0, 128 * GB, 128 * GB), forced);
         }
     }
 
