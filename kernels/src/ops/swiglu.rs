@@ -17,14 +17,14 @@ use half::f16;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
+use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, grid_stride_blocks, require_bytes};
 use crate::limits::DeviceLimits;
 use crate::ops::moe_align::GEMM_TILE_M;
 use crate::ops::moe_align::{align_cpu, max_padded_rows};
 use crate::ops::quantize::{self, Source, source_row};
-use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_uniform};
+use crate::ops::testdata::{GUARD_WORDS, Guarded, download_rows, fill_uniform};
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, dequantize_q8_1, quantize_row_q8_1};
 use crate::routing::{Routing, route};
 use crate::sources::GLUE;
@@ -424,7 +424,6 @@ const SAMPLE_ROWS: usize = 256;
 /// The self-test's inputs: two seeded buffers, or one fused buffer filled from one seed (gate
 /// and up then share `GATE_SCALE`).
 struct Inputs {
-    layout: Layout,
     gate: CudaSlice<f32>,
     up: Option<CudaSlice<f32>>,
 }
@@ -437,12 +436,12 @@ impl Inputs {
                 let (mut gate, mut up) = (gpu.alloc::<f32>(n)?, gpu.alloc::<f32>(n)?);
                 fill_uniform(gpu, &mut gate, n, SEED_GATE, GATE_SCALE)?;
                 fill_uniform(gpu, &mut up, n, SEED_UP, UP_SCALE)?;
-                Ok(Inputs { layout, gate, up: Some(up) })
+                Ok(Inputs { gate, up: Some(up) })
             }
             Layout::Fused => {
                 let mut gu = gpu.alloc::<f32>(2 * n)?;
                 fill_uniform(gpu, &mut gu, 2 * n, SEED_GATE, GATE_SCALE)?;
-                Ok(Inputs { layout, gate: gu, up: None })
+                Ok(Inputs { gate: gu, up: None })
             }
         }
     }
@@ -453,16 +452,17 @@ impl Inputs {
             None => GateUp::Fused(&self.gate),
         }
     }
+}
 
-    /// Source row `r`'s gate and up values, as the device buffers hold them.
-    fn row(&self, r: u64, width: u32) -> (Vec<f32>, Vec<f32>) {
-        let w = width as usize;
-        match self.layout {
-            Layout::Separate => (uniform_row(SEED_GATE, r * w as u64, w, GATE_SCALE), uniform_row(SEED_UP, r * w as u64, w, UP_SCALE)),
-            Layout::Fused => {
-                let start = 2 * r * w as u64;
-                (uniform_row(SEED_GATE, start, w, GATE_SCALE), uniform_row(SEED_GATE, start + w as u64, w, GATE_SCALE))
-            }
+/// Source row `r`'s gate and up values, as the device buffers of [`Inputs`] in `layout` hold
+/// them.
+fn source_values(layout: Layout, r: u64, width: u32) -> (Vec<f32>, Vec<f32>) {
+    let w = width as usize;
+    match layout {
+        Layout::Separate => (uniform_row(SEED_GATE, r * w as u64, w, GATE_SCALE), uniform_row(SEED_UP, r * w as u64, w, UP_SCALE)),
+        Layout::Fused => {
+            let start = 2 * r * w as u64;
+            (uniform_row(SEED_GATE, start, w, GATE_SCALE), uniform_row(SEED_GATE, start + w as u64, w, GATE_SCALE))
         }
     }
 }
@@ -472,6 +472,13 @@ impl Inputs {
 /// dequantized against the exact values and their quants within a step of the twin's, padding
 /// rows zero.
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &SwigluCase) -> Result<Outcome, GpuError> {
+    stage_case(gpu, tokens, c).map(Staged::finish)
+}
+
+/// [`run_case`]'s GPU half: the inputs, the routing and alignment the sorted output is gathered
+/// by, the kernel, the poison check and the sampled output rows (downloaded in runs); the twin
+/// of those rows and the comparison are left to the host check.
+pub fn stage_case(gpu: &Gpu, tokens: u64, c: &SwigluCase) -> Result<Staged, GpuError> {
     plans(tokens, c, gpu.limits())?; // refuse a bad shape before allocating for it
     let (src_rows, out_rows, w) = (c.src_rows(tokens), c.out_rows(tokens), c.width as usize);
     let ins = Inputs::new(gpu, src_rows, c.width, c.layout)?;
@@ -503,31 +510,36 @@ pub fn run_case(gpu: &Gpu, tokens: u64, c: &SwigluCase) -> Result<Outcome, GpuEr
     }
     gpu.synchronize()?;
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
-    let (unwritten, past_end) = out.check(gpu, if c.output == Output::F32 { 1 } else { BLOCK_WORDS })?;
+    let guard = out.check(gpu, if c.output == Output::F32 { 1 } else { BLOCK_WORDS })?;
     let sampled = sample_rows(out_rows, GEMM_TILE_M as u64, SAMPLE_ROWS, out_rows);
-    // The source row of each sampled output row (None: a padding row).
-    let src_of = |r: u64| sorted.as_ref().map_or(Some(r), |s| source_row(s[r as usize], src_rows, 1));
-    let want: Vec<Option<(Vec<f32>, Vec<f32>)>> = sampled.par_iter().map(|&r| src_of(r).map(|s| ins.row(s, c.width))).collect();
-    let (mut err, mut mismatches) = (RelErr::default(), 0u64);
-    for (&r, want) in sampled.iter().zip(&want) {
-        let exact = want.as_ref().map_or_else(|| vec![0.0; w], |(gate, up)| act_cpu(gate, up, c.act));
-        let at = r as usize * row_words;
-        if c.output == Output::F32 {
-            err.add_slice((r as usize * w) as u64, &out.read_f32(gpu, at, w)?, &exact);
-            continue;
+    let got_words = download_rows(gpu, &out.buf, &sampled, row_words)?;
+    let c = *c;
+    Ok(Staged::Check(Box::new(move || {
+        // The source row of each sampled output row (None: a padding row).
+        let src_of = |r: u64| sorted.as_ref().map_or(Some(r), |s| source_row(s[r as usize], src_rows, 1));
+        let want: Vec<Option<(Vec<f32>, Vec<f32>)>> =
+            sampled.par_iter().map(|&r| src_of(r).map(|s| source_values(c.layout, s, c.width))).collect();
+        let (mut err, mut mismatches) = (RelErr::default(), 0u64);
+        for ((&r, want), words) in sampled.iter().zip(&want).zip(&got_words) {
+            let exact = want.as_ref().map_or_else(|| vec![0.0; w], |(gate, up)| act_cpu(gate, up, c.act));
+            if c.output == Output::F32 {
+                let got: Vec<f32> = words.iter().map(|&x| f32::from_bits(x)).collect();
+                err.add_slice((r as usize * w) as u64, &got, &exact);
+                continue;
+            }
+            let bytes: Vec<u8> = words.iter().flat_map(|x| x.to_le_bytes()).collect();
+            let got: Vec<BlockQ8_1> = bytes.chunks_exact(BLOCK_Q8_1_BYTES).map(BlockQ8_1::from_bytes).collect();
+            mismatches += quant_mismatches(&got, &quantize_row_q8_1(&exact));
+            err.add_slice((r as usize * w) as u64, &dequantize_q8_1(&got), &exact);
         }
-        let bytes: Vec<u8> = gpu.download_range(&out.buf, at, row_words)?.iter().flat_map(|x| x.to_le_bytes()).collect();
-        let got: Vec<BlockQ8_1> = bytes.chunks_exact(BLOCK_Q8_1_BYTES).map(BlockQ8_1::from_bytes).collect();
-        mismatches += quant_mismatches(&got, &quantize_row_q8_1(&exact));
-        err.add_slice((r as usize * w) as u64, &dequantize_q8_1(&got), &exact);
-    }
-    let tolerance = if c.output == Output::F32 { TOLERANCE } else { Q8_1_TOLERANCE };
-    let mut check = Check::of_floats(&err, tolerance, (unwritten, past_end), kernel_ms);
-    check.int_mismatches = mismatches;
-    if mismatches > 0 {
-        check.note = format!("{mismatches} quants more than one step from the twin's; {}", check.note);
-    }
-    Ok(Outcome::Ran(check))
+        let tolerance = if c.output == Output::F32 { TOLERANCE } else { Q8_1_TOLERANCE };
+        let mut check = Check::of_floats(&err, tolerance, guard, kernel_ms);
+        check.int_mismatches = mismatches;
+        if mismatches > 0 {
+            check.note = format!("{mismatches} quants more than one step from the twin's; {}", check.note);
+        }
+        Outcome::Ran(check)
+    })))
 }
 
 /// Quants of `got` more than one step from `want`'s.
@@ -543,6 +555,10 @@ impl KernelFamily for Family {
 
     fn run(gpu: &Gpu, tokens: u64, c: &SwigluCase) -> Result<Outcome, GpuError> {
         run_case(gpu, tokens, c)
+    }
+
+    fn stage(gpu: &Gpu, tokens: u64, c: &SwigluCase) -> Result<Staged, GpuError> {
+        stage_case(gpu, tokens, c)
     }
 
     fn plans(tokens: u64, c: &SwigluCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
