@@ -59,10 +59,11 @@ pub enum Start {
 /// Host checks a worker runs beside the device by default. Each holds only its sampled rows,
 /// so the depth costs little memory; it must cover a run of cases whose checks outlast their
 /// GPU halves (attention's twins, the fused MoE GEMVs' twins at 16k-41k tokens), or the device
-/// waits for the oldest check before it gets the next case. At 3, the H100's run of 2026-12-06
-/// had the device without a case for ~17 s of its 70 s (run cases 69.8 s, GPU halves 52.3 s),
-/// of which the two hangs' deadlines were 4 s and their restarts a few more.
-pub const DEFAULT_DEPTH: usize = 8;
+/// waits for the oldest check before it gets the next case. At 8, the H100's run of 2026-12-07
+/// had the device without a case for ~15 s of its 55.5 s (GPU halves 40.1 s); replaying that
+/// run's per-case times with every family's check staged gives 44 s at 8 and 38 s at 16 (the
+/// worker's check pool has a thread per core but one: 15 there, 19 on a GB10).
+pub const DEFAULT_DEPTH: usize = 16;
 
 /// Where the worker's time went, summed over the cases that came back.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
