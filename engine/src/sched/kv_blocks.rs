@@ -10,6 +10,11 @@
 //! Every block is in exactly one state: *used* (refcount > 0), *cached* (refcount 0 but
 //! registered: reusable until evicted, oldest release first) or *free*. Hence
 //! free + cached + used = total at all times.
+//!
+//! Prefix reuse is a constructor option ([`KvBlocks::with_prefix_reuse`]): off, no block is
+//! registered, so none is ever cached or shared (`cached_tokens` is always 0). It must be off
+//! when the engine's sliding-window layers keep a ring per sequence (the window-only layout):
+//! a ring cannot be shared, so a shared prefix's windowed-layer KV would be missing.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap};
@@ -100,11 +105,18 @@ pub struct KvBlocks {
     lru: BTreeMap<u64, u32>,
     tick: u64,
     seqs: HashMap<SeqId, SeqBlocks>,
+    /// Computed full blocks are registered for reuse by later prompts.
+    prefix_reuse: bool,
 }
 
 impl KvBlocks {
-    /// `num_blocks` blocks of `block_size` positions each.
+    /// `num_blocks` blocks of `block_size` positions each, with prefix reuse.
     pub fn new(num_blocks: usize, block_size: usize) -> Result<Self, KvError> {
+        Self::with_prefix_reuse(num_blocks, block_size, true)
+    }
+
+    /// [`KvBlocks::new`], with prefix reuse on or off.
+    pub fn with_prefix_reuse(num_blocks: usize, block_size: usize, prefix_reuse: bool) -> Result<Self, KvError> {
         if block_size == 0 || num_blocks == 0 {
             return Err(KvError::Config(format!("{num_blocks} blocks of {block_size} positions: both must be at least 1")));
         }
@@ -120,7 +132,13 @@ impl KvBlocks {
             lru: BTreeMap::new(),
             tick: 0,
             seqs: HashMap::new(),
+            prefix_reuse,
         })
+    }
+
+    /// Whether computed prompt prefixes are shared with later sequences.
+    pub fn prefix_reuse(&self) -> bool {
+        self.prefix_reuse
     }
 
     pub fn block_size(&self) -> usize {
@@ -240,7 +258,7 @@ impl KvBlocks {
             return Err(KvError::Invalid { seq, what: format!("{computed} tokens computed but only {} known", s.tokens.len()) });
         }
         let full = computed / bs;
-        if full <= s.registered {
+        if full <= s.registered || !self.prefix_reuse {
             return Ok(());
         }
         let mut parent = if s.registered == 0 { ROOT_KEY } else { block_key_of(&s.tokens, s.registered, bs) };
@@ -372,6 +390,23 @@ mod tests {
         let mut r = p.clone();
         r[0] ^= 1;
         assert_eq!(kv.cached_prefix_tokens(&r), 0);
+    }
+
+    #[test]
+    fn without_prefix_reuse_nothing_is_shared_or_cached() {
+        let mut kv = KvBlocks::with_prefix_reuse(16, 4, false).unwrap();
+        assert!(!kv.prefix_reuse() && KvBlocks::new(16, 4).unwrap().prefix_reuse());
+        let p = prompt(10, 7);
+        let a = kv.allocate(1, &p).unwrap();
+        kv.mark_computed(1, 10).unwrap();
+        let b = kv.allocate(2, &p).unwrap();
+        assert_eq!((a.cached_tokens, b.cached_tokens, kv.cached_prefix_tokens(&p)), (0, 0, 0));
+        assert!(a.blocks.iter().all(|x| !b.blocks.contains(x)), "no block is shared");
+        check(&kv);
+        kv.release(1).unwrap();
+        kv.release(2).unwrap();
+        assert_eq!((kv.stats().free, kv.stats().cached), (16, 0), "released blocks are free, none cached");
+        check(&kv);
     }
 
     #[test]

@@ -8,6 +8,11 @@
 //! is preempted: its blocks are released (its computed full blocks stay cached) and it goes
 //! back to the head of the queue with every token it has, to be recomputed — mostly from the
 //! prefix cache — when space returns.
+//!
+//! Each running sequence also holds a ring index below `max_seqs` (a free list: admission takes
+//! one, cancellation, completion and preemption give it back), no two running sequences the
+//! same: the engine keeps a sliding-window layer's KV of a sequence in that ring of blocks
+//! (the window-only layout, `Engine::step_in_rings`).
 
 use std::collections::VecDeque;
 
@@ -119,11 +124,15 @@ struct Sequence {
     prefilled: bool,
     limits: SeqLimits,
     cached_tokens: usize,
+    /// The ring it holds while running (meaningless while waiting).
+    ring: u32,
 }
 
 pub struct Scheduler {
     cfg: SchedConfig,
     kv: KvBlocks,
+    /// Ring indexes no running sequence holds (popped from the end: 0 first).
+    free_rings: Vec<u32>,
     /// In admission order (FIFO for prefill; the last is preempted first).
     running: Vec<Sequence>,
     waiting: VecDeque<Sequence>,
@@ -145,7 +154,8 @@ impl Scheduler {
         if u32::try_from(cfg.context).is_err() {
             return Err(SchedError::Config(format!("context {}: positions are u32 in the engine", cfg.context)));
         }
-        Ok(Scheduler { cfg, kv, running: Vec::new(), waiting: VecDeque::new(), preemptions: 0 })
+        let free_rings = all_rings(&cfg);
+        Ok(Scheduler { cfg, kv, free_rings, running: Vec::new(), waiting: VecDeque::new(), preemptions: 0 })
     }
 
     /// Admits `req` now, queues it, or rejects it.
@@ -173,6 +183,7 @@ impl Scheduler {
             prefilled: false,
             limits: req.limits,
             cached_tokens: 0,
+            ring: 0,
         };
         // Nobody waiting: no one to overtake.
         if self.waiting.is_empty() && self.running.len() < self.cfg.limits.max_seqs && self.kv.fits(&seq.tokens).is_ok() {
@@ -195,7 +206,18 @@ impl Scheduler {
 
     /// Allocates `seq`'s blocks and makes it running; returns its cached prompt tokens.
     fn start(&mut self, mut seq: Sequence) -> Result<usize, KvError> {
-        let a = self.kv.allocate(seq.id, &seq.tokens)?;
+        // At most max_seqs run, so a ring is free whenever a slot is (checked, not assumed).
+        let Some(ring) = self.free_rings.pop() else {
+            return Err(KvError::Invalid { seq: seq.id, what: format!("no free ring among {} running sequences", self.running.len()) });
+        };
+        let a = match self.kv.allocate(seq.id, &seq.tokens) {
+            Ok(a) => a,
+            Err(e) => {
+                self.free_rings.push(ring);
+                return Err(e);
+            }
+        };
+        seq.ring = ring;
         seq.computed = a.cached_tokens;
         seq.kv_known = seq.tokens.len();
         seq.cached_tokens = a.cached_tokens;
@@ -216,7 +238,8 @@ impl Scheduler {
     pub fn cancel(&mut self, id: SeqId) -> bool {
         match self.position(id) {
             Some((true, i)) => {
-                self.running.remove(i);
+                let seq = self.running.remove(i);
+                self.free_rings.push(seq.ring);
                 // Running sequences always hold blocks; a failure here means the two disagree,
                 // which the tests check cannot happen.
                 let _ = self.kv.release(id);
@@ -234,6 +257,7 @@ impl Scheduler {
     fn preempt_newest(&mut self) -> Option<SeqId> {
         let mut seq = self.running.pop()?;
         let _ = self.kv.release(seq.id);
+        self.free_rings.push(seq.ring);
         seq.computed = 0;
         seq.kv_known = 0;
         seq.prefilled = false;
@@ -346,6 +370,17 @@ impl Scheduler {
         self.kv.block_table(id)
     }
 
+    /// The ring index the running sequence holds (below `max_seqs`; no other running sequence
+    /// holds it): where the engine keeps its sliding-window layers' KV.
+    pub fn ring(&self, id: SeqId) -> Option<u32> {
+        self.running.iter().find(|s| s.id == id).map(|s| s.ring)
+    }
+
+    /// Whether computed prompt prefixes are shared ([`KvBlocks::with_prefix_reuse`]).
+    pub fn prefix_reuse(&self) -> bool {
+        self.kv.prefix_reuse()
+    }
+
     /// Prompt tokens reused from the cache at the sequence's (last) admission, for `usage`.
     pub fn cached_tokens(&self, id: SeqId) -> Option<usize> {
         self.running.iter().find(|s| s.id == id).map(|s| s.cached_tokens)
@@ -356,7 +391,8 @@ impl Scheduler {
     /// admission order, for the caller to fail or [`Scheduler::requeue`]. Waiting requests stay
     /// queued and run on the new engine.
     pub fn reset_after_restart(&mut self) -> Result<Vec<Request>, SchedError> {
-        self.kv = KvBlocks::new(self.kv.total_blocks(), self.kv.block_size())?;
+        self.kv = KvBlocks::with_prefix_reuse(self.kv.total_blocks(), self.kv.block_size(), self.kv.prefix_reuse())?;
+        self.free_rings = all_rings(&self.cfg);
         Ok(self
             .running
             .drain(..)
@@ -386,6 +422,7 @@ impl Scheduler {
                 prefilled: false,
                 limits: req.limits,
                 cached_tokens: 0,
+                ring: 0,
             };
             self.waiting.push_front(seq);
         }
@@ -427,6 +464,11 @@ impl Scheduler {
     }
 }
 
+/// Every ring index, 0 popped first.
+fn all_rings(cfg: &SchedConfig) -> Vec<u32> {
+    (0..cfg.limits.max_seqs.min(u32::MAX as usize) as u32).rev().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -459,6 +501,10 @@ mod tests {
         for q in &s.waiting {
             assert!(!s.kv.holds(q.id));
         }
+        // Every ring is held by one running sequence or free, never both or twice.
+        let mut rings: Vec<u32> = s.running.iter().map(|q| q.ring).chain(s.free_rings.iter().copied()).collect();
+        rings.sort_unstable();
+        assert_eq!(rings, (0..s.cfg.limits.max_seqs as u32).collect::<Vec<_>>(), "rings held or free");
     }
 
     #[test]
@@ -679,5 +725,38 @@ mod tests {
         assert_eq!(ended, submitted);
         assert!(rejected > 0 && cached > 0 && s.preemptions() > 0, "rejected {rejected}, cached {cached}, preempted {}", s.preemptions());
         assert_eq!(s.kv_stats().used, 0);
+    }
+
+    /// Rings: admission takes the lowest free one, cancellation, completion and preemption give
+    /// it back, a restart frees them all; without prefix reuse nothing is reused.
+    #[test]
+    fn rings_are_held_by_one_running_sequence_each() {
+        let limits = StepLimits::new(64, 32, 2, None).unwrap();
+        let cfg = SchedConfig { limits, context: 64, max_queue: 4, retry_after_secs: 2 };
+        let mut s = Scheduler::new(cfg, KvBlocks::with_prefix_reuse(16, 4, false).unwrap()).unwrap();
+        assert!(!s.prefix_reuse() && sched(8, 16, 64, 32, 2, 100).prefix_reuse());
+        let p = vec![5u32; 20];
+        assert_eq!(s.submit(req(1, p.clone(), 3)), Ok(Admitted::Running { cached_tokens: 0 }));
+        let plan = s.schedule();
+        s.complete_step(&plan, &sample(&plan)).unwrap(); // sequence 1's prompt computed
+        assert_eq!(s.submit(req(2, p.clone(), 3)), Ok(Admitted::Running { cached_tokens: 0 }), "no prefix reuse");
+        assert_eq!(s.submit(req(3, p.clone(), 3)), Ok(Admitted::Queued { position: 0 }));
+        assert_eq!((s.ring(1), s.ring(2), s.ring(3)), (Some(0), Some(1), None));
+        check_invariants(&s);
+        assert!(s.cancel(1));
+        s.schedule(); // admits 3 into the ring 1 gave back
+        assert_eq!((s.ring(2), s.ring(3)), (Some(1), Some(0)));
+        check_invariants(&s);
+        // Run to the end: completion frees the rings.
+        while !s.is_idle() {
+            let plan = s.schedule();
+            check_invariants(&s);
+            s.complete_step(&plan, &sample(&plan)).unwrap();
+        }
+        assert_eq!(s.free_rings.len(), 2);
+        // A restart keeps the option and frees every ring.
+        s.submit(req(4, p, 3)).unwrap();
+        assert!(s.reset_after_restart().unwrap().len() == 1 && !s.prefix_reuse());
+        check_invariants(&s);
     }
 }

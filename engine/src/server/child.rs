@@ -52,6 +52,7 @@ pub fn run(mut input: impl Read, mut output: impl Write) -> Result<(), String> {
         prefill_chunk: opts.prefill_chunk,
         blocks: engine.total_blocks(),
         block_size: engine.block_size(),
+        ring_blocks: engine.window_ring().map_or(0, |r| r.blocks),
         vocab: engine.config().vocab,
         backend: claimed_backend(engine.backend_name(), &cfg.backend),
         load_seconds: engine.load_report().seconds,
@@ -108,9 +109,6 @@ fn load(cfg: &ChildConfig) -> Result<(Box<dyn AnyEngine>, Arc<Monitor>), String>
         context: cfg.context,
         slots: cfg.slots.max(1),
         prefill_chunk: cfg.prefill_chunk.max(1),
-        // The scheduler's block tables are not slot tables and it gives no ring indexes yet:
-        // the sliding-window layers keep whole sequences.
-        full_window_kv: true,
         ..EngineOptions::default()
     };
     let mut engine = crate::engine::open(&cfg.model, backend, opts).map_err(|e| format!("{}: {e}", cfg.model.display()))?;
@@ -145,15 +143,17 @@ fn run_step(engine: &mut dyn AnyEngine, samplers: &mut HashMap<SeqId, Sampler>, 
         }
     }
     let mut items = Vec::with_capacity(chunks.len());
+    let rings: Vec<u32> = chunks.iter().map(|c| c.ring).collect();
     for c in chunks {
         let start_pos = u32::try_from(c.start_pos)
             .map_err(|_| StepFailure::from(format!("sequence {}: position {} is past u32", c.seq, c.start_pos)))?;
         let logits = if c.logits { Logits::Last } else { Logits::None };
-        // The sequence's block table from the supervisor's scheduler: the engine reads and
-        // writes its KV through it (the engine checks it covers the chunk).
+        // The sequence's block table and ring from the supervisor's scheduler: the engine reads
+        // and writes its KV through them (the engine checks they cover the chunk).
         items.push(StepItem { blocks: &c.blocks, start_pos, tokens: &c.tokens, logits });
     }
-    let logits = engine.step(&items).map_err(|e| StepFailure { message: e.to_string(), launch: e.kernel_launch().cloned() })?;
+    let logits =
+        engine.step_in_rings(&items, &rings).map_err(|e| StepFailure { message: e.to_string(), launch: e.kernel_launch().cloned() })?;
     let vocab = engine.config().vocab;
     let rows = chunks.iter().filter(|c| c.logits).count();
     if logits.len() != rows * vocab {

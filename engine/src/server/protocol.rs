@@ -80,6 +80,10 @@ pub struct WireChunk {
     pub start_pos: usize,
     /// The sequence's KV block table.
     pub blocks: Vec<u32>,
+    /// The sequence's ring index (the scheduler's, below `slots`): where the engine keeps its
+    /// sliding-window layers' KV under the window-only layout.
+    #[serde(default)]
+    pub ring: u32,
     /// Sample a token from this chunk's last row.
     pub logits: bool,
     /// Present the first time the child sees the sequence.
@@ -109,6 +113,10 @@ pub enum FromChild {
         /// The paged KV cache: blocks, and positions per block.
         blocks: usize,
         block_size: usize,
+        /// Blocks of each sequence's ring in the sliding-window layers (the window-only
+        /// layout); 0: every layer keeps whole sequences, so prefix blocks can be shared.
+        #[serde(default)]
+        ring_blocks: usize,
         vocab: usize,
         backend: String,
         load_seconds: f64,
@@ -201,6 +209,7 @@ mod tests {
             tokens: vec![1, 2, u32::MAX],
             start_pos: 3 << 32,
             blocks: vec![7, 9],
+            ring: 3,
             logits: true,
             sampling: Some(WireSampling { temperature: 0.7, top_k: 40, top_p: 0.9, seed: u64::MAX }),
         };
@@ -216,6 +225,7 @@ mod tests {
                 prefill_chunk: 64,
                 blocks: 128,
                 block_size: 16,
+                ring_blocks: 9,
                 vocab: 300,
                 backend: "cpu".into(),
                 load_seconds: 0.25,

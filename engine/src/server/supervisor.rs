@@ -89,6 +89,8 @@ struct Geometry {
     prefill_chunk: usize,
     blocks: usize,
     block_size: usize,
+    /// Blocks of a sequence's ring in the sliding-window layers; 0: none (prefix reuse on).
+    ring_blocks: usize,
     backend: String,
 }
 
@@ -148,8 +150,8 @@ impl EngineChild {
     /// but a child that dies while loading ends the wait).
     fn wait_ready(&mut self) -> Result<Geometry, String> {
         match self.rx.recv() {
-            Ok(ChildMsg::Frame(FromChild::Ready { context, slots, prefill_chunk, blocks, block_size, backend, .. })) => {
-                Ok(Geometry { context, slots, prefill_chunk, blocks, block_size, backend })
+            Ok(ChildMsg::Frame(FromChild::Ready { context, slots, prefill_chunk, blocks, block_size, ring_blocks, backend, .. })) => {
+                Ok(Geometry { context, slots, prefill_chunk, blocks, block_size, ring_blocks, backend })
             }
             Ok(ChildMsg::Frame(FromChild::LoadFailed(e))) => Err(e),
             Ok(ChildMsg::Frame(other)) => Err(format!("the engine child answered {other:?} instead of Ready")),
@@ -345,8 +347,12 @@ impl Supervisor {
             StepLimits::new(w.max_batch_tokens, geometry.prefill_chunk, geometry.slots, None).map_err(|e| drop_board(e.to_string()))?;
         // The engine's paged cache, block for block: a sequence's table from the scheduler is
         // what the engine reads its KV through, so blocks of a shared prompt prefix are
-        // computed once (and the bookkeeping outlives an engine restart).
-        let kv = KvBlocks::new(geometry.blocks, geometry.block_size).map_err(|e| drop_board(e.to_string()))?;
+        // computed once (and the bookkeeping outlives an engine restart). Not when the engine's
+        // sliding-window layers keep a ring per sequence (the window-only layout): a ring is
+        // not shared, so neither is a prefix. The scheduler's rings (below its max_seqs, the
+        // engine's slots) go with each chunk.
+        let prefix_reuse = geometry.ring_blocks == 0;
+        let kv = KvBlocks::with_prefix_reuse(geometry.blocks, geometry.block_size, prefix_reuse).map_err(|e| drop_board(e.to_string()))?;
         let sched_cfg = SchedConfig { limits, context: geometry.context, max_queue: w.max_queue, retry_after_secs: 1 };
         let sched = Scheduler::new(sched_cfg, kv).map_err(|e| drop_board(e.to_string()))?;
         let loaded = Loaded { tokenizer: Arc::new(tokenizer), template, context: geometry.context, backend: geometry.backend.clone() };
@@ -544,7 +550,7 @@ impl Supervisor {
         for c in &plan.chunks {
             let tokens = self.sched.tokens(c.seq).and_then(|t| t.get(c.start_pos..c.start_pos + c.len));
             let blocks = self.sched.block_table(c.seq);
-            let (Some(tokens), Some(blocks)) = (tokens, blocks) else {
+            let (Some(tokens), Some(blocks), Some(ring)) = (tokens, blocks, self.sched.ring(c.seq)) else {
                 let msg = format!("the scheduler planned sequence {} but holds no tokens or blocks for it", c.seq);
                 self.fail_plan(&plan, &msg);
                 return true;
@@ -557,6 +563,7 @@ impl Supervisor {
                 tokens: tokens.to_vec(),
                 start_pos: c.start_pos,
                 blocks: blocks.to_vec(),
+                ring,
                 logits: c.logits,
                 sampling,
             });
