@@ -15,7 +15,7 @@ use cudarc::driver::{CudaSlice, PushKernelArg};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::check::{Check, KernelFamily, Outcome, RelErr, sample_rows};
+use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError};
 use crate::limits::DeviceLimits;
@@ -231,22 +231,33 @@ const SAMPLE_PAIRS: usize = 32;
 
 /// Self-test of the fixed kernel.
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &GemvCase) -> Result<Outcome, GpuError> {
+    stage_case(gpu, tokens, c).map(Staged::finish)
+}
+
+/// [`run_case`]'s GPU half ([`stage_plan`]).
+pub fn stage_case(gpu: &Gpu, tokens: u64, c: &GemvCase) -> Result<Staged, GpuError> {
     let p = plan(tokens, &c.dims(), gpu.limits())?;
-    run(gpu, tokens, c, &p, &MOE_GEMV)
+    stage_plan(gpu, tokens, c, &p, &MOE_GEMV)
 }
 
 /// The negative control: same inputs and check as [`run_case`], launched with the grid.z
 /// geometry. Passes while tokens·top_k <= 65535; above, the driver rejects the launch and the
 /// error (naming this kernel and its grid) comes back through `?`.
 pub fn run_negative_gridz(gpu: &Gpu, tokens: u64, c: &GemvCase) -> Result<Outcome, GpuError> {
-    let p = negative_gridz_plan(tokens, c);
-    check_dims(NEG_GRIDZ_KERNEL, tokens, &c.dims(), &p.shape)?;
-    run(gpu, tokens, c, &p, &NEG_GEMV_GRIDZ)
+    stage_negative_gridz(gpu, tokens, c).map(Staged::finish)
 }
 
-/// Inputs from seeds (xq through the quantize kernel), y poisoned, one launch of `plan`,
-/// sampled pairs compared with the twin.
-fn run(gpu: &Gpu, tokens: u64, c: &GemvCase, plan: &Launch, source: &KernelSource) -> Result<Outcome, GpuError> {
+/// [`run_negative_gridz`]'s GPU half ([`stage_plan`]).
+pub fn stage_negative_gridz(gpu: &Gpu, tokens: u64, c: &GemvCase) -> Result<Staged, GpuError> {
+    let p = negative_gridz_plan(tokens, c);
+    check_dims(NEG_GRIDZ_KERNEL, tokens, &c.dims(), &p.shape)?;
+    stage_plan(gpu, tokens, c, &p, &NEG_GEMV_GRIDZ)
+}
+
+/// Inputs from seeds (xq through the quantize kernel), y poisoned, one launch of `plan`, the
+/// poison check and the sampled pairs' rows downloaded in runs; the twin of those pairs and the
+/// comparison are the host check.
+fn stage_plan(gpu: &Gpu, tokens: u64, c: &GemvCase, plan: &Launch, source: &KernelSource) -> Result<Staged, GpuError> {
     let d = c.dims();
     let (k, n, top_k) = (c.k as usize, c.n as usize, c.top_k as usize);
     let pairs = tokens as usize * top_k;
@@ -267,22 +278,25 @@ fn run(gpu: &Gpu, tokens: u64, c: &GemvCase, plan: &Launch, source: &KernelSourc
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
     let (unwritten, past_end) = y.check(gpu, 1)?;
     let sampled = sample_rows(pairs as u64, top_k as u64, SAMPLE_PAIRS, tokens);
-    let want: Vec<Vec<f32>> = sampled
-        .par_iter()
-        .map(|&p| {
-            let t = p / top_k as u64;
-            let xq = quantize_row_q8_1(&uniform_row(SEED_X, t * k as u64, k, 1.0));
-            let mut out = vec![0.0f32; n];
-            pair_row(|r| weight_row(SEED_W, r, k, c.wtype), &xq, ids[p as usize] as u64, &d, &mut out);
-            out
-        })
-        .collect();
-    let mut err = RelErr::default();
-    for (&p, want) in sampled.iter().zip(&want) {
-        let at = p as usize * n;
-        err.add_slice(at as u64, &y.read_f32(gpu, at, n)?, want);
-    }
-    Ok(Outcome::Ran(Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms)))
+    let got = y.read_rows_f32(gpu, &sampled, n)?;
+    let wtype = c.wtype;
+    Ok(Staged::Check(Box::new(move || {
+        let want: Vec<Vec<f32>> = sampled
+            .par_iter()
+            .map(|&p| {
+                let t = p / top_k as u64;
+                let xq = quantize_row_q8_1(&uniform_row(SEED_X, t * k as u64, k, 1.0));
+                let mut out = vec![0.0f32; n];
+                pair_row(|r| weight_row(SEED_W, r, k, wtype), &xq, ids[p as usize] as u64, &d, &mut out);
+                out
+            })
+            .collect();
+        let mut err = RelErr::default();
+        for ((&p, want), got) in sampled.iter().zip(&want).zip(&got) {
+            err.add_slice(p * n as u64, got, want);
+        }
+        Outcome::Ran(Check::of_floats(&err, TOLERANCE, (unwritten, past_end), kernel_ms))
+    })))
 }
 
 /// The self-test's handle on this family (registered in `selftest::case`).
@@ -293,6 +307,10 @@ impl KernelFamily for Family {
 
     fn run(gpu: &Gpu, tokens: u64, c: &GemvCase) -> Result<Outcome, GpuError> {
         run_case(gpu, tokens, c)
+    }
+
+    fn stage(gpu: &Gpu, tokens: u64, c: &GemvCase) -> Result<Staged, GpuError> {
+        stage_case(gpu, tokens, c)
     }
 
     fn plans(tokens: u64, c: &GemvCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
@@ -309,6 +327,10 @@ impl KernelFamily for NegGridZ {
 
     fn run(gpu: &Gpu, tokens: u64, c: &GemvCase) -> Result<Outcome, GpuError> {
         run_negative_gridz(gpu, tokens, c)
+    }
+
+    fn stage(gpu: &Gpu, tokens: u64, c: &GemvCase) -> Result<Staged, GpuError> {
+        stage_negative_gridz(gpu, tokens, c)
     }
 
     fn plans(tokens: u64, c: &GemvCase, limits: &DeviceLimits) -> Result<Vec<Launch>, PlanError> {
