@@ -3,7 +3,10 @@
 //!
 //! A case is one forward pass holding one or more sequences (`8192` or `4096+4096`), each in its
 //! own KV slot, so the token counts where kernels break (grid limits, 2^31 products, partial
-//! tiles) are reached by a real model, not only by the kernel self-test.
+//! tiles) are reached by a real model, not only by the kernel self-test. With `--chunk N` each
+//! case is prefilled N positions at a time instead (every sequence's next chunk in one step), so
+//! chunk edges fall inside attention windows and the windowed layers' KV rings wrap (a ring holds
+//! the window plus one chunk, far less than the context).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,6 +32,9 @@ pub struct Args {
     /// Cases separated by commas; the sequences of one case joined by '+'.
     #[arg(long, value_delimiter = ',', default_values_t = default_cases())]
     cases: Vec<String>,
+    /// Prefill each case in chunks of this many positions (0: each case in one step).
+    #[arg(long, default_value_t = 0)]
+    chunk: usize,
     /// Greedy decode steps compared after the first case's prefill.
     #[arg(long, default_value_t = 16)]
     decode_steps: usize,
@@ -50,10 +56,30 @@ pub struct Args {
     json: Option<PathBuf>,
 }
 
+/// Tile edges, the edges of a 128-token attention window and of the second one (gpt-oss's), the
+/// 8192 envelope, and batches of several sequences.
 fn default_cases() -> Vec<String> {
-    ["1", "63", "64", "65", "127", "129", "1000", "8191", "8192", "8193", "4096+4096", "3000+5000+192", "2731+2731+2730"]
-        .map(String::from)
-        .to_vec()
+    [
+        "1",
+        "63",
+        "64",
+        "65",
+        "127",
+        "128",
+        "129",
+        "255",
+        "256",
+        "257",
+        "1000",
+        "8191",
+        "8192",
+        "8193",
+        "4096+4096",
+        "3000+5000+192",
+        "2731+2731+2730",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 fn parse_case(s: &str) -> Result<Vec<usize>, Error> {
@@ -84,20 +110,48 @@ fn tokens(len: usize, vocab: usize, seq: usize) -> Vec<u32> {
     (0..len).map(|i| ((i * 7919 + seq * 104_729 + 13) % vocab) as u32).collect()
 }
 
-fn run_case(e: &mut dyn AnyEngine, lens: &[usize], all_rows: bool) -> Result<Vec<f32>, Error> {
+/// The steps that prefill sequences of `lens` in chunks of `chunk` positions (0: whole): step i
+/// holds, for every sequence still longer than `i · chunk`, its positions `[start, end)`.
+fn chunk_steps(lens: &[usize], chunk: usize) -> Vec<Vec<(usize, usize, usize)>> {
+    let longest = lens.iter().copied().max().unwrap_or(0);
+    let chunk = if chunk == 0 { longest.max(1) } else { chunk };
+    (0..longest)
+        .step_by(chunk)
+        .map(|start| lens.iter().enumerate().filter(|&(_, &n)| n > start).map(|(s, &n)| (s, start, n.min(start + chunk))).collect())
+        .collect()
+}
+
+/// The logits of a case's rows (every row, or each sequence's last), prefilled as
+/// [`chunk_steps`] says, in the order the steps return them (the same on both backends).
+fn run_case(e: &mut dyn AnyEngine, lens: &[usize], all_rows: bool, chunk: usize) -> Result<Vec<f32>, Error> {
     let vocab = e.config().vocab;
     let toks: Vec<Vec<u32>> = lens.iter().enumerate().map(|(s, &n)| tokens(n, vocab, s)).collect();
-    let logits = if all_rows { Logits::All } else { Logits::Last };
     let tables: Vec<Vec<u32>> = (0..toks.len()).map(|s| e.slot_blocks(s as u32)).collect();
-    let items: Vec<StepItem> = toks.iter().zip(&tables).map(|(t, blocks)| StepItem { blocks, start_pos: 0, tokens: t, logits }).collect();
-    e.step(&items).map_err(Error::engine(format!("{} backend, case {lens:?}", e.backend_name())))
+    let mut out = Vec::new();
+    for step in chunk_steps(lens, chunk) {
+        let items: Vec<StepItem> = step
+            .iter()
+            .map(|&(s, start, end)| {
+                let logits = match (all_rows, end == lens[s]) {
+                    (true, _) => Logits::All,
+                    (false, true) => Logits::Last,
+                    (false, false) => Logits::None,
+                };
+                StepItem { blocks: &tables[s], start_pos: start as u32, tokens: &toks[s][start..end], logits }
+            })
+            .collect();
+        let what = format!("{} backend, case {lens:?}, positions from {}", e.backend_name(), step[0].1);
+        out.extend(e.step(&items).map_err(Error::engine(what))?);
+    }
+    Ok(out)
 }
 
 fn parity(a: Args) -> Result<bool, Error> {
     let cases: Vec<Vec<usize>> = a.cases.iter().map(|c| parse_case(c)).collect::<Result<_, _>>()?;
     let slots = cases.iter().map(Vec::len).max().unwrap_or(1);
     let longest = cases.iter().flatten().copied().max().unwrap_or(1);
-    let opts = EngineOptions { context: longest + a.decode_steps + 1, slots, prefill_chunk: longest, ..EngineOptions::default() };
+    let chunk = if a.chunk == 0 { longest } else { a.chunk.min(longest) };
+    let opts = EngineOptions { context: longest + a.decode_steps + 1, slots, prefill_chunk: chunk, ..EngineOptions::default() };
     let mut reference = open(&a.model, a.reference.resolve(), opts).map_err(Error::engine("--reference"))?;
     let mut candidate = open(&a.model, a.candidate.resolve(), opts).map_err(Error::engine("--candidate"))?;
     let vocab = reference.config().vocab;
@@ -119,8 +173,8 @@ fn parity(a: Args) -> Result<bool, Error> {
         let total: usize = lens.iter().sum();
         // Every row when it fits in ~1 GiB of logits per backend, else each sequence's last.
         let all_rows = total * vocab <= 1 << 28;
-        let r = run_case(reference.as_mut(), lens, all_rows)?;
-        let c = run_case(candidate.as_mut(), lens, all_rows)?;
+        let r = run_case(reference.as_mut(), lens, all_rows, a.chunk)?;
+        let c = run_case(candidate.as_mut(), lens, all_rows, a.chunk)?;
         let d = compare(&c, &r, vocab)
             .ok_or_else(|| Error::Step(format!("case {lens:?}: the backends returned logits of different shapes")))?;
         let pass = d.non_finite_rows == 0
@@ -186,6 +240,60 @@ mod tests {
             assert!(matches!(e, Error::Flag { flag: "--cases", .. }), "{bad}: {e:?}");
             assert!(e.to_string().starts_with("--cases: bad sequence length"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn chunked_steps_cover_every_position_once_in_order() {
+        assert_eq!(chunk_steps(&[5], 0), vec![vec![(0, 0, 5)]]);
+        assert_eq!(chunk_steps(&[5, 3], 2), vec![vec![(0, 0, 2), (1, 0, 2)], vec![(0, 2, 4), (1, 2, 3)], vec![(0, 4, 5)]]);
+        for (lens, chunk) in [(vec![129usize], 40usize), (vec![100, 160, 1], 7), (vec![256, 256], 128)] {
+            let mut next = vec![0; lens.len()];
+            for step in chunk_steps(&lens, chunk) {
+                for (s, start, end) in step {
+                    assert_eq!(start, next[s], "{lens:?} / {chunk}");
+                    assert!(end > start && end - start <= chunk);
+                    next[s] = end;
+                }
+            }
+            assert_eq!(next, lens);
+        }
+    }
+
+    /// The tiny gpt-oss through `parity` on two CPU engines, prefilled in chunks of 40 positions:
+    /// chunk edges inside the 128-token window, its KV rings wrapping, several sequences a step.
+    /// Equal engines agree exactly; the run proves the chunked path end to end without a GPU.
+    #[test]
+    fn a_chunked_run_on_a_windowed_model_agrees_with_itself() {
+        use brink_engine::synth::{GptOssPreset, GptOssSpec, gpt_oss};
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("tiny-gpt-oss.gguf");
+        gpt_oss::generate(&GptOssSpec::from_preset(GptOssPreset::Tiny), &model, |_, _| {}).unwrap();
+        let json = dir.path().join("parity.json");
+        let argv = [
+            "parity",
+            "--model",
+            model.to_str().unwrap(),
+            "--candidate",
+            "cpu",
+            "--chunk",
+            "40",
+            "--cases",
+            "129,300+257",
+            "--decode-steps",
+            "4",
+        ];
+        let mut a = <Cli as clap::Parser>::try_parse_from(argv).unwrap().args;
+        a.json = Some(json.clone());
+        assert!(parity(a).unwrap());
+        let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+        assert_eq!(doc["cases"].as_array().unwrap().len(), 2);
+        assert_eq!(doc["cases"][1]["rows"], 557, "every row of both sequences");
+        assert_eq!(doc["cases"][1]["maxRelErr"], 0.0);
     }
 
     #[test]
