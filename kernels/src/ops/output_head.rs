@@ -19,12 +19,13 @@ use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
+use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows, timing};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
 use crate::limits::DeviceLimits;
+use crate::ops::embed::{self, BadIds, EmbedCase, TableType};
 use crate::ops::moe_gemm::tile_shared_bytes;
-use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_q8_1_rows, fill_weights};
+use crate::ops::testdata::{BETWEEN_STEPS, GUARD_WORDS, Guarded, fill_q8_1_rows, fill_weights};
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType};
 use crate::sources::OUTPUT_HEAD;
 use crate::testdata::{hash2, q8_1_row, shared_twin_row, shared_weight_rows};
@@ -383,15 +384,68 @@ pub(crate) fn stage_dense(caller: &Caller, gpu: &Gpu, tokens: u64, d: &HeadDims,
     })))
 }
 
-/// The device's logits at the sampled rows and columns.
+/// The device's logits at the sampled rows and columns, row by row (the sampled columns of
+/// each): gathered on the device into one buffer of `sampled.len() × cols.len()` values and
+/// downloaded in one copy, rather than every sampled row whole (for the head a vocabulary's
+/// width of logits, 600 KiB and more, for up to a couple of hundred rows compared). The gather is the embed kernel over
+/// an f32 "table" of single values ([`gather_chunks`]): a copy, bit for bit.
 fn download(gpu: &Gpu, out: &Guarded, sampled: &[u64], cols: &[u64], vocab: u64) -> Result<Vec<Vec<f32>>, GpuError> {
-    sampled
-        .iter()
-        .map(|&r| {
-            let row = out.read_f32(gpu, (r * vocab) as usize, vocab as usize)?;
-            Ok(cols.iter().map(|&c| row[c as usize]).collect())
-        })
-        .collect()
+    if !timing::active() {
+        return gather(gpu, out, sampled, cols, vocab);
+    }
+    gpu.synchronize()?;
+    timing::mark(BETWEEN_STEPS);
+    let got = gather(gpu, out, sampled, cols, vocab)?;
+    timing::mark("download");
+    Ok(got)
+}
+
+fn gather(gpu: &Gpu, out: &Guarded, sampled: &[u64], cols: &[u64], vocab: u64) -> Result<Vec<Vec<f32>>, GpuError> {
+    let chunks = gather_chunks(sampled, cols, vocab);
+    let ids: Vec<i32> = chunks.iter().flat_map(|c| c.ids.iter().copied()).collect();
+    let ids_dev = gpu.upload(&ids)?;
+    let mut gathered = gpu.alloc::<u32>(ids.len())?;
+    let mut bad = BadIds::new(gpu)?;
+    let mut at = 0;
+    for c in &chunks {
+        let n = c.ids.len();
+        let first = (c.first_row * vocab) as usize;
+        let table = out.buf.slice(first..first + c.elements as usize);
+        let case = EmbedCase { vocab: c.elements as u32, hidden: 1, table: TableType::F32 };
+        let mut o = gathered.slice_mut(at..at + n);
+        embed::launch(gpu, n as u64, &case, &ids_dev.slice(at..at + n), &table, &mut o, &mut bad)?;
+        at += n;
+    }
+    let words = gpu.download(&gathered)?;
+    Ok(words.chunks(cols.len().max(1)).map(|row| row.iter().map(|&w| f32::from_bits(w)).collect()).collect())
+}
+
+/// One gather launch of [`download`]: the sampled rows from `first_row` on whose logits end
+/// within 2^31 − 1 elements of its first (the ids and the table's length are i32), the
+/// `elements` from that row's first to the chunk's last row's end, and the ids into them, row
+/// by row, the sampled columns of each.
+#[derive(Debug, PartialEq)]
+struct GatherChunk {
+    first_row: u64,
+    elements: u64,
+    ids: Vec<i32>,
+}
+
+/// [`download`]'s launches: the sampled rows (ascending) in order, split where a row would
+/// end past 2^31 − 1 elements of its chunk (`vocab` at most 2^31 − 1: a row fits alone).
+fn gather_chunks(sampled: &[u64], cols: &[u64], vocab: u64) -> Vec<GatherChunk> {
+    let mut chunks: Vec<GatherChunk> = Vec::new();
+    for &r in sampled {
+        let open = chunks.last().is_some_and(|c| r >= c.first_row && (r - c.first_row + 1) * vocab <= I32_MAX);
+        if !open {
+            chunks.push(GatherChunk { first_row: r, elements: 0, ids: Vec::new() });
+        }
+        let c = chunks.last_mut().expect("a chunk was just opened");
+        let base = (r - c.first_row) * vocab;
+        c.elements = base + vocab;
+        c.ids.extend(cols.iter().map(|&col| (base + col) as i32));
+    }
+    chunks
 }
 
 /// The twin's logits at sampled rows and columns (weights regenerated per sampled column)
@@ -575,6 +629,26 @@ mod tests {
         let rows = HeadCase { sequences: Some(100), ..QWEN };
         let counts: Vec<u64> = critical_counts(&rows, &DeviceLimits::h200()).iter().map(|c| c.tokens).collect();
         assert!(counts.contains(&99) && counts.contains(&100) && counts.contains(&101) && !counts.contains(&14_135));
+    }
+
+    /// The gather's ids name exactly the sampled logits, row by row, the sampled columns of each,
+    /// within i32 of their chunk's first row; a chunk ends before 2^31 elements.
+    #[test]
+    fn gather_chunks_name_the_sampled_logits() {
+        for (out_rows, vocab) in [(1u64, 151_936u64), (300, 151_936), (20_000, 151_936), (3, I32_MAX), (50, 7)] {
+            let cols = sample_rows(vocab, TILE_N, SAMPLE_COLS, SEED_COLS);
+            let sampled = sample_rows(out_rows, TILE_M, SAMPLE_ROWS, out_rows);
+            let chunks = gather_chunks(&sampled, &cols, vocab);
+            let mut named = Vec::new();
+            for c in &chunks {
+                assert!(c.elements <= I32_MAX && c.elements.is_multiple_of(vocab) && !c.ids.is_empty(), "{c:?}");
+                assert!(c.ids.iter().all(|&id| id >= 0 && (id as u64) < c.elements));
+                named.extend(c.ids.iter().map(|&id| c.first_row * vocab + id as u64));
+            }
+            let want: Vec<u64> = sampled.iter().flat_map(|&r| cols.iter().map(move |&col| r * vocab + col)).collect();
+            assert_eq!(named, want, "rows={out_rows} vocab={vocab}");
+            assert_eq!(chunks.len() > 1, sampled.last().unwrap() * vocab + vocab > I32_MAX, "rows={out_rows} vocab={vocab}");
+        }
     }
 
     #[test]
