@@ -231,6 +231,20 @@ const SEED_X: u64 = 0x50;
 const SEED_W: u64 = 0x51;
 const X_SCALE: f32 = 4.0;
 
+/// The twin's rows `rows` of a case whose x comes from `(seed, scale)` and w from `w_seed`, as
+/// the self-tests of this kernel and of `rmsnorm_q8_1` fill them.
+pub(crate) fn twin_rows(c: &RmsNormCase, rows: &[u64], (x_seed, x_scale): (u64, f32), w_seed: u64) -> Vec<Vec<f32>> {
+    let width = c.width as usize;
+    let w_host = uniform_row(w_seed, 0, width, 1.0);
+    rows.par_iter()
+        .map(|&r| {
+            let mut out = vec![0.0f32; width];
+            rmsnorm_row_cpu(&uniform_row(x_seed, r * width as u64, width, x_scale), &w_host, c, &mut out);
+            out
+        })
+        .collect()
+}
+
 /// Self-test: x and w from seeds, y poisoned; sampled rows compared with the twin; then the
 /// in-place launch over x must reproduce y bit for bit on those rows.
 pub fn run_case(gpu: &Gpu, tokens: u64, c: &RmsNormCase) -> Result<Outcome, GpuError> {
@@ -261,15 +275,7 @@ pub fn stage_case(gpu: &Gpu, tokens: u64, c: &RmsNormCase) -> Result<Staged, Gpu
     let diff = in_place_diff(gpu, &sampled, width, &x, &y)?;
     let c = *c;
     Ok(Staged::Check(Box::new(move || {
-        let w_host = uniform_row(SEED_W, 0, width, 1.0);
-        let want: Vec<Vec<f32>> = sampled
-            .par_iter()
-            .map(|&r| {
-                let mut out = vec![0.0f32; width];
-                rmsnorm_row_cpu(&uniform_row(SEED_X, r * width as u64, width, X_SCALE), &w_host, &c, &mut out);
-                out
-            })
-            .collect();
+        let want = twin_rows(&c, &sampled, (SEED_X, X_SCALE), SEED_W);
         let mut err = RelErr::default();
         for ((&r, want), got) in sampled.iter().zip(&want).zip(&got) {
             err.add_slice((r as usize * width) as u64, got, want);

@@ -13,7 +13,6 @@
 use std::time::Instant;
 
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
-use rayon::prelude::*;
 
 use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
@@ -24,7 +23,6 @@ use crate::ops::rmsnorm::{self, RmsNormCase};
 use crate::ops::testdata::{GUARD_WORDS, Guarded, download_rows, fill_uniform};
 use crate::quant::{BlockQ8_1, QK, q8_1_bytes};
 use crate::sources::RMSNORM;
-use crate::testdata::uniform_row;
 use crate::thresholds::{Critical, overflow_point};
 
 pub const KERNEL: &str = "rmsnorm_q8_1";
@@ -165,15 +163,7 @@ pub fn stage_case(gpu: &Gpu, tokens: u64, c: &RmsNormCase) -> Result<Staged, Gpu
     let got_q = download_rows(gpu, &yq.buf, &sampled, nb * BLOCK_WORDS)?;
     let c = *c;
     Ok(Staged::Check(Box::new(move || {
-        let w_host = uniform_row(SEED_W, 0, width, 1.0);
-        let want: Vec<Vec<f32>> = sampled
-            .par_iter()
-            .map(|&r| {
-                let mut out = vec![0.0f32; width];
-                rmsnorm::rmsnorm_row_cpu(&uniform_row(SEED_X, r * width as u64, width, X_SCALE), &w_host, &c, &mut out);
-                out
-            })
-            .collect();
+        let want = rmsnorm::twin_rows(&c, &sampled, (SEED_X, X_SCALE), SEED_W);
         let mut err = RelErr::default();
         let mut blocks = BlockCompare::default();
         for (((&r, want), got), words) in sampled.iter().zip(&want).zip(&got_y).zip(&got_q) {
@@ -214,6 +204,7 @@ impl KernelFamily for Family {
 mod tests {
     use super::*;
     use crate::quant::quantize_row_q8_1;
+    use crate::testdata::uniform_row;
 
     const HIDDEN: RmsNormCase = RmsNormCase { width: 2048, rows_per_token: 1, eps: 1e-6 };
     const NARROW: RmsNormCase = RmsNormCase { width: 512, rows_per_token: 1, eps: 1e-6 };
