@@ -161,6 +161,17 @@ impl Batch {
         self.window_tables.get(start..start + c.table_len as usize).unwrap_or(&[])
     }
 
+    /// Chunk `c`'s table for a layer: its window table for a windowed layer (`ring`), else its
+    /// block table.
+    pub fn layer_table(&self, c: &Chunk, ring: bool) -> &[u32] {
+        if ring { self.window_table(c) } else { self.table(c) }
+    }
+
+    /// [`Batch::window_rows`] for a windowed layer (`ring`), else [`Batch::physical_rows`].
+    pub fn layer_rows(&self, ring: bool) -> Vec<Option<u64>> {
+        if ring { self.window_rows() } else { self.physical_rows() }
+    }
+
     /// The KV cache row of each row of the batch: `block · block_size + pos % block_size`, its
     /// block from its chunk's table; `None` where the table does not reach (not for a batch
     /// built by [`Batch::push`]).

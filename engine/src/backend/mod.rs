@@ -74,6 +74,17 @@ impl KvSpec {
         self.window_layers.get(layer).copied().unwrap_or(false)
     }
 
+    /// Whether the attention of `spec` reads its layer's ring (the window tables), or why the
+    /// cache cannot serve it: a ring kept for a layer without a window. Both backends ask this
+    /// before storing a layer's K and V.
+    pub fn ring_layer(&self, spec: &AttentionSpec) -> std::result::Result<bool, String> {
+        let windowed = self.is_windowed(spec.layer);
+        if windowed && spec.window.is_none() {
+            return Err(format!("attention (layer {}): the KV cache keeps a ring for a layer without a window", spec.layer));
+        }
+        Ok(windowed)
+    }
+
     /// Whether any layer is windowed: batches then carry window tables.
     pub fn has_window_layers(&self) -> bool {
         self.window_layers.iter().any(|&w| w)

@@ -112,18 +112,14 @@ impl CpuBackend {
         let ext = ggml_cpu::AttnExt { window: spec.window, sinks };
         let kv = self.kv()?;
         // A windowed layer of the window-only layout: its ring, through the window tables.
-        let windowed = kv.spec.is_windowed(spec.layer);
-        if windowed && spec.window.is_none() {
-            return Err(err(format!("attention (layer {}): the KV cache keeps a ring for a layer without a window", spec.layer)));
-        }
-        let table_of = |c: &Chunk| if windowed { batch.window_table(c) } else { batch.table(c) };
+        let windowed = kv.spec.ring_layer(spec).map_err(err)?;
+        let table_of = |c: &Chunk| batch.layer_table(c, windowed);
         for (i, c) in batch.chunks.iter().enumerate() {
             if let Some(why) = kv.table_unsupported(spec.layer, table_of(c), c.end_pos() as usize) {
                 return Err(err(format!("attention (layer {}): chunk {i}: {why}", spec.layer)));
             }
         }
-        let rows = if windowed { batch.window_rows() } else { batch.physical_rows() };
-        for (r, row) in rows.into_iter().enumerate() {
+        for (r, row) in batch.layer_rows(windowed).into_iter().enumerate() {
             let row = row.ok_or_else(|| err(format!("attention: batch row {r} is outside its chunk's block table")))?;
             kv.store(spec.layer, row, k.row(r), v.row(r));
         }

@@ -223,10 +223,7 @@ pub(crate) fn attention(
     let rows = batch.require("attention")?;
     let kv = kv.ok_or_else(|| fail("attention: no KV cache (alloc_kv was not called)"))?;
     check_shapes(spec, &kv.spec, rows, q, k, v).map_err(|why| fail(format!("attention (layer {}): {why}", spec.layer)))?;
-    let windowed = kv.spec.is_windowed(spec.layer);
-    if windowed && spec.window.is_none() {
-        return Err(fail(format!("attention (layer {}): the KV cache keeps a ring for a layer without a window", spec.layer)));
-    }
+    let windowed = kv.spec.ring_layer(spec).map_err(fail)?;
     let kspec = kernel_spec(spec, &kv.spec)?;
     let sinks = sinks_view(sinks, spec)?;
     batch.attn.note_spec(kspec, windowed)?;

@@ -47,15 +47,12 @@ impl BatchState {
         check(batch, kv).map_err(|why| fail(format!("bad batch: {why}")))?;
         upload(gpu, &as_i32(&batch.tokens), &mut self.tokens, "token ids")?;
         upload(gpu, &as_i32(&batch.positions), &mut self.positions, "positions")?;
-        // Every row's table reaches its position (checked): -1 would only drop the row.
-        let dest: Vec<i64> = batch.physical_rows().into_iter().map(|r| r.map_or(-1, |r| r as i64)).collect();
-        upload(gpu, &dest, &mut self.dest, "KV cache rows")?;
+        upload(gpu, &dest_rows(batch.physical_rows()), &mut self.dest, "KV cache rows")?;
         // The window tables are used only by a cache with windowed layers (checked against it).
         let windowed = kv.is_some_and(KvSpec::has_window_layers);
         let window_tables: &[u32] = if windowed { &batch.window_tables } else { &[] };
         if windowed {
-            let dest: Vec<i64> = batch.window_rows().into_iter().map(|r| r.map_or(-1, |r| r as i64)).collect();
-            upload(gpu, &dest, &mut self.window_dest, "windowed layers' KV cache rows")?;
+            upload(gpu, &dest_rows(batch.window_rows()), &mut self.window_dest, "windowed layers' KV cache rows")?;
         }
         self.attn.prepare(gpu, &batch.chunks, &batch.block_tables, window_tables)?;
         self.rows = batch.rows();
@@ -70,6 +67,12 @@ impl BatchState {
         }
         Ok(self.rows)
     }
+}
+
+/// `kv_store`'s destination rows: -1 where a row has none (never for a checked batch: every
+/// row's table reaches its position).
+fn dest_rows(rows: Vec<Option<u64>>) -> Vec<i64> {
+    rows.into_iter().map(|r| r.map_or(-1, |r| r as i64)).collect()
 }
 
 /// The values `check` has bounded to `i32::MAX`.
