@@ -19,13 +19,13 @@ use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows, timing};
+use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
 use crate::limits::DeviceLimits;
 use crate::ops::embed::{self, BadIds, EmbedCase, TableType};
 use crate::ops::moe_gemm::tile_shared_bytes;
-use crate::ops::testdata::{BETWEEN_STEPS, GUARD_WORDS, Guarded, fill_q8_1_rows, fill_weights};
+use crate::ops::testdata::{GUARD_WORDS, Guarded, fill_q8_1_rows, fill_weights, timed};
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType};
 use crate::sources::OUTPUT_HEAD;
 use crate::testdata::{hash2, q8_1_row, shared_twin_row, shared_weight_rows};
@@ -390,14 +390,7 @@ pub(crate) fn stage_dense(caller: &Caller, gpu: &Gpu, tokens: u64, d: &HeadDims,
 /// width of logits, 600 KiB and more, for up to a couple of hundred rows compared). The gather is the embed kernel over
 /// an f32 "table" of single values ([`gather_chunks`]): a copy, bit for bit.
 fn download(gpu: &Gpu, out: &Guarded, sampled: &[u64], cols: &[u64], vocab: u64) -> Result<Vec<Vec<f32>>, GpuError> {
-    if !timing::active() {
-        return gather(gpu, out, sampled, cols, vocab);
-    }
-    gpu.synchronize()?;
-    timing::mark(BETWEEN_STEPS);
-    let got = gather(gpu, out, sampled, cols, vocab)?;
-    timing::mark("download");
-    Ok(got)
+    timed(gpu, "download", || gather(gpu, out, sampled, cols, vocab))
 }
 
 fn gather(gpu: &Gpu, out: &Guarded, sampled: &[u64], cols: &[u64], vocab: u64) -> Result<Vec<Vec<f32>>, GpuError> {

@@ -36,7 +36,7 @@ pub const BETWEEN_STEPS: &str = "host work and kernels";
 /// Runs one test-data step of a case's GPU half; while the worker marks the GPU half
 /// (`check::timing`), the time before it goes to [`BETWEEN_STEPS`] and its own to `what`, the
 /// device synchronised on both sides so an asynchronous fill is counted where it runs.
-fn timed<T>(gpu: &Gpu, what: &str, step: impl FnOnce() -> Result<T, GpuError>) -> Result<T, GpuError> {
+pub(crate) fn timed<T>(gpu: &Gpu, what: &str, step: impl FnOnce() -> Result<T, GpuError>) -> Result<T, GpuError> {
     if !timing::active() {
         return step();
     }
