@@ -149,10 +149,17 @@ pub struct ModelStatus {
     /// exactly when their keys are equal.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shape_class: Option<String>,
-    /// KV cache bytes one token takes (every layer, K and V, at the engine's cache type): with
-    /// `serving.context` and `serving.concurrency`, the KV part of a replica's memory request.
+    /// KV cache bytes one token takes in the full-attention layers (K and V, at the engine's
+    /// cache type). A replica's memory request holds, per sequence (`serving.concurrency`),
+    /// this times `serving.context` plus `kvWindowBytesPerSequence`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_bytes_per_token: Option<u64>,
+    /// KV cache bytes the sliding-window layers take per sequence, whatever the context: the
+    /// engine keeps only a ring of the window plus a prefill chunk there (sized at the engine's
+    /// default chunk of 2048 tokens). 0 for models without such layers; absent when written by
+    /// an agent that counted every layer in `kvBytesPerToken`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_window_bytes_per_sequence: Option<u64>,
     /// One entry per node that holds or fetches the file (written by that node's agent).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["node".into()]))]
