@@ -197,7 +197,7 @@ pub fn model_status(model: &Model, entry: NodeCache, facts: Option<(&HeaderFacts
 pub fn facts_status(model: &Model, node: &str, facts: &HeaderFacts, size: u64) -> Option<Value> {
     let ours = header_status(facts, size);
     let theirs = model.status.clone().unwrap_or_default();
-    if !agrees(&theirs, &ours) || (!lacks_facts(model) && theirs.kv_bytes_per_token == ours.kv_bytes_per_token) {
+    if !agrees(&theirs, &ours) || (!lacks_facts(model) && same_kv(&theirs, &ours)) {
         return None;
     }
     let mut body = status_body(model, our_entry(model, node).cloned().into_iter().collect(), Some(ours));
@@ -227,6 +227,7 @@ pub fn facts_to_apply(model: &Model, facts: Option<(&HeaderFacts, u64)>) -> Opti
         || theirs.shape_class.is_some()
         || theirs.size_bytes.is_some()
         || theirs.kv_bytes_per_token.is_some()
+        || theirs.kv_window_bytes_per_sequence.is_some()
         || theirs.experts.is_some()
         || theirs.top_k.is_some()
         || !theirs.quant_types.is_empty();
@@ -234,7 +235,8 @@ pub fn facts_to_apply(model: &Model, facts: Option<(&HeaderFacts, u64)>) -> Opti
 }
 
 /// Whether `ours` may be written over `theirs`: the status holds no facts, or the same ones (a
-/// status written before `kvBytesPerToken` existed agrees on the rest, and gains it).
+/// status written before `kvBytesPerToken` or `kvWindowBytesPerSequence` existed agrees on the
+/// rest, and gains both: its `kvBytesPerToken` counted the windowed layers too).
 fn agrees(theirs: &ModelStatus, ours: &ModelStatus) -> bool {
     let empty = theirs.architecture.is_none() && theirs.shape_class.is_none();
     let same = theirs.architecture == ours.architecture
@@ -243,8 +245,13 @@ fn agrees(theirs: &ModelStatus, ours: &ModelStatus) -> bool {
         && theirs.size_bytes == ours.size_bytes
         && theirs.quant_types == ours.quant_types
         && theirs.shape_class == ours.shape_class
-        && (theirs.kv_bytes_per_token.is_none() || theirs.kv_bytes_per_token == ours.kv_bytes_per_token);
+        && (theirs.kv_bytes_per_token.is_none() || theirs.kv_window_bytes_per_sequence.is_none() || same_kv(theirs, ours));
     empty || same
+}
+
+/// Whether both KV size facts are equal.
+fn same_kv(theirs: &ModelStatus, ours: &ModelStatus) -> bool {
+    theirs.kv_bytes_per_token == ours.kv_bytes_per_token && theirs.kv_window_bytes_per_sequence == ours.kv_window_bytes_per_sequence
 }
 
 fn status_body(model: &Model, cache: Vec<NodeCache>, facts: Option<ModelStatus>) -> Value {
@@ -264,19 +271,28 @@ fn status_body(model: &Model, cache: Vec<NodeCache>, facts: Option<ModelStatus>)
 }
 
 /// Whether `model`'s status lacks a fact the operator needs before it places a replica of it
-/// (operator/src/controllers/views.rs): the shape class, a non-zero size and KV bytes per token.
+/// (operator/src/controllers/views.rs): the shape class, a non-zero size and a KV size (bytes
+/// per token, which only a model of windowed layers alone may have at 0).
 pub fn lacks_facts(model: &Model) -> bool {
     let Some(s) = &model.status else { return true };
-    s.shape_class.as_deref().is_none_or(str::is_empty) || s.size_bytes.is_none_or(|b| b == 0) || s.kv_bytes_per_token.is_none_or(|b| b == 0)
+    let no_kv = s.kv_bytes_per_token.is_none_or(|b| b == 0) && s.kv_window_bytes_per_sequence.is_none_or(|b| b == 0);
+    s.shape_class.as_deref().is_none_or(str::is_empty) || s.size_bytes.is_none_or(|b| b == 0) || s.kv_bytes_per_token.is_none() || no_kv
+}
+
+/// Whether `model`'s KV size was written before `kvWindowBytesPerSequence` existed: its
+/// `kvBytesPerToken` counted windowed layers at every position, too much for gpt-oss.
+fn kv_predates_windows(model: &Model) -> bool {
+    model.status.as_ref().is_some_and(|s| s.kv_bytes_per_token.is_some() && s.kv_window_bytes_per_sequence.is_none())
 }
 
 /// The Models whose facts this node should read this round, by namespace and name: those that
-/// lack a fact, are not being deleted, and were not fetched this round (`fetched`, by namespace
-/// and name: a fetch writes the facts itself, or has just failed and says why in its entry).
+/// lack a fact or hold a KV size from before windows counted, are not being deleted, and were
+/// not fetched this round (`fetched`, by namespace and name: a fetch writes the facts itself,
+/// or has just failed and says why in its entry).
 pub fn facts_needed<'a>(models: &'a [Model], fetched: &BTreeSet<(String, String)>) -> Vec<&'a Model> {
     let mut out: Vec<&Model> = models
         .iter()
-        .filter(|m| m.metadata.deletion_timestamp.is_none() && lacks_facts(m))
+        .filter(|m| m.metadata.deletion_timestamp.is_none() && (lacks_facts(m) || kv_predates_windows(m)))
         .filter(|m| !fetched.contains(&(m.namespace().unwrap_or_default(), m.name_any())))
         .collect();
     out.sort_by_key(|m| (m.namespace(), m.name_any()));
@@ -307,6 +323,7 @@ pub fn header_status(facts: &HeaderFacts, size: u64) -> ModelStatus {
         quant_types: facts.quant_types.iter().map(|t| t.to_ascii_uppercase()).collect(),
         shape_class: Some(facts.shape_class.clone()),
         kv_bytes_per_token: facts.kv_bytes_per_token,
+        kv_window_bytes_per_sequence: facts.kv_window_bytes_per_sequence,
         cache: Vec::new(),
         conditions: Vec::new(),
     }
@@ -557,6 +574,7 @@ mod tests {
             shape_label: Some("qwen3moe-h256-e16-top4-ffn256".into()),
             quant_types: vec!["f32".into(), "q8_0".into()],
             kv_bytes_per_token: Some(8192),
+            kv_window_bytes_per_sequence: Some(0),
         }
     }
 
@@ -585,6 +603,15 @@ mod tests {
         // Written before kvBytesPerToken existed: the rest agrees, so the KV size is added.
         m.status = Some(ModelStatus { kv_bytes_per_token: None, ..header_status(&facts, 10) });
         assert_eq!(model_status(&m, e.clone(), Some((&facts, 10)))["status"]["kvBytesPerToken"], 8192);
+        // Written before kvWindowBytesPerSequence existed (its KV size counted windowed layers
+        // too): the rest agrees, so both KV facts are replaced.
+        m.status = Some(ModelStatus { kv_bytes_per_token: Some(16_384), kv_window_bytes_per_sequence: None, ..header_status(&facts, 10) });
+        let s = &model_status(&m, e.clone(), Some((&facts, 10)))["status"];
+        assert_eq!((&s["kvBytesPerToken"], &s["kvWindowBytesPerSequence"]), (&json!(8192), &json!(0)));
+        // Another window size from a current agent: not forced over it.
+        let other_window = ModelStatus { kv_window_bytes_per_sequence: Some(1), ..header_status(&facts, 10) };
+        m.status = Some(other_window);
+        assert_eq!(model_status(&m, e.clone(), Some((&facts, 10)))["status"]["kvWindowBytesPerSequence"], 1);
         // Different facts: this node's are not forced over them; the status's are carried as they are.
         m.status = Some(ModelStatus { architecture: Some("other".into()), ..ModelStatus::default() });
         let body = model_status(&m, e.clone(), Some((&facts, 10)));
@@ -635,6 +662,15 @@ mod tests {
             ("this node's failed entry is kept", with(ModelStatus::default(), vec![ours.clone(), theirs.clone()]), true, true),
             ("complete and equal: nothing to add", with(header_status(&facts, 10), vec![]), false, false),
             ("equal but no KV size", with(ModelStatus { kv_bytes_per_token: None, ..header_status(&facts, 10) }, vec![]), true, false),
+            (
+                "equal but a KV size from before windows counted",
+                with(
+                    ModelStatus { kv_bytes_per_token: Some(16_384), kv_window_bytes_per_sequence: None, ..header_status(&facts, 10) },
+                    vec![],
+                ),
+                true,
+                false,
+            ),
             ("other facts", with(header_status(&facts, 11), vec![]), false, false),
         ];
         m.metadata.resource_version = Some("41".into());
@@ -644,6 +680,7 @@ mod tests {
             assert_eq!(body.is_some(), writes, "{case}");
             let Some(body) = body else { continue };
             assert_eq!(body["status"]["kvBytesPerToken"], 8192, "{case}");
+            assert_eq!(body["status"]["kvWindowBytesPerSequence"], 0, "{case}");
             assert_eq!(body["metadata"], json!({"name": "m", "namespace": "ai", "resourceVersion": "41"}), "{case}");
             assert_eq!(body["status"]["shapeClass"], facts.shape_class, "{case}");
             let cache = body["status"].get("cache");
@@ -673,6 +710,12 @@ mod tests {
             named("ai", "complete", Some(full.clone())),
             named("ai", "no-kv", Some(ModelStatus { kv_bytes_per_token: None, ..full.clone() })),
             named("ai", "zero-kv", Some(ModelStatus { kv_bytes_per_token: Some(0), ..full.clone() })),
+            named("ai", "no-window", Some(ModelStatus { kv_window_bytes_per_sequence: None, ..full.clone() })),
+            named(
+                "ai",
+                "windows-only",
+                Some(ModelStatus { kv_bytes_per_token: Some(0), kv_window_bytes_per_sequence: Some(1 << 20), ..full.clone() }),
+            ),
             named("ai", "zero-size", Some(ModelStatus { size_bytes: Some(0), ..full.clone() })),
             named("ai", "empty-class", Some(ModelStatus { shape_class: Some(String::new()), ..full.clone() })),
             named(
@@ -687,8 +730,10 @@ mod tests {
         let fetched = BTreeSet::from([("ai".to_string(), "fetched".to_string())]);
         let got: Vec<String> =
             facts_needed(&models, &fetched).iter().map(|m| format!("{}/{}", m.namespace().unwrap(), m.name_any())).collect();
-        assert_eq!(got, ["ai/cache-only", "ai/empty-class", "ai/no-kv", "ai/z-none", "ai/zero-kv", "ai/zero-size", "ml/a"]);
+        assert_eq!(got, ["ai/cache-only", "ai/empty-class", "ai/no-kv", "ai/no-window", "ai/z-none", "ai/zero-kv", "ai/zero-size", "ml/a"]);
         assert!(!lacks_facts(&models[1]));
+        // A status from before windows counted is complete: placement goes on with it meanwhile.
+        assert!(!lacks_facts(&models[4]) && !lacks_facts(&models[5]));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The facts a `Model`'s status carries, read from the GGUF header with the engine's reader
 //! (no tensor data is touched): architecture, experts, top_k, shape class, quant types and the
-//! KV cache's bytes per token.
+//! KV cache's size facts.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -25,10 +25,17 @@ pub struct HeaderFacts {
     pub shape_label: Option<String>,
     /// The distinct tensor types, sorted by name (ggml's names, e.g. `f32`, `q8_0`).
     pub quant_types: Vec<String>,
-    /// KV cache bytes per token (see [`super::kv_size`]). None in index entries written before
-    /// the field existed; [`super::ModelCache`] re-reads those headers.
+    /// KV cache bytes per token of the full-attention layers (see [`super::kv_size`]). None in
+    /// index entries written before the field existed; [`super::ModelCache`] re-reads those
+    /// headers.
     #[serde(default)]
     pub kv_bytes_per_token: Option<u64>,
+    /// KV cache bytes the sliding-window layers' rings take per sequence at the engine's
+    /// default prefill chunk and block size (Some(0) without such layers). None in index
+    /// entries written before the field existed (their `kv_bytes_per_token` counted every
+    /// layer); [`super::ModelCache`] re-reads those headers.
+    #[serde(default)]
+    pub kv_window_bytes_per_sequence: Option<u64>,
 }
 
 /// A header that cannot be read: the engine's error, which names the file, the key or the tensor.
@@ -60,6 +67,8 @@ pub fn read(path: &Path) -> Result<HeaderFacts, HeaderError> {
     let file = GgufFile::open(path)?;
     let config = brink_engine::arch::config(&file)?;
     let quant_types: BTreeSet<String> = file.tensors().iter().map(|t| t.ggml_type().to_string()).collect();
+    let layers: Vec<kv_size::LayerKv> = config.layer_specs.iter().map(kv_size::LayerKv::of).collect();
+    let kv = kv_size::kv_facts(&layers, kv_size::Geometry::engine_default());
     Ok(HeaderFacts {
         arch: config.arch.clone(),
         experts: config.moe.experts as u64,
@@ -67,10 +76,7 @@ pub fn read(path: &Path) -> Result<HeaderFacts, HeaderError> {
         shape_class: config.shape_class(),
         shape_label: Some(config.shape_label()),
         quant_types: quant_types.into_iter().collect(),
-        kv_bytes_per_token: kv_size::kv_bytes_per_token(
-            config.layers as u64,
-            config.attention.kv_heads as u64,
-            config.attention.head_dim as u64,
-        ),
+        kv_bytes_per_token: kv.map(|k| k.bytes_per_token),
+        kv_window_bytes_per_sequence: kv.map(|k| k.window_bytes_per_sequence),
     })
 }

@@ -109,6 +109,7 @@ mod tests {
             shape_label: Some("qwen3moe-h256-e16-top4-ffn256".into()),
             quant_types: vec!["f32".into(), "q8_0".into()],
             kv_bytes_per_token: Some(8192),
+            kv_window_bytes_per_sequence: Some(0),
         };
         let mut index = Index::default();
         index.upsert(entry("aa", Ok(facts)));

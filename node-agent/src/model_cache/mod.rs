@@ -393,11 +393,13 @@ impl ModelCache {
     }
 }
 
-/// Re-reads the header of an entry indexed before the facts had `kv_bytes_per_token`, or
-/// while the shape key was only its label (such a key must not match a new one).
+/// Re-reads the header of an entry indexed before the facts had `kv_bytes_per_token` or
+/// `kv_window_bytes_per_sequence` (its KV bytes per token then counted windowed layers too),
+/// or while the shape key was only its label (such a key must not match a new one).
 /// Returns whether the entry changed.
 fn refresh_old_facts(entry: &mut Entry, first: &Path) -> bool {
-    if !matches!(&entry.header, Ok(f) if f.kv_bytes_per_token.is_none() || f.shape_label.is_none()) {
+    let old = |f: &HeaderFacts| f.kv_bytes_per_token.is_none() || f.kv_window_bytes_per_sequence.is_none() || f.shape_label.is_none();
+    if !matches!(&entry.header, Ok(f) if old(f)) {
         return false;
     }
     entry.header = header::read(first).map_err(Unreadable::from);

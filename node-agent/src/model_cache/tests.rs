@@ -633,6 +633,44 @@ async fn an_entry_indexed_before_kv_bytes_per_token_is_read_again() {
 }
 
 #[tokio::test]
+async fn an_entry_indexed_before_kv_window_bytes_per_sequence_is_read_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, sha) = tiny_model(dir.path(), 0);
+    let server = Server::start(Behaviour { files: HashMap::from([("m.gguf".to_string(), model)]), ..Behaviour::default() }).await;
+    let root = dir.path().join("cache");
+    let cache = ModelCache::open(config(&root, 1 << 30)).unwrap();
+    let want = ensure(&cache, &http(&server, "m.gguf", &sha), &[]).await.unwrap().facts;
+    assert_eq!((want.kv_bytes_per_token, want.kv_window_bytes_per_sequence), (Some(1024), Some(0)));
+    // The index as an agent wrote it whose KV bytes per token counted every layer, windowed or
+    // not: no window field, and a per-token figure that may be too large.
+    let path = root.join(index::INDEX_FILE);
+    let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let facts = json["entries"][0]["header"]["Ok"].as_object_mut().unwrap();
+    facts.remove("kv_window_bytes_per_sequence").unwrap();
+    facts.insert("kv_bytes_per_token".into(), serde_json::json!(2048));
+    std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+    assert_eq!(cache.entries().unwrap()[0].header.as_ref().unwrap().kv_window_bytes_per_sequence, None);
+    assert_eq!(cache.indexed_facts(&sha).unwrap().unwrap().facts, want);
+    let saved = cache.entries().unwrap()[0].header.clone().unwrap();
+    assert_eq!((saved.kv_bytes_per_token, saved.kv_window_bytes_per_sequence), (Some(1024), Some(0)), "saved");
+}
+
+#[test]
+fn a_gpt_oss_header_gives_the_full_layers_per_token_and_the_rings_per_sequence() {
+    use brink_engine::synth::{GptOssPreset, gpt_oss};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny-gpt-oss.gguf");
+    let spec = gpt_oss::GptOssSpec::from_preset(GptOssPreset::Tiny);
+    gpt_oss::generate(&spec, &path, |_, _| {}).unwrap();
+    let facts = header::read(&path).unwrap();
+    // Two layers of 2 KV heads of 64 dims: one position of one layer is 2 x (64 + 64) x 2 =
+    // 512 bytes. Layer 0 is windowed (128 tokens): a ring of ceil((2048 + 127) / 16) = 136
+    // blocks of 16 at the default prefill chunk; layer 1 is full.
+    assert_eq!(spec.shape.sliding_window, 128);
+    assert_eq!((facts.kv_bytes_per_token, facts.kv_window_bytes_per_sequence), (Some(512), Some(512 * 2176)));
+}
+
+#[tokio::test]
 async fn a_range_cut_short_is_continued_from_where_it_stopped() {
     let dir = tempfile::tempdir().unwrap();
     let (model, sha) = tiny_model(dir.path(), 0);
