@@ -162,6 +162,9 @@ pub struct ModelFacts {
     pub shape_class: String,
     pub size_bytes: u64,
     pub kv_bytes_per_token: u64,
+    /// 0 when the status has none (no windowed layers, or written when `kv_bytes_per_token`
+    /// still counted them).
+    pub kv_window_bytes_per_sequence: u64,
 }
 
 pub fn model_facts(model: &Model) -> Result<ModelFacts, String> {
@@ -173,7 +176,9 @@ pub fn model_facts(model: &Model) -> Result<ModelFacts, String> {
     if status.size_bytes.is_none_or(|s| s == 0) {
         missing.push("sizeBytes");
     }
-    if status.kv_bytes_per_token.is_none_or(|s| s == 0) {
+    // Only a model of windowed layers alone has no per-token KV bytes.
+    let window = status.kv_window_bytes_per_sequence.unwrap_or_default();
+    if status.kv_bytes_per_token.is_none_or(|s| s == 0 && window == 0) {
         missing.push("kvBytesPerToken");
     }
     if !missing.is_empty() {
@@ -187,6 +192,7 @@ pub fn model_facts(model: &Model) -> Result<ModelFacts, String> {
         shape_class: status.shape_class.unwrap_or_default(),
         size_bytes: status.size_bytes.unwrap_or_default(),
         kv_bytes_per_token: status.kv_bytes_per_token.unwrap_or_default(),
+        kv_window_bytes_per_sequence: window,
     })
 }
 
@@ -198,6 +204,7 @@ pub fn deployment_view(dep: &ModelDeployment, facts: &ModelFacts, reserve_bytes:
         memory: MemoryNeed::Model {
             model_bytes: facts.size_bytes,
             kv_bytes_per_token: facts.kv_bytes_per_token,
+            kv_window_bytes_per_sequence: facts.kv_window_bytes_per_sequence,
             context: s.serving.context,
             concurrency: u64::from(s.serving.concurrency),
         },
@@ -395,6 +402,38 @@ mod tests {
         match &v.classes["c1"] {
             ClassQualification::Stale { changed } => assert!(changed.contains("580") && changed.contains("590"), "{changed}"),
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn model_facts_read_the_window_bytes_as_zero_when_absent() {
+        let model = |status: serde_json::Value| -> Model {
+            let m = serde_json::json!({
+                "apiVersion": "brink.dev/v1alpha1",
+                "kind": "Model",
+                "metadata": {"name": "m", "namespace": "ai"},
+                "spec": {"source": {}},
+                "status": status,
+            });
+            serde_json::from_value(m).unwrap()
+        };
+        let facts = |status| model_facts(&model(status)).map(|f| (f.kv_bytes_per_token, f.kv_window_bytes_per_sequence));
+        let base = serde_json::json!({"shapeClass": "c", "sizeBytes": 10});
+        let with = |kv: serde_json::Value| {
+            let mut s = base.clone();
+            s.as_object_mut().unwrap().extend(kv.as_object().unwrap().clone());
+            s
+        };
+        // Written by an agent that counted every layer per token, or a model without windows.
+        assert_eq!(facts(with(serde_json::json!({"kvBytesPerToken": 98_304}))), Ok((98_304, 0)));
+        // gpt-oss-20b: 12 full layers per token, 12 rings per sequence.
+        let oss = serde_json::json!({"kvBytesPerToken": 24_576, "kvWindowBytesPerSequence": 53_477_376});
+        assert_eq!(facts(with(oss)), Ok((24_576, 53_477_376)));
+        // Windowed layers alone: no per-token part, still sized.
+        assert_eq!(facts(with(serde_json::json!({"kvBytesPerToken": 0, "kvWindowBytesPerSequence": 5}))), Ok((0, 5)));
+        for missing in [serde_json::json!({"kvBytesPerToken": 0}), serde_json::json!({"kvWindowBytesPerSequence": 5})] {
+            let err = facts(with(missing.clone())).unwrap_err();
+            assert!(err.contains("status.kvBytesPerToken"), "{missing}: {err}");
         }
     }
 

@@ -140,8 +140,10 @@ pub enum Spread {
 pub enum MemoryNeed {
     /// Precomputed by the caller.
     Bytes(u64),
-    /// Model weights plus the KV cache for `concurrency` sequences of `context` tokens.
-    Model { model_bytes: u64, kv_bytes_per_token: u64, context: u64, concurrency: u64 },
+    /// Model weights plus the KV cache for `concurrency` sequences of `context` tokens: per
+    /// sequence, `kv_bytes_per_token` (the full-attention layers) per token plus
+    /// `kv_window_bytes_per_sequence` (the sliding-window layers' rings, whatever the context).
+    Model { model_bytes: u64, kv_bytes_per_token: u64, kv_window_bytes_per_sequence: u64, context: u64, concurrency: u64 },
 }
 
 /// Replicas one deployment may ask for: far above any fleet of these nodes, low enough that a
@@ -201,14 +203,16 @@ impl DeploymentView {
     pub fn memory_bytes(&self) -> Result<u64, DecideError> {
         match self.memory {
             MemoryNeed::Bytes(b) => Ok(b),
-            MemoryNeed::Model { model_bytes, kv_bytes_per_token, context, concurrency } => kv_bytes_per_token
+            MemoryNeed::Model { model_bytes, kv_bytes_per_token, kv_window_bytes_per_sequence, context, concurrency } => kv_bytes_per_token
                 .checked_mul(context)
+                .and_then(|kv| kv.checked_add(kv_window_bytes_per_sequence))
                 .and_then(|kv| kv.checked_mul(concurrency))
                 .and_then(|kv| kv.checked_add(model_bytes))
                 .ok_or_else(|| DecideError::MemoryOverflow {
                     deployment: self.key.clone(),
                     detail: format!(
-                        "model {model_bytes} B + KV {kv_bytes_per_token} B/token x context {context} x concurrency {concurrency} exceeds 2^64 bytes"
+                        "model {model_bytes} B + (KV {kv_bytes_per_token} B/token x context {context} + window KV \
+                             {kv_window_bytes_per_sequence} B) x concurrency {concurrency} exceeds 2^64 bytes"
                     ),
                 }),
         }

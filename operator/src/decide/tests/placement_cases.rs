@@ -49,6 +49,14 @@ impl Case {
     }
 }
 
+/// gpt-oss-20b (24 layers, 8 KV heads of 64 dims, a window of 128 on every other layer) at a
+/// 128k context for 4 sequences: with the window-aware facts (`rings`: 12 full layers of 2 KiB
+/// a position, 12 rings of 2,176 positions) or with every layer counted at every position.
+fn gpt_oss_20b(rings: bool) -> MemoryNeed {
+    let (kv_bytes_per_token, kv_window_bytes_per_sequence) = if rings { (24 << 10, 51 << 20) } else { (48 << 10, 0) };
+    MemoryNeed::Model { model_bytes: 13 * GIB, kv_bytes_per_token, kv_window_bytes_per_sequence, context: 131_072, concurrency: 4 }
+}
+
 fn cases() -> Vec<Case> {
     use TaintEffect::*;
     let other = "ai/other";
@@ -335,7 +343,13 @@ fn cases() -> Vec<Case> {
             "memory: model plus KV, exact",
             vec![with("a", |n| n.allocatable_bytes = 18 * GIB)],
             dep_with(|d| {
-                d.memory = MemoryNeed::Model { model_bytes: 10 * GIB, kv_bytes_per_token: 64 << 10, context: 32_768, concurrency: 4 }
+                d.memory = MemoryNeed::Model {
+                    model_bytes: 10 * GIB,
+                    kv_bytes_per_token: 64 << 10,
+                    kv_window_bytes_per_sequence: 0,
+                    context: 32_768,
+                    concurrency: 4,
+                }
             }),
             1,
         )
@@ -344,11 +358,38 @@ fn cases() -> Vec<Case> {
             "memory: model plus KV, one byte short",
             vec![with("a", |n| n.allocatable_bytes = 18 * GIB - 1)],
             dep_with(|d| {
-                d.memory = MemoryNeed::Model { model_bytes: 10 * GIB, kv_bytes_per_token: 64 << 10, context: 32_768, concurrency: 4 }
+                d.memory = MemoryNeed::Model {
+                    model_bytes: 10 * GIB,
+                    kv_bytes_per_token: 64 << 10,
+                    kv_window_bytes_per_sequence: 0,
+                    context: 32_768,
+                    concurrency: 4,
+                }
             }),
             1,
         )
         .why("a", "needs 18.00 GiB"),
+        // gpt-oss-20b at a 128k context for 4 sequences: 13 GiB of weights + 4 x (24 KiB/token
+        // (the 12 full layers) x 131,072 + 51 MiB (the 12 windowed layers' rings)) = 25 GiB +
+        // 204 MiB. Counting every layer at every position asked 13 + 4 x 6 = 37 GiB.
+        case("memory: window-only KV, exact", vec![with("a", |n| n.allocatable_bytes = 25 * GIB + (204 << 20))], dep_with(|d| d.memory = gpt_oss_20b(true)), 1)
+            .on(&["a"]),
+        case(
+            "memory: window-only KV, one byte short",
+            vec![with("a", |n| n.allocatable_bytes = 25 * GIB + (204 << 20) - 1)],
+            dep_with(|d| d.memory = gpt_oss_20b(true)),
+            1,
+        )
+        .why("a", "needs 25.20 GiB"),
+        case("memory: window-only KV fits 32 GiB", vec![with("a", |n| n.allocatable_bytes = 32 * GIB)], dep_with(|d| d.memory = gpt_oss_20b(true)), 1)
+            .on(&["a"]),
+        case(
+            "memory: every layer's KV at every position does not fit 32 GiB",
+            vec![with("a", |n| n.allocatable_bytes = 32 * GIB)],
+            dep_with(|d| d.memory = gpt_oss_20b(false)),
+            1,
+        )
+        .why("a", "needs 37.00 GiB"),
         // Envelopes: request 8192 / 2048.
         case(
             "Clamp at envelope == request",
@@ -589,8 +630,20 @@ fn check(c: &Case) {
 
 #[test]
 fn bad_deployments_are_refused_with_the_field() {
-    let model =
-        |kv: u64, context: u64, concurrency: u64| MemoryNeed::Model { model_bytes: GIB, kv_bytes_per_token: kv, context, concurrency };
+    let model = |kv: u64, context: u64, concurrency: u64| MemoryNeed::Model {
+        model_bytes: GIB,
+        kv_bytes_per_token: kv,
+        kv_window_bytes_per_sequence: 0,
+        context,
+        concurrency,
+    };
+    let windowed = |window: u64, concurrency: u64| MemoryNeed::Model {
+        model_bytes: GIB,
+        kv_bytes_per_token: 1,
+        kv_window_bytes_per_sequence: window,
+        context: 1,
+        concurrency,
+    };
     let table: Vec<(DeploymentView, &str)> = vec![
         (dep_with(|d| d.max_batch_tokens = 0), "ModelDeployment ai/chat: spec.serving.maxBatchTokens: must be at least 1"),
         (dep_with(|d| d.prefill_chunk = 0), "spec.serving.prefillChunk: must be at least 1"),
@@ -599,8 +652,11 @@ fn bad_deployments_are_refused_with_the_field() {
         (dep_with(|d| d.memory = model(1, 1, 0)), "spec.serving.concurrency: must be at least 1"),
         (
             dep_with(|d| d.memory = model(1 << 40, 1 << 20, 1 << 10)),
-            "memory need: model 1073741824 B + KV 1099511627776 B/token x context 1048576 x concurrency 1024 exceeds 2^64 bytes",
+            "memory need: model 1073741824 B + (KV 1099511627776 B/token x context 1048576 + window KV 0 B) x concurrency 1024 \
+             exceeds 2^64 bytes",
         ),
+        (dep_with(|d| d.memory = windowed(u64::MAX, 1)), "+ window KV 18446744073709551615 B) x concurrency 1 exceeds 2^64 bytes"),
+        (dep_with(|d| d.memory = windowed(1 << 62, 4)), "exceeds 2^64 bytes"),
         (dep_with(|d| d.memory = model(u64::MAX - GIB + 1, 1, 1)), "exceeds 2^64 bytes"),
         (dep_with(|d| d.memory = MemoryNeed::Bytes(0)), "spec.memory: a replica needs 0 bytes"),
         (dep_with(|d| d.replicas = MAX_REPLICAS + 1), "spec.replicas: 10001 exceeds the limit of 10000"),
@@ -611,6 +667,7 @@ fn bad_deployments_are_refused_with_the_field() {
     }
     // One byte under the overflow is fine.
     assert!(place(&dep_with(|d| d.memory = model(u64::MAX - GIB, 1, 1)), &[node("a")], 1, NOW, &POLICY).is_ok());
+    assert!(place(&dep_with(|d| d.memory = windowed(u64::MAX - GIB - 1, 1)), &[node("a")], 1, NOW, &POLICY).is_ok());
     assert!(place(&dep_with(|d| d.replicas = MAX_REPLICAS), &[node("a")], 1, NOW, &POLICY).is_ok());
     let err = place(&dep(), &[node("a")], MAX_REPLICAS + 1, NOW, &POLICY).unwrap_err().to_string();
     assert_eq!(err, "ModelDeployment ai/chat: 10001 new replicas asked of one placement (limit 10000)");
