@@ -114,6 +114,19 @@ static __device__ __forceinline__ float swiglu_value(float g, float u) {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
 }
 
+// gpt-oss's clamped SwiGLU (ggml_swiglu_oai), each operation IEEE-rounded in the CPU backend's
+// order (std::min and std::clamp compare as written: a NaN gate or up passes through).
+static __device__ __forceinline__ float swiglu_oai_value(float g, float u, float alpha, float limit) {
+    const float x = limit < g ? limit : g;
+    const float y = u < -limit ? -limit : (limit < u ? limit : u);
+    return __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, expf(__fmul_rn(alpha, -x)))), __fadd_rn(y, 1.0f));
+}
+
+// The activation of a launch: clamped (warp- and grid-uniform) or plain SwiGLU.
+static __device__ __forceinline__ float glue_act(float g, float u, int clamped, float alpha, float limit) {
+    return clamped ? swiglu_oai_value(g, u, alpha, limit) : swiglu_value(g, u);
+}
+
 // Quantizes the 32 values of a warp (lane j holds value j) into one q8_1 block, step for step
 // as `quant::quantize_block_q8_1`: d = amax / 127, q = roundf(v / d) (half away from zero, IEEE
 // division), s = d * Σq; d and s stored as f16. Every lane must call it (two reductions);

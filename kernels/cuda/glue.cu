@@ -19,21 +19,8 @@
 #define GLUE_WARPS (GLUE_THREADS / 32)
 #define DENSE_TOKENS 8  // tokens per dense_f32 block: each W row read serves them all
 
-// swiglu_value (silu(g) * u, IEEE-rounded) is in common.cuh: the fused gate/up GEMV of
-// moe_gemv.cu computes it too, and the two must agree bit for bit.
-
-// gpt-oss's clamped SwiGLU, each operation IEEE-rounded in the CPU backend's order (std::min and
-// std::clamp compare as written: a NaN gate or up passes through).
-static __device__ __forceinline__ float swiglu_oai_value(float g, float u, float alpha, float limit) {
-    const float x = limit < g ? limit : g;
-    const float y = u < -limit ? -limit : (limit < u ? limit : u);
-    return __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, expf(__fmul_rn(alpha, -x)))), __fadd_rn(y, 1.0f));
-}
-
-// The activation of a launch: clamped (warp- and grid-uniform) or plain SwiGLU.
-static __device__ __forceinline__ float glue_act(float g, float u, int clamped, float alpha, float limit) {
-    return clamped ? swiglu_oai_value(g, u, alpha, limit) : swiglu_value(g, u);
-}
+// swiglu_value, swiglu_oai_value and glue_act are in common.cuh: the fused gate/up GEMV of
+// moe_gemv.cu computes them too, and the two must agree bit for bit.
 
 extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
 swiglu(const float* __restrict__ gate, u64 gate_offset, const float* __restrict__ up, u64 up_offset, u64 in_stride,

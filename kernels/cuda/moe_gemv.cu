@@ -57,11 +57,13 @@ static __device__ __forceinline__ void dot_rows2_partial_t(const unsigned char* 
     *u = au;
 }
 
-// Gate and up GEMVs with SwiGLU and the q8_1 quantization in the epilogue:
-//   out[pair, c / 32] = q8_1 of silu(gate[pair, c]) * up[pair, c] over a tile of 32 columns c,
-//   gate[pair, c] = dot(Wg[ids[pair]][c, :], xq[pair / top_k, :]), up likewise with Wu;
-// = moe_gemv(gate), moe_gemv(up), swiglu_q8_1 (pair order), bit for bit. N (the FFN width) is a
-// multiple of 32 (the plan refuses others), so every column of a tile exists.
+// Gate and up GEMVs with the activation and the q8_1 quantization in the epilogue:
+//   out[pair, c / 32] = q8_1 of act(gate[pair, c], up[pair, c]) over a tile of 32 columns c,
+//   gate[pair, c] = dot(Wg[ids[pair]][c, :], xq[pair / top_k, :]) (+ b_gate[ids[pair], c]), up
+//   likewise with Wu and b_up; act plain SwiGLU or gpt-oss's clamped one (glue_act);
+// = moe_gemv(gate), moe_gemv(up), add_pick_bias_f32 on both when biased, swiglu_q8_1 (pair
+// order), bit for bit. The biases are null or both present. N (the FFN width) is a multiple of
+// 32 (the plan refuses others), so every column of a tile exists.
 // Geometry: the pair (grows with tokens) on grid.x, the N / 32 column tiles on grid.y. Warp w
 // takes columns w, w + warps, ... of the tile (a warp-uniform loop: every lane reaches both
 // warp_sums), lane 0 leaves the two sums in shared memory; after the barrier warp 0 holds
@@ -70,7 +72,8 @@ static __device__ __forceinline__ void dot_rows2_partial_t(const unsigned char* 
 extern "C" __global__ void __launch_bounds__(GEMV_FUSED_MAX_WARPS * 32)
 moe_gemv_swiglu_q8_1(const unsigned char* __restrict__ w_gate, const unsigned char* __restrict__ w_up, int wtype,
                      const block_q8_1* __restrict__ xq, const int* __restrict__ ids, block_q8_1* __restrict__ out,
-                     int top_k, int n, int k) {
+                     int top_k, int n, int k, const float* __restrict__ b_gate, const float* __restrict__ b_up,
+                     int clamped, float alpha, float limit) {
     GRID_DEPENDENCY_WAIT();
     __shared__ float gs[QK];
     __shared__ float us[QK];
@@ -90,18 +93,20 @@ moe_gemv_swiglu_q8_1(const unsigned char* __restrict__ w_gate, const unsigned ch
         g = warp_sum(g);
         u = warp_sum(u);
         if (lane == 0) {
-            gs[c] = g;
-            us[c] = u;
+            gs[c] = b_gate != nullptr ? __fadd_rn(g, b_gate[row]) : g;
+            us[c] = b_up != nullptr ? __fadd_rn(u, b_up[row]) : u;
         }
     }
     __syncthreads();
-    if (warp == 0) warp_quantize_q8_1(swiglu_value(gs[lane], us[lane]), true, out + pair * (u64)(n / QK) + blockIdx.y);
+    if (warp == 0) warp_quantize_q8_1(glue_act(gs[lane], us[lane], clamped, alpha, limit), true, out + pair * (u64)(n / QK) + blockIdx.y);
 }
 
 // Down GEMV with the weighted sum over the top_k slots in the epilogue:
-//   out[t, n] = sum_j weights[t * top_k + j] * dot(Wd[ids[t * top_k + j]][n, :], act[t * top_k + j, :])
-// = moe_gemv(down, one pair per "token") then moe_combine, bit for bit: each dot as gemv_pair,
-// the sum as moe_combine's (acc = 0, then acc += w * y in slot order).
+//   out[t, n] = sum_j weights[t * top_k + j] * y_j,
+//   y_j = dot(Wd[ids[t * top_k + j]][n, :], act[t * top_k + j, :]) (+ b_down[ids[t * top_k + j], n])
+// = moe_gemv(down, one pair per "token"), add_pick_bias_f32 when b_down is not null, then
+// moe_combine, bit for bit: each dot as gemv_pair, the sum as moe_combine's (acc = 0, then
+// acc += w * y in slot order).
 // Geometry: the token (grows) on grid.x, tiles of `rows` output rows on grid.y (bounded by N).
 // The block's rows x top_k (row, slot) dots go to its warps in a warp-uniform loop (item
 // i = r * top_k + j); lane 0 leaves each in dynamic shared memory ys[i]; after the barrier,
@@ -110,7 +115,7 @@ moe_gemv_swiglu_q8_1(const unsigned char* __restrict__ w_gate, const unsigned ch
 extern "C" __global__ void __launch_bounds__(GEMV_FUSED_MAX_WARPS * 32)
 moe_gemv_combine(const unsigned char* __restrict__ w, int wtype, const block_q8_1* __restrict__ act,
                  const int* __restrict__ ids, const float* __restrict__ weights, float* __restrict__ out,
-                 int top_k, int n, int k, int rows) {
+                 int top_k, int n, int k, int rows, const float* __restrict__ b_down) {
     GRID_DEPENDENCY_WAIT();
     extern __shared__ float ys[];
     const int lane = threadIdx.x & 31;
@@ -129,7 +134,7 @@ moe_gemv_combine(const unsigned char* __restrict__ w, int wtype, const block_q8_
         const u64 e = (u64)ids[pair];
         const unsigned char* w_row = w + (e * (u64)n + (u64)row_read) * rb;
         const float y = warp_sum(dot_row_partial(w_row, wtype, act + pair * (u64)nb, nb, lane, 32));
-        if (lane == 0) ys[i] = y;
+        if (lane == 0) ys[i] = b_down != nullptr ? __fadd_rn(y, b_down[e * (u64)n + (u64)row_read]) : y;
     }
     __syncthreads();
     for (int r = threadIdx.x; r < rows; r += blockDim.x) {

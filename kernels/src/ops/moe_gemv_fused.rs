@@ -1,14 +1,18 @@
 //! The routed experts' decode GEMVs with their glue fused into the epilogue (`cuda/moe_gemv.cu`):
 //!
 //! - [`GATE_UP_KERNEL`] (`moe_gemv_swiglu_q8_1`): gate and up GEMVs of a (token, slot) pair over
-//!   a tile of 32 FFN columns, then `silu(gate)·up` quantized to that tile's q8_1 block, in one
-//!   launch. It replaces `moe_gemv(gate)`, `moe_gemv(up)` and `swiglu_q8_1` (pair order): the
-//!   per-row arithmetic is `moe_gemv`'s and the epilogue `swiglu_q8_1`'s, so the bytes equal that
-//!   chain's bit for bit (the self-test runs both and counts differing blocks).
+//!   a tile of 32 FFN columns, then the activation (`silu(gate)·up`, or gpt-oss's clamped one)
+//!   quantized to that tile's q8_1 block, in one launch. It replaces `moe_gemv(gate)`,
+//!   `moe_gemv(up)` and `swiglu_q8_1` (pair order): the per-row arithmetic is `moe_gemv`'s and the
+//!   epilogue `swiglu_q8_1`'s, so the bytes equal that chain's bit for bit (the self-test runs
+//!   both and counts differing blocks).
 //! - [`COMBINE_KERNEL`] (`moe_gemv_combine`): the down GEMV of every slot of a token with the
 //!   router-weighted sum over the slots in the epilogue, replacing `moe_gemv(down)` and
 //!   `moe_combine`: each dot as `moe_gemv`'s, the sum as `moe_combine`'s (slot order, `acc += w·y`),
 //!   so the output equals that chain's bit for bit.
+//!
+//! With an [`Epilogue`] that is `biased` (gpt-oss), each dot gains its expert's bias before the
+//! activation or the combine, as the chain's `add_pick_bias_f32` adds it (one IEEE add).
 //!
 //! Geometry (both): the index that grows with tokens on `grid.x` (pairs for gate/up, tokens for
 //! the combine), column tiles on `grid.y` (bounded by the weight shape: a typed error past the
@@ -28,7 +32,8 @@ use crate::ops::moe_align::GEMM_TILE_M;
 use crate::ops::moe_combine::{self, CombineCase, combine_cpu};
 use crate::ops::moe_gemv::{self, GemvBuffers, GemvDims, moe_gemv_cpu, pair_row};
 use crate::ops::quantize::{self, Source};
-use crate::ops::swiglu::{self, GateUp, swiglu_q8_1_cpu, swiglu_value};
+use crate::ops::bias::{self, add_pick_bias_cpu};
+use crate::ops::swiglu::{self, Act, GateUp, act_q8_1_cpu};
 use crate::ops::testdata::{GUARD_WORDS, Guarded, download_rows, fill_uniform, fill_weights};
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType, dequantize_q8_1, q8_1_bytes, quantize_row_q8_1};
 use crate::routing::{Routing, route};
@@ -86,11 +91,32 @@ impl FfnDims {
     }
 }
 
+/// What the fused kernels do after the dots: the activation of gate and up, and whether each
+/// dot gains its expert's bias first (gate, up and down: gpt-oss's experts carry all three).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Epilogue {
+    pub act: Act,
+    pub biased: bool,
+}
+
+impl Epilogue {
+    /// The self-test tag of a non-plain epilogue (`biased-clamped`, ...); none for qwen3moe's.
+    pub fn tag(&self) -> Option<String> {
+        let parts: Vec<&str> = [(self.biased, "biased"), (!self.act.is_plain(), "clamped")]
+            .into_iter()
+            .filter_map(|(on, name)| on.then_some(name))
+            .collect();
+        (!parts.is_empty()).then(|| parts.join("-"))
+    }
+}
+
 /// A self-test case of either fused kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FusedCase {
     pub dims: FfnDims,
     pub routing: Routing,
+    #[serde(default)]
+    pub epilogue: Epilogue,
 }
 
 fn describe(kernel: &str, tokens: u64, d: &FfnDims) -> String {
@@ -164,16 +190,25 @@ pub fn combine_plan(tokens: u64, d: &FfnDims, limits: &DeviceLimits) -> Result<L
 }
 
 /// One pair's q8_1 activation row `[ffn / 32]`, tile by tile as the kernel computes it:
-/// `weight(r)` returns row `r = e·ffn + c` of the gate (`up` false) or up matrix.
-pub fn gate_up_pair<R: AsRef<[u8]>>(weight: impl Fn(bool, u64) -> R, x: &[BlockQ8_1], e: u64, d: &FfnDims) -> Vec<BlockQ8_1> {
+/// `weight(r)` returns row `r = e·ffn + c` of the gate (`up` false) or up matrix; `bias` the
+/// expert's gate and up bias rows `[ffn]` when the epilogue is biased.
+pub fn gate_up_pair<R: AsRef<[u8]>>(
+    weight: impl Fn(bool, u64) -> R,
+    bias: Option<[&[f32]; 2]>,
+    act: Act,
+    x: &[BlockQ8_1],
+    e: u64,
+    d: &FfnDims,
+) -> Vec<BlockQ8_1> {
     let ffn = d.ffn as u64;
+    let biased = |v: f32, which: usize, c: u64| bias.map_or(v, |b| v + b[which][c as usize]);
     (0..ffn / QK as u64)
         .flat_map(|tile| {
             let v: Vec<f32> = (tile * QK as u64..(tile + 1) * QK as u64)
                 .map(|c| {
-                    let g = d.wtype.dot_q8_1(weight(false, e * ffn + c).as_ref(), x);
-                    let u = d.wtype.dot_q8_1(weight(true, e * ffn + c).as_ref(), x);
-                    swiglu_value(g, u)
+                    let g = biased(d.wtype.dot_q8_1(weight(false, e * ffn + c).as_ref(), x), 0, c);
+                    let u = biased(d.wtype.dot_q8_1(weight(true, e * ffn + c).as_ref(), x), 1, c);
+                    act.value(g, u)
                 })
                 .collect();
             quantize_row_q8_1(&v)
@@ -182,10 +217,12 @@ pub fn gate_up_pair<R: AsRef<[u8]>>(weight: impl Fn(bool, u64) -> R, x: &[BlockQ
 }
 
 /// One token's output row `[hidden]`: `weight(r)` returns row `r = e·hidden + n` of the down
-/// matrix, `act(j)` slot j's q8_1 row, `w(j)` its router weight.
-pub fn combine_token<'a, R: AsRef<[u8]>>(
+/// matrix, `act(j)` slot j's q8_1 row, `w(j)` its router weight, `bias(j)` its expert's down
+/// bias row `[hidden]` when the epilogue is biased.
+pub fn combine_token<'a, 'b, R: AsRef<[u8]>>(
     weight: impl Fn(u64) -> R,
     act: impl Fn(usize) -> &'a [BlockQ8_1],
+    bias: impl Fn(usize) -> Option<&'b [f32]>,
     ids: &[i32],
     w: impl Fn(usize) -> f32,
     d: &FfnDims,
@@ -195,6 +232,9 @@ pub fn combine_token<'a, R: AsRef<[u8]>>(
         .map(|j| {
             let mut y = vec![0.0f32; n];
             pair_row(&weight, act(j), ids[j] as u64, &d.down(), &mut y);
+            if let Some(b) = bias(j) {
+                y.iter_mut().zip(b).for_each(|(y, b)| *y += b);
+            }
             y
         })
         .collect();
@@ -209,10 +249,20 @@ pub fn combine_token<'a, R: AsRef<[u8]>>(
         .collect()
 }
 
+/// The gate and up biases `[experts, ffn]` each, when the epilogue is biased.
+pub type GateUpBias<'a, T> = Option<[&'a T; 2]>;
+
 /// CPU twin of the gate/up kernel: `w_gate`, `w_up` hold `experts·ffn` rows, `xq` `[tokens,
 /// hidden/32]`, `ids` `[tokens·top_k]`; returns the q8_1 activations `[tokens·top_k, ffn/32]`.
-pub fn gate_up_cpu(w_gate: &[u8], w_up: &[u8], xq: &[BlockQ8_1], ids: &[i32], d: &FfnDims) -> Vec<BlockQ8_1> {
-    let (nb, rb) = (d.hidden as usize / QK, d.wtype.row_bytes(d.hidden as usize));
+pub fn gate_up_cpu(
+    w_gate: &[u8],
+    w_up: &[u8],
+    (bias, act): (GateUpBias<'_, [f32]>, Act),
+    xq: &[BlockQ8_1],
+    ids: &[i32],
+    d: &FfnDims,
+) -> Vec<BlockQ8_1> {
+    let (nb, rb, ffn) = (d.hidden as usize / QK, d.wtype.row_bytes(d.hidden as usize), d.ffn as usize);
     let row = |up: bool, r: u64| {
         let w = if up { w_up } else { w_gate };
         &w[r as usize * rb..(r as usize + 1) * rb]
@@ -220,84 +270,119 @@ pub fn gate_up_cpu(w_gate: &[u8], w_up: &[u8], xq: &[BlockQ8_1], ids: &[i32], d:
     (0..ids.len())
         .into_par_iter()
         .flat_map_iter(|pair| {
-            let t = pair / d.top_k as usize;
-            gate_up_pair(row, &xq[t * nb..(t + 1) * nb], ids[pair] as u64, d)
+            let (t, e) = (pair / d.top_k as usize, ids[pair] as usize);
+            let rows = bias.map(|b| b.map(|b| &b[e * ffn..(e + 1) * ffn]));
+            gate_up_pair(row, rows, act, &xq[t * nb..(t + 1) * nb], e as u64, d)
         })
         .collect()
 }
 
 /// CPU twin of the combine kernel: `w_down` `experts·hidden` rows, `act` `[tokens·top_k,
-/// ffn/32]`, `ids` and `weights` `[tokens·top_k]`; returns `[tokens, hidden]`.
-pub fn combine_fused_cpu(w_down: &[u8], act: &[BlockQ8_1], ids: &[i32], weights: &[f32], d: &FfnDims) -> Vec<f32> {
-    let (k, nb, rb) = (d.top_k as usize, d.ffn as usize / QK, d.wtype.row_bytes(d.ffn as usize));
+/// ffn/32]`, `ids` and `weights` `[tokens·top_k]`, `bias` `[experts, hidden]` when biased;
+/// returns `[tokens, hidden]`.
+pub fn combine_fused_cpu(w_down: &[u8], bias: Option<&[f32]>, act: &[BlockQ8_1], ids: &[i32], weights: &[f32], d: &FfnDims) -> Vec<f32> {
+    let (k, nb, rb, n) = (d.top_k as usize, d.ffn as usize / QK, d.wtype.row_bytes(d.ffn as usize), d.hidden as usize);
     let row = |r: u64| &w_down[r as usize * rb..(r as usize + 1) * rb];
     (0..ids.len() / k)
         .into_par_iter()
         .flat_map_iter(|t| {
+            let ids = &ids[t * k..(t + 1) * k];
             let act = |j: usize| &act[(t * k + j) * nb..(t * k + j + 1) * nb];
-            combine_token(row, act, &ids[t * k..(t + 1) * k], |j| weights[t * k + j], d)
+            let bias = |j: usize| bias.map(|b| &b[ids[j] as usize * n..(ids[j] as usize + 1) * n]);
+            combine_token(row, act, bias, ids, |j| weights[t * k + j], d)
         })
         .collect()
 }
 
 /// The chains the kernels replace, from the existing twins (the unit tests hold the fused twins
 /// to them).
-pub fn gate_up_chain_cpu(w_gate: &[u8], w_up: &[u8], xq: &[BlockQ8_1], ids: &[i32], d: &FfnDims) -> Vec<BlockQ8_1> {
-    let (gate, up) = (moe_gemv_cpu(w_gate, xq, ids, &d.gate_up()), moe_gemv_cpu(w_up, xq, ids, &d.gate_up()));
-    swiglu_q8_1_cpu(&gate, &up, d.ffn as usize, Source::Dense)
+pub fn gate_up_chain_cpu(
+    w_gate: &[u8],
+    w_up: &[u8],
+    (bias, act): (GateUpBias<'_, [f32]>, Act),
+    xq: &[BlockQ8_1],
+    ids: &[i32],
+    d: &FfnDims,
+) -> Vec<BlockQ8_1> {
+    let (mut gate, mut up) = (moe_gemv_cpu(w_gate, xq, ids, &d.gate_up()), moe_gemv_cpu(w_up, xq, ids, &d.gate_up()));
+    if let Some([bg, bu]) = bias {
+        gate = add_pick_bias_cpu(&gate, ids, bg, d.ffn as usize);
+        up = add_pick_bias_cpu(&up, ids, bu, d.ffn as usize);
+    }
+    act_q8_1_cpu(&gate, &up, d.ffn as usize, Source::Dense, act)
 }
 
-pub fn combine_chain_cpu(w_down: &[u8], act: &[BlockQ8_1], ids: &[i32], weights: &[f32], d: &FfnDims) -> Vec<f32> {
-    combine_cpu(&moe_gemv_cpu(w_down, act, ids, &d.down()), weights, d.top_k as usize, d.hidden as usize)
+pub fn combine_chain_cpu(w_down: &[u8], bias: Option<&[f32]>, act: &[BlockQ8_1], ids: &[i32], weights: &[f32], d: &FfnDims) -> Vec<f32> {
+    let mut down = moe_gemv_cpu(w_down, act, ids, &d.down());
+    if let Some(b) = bias {
+        down = add_pick_bias_cpu(&down, ids, b, d.hidden as usize);
+    }
+    combine_cpu(&down, weights, d.top_k as usize, d.hidden as usize)
 }
 
 /// Device buffers of the gate/up kernel: weights `[experts·ffn]` rows each, xq q8_1 `[tokens,
-/// hidden/32]`, ids `[tokens·top_k]`, out q8_1 `[tokens·top_k, ffn/32]` (any element types).
+/// hidden/32]`, ids `[tokens·top_k]`, out q8_1 `[tokens·top_k, ffn/32]` (any element types);
+/// the gate and up biases `[experts, ffn]` when the epilogue is biased.
 pub struct GateUpBuffers<'a, X, O> {
     pub w_gate: &'a CudaSlice<u8>,
     pub w_up: &'a CudaSlice<u8>,
     pub xq: &'a CudaSlice<X>,
     pub ids: &'a CudaSlice<i32>,
     pub out: &'a mut CudaSlice<O>,
+    pub bias: GateUpBias<'a, CudaSlice<f32>>,
 }
 
-/// The fused gate/up GEMV on the device. Buffers too small for the shape are refused.
+/// The fused gate/up GEMV on the device under `act`. Buffers too small for the shape are refused.
 pub fn launch_gate_up<X: DeviceRepr, O: DeviceRepr>(
     gpu: &Gpu,
     tokens: u64,
     d: &FfnDims,
+    act: Act,
     b: GateUpBuffers<'_, X, O>,
 ) -> Result<(), GpuError> {
     let p = gate_up_plan(tokens, d, gpu.limits())?;
     let pairs = tokens * d.top_k as u64;
     let w_bytes = d.experts as u64 * d.ffn as u64 * d.wtype.row_bytes(d.hidden as usize) as u64;
-    require_bytes(
-        &p,
-        &[
-            ("w_gate", b.w_gate.len() as u64, w_bytes),
-            ("w_up", b.w_up.len() as u64, w_bytes),
-            ("xq", bytes_of(b.xq.len(), size_of::<X>()), q8_1_bytes(tokens, d.hidden)),
-            ("ids", bytes_of(b.ids.len(), 4), 4 * pairs),
-            ("out", bytes_of(b.out.len(), size_of::<O>()), q8_1_bytes(pairs, d.ffn)),
-        ],
-    )?;
+    let bias_bytes = 4 * d.experts as u64 * d.ffn as u64;
+    let [b_gate, b_up] = b.bias.map_or([None, None], |[g, u]| [Some(g), Some(u)]);
+    let mut need = vec![
+        ("w_gate", b.w_gate.len() as u64, w_bytes),
+        ("w_up", b.w_up.len() as u64, w_bytes),
+        ("xq", bytes_of(b.xq.len(), size_of::<X>()), q8_1_bytes(tokens, d.hidden)),
+        ("ids", bytes_of(b.ids.len(), 4), 4 * pairs),
+        ("out", bytes_of(b.out.len(), size_of::<O>()), q8_1_bytes(pairs, d.ffn)),
+    ];
+    for (name, bias) in [("gate bias", b_gate), ("up bias", b_up)] {
+        need.extend(bias.map(|v| (name, bytes_of(v.len(), 4), bias_bytes)));
+    }
+    require_bytes(&p, &need)?;
     let f = gpu.function(&MOE_GEMV, GATE_UP_KERNEL)?;
     let (wtype, top_k, n, k) = (d.wtype.code(), d.top_k as i32, d.ffn as i32, d.hidden as i32);
+    let (clamped, alpha, limit) = act.args();
+    let null = 0u64;
     gpu.launch(&p, &f, |a| {
         a.arg(b.w_gate).arg(b.w_up).arg(&wtype).arg(b.xq).arg(b.ids).arg(b.out).arg(&top_k).arg(&n).arg(&k);
+        for bias in [b_gate, b_up] {
+            match bias {
+                Some(v) => a.arg(v),
+                None => a.arg(&null),
+            };
+        }
+        a.arg(&clamped).arg(&alpha).arg(&limit);
     })?;
     Ok(())
 }
 
 /// Device buffers of the combine kernel: down weights `[experts·hidden]` rows, act q8_1
 /// `[tokens·top_k, ffn/32]`, ids and router weights `[tokens·top_k]`, out f32 `[tokens, hidden]`
-/// (any 4-byte element type).
+/// (any 4-byte element type); the down bias `[experts, hidden]` when the epilogue is biased.
 pub struct CombineBuffers<'a, A, O> {
     pub w_down: &'a CudaSlice<u8>,
     pub act: &'a CudaSlice<A>,
     pub ids: &'a CudaSlice<i32>,
     pub weights: &'a CudaSlice<f32>,
     pub out: &'a mut CudaSlice<O>,
+    pub bias: Option<&'a CudaSlice<f32>>,
 }
 
 /// The fused down GEMV + weighted combine on the device. Buffers too small are refused.
@@ -311,21 +396,25 @@ pub fn launch_combine<A: DeviceRepr, O: DeviceRepr>(
     let pairs = tokens * d.top_k as u64;
     let w_bytes = d.experts as u64 * d.hidden as u64 * d.wtype.row_bytes(d.ffn as usize) as u64;
     let out_elem = if size_of::<O>() == 4 { 0 } else { u64::MAX };
-    require_bytes(
-        &p,
-        &[
-            ("w_down", b.w_down.len() as u64, w_bytes),
-            ("act", bytes_of(b.act.len(), size_of::<A>()), q8_1_bytes(pairs, d.ffn)),
-            ("ids", bytes_of(b.ids.len(), 4), 4 * pairs),
-            ("weights", bytes_of(b.weights.len(), 4), 4 * pairs),
-            ("out (4-byte elements)", bytes_of(b.out.len(), size_of::<O>()), (4 * tokens * d.hidden as u64).max(out_elem)),
-        ],
-    )?;
+    let mut need = vec![
+        ("w_down", b.w_down.len() as u64, w_bytes),
+        ("act", bytes_of(b.act.len(), size_of::<A>()), q8_1_bytes(pairs, d.ffn)),
+        ("ids", bytes_of(b.ids.len(), 4), 4 * pairs),
+        ("weights", bytes_of(b.weights.len(), 4), 4 * pairs),
+        ("out (4-byte elements)", bytes_of(b.out.len(), size_of::<O>()), (4 * tokens * d.hidden as u64).max(out_elem)),
+    ];
+    need.extend(b.bias.map(|v| ("down bias", bytes_of(v.len(), 4), 4 * d.experts as u64 * d.hidden as u64)));
+    require_bytes(&p, &need)?;
     let f = gpu.function(&MOE_GEMV, COMBINE_KERNEL)?;
     let rows = combine_rows(d.top_k, gpu.limits()) as i32;
     let (wtype, top_k, n, k) = (d.wtype.code(), d.top_k as i32, d.hidden as i32, d.ffn as i32);
+    let null = 0u64;
     gpu.launch(&p, &f, |a| {
         a.arg(b.w_down).arg(&wtype).arg(b.act).arg(b.ids).arg(b.weights).arg(b.out).arg(&top_k).arg(&n).arg(&k).arg(&rows);
+        match b.bias {
+            Some(v) => a.arg(v),
+            None => a.arg(&null),
+        };
     })?;
     Ok(())
 }
@@ -354,12 +443,14 @@ fn gate_up_w_bytes(d: &FfnDims) -> u64 {
     d.experts as u64 * d.ffn as u64 * d.wtype.row_bytes(d.hidden as usize) as u64
 }
 
-/// Gate/up self-test memory: ids, two weight tensors, x and xq, the chain's f32 gate and up,
-/// two guarded outputs.
+/// Gate/up self-test memory: ids, two weight tensors (and their biases), x and xq, the chain's
+/// f32 gate and up, two guarded outputs.
 pub fn gate_up_device_bytes(tokens: u64, c: &FusedCase) -> u64 {
     let d = c.dims;
     let pairs = tokens * d.top_k as u64;
+    let biases = if c.epilogue.biased { 8 * d.experts as u64 * d.ffn as u64 } else { 0 };
     4 * pairs
+        + biases
         + 2 * gate_up_w_bytes(&d)
         + 4 * tokens * d.hidden as u64
         + q8_1_bytes(tokens, d.hidden)
@@ -367,13 +458,15 @@ pub fn gate_up_device_bytes(tokens: u64, c: &FusedCase) -> u64 {
         + 2 * (q8_1_bytes(pairs, d.ffn) + 4 * GUARD_WORDS as u64)
 }
 
-/// Combine self-test memory: ids, router weights, down weights, the pairs' f32 and q8_1
-/// activations, the chain's down output, two guarded outputs.
+/// Combine self-test memory: ids, router weights, down weights (and bias), the pairs' f32 and
+/// q8_1 activations, the chain's down output, two guarded outputs.
 pub fn combine_device_bytes(tokens: u64, c: &FusedCase) -> u64 {
     let d = c.dims;
     let pairs = tokens * d.top_k as u64;
     let w = d.experts as u64 * d.hidden as u64 * d.wtype.row_bytes(d.ffn as usize) as u64;
+    let bias = if c.epilogue.biased { 4 * d.experts as u64 * d.hidden as u64 } else { 0 };
     8 * pairs
+        + bias
         + w
         + 4 * pairs * d.ffn as u64
         + q8_1_bytes(pairs, d.ffn)
@@ -387,16 +480,35 @@ const SEED_UP: u64 = 0x72;
 const SEED_DOWN: u64 = 0x73;
 const SEED_ROUTE: u64 = 0x74;
 const SEED_WEIGHTS: u64 = 0x75;
+const SEED_BIAS_GATE: u64 = 0x76;
+const SEED_BIAS_UP: u64 = 0x77;
+const SEED_BIAS_DOWN: u64 = 0x78;
+/// The biases' scale: the dots' own size at these inputs, so that biased values cross the
+/// clamped activation's limits both ways.
+const BIAS_SCALE: f32 = 8.0;
 /// Rows (pairs or tokens) compared when there are more.
 const SAMPLE: usize = 32;
+
+/// Expert `e`'s bias row `[width]` of the self-test's bias `[experts, width]` made from `seed`.
+fn bias_row(seed: u64, e: u64, width: usize) -> Vec<f32> {
+    uniform_row(seed, e * width as u64, width, BIAS_SCALE)
+}
+
+/// The self-test's bias `[experts, width]` from `seed` on the device (equal to [`bias_row`]s).
+fn bias_dev(gpu: &Gpu, seed: u64, experts: u32, width: u32) -> Result<CudaSlice<f32>, GpuError> {
+    let n = experts as usize * width as usize;
+    let mut b = gpu.alloc::<f32>(n)?;
+    fill_uniform(gpu, &mut b, n, seed, BIAS_SCALE)?;
+    Ok(b)
+}
 
 fn words_to_blocks(words: &[u32]) -> Vec<BlockQ8_1> {
     let bytes: Vec<u8> = words.iter().flat_map(|x| x.to_le_bytes()).collect();
     bytes.chunks_exact(BLOCK_Q8_1_BYTES).map(BlockQ8_1::from_bytes).collect()
 }
 
-/// Gate/up self-test: the fused kernel and the unfused device chain (`moe_gemv` ×2,
-/// `swiglu_q8_1`) on the same inputs; sampled pairs must match the chain byte for byte
+/// Gate/up self-test: the fused kernel and the unfused device chain (`moe_gemv` ×2, the picks'
+/// biases when the epilogue has them, `swiglu_q8_1` under its activation) on the same inputs; sampled pairs must match the chain byte for byte
 /// (`int_mismatches` counts differing blocks) and the twin within [`GATE_UP_TOLERANCE`].
 pub fn run_gate_up(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Outcome, GpuError> {
     stage_gate_up(gpu, tokens, c).map(Staged::finish)
@@ -416,6 +528,9 @@ pub fn stage_gate_up(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Staged, Gp
     let mut w_up = gpu.alloc::<u8>(w_blocks * d.wtype.block_bytes())?;
     fill_weights(gpu, &mut w_gate, w_blocks, SEED_GATE, d.wtype)?;
     fill_weights(gpu, &mut w_up, w_blocks, SEED_UP, d.wtype)?;
+    let ep = c.epilogue;
+    let biases = if ep.biased { Some([bias_dev(gpu, SEED_BIAS_GATE, d.experts, d.ffn)?, bias_dev(gpu, SEED_BIAS_UP, d.experts, d.ffn)?]) } else { None };
+    let bias = biases.as_ref().map(|[g, u]| [g, u]);
     let mut xq = gpu.alloc::<u8>(q8_1_bytes(tokens, d.hidden) as usize)?;
     let mut x = gpu.alloc::<f32>(tokens as usize * k)?;
     fill_uniform(gpu, &mut x, tokens as usize * k, SEED_X, 1.0)?;
@@ -426,24 +541,21 @@ pub fn stage_gate_up(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Staged, Gp
     let mut chain = Guarded::new(gpu, pairs * row_words)?;
     gpu.synchronize()?;
     let start = std::time::Instant::now();
-    launch_gate_up(gpu, tokens, &d, GateUpBuffers { w_gate: &w_gate, w_up: &w_up, xq: &xq, ids: &ids_dev, out: &mut fused.buf })?;
+    let bufs = GateUpBuffers { w_gate: &w_gate, w_up: &w_up, xq: &xq, ids: &ids_dev, out: &mut fused.buf, bias };
+    launch_gate_up(gpu, tokens, &d, ep.act, bufs)?;
     gpu.synchronize()?;
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
     {
         let mut gate = gpu.alloc::<f32>(pairs * d.ffn as usize)?;
         let mut up = gpu.alloc::<f32>(pairs * d.ffn as usize)?;
-        for (w, y) in [(&w_gate, &mut gate), (&w_up, &mut up)] {
-            moe_gemv::launch(gpu, tokens, &d.gate_up(), GemvBuffers { w, xq: &xq, ids: &ids_dev, y })?;
+        for (i, (w, y)) in [(&w_gate, &mut gate), (&w_up, &mut up)].into_iter().enumerate() {
+            moe_gemv::launch(gpu, tokens, &d.gate_up(), GemvBuffers { w, xq: &xq, ids: &ids_dev, y: &mut *y })?;
+            if let Some(b) = bias {
+                bias::launch_picks(gpu, pairs as u64, d.experts, &mut y.as_view_mut(), &ids_dev.as_view(), &b[i].as_view())?;
+            }
         }
-        swiglu::launch_q8_1(
-            gpu,
-            pairs as u64,
-            d.ffn,
-            GateUp::Separate { gate: &gate, up: &up },
-            Source::Dense,
-            pairs as u64,
-            &mut chain.buf,
-        )?;
+        let input = GateUp::Separate { gate: &gate, up: &up };
+        swiglu::launch_q8_1_act(gpu, (pairs as u64, d.ffn), input, ep.act, Source::Dense, pairs as u64, &mut chain.buf)?;
         gpu.synchronize()?;
     }
     let (unwritten, past_end) = fused.check(gpu, BLOCK_WORDS)?;
@@ -459,7 +571,7 @@ pub fn stage_gate_up(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Staged, Gp
     }
     Ok(Staged::Check(Box::new(move || {
         let keys: Vec<(u64, u64)> = got.iter().map(|&(p, e, _)| (p, e)).collect();
-        let want = gate_up_want(&d, &keys);
+        let want = gate_up_want(&d, ep, &keys);
         let mut err = RelErr::default();
         for ((p, _, got), want) in got.iter().zip(&want) {
             err.add_slice(p * d.ffn as u64, &dequantize_q8_1(&words_to_blocks(got)), want);
@@ -473,8 +585,8 @@ pub fn stage_gate_up(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Staged, Gp
     })))
 }
 
-/// Combine self-test: the fused kernel and the unfused device chain (`moe_gemv` down,
-/// `moe_combine`) on the same inputs; sampled tokens must match the chain bit for bit
+/// Combine self-test: the fused kernel and the unfused device chain (`moe_gemv` down, the picks'
+/// down bias when the epilogue has it, `moe_combine`) on the same inputs; sampled tokens must match the chain bit for bit
 /// (`int_mismatches` counts differing values) and the twin within [`COMBINE_TOLERANCE`].
 pub fn run_combine(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Outcome, GpuError> {
     stage_combine(gpu, tokens, c).map(Staged::finish)
@@ -492,6 +604,8 @@ pub fn stage_combine(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Staged, Gp
     let w_blocks = d.experts as usize * n * d.wtype.blocks_per_row(ffn);
     let mut w_down = gpu.alloc::<u8>(w_blocks * d.wtype.block_bytes())?;
     fill_weights(gpu, &mut w_down, w_blocks, SEED_DOWN, d.wtype)?;
+    let biased = c.epilogue.biased;
+    let bias = if biased { Some(bias_dev(gpu, SEED_BIAS_DOWN, d.experts, d.hidden)?) } else { None };
     let mut weights = gpu.alloc::<f32>(pairs)?;
     fill_uniform(gpu, &mut weights, pairs, SEED_WEIGHTS, 1.0)?;
     let mut act = gpu.alloc::<u8>(q8_1_bytes(pairs as u64, d.ffn) as usize)?;
@@ -503,12 +617,16 @@ pub fn stage_combine(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Staged, Gp
     let mut chain = Guarded::new(gpu, tokens as usize * n)?;
     gpu.synchronize()?;
     let start = std::time::Instant::now();
-    launch_combine(gpu, tokens, &d, CombineBuffers { w_down: &w_down, act: &act, ids: &ids_dev, weights: &weights, out: &mut fused.buf })?;
+    let bufs = CombineBuffers { w_down: &w_down, act: &act, ids: &ids_dev, weights: &weights, out: &mut fused.buf, bias: bias.as_ref() };
+    launch_combine(gpu, tokens, &d, bufs)?;
     gpu.synchronize()?;
     let kernel_ms = start.elapsed().as_secs_f64() * 1e3;
     {
         let mut down = gpu.alloc::<f32>(pairs * n)?;
         moe_gemv::launch(gpu, pairs as u64, &d.down(), GemvBuffers { w: &w_down, xq: &act, ids: &ids_dev, y: &mut down })?;
+        if let Some(b) = &bias {
+            bias::launch_picks(gpu, pairs as u64, d.experts, &mut down.as_view_mut(), &ids_dev.as_view(), &b.as_view())?;
+        }
         moe_combine::launch(gpu, tokens, &CombineCase { top_k: d.top_k, n: d.hidden }, &down, &weights, &mut chain.buf)?;
         gpu.synchronize()?;
     }
@@ -524,7 +642,7 @@ pub fn stage_combine(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Staged, Gp
     }
     Ok(Staged::Check(Box::new(move || {
         let keys: Vec<(u64, &[i32])> = got.iter().map(|(t, ids, _)| (*t, ids.as_slice())).collect();
-        let want = combine_want(&d, &keys);
+        let want = combine_want(&d, biased, &keys);
         let mut err = RelErr::default();
         for ((t, _, got), want) in got.iter().zip(&want) {
             err.add_slice(t * n as u64, got, want);
@@ -542,12 +660,12 @@ pub fn stage_combine(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Staged, Gp
 /// dequantized (what is compared). A pair's row depends on its token and expert only: each is
 /// computed once per process and shared with the family's other cases, from the expert's gate
 /// and up rows generated once per process.
-fn gate_up_want(d: &FfnDims, pairs: &[(u64, u64)]) -> Vec<Arc<Vec<f32>>> {
+fn gate_up_want(d: &FfnDims, ep: Epilogue, pairs: &[(u64, u64)]) -> Vec<Arc<Vec<f32>>> {
     let (k, top_k, ffn, rb) = (d.hidden as usize, d.top_k as u64, d.ffn as u64, d.wtype.row_bytes(d.hidden as usize));
     pairs
         .par_iter()
         .map(|&(p, e)| {
-            let what = format!("{GATE_UP_KERNEL} gate{SEED_GATE:#x} up{SEED_UP:#x} x{SEED_X:#x} {d:?} expert {e}");
+            let what = format!("{GATE_UP_KERNEL} gate{SEED_GATE:#x} up{SEED_UP:#x} x{SEED_X:#x} {d:?} {ep:?} expert {e}");
             shared_twin_row(&what, p, || {
                 let t = p / top_k;
                 let xq = quantize_row_q8_1(&uniform_row(SEED_X, t * k as u64, k, 1.0));
@@ -557,7 +675,9 @@ fn gate_up_want(d: &FfnDims, pairs: &[(u64, u64)]) -> Vec<Arc<Vec<f32>>> {
                     let at = (r - e * ffn) as usize * rb;
                     &(if up_row { &up } else { &gate })[at..at + rb]
                 };
-                dequantize_q8_1(&gate_up_pair(row, &xq, e, d))
+                let biases = ep.biased.then(|| [SEED_BIAS_GATE, SEED_BIAS_UP].map(|seed| bias_row(seed, e, ffn as usize)));
+                let bias = biases.as_ref().map(|[g, u]| [g.as_slice(), u.as_slice()]);
+                dequantize_q8_1(&gate_up_pair(row, bias, ep.act, &xq, e, d))
             })
         })
         .collect()
@@ -567,12 +687,12 @@ fn gate_up_want(d: &FfnDims, pairs: &[(u64, u64)]) -> Vec<Arc<Vec<f32>>> {
 /// token's output row. A token's row depends on the token and its experts only: each is
 /// computed once per process and shared with the family's other cases, from the experts' down
 /// rows generated once per process.
-fn combine_want(d: &FfnDims, tokens: &[(u64, &[i32])]) -> Vec<Arc<Vec<f32>>> {
+fn combine_want(d: &FfnDims, biased: bool, tokens: &[(u64, &[i32])]) -> Vec<Arc<Vec<f32>>> {
     let (ffn, top_k) = (d.ffn as usize, d.top_k as usize);
     tokens
         .par_iter()
         .map(|&(t, ids)| {
-            let what = format!("{COMBINE_KERNEL} down{SEED_DOWN:#x} x{SEED_X:#x} w{SEED_WEIGHTS:#x} {d:?} experts {ids:?}");
+            let what = format!("{COMBINE_KERNEL} down{SEED_DOWN:#x} x{SEED_X:#x} w{SEED_WEIGHTS:#x} {d:?} biased {biased} experts {ids:?}");
             shared_twin_row(&what, t, || {
                 let acts: Vec<Vec<BlockQ8_1>> = (0..top_k as u64)
                     .map(|j| quantize_row_q8_1(&uniform_row(SEED_X, (t * top_k as u64 + j) * ffn as u64, ffn, 1.0)))
@@ -586,7 +706,9 @@ fn combine_want(d: &FfnDims, tokens: &[(u64, &[i32])]) -> Vec<Arc<Vec<f32>>> {
                     let at = (r % hidden) as usize * rb;
                     &w[at..at + rb]
                 };
-                combine_token(row, |j| &acts[j], ids, |j| ws[j], d)
+                let bias: Vec<Vec<f32>> =
+                    if biased { ids.iter().map(|&e| bias_row(SEED_BIAS_DOWN, e as u64, hidden as usize)).collect() } else { Vec::new() };
+                combine_token(row, |j| &acts[j], |j| bias.get(j).map(Vec::as_slice), ids, |j| ws[j], d)
             })
         })
         .collect()
@@ -600,7 +722,7 @@ pub(crate) fn gate_up_host_half(tokens: u64, c: &FusedCase) -> usize {
     let ids = route(c.routing, tokens as usize, d.experts as usize, d.top_k as usize, GEMM_TILE_M as usize, SEED_ROUTE);
     let sampled = sample_rows(tokens * d.top_k as u64, d.top_k as u64, SAMPLE, tokens);
     let keys: Vec<(u64, u64)> = sampled.iter().map(|&p| (p, ids[p as usize] as u64)).collect();
-    gate_up_want(&d, &keys).len()
+    gate_up_want(&d, c.epilogue, &keys).len()
 }
 
 /// [`gate_up_host_half`] for a combine case.
@@ -611,7 +733,7 @@ pub(crate) fn combine_host_half(tokens: u64, c: &FusedCase) -> usize {
     let ids = route(c.routing, tokens as usize, d.experts as usize, top_k, GEMM_TILE_M as usize, SEED_ROUTE);
     let sampled = sample_rows(tokens, 1, SAMPLE, tokens);
     let keys: Vec<(u64, &[i32])> = sampled.iter().map(|&t| (t, &ids[t as usize * top_k..(t as usize + 1) * top_k])).collect();
-    combine_want(&d, &keys).len()
+    combine_want(&d, c.epilogue.biased, &keys).len()
 }
 
 /// The self-test's handle on the gate/up kernel (registered in `selftest::case`).
@@ -678,37 +800,81 @@ mod tests {
         x.chunks(k).flat_map(quantize_row_q8_1).collect()
     }
 
+    /// Every epilogue the engine runs: qwen3moe's plain SwiGLU, gpt-oss's biases and clamp.
+    const EPILOGUES: [Epilogue; 4] = [
+        Epilogue { act: Act::SwiGlu, biased: false },
+        Epilogue { act: Act::SwiGlu, biased: true },
+        Epilogue { act: Act::GPT_OSS, biased: false },
+        Epilogue { act: Act::GPT_OSS, biased: true },
+    ];
+
     #[test]
     fn gate_up_twin_equals_the_chain_of_twins() {
         for wtype in WeightType::ALL {
-            let d = small(wtype);
-            let tokens = 4;
-            let (h, f) = (d.hidden as usize, d.ffn as usize);
-            let w_gate = rows(SEED_GATE, (d.experts * d.ffn) as u64, h, wtype);
-            let w_up = rows(SEED_UP, (d.experts * d.ffn) as u64, h, wtype);
-            let xq = q8_rows(SEED_X, tokens, h);
-            let ids = route(Routing::Uniform, tokens, d.experts as usize, d.top_k as usize, 64, SEED_ROUTE);
-            let fused = gate_up_cpu(&w_gate, &w_up, &xq, &ids, &d);
-            let chain = gate_up_chain_cpu(&w_gate, &w_up, &xq, &ids, &d);
-            assert_eq!(fused.len(), tokens * d.top_k as usize * f / QK);
-            assert!(fused == chain, "{wtype}: fused twin differs from moe_gemv x2 + swiglu_q8_1");
+            for ep in EPILOGUES {
+                let d = small(wtype);
+                let tokens = 4;
+                let (h, f) = (d.hidden as usize, d.ffn as usize);
+                let w_gate = rows(SEED_GATE, (d.experts * d.ffn) as u64, h, wtype);
+                let w_up = rows(SEED_UP, (d.experts * d.ffn) as u64, h, wtype);
+                let xq = q8_rows(SEED_X, tokens, h);
+                let ids = route(Routing::Uniform, tokens, d.experts as usize, d.top_k as usize, 64, SEED_ROUTE);
+                let [bg, bu] = [SEED_BIAS_GATE, SEED_BIAS_UP].map(|seed| uniform_row(seed, 0, d.experts as usize * f, BIAS_SCALE));
+                let bias = ep.biased.then_some([bg.as_slice(), bu.as_slice()]);
+                let fused = gate_up_cpu(&w_gate, &w_up, (bias, ep.act), &xq, &ids, &d);
+                let chain = gate_up_chain_cpu(&w_gate, &w_up, (bias, ep.act), &xq, &ids, &d);
+                assert_eq!(fused.len(), tokens * d.top_k as usize * f / QK);
+                assert!(fused == chain, "{wtype} {ep:?}: fused twin differs from moe_gemv x2 (+ biases) + swiglu_q8_1");
+                if ep != EPILOGUES[0] {
+                    let plain = gate_up_cpu(&w_gate, &w_up, (None, Act::SwiGlu), &xq, &ids, &d);
+                    assert!(fused != plain, "{wtype} {ep:?}: the epilogue changed nothing");
+                }
+            }
         }
     }
 
     #[test]
     fn combine_twin_equals_the_chain_of_twins() {
         for wtype in WeightType::ALL {
-            let d = FfnDims { hidden: 40, ffn: 3 * wtype.block_size() as u32, ..small(wtype) };
-            let tokens = 4;
-            let pairs = tokens * d.top_k as usize;
-            let w_down = rows(SEED_DOWN, (d.experts * d.hidden) as u64, d.ffn as usize, wtype);
-            let act = q8_rows(SEED_X, pairs, d.ffn as usize);
-            let ids = route(Routing::Uniform, tokens, d.experts as usize, d.top_k as usize, 64, SEED_ROUTE);
-            let weights = uniform_row(SEED_WEIGHTS, 0, pairs, 1.0);
-            let fused = combine_fused_cpu(&w_down, &act, &ids, &weights, &d);
-            let chain = combine_chain_cpu(&w_down, &act, &ids, &weights, &d);
-            assert_eq!(fused.len(), tokens * d.hidden as usize);
-            assert!(fused.iter().zip(&chain).all(|(a, b)| a.to_bits() == b.to_bits()), "{wtype}: fused twin differs from the chain");
+            for biased in [false, true] {
+                let d = FfnDims { hidden: 40, ffn: 3 * wtype.block_size() as u32, ..small(wtype) };
+                let tokens = 4;
+                let pairs = tokens * d.top_k as usize;
+                let w_down = rows(SEED_DOWN, (d.experts * d.hidden) as u64, d.ffn as usize, wtype);
+                let act = q8_rows(SEED_X, pairs, d.ffn as usize);
+                let ids = route(Routing::Uniform, tokens, d.experts as usize, d.top_k as usize, 64, SEED_ROUTE);
+                let weights = uniform_row(SEED_WEIGHTS, 0, pairs, 1.0);
+                let b = uniform_row(SEED_BIAS_DOWN, 0, (d.experts * d.hidden) as usize, BIAS_SCALE);
+                let bias = biased.then_some(b.as_slice());
+                let fused = combine_fused_cpu(&w_down, bias, &act, &ids, &weights, &d);
+                let chain = combine_chain_cpu(&w_down, bias, &act, &ids, &weights, &d);
+                assert_eq!(fused.len(), tokens * d.hidden as usize);
+                let same = fused.iter().zip(&chain).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{wtype} biased {biased}: fused twin differs from the chain");
+            }
+        }
+    }
+
+    /// The shared-row twins the self-test compares with equal the whole-tensor twins, biases and
+    /// clamp included (the device fills its biases from the same seeds).
+    #[test]
+    fn sampled_twins_equal_the_whole_twins_under_each_epilogue() {
+        let wtype = WeightType::Q8_0;
+        let d = small(wtype);
+        let tokens = 3u64;
+        let (h, f, k) = (d.hidden as usize, d.ffn as usize, d.top_k as usize);
+        let ids = route(Routing::Uniform, tokens as usize, d.experts as usize, k, GEMM_TILE_M as usize, SEED_ROUTE);
+        let xq: Vec<BlockQ8_1> = (0..tokens).flat_map(|t| quantize_row_q8_1(&uniform_row(SEED_X, t * h as u64, h, 1.0))).collect();
+        let w_gate = rows(SEED_GATE, (d.experts * d.ffn) as u64, h, wtype);
+        let w_up = rows(SEED_UP, (d.experts * d.ffn) as u64, h, wtype);
+        for ep in EPILOGUES {
+            let [bg, bu] = [SEED_BIAS_GATE, SEED_BIAS_UP].map(|seed| uniform_row(seed, 0, d.experts as usize * f, BIAS_SCALE));
+            let bias = ep.biased.then_some([bg.as_slice(), bu.as_slice()]);
+            let whole = dequantize_q8_1(&gate_up_cpu(&w_gate, &w_up, (bias, ep.act), &xq, &ids, &d));
+            let keys: Vec<(u64, u64)> = (0..tokens * k as u64).map(|p| (p, ids[p as usize] as u64)).collect();
+            for ((p, _), want) in keys.iter().zip(gate_up_want(&d, ep, &keys)) {
+                assert_eq!(want.as_slice(), &whole[*p as usize * f..(*p as usize + 1) * f], "{ep:?} pair {p}");
+            }
         }
     }
 
@@ -785,7 +951,7 @@ mod tests {
 
     #[test]
     fn overflow_points_for_qwen3_shape() {
-        let c = FusedCase { dims: qwen(8, WeightType::Q4_0), routing: Routing::Uniform };
+        let c = FusedCase { dims: qwen(8, WeightType::Q4_0), routing: Routing::Uniform, epilogue: Epilogue::default() };
         let gu: Vec<u64> = gate_up_critical_counts(&c, &DeviceLimits::h200()).iter().map(|c| c.tokens).collect();
         // out blocks: (2^31 − 1) / (8 · 24) = 11184810.6.
         assert!(gu.contains(&11_184_810) && gu.contains(&11_184_811), "{gu:?}");

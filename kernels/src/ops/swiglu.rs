@@ -93,7 +93,7 @@ impl Act {
     }
 
     /// The kernels' `(clamped, alpha, limit)` arguments.
-    fn args(self) -> (i32, f32, f32) {
+    pub(crate) fn args(self) -> (i32, f32, f32) {
         match self {
             Act::SwiGlu => (0, 0.0, 0.0),
             Act::Clamped { alpha, limit } => (1, alpha, limit),

@@ -18,7 +18,7 @@ use crate::ops::moe_align::{AlignCase, GEMM_TILE_M};
 use crate::ops::moe_combine::CombineCase;
 use crate::ops::moe_gemm::GemmCase;
 use crate::ops::moe_gemv::GemvCase;
-use crate::ops::moe_gemv_fused::{FfnDims, FusedCase};
+use crate::ops::moe_gemv_fused::{Epilogue, FfnDims, FusedCase};
 use crate::ops::norm_rope::NormRopeCase;
 use crate::ops::output_head::HeadCase;
 use crate::ops::qkv::QkvCase;
@@ -340,18 +340,24 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
     let counts = routed(moe_combine::critical_counts(&c, limits));
     b.family(moe_combine::KERNEL, &format!("k{k}"), counts, OpCase::MoeCombine(c), |t| moe_combine::device_bytes(t, &c));
 
-    // The fused decode GEMVs (gate/up with SwiGLU and q8_1 in the epilogue; down with the
+    // The fused decode GEMVs (gate/up with the activation and q8_1 in the epilogue; down with the
     // weighted combine): the decode batches, their index points and the envelope, every weight
-    // format (the K-quants up to KQ_MAX_TOKENS). Each case also runs the unfused chain and must
-    // match it bit for bit.
+    // format (the K-quants up to KQ_MAX_TOKENS), under the epilogue the layers have (the experts'
+    // biases and clamped SwiGLU of gpt-oss). Each case also runs the unfused chain and must match
+    // it bit for bit.
+    let epilogue = Epilogue { act: clamped_act(shape).unwrap_or_default(), biased: any_layer(shape, "ffn.biases", "true") };
     for wtype in WeightType::ALL.into_iter().filter(|&w| uses(w)) {
         let dims = FfnDims { experts: e, top_k: k, hidden: shape.hidden, ffn: shape.expert_ffn, wtype };
-        let c = FusedCase { dims, routing: Routing::Uniform };
+        let c = FusedCase { dims, routing: Routing::Uniform, epilogue };
         let skip = wtype_skip(wtype);
         let decode = || (1..=16).map(|t| Critical::new(t, "decode batch"));
         let mut counts = with(moe_gemv_fused::gate_up_critical_counts(&c, limits));
         counts.extend(decode());
-        let (tag, bytes) = (format!("{wtype}/k{k}"), |t| moe_gemv_fused::gate_up_device_bytes(t, &c));
+        let tag = match epilogue.tag() {
+            Some(ep) => format!("{wtype}/k{k}/{ep}"),
+            None => format!("{wtype}/k{k}"),
+        };
+        let bytes = |t| moe_gemv_fused::gate_up_device_bytes(t, &c);
         b.family_up_to(moe_gemv_fused::GATE_UP_KERNEL, &tag, counts, OpCase::MoeGemvSwiglu(c), bytes, skip);
         let mut counts = with(moe_gemv_fused::combine_critical_counts(&c, limits));
         counts.extend(decode());
@@ -481,8 +487,7 @@ pub fn derive(shape: &ModelShape, serving: &Serving, limits: &DeviceLimits, opts
     }
     // The clamped activation (gpt-oss), where a layer has it: the engine's two launches, q8_1 in
     // pair order (the GEMV path's unfused chain) and gathered into expert order (the GEMM path).
-    let clamped = shape.layers.iter().filter_map(|l| l.kind.get("ffn.activation").and_then(|v| parse_clamped(v))).next();
-    if let Some(act) = clamped {
+    if let Some(act) = clamped_act(shape) {
         for (output, tag) in [(Output::Q8_1, "clamped-q8_1"), (Output::Q8_1Sorted { experts: e }, "clamped-q8_1-sorted")] {
             let c = SwigluCase { width: shape.expert_ffn, rows_per_token: k, layout: swiglu_op::Layout::Separate, output, act };
             let counts = routed(swiglu::critical_counts(&c, limits));
@@ -559,6 +564,11 @@ fn attention_cases(b: &mut Builder, shape: &ModelShape, serving: &Serving, limit
     for (window, sinks) in attention_variants(shape) {
         attention_variant_cases(b, shape, serving, limits, window, sinks);
     }
+}
+
+/// The clamped activation of the shape's layers, if any has one.
+fn clamped_act(shape: &ModelShape) -> Option<Act> {
+    shape.layers.iter().filter_map(|l| l.kind.get("ffn.activation").and_then(|v| parse_clamped(v))).next()
 }
 
 /// The clamped activation of a layer kind's `ffn.activation` value,
@@ -802,6 +812,8 @@ mod tests {
             "rope/yarn32/k/seq4/",
             "swiglu/clamped-q8_1/k8/",
             "swiglu/clamped-q8_1-sorted/k8/",
+            "moe_gemv_swiglu_q8_1/q8_0/k8/biased-clamped/",
+            "moe_gemv_combine/q8_0/k8/biased-clamped/",
         ] {
             assert!(got.iter().any(|id| id.starts_with(family)), "{family} missing");
         }

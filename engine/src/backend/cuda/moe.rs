@@ -207,13 +207,11 @@ pub(crate) fn moe(
     let down = experts(w.down, (d.ffn, d.hidden, d.experts)).map_err(shapes)?;
     let biases = biases(w, &d).map_err(shapes)?;
     let failed = |e: GpuError| gpu_fail(format_args!("moe ({} tokens, {} experts, top {})", d.tokens, d.experts, d.top_k), &e);
-    // The fused decode GEMVs have no bias in their epilogues: a biased block takes the GEMM path,
-    // whose gate, up and down outputs are rows in pair order the bias kernel adds to.
-    let path = if biases.is_some() { RoutedPath::Gemm } else { routed_path(d.tokens) };
+    let path = routed_path(d.tokens);
     route(gpu, s, x, w.router, biases.as_ref().map(|b| b.router), &d, routing, path)?;
     match path {
         // The down GEMV's epilogue is the combine: it writes `out` itself.
-        RoutedPath::Gemv => return experts_gemv(gpu, s, &d, [&gate, &up, &down], out),
+        RoutedPath::Gemv => return experts_gemv(gpu, s, &d, [&gate, &up, &down], biases.as_ref(), out),
         RoutedPath::Gemm => {
             let (t, k, e) = (d.tokens as u64, d.top_k as u32, d.experts as u32);
             let tile = moe_gemm::configured_tile(t, k, e).map_err(|e| fail(format!("moe: {e}")))?;
@@ -276,44 +274,57 @@ fn ensure_ffn(gpu: &Gpu, s: &mut MoeScratch, d: &Dims, act_q_bytes: usize) -> Re
     s.act_q.ensure(gpu, act_q_bytes)
 }
 
-/// Per (token, slot) pair GEMVs in two launches: gate and up with SwiGLU and q8_1 in the
-/// epilogue (`moe_gemv_swiglu_q8_1`, reading the token's q8_1 row) into `act_q`, then down with
-/// the router-weighted sum over the slots in the epilogue (`moe_gemv_combine`, reading the pairs'
-/// rows) into `out`. Only `act_q` is scratch (grown once, so nothing allocates inside a captured
-/// step); gate and up of different formats, and the clamped activation (the fused epilogue is
-/// plain SwiGLU), take the unfused gate/up chain.
+/// Per (token, slot) pair GEMVs in two launches: gate and up with the activation and q8_1 in
+/// the epilogue (`moe_gemv_swiglu_q8_1`, reading the token's q8_1 row) into `act_q`, then down
+/// with the router-weighted sum over the slots in the epilogue (`moe_gemv_combine`, reading the
+/// pairs' rows) into `out`; the picked experts' biases (gpt-oss) are added in both epilogues.
+/// Only `act_q` is scratch (grown once, so nothing allocates inside a captured step); gate and
+/// up of different formats take the unfused gate/up chain.
 fn experts_gemv(
     gpu: &Gpu,
     s: &mut MoeScratch,
     d: &Dims,
     [gate, up, down]: [&Experts<'_>; 3],
+    biases: Option<&Biases<'_>>,
     out: &mut CudaAct,
 ) -> Result<(), BackendError> {
     let ffn =
         |wtype: WeightType| FfnDims { experts: d.experts as u32, top_k: d.top_k as u32, hidden: d.hidden as u32, ffn: d.ffn as u32, wtype };
     let t = d.tokens as u64;
     s.act_q.ensure(gpu, q8_1_bytes(d.pairs(), d.ffn)).map_err(gate.failed("GEMV"))?;
-    if gate.wtype == up.wtype && d.act.is_plain() {
-        let bufs = GateUpBuffers { w_gate: gate.bytes, w_up: up.bytes, xq: &*s.xq, ids: &s.ids, out: &mut *s.act_q };
-        moe_gemv_fused::launch_gate_up(gpu, t, &ffn(gate.wtype), bufs).map_err(gate.failed("GEMV+SwiGLU"))?;
+    if gate.wtype == up.wtype {
+        let bias = biases.map(|b| [b.gate, b.up]);
+        let bufs = GateUpBuffers { w_gate: gate.bytes, w_up: up.bytes, xq: &*s.xq, ids: &s.ids, out: &mut *s.act_q, bias };
+        moe_gemv_fused::launch_gate_up(gpu, t, &ffn(gate.wtype), d.act, bufs).map_err(gate.failed("GEMV+SwiGLU"))?;
     } else {
-        gate_up_unfused(gpu, s, d, [gate, up])?;
+        gate_up_unfused(gpu, s, d, [gate, up], biases)?;
     }
-    let bufs = CombineBuffers { w_down: down.bytes, act: &*s.act_q, ids: &s.ids, weights: &s.weights, out: &mut out.buf };
+    let bufs =
+        CombineBuffers { w_down: down.bytes, act: &*s.act_q, ids: &s.ids, weights: &s.weights, out: &mut out.buf, bias: biases.map(|b| b.down) };
     moe_gemv_fused::launch_combine(gpu, t, &ffn(down.wtype), bufs).map_err(down.failed("GEMV+combine"))
 }
 
-/// gate and up as two `moe_gemv`s, then `swiglu_q8_1` into `act_q` (pair order): the chain the
-/// fused kernel replaces, for gate and up of different weight formats or the clamped activation.
-fn gate_up_unfused(gpu: &Gpu, s: &mut MoeScratch, d: &Dims, [gate, up]: [&Experts<'_>; 2]) -> Result<(), BackendError> {
+/// gate and up as two `moe_gemv`s (each with the picks' bias when the block has them), then
+/// `swiglu_q8_1` into `act_q` (pair order): the chain the fused kernel replaces, for gate and up
+/// of different weight formats.
+fn gate_up_unfused(
+    gpu: &Gpu,
+    s: &mut MoeScratch,
+    d: &Dims,
+    [gate, up]: [&Experts<'_>; 2],
+    biases: Option<&Biases<'_>>,
+) -> Result<(), BackendError> {
     for g in [&mut s.gate, &mut s.up] {
         g.ensure(gpu, d.pairs() * d.ffn).map_err(gate.failed("GEMV"))?;
     }
     let t = d.tokens as u64;
-    for (e, y) in [(gate, &mut s.gate), (up, &mut s.up)] {
+    for (i, (e, y)) in [(gate, &mut s.gate), (up, &mut s.up)].into_iter().enumerate() {
         let dims = GemvDims { experts: d.experts as u32, top_k: d.top_k as u32, n: d.ffn as u32, k: d.hidden as u32, wtype: e.wtype };
         let bufs = GemvBuffers { w: e.bytes, xq: &*s.xq, ids: &s.ids, y: &mut **y };
         moe_gemv::launch(gpu, t, &dims, bufs).map_err(e.failed("GEMV"))?;
+        if let Some(b) = biases {
+            add_pick_bias(gpu, &s.ids, d, y, [b.gate, b.up][i]).map_err(e.failed("bias"))?;
+        }
     }
     swiglu_q8_1(gpu, s, d, Source::Dense, d.pairs() as u64)
 }
