@@ -203,7 +203,7 @@ mod tests {
         assert_eq!(kv_facts(&[LayerKv { k_dim: 0, v_dim: 0, ..one }], G), None);
         assert_eq!(kv_facts(&[one], Geometry { block_size: 0, ..G }), None);
         assert_eq!(kv_facts(&[LayerKv { kv_heads: u64::MAX / 2, ..one }], G), None);
-        assert_eq!(kv_facts(&vec![LayerKv { kv_heads: u64::MAX / 1024, ..one }; 4], G), None, "the sum overflows");
+        assert_eq!(kv_facts(&[LayerKv { kv_heads: u64::MAX / 1024, ..one }; 4], G), None, "the sum overflows");
         assert_eq!(kv_facts(&[LayerKv { kv_heads: u64::MAX / 1024, window: Some(128), ..one }], G), None, "the ring overflows");
         assert_eq!(kv_facts(&[LayerKv { kv_heads: 1, k_dim: 1, v_dim: 1, window: None }], G).map(|f| f.bytes_per_token), Some(4));
         assert_eq!(sequence_bytes(&[], 10, G), None);
