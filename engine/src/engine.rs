@@ -35,11 +35,22 @@ pub struct EngineOptions {
     /// do), so their blocks can be shared by prefix reuse; false (the default) keeps only a ring
     /// of blocks per sequence there, enough for the window and a chunk of `prefill_chunk`.
     pub full_window_kv: bool,
+    /// Rings the sliding-window layers hold (sequences that can be in a step at once through
+    /// [`Engine::step_in_rings`]); 0 takes `slots`. Callers that draw block tables from a pool
+    /// of their own (the model-level test) need more rings than whole-context slots.
+    pub rings: usize,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { context: 4096, slots: 1, prefill_chunk: 2048, block_size: DEFAULT_BLOCK_SIZE as usize, full_window_kv: false }
+        EngineOptions {
+            context: 4096,
+            slots: 1,
+            prefill_chunk: 2048,
+            block_size: DEFAULT_BLOCK_SIZE as usize,
+            full_window_kv: false,
+            rings: 0,
+        }
     }
 }
 
@@ -120,6 +131,9 @@ impl<B: Backend + 'static> Engine<B> {
             opts.context = c.context;
         }
         opts.slots = opts.slots.max(1);
+        if opts.rings == 0 {
+            opts.rings = opts.slots;
+        }
         opts.prefill_chunk = opts.prefill_chunk.max(1);
         if opts.block_size == 0 {
             opts.block_size = DEFAULT_BLOCK_SIZE as usize;
@@ -137,8 +151,10 @@ impl<B: Backend + 'static> Engine<B> {
         let mut kv = KvSpec::full(c.layers, blocks, opts.block_size, c.attention.kv_heads, c.attention.head_dim);
         let ring = window_ring(c, &opts);
         if let Some(r) = ring {
-            // slots · R < slots · n = blocks: fits as `blocks` does.
-            kv.window_blocks = opts.slots * r.blocks;
+            kv.window_blocks =
+                opts.rings.checked_mul(r.blocks).filter(|&b| b <= i32::MAX as usize).ok_or_else(|| {
+                    ModelError::Request(format!("{} rings of {} blocks: more than 2^31 − 1 blocks", opts.rings, r.blocks))
+                })?;
             kv.window_layers = c.layer_specs.iter().map(|l| l.attention.window.is_some()).collect();
         }
         backend.alloc_kv(kv.clone())?;
@@ -203,7 +219,7 @@ impl<B: Backend + 'static> Engine<B> {
         }
     }
 
-    /// [`Engine::step`] with each item's ring index (`rings[i]` for `items[i]`, below `slots`,
+    /// [`Engine::step`] with each item's ring index (`rings[i]` for `items[i]`, below `rings`,
     /// no two alike): the windowed layers' KV of that sequence lives in that ring. Without the
     /// window-only layout the rings are not used.
     pub fn step_in_rings(&mut self, items: &[StepItem<'_>], rings: &[u32]) -> Result<Vec<f32>, ModelError> {
@@ -296,8 +312,8 @@ impl<B: Backend + 'static> Engine<B> {
 
     /// A ring index and a chunk length the windowed layers' rings serve.
     fn check_ring(&self, r: &WindowRing, ring: u32, len: usize) -> Result<(), ModelError> {
-        if ring as usize >= self.opts.slots {
-            return Err(ModelError::Request(format!("ring {ring} out of range (the engine holds {} sequences)", self.opts.slots)));
+        if ring as usize >= self.opts.rings {
+            return Err(ModelError::Request(format!("ring {ring} out of range (the engine holds {} rings)", self.opts.rings)));
         }
         if len > r.max_chunk {
             return Err(ModelError::Request(format!(

@@ -27,7 +27,7 @@ fn prompt(len: usize, vocab: usize) -> Vec<u32> {
 
 fn engine(path: &Path) -> Engine<CpuBackend> {
     // 4 sequences of 256 positions: 64 blocks of 16.
-    let opts = EngineOptions { context: 256, slots: 4, prefill_chunk: 48, block_size: BLOCK, full_window_kv: false };
+    let opts = EngineOptions { context: 256, slots: 4, prefill_chunk: 48, block_size: BLOCK, full_window_kv: false, rings: 0 };
     let e = Engine::load(path, CpuBackend::new(), opts).unwrap();
     assert_eq!((e.total_blocks(), e.block_size()), (64, BLOCK));
     e

@@ -227,6 +227,35 @@ pub fn pool_blocks(max_count: u64, block_size: u64) -> u64 {
     case + streams
 }
 
+/// KV rings of the sliding-window layers the worker's engine holds: one per sequence of a case
+/// (at most a prefill beside `DECODE_ROWS` decode rows) and one per reference stream held beside
+/// them (streams 0 to `DECODE_ROWS`). Known before the cases are; a plan's own peak
+/// (`plan::Planner::rings_needed`) is never above it.
+pub const WORKER_RINGS: u64 = 2 * (1 + DECODE_ROWS);
+
+/// The prefill chunk the worker's engine sizes its rings for: the serving one, and at least a
+/// reference chunk, so the references' chunks always fit a ring.
+pub fn worker_prefill_chunk(serving_prefill_chunk: u64) -> u64 {
+    serving_prefill_chunk.max(REFERENCE_CHUNK)
+}
+
+/// Moves the cases with a sequence of more than `max_chunk` rows in its step to `d.skipped`:
+/// the sliding-window layers' rings serve no longer chunk of one sequence, so serving never runs
+/// one (the scheduler chunks prompts at the prefill chunk); the same count runs as four
+/// sequences.
+pub fn skip_past_ring(d: &mut Derivation, max_chunk: u64) {
+    let (fit, past): (Vec<_>, Vec<_>) = std::mem::take(&mut d.cases).into_iter().partition(|c| c.batch.iter().all(|&r| r <= max_chunk));
+    d.cases = fit;
+    for c in past {
+        let rows = c.batch.iter().copied().max().unwrap_or(0);
+        let why = format!(
+            "a sequence of {rows} rows in one step: the sliding-window layers' KV rings serve chunks of at most {max_chunk} \
+             (the scheduler never runs more of one sequence; --full-window-kv runs it)"
+        );
+        d.skipped.push((c, why));
+    }
+}
+
 /// A case's deadline: `floor + factor x` the time its work takes at the calibrated throughput.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DeadlinePolicy {
@@ -333,6 +362,25 @@ mod tests {
             let held = crate::qualify::plan::Planner::stream_blocks(&d.cases[..=i], 16);
             assert!(c.blocks_needed(16) + held <= pool_blocks(c.tokens, 16), "{}", c.id);
         }
+    }
+
+    #[test]
+    fn cases_past_the_ring_are_skipped_with_the_reason_and_each_count_still_runs() {
+        let shape = ModelShape::qwen3_30b_a3b();
+        let mut d = derive(&shape, &serving(16_384), &DeviceLimits::gb10(), None, 40_960);
+        let (cases, skipped) = (d.cases.len(), d.skipped.len());
+        skip_past_ring(&mut d, 4096 + 15);
+        assert_eq!(d.cases.len() + d.skipped.len(), cases + skipped);
+        assert!(d.cases.iter().all(|c| c.batch.iter().all(|&r| r <= 4111)));
+        assert!(d.cases.iter().any(|c| c.id == "model/single/t4096") && d.cases.iter().any(|c| c.id == "model/4-seqs/t16384"));
+        let (_, why) = d.skipped.iter().find(|(c, _)| c.id == "model/single/t8192").unwrap();
+        assert!(why.contains("8192 rows") && why.contains("at most 4111"), "{why}");
+        // Every count still runs in some composition.
+        for (t, _) in &d.counts {
+            assert!(d.cases.iter().any(|c| c.tokens == *t), "count {t} lost");
+        }
+        assert_eq!(worker_prefill_chunk(32), REFERENCE_CHUNK);
+        assert_eq!(worker_prefill_chunk(4096), 4096);
     }
 
     #[test]

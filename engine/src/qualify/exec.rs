@@ -26,6 +26,8 @@ use crate::parity;
 pub enum CaseError {
     #[error("the case needs {need} more KV blocks, the pool has {free} free")]
     PoolShort { need: u64, free: usize },
+    #[error("the case needs {need} more KV rings (one per sequence in the sliding-window layers), the pool has {free} free")]
+    RingsShort { need: usize, free: usize },
     /// The engine refused or failed a step (its error names the backend, kernel or request).
     #[error(transparent)]
     Engine(#[from] ModelError),
@@ -101,6 +103,39 @@ impl BlockPool {
     }
 }
 
+/// The rings of the sliding-window layers' KV (the window-only layout, as the node serves): each
+/// sequence in a step, and each stream the worker holds, has one of its own; a stream keeps its
+/// ring as long as its blocks, since its windowed layers' KV lives there. Handed out from the
+/// top down, as blocks are. Without rings in the engine (`full_window_kv`) the indexes are
+/// handed out all the same and not used.
+pub struct RingPool {
+    free: Vec<u32>,
+}
+
+impl RingPool {
+    pub fn new(rings: u32) -> Self {
+        RingPool { free: (0..rings).collect() }
+    }
+
+    /// `n` distinct rings, or an error naming the shortfall.
+    pub fn take(&mut self, n: usize) -> Result<Vec<u32>, CaseError> {
+        let free = self.free.len();
+        if n > free {
+            return Err(CaseError::RingsShort { need: n, free });
+        }
+        Ok(self.free.split_off(free - n).into_iter().rev().collect())
+    }
+
+    pub fn give_back(&mut self, mut rings: Vec<u32>) {
+        rings.reverse();
+        self.free.extend(rings);
+    }
+
+    pub fn free(&self) -> usize {
+        self.free.len()
+    }
+}
+
 /// The first `len` token ids of stream `stream` (a SplitMix64 stream): a shorter prompt of a
 /// stream is a prefix of a longer one, and every run sees the same prompts.
 pub fn prompt_tokens(stream: Stream, len: u64, vocab: usize) -> Vec<u32> {
@@ -116,26 +151,28 @@ pub fn prompt_tokens(stream: Stream, len: u64, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Runs `tokens` of one sequence alone from position 0 in chunks of `chunk`; the logits of its
-/// last position.
-pub fn reference(engine: &mut dyn AnyEngine, blocks: &[u32], tokens: &[u32], chunk: usize) -> Result<Vec<f32>, CaseError> {
+/// Runs `tokens` of one sequence alone from position 0 in chunks of `chunk`, on `blocks` and
+/// ring `ring`; the logits of its last position.
+pub fn reference(engine: &mut dyn AnyEngine, blocks: &[u32], ring: u32, tokens: &[u32], chunk: usize) -> Result<Vec<f32>, CaseError> {
     let mut last = Vec::new();
     let n = tokens.len().div_ceil(chunk.max(1));
     for (i, c) in tokens.chunks(chunk.max(1)).enumerate() {
         let want = if i + 1 == n { Logits::Last } else { Logits::None };
         let item = StepItem { blocks, start_pos: (i * chunk) as u32, tokens: c, logits: want };
-        last = engine.step(&[item])?;
+        last = engine.step_in_rings(&[item], &[ring])?;
     }
     Ok(last)
 }
 
-/// Runs `chunks` (`(start, end)` positions, in order) of `tokens` alone on `blocks`; the logit
+/// Runs `chunks` (`(start, end)` positions, in order) of `tokens` alone on `blocks` and ring
+/// `ring`; the logit
 /// rows of the positions `keep` (counted from 1: position `p` is the row of token `p - 1`).
 /// A chunk whose only kept position is its last asks for that row alone, one with others for
 /// all of its rows.
 pub fn run_chunks(
     engine: &mut dyn AnyEngine,
     blocks: &[u32],
+    ring: u32,
     tokens: &[u32],
     chunks: &[(u64, u64)],
     keep: &[u64],
@@ -151,7 +188,7 @@ pub fn run_chunks(
         };
         let slice = tokens.get(start as usize..end as usize).ok_or(CaseError::ChunkPastStream { start, end, len: tokens.len() })?;
         let item = StepItem { blocks, start_pos: start as u32, tokens: slice, logits: want };
-        let logits = engine.step(&[item])?;
+        let logits = engine.step_in_rings(&[item], &[ring])?;
         for p in inside {
             let row = if want == Logits::Last { 0 } else { (p - start - 1) as usize };
             let r = logits.get(row * vocab..(row + 1) * vocab).ok_or(CaseError::ChunkLogits { start, end, got: logits.len() })?;
@@ -161,9 +198,10 @@ pub fn run_chunks(
     Ok(rows)
 }
 
-/// A stream the worker holds: its KV blocks and how many positions they hold.
+/// A stream the worker holds: its KV blocks, its ring and how many positions they hold.
 struct Held {
     blocks: Vec<u32>,
+    ring: u32,
     frontier: u64,
 }
 
@@ -176,22 +214,33 @@ pub struct Streams {
 
 impl Streams {
     /// Runs `e`'s chunks of its stream, keeping the rows it names; the tokens run.
-    pub fn extend(&mut self, engine: &mut dyn AnyEngine, pool: &mut BlockPool, e: &Extension) -> Result<u64, CaseError> {
+    pub fn extend(
+        &mut self,
+        engine: &mut dyn AnyEngine,
+        pool: &mut BlockPool,
+        rings: &mut RingPool,
+        e: &Extension,
+    ) -> Result<u64, CaseError> {
         let Some(&(_, to)) = e.chunks.last() else { return Ok(0) };
-        let held = self.held.entry(e.stream).or_insert(Held { blocks: Vec::new(), frontier: 0 });
+        if !self.held.contains_key(&e.stream) {
+            let ring = rings.take(1)?[0];
+            self.held.insert(e.stream, Held { blocks: Vec::new(), ring, frontier: 0 });
+        }
+        let held = self.held.get_mut(&e.stream).expect("inserted above");
         if held.frontier != e.from {
             return Err(CaseError::StreamFrontier { stream: e.stream, held: held.frontier, from: e.from });
         }
         let need = to.div_ceil(engine.block_size() as u64).saturating_sub(held.blocks.len() as u64);
         held.blocks.extend(pool.take(need)?);
         let tokens = prompt_tokens(e.stream, to, engine.config().vocab);
-        let rows = run_chunks(engine, &held.blocks, &tokens, &e.chunks, &e.keep)?;
+        let rows = run_chunks(engine, &held.blocks, held.ring, &tokens, &e.chunks, &e.keep)?;
         held.frontier = to;
         self.rows.extend(rows.into_iter().map(|(p, r)| ((e.stream, p), r)));
         if e.done
             && let Some(h) = self.held.remove(&e.stream)
         {
             pool.give_back(h.blocks);
+            rings.give_back(vec![h.ring]);
         }
         Ok(e.chunks.iter().map(|(start, end)| end - start).sum())
     }
@@ -208,9 +257,10 @@ impl Streams {
     }
 
     /// Drops every stream and row (after a failed case: its KV may be half written).
-    pub fn clear(&mut self, pool: &mut BlockPool) {
+    pub fn clear(&mut self, pool: &mut BlockPool, rings: &mut RingPool) {
         for (_, h) in std::mem::take(&mut self.held) {
             pool.give_back(h.blocks);
+            rings.give_back(vec![h.ring]);
         }
         self.rows.clear();
     }
@@ -220,14 +270,24 @@ impl Streams {
     }
 }
 
-/// Runs the case of `req` on `engine`, drawing block tables from `pool` (returned to it
-/// afterwards). After an error the streams are dropped: the parent's plan starts them again.
-pub fn run_case(engine: &mut dyn AnyEngine, pool: &mut BlockPool, streams: &mut Streams, req: &CaseRequest) -> ModelOutcome {
+/// Runs the case of `req` on `engine`, drawing block tables from `pool` and a ring per sequence
+/// from `rings` (returned afterwards). After an error the streams are dropped: the parent's plan
+/// starts them again.
+pub fn run_case(
+    engine: &mut dyn AnyEngine,
+    pool: &mut BlockPool,
+    rings: &mut RingPool,
+    streams: &mut Streams,
+    req: &CaseRequest,
+) -> ModelOutcome {
     let case = &req.case;
     let seqs = case.sequences();
     let mut tables = Vec::with_capacity(seqs.len());
-    let mut out = None;
-    for s in &seqs {
+    let (seq_rings, mut out) = match rings.take(seqs.len()) {
+        Ok(r) => (r, None),
+        Err(e) => (Vec::new(), Some(ModelOutcome::Error { error: e.to_string() })),
+    };
+    for s in seqs.iter().filter(|_| out.is_none()) {
         match pool.take(s.len().div_ceil(engine.block_size() as u64)) {
             Ok(t) => tables.push(t),
             Err(e) => {
@@ -237,23 +297,28 @@ pub fn run_case(engine: &mut dyn AnyEngine, pool: &mut BlockPool, streams: &mut 
         }
     }
     let out = out.unwrap_or_else(|| {
-        run_with(engine, pool, streams, req, &seqs, &tables).unwrap_or_else(|e| ModelOutcome::Error { error: e.to_string() })
+        run_with(engine, pool, rings, streams, req, &seqs, &tables, &seq_rings)
+            .unwrap_or_else(|e| ModelOutcome::Error { error: e.to_string() })
     });
     tables.into_iter().rev().for_each(|t| pool.give_back(t));
+    rings.give_back(seq_rings);
     match out {
-        ModelOutcome::Error { .. } => streams.clear(pool),
+        ModelOutcome::Error { .. } => streams.clear(pool, rings),
         _ => streams.release(&req.reference.release),
     }
     out
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_with(
     engine: &mut dyn AnyEngine,
     pool: &mut BlockPool,
+    rings: &mut RingPool,
     streams: &mut Streams,
     req: &CaseRequest,
     seqs: &[SeqPlan],
     tables: &[Vec<u32>],
+    seq_rings: &[u32],
 ) -> Result<ModelOutcome, CaseError> {
     let case = &req.case;
     let vocab = engine.config().vocab;
@@ -261,16 +326,17 @@ fn run_with(
     // The decode sequences' prompts, prefilled together: their KV is in the cache when the step
     // under test decodes. No setup step has more rows than the case's count, so a failure that
     // starts at some row count is never charged to a smaller count.
-    let setup: Vec<StepItem> = seqs
+    let (setup, setup_rings): (Vec<StepItem>, Vec<u32>) = seqs
         .iter()
         .zip(&tokens)
         .zip(tables)
-        .filter(|((s, _), _)| s.cached > 0)
-        .map(|((s, t), blocks)| StepItem { blocks, start_pos: 0, tokens: &t[..s.cached as usize], logits: Logits::None })
-        .collect();
+        .zip(seq_rings)
+        .filter(|(((s, _), _), _)| s.cached > 0)
+        .map(|(((s, t), blocks), &ring)| (StepItem { blocks, start_pos: 0, tokens: &t[..s.cached as usize], logits: Logits::None }, ring))
+        .unzip();
     let per_step = (case.tokens / seqs.iter().map(|s| s.cached).max().unwrap_or(1).max(1)).max(1) as usize;
-    for group in setup.chunks(per_step) {
-        engine.step(group)?;
+    for (group, group_rings) in setup.chunks(per_step).zip(setup_rings.chunks(per_step)) {
+        engine.step_in_rings(group, group_rings)?;
     }
     let items: Vec<StepItem> = seqs
         .iter()
@@ -279,23 +345,23 @@ fn run_with(
         .map(|((s, t), blocks)| StepItem { blocks, start_pos: s.cached as u32, tokens: &t[s.cached as usize..], logits: Logits::Last })
         .collect();
     let t0 = Instant::now();
-    let step = engine.step(&items)?;
+    let step = engine.step_in_rings(&items, seq_rings)?;
     let step_ms = t0.elapsed().as_secs_f64() * 1e3;
-    // The references: each stream the case reads extended alone in chunks (on its own blocks,
-    // nothing of the step's), then each sequence's row read from them. A sequence whose row was
-    // not kept is computed again from position 0 on its own blocks, which it rewrites before
-    // reading them (a chunk stores its K/V, then attends).
+    // The references: each stream the case reads extended alone in chunks (on its own blocks
+    // and ring, nothing of the step's), then each sequence's row read from them. A sequence whose
+    // row was not kept is computed again from position 0 on its own blocks and ring, which it
+    // rewrites before reading them (a chunk stores its K/V, then attends).
     let t1 = Instant::now();
     let mut reference_tokens = 0;
     for e in &req.reference.extend {
-        reference_tokens += streams.extend(engine, pool, e)?;
+        reference_tokens += streams.extend(engine, pool, rings, e)?;
     }
     let mut refs = Vec::with_capacity(step.len());
-    for (i, ((s, t), blocks)) in seqs.iter().zip(&tokens).zip(tables).enumerate() {
+    for (i, (((s, t), blocks), &ring)) in seqs.iter().zip(&tokens).zip(tables).zip(seq_rings).enumerate() {
         match streams.row(i as u64, s.len()) {
             Some(row) => refs.extend_from_slice(row),
             None => {
-                refs.extend(reference(engine, blocks, t, REFERENCE_CHUNK as usize)?);
+                refs.extend(reference(engine, blocks, ring, t, REFERENCE_CHUNK as usize)?);
                 reference_tokens += s.len();
             }
         }
@@ -320,7 +386,7 @@ fn run_with(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::qualify::cases::{Composition, DECODE_PROMPT, TOLERANCE, pool_blocks};
+    use crate::qualify::cases::{Composition, DECODE_PROMPT, TOLERANCE, WORKER_RINGS, pool_blocks};
     use crate::qualify::plan::{Planner, case_needs};
 
     #[test]
@@ -355,7 +421,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let model = dir.path().join("tiny.gguf");
         crate::synth::generate(&SynthSpec::from_preset(Preset::Tiny), &model, |_, _| {}).unwrap();
-        let opts = crate::EngineOptions { context, slots: 8, prefill_chunk: 256, block_size: 0, full_window_kv: false };
+        let opts = crate::EngineOptions {
+            context,
+            slots: 8,
+            prefill_chunk: 256,
+            block_size: 0,
+            full_window_kv: false,
+            rings: WORKER_RINGS as usize,
+        };
         let engine = crate::open(&model, crate::BackendKind::Cpu, opts).unwrap();
         (dir, engine)
     }
@@ -383,12 +456,13 @@ mod tests {
         let cases = vec![case(12, Composition::MixedDecode), case(40, Composition::MixedDecode)];
         let mut planner = Planner::new(&cases, usize::MAX);
         let mut pool = BlockPool::new(pool_blocks(64, engine.block_size() as u64) as u32);
+        let mut rings = RingPool::new(WORKER_RINGS as u32);
         let mut streams = Streams::default();
         let mut spent = Vec::new();
         for (i, c) in cases.iter().enumerate() {
             assert_eq!(c.sequences()[1].cached, DECODE_PROMPT);
             let req = CaseRequest { case: c.clone(), reference: planner.work(i) };
-            match run_case(engine.as_mut(), &mut pool, &mut streams, &req) {
+            match run_case(engine.as_mut(), &mut pool, &mut rings, &mut streams, &req) {
                 ModelOutcome::Compared { max_err, compared, non_finite_rows, reference_tokens, .. } => {
                     assert!(max_err <= TOLERANCE && non_finite_rows == 0, "{}: {max_err}", c.id);
                     assert_eq!(compared, 9 * engine.config().vocab as u64);
@@ -425,6 +499,7 @@ mod tests {
         }
         let mut planner = Planner::new(&cases, usize::MAX);
         let mut pool = BlockPool::new((pool_blocks(260, bs) + 64) as u32);
+        let mut rings = RingPool::new(WORKER_RINGS as u32);
         let mut streams = Streams::default();
         // Every extension run on each stream since the worker last lost its streams.
         let mut history: BTreeMap<Stream, Vec<Extension>> = BTreeMap::new();
@@ -433,12 +508,12 @@ mod tests {
             if c.id == "model/single/t129" {
                 // As after a killed worker: streams start again from position 0.
                 planner.lost();
-                streams.clear(&mut pool);
+                streams.clear(&mut pool, &mut rings);
                 history.clear();
             }
             let work = planner.work(i);
             for e in &work.extend {
-                streams.extend(engine.as_mut(), &mut pool, e).unwrap();
+                streams.extend(engine.as_mut(), &mut pool, &mut rings, e).unwrap();
                 history.entry(e.stream).or_default().push(e.clone());
             }
             for (seq, &(stream, pos)) in case_needs(c).iter().enumerate() {
@@ -449,10 +524,11 @@ mod tests {
                 let tokens = prompt_tokens(stream, pos, vocab);
                 // Alone, on fresh blocks: the stream's chunks up to the extension that kept the row.
                 let fresh = pool.take(history[&stream].last().unwrap().chunks.last().unwrap().1.div_ceil(bs)).unwrap();
+                let ring = rings.take(1).unwrap();
                 let mut alone = None;
                 for e in &history[&stream] {
                     let all = prompt_tokens(stream, e.chunks.last().unwrap().1, vocab);
-                    let rows = run_chunks(engine.as_mut(), &fresh, &all, &e.chunks, &e.keep).unwrap();
+                    let rows = run_chunks(engine.as_mut(), &fresh, ring[0], &all, &e.chunks, &e.keep).unwrap();
                     if let Some((_, r)) = rows.into_iter().find(|(p, _)| *p == pos) {
                         alone = Some(r);
                         break;
@@ -462,14 +538,83 @@ mod tests {
                 assert!(shared.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits()), "{} sequence {seq}: not bit-identical", c.id);
                 // The plain reference chunking of each case alone: the CPU backend's rows do not
                 // depend on the chunking at these sizes, so it is bit-identical too.
-                let plain = reference(engine.as_mut(), &fresh, &tokens, REFERENCE_CHUNK as usize).unwrap();
+                let plain = reference(engine.as_mut(), &fresh, ring[0], &tokens, REFERENCE_CHUNK as usize).unwrap();
                 assert!(plain.iter().zip(&shared).all(|(a, b)| a.to_bits() == b.to_bits()), "{} sequence {seq}: plain chunks differ", c.id);
                 pool.give_back(fresh);
+                rings.give_back(ring);
                 checked += 1;
             }
             streams.release(&work.release);
         }
         assert!(checked >= 100, "{checked} rows checked");
         assert_eq!(streams.kept_rows(), 0);
+    }
+
+    #[test]
+    fn the_ring_pool_hands_out_distinct_rings_and_refuses_a_shortfall() {
+        let mut r = RingPool::new(4);
+        let a = r.take(3).unwrap();
+        assert_eq!(a, vec![3, 2, 1], "from the top down, none alike");
+        let e = r.take(2).unwrap_err();
+        assert!(matches!(e, CaseError::RingsShort { need: 2, free: 1 }), "{e:?}");
+        assert!(e.to_string().contains("needs 2 more KV rings") && e.to_string().contains("1 free"), "{e}");
+        r.give_back(a);
+        let all = r.take(4).unwrap();
+        assert_eq!(all.iter().collect::<std::collections::BTreeSet<_>>().len(), 4);
+        assert_eq!(r.free(), 0);
+    }
+
+    /// A held stream keeps its ring with its blocks (its windowed layers' KV is there) until its
+    /// last extension or a clear; a case takes one ring per sequence and gives them back.
+    #[test]
+    fn streams_keep_their_rings_while_held_and_cases_give_theirs_back() {
+        let (_dir, mut engine) = tiny_engine(256);
+        let mut pool = BlockPool::new(64);
+        let mut rings = RingPool::new(4);
+        let mut streams = Streams::default();
+        let e0 = Extension { stream: 0, from: 0, chunks: vec![(0, 8)], keep: vec![8], done: false };
+        streams.extend(engine.as_mut(), &mut pool, &mut rings, &e0).unwrap();
+        assert_eq!(rings.free(), 3, "stream 0 holds a ring");
+        let e1 = Extension { stream: 1, from: 0, chunks: vec![(0, 4)], keep: vec![], done: true };
+        streams.extend(engine.as_mut(), &mut pool, &mut rings, &e1).unwrap();
+        assert_eq!(rings.free(), 3, "stream 1 gave its ring back with its blocks");
+        let e0b = Extension { stream: 0, from: 8, chunks: vec![(0, 12)], keep: vec![12], done: false };
+        streams.extend(engine.as_mut(), &mut pool, &mut rings, &e0b).unwrap();
+        assert_eq!(rings.free(), 3, "stream 0 extended in the ring it holds");
+        let req = CaseRequest { case: case(8, Composition::FourSeqs), reference: ReferenceWork::default() };
+        assert!(matches!(run_case(engine.as_mut(), &mut pool, &mut rings, &mut streams, &req), ModelOutcome::Error { .. }));
+        assert_eq!(rings.free(), 4, "a case short of rings fails and drops the streams with their rings, as any failed case");
+        let req = CaseRequest { case: case(3, Composition::Single), reference: ReferenceWork::alone(&case(3, Composition::Single)) };
+        assert!(matches!(run_case(engine.as_mut(), &mut pool, &mut rings, &mut streams, &req), ModelOutcome::Compared { .. }));
+        assert_eq!(rings.free(), 4, "the case's ring back");
+        streams.extend(engine.as_mut(), &mut pool, &mut rings, &e0).unwrap();
+        assert_eq!(rings.free(), 3);
+        streams.clear(&mut pool, &mut rings);
+        assert_eq!(rings.free(), 4);
+    }
+
+    /// Negative control: a ring pool misused so that it hands one ring to two sequences of a
+    /// step (a ring given back twice) is caught by the engine on the window-only layout, and the
+    /// case fails with the reason instead of mixing two sequences' windowed KV.
+    #[test]
+    fn a_ring_handed_to_two_sequences_fails_the_case() {
+        use crate::synth::gpt_oss::{self, GptOssSpec};
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("gpt-oss-tiny.gguf");
+        gpt_oss::generate(&GptOssSpec::from_preset(crate::synth::GptOssPreset::Tiny), &model, |_, _| {}).unwrap();
+        let opts = crate::EngineOptions { context: 512, slots: 2, prefill_chunk: 128, block_size: 0, full_window_kv: false, rings: 4 };
+        let mut engine = crate::open(&model, crate::BackendKind::Cpu, opts).unwrap();
+        assert!(engine.window_ring().is_some());
+        let mut pool = BlockPool::new(64);
+        let mut rings = RingPool::new(3);
+        rings.give_back(vec![2]);
+        let c = case(140, Composition::FourSeqs);
+        let req = CaseRequest { case: c.clone(), reference: ReferenceWork::alone(&c) };
+        let ModelOutcome::Error { error } = run_case(engine.as_mut(), &mut pool, &mut rings, &mut Streams::default(), &req) else {
+            panic!("a shared ring ran")
+        };
+        assert!(error.contains("share the ring 2"), "{error}");
+        let mut rings = RingPool::new(4);
+        assert!(matches!(run_case(engine.as_mut(), &mut pool, &mut rings, &mut Streams::default(), &req), ModelOutcome::Compared { .. }));
     }
 }

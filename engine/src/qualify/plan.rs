@@ -236,6 +236,28 @@ impl Planner {
         t
     }
 
+    /// KV rings the worker needs at most at once for `cases` run in order (the sliding-window
+    /// layers' KV of each sequence in a step and of each stream held lives in a ring of its own):
+    /// a case's sequences hold theirs through its step and references, a stream from its first
+    /// extension to its last, which gives it back at once. A lost worker holds none, so fewer.
+    pub fn rings_needed(cases: &[ModelCase]) -> u64 {
+        let mut planner = Planner::new(cases, usize::MAX);
+        let mut held = BTreeSet::new();
+        let mut peak = 0;
+        for (i, case) in cases.iter().enumerate() {
+            let seqs = case.sequences().len();
+            peak = peak.max(seqs + held.len());
+            for e in planner.work(i).extend {
+                held.insert(e.stream);
+                peak = peak.max(seqs + held.len());
+                if e.done {
+                    held.remove(&e.stream);
+                }
+            }
+        }
+        peak as u64
+    }
+
     /// KV blocks of `block_size` positions the streams hold at most at once (each stream is
     /// held until its last extension).
     pub fn stream_blocks(cases: &[ModelCase], block_size: u64) -> u64 {
@@ -446,5 +468,28 @@ mod tests {
         // Computing each case's sequences alone, as before the streams, costs every case's length.
         let each_alone: u64 = d.cases.iter().flat_map(|c| c.sequences()).map(|s| s.len()).sum();
         assert!(t.reference * 4 < each_alone, "{} vs {each_alone}", t.reference);
+    }
+
+    /// The worker's rings hold every derived plan's peak: a case's sequences beside the streams
+    /// held, for short and long contexts and batch envelopes.
+    #[test]
+    fn the_worker_rings_hold_every_plans_peak() {
+        use crate::qualify::cases::{WORKER_RINGS, derive};
+        use brink_api::ServingParams;
+        use brink_kernels::limits::DeviceLimits;
+        use brink_kernels::thresholds::ModelShape;
+        let shape = ModelShape::qwen3_30b_a3b();
+        for (max_batch, context, cap) in [(8192, 40_960, None), (16_384, 4096, None), (512, 1024, Some(16)), (64, 128, None)] {
+            let serving = ServingParams { max_batch_tokens: max_batch, prefill_chunk: 2048, context };
+            let d = derive(&shape, &serving, &DeviceLimits::h200(), cap, context);
+            let need = Planner::rings_needed(&d.cases);
+            assert!(need <= WORKER_RINGS, "batch {max_batch}, context {context}: {need} rings");
+            // A mixed case holds nine sequences, with stream 0 and the decode stream it extends.
+            assert!(need >= 11, "batch {max_batch}, context {context}: {need} rings");
+        }
+        let single = |t: u64| ModelCase { id: String::new(), composition: Composition::Single, tokens: t, batch: vec![t], reasons: vec![] };
+        // One sequence and stream 0 (held until its longest case).
+        assert_eq!(Planner::rings_needed(&[single(3), single(5)]), 2);
+        assert_eq!(Planner::rings_needed(&[]), 0);
     }
 }

@@ -40,6 +40,9 @@ pub struct Options {
     /// Time the worker may take to load the model and calibrate.
     pub startup_timeout: Duration,
     pub agent_version: String,
+    /// The KV layout the node serves with (`EngineOptions::full_window_kv`): the worker loads
+    /// the same, so the test runs the sliding-window layers' rings that serve.
+    pub full_window_kv: bool,
 }
 
 impl Options {
@@ -53,6 +56,7 @@ impl Options {
             deadline: DeadlinePolicy::default(),
             startup_timeout: Duration::from_secs(600),
             agent_version: agent_version.into(),
+            full_window_kv: false,
         }
     }
 }
@@ -135,6 +139,7 @@ pub fn run(
         context,
         prefill_chunk: opts.serving.prefill_chunk,
         pool_blocks: cases::pool_blocks(largest.max(2 * cases::REFERENCE_CHUNK), block_size),
+        full_window_kv: opts.full_window_kv,
     };
     let worker_cfg = cfg.clone();
     let mut child = DeadlineChild::new(
@@ -147,9 +152,9 @@ pub fn run(
     let t = Instant::now();
     let started = child.start();
     report.phases.push(Phase { name: "start worker (load model, calibrate)".into(), seconds: t.elapsed().as_secs_f64() });
-    let (ctx, limits, load_seconds, calibration, fault) = match started {
-        Started::Ready(ModelWorkerMsg::Ready { context, limits, load_seconds, calibration, fault, .. }) => {
-            (context, limits, load_seconds, calibration, fault)
+    let (ctx, limits, load_seconds, calibration, fault, ring_max_chunk, rings) = match started {
+        Started::Ready(ModelWorkerMsg::Ready { context, limits, load_seconds, calibration, fault, ring_max_chunk, rings, .. }) => {
+            (context, limits, load_seconds, calibration, fault, ring_max_chunk, rings)
         }
         Started::NotReady(ModelWorkerMsg::Fatal { error }) | Started::Failed(error) => {
             return not_run(report, format!("the model-test worker could not start: {error}"));
@@ -167,7 +172,15 @@ pub fn run(
     let limits = limits.unwrap_or_else(DeviceLimits::gb10);
     report.limits = limits.name.clone();
     let t = Instant::now();
-    let d = cases::derive(&shape, &opts.serving, &limits, opts.max_tokens, ctx);
+    let mut d = cases::derive(&shape, &opts.serving, &limits, opts.max_tokens, ctx);
+    if let Some(max_chunk) = ring_max_chunk {
+        cases::skip_past_ring(&mut d, max_chunk);
+    }
+    let rings_needed = Planner::rings_needed(&d.cases);
+    if rings > 0 && rings_needed > rings {
+        let why = format!("the cases need {rings_needed} KV rings at once, the model-test worker holds {rings}");
+        return not_run(report, why);
+    }
     report.counts_derived = d.counts.len() as u64;
     report.counts_unreachable = d.unreachable;
     report.phases.push(Phase { name: "derive cases".into(), seconds: t.elapsed().as_secs_f64() });
@@ -400,6 +413,8 @@ mod tests {
             load_seconds: 0.0,
             calibration,
             fault: None,
+            ring_max_chunk: None,
+            rings: 0,
         };
         let starts = dir.path().join("starts");
         let script = format!(
@@ -434,6 +449,43 @@ mod tests {
         assert_eq!(not_run, 4, "{:?}", r.cases);
         assert_eq!(r.executed, 1);
         assert!(matches!(&r.verdict, Verdict::Disqualified { reason } if reason.contains("at 1 tokens")), "{:?}", r.verdict);
+    }
+
+    /// A worker whose engine holds fewer KV rings than the cases need at once: the run is
+    /// refused with both numbers before any case, not failed case by case.
+    #[test]
+    fn too_few_rings_for_the_plan_refuse_the_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("tiny.gguf");
+        crate::synth::generate(&crate::synth::SynthSpec::from_preset(crate::synth::Preset::Tiny), &model, |_, _| {}).unwrap();
+        let ready = ModelWorkerMsg::Ready {
+            backend: "cpu".into(),
+            shape_class: String::new(),
+            context: 4096,
+            limits: None,
+            load_seconds: 0.0,
+            calibration: super::super::worker::Calibration { tokens: 256, seconds: 0.1 },
+            fault: None,
+            ring_max_chunk: Some(4096),
+            rings: 2,
+        };
+        let script = format!("echo '{}'; while read -r line; do exec sleep 600; done", serde_json::to_string(&ready).unwrap());
+        let serving = ServingParams { max_batch_tokens: 16_384, prefill_chunk: 4096, context: 0 };
+        let mut opts = Options::new(model, BackendKind::Cpu, serving, "test");
+        opts.max_tokens = Some(4);
+        let r = run(
+            &opts,
+            move |_| {
+                let mut c = Command::new("sh");
+                c.arg("-c").arg(&script);
+                c
+            },
+            &mut |_| {},
+        );
+        assert!(r.cases.is_empty(), "{:?}", r.cases);
+        // The four-sequence case at 4 tokens beside the stream it extends.
+        let want = "the cases need 5 KV rings at once, the model-test worker holds 2";
+        assert!(matches!(&r.verdict, Verdict::NotQualified { reason } if reason == want), "{:?}", r.verdict);
     }
 
     #[test]

@@ -98,6 +98,9 @@ pub fn run(r: &Replay<'_>, extra: &[ExtraCase]) -> Vec<CaseReport> {
         context: r.context,
         prefill_chunk: r.prefill_chunk,
         pool_blocks: cases::pool_blocks(largest.max(2 * cases::REFERENCE_CHUNK), block_size),
+        // Extra cases are free-form shapes: a sequence may be longer than a ring serves, so the
+        // windowed layers keep whole sequences, as before the worker ran the rings.
+        full_window_kv: true,
     };
     let exe = r.exe.clone();
     let cfg_json = serde_json::to_string(&cfg).unwrap_or_default();
