@@ -109,6 +109,7 @@ fn load(cfg: &ChildConfig) -> Result<(Box<dyn AnyEngine>, Arc<Monitor>), String>
         context: cfg.context,
         slots: cfg.slots.max(1),
         prefill_chunk: cfg.prefill_chunk.max(1),
+        full_window_kv: cfg.full_window_kv,
         ..EngineOptions::default()
     };
     let mut engine = crate::engine::open(&cfg.model, backend, opts).map_err(|e| format!("{}: {e}", cfg.model.display()))?;

@@ -87,6 +87,9 @@ pub struct WorkerConfig {
     pub context: usize,
     pub max_batch_tokens: usize,
     pub prefill_chunk: usize,
+    /// Keep whole sequences in the sliding-window layers instead of a ring per sequence
+    /// (`EngineOptions::full_window_kv`).
+    pub full_window_kv: bool,
     /// Requests that may wait for a slot before new ones get 503.
     pub max_queue: usize,
 }

@@ -30,6 +30,10 @@ pub struct ChildConfig {
     /// 0: the model's context.
     pub context: usize,
     pub prefill_chunk: usize,
+    /// The sliding-window layers keep whole sequences, not a ring per sequence
+    /// (`EngineOptions::full_window_kv`); absent from an older supervisor's config: rings.
+    #[serde(default)]
+    pub full_window_kv: bool,
     /// The progress board the supervisor created and watches.
     pub board: PathBuf,
     /// Test-only: `hang:layer=N[,min-rows=R]` or `fail:layer=N[,min-rows=R]`.
@@ -201,6 +205,7 @@ mod tests {
             slots: 4,
             context: 512,
             prefill_chunk: 64,
+            full_window_kv: true,
             board: "/tmp/board".into(),
             fault: Some("hang:layer=1,min-rows=48".into()),
         };

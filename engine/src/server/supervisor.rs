@@ -324,6 +324,7 @@ impl Supervisor {
             slots: w.slots.max(1),
             context: w.context,
             prefill_chunk: w.prefill_chunk.max(1),
+            full_window_kv: w.full_window_kv,
             board: board_path.clone(),
             fault: cfg.fault.clone(),
         };

@@ -45,6 +45,7 @@ pub fn options(slots: usize, max_queue: usize, api_keys: Vec<String>) -> ServeOp
             context: CONTEXT,
             max_batch_tokens: 256,
             prefill_chunk: 64,
+            full_window_kv: false,
             max_queue,
         },
         engine: engine_child(),

@@ -130,7 +130,13 @@ fn bench(a: &Args, engine: &EngineArgs) -> Result<(), Error> {
     let max_prompt = a.prompt_lengths.iter().copied().max().unwrap_or(0);
     let slots = a.sequences.iter().copied().max().unwrap_or(1);
     let context = engine.context.max(max_prompt).max(a.decode_context + a.decode_tokens);
-    let opts = EngineOptions { context, slots, prefill_chunk: engine.prefill_chunk, ..EngineOptions::default() };
+    let opts = EngineOptions {
+        context,
+        slots,
+        prefill_chunk: engine.prefill_chunk,
+        full_window_kv: engine.full_window_kv,
+        ..EngineOptions::default()
+    };
     let mut e = open(&engine.model, engine.backend.resolve(), opts).map_err(Error::engine("--model"))?;
     let vocab = e.config().vocab;
     let load = e.load_report();

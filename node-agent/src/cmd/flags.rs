@@ -90,6 +90,18 @@ fn positive_seconds(s: &str) -> Result<f64, SecondsError> {
     }
 }
 
+/// The KV layout of the commands that serve or compare a model (`serve`, `up`, `selftest
+/// --model`, `parity`; `EngineArgs` has the same flag, since flattening this into a struct that
+/// bench holds as an `Option` hides it from clap's presence check); `serve` and `up` run their
+/// model-level test in the same layout.
+#[derive(Args, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvLayoutFlags {
+    /// Keep sliding-window layers' whole sequences in the KV cache instead of a ring of window
+    /// blocks; more memory, for A/B and debugging.
+    #[arg(long)]
+    pub full_window_kv: bool,
+}
+
 #[derive(Args)]
 pub struct EngineArgs {
     /// GGUF model file (the first part of a split model).
@@ -106,6 +118,10 @@ pub struct EngineArgs {
     /// `usize` the engine's options take.
     #[arg(long, default_value_t = 2048, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub prefill_chunk: usize,
+    /// Keep sliding-window layers' whole sequences in the KV cache instead of a ring of window
+    /// blocks; more memory, for A/B and debugging.
+    #[arg(long)]
+    pub full_window_kv: bool,
 }
 
 /// The configuration of the GGUF model a flag names, from its header (errors name the flag and
@@ -203,7 +219,8 @@ mod tests {
     #[test]
     fn the_engine_prefill_chunk_is_refused_as_the_serving_one_is() {
         let a = EngineCli::try_parse_from(["x", "--model", "m.gguf"]).unwrap().engine;
-        assert_eq!((a.prefill_chunk, a.context), (2048, 0));
+        assert_eq!((a.prefill_chunk, a.context, a.full_window_kv), (2048, 0, false));
+        assert!(EngineCli::try_parse_from(["x", "--model", "m.gguf", "--full-window-kv"]).unwrap().engine.full_window_kv);
         let a = EngineCli::try_parse_from(["x", "--model", "m.gguf", "--prefill-chunk", "512"]).unwrap().engine;
         assert_eq!(a.prefill_chunk, 512);
         for bad in ["0", "-1", "x1", "1.5", "18446744073709551616"] {

@@ -77,6 +77,7 @@ fn generate(a: Args) -> Result<(), Error> {
         context: a.engine.context.max(prompt.len() + a.max_tokens),
         slots: 1,
         prefill_chunk: a.engine.prefill_chunk,
+        full_window_kv: a.engine.full_window_kv,
         ..EngineOptions::default()
     };
     let mut engine = open(model, a.engine.backend.resolve(), opts).map_err(|e| bad_model(&e))?;

@@ -18,7 +18,7 @@ use brink_engine::{AnyEngine, EngineOptions, GenerateParams, StepItem, open};
 use clap::Args as ClapArgs;
 use serde_json::json;
 
-use crate::cmd::flags::BackendArg;
+use crate::cmd::flags::{BackendArg, KvLayoutFlags};
 use crate::error::{Error, write_file};
 
 #[derive(ClapArgs)]
@@ -38,6 +38,8 @@ pub struct Args {
     /// Greedy decode steps compared after the first case's prefill.
     #[arg(long, default_value_t = 16)]
     decode_steps: usize,
+    #[command(flatten)]
+    kv: KvLayoutFlags,
     /// Largest median row error accepted. The backends round differently on purpose (the CPU
     /// reference quantizes activations as llama.cpp's CPU backend does, to q8_0/q8_K with f16
     /// attention probabilities; CUDA as llama.cpp's CUDA backend does, to q8_1 with its sum in
@@ -151,7 +153,13 @@ fn parity(a: Args) -> Result<bool, Error> {
     let slots = cases.iter().map(Vec::len).max().unwrap_or(1);
     let longest = cases.iter().flatten().copied().max().unwrap_or(1);
     let chunk = if a.chunk == 0 { longest } else { a.chunk.min(longest) };
-    let opts = EngineOptions { context: longest + a.decode_steps + 1, slots, prefill_chunk: chunk, ..EngineOptions::default() };
+    let opts = EngineOptions {
+        context: longest + a.decode_steps + 1,
+        slots,
+        prefill_chunk: chunk,
+        full_window_kv: a.kv.full_window_kv,
+        ..EngineOptions::default()
+    };
     let mut reference = open(&a.model, a.reference.resolve(), opts).map_err(Error::engine("--reference"))?;
     let mut candidate = open(&a.model, a.candidate.resolve(), opts).map_err(Error::engine("--candidate"))?;
     let vocab = reference.config().vocab;

@@ -13,7 +13,7 @@ use brink_kernels::selftest::report::render;
 use brink_kernels::selftest::session::{self, Options};
 use brink_kernels::thresholds::ModelShape;
 
-use crate::cmd::flags::{BackendArg, model_shape};
+use crate::cmd::flags::{BackendArg, KvLayoutFlags, model_shape};
 use crate::qualify::model_test;
 
 #[derive(clap::Args)]
@@ -65,6 +65,9 @@ pub struct Args {
     /// calibrated work).
     #[arg(long, value_name = "MS", default_value_t = 10_000, requires = "model", value_parser = clap::value_parser!(u64).range(1..))]
     model_deadline_floor_ms: u64,
+    // The model-level test's KV layout (as `serve --full-window-kv` would serve).
+    #[command(flatten)]
+    kv: KvLayoutFlags,
 }
 
 pub fn run(args: Args) -> ExitCode {
@@ -114,6 +117,7 @@ pub fn run(args: Args) -> ExitCode {
         };
         let mut mopts = model_test::options(path, args.backend.resolve(), serving, args.model_max_tokens);
         mopts.deadline.floor = Duration::from_millis(args.model_deadline_floor_ms);
+        mopts.full_window_kv = args.kv.full_window_kv;
         model_test::run_with_progress(&mopts)
     });
     let kernels_ok = match report.verdict {

@@ -17,7 +17,7 @@ use brink_api::{BackendCheck, DeviceInfo};
 use brink_engine::BackendKind;
 use brink_engine::server::ready_check::ReadyCheck;
 
-use crate::cmd::flags::{BackendArg, ReplicaFlags, ServingFlags, model_config};
+use crate::cmd::flags::{BackendArg, KvLayoutFlags, ReplicaFlags, ServingFlags, model_config};
 use crate::envelope;
 use crate::error::Error;
 use crate::node_metrics::{self, QualificationMetrics};
@@ -37,6 +37,8 @@ pub struct Args {
     replica: ReplicaFlags,
     #[command(flatten)]
     serving: ServingFlags,
+    #[command(flatten)]
+    kv: KvLayoutFlags,
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     #[arg(long, default_value_t = 8080)]
@@ -126,7 +128,8 @@ fn model_test(a: &Args, backend: BackendKind, device: Option<&DeviceInfo>, batch
         Err(why) => {
             eprintln!("brink serve: model-level threshold test for {key} ({why}): running it before /ready");
             let t0 = Instant::now();
-            let opts = qualify::model_test::options(model, backend, serving, a.model_test_max_tokens);
+            let mut opts = qualify::model_test::options(model, backend, serving, a.model_test_max_tokens);
+            opts.full_window_kv = a.kv.full_window_kv;
             let report = qualify::model_test::run_with_progress(&opts);
             let seconds = t0.elapsed().as_secs_f64();
             eprintln!(
@@ -374,6 +377,7 @@ pub fn run(a: Args) -> ExitCode {
             context: a.replica.context,
             max_batch_tokens,
             prefill_chunk,
+            full_window_kv: a.kv.full_window_kv,
             max_queue: a.max_queue,
         },
         engine: EngineCommand { program, args: vec!["engine-child".into()] },

@@ -185,6 +185,8 @@ fn run(plan: &Plan, device: &DeviceReport, r: &mut SweepResultStatus) -> Result<
         backend: plan.backend,
         slots: plan.slots,
         context,
+        // The sweep serves in the default layout (rings), as a replica does.
+        full_window_kv: false,
         envelope: &envelope,
         stall_timeout: plan.stall_timeout,
         state_dir: &plan.state_dir,

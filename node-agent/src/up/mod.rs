@@ -19,7 +19,7 @@ use brink_engine::model::ModelConfig;
 use brink_kernels::selftest::session;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::cmd::flags::{BackendArg, ReplicaFlags, ServingFlags};
+use crate::cmd::flags::{BackendArg, KvLayoutFlags, ReplicaFlags, ServingFlags};
 use crate::error::{Error, write_file};
 use crate::node_metrics::kernel_cases::{KernelCases, by_kernel};
 use crate::node_metrics::qualification::{CaseCounts, QualificationMetrics};
@@ -43,6 +43,8 @@ pub struct Args {
     replica: ReplicaFlags,
     #[command(flatten)]
     serving: ServingFlags,
+    #[command(flatten)]
+    kv: KvLayoutFlags,
     /// Where qualifications, the demo model and reports are kept (default: $BRINK_STATE_DIR,
     /// else $XDG_STATE_HOME/brink, else ~/.local/state/brink).
     #[arg(long)]
@@ -257,6 +259,7 @@ fn up(a: Args) -> Result<ExitCode, Error> {
         backend,
         slots: a.replica.slots,
         context,
+        full_window_kv: a.kv.full_window_kv,
         envelope: &envelope,
         stall_timeout: a.serving.stall_timeout,
         state_dir: &state_dir,
@@ -344,7 +347,8 @@ fn kernel_suite(
 
 /// The model-level threshold test (prefills at the derived counts through the whole model).
 fn model_suite(a: &Args, model: &Path, backend: BackendKind, serving: ServingParams) -> SuiteResult {
-    let opts = qualify::model_test::options(model, backend, serving, a.model_test_max_tokens);
+    let mut opts = qualify::model_test::options(model, backend, serving, a.model_test_max_tokens);
+    opts.full_window_kv = a.kv.full_window_kv;
     let r = qualify::model_test::run_with_progress(&opts);
     for c in r.cases.iter().filter(|c| matches!(c.result, brink_api::CaseResult::Failed | brink_api::CaseResult::Hung)) {
         eprintln!("brink up: model case {} {:?}: {}", c.id, c.result, c.detail);

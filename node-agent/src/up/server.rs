@@ -26,6 +26,8 @@ pub struct EngineSpec<'a> {
     pub backend: BackendKind,
     pub slots: usize,
     pub context: usize,
+    /// The sliding-window layers keep whole sequences (`--full-window-kv`), not rings.
+    pub full_window_kv: bool,
     pub envelope: &'a Envelope,
     pub stall_timeout: f64,
     /// Stall reports go under `<state>/stalls`.
@@ -47,6 +49,7 @@ pub fn options(spec: &EngineSpec<'_>) -> Result<ServeOptions, Error> {
             context: spec.context,
             max_batch_tokens: usize_of(spec.envelope.max_batch_tokens),
             prefill_chunk: usize_of(spec.envelope.prefill_chunk),
+            full_window_kv: spec.full_window_kv,
             max_queue: 64,
         },
         engine: EngineCommand { program, args: vec!["engine-child".into()] },
@@ -162,6 +165,7 @@ mod tests {
             backend: BackendKind::Cpu,
             slots: 0,
             context: 256,
+            full_window_kv: false,
             envelope: &envelope,
             stall_timeout: 5.0,
             state_dir: dir.path(),
