@@ -22,8 +22,8 @@ use kube::CustomResourceExt;
 
 pub use conditions::{BadReason, Condition, ConditionStatus, ConditionType, condition, find_condition, is_true, set_condition};
 pub use model::{
-    CachePhase, HttpsSource, Model, ModelFormat, ModelPart, ModelSource, ModelSpec, ModelStatus, NodeCache, NodePathSource, PvcSource,
-    SecretRef,
+    CachePhase, HttpsSource, KV_WINDOW_PREFILL_CHUNK, Model, ModelFormat, ModelPart, ModelSource, ModelSpec, ModelStatus, NodeCache,
+    NodePathSource, PvcSource, SecretRef, kv_window_bytes_at_chunk,
 };
 pub use model_deployment::{
     EngineBuild, EngineKind, FABRIC_LABEL, GangSettings, ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus, ModelRef,

@@ -169,6 +169,27 @@ pub struct ModelStatus {
     pub conditions: Vec<Condition>,
 }
 
+/// The prefill chunk `kvWindowBytesPerSequence` is sized at: the engine's default, which
+/// node-agent/src/model_cache/kv_size.rs sizes the rings with and checks against the engine.
+pub const KV_WINDOW_PREFILL_CHUNK: u64 = 2048;
+
+/// The sliding-window layers' KV bytes per sequence for a replica prefilling `prefill_chunk`
+/// tokens at a time (None: the engine's default), from `published`
+/// (`kvWindowBytesPerSequence`, sized at [`KV_WINDOW_PREFILL_CHUNK`]); never fewer than the
+/// engine allocates. None on overflow.
+///
+/// The engine's ring holds `ceil((chunk + window - 1) / block)` blocks (engine/src/backend,
+/// `ring_blocks`). For `chunk <= k x 2048` that is at most `k` rings at 2048, since
+/// `chunk + window - 1 <= k x (2048 + window - 1)` and `ceil(k x) <= k ceil(x)`: so the
+/// published figure times `ceil(chunk / 2048)`. A smaller chunk makes a smaller ring, so the
+/// factor is never below 1. No cap by the context (a ring is never longer than it): the status
+/// gives the ring's bytes, not its length (that depends on the window), so the windowed
+/// layers' bytes per position, and a cap from them, cannot be recovered exactly.
+pub fn kv_window_bytes_at_chunk(published: u64, prefill_chunk: Option<u64>) -> Option<u64> {
+    let rings = prefill_chunk.unwrap_or(KV_WINDOW_PREFILL_CHUNK).div_ceil(KV_WINDOW_PREFILL_CHUNK).max(1);
+    published.checked_mul(rings)
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeCache {
@@ -194,4 +215,35 @@ pub enum CachePhase {
     Ready,
     Failed,
     Evicted,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_bytes_scale_with_the_rings_a_prefill_chunk_needs() {
+        // gpt-oss-20b: 12 windowed layers of 2 KiB a position, a ring of 2,176 positions.
+        let oss = 12 * 2048 * 2176;
+        for (chunk, rings) in [
+            // Smaller chunks make smaller rings: the published figure stays an upper bound.
+            (Some(1), 1),
+            (Some(2047), 1),
+            (Some(2048), 1),
+            (None, 1),
+            (Some(2049), 2),
+            (Some(4096), 2),
+            (Some(8192), 4),
+            (Some(8193), 5),
+        ] {
+            assert_eq!(kv_window_bytes_at_chunk(oss, chunk), Some(oss * rings), "chunk {chunk:?}");
+        }
+        // A chunk of 8192 needs ceil((8192 + 127) / 16) = 520 blocks, 8,320 positions: under
+        // the 4 x 2,176 the estimate asks.
+        assert!(12 * 2048 * 8320 <= kv_window_bytes_at_chunk(oss, Some(8192)).unwrap());
+        assert_eq!(kv_window_bytes_at_chunk(0, Some(1 << 24)), Some(0), "no windowed layers");
+        assert_eq!(kv_window_bytes_at_chunk(u64::MAX, Some(2048)), Some(u64::MAX));
+        assert_eq!(kv_window_bytes_at_chunk(u64::MAX, Some(2049)), None, "overflow");
+        assert_eq!(kv_window_bytes_at_chunk(1, Some(u64::MAX)), Some(u64::MAX.div_ceil(2048)));
+    }
 }

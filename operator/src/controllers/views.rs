@@ -438,6 +438,31 @@ mod tests {
     }
 
     #[test]
+    fn the_deployments_prefill_chunk_sizes_the_window_kv() {
+        let dep = |chunk: u64| -> ModelDeployment {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "brink.dev/v1alpha1", "kind": "ModelDeployment",
+                "metadata": {"name": "oss", "namespace": "ai"},
+                "spec": {"modelRef": {"name": "oss"}, "engine": {"image": "brink:1", "version": "1"},
+                         "serving": {"context": 131_072, "maxBatchTokens": 8192, "prefillChunk": chunk, "concurrency": 4, "kvFraction": 0.9}},
+            }))
+            .unwrap()
+        };
+        // gpt-oss-20b: 12 full layers of 2 KiB a position, 12 rings of 2,176 positions at 2048.
+        let window = 12 * 2048 * 2176;
+        let facts = ModelFacts {
+            shape_class: "c".into(),
+            size_bytes: 13 * GIB,
+            kv_bytes_per_token: 24 << 10,
+            kv_window_bytes_per_sequence: window,
+        };
+        let need = |chunk| deployment_view(&dep(chunk), &facts, 0).memory_bytes().unwrap();
+        let at_2048 = 13 * GIB + 4 * ((24 << 10) * 131_072 + window);
+        // A smaller chunk keeps the published rings (an upper bound); 8192 asks four of them.
+        assert_eq!([need(1), need(2048), need(2049), need(8192)], [at_2048, at_2048, at_2048 + 4 * window, at_2048 + 12 * window]);
+    }
+
+    #[test]
     fn a_node_without_agent_has_no_memory_and_no_classes() {
         let v = node_view(&node(), None, HeartbeatHistory::new(40), &[]);
         assert_eq!((v.allocatable_bytes, v.classes.len()), (0, 0));

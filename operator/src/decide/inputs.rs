@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use brink_api::Verdict;
+use brink_api::crd::{KV_WINDOW_PREFILL_CHUNK, kv_window_bytes_at_chunk};
 
 use super::heartbeat::HeartbeatHistory;
 
@@ -142,7 +143,9 @@ pub enum MemoryNeed {
     Bytes(u64),
     /// Model weights plus the KV cache for `concurrency` sequences of `context` tokens: per
     /// sequence, `kv_bytes_per_token` (the full-attention layers) per token plus
-    /// `kv_window_bytes_per_sequence` (the sliding-window layers' rings, whatever the context).
+    /// `kv_window_bytes_per_sequence` (the sliding-window layers' rings, whatever the context,
+    /// as the Model status gives them: at the engine's default prefill chunk; the view's
+    /// `prefill_chunk` scales them, see [`DeploymentView::memory_bytes`]).
     Model { model_bytes: u64, kv_bytes_per_token: u64, kv_window_bytes_per_sequence: u64, context: u64, concurrency: u64 },
 }
 
@@ -199,22 +202,27 @@ impl DeploymentView {
         Ok(self.memory_bytes()?.div_ceil(self.nodes_per_replica().max(1)))
     }
 
-    /// The memory one replica requests, or which field makes it unrepresentable.
+    /// The memory one replica requests, or which field makes it unrepresentable. The window KV
+    /// bytes are scaled to this deployment's prefill chunk (a larger chunk, a larger ring); the
+    /// chunk a node's envelope clamps to is never larger, so the request still covers it.
     pub fn memory_bytes(&self) -> Result<u64, DecideError> {
         match self.memory {
             MemoryNeed::Bytes(b) => Ok(b),
-            MemoryNeed::Model { model_bytes, kv_bytes_per_token, kv_window_bytes_per_sequence, context, concurrency } => kv_bytes_per_token
-                .checked_mul(context)
-                .and_then(|kv| kv.checked_add(kv_window_bytes_per_sequence))
-                .and_then(|kv| kv.checked_mul(concurrency))
-                .and_then(|kv| kv.checked_add(model_bytes))
-                .ok_or_else(|| DecideError::MemoryOverflow {
-                    deployment: self.key.clone(),
-                    detail: format!(
-                        "model {model_bytes} B + (KV {kv_bytes_per_token} B/token x context {context} + window KV \
-                             {kv_window_bytes_per_sequence} B) x concurrency {concurrency} exceeds 2^64 bytes"
-                    ),
-                }),
+            MemoryNeed::Model { model_bytes, kv_bytes_per_token, kv_window_bytes_per_sequence, context, concurrency } => {
+                kv_window_bytes_at_chunk(kv_window_bytes_per_sequence, Some(self.prefill_chunk))
+                    .and_then(|window| kv_bytes_per_token.checked_mul(context)?.checked_add(window))
+                    .and_then(|kv| kv.checked_mul(concurrency))
+                    .and_then(|kv| kv.checked_add(model_bytes))
+                    .ok_or_else(|| DecideError::MemoryOverflow {
+                        deployment: self.key.clone(),
+                        detail: format!(
+                            "model {model_bytes} B + (KV {kv_bytes_per_token} B/token x context {context} + window KV \
+                             {kv_window_bytes_per_sequence} B at prefill chunk {KV_WINDOW_PREFILL_CHUNK}, scaled to {}) x concurrency \
+                             {concurrency} exceeds 2^64 bytes",
+                            self.prefill_chunk
+                        ),
+                    })
+            }
         }
     }
 

@@ -381,6 +381,29 @@ fn cases() -> Vec<Case> {
             1,
         )
         .why("a", "needs 25.20 GiB"),
+        // The same at a prefill chunk of 8192: rings of ceil((8192 + 127) / 16) blocks, 8,320
+        // positions, asked as 4 rings at 2048 (204 MiB per sequence): 25 GiB + 816 MiB, more than
+        // the node that fits the default chunk.
+        case(
+            "memory: window-only KV at prefill chunk 8192, exact",
+            vec![with("a", |n| n.allocatable_bytes = 25 * GIB + (816 << 20))],
+            dep_with(|d| {
+                d.prefill_chunk = 8192;
+                d.memory = gpt_oss_20b(true);
+            }),
+            1,
+        )
+        .placed(&[("a", 8192, 8192, true)]),
+        case(
+            "memory: window-only KV at prefill chunk 8192 does not fit the chunk-2048 node",
+            vec![with("a", |n| n.allocatable_bytes = 25 * GIB + (204 << 20))],
+            dep_with(|d| {
+                d.prefill_chunk = 8192;
+                d.memory = gpt_oss_20b(true);
+            }),
+            1,
+        )
+        .why("a", "needs 25.80 GiB"),
         case("memory: window-only KV fits 32 GiB", vec![with("a", |n| n.allocatable_bytes = 32 * GIB)], dep_with(|d| d.memory = gpt_oss_20b(true)), 1)
             .on(&["a"]),
         case(
@@ -652,11 +675,22 @@ fn bad_deployments_are_refused_with_the_field() {
         (dep_with(|d| d.memory = model(1, 1, 0)), "spec.serving.concurrency: must be at least 1"),
         (
             dep_with(|d| d.memory = model(1 << 40, 1 << 20, 1 << 10)),
-            "memory need: model 1073741824 B + (KV 1099511627776 B/token x context 1048576 + window KV 0 B) x concurrency 1024 \
-             exceeds 2^64 bytes",
+            "memory need: model 1073741824 B + (KV 1099511627776 B/token x context 1048576 + window KV 0 B at prefill chunk 2048, \
+             scaled to 2048) x concurrency 1024 exceeds 2^64 bytes",
         ),
-        (dep_with(|d| d.memory = windowed(u64::MAX, 1)), "+ window KV 18446744073709551615 B) x concurrency 1 exceeds 2^64 bytes"),
+        (
+            dep_with(|d| d.memory = windowed(u64::MAX, 1)),
+            "+ window KV 18446744073709551615 B at prefill chunk 2048, scaled to 2048) x concurrency 1 exceeds 2^64 bytes",
+        ),
         (dep_with(|d| d.memory = windowed(1 << 62, 4)), "exceeds 2^64 bytes"),
+        // Fine at the default chunk (below); four rings at 8192 overflow.
+        (
+            dep_with(|d| {
+                d.prefill_chunk = 8192;
+                d.memory = windowed(1 << 62, 1);
+            }),
+            "+ window KV 4611686018427387904 B at prefill chunk 2048, scaled to 8192) x concurrency 1 exceeds 2^64 bytes",
+        ),
         (dep_with(|d| d.memory = model(u64::MAX - GIB + 1, 1, 1)), "exceeds 2^64 bytes"),
         (dep_with(|d| d.memory = MemoryNeed::Bytes(0)), "spec.memory: a replica needs 0 bytes"),
         (dep_with(|d| d.replicas = MAX_REPLICAS + 1), "spec.replicas: 10001 exceeds the limit of 10000"),
@@ -668,6 +702,7 @@ fn bad_deployments_are_refused_with_the_field() {
     // One byte under the overflow is fine.
     assert!(place(&dep_with(|d| d.memory = model(u64::MAX - GIB, 1, 1)), &[node("a")], 1, NOW, &POLICY).is_ok());
     assert!(place(&dep_with(|d| d.memory = windowed(u64::MAX - GIB - 1, 1)), &[node("a")], 1, NOW, &POLICY).is_ok());
+    assert!(place(&dep_with(|d| d.memory = windowed(1 << 62, 1)), &[node("a")], 1, NOW, &POLICY).is_ok());
     assert!(place(&dep_with(|d| d.replicas = MAX_REPLICAS), &[node("a")], 1, NOW, &POLICY).is_ok());
     let err = place(&dep(), &[node("a")], MAX_REPLICAS + 1, NOW, &POLICY).unwrap_err().to_string();
     assert_eq!(err, "ModelDeployment ai/chat: 10001 new replicas asked of one placement (limit 10000)");
