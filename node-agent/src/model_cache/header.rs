@@ -68,7 +68,7 @@ pub fn read(path: &Path) -> Result<HeaderFacts, HeaderError> {
     let config = brink_engine::arch::config(&file)?;
     let quant_types: BTreeSet<String> = file.tensors().iter().map(|t| t.ggml_type().to_string()).collect();
     let layers: Vec<kv_size::LayerKv> = config.layer_specs.iter().map(kv_size::LayerKv::of).collect();
-    let kv = kv_size::kv_facts(&layers, kv_size::Geometry::engine_default());
+    let kv = kv_size::kv_facts(&layers, kv_size::Geometry::status());
     Ok(HeaderFacts {
         arch: config.arch.clone(),
         experts: config.moe.experts as u64,

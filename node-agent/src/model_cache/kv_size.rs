@@ -8,6 +8,7 @@
 //! The operator sizes a replica's memory request from two facts ([`KvFacts`]), multiplied by
 //! its context and concurrency; they must match what the engine really allocates.
 
+use brink_api::crd::KV_WINDOW_PREFILL_CHUNK;
 use brink_engine::EngineOptions;
 use brink_engine::backend::ring_blocks;
 use brink_engine::model::LayerSpec;
@@ -52,6 +53,13 @@ impl Geometry {
     pub fn engine_default() -> Geometry {
         let o = EngineOptions::default();
         Geometry { block_size: o.block_size as u64, prefill_chunk: o.prefill_chunk as u64 }
+    }
+
+    /// What the Model status's facts are sized at: the engine's block size and the prefill
+    /// chunk the operator scales the window bytes from ([`KV_WINDOW_PREFILL_CHUNK`], the
+    /// engine's default: tested below).
+    pub fn status() -> Geometry {
+        Geometry { prefill_chunk: KV_WINDOW_PREFILL_CHUNK, ..Geometry::engine_default() }
     }
 
     /// Blocks of a windowed layer's ring per sequence with `context_blocks` blocks of context,
@@ -118,7 +126,7 @@ pub fn kv_facts(layers: &[LayerKv], g: Geometry) -> Option<KvFacts> {
 mod tests {
     use super::*;
 
-    const G: Geometry = Geometry { block_size: 16, prefill_chunk: 2048 };
+    const G: Geometry = Geometry { block_size: 16, prefill_chunk: KV_WINDOW_PREFILL_CHUNK };
 
     fn full(layers: usize, kv_heads: u64, dim: u64) -> Vec<LayerKv> {
         vec![LayerKv { kv_heads, k_dim: dim, v_dim: dim, window: None }; layers]
@@ -131,7 +139,28 @@ mod tests {
 
     #[test]
     fn the_engine_defaults_are_blocks_of_16_and_chunks_of_2048() {
+        // The operator takes a deployment's chunk as the engine's default when it has none.
         assert_eq!(Geometry::engine_default(), G);
+        assert_eq!(Geometry::status(), G);
+    }
+
+    #[test]
+    fn the_operators_scaled_window_bytes_cover_the_rings_at_any_chunk() {
+        use brink_api::crd::kv_window_bytes_at_chunk;
+        let narrow = LayerKv { kv_heads: 4, k_dim: 64, v_dim: 64, window: Some(1) };
+        let wide = LayerKv { window: Some(4096), ..narrow };
+        for layers in [gpt_oss_20b(), vec![narrow], vec![wide, LayerKv { window: None, ..narrow }]] {
+            let published = kv_facts(&layers, G).unwrap().window_bytes_per_sequence;
+            for chunk in [1, 16, 2047, 2048, 2049, 4095, 4096, 4097, 8192, 10_000, 65_536] {
+                let engine = kv_facts(&layers, Geometry { prefill_chunk: chunk, ..G }).unwrap().window_bytes_per_sequence;
+                let asked = kv_window_bytes_at_chunk(published, Some(chunk)).unwrap();
+                assert!(engine <= asked, "chunk {chunk}: the engine's {engine} > {asked}");
+            }
+        }
+        // gpt-oss-20b at 8192: a ring of 8,320 positions, asked as 4 x 2,176.
+        let oss = gpt_oss_20b();
+        let at = |chunk| kv_facts(&oss, Geometry { prefill_chunk: chunk, ..G }).unwrap().window_bytes_per_sequence;
+        assert_eq!((at(8192), kv_window_bytes_at_chunk(at(2048), Some(8192))), (12 * 2048 * 8320, Some(12 * 2048 * 4 * 2176)));
     }
 
     #[test]
