@@ -50,6 +50,7 @@ fn options(model: PathBuf, name: &str, context: usize, scratch: &std::path::Path
             context,
             max_batch_tokens: 256,
             prefill_chunk: 64,
+            full_window_kv: false,
             max_queue: 16,
         },
         engine: engine_child(),
