@@ -13,13 +13,26 @@ fn no_affinity(stubs: &[&Stub]) -> brink_gateway::Config {
     c
 }
 
+/// The model is listed once one replica is healthy; a retry needs every replica healthy, or the
+/// first one's refusal has nowhere to go.
+async fn wait_all_healthy(gw: &Gateway, stubs: &[&Stub]) {
+    wait_models(gw, &[], &["m"]).await;
+    let t0 = std::time::Instant::now();
+    for s in stubs {
+        while metric(&metrics(gw).await, "brink_gateway_upstream_healthy", &[("upstream", &s.url)]) != Some(1.0) {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(30), "{} never became healthy", s.url);
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_503_is_retried_on_another_replica() {
     let a = Stub::start("A", &["m"]).await;
     let b = Stub::start("B", &["m"]).await;
     a.refuse_with(Some(503));
     let gw = gateway(no_affinity(&[&a, &b])).await;
-    wait_models(&gw, &[], &["m"]).await;
+    wait_all_healthy(&gw, &[&a, &b]).await;
     let r = post(&format!("{}/v1/chat/completions", gw.url), &chat("m", "hi")).await;
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["answered_by"], "B");
@@ -36,7 +49,7 @@ async fn a_stream_cut_after_its_head_before_any_body_is_retried_on_another_repli
     *a.state.cut_after_head.lock().unwrap() = true;
     b.state.gate.add_permits(1);
     let gw = gateway(no_affinity(&[&a, &b])).await;
-    wait_models(&gw, &[], &["m"]).await;
+    wait_all_healthy(&gw, &[&a, &b]).await;
     let mut body = chat("m", "stream me");
     body["stream"] = json!(true);
     let r = post(&format!("{}/v1/chat/completions", gw.url), &body).await;
@@ -56,7 +69,7 @@ async fn a_429_is_retried_too() {
     let b = Stub::start("B", &["m"]).await;
     a.refuse_with(Some(429));
     let gw = gateway(no_affinity(&[&a, &b])).await;
-    wait_models(&gw, &[], &["m"]).await;
+    wait_all_healthy(&gw, &[&a, &b]).await;
     let r = post(&format!("{}/v1/messages", gw.url), &json!({"model": "m", "max_tokens": 1, "messages": []})).await;
     assert_eq!((r.status, r.json()["answered_by"].clone()), (200, json!("B")), "{}", r.body);
     let m = metrics(&gw).await;
@@ -68,7 +81,7 @@ async fn a_closed_port_is_retried_on_another_replica() {
     let mut a = Stub::start("A", &["m"]).await;
     let b = Stub::start("B", &["m"]).await;
     let gw = gateway(no_affinity(&[&a, &b])).await;
-    wait_models(&gw, &[], &["m"]).await;
+    wait_all_healthy(&gw, &[&a, &b]).await;
     // A goes away after discovery saw it healthy (the next poll is an hour off).
     a.stop().await;
     let r = post(&format!("{}/v1/chat/completions", gw.url), &chat("m", "hi")).await;
