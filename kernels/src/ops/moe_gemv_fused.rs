@@ -28,11 +28,11 @@ use crate::check::{Check, KernelFamily, Outcome, RelErr, Staged, sample_rows};
 use crate::cuda::{Gpu, GpuError};
 use crate::launch::{Cover, Launch, PlanError, bytes_of, require_bytes};
 use crate::limits::DeviceLimits;
+use crate::ops::bias::{self, add_pick_bias_cpu};
 use crate::ops::moe_align::GEMM_TILE_M;
 use crate::ops::moe_combine::{self, CombineCase, combine_cpu};
 use crate::ops::moe_gemv::{self, GemvBuffers, GemvDims, moe_gemv_cpu, pair_row};
 use crate::ops::quantize::{self, Source};
-use crate::ops::bias::{self, add_pick_bias_cpu};
 use crate::ops::swiglu::{self, Act, GateUp, act_q8_1_cpu};
 use crate::ops::testdata::{GUARD_WORDS, Guarded, download_rows, fill_uniform, fill_weights};
 use crate::quant::{BLOCK_Q8_1_BYTES, BlockQ8_1, QK, WeightType, dequantize_q8_1, q8_1_bytes, quantize_row_q8_1};
@@ -102,10 +102,8 @@ pub struct Epilogue {
 impl Epilogue {
     /// The self-test tag of a non-plain epilogue (`biased-clamped`, ...); none for qwen3moe's.
     pub fn tag(&self) -> Option<String> {
-        let parts: Vec<&str> = [(self.biased, "biased"), (!self.act.is_plain(), "clamped")]
-            .into_iter()
-            .filter_map(|(on, name)| on.then_some(name))
-            .collect();
+        let parts: Vec<&str> =
+            [(self.biased, "biased"), (!self.act.is_plain(), "clamped")].into_iter().filter_map(|(on, name)| on.then_some(name)).collect();
         (!parts.is_empty()).then(|| parts.join("-"))
     }
 }
@@ -529,7 +527,11 @@ pub fn stage_gate_up(gpu: &Gpu, tokens: u64, c: &FusedCase) -> Result<Staged, Gp
     fill_weights(gpu, &mut w_gate, w_blocks, SEED_GATE, d.wtype)?;
     fill_weights(gpu, &mut w_up, w_blocks, SEED_UP, d.wtype)?;
     let ep = c.epilogue;
-    let biases = if ep.biased { Some([bias_dev(gpu, SEED_BIAS_GATE, d.experts, d.ffn)?, bias_dev(gpu, SEED_BIAS_UP, d.experts, d.ffn)?]) } else { None };
+    let biases = if ep.biased {
+        Some([bias_dev(gpu, SEED_BIAS_GATE, d.experts, d.ffn)?, bias_dev(gpu, SEED_BIAS_UP, d.experts, d.ffn)?])
+    } else {
+        None
+    };
     let bias = biases.as_ref().map(|[g, u]| [g, u]);
     let mut xq = gpu.alloc::<u8>(q8_1_bytes(tokens, d.hidden) as usize)?;
     let mut x = gpu.alloc::<f32>(tokens as usize * k)?;

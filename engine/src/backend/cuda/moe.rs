@@ -299,8 +299,14 @@ fn experts_gemv(
     } else {
         gate_up_unfused(gpu, s, d, [gate, up], biases)?;
     }
-    let bufs =
-        CombineBuffers { w_down: down.bytes, act: &*s.act_q, ids: &s.ids, weights: &s.weights, out: &mut out.buf, bias: biases.map(|b| b.down) };
+    let bufs = CombineBuffers {
+        w_down: down.bytes,
+        act: &*s.act_q,
+        ids: &s.ids,
+        weights: &s.weights,
+        out: &mut out.buf,
+        bias: biases.map(|b| b.down),
+    };
     moe_gemv_fused::launch_combine(gpu, t, &ffn(down.wtype), bufs).map_err(down.failed("GEMV+combine"))
 }
 
