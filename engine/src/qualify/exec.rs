@@ -27,7 +27,7 @@ pub enum CaseError {
     #[error("the case needs {need} more KV blocks, the pool has {free} free")]
     PoolShort { need: u64, free: usize },
     #[error("the case needs {need} more KV rings (one per sequence in the sliding-window layers), the pool has {free} free")]
-    RingsShort { need: usize, free: usize },
+    RingsShort { need: u64, free: usize },
     /// The engine refused or failed a step (its error names the backend, kernel or request).
     #[error(transparent)]
     Engine(#[from] ModelError),
@@ -79,56 +79,58 @@ pub struct CaseRequest {
     pub reference: ReferenceWork,
 }
 
-/// The KV blocks cases draw their block tables from. Handed out from the top down, so a
-/// sequence's table is not the identity map of positions to blocks that a bug could hide behind.
-pub struct BlockPool {
+/// Ids handed out from the top down, so a sequence's table is not the identity map of
+/// positions to ids that a bug could hide behind; `K` says what they index and names a
+/// shortfall ([`BlockPool`], [`RingPool`]).
+pub struct IdPool<K: PoolKind> {
     free: Vec<u32>,
+    kind: std::marker::PhantomData<K>,
 }
 
-impl BlockPool {
-    pub fn new(blocks: u32) -> Self {
-        BlockPool { free: (0..blocks).collect() }
-    }
+/// What a pool's ids index: the error a shortfall of them is.
+pub trait PoolKind {
+    fn short(need: u64, free: usize) -> CaseError;
+}
 
-    /// `n` blocks, or an error naming the shortfall.
-    pub fn take(&mut self, n: u64) -> Result<Vec<u32>, CaseError> {
-        let free = self.free.len();
-        let n = usize::try_from(n).ok().filter(|&k| k <= free).ok_or(CaseError::PoolShort { need: n, free })?;
-        Ok(self.free.split_off(free - n).into_iter().rev().collect())
-    }
+/// KV blocks: cases draw their block tables from them.
+pub struct Blocks;
 
-    pub fn give_back(&mut self, mut blocks: Vec<u32>) {
-        blocks.reverse();
-        self.free.extend(blocks);
+impl PoolKind for Blocks {
+    fn short(need: u64, free: usize) -> CaseError {
+        CaseError::PoolShort { need, free }
     }
 }
 
 /// The rings of the sliding-window layers' KV (the window-only layout, as the node serves): each
 /// sequence in a step, and each stream the worker holds, has one of its own; a stream keeps its
-/// ring as long as its blocks, since its windowed layers' KV lives there. Handed out from the
-/// top down, as blocks are. Without rings in the engine (`full_window_kv`) the indexes are
-/// handed out all the same and not used.
-pub struct RingPool {
-    free: Vec<u32>,
+/// ring as long as its blocks, since its windowed layers' KV lives there. Without rings in the
+/// engine (`full_window_kv`) the indexes are handed out all the same and not used.
+pub struct Rings;
+
+impl PoolKind for Rings {
+    fn short(need: u64, free: usize) -> CaseError {
+        CaseError::RingsShort { need, free }
+    }
 }
 
-impl RingPool {
-    pub fn new(rings: u32) -> Self {
-        RingPool { free: (0..rings).collect() }
+pub type BlockPool = IdPool<Blocks>;
+pub type RingPool = IdPool<Rings>;
+
+impl<K: PoolKind> IdPool<K> {
+    pub fn new(ids: u32) -> Self {
+        IdPool { free: (0..ids).collect(), kind: std::marker::PhantomData }
     }
 
-    /// `n` distinct rings, or an error naming the shortfall.
-    pub fn take(&mut self, n: usize) -> Result<Vec<u32>, CaseError> {
+    /// `n` distinct ids, or the kind's error naming the shortfall.
+    pub fn take(&mut self, n: u64) -> Result<Vec<u32>, CaseError> {
         let free = self.free.len();
-        if n > free {
-            return Err(CaseError::RingsShort { need: n, free });
-        }
+        let n = usize::try_from(n).ok().filter(|&k| k <= free).ok_or_else(|| K::short(n, free))?;
         Ok(self.free.split_off(free - n).into_iter().rev().collect())
     }
 
-    pub fn give_back(&mut self, mut rings: Vec<u32>) {
-        rings.reverse();
-        self.free.extend(rings);
+    pub fn give_back(&mut self, mut ids: Vec<u32>) {
+        ids.reverse();
+        self.free.extend(ids);
     }
 
     pub fn free(&self) -> usize {
@@ -283,7 +285,7 @@ pub fn run_case(
     let case = &req.case;
     let seqs = case.sequences();
     let mut tables = Vec::with_capacity(seqs.len());
-    let (seq_rings, mut out) = match rings.take(seqs.len()) {
+    let (seq_rings, mut out) = match rings.take(seqs.len() as u64) {
         Ok(r) => (r, None),
         Err(e) => (Vec::new(), Some(ModelOutcome::Error { error: e.to_string() })),
     };
