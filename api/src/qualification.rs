@@ -12,11 +12,12 @@ use sha2::{Digest, Sha256};
 use crate::selftest::{SelfTestReport, Verdict};
 
 /// Bumped when a field of [`Qualification`] or [`Fingerprint`] changes meaning; a cached
-/// qualification of another schema is not reused.
-pub const QUALIFICATION_SCHEMA: u32 = 1;
+/// qualification of another schema is not reused. 2: the fingerprint keys the KV layout
+/// (`serving.fullWindowKv`), so schema 1 results, keyed without it, are run again.
+pub const QUALIFICATION_SCHEMA: u32 = 2;
 
 /// Prefix of the canonical encoding; bump the suffix with the encoding itself.
-const CANONICAL_TAG: &str = "brink-fingerprint-v1";
+const CANONICAL_TAG: &str = "brink-fingerprint-v2";
 
 /// Everything a qualification result depends on.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -48,6 +49,12 @@ pub struct ServingParams {
     pub prefill_chunk: u64,
     /// Context length (tokens per sequence).
     pub context: u64,
+    /// Whole sequences kept for sliding-window layers (`--full-window-kv`) rather than the
+    /// ring the engine serves with by default: the model-level cases run the layout the
+    /// replica serves, so a result under one layout says nothing of the other. Absent from a
+    /// result cached before the field: rings.
+    #[serde(default)]
+    pub full_window_kv: bool,
 }
 
 impl Fingerprint {
@@ -69,6 +76,7 @@ impl Fingerprint {
             ("serving.maxBatchTokens", self.serving.max_batch_tokens.to_string()),
             ("serving.prefillChunk", self.serving.prefill_chunk.to_string()),
             ("serving.context", self.serving.context.to_string()),
+            ("serving.fullWindowKv", self.serving.full_window_kv.to_string()),
         ]
     }
 
@@ -233,7 +241,7 @@ mod tests {
             agent_version: "0.1.0".into(),
             kernel_sources_hash: "ab".repeat(32),
             shape_class: "qwen3moe-h2048-e128-top8-ffn768".into(),
-            serving: ServingParams { max_batch_tokens: 16_384, prefill_chunk: 4096, context: 32_768 },
+            serving: ServingParams { max_batch_tokens: 16_384, prefill_chunk: 4096, context: 32_768, full_window_kv: false },
         }
     }
 
@@ -242,14 +250,14 @@ mod tests {
         // Pinned: a change here means every node's cache is invalidated; bump CANONICAL_TAG
         // deliberately rather than by accident.
         let fp = fingerprint();
-        let expected_canonical = "brink-fingerprint-v1\ngpuName=\"NVIDIA GB10\"\ncomputeCapability=\"12.1\"\n\
+        let expected_canonical = "brink-fingerprint-v2\ngpuName=\"NVIDIA GB10\"\ncomputeCapability=\"12.1\"\n\
             driverVersion=\"580.95.05\"\ncudaVersion=\"13.0\"\nnvrtcVersion=\"13.0\"\nagentVersion=\"0.1.0\"\n\
             kernelSourcesHash=\"abababababababababababababababababababababababababababababababab\"\n\
             shapeClass=\"qwen3moe-h2048-e128-top8-ffn768\"\nserving.maxBatchTokens=\"16384\"\n\
-            serving.prefillChunk=\"4096\"\nserving.context=\"32768\"\n";
+            serving.prefillChunk=\"4096\"\nserving.context=\"32768\"\nserving.fullWindowKv=\"false\"\n";
         assert_eq!(fp.canonical(), expected_canonical);
         // sha256sum of the text above, computed outside Rust.
-        assert_eq!(fp.digest(), "d97304b05642295955ba48e8b33effe9cb55373f527230dced0737d1bf3acf73");
+        assert_eq!(fp.digest(), "d5c6912e395a72a640811483287f1c5e270180188553b484ed0141368d22a05c");
         assert_eq!(fp.digest().len(), 64);
     }
 
@@ -269,6 +277,7 @@ mod tests {
             ("serving.maxBatchTokens", |f| f.serving.max_batch_tokens = 8192),
             ("serving.prefillChunk", |f| f.serving.prefill_chunk = 2048),
             ("serving.context", |f| f.serving.context = 40_960),
+            ("serving.fullWindowKv", |f| f.serving.full_window_kv = true),
         ];
         assert_eq!(edits.len(), base.fields().len(), "a fingerprint field without a test edit");
         for (name, edit) in edits {

@@ -74,7 +74,7 @@ mod tests {
         }
     }
 
-    const ASKED: ServingParams = ServingParams { max_batch_tokens: 16_384, prefill_chunk: 4096, context: 32_768 };
+    const ASKED: ServingParams = ServingParams { max_batch_tokens: 16_384, prefill_chunk: 4096, context: 32_768, full_window_kv: false };
 
     /// `(max batch tokens, prefill chunk, validated)` of an envelope.
     fn limits(e: &Envelope) -> (u64, u64, bool) {

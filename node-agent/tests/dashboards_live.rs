@@ -195,7 +195,7 @@ mod live {
             agent_version: node_fp.agent_version.clone(),
             kernel_sources_hash: node_fp.kernel_sources_hash.clone(),
             shape_class: CLASS.into(),
-            serving: ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: 32_768 },
+            serving: ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: 32_768, full_window_kv: false },
         };
         let qualification = ShapeQualification {
             shape_class: CLASS.into(),

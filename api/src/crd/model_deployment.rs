@@ -219,7 +219,12 @@ pub struct Serving {
 impl Serving {
     /// The parameters a qualification fingerprint is keyed by.
     pub fn params(&self) -> ServingParams {
-        ServingParams { max_batch_tokens: self.max_batch_tokens, prefill_chunk: self.prefill_chunk, context: self.context }
+        ServingParams {
+            max_batch_tokens: self.max_batch_tokens,
+            prefill_chunk: self.prefill_chunk,
+            context: self.context,
+            full_window_kv: false,
+        }
     }
 }
 

@@ -288,7 +288,7 @@ mod tests {
     use super::*;
 
     fn serving(max_batch_tokens: u64) -> ServingParams {
-        ServingParams { max_batch_tokens, prefill_chunk: 4096, context: 40_960 }
+        ServingParams { max_batch_tokens, prefill_chunk: 4096, context: 40_960, full_window_kv: false }
     }
 
     #[test]

@@ -445,7 +445,7 @@ mod tests {
         use brink_kernels::limits::DeviceLimits;
         use brink_kernels::thresholds::{ModelShape, compositions};
         let shape = ModelShape::qwen3_30b_a3b();
-        let serving = ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: 40_960 };
+        let serving = ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: 40_960, full_window_kv: false };
         let d = crate::qualify::cases::derive(&shape, &serving, &DeviceLimits::h200(), None, 40_960);
         assert!(d.skipped.is_empty());
         assert_eq!(d.cases.len(), d.counts.iter().map(|(t, _)| compositions(*t).len()).sum::<usize>());
@@ -480,7 +480,7 @@ mod tests {
         use brink_kernels::thresholds::ModelShape;
         let shape = ModelShape::qwen3_30b_a3b();
         for (max_batch, context, cap) in [(8192, 40_960, None), (16_384, 4096, None), (512, 1024, Some(16)), (64, 128, None)] {
-            let serving = ServingParams { max_batch_tokens: max_batch, prefill_chunk: 2048, context };
+            let serving = ServingParams { max_batch_tokens: max_batch, prefill_chunk: 2048, context, full_window_kv: false };
             let d = derive(&shape, &serving, &DeviceLimits::h200(), cap, context);
             let need = Planner::rings_needed(&d.cases);
             assert!(need <= WORKER_RINGS, "batch {max_batch}, context {context}: {need} rings");

@@ -40,9 +40,6 @@ pub struct Options {
     /// Time the worker may take to load the model and calibrate.
     pub startup_timeout: Duration,
     pub agent_version: String,
-    /// The KV layout the node serves with (`EngineOptions::full_window_kv`): the worker loads
-    /// the same, so the test runs the sliding-window layers' rings that serve.
-    pub full_window_kv: bool,
 }
 
 impl Options {
@@ -56,7 +53,6 @@ impl Options {
             deadline: DeadlinePolicy::default(),
             startup_timeout: Duration::from_secs(600),
             agent_version: agent_version.into(),
-            full_window_kv: false,
         }
     }
 }
@@ -139,7 +135,9 @@ pub fn run(
         context,
         prefill_chunk: opts.serving.prefill_chunk,
         pool_blocks: cases::pool_blocks(largest.max(2 * cases::REFERENCE_CHUNK), block_size),
-        full_window_kv: opts.full_window_kv,
+        // The KV layout the node serves with: the worker loads the same, so the test runs the
+        // sliding-window layers' rings that serve (and the fingerprint keys the layout).
+        full_window_kv: opts.serving.full_window_kv,
     };
     let worker_cfg = cfg.clone();
     let mut child = DeadlineChild::new(
@@ -422,7 +420,7 @@ mod tests {
             starts.display(),
             serde_json::to_string(&ready).unwrap()
         );
-        let serving = ServingParams { max_batch_tokens: 16_384, prefill_chunk: 4096, context: 0 };
+        let serving = ServingParams { max_batch_tokens: 16_384, prefill_chunk: 4096, context: 0, full_window_kv: false };
         let mut opts = Options::new(model, BackendKind::Cpu, serving, "test");
         opts.max_tokens = Some(4);
         opts.deadline = DeadlinePolicy { factor: 0.0, floor: Duration::from_millis(300) };
@@ -470,7 +468,7 @@ mod tests {
             rings: 2,
         };
         let script = format!("echo '{}'; while read -r line; do exec sleep 600; done", serde_json::to_string(&ready).unwrap());
-        let serving = ServingParams { max_batch_tokens: 16_384, prefill_chunk: 4096, context: 0 };
+        let serving = ServingParams { max_batch_tokens: 16_384, prefill_chunk: 4096, context: 0, full_window_kv: false };
         let mut opts = Options::new(model, BackendKind::Cpu, serving, "test");
         opts.max_tokens = Some(4);
         let r = run(
@@ -497,7 +495,7 @@ mod tests {
             model: String::new(),
             shape_class: String::new(),
             backend: "cpu".into(),
-            serving: ServingParams { max_batch_tokens: 64, prefill_chunk: 32, context: 128 },
+            serving: ServingParams { max_batch_tokens: 64, prefill_chunk: 32, context: 128, full_window_kv: false },
             max_tokens: None,
             limits: String::new(),
             calibration_tokens_per_s: None,

@@ -132,7 +132,12 @@ pub fn derive(shape: &ModelShape, limits: &Limits, limits_of_grid: &DeviceLimits
     let mut shape = shape.clone();
     // The context the engine runs with, not the one the model was trained for.
     shape.context = u32::try_from(limits.context).unwrap_or(u32::MAX);
-    let serving = ServingParams { max_batch_tokens: limits.max_batch_tokens, prefill_chunk: limits.prefill_chunk, context: limits.context };
+    let serving = ServingParams {
+        max_batch_tokens: limits.max_batch_tokens,
+        prefill_chunk: limits.prefill_chunk,
+        context: limits.context,
+        full_window_kv: false,
+    };
     let catalogue: BTreeMap<u64, Vec<String>> = catalogue_counts(&shape, &serving, limits_of_grid).into_iter().collect();
 
     let mut singles_only: BTreeMap<u64, Vec<String>> = BTreeMap::new();

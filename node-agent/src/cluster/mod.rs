@@ -152,7 +152,7 @@ async fn main_loop(a: Args) -> Result<(), Error> {
         eprintln!("brink-agent run: warning: {w}");
     }
     let device = discovery.report;
-    let serving = a.serving.params(0);
+    let serving = a.serving.params(0, false);
     let fingerprint = NodeFingerprint::of(&crate::qualify::fingerprint(device.device.as_ref(), "", serving));
     let kernel_cases = KernelCasesByClass::default();
     let qualifier: Arc<dyn Qualifier> = Arc::new(SelfTest {

@@ -76,13 +76,22 @@ impl Qualifier for SelfTest {
         let class = job.shape_class.as_str();
         let Some(device) = &self.device else {
             let reason = self.no_gpu_reason.clone().unwrap_or_else(|| "no CUDA GPU on this node".into());
-            let serving = ServingParams { max_batch_tokens: self.max_batch_tokens, prefill_chunk: self.prefill_chunk, context: 0 };
+            let serving = ServingParams {
+                max_batch_tokens: self.max_batch_tokens,
+                prefill_chunk: self.prefill_chunk,
+                context: 0,
+                full_window_kv: false,
+            };
             let q = not_executed(qualify::fingerprint(None, class, serving), reason);
             return Ok(ShapeQualification { shape_class: class.into(), qualification: q, envelope: None, failing_cases: Vec::new() });
         };
         let shape = self.shape(job)?;
-        let serving =
-            ServingParams { max_batch_tokens: self.max_batch_tokens, prefill_chunk: self.prefill_chunk, context: u64::from(shape.context) };
+        let serving = ServingParams {
+            max_batch_tokens: self.max_batch_tokens,
+            prefill_chunk: self.prefill_chunk,
+            context: u64::from(shape.context),
+            full_window_kv: false,
+        };
         let fp = qualify::fingerprint(Some(device), class, serving);
         if let cache::CacheDecision::Reuse(q) = cache::decide(&fp, cache::read(&cache::path(&self.state_dir, class))) {
             // The cache keeps the counts, not the cases: a reused result lists no failing cases.
@@ -219,7 +228,8 @@ mod tests {
         let class = crate::model_cache::header::read(&file).unwrap().shape_class;
         let t = self_test(dir.path(), Some(device()));
         let shape = t.shape(&job(&class, Some(file.clone()))).unwrap();
-        let serving = ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: u64::from(shape.context) };
+        let serving =
+            ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: u64::from(shape.context), full_window_kv: false };
         let fp = qualify::fingerprint(Some(&device()), &class, serving);
         let mut q = not_executed(fp, String::new());
         q.verdict = Verdict::Clamped { max_tokens: 4096, first_failure: 4097 };

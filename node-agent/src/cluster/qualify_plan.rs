@@ -62,7 +62,7 @@ mod tests {
             agent_version: n.agent_version,
             kernel_sources_hash: n.kernel_sources_hash,
             shape_class: class.into(),
-            serving: ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: 4096 },
+            serving: ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: 4096, full_window_kv: false },
         };
         ShapeQualification {
             shape_class: class.into(),

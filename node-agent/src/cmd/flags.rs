@@ -33,9 +33,10 @@ pub struct ServingFlags {
 }
 
 impl ServingFlags {
-    /// The limits as a qualification keys them, with the context the command settled on.
-    pub fn params(&self, context: u64) -> ServingParams {
-        ServingParams { max_batch_tokens: self.max_batch_tokens, prefill_chunk: self.prefill_chunk, context }
+    /// The limits as a qualification keys them, with the context the command settled on and
+    /// the KV layout it serves (`--full-window-kv`).
+    pub fn params(&self, context: u64, full_window_kv: bool) -> ServingParams {
+        ServingParams { max_batch_tokens: self.max_batch_tokens, prefill_chunk: self.prefill_chunk, context, full_window_kv }
     }
 
     pub fn stall_timeout(&self) -> Duration {
@@ -191,7 +192,10 @@ mod tests {
     fn defaults_and_refusals() {
         let d = Cli::try_parse_from(["x"]).unwrap().serving;
         assert_eq!((d.max_batch_tokens, d.prefill_chunk, d.stall_timeout), (8192, 2048, 120.0));
-        assert_eq!(d.params(4096), ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: 4096 });
+        assert_eq!(
+            d.params(4096, false),
+            ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: 4096, full_window_kv: false }
+        );
         let s = Cli::try_parse_from(["x", "--max-batch-tokens", "512", "--stall-timeout", "0.5"]).unwrap().serving;
         assert_eq!((s.max_batch_tokens, s.stall_timeout()), (512, Duration::from_millis(500)));
         for bad in [

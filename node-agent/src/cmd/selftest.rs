@@ -114,10 +114,10 @@ pub fn run(args: Args) -> ExitCode {
             max_batch_tokens: args.max_batch_tokens,
             prefill_chunk: args.prefill_chunk,
             context: args.context.unwrap_or(0),
+            full_window_kv: args.kv.full_window_kv,
         };
         let mut mopts = model_test::options(path, args.backend.resolve(), serving, args.model_max_tokens);
         mopts.deadline.floor = Duration::from_millis(args.model_deadline_floor_ms);
-        mopts.full_window_kv = args.kv.full_window_kv;
         model_test::run_with_progress(&mopts)
     });
     let kernels_ok = match report.verdict {

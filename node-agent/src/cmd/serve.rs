@@ -107,7 +107,12 @@ fn model_test(a: &Args, backend: BackendKind, device: Option<&DeviceInfo>, batch
     let config = model_config("--model", model)?;
     let key = config.shape_class();
     let context = a.replica.context_for(config.context);
-    let serving = ServingParams { max_batch_tokens: batch as u64, prefill_chunk: chunk as u64, context: context as u64 };
+    let serving = ServingParams {
+        max_batch_tokens: batch as u64,
+        prefill_chunk: chunk as u64,
+        context: context as u64,
+        full_window_kv: a.kv.full_window_kv,
+    };
     let fingerprint = qualify::fingerprint(device.filter(|_| backend == BackendKind::Cuda), &key, serving);
     let dir = a.qualification_dir.clone().or_else(|| std::env::var_os("BRINK_STATE_DIR").map(PathBuf::from));
     let own_path = dir.as_deref().map(|d| replica::path(d, &key));
@@ -128,8 +133,7 @@ fn model_test(a: &Args, backend: BackendKind, device: Option<&DeviceInfo>, batch
         Err(why) => {
             eprintln!("brink serve: model-level threshold test for {key} ({why}): running it before /ready");
             let t0 = Instant::now();
-            let mut opts = qualify::model_test::options(model, backend, serving, a.model_test_max_tokens);
-            opts.full_window_kv = a.kv.full_window_kv;
+            let opts = qualify::model_test::options(model, backend, serving, a.model_test_max_tokens);
             let report = qualify::model_test::run_with_progress(&opts);
             let seconds = t0.elapsed().as_secs_f64();
             eprintln!(
@@ -212,6 +216,7 @@ fn batch_limits(a: &Args) -> Result<(usize, usize, Option<QualificationMetrics>)
         max_batch_tokens: a.serving.max_batch_tokens,
         prefill_chunk: a.serving.prefill_chunk,
         context: a.replica.context as u64,
+        full_window_kv: a.kv.full_window_kv,
     };
     let env = envelope::envelope(&report, &class, path, requested)?;
     // Both are at most the requested usize values.

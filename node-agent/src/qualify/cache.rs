@@ -172,7 +172,7 @@ mod tests {
             agent_version: "0.1.0".into(),
             kernel_sources_hash: "ab".repeat(32),
             shape_class: "qwen3moe-h2048-e128-top8-ffn768".into(),
-            serving: ServingParams { max_batch_tokens: 16_384, prefill_chunk: 4096, context: 32_768 },
+            serving: ServingParams { max_batch_tokens: 16_384, prefill_chunk: 4096, context: 32_768, full_window_kv: false },
         }
     }
 
@@ -207,7 +207,7 @@ mod tests {
     #[test]
     fn each_changed_field_requalifies_naming_it() {
         type Edit = fn(&mut Fingerprint);
-        let table: [(&str, Edit, &str); 11] = [
+        let table: [(&str, Edit, &str); 12] = [
             ("gpuName", |f| f.gpu_name = "NVIDIA H200".into(), "gpuName changed: NVIDIA GB10 -> NVIDIA H200"),
             ("computeCapability", |f| f.compute_capability = "9.0".into(), "computeCapability changed: 12.1 -> 9.0"),
             ("driverVersion", |f| f.driver_version = Some("590.10".into()), "driverVersion changed: 580.95.05 -> 590.10"),
@@ -219,6 +219,7 @@ mod tests {
             ("serving.maxBatchTokens", |f| f.serving.max_batch_tokens = 8192, "serving.maxBatchTokens changed: 16384 -> 8192"),
             ("serving.prefillChunk", |f| f.serving.prefill_chunk = 2048, "serving.prefillChunk changed: 4096 -> 2048"),
             ("serving.context", |f| f.serving.context = 40_960, "serving.context changed: 32768 -> 40960"),
+            ("serving.fullWindowKv", |f| f.serving.full_window_kv = true, "serving.fullWindowKv changed: false -> true"),
         ];
         assert_eq!(table.len(), fingerprint().fields().len(), "a fingerprint field the table does not change");
         for (field, edit, line) in table {
@@ -261,7 +262,7 @@ mod tests {
             ("{\"schema\": 1, \"finger".into(), "q.json: not JSON: EOF while parsing"),
             ("".into(), "q.json: not JSON"),
             ("[1, 2]".into(), "q.json: no numeric `schema` field"),
-            (other_schema.to_string(), "q.json: schema 7 (this agent reads 1)"),
+            (other_schema.to_string(), &format!("q.json: schema 7 (this agent reads {QUALIFICATION_SCHEMA})")),
             (wrong_verdict.to_string(), "q.json: not a qualification: unknown variant `sideways`"),
             (no_fp.to_string(), "q.json: not a qualification: missing field `fingerprint`"),
         ];
@@ -289,7 +290,8 @@ mod tests {
     fn a_qualification_of_another_schema_in_memory_is_invalid() {
         let mut q = qualification(fingerprint());
         q.schema = QUALIFICATION_SCHEMA + 1;
-        assert!(matches!(decide(&fingerprint(), Cached::Found(Box::new(q))), CacheDecision::Invalid(w) if w.contains("schema 2")));
+        let want = format!("schema {}", QUALIFICATION_SCHEMA + 1);
+        assert!(matches!(decide(&fingerprint(), Cached::Found(Box::new(q))), CacheDecision::Invalid(w) if w.contains(&want)));
     }
 
     #[test]

@@ -97,7 +97,7 @@ mod tests {
         let fp = crate::qualify::fingerprint(
             None,
             "qwen3moe-h8-e2-top1-ffn8-0123456789abcdef",
-            brink_api::ServingParams { max_batch_tokens: 8, prefill_chunk: 8, context: 8 },
+            brink_api::ServingParams { max_batch_tokens: 8, prefill_chunk: 8, context: 8, full_window_kv: false },
         );
         let both = vec![case("neg_gemv_gridz", CaseResult::Flagged), case("neg_latent_tailskip", CaseResult::Flagged)];
         let proof = proof_of(&report(true, both.clone()), &fp, "2026-12-01T20:00:00Z".into()).expect("a proof");

@@ -107,7 +107,7 @@ mod tests {
     #[test]
     fn the_fingerprint_takes_the_device_and_this_build() {
         let device = device();
-        let serving = ServingParams { max_batch_tokens: 16_384, prefill_chunk: 4096, context: 32_768 };
+        let serving = ServingParams { max_batch_tokens: 16_384, prefill_chunk: 4096, context: 32_768, full_window_kv: false };
         let fp = fingerprint(Some(&device), "qwen3moe-h2048-e128-top8-ffn768", serving);
         assert_eq!((fp.gpu_name.as_str(), fp.compute_capability.as_str(), fp.driver_version.as_deref()), ("NVIDIA H200", "9.0", None));
         assert_eq!(fp.agent_version, env!("CARGO_PKG_VERSION"));

@@ -15,8 +15,9 @@ use serde::{Deserialize, Serialize};
 
 use super::cache;
 
-/// Bumped when a field changes meaning; a result of another schema is not reused.
-pub const RESULT_SCHEMA: u32 = 1;
+/// Bumped when a field changes meaning; a result of another schema is not reused. 2: with
+/// the fingerprint's KV layout (`brink_api::QUALIFICATION_SCHEMA` 2).
+pub const RESULT_SCHEMA: u32 = 2;
 /// Failing cases kept (smallest counts first: they say where the envelope ends).
 pub const MAX_FAILING: usize = 8;
 
@@ -223,7 +224,7 @@ mod tests {
         super::super::fingerprint(
             None,
             "qwen3moe-h256-e16-top4-ffn256-0123456789abcdef",
-            ServingParams { max_batch_tokens: 64, prefill_chunk: 32, context: 512 },
+            ServingParams { max_batch_tokens: 64, prefill_chunk: 32, context: 512, full_window_kv: false },
         )
     }
 

@@ -147,7 +147,7 @@ mod tests {
         assert_eq!(combine(&d("a"), &d("b")), d("kernels: a; model test: b"));
     }
 
-    const ASKED: ServingParams = ServingParams { max_batch_tokens: 16_384, prefill_chunk: 4096, context: 32_768 };
+    const ASKED: ServingParams = ServingParams { max_batch_tokens: 16_384, prefill_chunk: 4096, context: 32_768, full_window_kv: false };
 
     #[test]
     fn the_envelope_clamps_under_the_first_failure() {

@@ -145,7 +145,12 @@ fn run(plan: &Plan, device: &DeviceReport, r: &mut SweepResultStatus) -> Result<
     let config = brink_engine::arch::config(&file).map_err(|source| SweepError::Config { path: plan.model.clone(), source })?;
     drop(file);
     let context = crate::cmd::flags::context_for(plan.context, config.context);
-    let serving = ServingParams { max_batch_tokens: plan.max_batch_tokens, prefill_chunk: plan.prefill_chunk, context: context as u64 };
+    let serving = ServingParams {
+        max_batch_tokens: plan.max_batch_tokens,
+        prefill_chunk: plan.prefill_chunk,
+        context: context as u64,
+        full_window_kv: false,
+    };
     let gpu = device.device.as_ref().filter(|_| plan.backend == BackendKind::Cuda);
     r.fingerprint = Some(NodeFingerprint::of(&qualify::fingerprint(gpu, &config.shape_class(), serving)));
 
@@ -210,7 +215,8 @@ fn run_external(plan: &Plan, ext: &External, device: &DeviceReport, r: &mut Swee
     let endpoint = endpoint(&ext.url)?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(SweepError::Runtime)?;
     let context = ext.context.unwrap_or(u64::from(ext.shape.context));
-    let serving = ServingParams { max_batch_tokens: plan.max_batch_tokens, prefill_chunk: plan.prefill_chunk, context };
+    let serving =
+        ServingParams { max_batch_tokens: plan.max_batch_tokens, prefill_chunk: plan.prefill_chunk, context, full_window_kv: false };
     r.fingerprint = Some(NodeFingerprint::of(&qualify::fingerprint(device.device.as_ref(), &ext.shape.name, serving)));
     if plan.self_test.enabled {
         let opts = blackbox::Options {

@@ -152,7 +152,7 @@ fn up(a: Args) -> Result<ExitCode, Error> {
     let shape = brink_engine::qualify::kernel_shape(&config);
     let shape_class = shape.key();
     let context = a.replica.context_for(config.context);
-    let serving = a.serving.params(context as u64);
+    let serving = a.serving.params(context as u64, a.kv.full_window_kv);
     // On the CPU backend the GPU is not part of what is qualified (the engine does not use it).
     let gpu = device.device.as_ref().filter(|_| backend == BackendKind::Cuda);
     let fingerprint = qualify::fingerprint(gpu, &shape_class, serving);
@@ -347,8 +347,7 @@ fn kernel_suite(
 
 /// The model-level threshold test (prefills at the derived counts through the whole model).
 fn model_suite(a: &Args, model: &Path, backend: BackendKind, serving: ServingParams) -> SuiteResult {
-    let mut opts = qualify::model_test::options(model, backend, serving, a.model_test_max_tokens);
-    opts.full_window_kv = a.kv.full_window_kv;
+    let opts = qualify::model_test::options(model, backend, serving, a.model_test_max_tokens);
     let r = qualify::model_test::run_with_progress(&opts);
     for c in r.cases.iter().filter(|c| matches!(c.result, brink_api::CaseResult::Failed | brink_api::CaseResult::Hung)) {
         eprintln!("brink up: model case {} {:?}: {}", c.id, c.result, c.detail);

@@ -159,7 +159,7 @@ mod tests {
             agent_version: "0.2.0".into(),
             kernel_sources_hash: "cafe".into(),
             shape_class: "x".into(),
-            serving: ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: 32_768 },
+            serving: ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: 32_768, full_window_kv: false },
         }
     }
 

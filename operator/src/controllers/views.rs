@@ -250,7 +250,7 @@ mod tests {
             agent_version: "0.2.0".into(),
             kernel_sources_hash: "h".into(),
             shape_class: "c1".into(),
-            serving: ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: 4096 },
+            serving: ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: 4096, full_window_kv: false },
         }
     }
 

@@ -154,7 +154,7 @@ pub fn shape_result(class: &str, driver: Option<&str>) -> brink_api::crd::ShapeQ
         agent_version: n.agent_version,
         kernel_sources_hash: n.kernel_sources_hash,
         shape_class: class.into(),
-        serving: ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: 4096 },
+        serving: ServingParams { max_batch_tokens: 8192, prefill_chunk: 2048, context: 4096, full_window_kv: false },
     };
     brink_api::crd::ShapeQualification {
         shape_class: class.into(),
