@@ -2,8 +2,9 @@
 //! (routing, sampling, CPU twins) without a device, timed per family. Run it with
 //! `cargo test -p brink-kernels --lib host_bench -- --ignored --nocapture`; `HOST_BENCH_STRIDE=n`
 //! runs every n-th case of each family (the cache of shared weights and twins then sees fewer
-//! neighbours, so a strided run overstates the full run's cost), `HOST_BENCH_ONLY=s` the
-//! families whose name contains `s`.
+//! neighbours, so a strided run overstates the full run's cost), `HOST_BENCH_ONLY=s` the cases
+//! whose id (`family/tag/tN`) contains `s`, `HOST_BENCH_TAGS=1` the CPU time per tag as well,
+//! `HOST_BENCH_ALL=1` every case's times (not only those over 500 ms).
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -44,6 +45,10 @@ fn host_half(tokens: u64, op: &OpCase) -> Option<usize> {
 fn host_costs_per_family() {
     let stride: usize = std::env::var("HOST_BENCH_STRIDE").ok().and_then(|s| s.parse().ok()).unwrap_or(1).max(1);
     let only = std::env::var("HOST_BENCH_ONLY").unwrap_or_default();
+    let flag = |name: &str| std::env::var(name).is_ok_and(|v| v == "1");
+    let (tags, all) = (flag("HOST_BENCH_TAGS"), flag("HOST_BENCH_ALL"));
+    // Per tag (the case id without its count): (cases run, CPU ms).
+    let mut per_tag: BTreeMap<String, (usize, f64)> = BTreeMap::new();
     let opts = Options { memory_budget_bytes: 70 << 30, negative_controls: false, max_tokens: Some(1 << 16) };
     let cat = derive(&ModelShape::qwen3_30b_a3b(), &Serving::default(), &DeviceLimits::h200(), &opts);
     // Per family: (cases run, wall ms, CPU ms).
@@ -51,7 +56,7 @@ fn host_costs_per_family() {
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let start = Instant::now();
     for case in &cat.cases {
-        if !case.kernel.contains(only.as_str()) {
+        if !case.id.contains(only.as_str()) {
             continue;
         }
         let n = seen.entry(case.kernel.clone()).or_default();
@@ -65,9 +70,14 @@ fn host_costs_per_family() {
         let e = per.entry(case.kernel.clone()).or_default();
         e.0 += 1;
         e.1 += ms;
-        e.2 += (cpu_seconds() - cpu) * 1e3;
-        if ms > 500.0 {
-            eprintln!("  {} {:.0} ms", case.id, ms);
+        let cpu_ms = (cpu_seconds() - cpu) * 1e3;
+        e.2 += cpu_ms;
+        let tag = case.id.rsplit_once('/').map_or(case.id.as_str(), |(tag, _)| tag);
+        let t = per_tag.entry(tag.to_string()).or_default();
+        t.0 += 1;
+        t.1 += cpu_ms;
+        if ms > 500.0 || all {
+            eprintln!("  {} {:.0} ms (cpu {cpu_ms:.0} ms)", case.id, ms);
         }
     }
     for (k, &(ran, ms, cpu)) in &per {
@@ -79,6 +89,11 @@ fn host_costs_per_family() {
             per_case(cpu),
             per_case(cpu) * cases / 1e3
         );
+    }
+    if tags {
+        for (tag, &(ran, cpu)) in &per_tag {
+            eprintln!("  {tag:48} ran {ran:4}  cpu {cpu:8.0} ms");
+        }
     }
     eprintln!("total {:.1} s on {} threads", start.elapsed().as_secs_f64(), rayon::current_num_threads());
 }
