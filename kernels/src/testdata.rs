@@ -183,17 +183,17 @@ type Slot<T> = Arc<OnceLock<Arc<Vec<T>>>>;
 
 /// Values made once per key and shared: one slot per key, filled by the first caller while
 /// later callers of the same key wait for it. Past `cap` bytes made, it starts over.
-struct SharedCache<K, T> {
+pub(crate) struct SharedCache<K, T> {
     slots: Mutex<(HashMap<K, Slot<T>>, usize)>,
     cap: usize,
 }
 
 impl<K: Eq + Hash, T> SharedCache<K, T> {
-    fn new(cap: usize) -> Self {
+    pub(crate) fn new(cap: usize) -> Self {
         SharedCache { slots: Mutex::new((HashMap::new(), 0)), cap }
     }
 
-    fn get(&self, key: K, make: impl FnOnce() -> Vec<T>) -> Arc<Vec<T>> {
+    pub(crate) fn get(&self, key: K, make: impl FnOnce() -> Vec<T>) -> Arc<Vec<T>> {
         let slot = self.slots.lock().unwrap_or_else(|p| p.into_inner()).0.entry(key).or_default().clone();
         let mut made = 0;
         let value = slot

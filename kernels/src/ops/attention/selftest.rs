@@ -29,7 +29,7 @@ use crate::launch::{Launch, PlanError};
 use crate::limits::DeviceLimits;
 use crate::ops::kv_store::{self, KvRows, cache_offset};
 use crate::ops::testdata::{GUARD_WORDS, Guarded, download_rows, fill_uniform};
-use crate::testdata::{round_f16, uniform_f32, uniform_row};
+use crate::testdata::{SharedCache, round_f16, uniform_f32, uniform_row};
 use crate::thresholds::{Critical, I32_MAX, overflow_point, tile_tails};
 
 /// A self-test case: a model's attention shape, a batch layout and how decode steps run.
@@ -326,7 +326,12 @@ pub fn window_counts(c: &AttentionCase) -> Vec<Critical> {
 }
 
 fn piece_rows(spec: &AttentionSpec) -> u64 {
-    (PIECE_FLOATS / spec.kv_width().max(1)).max(1)
+    piece_rows_of(spec.kv_width())
+}
+
+/// History rows per piece at kv width `w`.
+fn piece_rows_of(w: u64) -> u64 {
+    (PIECE_FLOATS / w.max(1)).max(1)
 }
 
 /// All device memory a case allocates: Q, the guarded O, K/V rows with their cache rows, both
@@ -355,6 +360,72 @@ pub fn device_bytes(tokens: u64, c: &AttentionCase) -> u64 {
         + 4 * n.workspace_floats(&spec)
 }
 
+/// Where a cache position's K/V come from: the history before every chunk, generated piece
+/// by piece on the device (position g of all the chunks' histories in order), or the batch's
+/// own rows (row r of the batch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Stream {
+    History,
+    Batch,
+}
+
+/// Elements `[0, w)` of K and V at position `at` of `stream` for kv width `w`, f16-rounded: the
+/// values `store_history` and `store_batch` fill on the device.
+fn stream_position(stream: Stream, w: u64, at: u64, k: &mut [f32], v: &mut [f32]) {
+    let (seeds, first) = match stream {
+        Stream::History => {
+            let rows = piece_rows_of(w);
+            let piece = at / rows;
+            ((SEED_K_HISTORY + piece, SEED_V_HISTORY + piece), (at % rows) * w)
+        }
+        Stream::Batch => ((SEED_K, SEED_V), at * w),
+    };
+    for (e, (k, v)) in k.iter_mut().zip(v.iter_mut()).enumerate() {
+        *k = round_f16(uniform_f32(seeds.0, first + e as u64, 1.0));
+        *v = round_f16(uniform_f32(seeds.1, first + e as u64, 1.0));
+    }
+}
+
+/// Positions per shared stream block: small, so a short chunk (a decode step at position 1)
+/// generates few positions it does not read.
+const STREAM_BLOCK: u64 = 64;
+/// Bytes the shared stream blocks may hold; past it their cache starts over.
+const STREAM_CACHE_BYTES: usize = 2 << 30;
+
+/// K then V of positions `[b·STREAM_BLOCK, (b + 1)·STREAM_BLOCK)` of `stream` at kv width `w`,
+/// generated once per process and shared: the cases of a family read the same history and
+/// batch rows (a context-end chunk's 40k keys of history, a decode step's history beside the
+/// previous count's), and the twin used to regenerate them for every case. Generated on the
+/// caller's thread (see `testdata::shared_weight_rows`).
+fn stream_block(stream: Stream, w: u64, b: u64) -> std::sync::Arc<Vec<f32>> {
+    static CACHE: std::sync::OnceLock<SharedCache<(Stream, u64, u64), f32>> = std::sync::OnceLock::new();
+    CACHE.get_or_init(|| SharedCache::new(STREAM_CACHE_BYTES)).get((stream, w, b), || {
+        let (n, wu) = (STREAM_BLOCK as usize, w as usize);
+        let mut out = vec![0.0f32; 2 * n * wu];
+        let (k, v) = out.split_at_mut(n * wu);
+        for (i, (k, v)) in k.chunks_exact_mut(wu).zip(v.chunks_exact_mut(wu)).enumerate() {
+            stream_position(stream, w, b * STREAM_BLOCK + i as u64, k, v);
+        }
+        out
+    })
+}
+
+/// Whether a slab has read block `b` of `stream` at kv width `w` before (and notes that one
+/// does now): the second read on makes the block shared. Forgets everything past
+/// [`STREAM_SEEN_MAX`] blocks.
+fn stream_block_seen(stream: Stream, w: u64, b: u64) -> bool {
+    static SEEN: std::sync::Mutex<Option<std::collections::HashSet<(Stream, u64, u64)>>> = std::sync::Mutex::new(None);
+    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    let seen = seen.get_or_insert_with(Default::default);
+    if seen.len() >= STREAM_SEEN_MAX {
+        seen.clear();
+    }
+    !seen.insert((stream, w, b))
+}
+
+/// Blocks [`stream_block_seen`] remembers (a few tens of MiB).
+const STREAM_SEEN_MAX: usize = 1 << 20;
+
 /// The value every cache position of the case holds, regenerated for the twin: the batch's own
 /// rows, or history piece by piece. Owns its chunks and tables, so the host check can take it.
 struct Inputs {
@@ -379,33 +450,63 @@ impl Inputs {
         Inputs { spec, sinks, chunks, tables, history_at }
     }
 
-    /// Elements `[0, width)` of K and V at `pos` of chunk `c`'s sequence, f16-rounded.
+    /// Elements `[0, width)` of K and V at `pos` of chunk `c`'s sequence, f16-rounded, made
+    /// directly (the reference of [`Self::slab`]'s shared blocks).
+    #[cfg(test)]
     fn position(&self, c: usize, pos: u64, k: &mut [f32], v: &mut [f32]) {
         let ch = &self.chunks[c];
-        let w = self.spec.kv_width();
-        let (seeds, first) = if pos < ch.start_pos as u64 {
-            let g = self.history_at[c] + pos;
-            let piece = g / piece_rows(&self.spec);
-            ((SEED_K_HISTORY + piece, SEED_V_HISTORY + piece), (g % piece_rows(&self.spec)) * w)
+        let (stream, at) = if pos < ch.start_pos as u64 {
+            (Stream::History, self.history_at[c] + pos)
         } else {
-            ((SEED_K, SEED_V), (ch.first_row as u64 + pos - ch.start_pos as u64) * w)
+            (Stream::Batch, ch.first_row as u64 + pos - ch.start_pos as u64)
         };
-        for (e, (k, v)) in k.iter_mut().zip(v.iter_mut()).enumerate() {
-            *k = round_f16(uniform_f32(seeds.0, first + e as u64, 1.0));
-            *v = round_f16(uniform_f32(seeds.1, first + e as u64, 1.0));
-        }
+        stream_position(stream, self.spec.kv_width(), at, k, v);
     }
 
     /// Positions `0..n` of chunk `c`'s sequence, as the twin reads them: those from `lo` on
-    /// regenerated (the rows' first key under the window), those before left zero (never read).
+    /// (the history before `start_pos`, the batch's own rows after) regenerated, or copied from
+    /// the shared stream blocks ([`stream_block`]) where an earlier slab read the same block;
+    /// those before `lo` left zero (never read).
     fn slab(&self, c: usize, lo: u64, n: u64) -> cpu::Slab {
-        let w = self.spec.kv_width() as usize;
+        let (w, ch) = (self.spec.kv_width() as usize, &self.chunks[c]);
         let (mut k, mut v) = (vec![0.0f32; n as usize * w], vec![0.0f32; n as usize * w]);
-        k.par_chunks_mut(w)
-            .zip(v.par_chunks_mut(w))
-            .enumerate()
-            .skip(lo as usize)
-            .for_each(|(pos, (k, v))| self.position(c, pos as u64, k, v));
+        let start = (ch.start_pos as u64).clamp(lo, n);
+        // (stream, its first position, how many), filling the slab from `lo` on.
+        let runs = [
+            (Stream::History, self.history_at[c] + lo, start - lo),
+            (Stream::Batch, ch.first_row as u64 + start.saturating_sub(ch.start_pos as u64), n - start),
+        ];
+        // The slab from `lo` split at the stream blocks' edges: (stream, block, offset in the
+        // block, K rows, V rows).
+        let (mut k_rest, mut v_rest) = (&mut k[lo as usize * w..], &mut v[lo as usize * w..]);
+        let mut pieces = Vec::new();
+        for (stream, first, count) in runs {
+            let mut g = first;
+            while g < first + count {
+                let (b, off) = (g / STREAM_BLOCK, g % STREAM_BLOCK);
+                let len = (STREAM_BLOCK - off).min(first + count - g) as usize;
+                let (kp, kr) = std::mem::take(&mut k_rest).split_at_mut(len * w);
+                let (vp, vr) = std::mem::take(&mut v_rest).split_at_mut(len * w);
+                (k_rest, v_rest) = (kr, vr);
+                pieces.push((stream, b, off as usize, kp, vp));
+                g += len as u64;
+            }
+        }
+        pieces.into_par_iter().for_each(|(stream, b, off, k, v)| {
+            let len = k.len() / w;
+            if stream_block_seen(stream, w as u64, b) {
+                let block = stream_block(stream, w as u64, b);
+                let half = STREAM_BLOCK as usize * w;
+                k.copy_from_slice(&block[off * w..(off + len) * w]);
+                v.copy_from_slice(&block[half + off * w..half + (off + len) * w]);
+            } else {
+                // A block no slab has read yet: most are read by one case only (a long decode
+                // batch's histories), so it is made here, not copied from a shared one.
+                for (i, (k, v)) in k.chunks_exact_mut(w).zip(v.chunks_exact_mut(w)).enumerate() {
+                    stream_position(stream, w as u64, b * STREAM_BLOCK + (off + i) as u64, k, v);
+                }
+            }
+        });
         cpu::Slab { k, v, width: w }
     }
 
@@ -904,6 +1005,45 @@ mod tests {
         let b = device_bytes(611, &c);
         assert!(b > caches + (1 << 30) && b < caches + (3 << 29), "{b}");
         assert_eq!(device_bytes(0, &c), 0);
+    }
+
+    /// Slabs made in place and copied from the shared stream blocks hold, bit for bit, the
+    /// values generated position by position, and zeros below `lo`: ranges across block edges, across a chunk's
+    /// start (history, then its own rows), across history pieces, at chunks after others.
+    #[test]
+    fn shared_stream_slabs_equal_the_generated_positions() {
+        // kv width 2048: a history piece is 16,384 rows, crossed by the decode steps' history.
+        let wide = AttentionCase { heads: 16, kv_heads: 8, head_dim: 256, layout: Layout::Decode, ..QWEN };
+        let cases = [
+            (wide, 3, vec![(2, 16_300, 16_500), (2, 32_700, 32_900), (2, 40_890, 40_960), (0, 0, 1), (1, 0, 2)]),
+            (
+                AttentionCase { layout: Layout::Continue { cached: 100 }, window: 37, ..QWEN },
+                150,
+                vec![(0, 63, 250), (0, 0, 100), (0, 99, 101)],
+            ),
+            (AttentionCase { layout: Layout::ContextEnd, context: 300, ..QWEN }, 700, vec![(0, 190, 300), (1, 5, 300), (2, 0, 300)]),
+            (AttentionCase { layout: Layout::Prompts { sequences: 4 }, ..QWEN }, 401, vec![(3, 0, 101), (2, 17, 100)]),
+        ];
+        for (c, tokens, ranges) in cases {
+            let (spec, parts) = c.spec(tokens).unwrap();
+            let (chunks, tables) = c.batch(&parts);
+            let inputs = Inputs::new(spec, None, chunks, tables);
+            let w = spec.kv_width() as usize;
+            for (chunk, lo, n) in ranges {
+                assert!(n <= inputs.chunks[chunk].end(), "{:?} chunk {chunk}", c.layout);
+                // The first read makes its blocks in place, the second copies them shared.
+                let (first, slab) = (inputs.slab(chunk, lo, n), inputs.slab(chunk, lo, n));
+                let (mut k, mut v) = (vec![0.0f32; n as usize * w], vec![0.0f32; n as usize * w]);
+                for pos in lo..n {
+                    let at = pos as usize * w..(pos as usize + 1) * w;
+                    inputs.position(chunk, pos, &mut k[at.clone()], &mut v[at]);
+                }
+                let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                for slab in [first, slab] {
+                    assert!(bits(&slab.k) == bits(&k) && bits(&slab.v) == bits(&v), "{:?} chunk {chunk} {lo}..{n}", c.layout);
+                }
+            }
+        }
     }
 
     #[test]
