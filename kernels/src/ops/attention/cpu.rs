@@ -161,10 +161,20 @@ pub(super) fn attend_rows(
             let tiles = (first..end).step_by(TILE_POSITIONS).map(|t| (t, (t + TILE_POSITIONS).min(end)));
             let qs: Vec<Vec<f32>> = pairs.iter().map(|&(r, h, _)| q_rows[r][h * d..][..d].iter().map(|x| x * scale).collect()).collect();
             let mut p: Vec<Vec<f32>> = pairs.iter().map(|&(_, _, (lo, n))| vec![0.0f32; n - lo]).collect();
+            // The tile's keys (then values) of this kv head, copied next to each other: in the
+            // slab they lie a position's width apart (2 KiB for 4 kv heads of 128), on few
+            // cache sets, and every pair of the task re-read them from farther caches.
+            let mut tile = vec![0.0f32; TILE_POSITIONS * d];
+            let gather = |tile: &mut [f32], t0: usize, t1: usize, src: &[f32]| {
+                for (dst, pos) in tile.chunks_exact_mut(d).zip(t0..t1) {
+                    dst.copy_from_slice(&src[pos * slab.width + kvh * d..][..d]);
+                }
+            };
             for (t0, t1) in tiles.clone() {
+                gather(&mut tile, t0, t1, &slab.k);
                 for ((q, p), &(_, _, (lo, n))) in qs.iter().zip(&mut p).zip(&pairs) {
                     for pos in t0.max(lo)..t1.min(n) {
-                        p[pos - lo] = dot(q, slab.key(pos, kvh, d));
+                        p[pos - lo] = dot(q, &tile[(pos - t0) * d..][..d]);
                     }
                 }
             }
@@ -172,10 +182,11 @@ pub(super) fn attend_rows(
                 p.iter_mut().zip(&pairs).map(|(p, &(_, h, _))| softmax_weights(p, sinks.map(|s| sink_log2(s[h])))).collect();
             let mut out: Vec<Vec<f32>> = pairs.iter().map(|_| vec![0.0f32; d]).collect();
             for (t0, t1) in tiles {
+                gather(&mut tile, t0, t1, &slab.v);
                 for ((o, p), &(_, _, (lo, n))) in out.iter_mut().zip(&p).zip(&pairs) {
                     for pos in t0.max(lo)..t1.min(n) {
                         let w = p[pos - lo];
-                        for (o, &v) in o.iter_mut().zip(slab.value(pos, kvh, d)) {
+                        for (o, &v) in o.iter_mut().zip(&tile[(pos - t0) * d..][..d]) {
                             *o += w * v;
                         }
                     }
