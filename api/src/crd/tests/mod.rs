@@ -413,7 +413,7 @@ fn spark_node_json() -> Value {
                     "fingerprint": {"gpuName": "NVIDIA GB10", "computeCapability": "12.1", "driverVersion": "580.95.05", "cudaVersion": "13.0",
                                     "nvrtcVersion": "13.0", "agentVersion": "0.2.0", "kernelSourcesHash": "ab".repeat(32),
                                     "shapeClass": "qwen3moe-h2048-e128-top8-ffn768",
-                                    "serving": {"maxBatchTokens": 16_384, "prefillChunk": 4096, "context": 32_768}},
+                                    "serving": {"maxBatchTokens": 16_384, "prefillChunk": 4096, "context": 32_768, "fullWindowKv": false}},
                     "digest": "cd".repeat(32),
                     "verdict": {"state": "clamped", "maxTokens": 8191, "firstFailure": 8192},
                     "summary": {"derived": 412, "executed": 400, "passed": 398, "failed": 2, "hung": 0, "skipped": 12, "negativeControlsMissed": 0},
