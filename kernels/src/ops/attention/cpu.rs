@@ -165,13 +165,13 @@ pub(super) fn attend_rows(
             // slab they lie a position's width apart (2 KiB for 4 kv heads of 128), on few
             // cache sets, and every pair of the task re-read them from farther caches.
             let mut tile = vec![0.0f32; TILE_POSITIONS * d];
-            let gather = |tile: &mut [f32], t0: usize, t1: usize, src: &[f32]| {
+            let gather = |tile: &mut [f32], t0: usize, t1: usize, part: fn(&Slab, usize, usize, usize) -> &[f32]| {
                 for (dst, pos) in tile.chunks_exact_mut(d).zip(t0..t1) {
-                    dst.copy_from_slice(&src[pos * slab.width + kvh * d..][..d]);
+                    dst.copy_from_slice(part(slab, pos, kvh, d));
                 }
             };
             for (t0, t1) in tiles.clone() {
-                gather(&mut tile, t0, t1, &slab.k);
+                gather(&mut tile, t0, t1, Slab::key);
                 for ((q, p), &(_, _, (lo, n))) in qs.iter().zip(&mut p).zip(&pairs) {
                     for pos in t0.max(lo)..t1.min(n) {
                         p[pos - lo] = dot(q, &tile[(pos - t0) * d..][..d]);
@@ -182,7 +182,7 @@ pub(super) fn attend_rows(
                 p.iter_mut().zip(&pairs).map(|(p, &(_, h, _))| softmax_weights(p, sinks.map(|s| sink_log2(s[h])))).collect();
             let mut out: Vec<Vec<f32>> = pairs.iter().map(|_| vec![0.0f32; d]).collect();
             for (t0, t1) in tiles {
-                gather(&mut tile, t0, t1, &slab.v);
+                gather(&mut tile, t0, t1, Slab::value);
                 for ((o, p), &(_, _, (lo, n))) in out.iter_mut().zip(&p).zip(&pairs) {
                     for pos in t0.max(lo)..t1.min(n) {
                         let w = p[pos - lo];

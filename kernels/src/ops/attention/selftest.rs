@@ -386,6 +386,13 @@ fn stream_position(stream: Stream, w: u64, at: u64, k: &mut [f32], v: &mut [f32]
     }
 }
 
+/// Consecutive positions from `first` of `stream` at kv width `w` into `k` and `v` (whole rows).
+fn stream_positions(stream: Stream, w: u64, first: u64, k: &mut [f32], v: &mut [f32]) {
+    for (i, (k, v)) in k.chunks_exact_mut(w as usize).zip(v.chunks_exact_mut(w as usize)).enumerate() {
+        stream_position(stream, w, first + i as u64, k, v);
+    }
+}
+
 /// Positions per shared stream block: small, so a short chunk (a decode step at position 1)
 /// generates few positions it does not read.
 const STREAM_BLOCK: u64 = 64;
@@ -400,12 +407,10 @@ const STREAM_CACHE_BYTES: usize = 2 << 30;
 fn stream_block(stream: Stream, w: u64, b: u64) -> std::sync::Arc<Vec<f32>> {
     static CACHE: std::sync::OnceLock<SharedCache<(Stream, u64, u64), f32>> = std::sync::OnceLock::new();
     CACHE.get_or_init(|| SharedCache::new(STREAM_CACHE_BYTES)).get((stream, w, b), || {
-        let (n, wu) = (STREAM_BLOCK as usize, w as usize);
-        let mut out = vec![0.0f32; 2 * n * wu];
-        let (k, v) = out.split_at_mut(n * wu);
-        for (i, (k, v)) in k.chunks_exact_mut(wu).zip(v.chunks_exact_mut(wu)).enumerate() {
-            stream_position(stream, w, b * STREAM_BLOCK + i as u64, k, v);
-        }
+        let half = (STREAM_BLOCK * w) as usize;
+        let mut out = vec![0.0f32; 2 * half];
+        let (k, v) = out.split_at_mut(half);
+        stream_positions(stream, w, b * STREAM_BLOCK, k, v);
         out
     })
 }
@@ -502,9 +507,7 @@ impl Inputs {
             } else {
                 // A block no slab has read yet: most are read by one case only (a long decode
                 // batch's histories), so it is made here, not copied from a shared one.
-                for (i, (k, v)) in k.chunks_exact_mut(w).zip(v.chunks_exact_mut(w)).enumerate() {
-                    stream_position(stream, w as u64, b * STREAM_BLOCK + (off + i) as u64, k, v);
-                }
+                stream_positions(stream, w as u64, b * STREAM_BLOCK + off as u64, k, v);
             }
         });
         cpu::Slab { k, v, width: w }
